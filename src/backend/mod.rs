@@ -1,0 +1,362 @@
+//! The compute layer: a small [`Backend`] trait of fused elementwise kernels over flat replica
+//! arenas, with a wgpu implementation ([`gpu`]) and a plain-Rust one ([`cpu`]) that is both the
+//! reference the GPU is tested against and the fallback where no adapter exists.
+
+pub mod cpu;
+pub mod gpu;
+mod oneshot;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+
+pub use cpu::CpuBackend;
+pub use gpu::GpuBackend;
+
+/// Every parameter's first element in an arena sits at a multiple of this many elements, so
+/// that 16-bit parameters start on a word and copies stay 4-byte aligned.
+pub const PARAM_ALIGN_ELEMENTS: usize = 64;
+
+/// `Send + Sync` natively; nothing on wasm32, where wgpu's WebGPU handles are `!Send`.
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSendSync: Send + Sync {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Send + Sync + ?Sized> MaybeSendSync for T {}
+/// `Send + Sync` natively; nothing on wasm32, where wgpu's WebGPU handles are `!Send`.
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSendSync {}
+#[cfg(target_arch = "wasm32")]
+impl<T: ?Sized> MaybeSendSync for T {}
+
+/// A boxed future (not `Send` on wasm32).
+#[cfg(not(target_arch = "wasm32"))]
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A boxed future (not `Send` on wasm32).
+#[cfg(target_arch = "wasm32")]
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// Which implementation a backend is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// wgpu on a GPU adapter (or a software adapter such as lavapipe or SwiftShader).
+    Gpu,
+    /// Plain Rust on the host's cores.
+    Cpu,
+}
+
+/// What a backend runs on, as `distopt info` prints it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendInfo {
+    /// Gpu or Cpu.
+    pub kind: BackendKind,
+    /// Adapter or CPU name.
+    pub name: String,
+    /// Graphics API (Vulkan, Metal, Dx12, Gl, BrowserWebGpu) or `host`.
+    pub api: String,
+    /// Device type (DiscreteGpu, IntegratedGpu, VirtualGpu, Cpu, Other).
+    pub device_type: String,
+    /// Driver and its version, where the adapter reports them.
+    pub driver: String,
+    /// Largest storage buffer binding distopt uses (bytes); arenas above are chunked.
+    pub max_binding_bytes: u64,
+    /// Largest buffer the device allows (bytes).
+    pub max_buffer_bytes: u64,
+    /// Workgroups per dispatch dimension.
+    pub max_workgroups_per_dimension: u32,
+    /// Whether storage buffers can be mapped directly (unified memory).
+    pub mappable_primary_buffers: bool,
+    /// Worker threads (CPU backend).
+    pub threads: usize,
+}
+
+/// One arena: the elements of `ranks` replicas of a list of parameters, all stored in one
+/// format, laid out `[rank][element]` with `rank_len` elements per rank. Parameters are views
+/// (offset, length) into the rank's element space, at [`PARAM_ALIGN_ELEMENTS`] boundaries.
+///
+/// A backend may store a large arena as several chunks (each a separate binding); the
+/// `chunk_len` elements of every rank that form one chunk are then stored together. Arenas
+/// that take part in one kernel share `rank_len` and `chunk_len`.
+pub struct Arena {
+    format: StorageFormat,
+    ranks: usize,
+    rank_len: usize,
+    chunk_len: usize,
+    pub(crate) storage: ArenaStorage,
+}
+
+pub(crate) enum ArenaStorage {
+    Host(Vec<u32>),
+    Gpu(gpu::GpuArena),
+}
+
+impl fmt::Debug for Arena {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Arena")
+            .field("format", &self.format)
+            .field("ranks", &self.ranks)
+            .field("rank_len", &self.rank_len)
+            .field("chunk_len", &self.chunk_len)
+            .field(
+                "on",
+                &match self.storage {
+                    ArenaStorage::Host(_) => "host",
+                    ArenaStorage::Gpu(_) => "gpu",
+                },
+            )
+            .finish()
+    }
+}
+
+impl Arena {
+    pub(crate) fn new(
+        format: StorageFormat,
+        ranks: usize,
+        rank_len: usize,
+        chunk_len: usize,
+        storage: ArenaStorage,
+    ) -> Arena {
+        Arena {
+            format,
+            ranks,
+            rank_len,
+            chunk_len,
+            storage,
+        }
+    }
+
+    /// The storage format of every element.
+    pub fn format(&self) -> StorageFormat {
+        self.format
+    }
+
+    /// Number of replicas.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// Elements per rank (a multiple of [`PARAM_ALIGN_ELEMENTS`]).
+    pub fn rank_len(&self) -> usize {
+        self.rank_len
+    }
+
+    /// Elements per rank in one chunk (equal to `rank_len` for an unchunked arena).
+    pub fn chunk_len(&self) -> usize {
+        self.chunk_len
+    }
+
+    /// Bytes the arena occupies.
+    pub fn bytes(&self) -> usize {
+        self.ranks * self.rank_len * self.format.element_bytes()
+    }
+
+    /// Writes `words` (packed in this arena's format) at element `offset` of rank `rank`.
+    /// `offset` must be a multiple of the format's elements per word.
+    pub fn write(&mut self, rank: usize, offset: usize, words: &[u32]) -> Result<()> {
+        self.check_range(rank, offset, words.len() * self.format.elements_per_word())?;
+        let per_word = self.format.elements_per_word();
+        if !offset.is_multiple_of(per_word) {
+            return Err(Error::value(format!(
+                "arena write at element {offset} is not word aligned"
+            )));
+        }
+        let rank_words = self.rank_len / per_word;
+        match &mut self.storage {
+            ArenaStorage::Host(host) => {
+                let start = rank * rank_words + offset / per_word;
+                host[start..start + words.len()].copy_from_slice(words);
+            }
+            ArenaStorage::Gpu(arena) => arena.write(rank, offset / per_word, words),
+        }
+        Ok(())
+    }
+
+    /// Reads every rank back: `ranks * rank_len / elements_per_word` words, rank-major.
+    pub async fn read_all(&self) -> Result<Vec<u32>> {
+        match &self.storage {
+            ArenaStorage::Host(host) => Ok(host.clone()),
+            ArenaStorage::Gpu(arena) => arena.read_all().await,
+        }
+    }
+
+    /// Reads `len` elements of rank `rank` from element `offset` (word aligned); the words
+    /// returned start with element `offset`.
+    pub async fn read_range(&self, rank: usize, offset: usize, len: usize) -> Result<Vec<u32>> {
+        self.check_range(rank, offset, len)?;
+        let per_word = self.format.elements_per_word();
+        let first = offset / per_word;
+        let words = self.format.words_for(len);
+        match &self.storage {
+            ArenaStorage::Host(host) => {
+                let start = rank * (self.rank_len / per_word) + first;
+                Ok(host[start..start + words].to_vec())
+            }
+            ArenaStorage::Gpu(arena) => arena.read_range(rank, first, words).await,
+        }
+    }
+
+    pub(crate) fn check_range(&self, rank: usize, offset: usize, len: usize) -> Result<()> {
+        if rank >= self.ranks
+            || offset
+                .checked_add(len)
+                .is_none_or(|end| end > self.rank_len)
+        {
+            return Err(Error::value(format!(
+                "arena access out of range: rank {rank}, elements {offset}..{} of an arena with {} ranks of {} elements",
+                offset.saturating_add(len),
+                self.ranks,
+                self.rank_len
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Lays out parameters of the given element counts in one rank's element space: returns each
+/// parameter's offset and the padded rank length.
+pub fn layout_params(numels: &[usize]) -> (Vec<usize>, usize) {
+    let mut offsets = Vec::with_capacity(numels.len());
+    let mut next = 0usize;
+    for &n in numels {
+        offsets.push(next);
+        next += n.div_ceil(PARAM_ALIGN_ELEMENTS) * PARAM_ALIGN_ELEMENTS;
+    }
+    (offsets, next.max(PARAM_ALIGN_ELEMENTS))
+}
+
+/// A fused-kernel backend. Algorithms are written once against this trait; they never know
+/// whether a GPU or the host's cores run them. Arenas belong to the backend that created
+/// them; passing another backend's arena is a `RuntimeError`.
+pub trait Backend: MaybeSendSync + fmt::Debug {
+    /// What this backend runs on.
+    fn info(&self) -> &BackendInfo;
+
+    /// Elements per rank per chunk for an arena of `rank_len` elements per rank and up to
+    /// `ranks` ranks, so that every chunk fits in one storage binding.
+    fn chunk_len(&self, rank_len: usize, ranks: usize) -> usize;
+
+    /// A zero-filled arena.
+    fn create_arena(
+        &self,
+        format: StorageFormat,
+        ranks: usize,
+        rank_len: usize,
+        chunk_len: usize,
+    ) -> Result<Arena>;
+
+    /// Copies `len` elements (word aligned) between arenas of the same format.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_elements(
+        &self,
+        src: &Arena,
+        src_rank: usize,
+        src_offset: usize,
+        dst: &mut Arena,
+        dst_rank: usize,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Copies a whole arena into another of the same format and shape.
+    fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()>;
+
+    /// The synchronous data-parallel SGD step over whole arenas, one dispatch per chunk:
+    /// `means[i] = round(Σ_r grads[r][i] / R)`, `params[r][i] = round(params[0][i] - lr·means[i])`.
+    /// `grads` has R ranks, `params` R ranks, `means` one.
+    fn dp_sgd_step(
+        &self,
+        params: &mut Arena,
+        grads: &Arena,
+        means: &mut Arena,
+        learning_rate: f32,
+    ) -> Result<()>;
+
+    /// Resolves when every operation submitted so far has finished.
+    fn synchronize(&self) -> BoxFuture<'_, Result<()>>;
+}
+
+/// Which backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// A real GPU when there is one; the CPU backend when the only adapter is a software one
+    /// (on the same cores the native loop is faster) or none exists.
+    Auto,
+    /// The GPU backend, on whatever adapter wgpu finds (software adapters included).
+    Gpu,
+    /// The plain-Rust backend.
+    Cpu,
+}
+
+impl BackendChoice {
+    /// Parses `auto`, `gpu` or `cpu`.
+    pub fn parse(name: &str) -> Result<BackendChoice> {
+        match name {
+            "auto" => Ok(BackendChoice::Auto),
+            "gpu" => Ok(BackendChoice::Gpu),
+            "cpu" => Ok(BackendChoice::Cpu),
+            other => Err(Error::value(format!(
+                "unknown backend '{other}': expected auto, gpu or cpu"
+            ))),
+        }
+    }
+}
+
+/// The backend picked by [`select_backend`] and why.
+#[derive(Debug, Clone)]
+pub struct Selection {
+    /// The backend to run on.
+    pub backend: Arc<dyn Backend>,
+    /// One sentence on why it was chosen.
+    pub reason: String,
+}
+
+/// Picks a backend. `Gpu` fails with a `RuntimeError` when no adapter exists.
+pub async fn select_backend(choice: BackendChoice) -> Result<Selection> {
+    match choice {
+        BackendChoice::Cpu => Ok(Selection {
+            backend: Arc::new(CpuBackend::new()),
+            reason: "the CPU backend was requested".into(),
+        }),
+        BackendChoice::Gpu => {
+            let gpu = GpuBackend::new().await?;
+            let reason = format!("the GPU backend was requested: {}", gpu.info().name);
+            Ok(Selection {
+                backend: Arc::new(gpu),
+                reason,
+            })
+        }
+        BackendChoice::Auto => match GpuBackend::new().await {
+            Ok(gpu) if gpu.info().device_type != "Cpu" => {
+                let reason = format!(
+                    "found a hardware adapter: {} ({})",
+                    gpu.info().name,
+                    gpu.info().device_type
+                );
+                Ok(Selection {
+                    backend: Arc::new(gpu),
+                    reason,
+                })
+            }
+            Ok(gpu) => Ok(Selection {
+                backend: Arc::new(CpuBackend::new()),
+                reason: format!(
+                    "the only adapter, {}, is a software rasterizer on the host's cores: the native CPU backend is faster there",
+                    gpu.info().name
+                ),
+            }),
+            Err(err) => Ok(Selection {
+                backend: Arc::new(CpuBackend::new()),
+                reason: format!("no GPU adapter: {}", err.message()),
+            }),
+        },
+    }
+}
+
+/// Blocking [`select_backend`] for native callers.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn select_backend_blocking(choice: BackendChoice) -> Result<Selection> {
+    pollster::block_on(select_backend(choice))
+}

@@ -1,0 +1,137 @@
+//! `distopt`: the command-line face of the library.
+//!
+//! ```text
+//! distopt step [FILE|-] [--backend auto|gpu|cpu]   one data-parallel SGD step from JSON
+//! distopt info                                     the adapter and backend chosen, and why
+//! distopt bench step [--ranks R] [--elements N] [--dtype D] [--backend B] [--json]
+//! ```
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use distopt::backend::{BackendChoice, select_backend_blocking};
+use distopt::{Error, json};
+
+mod bench;
+
+const USAGE: &str = "usage:
+  distopt step [FILE|-] [--backend auto|gpu|cpu]
+      Reads {\"parameter_replicas\", \"gradient_replicas\", \"learning_rate\"} (stdin when FILE
+      is - or absent) and prints {\"mean_gradients\", \"updated_replicas\"}.
+  distopt info
+      Prints the GPU adapter found (name, API, device type, limits) and which backend
+      --backend auto picks, with the reason.
+  distopt bench step [--ranks R] [--elements N] [--dtype float32|float16|bfloat16]
+                     [--backend auto|gpu|cpu] [--repeats K] [--json]
+      Times the step resident on the GPU, one-shot from host tensors, on the CPU backend,
+      against the adapter's buffer copy and a host memcpy of the same bytes.";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("step") => step(&args[1..]),
+        Some("info") => info(),
+        Some("bench") => bench::run(&args[1..]),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => Err(Error::value(format!("expected a command\n{USAGE}"))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("distopt: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Removes `--name VALUE` from `args`, returning VALUE.
+pub(crate) fn take_option(args: &mut Vec<String>, name: &str) -> Result<Option<String>, Error> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(None),
+        Some(i) if i + 1 < args.len() => {
+            let value = args.remove(i + 1);
+            args.remove(i);
+            Ok(Some(value))
+        }
+        Some(_) => Err(Error::value(format!("{name} needs a value"))),
+    }
+}
+
+/// Removes the flag `name` from `args`, returning whether it was there.
+#[allow(dead_code)] // used by `bench`
+pub(crate) fn take_flag(args: &mut Vec<String>, name: &str) -> bool {
+    let before = args.len();
+    args.retain(|a| a != name);
+    args.len() != before
+}
+
+fn step(args: &[String]) -> Result<(), Error> {
+    let mut args = args.to_vec();
+    let choice = BackendChoice::parse(
+        &take_option(&mut args, "--backend")?.unwrap_or_else(|| "auto".into()),
+    )?;
+    if let Some(unknown) = args.iter().find(|a| a.starts_with("--")) {
+        return Err(Error::value(format!("unknown option {unknown}\n{USAGE}")));
+    }
+    let text = match args.first().map(String::as_str) {
+        None | Some("-") => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| Error::value(format!("cannot read stdin: {e}")))?;
+            text
+        }
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| Error::value(format!("cannot read {path}: {e}")))?,
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::value(format!("invalid JSON: {e}")))?;
+    let request = json::step_request_from_json(&value)?;
+    let selection = select_backend_blocking(choice)?;
+    let output = distopt::sgd_step_blocking(
+        selection.backend.as_ref(),
+        &request.parameter_replicas,
+        &request.gradient_replicas,
+        request.learning_rate,
+    )?;
+    let json = pollster::block_on(json::step_output_to_json(&output))?;
+    println!("{json}");
+    Ok(())
+}
+
+fn info() -> Result<(), Error> {
+    match distopt::GpuBackend::new_blocking() {
+        Ok(gpu) => {
+            let i = distopt::Backend::info(&gpu);
+            println!("GPU adapter: {}", i.name);
+            println!(
+                "  api: {}, device type: {}, driver: {}",
+                i.api, i.device_type, i.driver
+            );
+            println!(
+                "  storage binding used: {} MiB (arenas above are chunked), max buffer: {} MiB",
+                i.max_binding_bytes >> 20,
+                i.max_buffer_bytes >> 20
+            );
+            println!(
+                "  workgroups per dimension: {}",
+                i.max_workgroups_per_dimension
+            );
+            println!("  mappable primary buffers: {}", i.mappable_primary_buffers);
+        }
+        Err(err) => println!("GPU adapter: none ({})", err.message()),
+    }
+    let auto = select_backend_blocking(BackendChoice::Auto)?;
+    let i = auto.backend.info();
+    println!(
+        "--backend auto picks: {:?} ({}), because {}",
+        i.kind, i.name, auto.reason
+    );
+    if i.kind == distopt::BackendKind::Cpu {
+        println!("  CPU threads: {}", i.threads);
+    }
+    Ok(())
+}

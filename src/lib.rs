@@ -1,0 +1,43 @@
+//! # distopt
+//!
+//! PyTorch's data-parallel optimizer family — starting with the synchronous data-parallel SGD
+//! step — computed by WGSL compute shaders on whatever GPU wgpu finds, or by a plain-Rust
+//! backend on the host's cores. R data-parallel ranks (replicas of a model's parameters) are
+//! simulated on one device, their parameters kept in *replica arenas*: all parameters of one
+//! dtype, for all ranks, in one flat buffer, so every kernel is one dispatch.
+//!
+//! The core API is `async` (browser readback is asynchronous); native callers use the
+//! `*_blocking` wrappers.
+//!
+//! ```
+//! use distopt::{BackendChoice, Tensor, select_backend_blocking, sgd_step_blocking};
+//! let backend = select_backend_blocking(BackendChoice::Cpu).unwrap().backend;
+//! let params = vec![vec![Tensor::from_f32(&[2], vec![1.0, -1.0]).unwrap()]; 2];
+//! let grads = vec![
+//!     vec![Some(Tensor::from_f32(&[2], vec![2.0, 4.0]).unwrap())],
+//!     vec![Some(Tensor::from_f32(&[2], vec![0.0, 0.0]).unwrap())],
+//! ];
+//! let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 0.5).unwrap();
+//! assert_eq!(out.mean_gradients[0].values_f64().unwrap(), vec![1.0, 2.0]);
+//! assert_eq!(out.updated_replicas[0][0].values_f64().unwrap(), vec![0.5, -2.0]);
+//! ```
+
+pub mod backend;
+pub mod dtype;
+pub mod error;
+pub mod json;
+pub mod step;
+pub mod tensor;
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use backend::select_backend_blocking;
+pub use backend::{
+    Arena, Backend, BackendChoice, BackendInfo, BackendKind, CpuBackend, GpuBackend, Selection,
+    select_backend,
+};
+pub use dtype::{DType, StorageFormat};
+pub use error::{Error, ErrorKind, Result};
+#[cfg(not(target_arch = "wasm32"))]
+pub use step::sgd_step_blocking;
+pub use step::{StepOutput, sgd_step, to_device};
+pub use tensor::{HostData, Storage, Tensor};

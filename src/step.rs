@@ -1,0 +1,420 @@
+//! The synchronous data-parallel SGD step.
+//!
+//! For each parameter j: the float32 sum of the ranks' gradients in rank order (a missing
+//! gradient contributes zero), divided by R, stored in the parameter's dtype (`mean_gradients`);
+//! then `θ − lr·ḡ` in float32 on rank 0's copy, stored in the parameter's dtype and copied to
+//! every rank (`updated_replicas`). All parameters of one storage format, for all ranks, go
+//! through one kernel dispatch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::backend::{Arena, Backend, layout_params};
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+use crate::tensor::{DeviceSlice, HostData, Storage, Tensor, format_shape};
+
+/// What [`sgd_step`] returns.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// One tensor per parameter: the mean gradient, in the parameter's dtype and shape.
+    pub mean_gradients: Vec<Tensor>,
+    /// `updated_replicas[r][j]`: rank r's copy of updated parameter j (independent copies).
+    pub updated_replicas: Vec<Vec<Tensor>>,
+}
+
+/// The error messages of the step's validation, shared by the typed API and the JSON front end
+/// so that both report the same text. Every one is a `ValueError`.
+pub mod errors {
+    use super::*;
+
+    /// `parameter_replicas` is empty.
+    pub fn no_replicas() -> Error {
+        Error::value("no replicas: parameter_replicas is empty")
+    }
+    /// `gradient_replicas` has another length than `parameter_replicas`.
+    pub fn gradient_replica_count(gradients: usize, ranks: usize) -> Error {
+        Error::value(format!(
+            "gradient replica count mismatch: {gradients} gradient replicas for {ranks} parameter replicas"
+        ))
+    }
+    /// Rank `rank` holds another number of parameters than rank 0.
+    pub fn param_count(rank: usize, count: usize, expected: usize) -> Error {
+        Error::value(format!(
+            "parameter count mismatch: rank {rank} has {count} parameters, rank 0 has {expected}"
+        ))
+    }
+    /// Rank `rank` holds another number of gradients than rank 0 has parameters.
+    pub fn gradient_count(rank: usize, count: usize, expected: usize) -> Error {
+        Error::value(format!(
+            "gradient count mismatch: rank {rank} has {count} gradients for {expected} parameters"
+        ))
+    }
+    /// Parameter or gradient of a dtype that is not float32/float16/bfloat16/float64.
+    pub fn unsupported_dtype(what: &str, dtype: &str, param: usize, rank: usize) -> Error {
+        Error::value(format!(
+            "unsupported dtype {dtype} for {what} {param} of rank {rank}: expected float32, float16, bfloat16 or float64"
+        ))
+    }
+    /// Parameter `param` of rank `rank` has another shape than rank 0's.
+    pub fn param_shape(param: usize, rank: usize, shape: &[usize], expected: &[usize]) -> Error {
+        Error::value(format!(
+            "parameter shape mismatch: parameter {param} of rank {rank} has shape {}, rank 0 has {}",
+            format_shape(shape),
+            format_shape(expected)
+        ))
+    }
+    /// Gradient `param` of rank `rank` has another shape than its parameter.
+    pub fn gradient_shape(param: usize, rank: usize, shape: &[usize], expected: &[usize]) -> Error {
+        Error::value(format!(
+            "gradient shape mismatch: gradient {param} of rank {rank} has shape {}, its parameter has shape {}",
+            format_shape(shape),
+            format_shape(expected)
+        ))
+    }
+}
+
+/// Checks the replica lists in the reference order (counts, then per parameter and rank the
+/// shapes); the first defect found is the error.
+pub fn validate(
+    parameter_replicas: &[Vec<Tensor>],
+    gradient_replicas: &[Vec<Option<Tensor>>],
+) -> Result<()> {
+    let ranks = parameter_replicas.len();
+    if ranks == 0 {
+        return Err(errors::no_replicas());
+    }
+    if gradient_replicas.len() != ranks {
+        return Err(errors::gradient_replica_count(
+            gradient_replicas.len(),
+            ranks,
+        ));
+    }
+    let count = parameter_replicas[0].len();
+    for rank in 0..ranks {
+        if parameter_replicas[rank].len() != count {
+            return Err(errors::param_count(
+                rank,
+                parameter_replicas[rank].len(),
+                count,
+            ));
+        }
+        if gradient_replicas[rank].len() != count {
+            return Err(errors::gradient_count(
+                rank,
+                gradient_replicas[rank].len(),
+                count,
+            ));
+        }
+    }
+    for j in 0..count {
+        let shape0 = parameter_replicas[0][j].shape();
+        for rank in 0..ranks {
+            let param = &parameter_replicas[rank][j];
+            if param.shape() != shape0 {
+                return Err(errors::param_shape(j, rank, param.shape(), shape0));
+            }
+            if let Some(grad) = &gradient_replicas[rank][j] {
+                if grad.shape() != param.shape() {
+                    return Err(errors::gradient_shape(j, rank, grad.shape(), param.shape()));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One synchronous data-parallel SGD step (see the module documentation).
+///
+/// Outputs keep each parameter's shape and dtype, and its location: a parameter whose rank-0
+/// copy is on the host gets host outputs; one resident on the device gets device-resident
+/// outputs (views into the step's result arenas) without any host round trip.
+///
+/// ```
+/// use distopt::{CpuBackend, Tensor, sgd_step_blocking};
+/// let p = || Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap();
+/// let g = |a: f32, b: f32| Some(Tensor::from_f32(&[2], vec![a, b]).unwrap());
+/// let out = sgd_step_blocking(&CpuBackend::new(), &[vec![p()], vec![p()]],
+///                             &[vec![g(2.0, 4.0)], vec![g(4.0, 6.0)]], 0.1).unwrap();
+/// assert_eq!(out.mean_gradients[0].values_f64().unwrap(), vec![3.0, 5.0]);
+/// assert_eq!(out.updated_replicas[1][0].values_f64().unwrap(), vec![0.7f32 as f64, 1.5]);
+/// ```
+pub async fn sgd_step(
+    backend: &dyn Backend,
+    parameter_replicas: &[Vec<Tensor>],
+    gradient_replicas: &[Vec<Option<Tensor>>],
+    learning_rate: f64,
+) -> Result<StepOutput> {
+    validate(parameter_replicas, gradient_replicas)?;
+    let ranks = parameter_replicas.len();
+    let count = parameter_replicas[0].len();
+    let mut groups: BTreeMap<StorageFormat, Vec<usize>> = BTreeMap::new();
+    for (j, param) in parameter_replicas[0].iter().enumerate() {
+        groups.entry(param.dtype().storage()).or_default().push(j);
+    }
+    let mut means: Vec<Option<Tensor>> = vec![None; count];
+    let mut updated: Vec<Vec<Option<Tensor>>> = vec![vec![None; count]; ranks];
+    for (format, members) in groups {
+        let group = StepGroup::new(
+            backend,
+            format,
+            &members,
+            parameter_replicas,
+            gradient_replicas,
+        )?;
+        group
+            .run(
+                backend,
+                parameter_replicas,
+                gradient_replicas,
+                learning_rate as f32,
+                &mut means,
+                &mut updated,
+            )
+            .await?;
+    }
+    Ok(StepOutput {
+        mean_gradients: means
+            .into_iter()
+            .map(|t| t.expect("every parameter is in a group"))
+            .collect(),
+        updated_replicas: updated
+            .into_iter()
+            .map(|rank| {
+                rank.into_iter()
+                    .map(|t| t.expect("every parameter is in a group"))
+                    .collect()
+            })
+            .collect(),
+    })
+}
+
+/// Blocking [`sgd_step`] for native callers.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn sgd_step_blocking(
+    backend: &dyn Backend,
+    parameter_replicas: &[Vec<Tensor>],
+    gradient_replicas: &[Vec<Option<Tensor>>],
+    learning_rate: f64,
+) -> Result<StepOutput> {
+    pollster::block_on(sgd_step(
+        backend,
+        parameter_replicas,
+        gradient_replicas,
+        learning_rate,
+    ))
+}
+
+/// The parameters of one storage format: their arena layout and the gradients' format.
+struct StepGroup<'a> {
+    format: StorageFormat,
+    grad_format: StorageFormat,
+    members: &'a [usize],
+    offsets: Vec<usize>,
+    rank_len: usize,
+    chunk_len: usize,
+}
+
+impl<'a> StepGroup<'a> {
+    fn new(
+        backend: &dyn Backend,
+        format: StorageFormat,
+        members: &'a [usize],
+        parameter_replicas: &[Vec<Tensor>],
+        gradient_replicas: &[Vec<Option<Tensor>>],
+    ) -> Result<StepGroup<'a>> {
+        let numels: Vec<usize> = members
+            .iter()
+            .map(|&j| parameter_replicas[0][j].numel())
+            .collect();
+        let (offsets, rank_len) = layout_params(&numels);
+        // Gradients travel in their own format when they all share one (float64 rounds to
+        // float32 on the host, exactly what `g.to(float32)` does); mixed formats widen to
+        // float32, which is exact for float16 and bfloat16.
+        let mut grad_formats = gradient_replicas
+            .iter()
+            .flat_map(|rank| members.iter().filter_map(|&j| rank[j].as_ref()))
+            .map(|g| g.dtype().storage());
+        let grad_format = match grad_formats.next() {
+            None => format,
+            Some(first) if grad_formats.all(|f| f == first) => first,
+            Some(_) => StorageFormat::F32,
+        };
+        let chunk_len = backend.chunk_len(rank_len, parameter_replicas.len());
+        Ok(StepGroup {
+            format,
+            grad_format,
+            members,
+            offsets,
+            rank_len,
+            chunk_len,
+        })
+    }
+
+    /// Fills rank `rank` of `arena` with `tensors` (indexed like `members`); host tensors are
+    /// packed into one image and written at once, device tensors are copied on the device.
+    async fn fill(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut Arena,
+        rank: usize,
+        tensors: &[Option<&Tensor>],
+    ) -> Result<()> {
+        let format = arena.format();
+        let mut image: Option<Vec<u32>> = None;
+        for (k, tensor) in tensors.iter().enumerate() {
+            let Some(tensor) = tensor else { continue };
+            let offset = self.offsets[k];
+            match tensor.storage() {
+                Storage::Device(slice)
+                    if slice.arena.format() == format && slice.dtype.storage() == format =>
+                {
+                    backend.copy_elements(
+                        &slice.arena,
+                        slice.rank,
+                        slice.offset,
+                        arena,
+                        rank,
+                        offset,
+                        slice.len,
+                    )?;
+                }
+                _ => {
+                    let host = tensor.to_host().await?;
+                    let data = host.host_data().expect("to_host returns a host tensor");
+                    let image =
+                        image.get_or_insert_with(|| vec![0u32; format.words_for(self.rank_len)]);
+                    data.encode_into(format, &mut image[offset / format.elements_per_word()..]);
+                }
+            }
+        }
+        if let Some(image) = image {
+            arena.write(rank, 0, &image)?;
+        }
+        Ok(())
+    }
+
+    async fn run(
+        &self,
+        backend: &dyn Backend,
+        parameter_replicas: &[Vec<Tensor>],
+        gradient_replicas: &[Vec<Option<Tensor>>],
+        learning_rate: f32,
+        means_out: &mut [Option<Tensor>],
+        updated_out: &mut [Vec<Option<Tensor>>],
+    ) -> Result<()> {
+        let ranks = parameter_replicas.len();
+        let mut params = backend.create_arena(self.format, ranks, self.rank_len, self.chunk_len)?;
+        let mut grads =
+            backend.create_arena(self.grad_format, ranks, self.rank_len, self.chunk_len)?;
+        let mut means = backend.create_arena(self.format, 1, self.rank_len, self.chunk_len)?;
+        let originals: Vec<Option<&Tensor>> = self
+            .members
+            .iter()
+            .map(|&j| Some(&parameter_replicas[0][j]))
+            .collect();
+        self.fill(backend, &mut params, 0, &originals).await?;
+        for (rank, rank_grads) in gradient_replicas.iter().enumerate() {
+            let tensors: Vec<Option<&Tensor>> = self
+                .members
+                .iter()
+                .map(|&j| rank_grads[j].as_ref())
+                .collect();
+            self.fill(backend, &mut grads, rank, &tensors).await?;
+        }
+        backend.dp_sgd_step(&mut params, &grads, &mut means, learning_rate)?;
+        drop(grads);
+
+        let any_host = originals.iter().flatten().any(|t| !t.is_on_device());
+        // Every rank holds the same values: reading rank 0 (and the means) is enough.
+        let (param_words, mean_words) = if any_host {
+            (
+                Some(params.read_range(0, 0, self.rank_len).await?),
+                Some(means.read_range(0, 0, self.rank_len).await?),
+            )
+        } else {
+            (None, None)
+        };
+        let (params, means) = (Arc::new(params), Arc::new(means));
+        let per_word = self.format.elements_per_word();
+        for (k, &j) in self.members.iter().enumerate() {
+            let original = &parameter_replicas[0][j];
+            let (dtype, shape, offset, numel) = (
+                original.dtype(),
+                original.shape(),
+                self.offsets[k],
+                original.numel(),
+            );
+            match (&param_words, &mean_words, original.is_on_device()) {
+                (Some(pw), Some(mw), false) => {
+                    let word = offset / per_word;
+                    let mean = HostData::decode(dtype, self.format, &mw[word..], numel);
+                    means_out[j] = Some(Tensor::new(shape, mean)?);
+                    let value = Tensor::new(
+                        shape,
+                        HostData::decode(dtype, self.format, &pw[word..], numel),
+                    )?;
+                    for rank_out in updated_out.iter_mut() {
+                        rank_out[j] = Some(value.clone());
+                    }
+                }
+                _ => {
+                    let slice = |arena: &Arc<Arena>, rank| DeviceSlice {
+                        dtype,
+                        arena: arena.clone(),
+                        rank,
+                        offset,
+                        len: numel,
+                    };
+                    means_out[j] = Some(Tensor::from_device(shape.to_vec(), slice(&means, 0)));
+                    for (rank, rank_out) in updated_out.iter_mut().enumerate() {
+                        rank_out[j] =
+                            Some(Tensor::from_device(shape.to_vec(), slice(&params, rank)));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Puts host tensors on `backend`'s device as device-resident tensors (one arena per dtype
+/// format and list), so that later steps run without host transfers.
+pub async fn to_device(backend: &dyn Backend, tensors: &[Tensor]) -> Result<Vec<Tensor>> {
+    let mut out: Vec<Option<Tensor>> = vec![None; tensors.len()];
+    let mut groups: BTreeMap<StorageFormat, Vec<usize>> = BTreeMap::new();
+    for (i, t) in tensors.iter().enumerate() {
+        groups.entry(t.dtype().storage()).or_default().push(i);
+    }
+    for (format, members) in groups {
+        let numels: Vec<usize> = members.iter().map(|&i| tensors[i].numel()).collect();
+        let (offsets, rank_len) = layout_params(&numels);
+        let mut arena =
+            backend.create_arena(format, 1, rank_len, backend.chunk_len(rank_len, 1))?;
+        let mut image = vec![0u32; format.words_for(rank_len)];
+        for (k, &i) in members.iter().enumerate() {
+            let host = tensors[i].to_host().await?;
+            let data = host.host_data().expect("host tensor");
+            data.encode_into(
+                format,
+                &mut image[offsets[k] / format.elements_per_word()..],
+            );
+        }
+        arena.write(0, 0, &image)?;
+        let arena = Arc::new(arena);
+        for (k, &i) in members.iter().enumerate() {
+            let slice = DeviceSlice {
+                dtype: tensors[i].dtype(),
+                arena: arena.clone(),
+                rank: 0,
+                offset: offsets[k],
+                len: tensors[i].numel(),
+            };
+            out[i] = Some(Tensor::from_device(tensors[i].shape().to_vec(), slice));
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|t| t.expect("every tensor is in a group"))
+        .collect())
+}

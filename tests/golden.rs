@@ -1,0 +1,163 @@
+//! The golden runner: every case in `tests/golden/` (and in `$DISTOPT_GOLDEN_DIR` when set),
+//! on the CPU backend and on the GPU backend, compared with PyTorch's outputs. Prints one line
+//! per kind and backend; kinds not implemented yet are counted as skipped, never dropped.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use common::{Case, compare_error, compare_tensor, gpu_backend, load_cases};
+use distopt::json::step_request_from_json;
+use distopt::{Backend, CpuBackend, sgd_step_blocking};
+
+enum Outcome {
+    Passed { bit_exact: bool },
+    Failed(String),
+    Skipped,
+}
+
+fn run_dp_sgd_step(backend: &dyn Backend, case: &Case) -> Result<bool, String> {
+    let result = step_request_from_json(case.input()).and_then(|request| {
+        sgd_step_blocking(
+            backend,
+            &request.parameter_replicas,
+            &request.gradient_replicas,
+            request.learning_rate,
+        )
+    });
+    let expected = case.expected();
+    if expected.get("error").is_some() {
+        return match result {
+            Ok(_) => Err("expected an error, the step succeeded".into()),
+            Err(err) => compare_error(case, &err).map(|()| true),
+        };
+    }
+    let output = result.map_err(|e| format!("unexpected error: {e}"))?;
+    let mut exact = true;
+    let means = expected["mean_gradients"]
+        .as_array()
+        .ok_or("expected.mean_gradients")?;
+    if means.len() != output.mean_gradients.len() {
+        return Err(format!(
+            "{} mean gradients, expected {}",
+            output.mean_gradients.len(),
+            means.len()
+        ));
+    }
+    for (j, (actual, want)) in output.mean_gradients.iter().zip(means).enumerate() {
+        exact &= compare_tensor(case, actual, want, &format!("mean_gradients[{j}]"))?.bit_exact;
+    }
+    let replicas = expected["updated_replicas"]
+        .as_array()
+        .ok_or("expected.updated_replicas")?;
+    if replicas.len() != output.updated_replicas.len() {
+        return Err(format!(
+            "{} replicas, expected {}",
+            output.updated_replicas.len(),
+            replicas.len()
+        ));
+    }
+    for (r, (actual, want)) in output.updated_replicas.iter().zip(replicas).enumerate() {
+        let want = want.as_array().ok_or("expected.updated_replicas[r]")?;
+        if want.len() != actual.len() {
+            return Err(format!(
+                "rank {r}: {} parameters, expected {}",
+                actual.len(),
+                want.len()
+            ));
+        }
+        for (j, (a, w)) in actual.iter().zip(want).enumerate() {
+            exact &= compare_tensor(case, a, w, &format!("updated_replicas[{r}][{j}]"))?.bit_exact;
+        }
+    }
+    Ok(exact)
+}
+
+fn run_case(backend: &dyn Backend, case: &Case) -> Outcome {
+    let result = match case.kind.as_str() {
+        "dp_sgd_step" => run_dp_sgd_step(backend, case),
+        _ => return Outcome::Skipped,
+    };
+    match result {
+        Ok(bit_exact) => Outcome::Passed { bit_exact },
+        Err(message) => Outcome::Failed(message),
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    passed: usize,
+    failed: usize,
+    skipped: usize,
+    bit_exact: usize,
+}
+
+fn main() -> ExitCode {
+    let cases = load_cases();
+    let mut backends: Vec<(&str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
+    if let Some(gpu) = gpu_backend() {
+        println!(
+            "GPU adapter: {} ({}, {})",
+            gpu.info().name,
+            gpu.info().api,
+            gpu.info().device_type
+        );
+        backends.push(("gpu", gpu));
+    }
+    let mut tallies: BTreeMap<(String, &str), Tally> = BTreeMap::new();
+    let mut failures = Vec::new();
+    for (label, backend) in &backends {
+        for case in &cases {
+            let tally = tallies.entry((case.kind.clone(), label)).or_default();
+            match run_case(backend.as_ref(), case) {
+                Outcome::Passed { bit_exact } => {
+                    tally.passed += 1;
+                    tally.bit_exact += usize::from(bit_exact);
+                    if !bit_exact && std::env::var_os("DISTOPT_GOLDEN_VERBOSE").is_some() {
+                        println!("{label} {}: within tolerance, not bit-exact", case.name);
+                    }
+                }
+                Outcome::Failed(message) => {
+                    tally.failed += 1;
+                    failures.push(format!(
+                        "{label} {} ({}): {message}",
+                        case.name,
+                        case.path.display()
+                    ));
+                }
+                Outcome::Skipped => tally.skipped += 1,
+            }
+        }
+    }
+    let mut total = Tally::default();
+    for ((kind, label), t) in &tallies {
+        if t.skipped > 0 && t.passed + t.failed == 0 {
+            println!(
+                "{kind} {label}: {} skipped (kind not implemented yet)",
+                t.skipped
+            );
+        } else {
+            println!(
+                "{kind} {label}: {} passed, {} failed ({} bit-exact)",
+                t.passed, t.failed, t.bit_exact
+            );
+        }
+        total.passed += t.passed;
+        total.failed += t.failed;
+        total.skipped += t.skipped;
+    }
+    for failure in &failures {
+        println!("FAILED {failure}");
+    }
+    println!(
+        "golden: {} passed, {} failed, {} skipped",
+        total.passed, total.failed, total.skipped
+    );
+    if total.failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
