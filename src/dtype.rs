@@ -30,6 +30,10 @@ pub enum StorageFormat {
     F16,
     /// Two bfloat16 values per 32-bit word, element `2k` in the low half.
     BF16,
+    /// One `f64` per two 32-bit words (low word first). WebGPU has no 64-bit float, so arenas
+    /// of this format always live on the host and are computed by the plain-Rust kernels,
+    /// whichever backend owns them.
+    F64,
 }
 
 impl StorageFormat {
@@ -39,25 +43,51 @@ impl StorageFormat {
             StorageFormat::F32 => 0,
             StorageFormat::F16 => 1,
             StorageFormat::BF16 => 2,
+            StorageFormat::F64 => 3,
         }
     }
 
-    /// Elements stored per 32-bit word.
+    /// Elements stored per 32-bit word (packed formats: 1 or 2; float64 takes two words per
+    /// element and reports 1 here — use [`StorageFormat::word_of`] for offsets).
     pub fn elements_per_word(self) -> usize {
         match self {
-            StorageFormat::F32 => 1,
+            StorageFormat::F32 | StorageFormat::F64 => 1,
             StorageFormat::F16 | StorageFormat::BF16 => 2,
         }
     }
 
-    /// Bytes per element on the device.
+    /// Bytes per element.
     pub fn element_bytes(self) -> usize {
-        4 / self.elements_per_word()
+        match self {
+            StorageFormat::F32 => 4,
+            StorageFormat::F16 | StorageFormat::BF16 => 2,
+            StorageFormat::F64 => 8,
+        }
     }
 
     /// Words needed for `elements` elements (rounded up).
     pub fn words_for(self, elements: usize) -> usize {
-        elements.div_ceil(self.elements_per_word())
+        (elements * self.element_bytes()).div_ceil(4)
+    }
+
+    /// The word at which element `element` starts (`element` word aligned).
+    pub fn word_of(self, element: usize) -> usize {
+        element * self.element_bytes() / 4
+    }
+
+    /// Whether element `element` starts on a word boundary.
+    pub fn is_word_aligned(self, element: usize) -> bool {
+        (element * self.element_bytes()).is_multiple_of(4)
+    }
+
+    /// The same precision as a dtype.
+    pub fn dtype(self) -> DType {
+        match self {
+            StorageFormat::F32 => DType::Float32,
+            StorageFormat::F16 => DType::Float16,
+            StorageFormat::BF16 => DType::BFloat16,
+            StorageFormat::F64 => DType::Float64,
+        }
     }
 
     /// Decodes element `index` of a packed word slice into `f32` (exact for every format).
@@ -65,6 +95,7 @@ impl StorageFormat {
     pub fn load(self, words: &[u32], index: usize) -> f32 {
         match self {
             StorageFormat::F32 => f32::from_bits(words[index]),
+            StorageFormat::F64 => self.load_f64(words, index) as f32,
             StorageFormat::F16 => f16::from_bits(half_of(words, index)).to_f32(),
             StorageFormat::BF16 => bf16::from_bits(half_of(words, index)).to_f32(),
         }
@@ -75,8 +106,49 @@ impl StorageFormat {
     pub fn store(self, words: &mut [u32], index: usize, value: f32) {
         match self {
             StorageFormat::F32 => words[index] = value.to_bits(),
+            StorageFormat::F64 => self.store_f64(words, index, f64::from(value)),
             StorageFormat::F16 => set_half(words, index, f32_to_f16_bits(value)),
             StorageFormat::BF16 => set_half(words, index, f32_to_bf16_bits(value)),
+        }
+    }
+
+    /// Decodes element `index` into `f64` (exact for every format).
+    #[inline]
+    pub fn load_f64(self, words: &[u32], index: usize) -> f64 {
+        match self {
+            StorageFormat::F64 => f64::from_bits(
+                u64::from(words[2 * index]) | (u64::from(words[2 * index + 1]) << 32),
+            ),
+            _ => f64::from(self.load(words, index)),
+        }
+    }
+
+    /// Rounds `value` to this format (nearest even) and stores it at element `index`.
+    #[inline]
+    pub fn store_f64(self, words: &mut [u32], index: usize, value: f64) {
+        match self {
+            StorageFormat::F64 => {
+                let bits = value.to_bits();
+                words[2 * index] = bits as u32;
+                words[2 * index + 1] = (bits >> 32) as u32;
+            }
+            StorageFormat::F32 => words[index] = (value as f32).to_bits(),
+            StorageFormat::F16 => set_half(words, index, f64_to_f16_bits(value)),
+            StorageFormat::BF16 => set_half(words, index, f64_to_bf16_bits(value)),
+        }
+    }
+
+    /// `value` rounded to this format (nearest even) and widened back to `f64`. One IEEE
+    /// operation computed in `f64` and rounded here equals the same operation computed in this
+    /// format (f64 carries more than twice the bits of each narrower format), which is why the
+    /// plain-Rust kernels compute every tensor operation in `f64` and round after it.
+    #[inline]
+    pub fn round_f64(self, value: f64) -> f64 {
+        match self {
+            StorageFormat::F64 => value,
+            StorageFormat::F32 => f64::from(value as f32),
+            StorageFormat::F16 => f64::from(f16::from_bits(f64_to_f16_bits(value))),
+            StorageFormat::BF16 => f64::from(bf16::from_bits(f64_to_bf16_bits(value))),
         }
     }
 
@@ -84,7 +156,7 @@ impl StorageFormat {
     #[inline]
     pub fn round(self, value: f32) -> f32 {
         match self {
-            StorageFormat::F32 => value,
+            StorageFormat::F32 | StorageFormat::F64 => value,
             StorageFormat::F16 => f16::from_bits(f32_to_f16_bits(value)).to_f32(),
             StorageFormat::BF16 => bf16::from_bits(f32_to_bf16_bits(value)).to_f32(),
         }
@@ -111,6 +183,33 @@ pub fn f32_to_f16_bits(value: f32) -> u16 {
         return ((value.to_bits() >> 16) as u16 & 0x8000) | 0x7e00;
     }
     f16::from_f32(value).to_bits()
+}
+
+/// `value` rounded to float32 *to odd*: truncated toward zero, with the last bit set when
+/// anything was lost. Rounding that result to a format with at least two fewer bits gives the
+/// correctly rounded result of `value` itself: f64 → f32 → f16/bf16 would otherwise round twice.
+fn f64_to_f32_round_to_odd(value: f64) -> f32 {
+    let nearest = value as f32;
+    if !nearest.is_finite() || f64::from(nearest) == value {
+        return nearest;
+    }
+    let mut bits = nearest.to_bits();
+    if f64::from(nearest).abs() > value.abs() {
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
+}
+
+/// float64 → float16 bits, rounded once to nearest even (NaN to the canonical quiet NaN).
+#[inline]
+pub fn f64_to_f16_bits(value: f64) -> u16 {
+    f32_to_f16_bits(f64_to_f32_round_to_odd(value))
+}
+
+/// float64 → bfloat16 bits, rounded once to nearest even.
+#[inline]
+pub fn f64_to_bf16_bits(value: f64) -> u16 {
+    f32_to_bf16_bits(f64_to_f32_round_to_odd(value))
 }
 
 /// float32 → bfloat16 bits, round to nearest even (c10's `round_to_nearest_even`).
@@ -169,10 +268,11 @@ impl DType {
         }
     }
 
-    /// The device storage format of this dtype.
+    /// The arena storage format of this dtype.
     pub fn storage(self) -> StorageFormat {
         match self {
-            DType::Float32 | DType::Float64 => StorageFormat::F32,
+            DType::Float32 => StorageFormat::F32,
+            DType::Float64 => StorageFormat::F64,
             DType::Float16 => StorageFormat::F16,
             DType::BFloat16 => StorageFormat::BF16,
         }
@@ -221,6 +321,41 @@ mod tests {
             assert_eq!(format.load(&words, 3), value);
             assert_eq!(format.load(&words, 2), 0.25);
         }
+    }
+
+    #[test]
+    fn f64_to_bf16_rounds_once() {
+        // Just above the tie between 1 and 1 + 2^-7: must round up, although the f32 nearest
+        // to it is the tie itself.
+        let value = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
+        assert_eq!(f64_to_bf16_bits(value), 0x3f81);
+        assert_eq!(f64_to_bf16_bits(1.0 + 2f64.powi(-8)), 0x3f80);
+        assert_eq!(
+            f64_to_bf16_bits(-(1.0 + 2f64.powi(-8) + 2f64.powi(-40))),
+            0xbf81
+        );
+    }
+
+    #[test]
+    fn f64_to_f16_rounds_once() {
+        // Just above the tie between 1 and 1 + 2^-10.
+        assert_eq!(
+            f64_to_f16_bits(1.0 + 2f64.powi(-11) + 2f64.powi(-40)),
+            0x3c01
+        );
+        assert_eq!(f64_to_f16_bits(1.0 + 2f64.powi(-11)), 0x3c00);
+        assert_eq!(f64_to_f16_bits(1e6), 0x7c00);
+        assert_eq!(f64_to_f16_bits(2f64.powi(-25)), 0);
+        assert_eq!(f64_to_f16_bits(2f64.powi(-25) + 2f64.powi(-60)), 1);
+    }
+
+    #[test]
+    fn f64_storage_round_trips() {
+        let mut words = vec![0u32; 4];
+        StorageFormat::F64.store_f64(&mut words, 1, 0.1);
+        assert_eq!(StorageFormat::F64.load_f64(&words, 1), 0.1);
+        assert_eq!(StorageFormat::F64.words_for(3), 6);
+        assert_eq!(StorageFormat::F16.words_for(3), 2);
     }
 
     #[test]

@@ -22,12 +22,19 @@
 //! assert_eq!(out.updated_replicas[0][0].values_f64().unwrap(), vec![0.5, -2.0]);
 //! ```
 
+pub mod averaging;
 pub mod backend;
+pub mod comm;
 pub mod dtype;
 pub mod error;
 pub mod json;
+pub mod optim;
+pub mod post_local_sgd;
+pub mod pyfmt;
+pub mod replicas;
 pub mod step;
 pub mod tensor;
+pub mod warnings;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use backend::select_backend_blocking;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::backend::{Arena, Backend, layout_params};
-use crate::dtype::StorageFormat;
+use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
 use crate::tensor::{DeviceSlice, HostData, Storage, Tensor, format_shape};
 
@@ -150,7 +150,10 @@ pub async fn sgd_step(
     let count = parameter_replicas[0].len();
     let mut groups: BTreeMap<StorageFormat, Vec<usize>> = BTreeMap::new();
     for (j, param) in parameter_replicas[0].iter().enumerate() {
-        groups.entry(param.dtype().storage()).or_default().push(j);
+        groups
+            .entry(step_format(param.dtype()))
+            .or_default()
+            .push(j);
     }
     let mut means: Vec<Option<Tensor>> = vec![None; count];
     let mut updated: Vec<Vec<Option<Tensor>>> = vec![vec![None; count]; ranks];
@@ -234,7 +237,7 @@ impl<'a> StepGroup<'a> {
         let mut grad_formats = gradient_replicas
             .iter()
             .flat_map(|rank| members.iter().filter_map(|&j| rank[j].as_ref()))
-            .map(|g| g.dtype().storage());
+            .map(|g| step_format(g.dtype()));
         let grad_format = match grad_formats.next() {
             None => format,
             Some(first) if grad_formats.all(|f| f == first) => first,
@@ -266,9 +269,7 @@ impl<'a> StepGroup<'a> {
             let Some(tensor) = tensor else { continue };
             let offset = self.offsets[k];
             match tensor.storage() {
-                Storage::Device(slice)
-                    if slice.arena.format() == format && slice.dtype.storage() == format =>
-                {
+                Storage::Device(slice) if slice.arena.format() == format => {
                     backend.copy_elements(
                         &slice.arena,
                         slice.rank,
@@ -284,7 +285,7 @@ impl<'a> StepGroup<'a> {
                     let data = host.host_data().expect("to_host returns a host tensor");
                     let image =
                         image.get_or_insert_with(|| vec![0u32; format.words_for(self.rank_len)]);
-                    data.encode_into(format, &mut image[offset / format.elements_per_word()..]);
+                    data.encode_into(format, &mut image[format.word_of(offset)..]);
                 }
             }
         }
@@ -336,7 +337,6 @@ impl<'a> StepGroup<'a> {
             (None, None)
         };
         let (params, means) = (Arc::new(params), Arc::new(means));
-        let per_word = self.format.elements_per_word();
         for (k, &j) in self.members.iter().enumerate() {
             let original = &parameter_replicas[0][j];
             let (dtype, shape, offset, numel) = (
@@ -347,7 +347,7 @@ impl<'a> StepGroup<'a> {
             );
             match (&param_words, &mean_words, original.is_on_device()) {
                 (Some(pw), Some(mw), false) => {
-                    let word = offset / per_word;
+                    let word = self.format.word_of(offset);
                     let mean = HostData::decode(dtype, self.format, &mw[word..], numel);
                     means_out[j] = Some(Tensor::new(shape, mean)?);
                     let value = Tensor::new(
@@ -378,6 +378,16 @@ impl<'a> StepGroup<'a> {
     }
 }
 
+/// The arena format a dtype takes in the step: float64 travels as float32, because the step's
+/// arithmetic is float32 by definition (`p.to(float32)`, `g.to(float32)`), so no precision is
+/// lost and the step runs on the GPU like every other dtype.
+fn step_format(dtype: DType) -> StorageFormat {
+    match dtype {
+        DType::Float64 => StorageFormat::F32,
+        other => other.storage(),
+    }
+}
+
 /// Puts host tensors on `backend`'s device as device-resident tensors (one arena per dtype
 /// format and list), so that later steps run without host transfers.
 pub async fn to_device(backend: &dyn Backend, tensors: &[Tensor]) -> Result<Vec<Tensor>> {
@@ -395,10 +405,7 @@ pub async fn to_device(backend: &dyn Backend, tensors: &[Tensor]) -> Result<Vec<
         for (k, &i) in members.iter().enumerate() {
             let host = tensors[i].to_host().await?;
             let data = host.host_data().expect("host tensor");
-            data.encode_into(
-                format,
-                &mut image[offsets[k] / format.elements_per_word()..],
-            );
+            data.encode_into(format, &mut image[format.word_of(offsets[k])..]);
         }
         arena.write(0, 0, &image)?;
         let arena = Arc::new(arena);

@@ -66,10 +66,18 @@ impl HostData {
     pub fn from_f64(dtype: DType, values: &[f64]) -> HostData {
         match dtype {
             DType::Float32 => HostData::Float32(values.iter().map(|&v| v as f32).collect()),
-            DType::Float16 => HostData::Float16(values.iter().map(|&v| f16::from_f64(v)).collect()),
-            DType::BFloat16 => {
-                HostData::BFloat16(values.iter().map(|&v| bf16::from_f64(v)).collect())
-            }
+            DType::Float16 => HostData::Float16(
+                values
+                    .iter()
+                    .map(|&v| f16::from_bits(crate::dtype::f64_to_f16_bits(v)))
+                    .collect(),
+            ),
+            DType::BFloat16 => HostData::BFloat16(
+                values
+                    .iter()
+                    .map(|&v| bf16::from_bits(crate::dtype::f64_to_bf16_bits(v)))
+                    .collect(),
+            ),
             DType::Float64 => HostData::Float64(values.to_vec()),
         }
     }
@@ -87,6 +95,11 @@ impl HostData {
             }
             (HostData::BFloat16(v), StorageFormat::BF16) => {
                 pack_halves(v.iter().map(|x| x.to_bits()), words)
+            }
+            (HostData::Float64(v), StorageFormat::F64) => {
+                for (i, &x) in v.iter().enumerate() {
+                    format.store_f64(words, i, x);
+                }
             }
             (HostData::Float64(v), StorageFormat::F32) => {
                 for (word, &x) in words.iter_mut().zip(v) {
@@ -140,7 +153,7 @@ impl HostData {
                     .collect(),
             ),
             _ => {
-                let values: Vec<f64> = (0..len).map(|i| f64::from(format.load(words, i))).collect();
+                let values: Vec<f64> = (0..len).map(|i| format.load_f64(words, i)).collect();
                 HostData::from_f64(dtype, &values)
             }
         }

@@ -3,6 +3,7 @@
 //! per kind and backend; kinds not implemented yet are counted as skipped, never dropped.
 
 mod common;
+mod runners;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -75,9 +76,12 @@ fn run_dp_sgd_step(backend: &dyn Backend, case: &Case) -> Result<bool, String> {
     Ok(exact)
 }
 
-fn run_case(backend: &dyn Backend, case: &Case) -> Outcome {
+fn run_case(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
     let result = match case.kind.as_str() {
-        "dp_sgd_step" => run_dp_sgd_step(backend, case),
+        "dp_sgd_step" => run_dp_sgd_step(backend.as_ref(), case),
+        "local_optimizer" => runners::optimizers::run(backend, case),
+        "periodic_averager" | "hierarchical_averager" => runners::averagers::run(backend, case),
+        "post_local_sgd" => runners::post_local_sgd::run(backend, case),
         _ => return Outcome::Skipped,
     };
     match result {
@@ -111,7 +115,7 @@ fn main() -> ExitCode {
     for (label, backend) in &backends {
         for case in &cases {
             let tally = tallies.entry((case.kind.clone(), label)).or_default();
-            match run_case(backend.as_ref(), case) {
+            match run_case(backend, case) {
                 Outcome::Passed { bit_exact } => {
                     tally.passed += 1;
                     tally.bit_exact += usize::from(bit_exact);

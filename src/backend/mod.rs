@@ -4,6 +4,7 @@
 
 pub mod cpu;
 pub mod gpu;
+pub mod kernels;
 mod oneshot;
 
 use std::fmt;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
+use kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
 
 pub use cpu::CpuBackend;
 pub use gpu::GpuBackend;
@@ -163,18 +165,25 @@ impl Arena {
                 "arena write at element {offset} is not word aligned"
             )));
         }
-        let rank_words = self.rank_len / per_word;
+        let rank_words = self.format.words_for(self.rank_len);
+        let first = self.format.word_of(offset);
+        if first + words.len() > rank_words {
+            return Err(Error::value(format!(
+                "arena write of {} words at element {offset} overruns the rank's {rank_words} words",
+                words.len()
+            )));
+        }
         match &mut self.storage {
             ArenaStorage::Host(host) => {
-                let start = rank * rank_words + offset / per_word;
+                let start = rank * rank_words + first;
                 host[start..start + words.len()].copy_from_slice(words);
             }
-            ArenaStorage::Gpu(arena) => arena.write(rank, offset / per_word, words),
+            ArenaStorage::Gpu(arena) => arena.write(rank, first, words),
         }
         Ok(())
     }
 
-    /// Reads every rank back: `ranks * rank_len / elements_per_word` words, rank-major.
+    /// Reads every rank back: `ranks * words_for(rank_len)` words, rank-major.
     pub async fn read_all(&self) -> Result<Vec<u32>> {
         match &self.storage {
             ArenaStorage::Host(host) => Ok(host.clone()),
@@ -186,12 +195,11 @@ impl Arena {
     /// returned start with element `offset`.
     pub async fn read_range(&self, rank: usize, offset: usize, len: usize) -> Result<Vec<u32>> {
         self.check_range(rank, offset, len)?;
-        let per_word = self.format.elements_per_word();
-        let first = offset / per_word;
+        let first = self.format.word_of(offset);
         let words = self.format.words_for(len);
         match &self.storage {
             ArenaStorage::Host(host) => {
-                let start = rank * (self.rank_len / per_word) + first;
+                let start = rank * self.format.words_for(self.rank_len) + first;
                 Ok(host[start..start + words].to_vec())
             }
             ArenaStorage::Gpu(arena) => arena.read_range(rank, first, words).await,
@@ -273,6 +281,66 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         means: &mut Arena,
         learning_rate: f32,
     ) -> Result<()>;
+
+    /// `torch.optim.SGD`'s step over every rank and parameter of an arena (one dispatch per
+    /// chunk). `scalars` has one entry per (rank, parameter), rank-major. The default runs the
+    /// plain-Rust reference on host arenas.
+    fn sgd(
+        &self,
+        params: &mut Arena,
+        grads: &Arena,
+        momentum: Option<&mut Arena>,
+        starts: &ParamStarts,
+        scalars: &[SgdScalars],
+    ) -> Result<()> {
+        kernels::sgd_reference(params, grads, momentum, starts, scalars)
+    }
+
+    /// `torch.optim.Adam`/`AdamW`'s step over every rank and parameter of an arena.
+    fn adam(
+        &self,
+        arenas: AdamArenas<'_>,
+        starts: &ParamStarts,
+        scalars: &[AdamScalars],
+    ) -> Result<()> {
+        kernels::adam_reference(arenas, starts, scalars)
+    }
+
+    /// Averages every group of `group_size` consecutive ranks of `arena` over the parameters
+    /// flagged in `active` (see [`kernels::average_reference`]), all groups in one dispatch.
+    fn average(
+        &self,
+        arena: &mut Arena,
+        group_size: usize,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        kernels::average_reference(arena, group_size, arith, starts, active)
+    }
+
+    /// Copies elements `offset..offset + len` (word aligned) of rank `from` to rank `to` of the
+    /// same arena. The default works on host arenas.
+    fn copy_between_ranks(
+        &self,
+        arena: &mut Arena,
+        from: usize,
+        to: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        arena.check_range(from, offset, len)?;
+        arena.check_range(to, offset, len)?;
+        let format = arena.format();
+        let rank_words = format.words_for(arena.rank_len());
+        let (first, words) = (format.word_of(offset), format.words_for(len));
+        let host = kernels::host_words_mut(arena)?;
+        host.copy_within(
+            from * rank_words + first..from * rank_words + first + words,
+            to * rank_words + first,
+        );
+        Ok(())
+    }
 
     /// Resolves when every operation submitted so far has finished.
     fn synchronize(&self) -> BoxFuture<'_, Result<()>>;

@@ -2,16 +2,19 @@
 //! once per (kernel, storage formats) and cached, arenas resident in device buffers.
 
 mod arena;
+mod kernel;
+mod optim;
 pub mod shaders;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
 pub(crate) use arena::GpuArena;
+use kernel::{Binding, Kernel};
 
 use super::cpu::{check_same_format, check_step_arenas};
+use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
 use super::{Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, oneshot};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -77,16 +80,23 @@ impl Default for GpuOptions {
     }
 }
 
-type PipelineKey = (&'static str, StorageFormat, StorageFormat);
-
 /// The wgpu backend.
 pub struct GpuBackend {
     shared: Arc<GpuShared>,
     info: BackendInfo,
-    step_module: wgpu::ShaderModule,
-    step_layout: wgpu::BindGroupLayout,
-    step_pipeline_layout: wgpu::PipelineLayout,
-    pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    /// Runs the float64 arenas, which live on the host (WebGPU has no 64-bit float).
+    host: super::CpuBackend,
+    kernels: Kernels,
+    /// Bound where a kernel's optional state buffer is absent (never read then).
+    placeholder: wgpu::Buffer,
+}
+
+/// Every kernel family, compiled once when the backend opens.
+struct Kernels {
+    dp_sgd_step: Kernel,
+    sgd: Kernel,
+    adam: Kernel,
+    average: Kernel,
 }
 
 impl std::fmt::Debug for GpuBackend {
@@ -187,42 +197,44 @@ impl GpuBackend {
             mappable_primary_buffers: features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
             threads: 1,
         };
-        let step_module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("dp_sgd_step"),
-            source: wgpu::ShaderSource::Wgsl(shaders::DP_SGD_STEP.into()),
-        });
-        let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Storage { read_only },
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
+        use Binding::{Read, ReadWrite, Uniform};
+        let kernels = Kernels {
+            dp_sgd_step: Kernel::new(
+                &device,
+                "dp_sgd_step",
+                shaders::DP_SGD_STEP,
+                &[Uniform, Read, ReadWrite, ReadWrite],
+                &["PARAM_FORMAT", "GRAD_FORMAT"],
+            ),
+            sgd: Kernel::new(
+                &device,
+                "sgd",
+                shaders::SGD,
+                &[Uniform, Read, Read, ReadWrite, Read, ReadWrite],
+                &["FORMAT"],
+            ),
+            adam: Kernel::new(
+                &device,
+                "adam",
+                shaders::ADAM,
+                &[
+                    Uniform, Read, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite,
+                ],
+                &["FORMAT"],
+            ),
+            average: Kernel::new(
+                &device,
+                "average",
+                shaders::AVERAGE,
+                &[Uniform, Read, Read, ReadWrite],
+                &["FORMAT", "ARITH"],
+            ),
         };
-        let step_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("dp_sgd_step"),
-            entries: &[
-                wgpu::BindGroupLayoutEntry {
-                    binding: 0,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    count: None,
-                },
-                storage(1, true),
-                storage(2, false),
-                storage(3, false),
-            ],
-        });
-        let step_pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some("dp_sgd_step"),
-            bind_group_layouts: &[Some(&step_layout)],
-            immediate_size: 0,
+        let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("distopt placeholder"),
+            size: 256,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
         });
         let shared = Arc::new(GpuShared {
             device,
@@ -233,14 +245,13 @@ impl GpuBackend {
         Ok(GpuBackend {
             shared,
             info,
-            step_module,
-            step_layout,
-            step_pipeline_layout,
-            pipelines: Mutex::new(HashMap::new()),
+            host: super::CpuBackend::new(),
+            kernels,
+            placeholder,
         })
     }
 
-    fn gpu<'a>(&self, arena: &'a Arena) -> Result<&'a GpuArena> {
+    pub(crate) fn gpu<'a>(&self, arena: &'a Arena) -> Result<&'a GpuArena> {
         match &arena.storage {
             ArenaStorage::Gpu(gpu) if Arc::ptr_eq(&gpu.shared, &self.shared) => Ok(gpu),
             ArenaStorage::Gpu(_) => Err(Error::runtime(
@@ -252,40 +263,8 @@ impl GpuBackend {
         }
     }
 
-    /// The cached pipeline of `kernel` specialised for the two formats (created on first use).
-    fn pipeline(
-        &self,
-        kernel: &'static str,
-        param_format: StorageFormat,
-        grad_format: StorageFormat,
-    ) -> wgpu::ComputePipeline {
-        let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
-        cache
-            .entry((kernel, param_format, grad_format))
-            .or_insert_with(|| {
-                let constants = [
-                    ("PARAM_FORMAT", f64::from(param_format.shader_code())),
-                    ("GRAD_FORMAT", f64::from(grad_format.shader_code())),
-                ];
-                self.shared
-                    .device
-                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(kernel),
-                        layout: Some(&self.step_pipeline_layout),
-                        module: &self.step_module,
-                        entry_point: Some("main"),
-                        compilation_options: wgpu::PipelineCompilationOptions {
-                            constants: &constants,
-                            zero_initialize_workgroup_memory: false,
-                        },
-                        cache: None,
-                    })
-            })
-            .clone()
-    }
-
     /// The 2-D workgroup grid covering `pairs` invocations.
-    fn grid(&self, pairs: usize) -> (u32, u32) {
+    pub(crate) fn grid(&self, pairs: usize) -> (u32, u32) {
         let groups = pairs.div_ceil(WORKGROUP_SIZE as usize).max(1);
         let max_x = self.info.max_workgroups_per_dimension as usize;
         if groups <= max_x {
@@ -297,10 +276,8 @@ impl GpuBackend {
 
     /// The number of pipelines created so far (they are cached: this stops growing).
     pub fn cached_pipelines(&self) -> usize {
-        self.pipelines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        let k = &self.kernels;
+        k.dp_sgd_step.cached() + k.sgd.cached() + k.adam.cached() + k.average.cached()
     }
 }
 
@@ -327,6 +304,10 @@ impl Backend for GpuBackend {
         rank_len: usize,
         chunk_len: usize,
     ) -> Result<Arena> {
+        if format == StorageFormat::F64 {
+            // WebGPU has no 64-bit float: float64 arenas stay on the host (see StorageFormat::F64).
+            return self.host.create_arena(format, ranks, rank_len, chunk_len);
+        }
         let gpu = GpuArena::new(&self.shared, format, ranks, rank_len, chunk_len)?;
         Ok(Arena::new(
             format,
@@ -349,8 +330,8 @@ impl Backend for GpuBackend {
     ) -> Result<()> {
         check_same_format(src, dst)?;
         let (from, to) = (self.gpu(src)?, self.gpu(dst)?);
-        let per_word = src.format().elements_per_word();
-        if !src_offset.is_multiple_of(per_word) || !dst_offset.is_multiple_of(per_word) {
+        let format = src.format();
+        if !format.is_word_aligned(src_offset) || !format.is_word_aligned(dst_offset) {
             return Err(Error::value("copy_elements offsets must be word aligned"));
         }
         let words = src.format().words_for(len);
@@ -362,8 +343,8 @@ impl Backend for GpuBackend {
         // Walk both chunkings at once, copying the largest run that stays inside one chunk
         // of each.
         while copied < words {
-            let (s_buf, s_off, s_left) = from.locate(src_rank, src_offset / per_word + copied);
-            let (d_buf, d_off, d_left) = to.locate(dst_rank, dst_offset / per_word + copied);
+            let (s_buf, s_off, s_left) = from.locate(src_rank, format.word_of(src_offset) + copied);
+            let (d_buf, d_off, d_left) = to.locate(dst_rank, format.word_of(dst_offset) + copied);
             let run = s_left.min(d_left).min(words - copied);
             encoder.copy_buffer_to_buffer(
                 s_buf,
@@ -408,7 +389,11 @@ impl Backend for GpuBackend {
         check_step_arenas(params, grads, means)?;
         let (param_format, grad_format) = (params.format(), grads.format());
         let ranks = params.ranks();
-        let pipeline = self.pipeline("dp_sgd_step", param_format, grad_format);
+        let kernel = &self.kernels.dp_sgd_step;
+        let pipeline = kernel.pipeline(
+            &self.shared,
+            &[param_format.shader_code(), grad_format.shader_code()],
+        );
         let (p, g, m) = (self.gpu(params)?, self.gpu(grads)?, self.gpu(means)?);
         let device = &self.shared.device;
         let mut encoder = device.create_command_encoder(&Default::default());
@@ -430,32 +415,109 @@ impl Backend for GpuBackend {
                     contents: bytemuck::bytes_of(&uniforms),
                     usage: wgpu::BufferUsages::UNIFORM,
                 });
-                let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("dp_sgd_step"),
-                    layout: &self.step_layout,
-                    entries: &[
-                        wgpu::BindGroupEntry {
-                            binding: 0,
-                            resource: uniform.as_entire_binding(),
-                        },
-                        wgpu::BindGroupEntry {
-                            binding: 1,
-                            resource: gc.buffer.as_entire_binding(),
-                        },
-                        wgpu::BindGroupEntry {
-                            binding: 2,
-                            resource: pc.buffer.as_entire_binding(),
-                        },
-                        wgpu::BindGroupEntry {
-                            binding: 3,
-                            resource: mc.buffer.as_entire_binding(),
-                        },
-                    ],
-                });
+                let bind_group =
+                    kernel.bind(device, &[&uniform, &gc.buffer, &pc.buffer, &mc.buffer]);
                 pass.set_bind_group(0, &bind_group, &[]);
                 let (x, y) = self.grid(pc.len / 2);
                 pass.dispatch_workgroups(x, y, 1);
             }
+        }
+        self.shared.queue.submit([encoder.finish()]);
+        self.shared.take_uncaptured()
+    }
+
+    fn sgd(
+        &self,
+        params: &mut Arena,
+        grads: &Arena,
+        momentum: Option<&mut Arena>,
+        starts: &ParamStarts,
+        scalars: &[SgdScalars],
+    ) -> Result<()> {
+        if matches!(params.storage, ArenaStorage::Host(_)) {
+            return self.host.sgd(params, grads, momentum, starts, scalars);
+        }
+        self.sgd_on_device(params, grads, momentum, starts, scalars)
+    }
+
+    fn adam(
+        &self,
+        arenas: AdamArenas<'_>,
+        starts: &ParamStarts,
+        scalars: &[AdamScalars],
+    ) -> Result<()> {
+        if matches!(arenas.params.storage, ArenaStorage::Host(_)) {
+            return self.host.adam(arenas, starts, scalars);
+        }
+        self.adam_on_device(arenas, starts, scalars)
+    }
+
+    fn average(
+        &self,
+        arena: &mut Arena,
+        group_size: usize,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        if matches!(arena.storage, ArenaStorage::Host(_)) {
+            return self.host.average(arena, group_size, arith, starts, active);
+        }
+        self.average_on_device(arena, group_size, arith, starts, active)
+    }
+
+    fn copy_between_ranks(
+        &self,
+        arena: &mut Arena,
+        from: usize,
+        to: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        if matches!(arena.storage, ArenaStorage::Host(_)) {
+            return self.host.copy_between_ranks(arena, from, to, offset, len);
+        }
+        arena.check_range(from, offset, len)?;
+        arena.check_range(to, offset, len)?;
+        let format = arena.format();
+        let gpu = self.gpu(arena)?;
+        let (first, words) = (format.word_of(offset), format.words_for(len));
+        // WebGPU forbids a copy within one buffer: go through a scratch buffer on the device.
+        let scratch = self.shared.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("distopt rank copy"),
+            size: (words as u64 * 4).max(4),
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self
+            .shared
+            .device
+            .create_command_encoder(&Default::default());
+        let mut copied = 0;
+        while copied < words {
+            let (buffer, src, left) = gpu.locate(from, first + copied);
+            let run = left.min(words - copied);
+            encoder.copy_buffer_to_buffer(
+                buffer,
+                src as u64 * 4,
+                &scratch,
+                copied as u64 * 4,
+                Some(run as u64 * 4),
+            );
+            copied += run;
+        }
+        copied = 0;
+        while copied < words {
+            let (buffer, dst, left) = gpu.locate(to, first + copied);
+            let run = left.min(words - copied);
+            encoder.copy_buffer_to_buffer(
+                &scratch,
+                copied as u64 * 4,
+                buffer,
+                dst as u64 * 4,
+                Some(run as u64 * 4),
+            );
+            copied += run;
         }
         self.shared.queue.submit([encoder.finish()]);
         self.shared.take_uncaptured()

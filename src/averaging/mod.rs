@@ -1,0 +1,124 @@
+//! Model averagers: `PeriodicModelAverager` and `HierarchicalModelAverager`, with PyTorch's
+//! schedules, validation errors and warnings. Averaging runs as one all-reduce-mean per arena
+//! over every group of the chosen partition at once.
+
+mod hierarchical;
+mod periodic;
+
+pub use hierarchical::HierarchicalModelAverager;
+pub use periodic::PeriodicModelAverager;
+
+use crate::comm::{Communicator, Subgroups};
+use crate::dtype::{DType, StorageFormat};
+use crate::error::{Error, Result};
+use crate::replicas::Replicas;
+
+/// The common surface of the averagers (PyTorch's `ModelAverager`).
+pub trait ModelAverager: crate::backend::MaybeSendSync + std::fmt::Debug {
+    /// The step counter: calls of `average_parameters` so far.
+    fn step(&self) -> u64;
+
+    /// Sets the step counter (used when loading a checkpoint).
+    fn set_step(&mut self, step: u64);
+
+    /// Averages, if the schedule says so, the parameters in `params` (all when `None`) that
+    /// have a gradient; advances the step counter. Returns the group size used, or `None` when
+    /// this step did not average.
+    fn average_parameters(
+        &mut self,
+        replicas: &mut Replicas,
+        params: Option<&[usize]>,
+    ) -> Result<Option<usize>>;
+}
+
+/// PyTorch's type promotion of the dtypes `torch.cat` flattens together.
+pub fn promoted_format(dtypes: impl IntoIterator<Item = DType>) -> Option<StorageFormat> {
+    let mut result: Option<DType> = None;
+    for dtype in dtypes {
+        result = Some(match (result, dtype) {
+            (None, d) => d,
+            (Some(a), b) if a == b => a,
+            (Some(DType::Float64), _) | (_, DType::Float64) => DType::Float64,
+            _ => DType::Float32,
+        });
+    }
+    result.map(DType::storage)
+}
+
+/// `utils.average_parameters_or_parameter_groups`: all-reduce-mean of the parameters (all, or
+/// those listed) that have a gradient, within every group of `groups`. The gradient test uses
+/// rank 0's gradients (PyTorch requires every rank to pass the same list).
+pub fn average_parameters(
+    world: &dyn Communicator,
+    replicas: &mut Replicas,
+    groups: Subgroups,
+    params: Option<&[usize]>,
+) -> Result<()> {
+    let selected: Vec<usize> = match params {
+        Some(list) => list.to_vec(),
+        None => (0..replicas.len()).collect(),
+    };
+    if let Some(&bad) = selected.iter().find(|&&j| j >= replicas.len()) {
+        return Err(Error::new(
+            crate::ErrorKind::IndexError,
+            format!(
+                "parameter index {bad} out of range for {} parameters",
+                replicas.len()
+            ),
+        ));
+    }
+    let averaged: Vec<usize> = selected
+        .into_iter()
+        .filter(|&j| replicas.has_grad(0, j))
+        .collect();
+    let Some(arith) = promoted_format(averaged.iter().map(|&j| replicas.dtype(j))) else {
+        return Err(Error::value(
+            "torch.cat(): expected a non-empty list of Tensors",
+        ));
+    };
+    let backend = replicas.backend().clone();
+    let mut wanted = vec![false; replicas.len()];
+    for &j in &averaged {
+        wanted[j] = true;
+    }
+    let bytes: Vec<u64> = replicas
+        .groups
+        .iter()
+        .map(|group| {
+            let numel: usize = group
+                .members
+                .iter()
+                .filter(|&&j| wanted[j])
+                .map(|&j| replicas.numel(j))
+                .sum();
+            (numel * arith.element_bytes()) as u64
+        })
+        .collect();
+    for (group, bytes) in replicas.groups.iter_mut().zip(bytes) {
+        let active: Vec<bool> = group.members.iter().map(|&j| wanted[j]).collect();
+        if !active.contains(&true) {
+            continue;
+        }
+        world.all_reduce_mean(
+            backend.as_ref(),
+            &mut group.params,
+            groups,
+            arith,
+            &group.starts,
+            &active,
+            bytes,
+        )?;
+    }
+    Ok(())
+}
+
+/// The warning PyTorch emits for a period of 1.
+pub(crate) const PERIOD_ONE_WARNING: &str = "When period is 1, no need to use model averaging because the communication cost of all-reducing parameters will be no less than the cost of all-reducing gradients by DistributedDataParallel in the backward pass. Therefore, only DistributedDataParallel should be used for this case.";
+
+/// The warning PyTorch emits when the last period of a hierarchy is 1.
+pub(crate) const MAX_PERIOD_ONE_WARNING: &str = "When the maximum period in arg ``period_group_size_dict`` is 1, no need to use model averaging because the communication cost of all-reducing parameters will be no less than the cost of all-reducing gradients by DistributedDataParallel in the backward pass. Therefore, only DistributedDataParallel should be used for this case.";
+
+/// The `warmup_steps` error shared by both averagers.
+pub(crate) fn warmup_error() -> Error {
+    Error::value("Arg ``warmup_steps`` must be a non-negative number.")
+}

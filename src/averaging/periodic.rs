@@ -1,0 +1,104 @@
+//! `PeriodicModelAverager`.
+
+use std::sync::Arc;
+
+use super::{ModelAverager, PERIOD_ONE_WARNING, average_parameters, warmup_error};
+use crate::comm::{Communicator, Subgroups};
+use crate::error::{Error, Result};
+use crate::replicas::Replicas;
+
+/// Averages parameters every `period` steps after `warmup_steps` warm-up steps:
+/// call number `s` averages iff `s >= warmup_steps` and `(s - warmup_steps) % period == 0`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use distopt::averaging::{ModelAverager, PeriodicModelAverager};
+/// use distopt::comm::SimulatedWorld;
+/// use distopt::replicas::Replicas;
+/// use distopt::{CpuBackend, Tensor};
+/// let world = Arc::new(SimulatedWorld::new(2).unwrap());
+/// let t = |x: f32| vec![Tensor::from_f32(&[1], vec![x]).unwrap()];
+/// let mut model = Replicas::new(Arc::new(CpuBackend::new()), &[t(1.0), t(3.0)]).unwrap();
+/// for rank in 0..2 { model.set_grads(rank, &[Some(Tensor::from_f32(&[1], vec![0.0]).unwrap())]).unwrap(); }
+/// let mut averager = PeriodicModelAverager::new(2, 0, world).unwrap();
+/// assert_eq!(averager.average_parameters(&mut model, None).unwrap(), Some(2));
+/// assert_eq!(model.param_blocking(1, 0).unwrap().values_f64().unwrap(), vec![2.0]);
+/// assert_eq!(averager.average_parameters(&mut model, None).unwrap(), None); // step 1: no
+/// assert!(PeriodicModelAverager::new(0, 0, Arc::new(SimulatedWorld::new(2).unwrap())).is_err());
+/// ```
+#[derive(Debug)]
+pub struct PeriodicModelAverager {
+    period: u64,
+    warmup_steps: u64,
+    step: u64,
+    world: Arc<dyn Communicator>,
+    group: Subgroups,
+}
+
+impl PeriodicModelAverager {
+    /// Averages over the whole world. Errors and warnings as PyTorch's constructor (the
+    /// `warmup_steps` check comes first).
+    pub fn new(period: i64, warmup_steps: i64, world: Arc<dyn Communicator>) -> Result<Self> {
+        let group = Subgroups::world(world.world_size());
+        Self::with_group(period, warmup_steps, world, group)
+    }
+
+    /// Averages within each group of `group` (a `process_group` of PyTorch).
+    pub fn with_group(
+        period: i64,
+        warmup_steps: i64,
+        world: Arc<dyn Communicator>,
+        group: Subgroups,
+    ) -> Result<Self> {
+        if warmup_steps < 0 {
+            return Err(warmup_error());
+        }
+        if period < 1 {
+            return Err(Error::value("Arg ``period`` must be a positive value."));
+        }
+        if period == 1 {
+            crate::warnings::warn(PERIOD_ONE_WARNING);
+        }
+        Ok(PeriodicModelAverager {
+            period: period as u64,
+            warmup_steps: warmup_steps as u64,
+            step: 0,
+            world,
+            group,
+        })
+    }
+
+    /// The averaging period.
+    pub fn period(&self) -> u64 {
+        self.period
+    }
+
+    /// The warm-up steps.
+    pub fn warmup_steps(&self) -> u64 {
+        self.warmup_steps
+    }
+}
+
+impl ModelAverager for PeriodicModelAverager {
+    fn step(&self) -> u64 {
+        self.step
+    }
+
+    fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    fn average_parameters(
+        &mut self,
+        replicas: &mut Replicas,
+        params: Option<&[usize]>,
+    ) -> Result<Option<usize>> {
+        let mut used = None;
+        if self.step >= self.warmup_steps && (self.step - self.warmup_steps).is_multiple_of(self.period) {
+            average_parameters(self.world.as_ref(), replicas, self.group, params)?;
+            used = Some(self.group.group_size());
+        }
+        self.step += 1;
+        Ok(used)
+    }
+}

@@ -1,0 +1,327 @@
+//! Dispatch of the per-parameter kernels (SGD, Adam/AdamW, group averaging) on the device.
+
+use wgpu::util::DeviceExt;
+
+use super::GpuBackend;
+use crate::backend::Arena;
+use crate::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+
+/// `struct Dispatch` of `shaders/param_table.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Geometry {
+    pairs: u32,
+    first_pair: u32,
+    rank_words: u32,
+    ranks: u32,
+    params: u32,
+    group_size: u32,
+    _pad: [u32; 2],
+}
+
+/// `struct SgdScalars` of `shaders/sgd.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SgdGpuScalars {
+    flags: u32,
+    lr: f32,
+    momentum: f32,
+    one_minus_dampening: f32,
+    weight_decay: f32,
+    _pad: [u32; 3],
+}
+
+/// `struct AdamScalars` of `shaders/adam.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AdamGpuScalars {
+    flags: u32,
+    weight_decay: f32,
+    decay_factor: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    neg_step_size: f32,
+    bias_correction2_sqrt: f32,
+    eps: f32,
+    _pad: [u32; 3],
+}
+
+fn flag(on: bool, bit: u32) -> u32 {
+    if on { bit } else { 0 }
+}
+
+impl GpuBackend {
+    fn storage_buffer<T: bytemuck::Pod>(&self, label: &str, items: &[T]) -> wgpu::Buffer {
+        let bytes: &[u8] = bytemuck::cast_slice(items);
+        // WebGPU rejects zero-sized bindings.
+        let contents = if bytes.is_empty() {
+            &[0u8; 16][..]
+        } else {
+            bytes
+        };
+        self.shared
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage: wgpu::BufferUsages::STORAGE,
+            })
+    }
+
+    /// Records one dispatch per chunk of `arena`: `bind(chunk index, geometry buffer)` returns
+    /// the bind group; `lanes` is the grid's second factor (ranks, or groups).
+    fn dispatch_chunks(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        arena: &Arena,
+        lanes: usize,
+        params: usize,
+        group_size: usize,
+        bind: &dyn Fn(usize, &wgpu::Buffer) -> wgpu::BindGroup,
+    ) -> Result<()> {
+        let gpu = self.gpu(arena)?;
+        let device = &self.shared.device;
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(pipeline);
+            let mut first_element = 0usize;
+            for (c, chunk) in gpu.chunks.iter().enumerate() {
+                let geometry = Geometry {
+                    pairs: (chunk.len / 2) as u32,
+                    first_pair: (first_element / 2) as u32,
+                    rank_words: chunk.rank_words as u32,
+                    ranks: lanes as u32,
+                    params: params as u32,
+                    group_size: group_size as u32,
+                    _pad: [0; 2],
+                };
+                let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("distopt geometry"),
+                    contents: bytemuck::bytes_of(&geometry),
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+                let bind_group = bind(c, &uniform);
+                pass.set_bind_group(0, &bind_group, &[]);
+                let (x, y) = self.grid(chunk.len / 2 * lanes);
+                pass.dispatch_workgroups(x, y, 1);
+                first_element += chunk.len;
+            }
+        }
+        self.shared.queue.submit([encoder.finish()]);
+        self.shared.take_uncaptured()
+    }
+
+    pub(crate) fn sgd_on_device(
+        &self,
+        params: &mut Arena,
+        grads: &Arena,
+        momentum: Option<&mut Arena>,
+        starts: &ParamStarts,
+        scalars: &[SgdScalars],
+    ) -> Result<()> {
+        check_geometry("sgd", params, grads, starts, scalars.len())?;
+        if let Some(m) = &momentum {
+            check_geometry("sgd momentum", params, m, starts, scalars.len())?;
+        }
+        let table: Vec<SgdGpuScalars> = scalars
+            .iter()
+            .map(|s| SgdGpuScalars {
+                flags: flag(s.active, 1)
+                    | flag(s.first_step, 2)
+                    | flag(s.nesterov, 4)
+                    | flag(s.maximize, 8),
+                lr: s.lr as f32,
+                momentum: s.momentum as f32,
+                one_minus_dampening: s.one_minus_dampening as f32,
+                weight_decay: s.weight_decay as f32,
+                _pad: [0; 3],
+            })
+            .collect();
+        let starts_buffer = self.storage_buffer("distopt param starts", &starts.0);
+        let table_buffer = self.storage_buffer("distopt sgd scalars", &table);
+        let kernel = &self.kernels.sgd;
+        let pipeline = kernel.pipeline(&self.shared, &[params.format().shader_code()]);
+        let (p, g) = (self.gpu(params)?, self.gpu(grads)?);
+        let m = match &momentum {
+            Some(m) => Some(self.gpu(m)?),
+            None => None,
+        };
+        let device = &self.shared.device;
+        self.dispatch_chunks(
+            &pipeline,
+            params,
+            params.ranks(),
+            starts.0.len(),
+            0,
+            &|c, uniform| {
+                let momentum_buffer = m.map_or(&self.placeholder, |m| &m.chunks[c].buffer);
+                kernel.bind(
+                    device,
+                    &[
+                        uniform,
+                        &starts_buffer,
+                        &table_buffer,
+                        &p.chunks[c].buffer,
+                        &g.chunks[c].buffer,
+                        momentum_buffer,
+                    ],
+                )
+            },
+        )
+    }
+
+    pub(crate) fn adam_on_device(
+        &self,
+        arenas: AdamArenas<'_>,
+        starts: &ParamStarts,
+        scalars: &[AdamScalars],
+    ) -> Result<()> {
+        let AdamArenas {
+            params,
+            grads,
+            exp_avg,
+            exp_avg_sq,
+            max_exp_avg_sq,
+        } = arenas;
+        check_geometry("adam", params, grads, starts, scalars.len())?;
+        check_geometry("adam exp_avg", params, exp_avg, starts, scalars.len())?;
+        check_geometry("adam exp_avg_sq", params, exp_avg_sq, starts, scalars.len())?;
+        if let Some(x) = &max_exp_avg_sq {
+            check_geometry("adam max_exp_avg_sq", params, x, starts, scalars.len())?;
+        }
+        let table: Vec<AdamGpuScalars> = scalars
+            .iter()
+            .map(|s| AdamGpuScalars {
+                flags: flag(s.active, 1)
+                    | flag(s.maximize, 2)
+                    | flag(s.amsgrad, 4)
+                    | flag(s.decoupled, 8),
+                weight_decay: s.weight_decay as f32,
+                decay_factor: s.decay_factor as f32,
+                one_minus_beta1: s.one_minus_beta1 as f32,
+                beta2: s.beta2 as f32,
+                one_minus_beta2: s.one_minus_beta2 as f32,
+                neg_step_size: (-s.step_size) as f32,
+                bias_correction2_sqrt: s.bias_correction2_sqrt as f32,
+                eps: s.eps as f32,
+                _pad: [0; 3],
+            })
+            .collect();
+        let starts_buffer = self.storage_buffer("distopt param starts", &starts.0);
+        let table_buffer = self.storage_buffer("distopt adam scalars", &table);
+        let kernel = &self.kernels.adam;
+        let pipeline = kernel.pipeline(&self.shared, &[params.format().shader_code()]);
+        let (p, g) = (self.gpu(params)?, self.gpu(grads)?);
+        let (m, v) = (self.gpu(exp_avg)?, self.gpu(exp_avg_sq)?);
+        let vmax = match &max_exp_avg_sq {
+            Some(x) => Some(self.gpu(x)?),
+            None => None,
+        };
+        let device = &self.shared.device;
+        self.dispatch_chunks(
+            &pipeline,
+            params,
+            params.ranks(),
+            starts.0.len(),
+            0,
+            &|c, uniform| {
+                let vmax_buffer = vmax.map_or(&self.placeholder, |x| &x.chunks[c].buffer);
+                kernel.bind(
+                    device,
+                    &[
+                        uniform,
+                        &starts_buffer,
+                        &table_buffer,
+                        &p.chunks[c].buffer,
+                        &g.chunks[c].buffer,
+                        &m.chunks[c].buffer,
+                        &v.chunks[c].buffer,
+                        vmax_buffer,
+                    ],
+                )
+            },
+        )
+    }
+
+    pub(crate) fn average_on_device(
+        &self,
+        arena: &mut Arena,
+        group_size: usize,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        let ranks = arena.ranks();
+        if group_size == 0
+            || !ranks.is_multiple_of(group_size)
+            || active.len() != starts.0.len()
+            || starts.0.is_empty()
+        {
+            return Err(Error::value(format!(
+                "average: group size {group_size} does not divide {ranks} ranks, or {} flags for {} parameters",
+                active.len(),
+                starts.0.len()
+            )));
+        }
+        // The device computes in float32 at most; a float64 promotion of non-float64 arenas
+        // is computed in float32 (within a float32 ulp of the float64 result).
+        let arith = if arith == StorageFormat::F64 {
+            StorageFormat::F32
+        } else {
+            arith
+        };
+        let flags: Vec<u32> = active.iter().map(|&a| u32::from(a)).collect();
+        let starts_buffer = self.storage_buffer("distopt param starts", &starts.0);
+        let flags_buffer = self.storage_buffer("distopt average flags", &flags);
+        let kernel = &self.kernels.average;
+        let pipeline = kernel.pipeline(
+            &self.shared,
+            &[arena.format().shader_code(), arith.shader_code()],
+        );
+        let a = self.gpu(arena)?;
+        let device = &self.shared.device;
+        self.dispatch_chunks(
+            &pipeline,
+            arena,
+            ranks / group_size,
+            starts.0.len(),
+            group_size,
+            &|c, uniform| {
+                kernel.bind(
+                    device,
+                    &[uniform, &starts_buffer, &flags_buffer, &a.chunks[c].buffer],
+                )
+            },
+        )
+    }
+}
+
+fn check_geometry(
+    what: &str,
+    params: &Arena,
+    other: &Arena,
+    starts: &ParamStarts,
+    entries: usize,
+) -> Result<()> {
+    if params.ranks() != other.ranks()
+        || params.rank_len() != other.rank_len()
+        || params.chunk_len() != other.chunk_len()
+        || params.format() != other.format()
+    {
+        return Err(Error::value(format!(
+            "{what}: arenas do not match ({params:?} vs {other:?})"
+        )));
+    }
+    if starts.0.is_empty() || entries != params.ranks() * starts.0.len() {
+        return Err(Error::value(format!(
+            "{what}: table has {entries} entries for {} ranks of {} parameters",
+            params.ranks(),
+            starts.0.len()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! `PostLocalSGDOptimizer` and the post-local-SGD gradient synchronization that PyTorch's DDP
+//! communication hook (`post_localSGD_hook`) performs, so the whole post-local SGD recipe runs
+//! without DDP.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::averaging::ModelAverager;
+use crate::comm::{Communicator, Subgroups, new_subgroups};
+use crate::error::{Error, Result};
+use crate::optim::LocalOptimizer;
+use crate::replicas::Replicas;
+
+/// The warning of a `load_state_dict` without an averager step.
+pub const MISSING_STEP_WARNING: &str =
+    "Loaded state dict does not contain a step counter for an averager. Setting step counter to 0.";
+
+/// Local optimizer steps, then periodic (or hierarchical) model averaging after warm-up.
+#[derive(Debug)]
+pub struct PostLocalSgdOptimizer {
+    optim: Box<dyn LocalOptimizer>,
+    averager: Box<dyn ModelAverager>,
+}
+
+impl PostLocalSgdOptimizer {
+    /// Wraps `optim` and `averager`.
+    pub fn new(optim: Box<dyn LocalOptimizer>, averager: Box<dyn ModelAverager>) -> Self {
+        PostLocalSgdOptimizer { optim, averager }
+    }
+
+    /// The local optimizer.
+    pub fn optim(&self) -> &dyn LocalOptimizer {
+        self.optim.as_ref()
+    }
+
+    /// The averager.
+    pub fn averager(&self) -> &dyn ModelAverager {
+        self.averager.as_ref()
+    }
+
+    /// `step()`: the local step on every rank, then `average_parameters` over the optimizer's
+    /// parameter groups. Returns the averaging group size, or `None` when this step did not
+    /// average.
+    pub fn step(&mut self, replicas: &mut Replicas) -> Result<Option<usize>> {
+        self.optim.step(replicas)?;
+        let params: Vec<usize> = self.optim.param_groups().into_iter().flatten().collect();
+        self.averager.average_parameters(replicas, Some(&params))
+    }
+
+    /// `zero_grad()`.
+    pub fn zero_grad(&self, replicas: &mut Replicas) {
+        self.optim.zero_grad(replicas);
+    }
+
+    /// Rank `rank`'s `state_dict()`: the local optimizer's, plus `"step"`, the averager's
+    /// step counter.
+    pub async fn state_dict(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
+        let mut state_dict = self.optim.state_dict(replicas, rank).await?;
+        if let Value::Object(map) = &mut state_dict {
+            map.insert("step".into(), Value::from(self.averager.step()));
+        }
+        Ok(state_dict)
+    }
+
+    /// Blocking [`PostLocalSgdOptimizer::state_dict`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn state_dict_blocking(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
+        pollster::block_on(self.state_dict(replicas, rank))
+    }
+
+    /// `load_state_dict()` on rank `rank`: the local optimizer's state, and the averager's step
+    /// counter from `"step"` — or, without it, a warning and a counter of 0.
+    pub fn load_state_dict(
+        &mut self,
+        replicas: &mut Replicas,
+        rank: usize,
+        state_dict: &Value,
+    ) -> Result<()> {
+        self.optim.load_state_dict(replicas, rank, state_dict)?;
+        match state_dict.get("step") {
+            Some(step) => {
+                let step = step
+                    .as_u64()
+                    .or_else(|| step.as_f64().filter(|s| *s >= 0.0).map(|s| s as u64))
+                    .ok_or_else(|| {
+                        Error::value(format!(
+                            "\"step\" must be a non-negative integer, got {step}"
+                        ))
+                    })?;
+                self.averager.set_step(step);
+            }
+            None => {
+                crate::warnings::warn(MISSING_STEP_WARNING);
+                self.averager.set_step(0);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `PostLocalSGDState` plus `post_localSGD_hook`: gradients all-reduced (mean) over the world
+/// for the first `start_local_sgd_iter` iterations, then within the subgroup (or not at all
+/// when `post_local_gradient_allreduce` is false).
+#[derive(Debug)]
+pub struct PostLocalSgdState {
+    world: Arc<dyn Communicator>,
+    subgroup: Subgroups,
+    start_local_sgd_iter: u64,
+    post_local_gradient_allreduce: bool,
+    iter: u64,
+}
+
+impl PostLocalSgdState {
+    /// `subgroup_size` `None` is PyTorch's default subgroup (one per machine; here the world).
+    pub fn new(
+        world: Arc<dyn Communicator>,
+        subgroup_size: Option<i64>,
+        start_local_sgd_iter: u64,
+        post_local_gradient_allreduce: bool,
+    ) -> Result<Self> {
+        let world_size = world.world_size();
+        let subgroup = match subgroup_size {
+            Some(size) => new_subgroups(world_size, size)?,
+            None => Subgroups::world(world_size),
+        };
+        Ok(PostLocalSgdState {
+            world,
+            subgroup,
+            start_local_sgd_iter,
+            post_local_gradient_allreduce,
+            iter: 0,
+        })
+    }
+
+    /// Iterations seen so far (PyTorch stops counting once local SGD starts).
+    pub fn iter(&self) -> u64 {
+        self.iter
+    }
+
+    /// The hook, run after every rank's backward pass: averages the gradients (each divided
+    /// by the group size, then summed, in the gradient's dtype). Returns the group size used.
+    pub fn synchronize_gradients(&mut self, replicas: &mut Replicas) -> Result<Option<usize>> {
+        let groups = if self.iter < self.start_local_sgd_iter {
+            self.iter += 1;
+            Subgroups::world(self.world.world_size())
+        } else if self.post_local_gradient_allreduce {
+            self.subgroup
+        } else {
+            return Ok(None);
+        };
+        let backend = replicas.backend().clone();
+        let ranks = replicas.ranks();
+        let has: Vec<bool> = (0..replicas.len())
+            .map(|j| (0..ranks).any(|r| replicas.has_grad(r, j)))
+            .collect();
+        let bytes: Vec<u64> = replicas
+            .groups
+            .iter()
+            .map(|g| {
+                g.members
+                    .iter()
+                    .filter(|&&j| has[j])
+                    .map(|&j| (replicas.numel(j) * replicas.dtype(j).size_bytes()) as u64)
+                    .sum()
+            })
+            .collect();
+        for (group, bytes) in replicas.groups.iter_mut().zip(bytes) {
+            let active: Vec<bool> = group.members.iter().map(|&j| has[j]).collect();
+            if !active.contains(&true) {
+                continue;
+            }
+            let arith = group.format;
+            self.world.all_reduce_mean(
+                backend.as_ref(),
+                &mut group.grads,
+                groups,
+                arith,
+                &group.starts,
+                &active,
+                bytes,
+            )?;
+        }
+        // DDP gives every rank the reduced gradient: a rank without one now has it.
+        for (j, _) in has.iter().enumerate().filter(|(_, h)| **h) {
+            for rank in 0..ranks {
+                replicas.set_has_grad(rank, j, true);
+            }
+        }
+        Ok(Some(groups.group_size()))
+    }
+}

@@ -1,0 +1,198 @@
+//! `post_local_sgd`: local optimizer steps plus model averaging over 4 ranks, with explicit
+//! gradients or the DDP post-local-SGD hook's gradient synchronization, and state dict reloads.
+
+use std::sync::Arc;
+
+use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
+use distopt::comm::SimulatedWorld;
+use distopt::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
+use distopt::replicas::Replicas;
+use distopt::{Backend, warnings};
+use serde_json::Value;
+
+use super::{
+    Outcome, compare_json, compare_optional_tensors, compare_tensors, compare_warnings,
+    optional_tensors, per_rank_tensors, usize_list,
+};
+use crate::common::Case;
+
+fn averager(spec: &Value, world: Arc<SimulatedWorld>) -> Result<Box<dyn ModelAverager>, String> {
+    let warmup = spec["warmup_steps"].as_i64().unwrap_or(0);
+    Ok(match spec["type"].as_str() {
+        Some("periodic") => Box::new(
+            PeriodicModelAverager::new(spec["period"].as_i64().unwrap_or(0), warmup, world)
+                .map_err(|e| e.to_string())?,
+        ),
+        Some("hierarchical") => {
+            let dict: Vec<(i64, i64)> = spec["period_group_size_dict"]
+                .as_array()
+                .ok_or("period_group_size_dict")?
+                .iter()
+                .map(|p| (p[0].as_i64().unwrap_or(0), p[1].as_i64().unwrap_or(0)))
+                .collect();
+            Box::new(
+                HierarchicalModelAverager::new(&dict, warmup, world).map_err(|e| e.to_string())?,
+            )
+        }
+        other => return Err(format!("unknown averager type {other:?}")),
+    })
+}
+
+pub fn run(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
+    warnings::take();
+    let outcome = run_inner(backend, case);
+    let emitted = warnings::take();
+    let exact = outcome?;
+    compare_warnings(case, &emitted)?;
+    Ok(exact)
+}
+
+fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
+    let (input, expected) = (case.input(), case.expected());
+    let world_size = input["world_size"].as_u64().ok_or("world_size")? as usize;
+    let world = Arc::new(SimulatedWorld::new(world_size).map_err(|e| e.to_string())?);
+    let initial = per_rank_tensors(&input["initial_params"], "initial_params")?;
+    let mut replicas = Replicas::new(backend.clone(), &initial).map_err(|e| e.to_string())?;
+    let mut exact = true;
+    let mut hook = None;
+    if input["variant"] == "ddp_hook" {
+        replicas
+            .broadcast_params(world.as_ref(), 0)
+            .map_err(|e| e.to_string())?;
+        let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
+        for (rank, p) in params.iter().enumerate() {
+            exact &= compare_tensors(
+                case,
+                p,
+                &expected["params_after_ddp_init"][rank],
+                "params_after_ddp_init",
+            )?;
+        }
+        let h = &input["hook"];
+        hook = Some(
+            PostLocalSgdState::new(
+                world.clone(),
+                h["subgroup_size"].as_i64(),
+                h["start_localSGD_iter"].as_u64().unwrap_or(0),
+                h["post_local_gradient_allreduce"].as_bool().unwrap_or(true),
+            )
+            .map_err(|e| e.to_string())?,
+        );
+    }
+    let local =
+        super::optimizers::build(&replicas, &input["optimizer"]).map_err(|e| e.to_string())?;
+    let mut opt = PostLocalSgdOptimizer::new(local, averager(&input["averager"], world.clone())?);
+    let load = &input["load_state_dict"];
+    let mut averaged_at = Vec::new();
+    let mut sizes = Vec::new();
+    let mut steps_before = Vec::new();
+    for (t, step_grads) in input["grads"].as_array().ok_or("grads")?.iter().enumerate() {
+        opt.zero_grad(&mut replicas);
+        for rank in 0..world_size {
+            let grads = optional_tensors(&step_grads[rank], &format!("grads[{t}][{rank}]"))?;
+            replicas
+                .set_grads(rank, &grads)
+                .map_err(|e| e.to_string())?;
+        }
+        if let Some(hook) = hook.as_mut() {
+            hook.synchronize_gradients(&mut replicas)
+                .map_err(|e| e.to_string())?;
+            let grads = replicas.all_grads_blocking().map_err(|e| e.to_string())?;
+            for (rank, g) in grads.iter().enumerate() {
+                exact &= compare_optional_tensors(
+                    case,
+                    g,
+                    &expected["grads_seen"][t][rank],
+                    &format!("grads_seen[{t}][{rank}]"),
+                )?;
+            }
+        }
+        steps_before.push(Some(opt.averager().step() as usize));
+        let used = opt
+            .step(&mut replicas)
+            .map_err(|e| format!("step {t}: {e}"))?;
+        if used.is_some() {
+            averaged_at.push(Value::from(t));
+        }
+        sizes.push(used);
+        let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
+        for (rank, p) in params.iter().enumerate() {
+            exact &= compare_tensors(
+                case,
+                p,
+                &expected["params_after_step"][t][rank],
+                &format!("params_after_step[{t}][{rank}]"),
+            )?;
+        }
+        if load.is_object() && load["after_step"].as_u64() == Some(t as u64 + 1) {
+            let mut saved = Vec::new();
+            for rank in 0..world_size {
+                saved.push(
+                    opt.state_dict_blocking(&replicas, rank)
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+            exact &= compare_json(
+                case,
+                &saved[0],
+                &expected["saved_state_dict"],
+                "saved_state_dict",
+            )?;
+            if expected["averager_step_before_load"].as_u64() != Some(opt.averager().step()) {
+                return Err(format!(
+                    "averager step before load {}",
+                    opt.averager().step()
+                ));
+            }
+            for (rank, mut sd) in saved.into_iter().enumerate() {
+                if load["remove_step_key"].as_bool() == Some(true) {
+                    sd.as_object_mut().ok_or("state dict")?.remove("step");
+                }
+                opt.load_state_dict(&mut replicas, rank, &sd)
+                    .map_err(|e| e.to_string())?;
+            }
+            if expected["averager_step_after_load"].as_u64() != Some(opt.averager().step()) {
+                return Err(format!(
+                    "averager step after load {}",
+                    opt.averager().step()
+                ));
+            }
+        }
+    }
+    if Value::Array(averaged_at.clone()) != expected["averaged_at_steps"] {
+        return Err(format!(
+            "averaged at {averaged_at:?}, expected {}",
+            expected["averaged_at_steps"]
+        ));
+    }
+    if usize_list(&expected["averaging_group_size_at_step"]) != sizes {
+        return Err(format!(
+            "group sizes {sizes:?}, expected {}",
+            expected["averaging_group_size_at_step"]
+        ));
+    }
+    if usize_list(&expected["averager_step_before_each_step"]) != steps_before {
+        return Err(format!(
+            "averager steps {steps_before:?}, expected {}",
+            expected["averager_step_before_each_step"]
+        ));
+    }
+    if expected["final_averager_step"].as_u64() != Some(opt.averager().step()) {
+        return Err(format!("final averager step {}", opt.averager().step()));
+    }
+    for rank in 0..world_size {
+        let sd = opt
+            .state_dict_blocking(&replicas, rank)
+            .map_err(|e| e.to_string())?;
+        exact &= compare_json(
+            case,
+            &sd,
+            &expected["state_dict_per_rank"][rank],
+            &format!("state_dict_per_rank[{rank}]"),
+        )?;
+        if rank == 0 {
+            exact &= compare_json(case, &sd, &expected["state_dict_rank0"], "state_dict_rank0")?;
+        }
+    }
+    Ok(exact)
+}
