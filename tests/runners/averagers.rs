@@ -64,8 +64,8 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
         .iter()
         .map(|b| b.as_bool().unwrap_or(false))
         .collect();
-    for rank in 0..world_size {
-        let grads: Vec<Option<Tensor>> = initial[rank]
+    for (rank, rank_params) in initial.iter().enumerate() {
+        let grads: Vec<Option<Tensor>> = rank_params
             .iter()
             .zip(&has_grad)
             .map(|(p, &has)| {
