@@ -35,6 +35,7 @@ pub mod replicas;
 pub mod step;
 pub mod tensor;
 pub mod warnings;
+pub mod zero;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use backend::select_backend_blocking;

@@ -383,6 +383,14 @@ impl Replicas {
         self.has_grad.fill(false);
     }
 
+    /// `zero_grad(set_to_none=True)` on rank `rank` alone (the others keep their gradients).
+    pub fn zero_grad_rank(&mut self, rank: usize) {
+        let len = self.slots.len();
+        if rank < self.ranks {
+            self.has_grad[rank * len..(rank + 1) * len].fill(false);
+        }
+    }
+
     /// Marks the gradients of rank `rank` present or absent without touching their values.
     pub(crate) fn set_has_grad(&mut self, rank: usize, j: usize, present: bool) {
         let len = self.slots.len();

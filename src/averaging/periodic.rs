@@ -94,7 +94,9 @@ impl ModelAverager for PeriodicModelAverager {
         params: Option<&[usize]>,
     ) -> Result<Option<usize>> {
         let mut used = None;
-        if self.step >= self.warmup_steps && (self.step - self.warmup_steps).is_multiple_of(self.period) {
+        if self.step >= self.warmup_steps
+            && (self.step - self.warmup_steps).is_multiple_of(self.period)
+        {
             average_parameters(self.world.as_ref(), replicas, self.group, params)?;
             used = Some(self.group.group_size());
         }

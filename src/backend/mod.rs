@@ -319,6 +319,26 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         kernels::average_reference(arena, group_size, arith, starts, active)
     }
 
+    /// Copies many element ranges from `src` to `dst` (arenas of the same format) as one
+    /// batch. The default works on host arenas.
+    fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()> {
+        check_copy_regions(src, dst, regions)?;
+        let format = src.format();
+        let (src_words, dst_words) = (
+            format.words_for(src.rank_len()),
+            format.words_for(dst.rank_len()),
+        );
+        let from = kernels::host_words(src)?.to_vec();
+        let to = kernels::host_words_mut(dst)?;
+        for r in regions {
+            let words = format.words_for(r.len);
+            let s = r.src_rank * src_words + format.word_of(r.src_offset);
+            let d = r.dst_rank * dst_words + format.word_of(r.dst_offset);
+            to[d..d + words].copy_from_slice(&from[s..s + words]);
+        }
+        Ok(())
+    }
+
     /// Copies elements `offset..offset + len` (word aligned) of rank `from` to rank `to` of the
     /// same arena. The default works on host arenas.
     fn copy_between_ranks(
@@ -344,6 +364,41 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
 
     /// Resolves when every operation submitted so far has finished.
     fn synchronize(&self) -> BoxFuture<'_, Result<()>>;
+}
+
+/// One element range to copy between arenas (see [`Backend::copy_regions`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyRegion {
+    /// Source rank.
+    pub src_rank: usize,
+    /// First source element (word aligned).
+    pub src_offset: usize,
+    /// Destination rank.
+    pub dst_rank: usize,
+    /// First destination element (word aligned).
+    pub dst_offset: usize,
+    /// Elements to copy.
+    pub len: usize,
+}
+
+/// Validates a batch of copies: same format, in range, word aligned.
+pub(crate) fn check_copy_regions(src: &Arena, dst: &Arena, regions: &[CopyRegion]) -> Result<()> {
+    if src.format() != dst.format() {
+        return Err(Error::value(format!(
+            "cannot copy between arenas of formats {:?} and {:?}",
+            src.format(),
+            dst.format()
+        )));
+    }
+    let format = src.format();
+    for r in regions {
+        src.check_range(r.src_rank, r.src_offset, r.len)?;
+        dst.check_range(r.dst_rank, r.dst_offset, r.len)?;
+        if !format.is_word_aligned(r.src_offset) || !format.is_word_aligned(r.dst_offset) {
+            return Err(Error::value("copy offsets must be word aligned"));
+        }
+    }
+    Ok(())
 }
 
 /// Which backend to use.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::backend::kernels::ParamStarts;
-use crate::backend::{Arena, Backend};
+use crate::backend::{Arena, Backend, CopyRegion};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
@@ -131,6 +131,20 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
         len: usize,
     ) -> Result<()>;
 
+    /// Broadcasts rank `root`'s data, held in `src` (for example a flat bucket), into `dst` as
+    /// the listed regions (one per destination rank and tensor).
+    fn broadcast_regions(
+        &self,
+        backend: &dyn Backend,
+        src: &Arena,
+        dst: &mut Arena,
+        root: usize,
+        regions: &[CopyRegion],
+    ) -> Result<()>;
+
+    /// Gathers `bytes` of serialized objects (state dicts) to one rank.
+    fn gather_object_bytes(&self, bytes: u64);
+
     /// The bytes recorded so far.
     fn stats(&self) -> CommStats;
 
@@ -218,6 +232,30 @@ impl Communicator for SimulatedWorld {
         let bytes = (len * arena.format().element_bytes()) as u64;
         self.record(|s| s.broadcast_bytes += bytes);
         Ok(())
+    }
+
+    fn broadcast_regions(
+        &self,
+        backend: &dyn Backend,
+        src: &Arena,
+        dst: &mut Arena,
+        root: usize,
+        regions: &[CopyRegion],
+    ) -> Result<()> {
+        backend.copy_regions(src, dst, regions)?;
+        // Bytes one receiving rank gets: the regions addressed to any one non-root rank.
+        let receiver = regions.iter().map(|r| r.dst_rank).find(|&d| d != root);
+        let bytes: usize = regions
+            .iter()
+            .filter(|r| Some(r.dst_rank) == receiver)
+            .map(|r| r.len * src.format().element_bytes())
+            .sum();
+        self.record(|s| s.broadcast_bytes += bytes as u64);
+        Ok(())
+    }
+
+    fn gather_object_bytes(&self, bytes: u64) {
+        self.record(|s| s.gather_bytes += bytes);
     }
 
     fn stats(&self) -> CommStats {

@@ -180,8 +180,7 @@ impl Adam {
         })
     }
 
-    /// Bytes of optimizer state held per rank (the moment arenas).
-    pub fn state_bytes_per_rank(&self) -> usize {
+    fn moment_bytes(&self) -> usize {
         self.moments
             .iter()
             .flatten()
@@ -295,6 +294,22 @@ impl LocalOptimizer for Adam {
             }
         }
         Ok(())
+    }
+
+    fn state_bytes_per_rank(&self) -> usize {
+        self.moment_bytes()
+    }
+
+    fn state_len(&self, rank: usize) -> usize {
+        let count = self.steps.len() / self.ranks.max(1);
+        self.steps[rank * count..(rank + 1) * count]
+            .iter()
+            .filter(|s| **s > 0)
+            .count()
+    }
+
+    fn group_options(&self) -> Vec<OptionMap> {
+        self.groups.iter().map(|(_, m)| m.clone()).collect()
     }
 
     fn param_groups(&self) -> Vec<Vec<usize>> {

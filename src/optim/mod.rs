@@ -31,6 +31,9 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// The global parameter indices of each parameter group.
     fn param_groups(&self) -> Vec<Vec<usize>>;
 
+    /// Every group's options, complete (defaults filled in), as `state_dict()` lists them.
+    fn group_options(&self) -> Vec<OptionMap>;
+
     /// Adds a group of parameters with its own options (others from the defaults).
     fn add_param_group(&mut self, params: Vec<usize>, options: &OptionMap) -> Result<()>;
 
@@ -48,6 +51,12 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
         rank: usize,
         state_dict: &Value,
     ) -> Result<()>;
+
+    /// Bytes of optimizer state allocated per rank.
+    fn state_bytes_per_rank(&self) -> usize;
+
+    /// How many parameters have non-empty state on rank `rank` (`len(optimizer.state)`).
+    fn state_len(&self, rank: usize) -> usize;
 
     /// `zero_grad(set_to_none=True)`.
     fn zero_grad(&self, replicas: &mut Replicas) {

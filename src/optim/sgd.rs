@@ -175,8 +175,7 @@ impl Sgd {
             .collect()
     }
 
-    /// Bytes of optimizer state held per rank (the momentum buffers).
-    pub fn state_bytes_per_rank(&self) -> usize {
+    fn momentum_bytes(&self) -> usize {
         self.momentum
             .iter()
             .flatten()
@@ -252,6 +251,22 @@ impl LocalOptimizer for Sgd {
             }
         }
         Ok(())
+    }
+
+    fn state_bytes_per_rank(&self) -> usize {
+        self.momentum_bytes()
+    }
+
+    fn state_len(&self, rank: usize) -> usize {
+        let count = self.has_buffer.len() / self.ranks.max(1);
+        self.has_buffer[rank * count..(rank + 1) * count]
+            .iter()
+            .filter(|b| **b)
+            .count()
+    }
+
+    fn group_options(&self) -> Vec<OptionMap> {
+        self.groups.iter().map(|(_, m)| m.clone()).collect()
     }
 
     fn param_groups(&self) -> Vec<Vec<usize>> {

@@ -3,6 +3,7 @@
 pub mod averagers;
 pub mod optimizers;
 pub mod post_local_sgd;
+pub mod zero;
 
 use std::collections::BTreeSet;
 

@@ -466,6 +466,50 @@ impl Backend for GpuBackend {
         self.average_on_device(arena, group_size, arith, starts, active)
     }
 
+    fn copy_regions(
+        &self,
+        src: &Arena,
+        dst: &mut Arena,
+        regions: &[super::CopyRegion],
+    ) -> Result<()> {
+        if matches!(src.storage, ArenaStorage::Host(_))
+            && matches!(dst.storage, ArenaStorage::Host(_))
+        {
+            return self.host.copy_regions(src, dst, regions);
+        }
+        super::check_copy_regions(src, dst, regions)?;
+        let (from, to) = (self.gpu(src)?, self.gpu(dst)?);
+        let format = src.format();
+        let mut encoder = self
+            .shared
+            .device
+            .create_command_encoder(&Default::default());
+        for region in regions {
+            let words = format.words_for(region.len);
+            let (src_first, dst_first) = (
+                format.word_of(region.src_offset),
+                format.word_of(region.dst_offset),
+            );
+            let mut copied = 0;
+            // Walk both chunkings at once, copying the largest run inside one chunk of each.
+            while copied < words {
+                let (s_buf, s_off, s_left) = from.locate(region.src_rank, src_first + copied);
+                let (d_buf, d_off, d_left) = to.locate(region.dst_rank, dst_first + copied);
+                let run = s_left.min(d_left).min(words - copied);
+                encoder.copy_buffer_to_buffer(
+                    s_buf,
+                    s_off as u64 * 4,
+                    d_buf,
+                    d_off as u64 * 4,
+                    Some(run as u64 * 4),
+                );
+                copied += run;
+            }
+        }
+        self.shared.queue.submit([encoder.finish()]);
+        self.shared.take_uncaptured()
+    }
+
     fn copy_between_ranks(
         &self,
         arena: &mut Arena,

@@ -1,0 +1,711 @@
+//! `ZeroRedundancyOptimizer`: optimizer state sharded over the ranks. Parameters are assigned
+//! to ranks by PyTorch's sorted-greedy partition; each rank's local optimizer holds state only
+//! for the parameters it owns (its own, 1/W-sized arenas), updates them from that rank's own
+//! gradients, and the updated parameters are then broadcast from their owners to every rank.
+
+pub mod args;
+mod partition;
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+pub use partition::{Partition, partition};
+
+use crate::backend::CopyRegion;
+use crate::comm::{Communicator, Subgroups};
+use crate::error::{Error, ErrorKind, Result};
+use crate::optim::{self, LocalOptimizer, OptionMap};
+use crate::replicas::Replicas;
+
+/// The optimizer classes ZeRO knows by name, with PyTorch's class repr.
+fn class_repr(name: &str) -> String {
+    let path = match name {
+        "SGD" => "torch.optim.sgd.SGD",
+        "Adam" => "torch.optim.adam.Adam",
+        "AdamW" => "torch.optim.adamw.AdamW",
+        "NAdam" => "torch.optim.nadam.NAdam",
+        "RAdam" => "torch.optim.radam.RAdam",
+        "Adagrad" => "torch.optim.adagrad.Adagrad",
+        "RMSprop" => "torch.optim.rmsprop.RMSprop",
+        "_FunctionalSGD" => "torch.distributed.optim.functional_sgd._FunctionalSGD",
+        "_FunctionalAdam" => "torch.distributed.optim.functional_adam._FunctionalAdam",
+        "_FunctionalAdamW" => "torch.distributed.optim.functional_adamw._FunctionalAdamW",
+        other => return format!("<class '{other}'>"),
+    };
+    format!("<class '{path}'>")
+}
+
+/// The message of `step()` with `overlap_with_ddp=True`.
+pub const OVERLAP_STEP_WARNING: &str =
+    "`step()` should not be included in the training loop when `overlap_with_ddp=True`";
+/// The message of `parameters_as_bucket_view` with `overlap_with_ddp=True`.
+pub const OVERLAP_BUCKET_WARNING: &str = "`parameters_as_bucket_view=True` will be ignored since `overlap_with_ddp=True`; instead, a different bucketing strategy will be used";
+/// The message of a step after a parameter's `requires_grad` changed.
+pub const TRAINABILITY_WARNING: &str = "ZeroRedundancyOptimizer detected that the trainable parameters changed; rebuilding the parameter buckets if enabled";
+
+fn not_initialized() -> Error {
+    Error::runtime(
+        "This method should not be called until this ZeroRedundancyOptimizer instance has been fully initialized",
+    )
+}
+
+fn not_consolidated(rank: usize) -> Error {
+    Error::runtime(format!(
+        "Optimizer state has not been consolidated on this rank. Please call `consolidate_state_dict(to={rank})` on all ranks beforehand if you meant to save the global state."
+    ))
+}
+
+/// Construction options beyond the parameters and the local optimizer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroOptions {
+    /// Pack each rank's parameters into one flat bucket, broadcast as one transfer.
+    pub parameters_as_bucket_view: bool,
+    /// Overlap the optimizer with DDP's backward (needs DDP buckets; without DDP the instance
+    /// never finishes initializing, as in PyTorch).
+    pub overlap_with_ddp: bool,
+}
+
+/// One rank's shard: the parameters it owns, packed in a one-rank arena (its bucket), and its
+/// local optimizer over them.
+#[derive(Debug)]
+struct Shard {
+    /// Global parameter indices (distinct), in `params_per_rank` order.
+    global: Vec<usize>,
+    params: Replicas,
+    optim: Box<dyn LocalOptimizer>,
+}
+
+/// `torch.distributed.optim.ZeroRedundancyOptimizer` over the simulated world.
+#[derive(Debug)]
+pub struct ZeroRedundancyOptimizer {
+    world: Arc<dyn Communicator>,
+    optimizer: String,
+    defaults: OptionMap,
+    options: ZeroOptions,
+    /// Global parameter groups: replica indices and each group's full options.
+    groups: Vec<(Vec<usize>, OptionMap)>,
+    /// Every parameter's replica index, by global index.
+    global: Vec<usize>,
+    partition: Option<Partition>,
+    shards: Vec<Shard>,
+    /// `requires_grad` by replica index, and the mask the buckets were built for.
+    trainable: Vec<bool>,
+    bucket_trainable: Vec<bool>,
+    /// The rank holding the consolidated state dict, and the dict.
+    consolidated: Option<(usize, Value)>,
+}
+
+impl ZeroRedundancyOptimizer {
+    /// ZeRO over `groups` (replica indices of `replicas`, each with its own options over
+    /// `defaults`), with local optimizers of class `optimizer` (`"SGD"`, `"Adam"`, `"AdamW"`).
+    pub fn new(
+        world: Arc<dyn Communicator>,
+        replicas: &Replicas,
+        groups: Vec<(Vec<usize>, OptionMap)>,
+        optimizer: &str,
+        defaults: &OptionMap,
+        options: ZeroOptions,
+    ) -> Result<Self> {
+        if replicas.ranks() != world.world_size() {
+            return Err(Error::value(format!(
+                "the replicas have {} ranks, the world {}",
+                replicas.ranks(),
+                world.world_size()
+            )));
+        }
+        if groups.iter().all(|(g, _)| g.is_empty()) {
+            return Err(Error::value(
+                "ZeroRedundancyOptimizer got an empty parameter list",
+            ));
+        }
+        let dtype = replicas.dtype(
+            groups
+                .iter()
+                .flat_map(|(g, _)| g)
+                .copied()
+                .next()
+                .unwrap_or(0),
+        );
+        for &j in groups.iter().flat_map(|(g, _)| g) {
+            if j >= replicas.len() {
+                return Err(Error::new(
+                    ErrorKind::IndexError,
+                    format!(
+                        "parameter index {j} out of range for {} parameters",
+                        replicas.len()
+                    ),
+                ));
+            }
+            if replicas.dtype(j) != dtype {
+                let name = |d: crate::DType| {
+                    crate::zero::args::TensorArg {
+                        id: 0,
+                        dtype: d,
+                        meta: false,
+                        sparse: false,
+                        leaf: true,
+                    }
+                    .typename()
+                };
+                return Err(Error::value(format!(
+                    "ZeroRedundancyOptimizer only supports using the same dense type for all parameters but got both {} and {}",
+                    name(dtype),
+                    name(replicas.dtype(j))
+                )));
+            }
+        }
+        let functional = optimizer.starts_with("_Functional");
+        if !options.overlap_with_ddp && functional {
+            return Err(Error::value(format!(
+                "Passing in a functional optimizer {} when `overlap_with_ddp=False`",
+                class_repr(optimizer)
+            )));
+        }
+        if options.overlap_with_ddp && !functional && !matches!(optimizer, "SGD" | "Adam" | "AdamW")
+        {
+            return Err(Error::value(format!(
+                "Using `ddp_with_overlap=True` requires using a functional optimizer, but there is no supported functional optimizer equivalent for {}",
+                class_repr(optimizer)
+            )));
+        }
+        let global: Vec<usize> = groups.iter().flat_map(|(g, _)| g.iter().copied()).collect();
+        let mut zero = ZeroRedundancyOptimizer {
+            world,
+            optimizer: optimizer.to_string(),
+            defaults: defaults.clone(),
+            options,
+            groups,
+            global,
+            partition: None,
+            shards: Vec::new(),
+            trainable: vec![true; replicas.len()],
+            bucket_trainable: vec![true; replicas.len()],
+            consolidated: None,
+        };
+        if options.overlap_with_ddp {
+            if options.parameters_as_bucket_view {
+                crate::warnings::warn(OVERLAP_BUCKET_WARNING);
+            }
+        } else {
+            zero.build_shards(replicas, Vec::new())?;
+        }
+        Ok(zero)
+    }
+
+    fn initialized(&self) -> Result<&Partition> {
+        self.partition.as_ref().ok_or_else(not_initialized)
+    }
+
+    /// Partitions the parameters and creates every rank's shard and local optimizer. Shards
+    /// that already exist keep their state (parameters keep their ranks when groups are added).
+    /// `saved[r]` is rank r's local optimizer state dict to carry over (when groups are added).
+    fn build_shards(&mut self, replicas: &Replicas, saved: Vec<Option<Value>>) -> Result<()> {
+        let numels: Vec<Vec<usize>> = self
+            .groups
+            .iter()
+            .map(|(g, _)| g.iter().map(|&j| replicas.numel(j)).collect())
+            .collect();
+        let partition = partition(self.world.world_size(), &numels);
+        let mut shards = Vec::with_capacity(partition.params_per_rank.len());
+        for (rank, per_group) in partition.params_per_rank_per_group.iter().enumerate() {
+            let mut global: Vec<usize> = Vec::new();
+            let mut local_groups: Vec<Vec<usize>> = Vec::new();
+            for group in per_group {
+                let mut local = Vec::new();
+                for &i in group {
+                    // A parameter passed twice is one tensor: one slot in the shard, and the
+                    // local optimizer warns about the duplicate as PyTorch's does.
+                    let k = match global
+                        .iter()
+                        .position(|&g| self.global[g] == self.global[i])
+                    {
+                        Some(k) => k,
+                        None => {
+                            global.push(i);
+                            global.len() - 1
+                        }
+                    };
+                    if local.contains(&k) {
+                        crate::warnings::warn(args::DUPLICATE_WARNING);
+                    } else {
+                        local.push(k);
+                    }
+                }
+                local_groups.push(local);
+            }
+            // Values are gathered from the rank's replica at every step; zeros will do here.
+            let templates: Vec<crate::Tensor> = global
+                .iter()
+                .map(|&i| {
+                    let j = self.global[i];
+                    crate::Tensor::from_f64(
+                        replicas.dtype(j),
+                        replicas.shape(j),
+                        &vec![0.0; replicas.numel(j)],
+                    )
+                })
+                .collect::<Result<_>>()?;
+            let params = Replicas::replicate(replicas.backend().clone(), 1, &templates)?;
+            let previous = self
+                .shards
+                .get(rank)
+                .zip(saved.get(rank).cloned().flatten());
+            let optim = match previous {
+                Some((old, saved))
+                    if old.global.len() <= global.len()
+                        && old.global[..] == global[..old.global.len()] =>
+                {
+                    // Same leading parameters: migrate the old optimizer's state.
+                    let old_groups = old.optim.param_groups().len();
+                    let mut optim = optim::create(
+                        &self.optimizer,
+                        &params,
+                        local_groups[..old_groups]
+                            .iter()
+                            .zip(&self.groups)
+                            .map(|(g, (_, o))| (g.clone(), o.clone()))
+                            .collect(),
+                        &self.defaults,
+                    )?;
+                    let mut params_mut = params;
+                    optim.load_state_dict(&mut params_mut, 0, &saved)?;
+                    for (g, (_, o)) in local_groups.iter().zip(&self.groups).skip(old_groups) {
+                        optim.add_param_group(g.clone(), o)?;
+                    }
+                    shards.push(Shard {
+                        global,
+                        params: params_mut,
+                        optim,
+                    });
+                    continue;
+                }
+                _ => optim::create(
+                    &self.optimizer,
+                    &params,
+                    local_groups
+                        .iter()
+                        .zip(&self.groups)
+                        .map(|(g, (_, o))| (g.clone(), o.clone()))
+                        .collect(),
+                    &self.defaults,
+                )?,
+            };
+            shards.push(Shard {
+                global,
+                params,
+                optim,
+            });
+        }
+        self.shards = shards;
+        self.partition = Some(partition);
+        Ok(())
+    }
+
+    /// The partition (`None` until initialized, i.e. with `overlap_with_ddp`).
+    pub fn partition(&self) -> Option<&Partition> {
+        self.partition.as_ref()
+    }
+
+    /// The owner of each replica parameter that ZeRO optimizes (`None` for the others): the
+    /// last assignment wins for a parameter passed twice, as PyTorch's `_param_to_rank`.
+    pub fn rank_of_replica_param(&self, replicas: &Replicas) -> Vec<Option<usize>> {
+        let mut out = vec![None; replicas.len()];
+        if let Some(p) = &self.partition {
+            for (i, &rank) in p.rank_of_param.iter().enumerate() {
+                out[self.global[i]] = Some(rank);
+            }
+        }
+        out
+    }
+
+    /// The global parameter groups (replica indices).
+    pub fn param_groups(&self) -> Vec<Vec<usize>> {
+        self.groups.iter().map(|(g, _)| g.clone()).collect()
+    }
+
+    /// Sets `requires_grad` of replica parameter `j`. With `parameters_as_bucket_view`, frozen
+    /// parameters are left out of the buckets from the next step on (and not broadcast).
+    pub fn set_requires_grad(&mut self, j: usize, requires_grad: bool) {
+        if let Some(t) = self.trainable.get_mut(j) {
+            *t = requires_grad;
+        }
+    }
+
+    /// `zero_grad(set_to_none=True)`.
+    pub fn zero_grad(&self, replicas: &mut Replicas) {
+        replicas.zero_grad();
+    }
+
+    /// One ZeRO step: every rank's local optimizer updates the parameters it owns from its own
+    /// gradients, then each rank's updated parameters are broadcast to every rank (one
+    /// transfer per rank with `parameters_as_bucket_view`, one per parameter otherwise).
+    pub fn step(&mut self, replicas: &mut Replicas) -> Result<()> {
+        if self.options.overlap_with_ddp {
+            crate::warnings::warn(OVERLAP_STEP_WARNING);
+            return Ok(());
+        }
+        if self.trainable != self.bucket_trainable {
+            crate::warnings::warn(TRAINABILITY_WARNING);
+            self.bucket_trainable = self.trainable.clone();
+        }
+        self.initialized()?;
+        let backend = replicas.backend().clone();
+        for (rank, shard) in self.shards.iter_mut().enumerate() {
+            if shard.global.is_empty() {
+                continue;
+            }
+            // Gather this rank's own copy of its parameters and gradients into its shard.
+            let (group, shard_group) = (&replicas.groups[0], &mut shard.params.groups[0]);
+            let regions: Vec<CopyRegion> = shard
+                .global
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| CopyRegion {
+                    src_rank: rank,
+                    src_offset: replicas.slots[self.global[i]].offset,
+                    dst_rank: 0,
+                    dst_offset: shard.params.slots[k].offset,
+                    len: replicas.slots[self.global[i]].numel,
+                })
+                .collect();
+            backend.copy_regions(&group.params, &mut shard_group.params, &regions)?;
+            backend.copy_regions(&group.grads, &mut shard_group.grads, &regions)?;
+            for (k, &i) in shard.global.iter().enumerate() {
+                let has = replicas.has_grad(rank, self.global[i]);
+                shard.params.set_has_grad(0, k, has);
+            }
+            shard.optim.step(&mut shard.params)?;
+        }
+        self.sync_params(replicas)
+    }
+
+    /// `step(closure)`: calls `closure` once (it may recompute gradients), then steps; returns
+    /// the closure's loss.
+    pub fn step_with_closure(
+        &mut self,
+        replicas: &mut Replicas,
+        closure: impl FnOnce(&mut Replicas) -> Result<f64>,
+    ) -> Result<Option<f64>> {
+        if self.options.overlap_with_ddp {
+            crate::warnings::warn(OVERLAP_STEP_WARNING);
+            return Ok(None);
+        }
+        let loss = closure(replicas)?;
+        self.step(replicas)?;
+        Ok(Some(loss))
+    }
+
+    /// Writes every rank's updated parameters back to its own replica, then broadcasts them
+    /// to the other ranks (with bucket view: its trainable parameters as one bucket).
+    fn sync_params(&self, replicas: &mut Replicas) -> Result<()> {
+        let backend = replicas.backend().clone();
+        let ranks = replicas.ranks();
+        for (rank, shard) in self.shards.iter().enumerate() {
+            let region = |k: usize, j: usize, dst: usize| CopyRegion {
+                src_rank: 0,
+                src_offset: shard.params.slots[k].offset,
+                dst_rank: dst,
+                dst_offset: replicas.slots[j].offset,
+                len: replicas.slots[j].numel,
+            };
+            let owned: Vec<(usize, usize)> = shard
+                .global
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| (k, self.global[i]))
+                .collect();
+            let src = &shard.params.groups.first().map(|g| &g.params);
+            let Some(src) = src else { continue };
+            // The owner's own parameters are the ones its optimizer updated: no transfer.
+            let own: Vec<CopyRegion> = owned.iter().map(|&(k, j)| region(k, j, rank)).collect();
+            backend.copy_regions(src, &mut replicas.groups[0].params, &own)?;
+            let sent: Vec<(usize, usize)> = owned
+                .into_iter()
+                .filter(|&(_, j)| {
+                    !self.options.parameters_as_bucket_view || self.bucket_trainable[j]
+                })
+                .collect();
+            let transfers: Vec<Vec<(usize, usize)>> = if self.options.parameters_as_bucket_view {
+                vec![sent]
+            } else {
+                sent.into_iter().map(|e| vec![e]).collect()
+            };
+            for transfer in transfers.into_iter().filter(|t| !t.is_empty()) {
+                let regions: Vec<CopyRegion> = (0..ranks)
+                    .filter(|&dst| dst != rank)
+                    .flat_map(|dst| transfer.iter().map(move |&(k, j)| (k, j, dst)))
+                    .map(|(k, j, dst)| region(k, j, dst))
+                    .collect();
+                self.world.broadcast_regions(
+                    backend.as_ref(),
+                    src,
+                    &mut replicas.groups[0].params,
+                    rank,
+                    &regions,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `add_param_group`: a new group of replica indices with its own options. The partition
+    /// is recomputed; earlier parameters keep their ranks (the algorithm is deterministic and
+    /// processes groups in order), and every rank's local optimizer gets the new group.
+    pub async fn add_param_group(
+        &mut self,
+        replicas: &Replicas,
+        params: Vec<usize>,
+        options: &OptionMap,
+    ) -> Result<()> {
+        if self.options.overlap_with_ddp {
+            return Err(Error::runtime(
+                "ZeroRedundancyOptimizer with `overlap_with_ddp=True` only supports a single parameter group",
+            ));
+        }
+        for &j in &params {
+            if j >= replicas.len() {
+                return Err(Error::new(
+                    ErrorKind::IndexError,
+                    format!(
+                        "parameter index {j} out of range for {} parameters",
+                        replicas.len()
+                    ),
+                ));
+            }
+            if self.global.contains(&j) {
+                return Err(Error::value(
+                    "some parameters appear in more than one parameter group",
+                ));
+            }
+        }
+        let mut merged = self.defaults.clone();
+        for (k, v) in options {
+            merged.insert(k.clone(), v.clone());
+        }
+        let mut saved = Vec::with_capacity(self.shards.len());
+        for shard in &self.shards {
+            saved.push(Some(shard.optim.state_dict(&shard.params, 0).await?));
+        }
+        self.global.extend(params.iter().copied());
+        self.groups.push((params, merged));
+        self.consolidated = None;
+        self.build_shards(replicas, saved)
+    }
+
+    /// Blocking [`ZeroRedundancyOptimizer::add_param_group`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn add_param_group_blocking(
+        &mut self,
+        replicas: &Replicas,
+        params: Vec<usize>,
+        options: &OptionMap,
+    ) -> Result<()> {
+        pollster::block_on(self.add_param_group(replicas, params, options))
+    }
+
+    /// Gathers every rank's shard of the optimizer state to rank `to`. A `to` outside the
+    /// world does not fail, but nobody keeps the state (as in PyTorch).
+    pub async fn consolidate_state_dict(&mut self, replicas: &Replicas, to: i64) -> Result<()> {
+        self.initialized()?;
+        let _ = replicas;
+        let mut state = Map::new();
+        let mut bytes = 0u64;
+        for shard in &self.shards {
+            let local = shard.optim.state_dict(&shard.params, 0).await?;
+            let entries = local
+                .get("state")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            bytes += local.to_string().len() as u64;
+            // Local state is keyed by the position in the local groups' order.
+            let order: Vec<usize> = shard.optim.param_groups().into_iter().flatten().collect();
+            for (key, value) in entries {
+                let local_index: usize = key
+                    .parse()
+                    .map_err(|_| Error::runtime("bad local state key"))?;
+                let k = order[local_index];
+                let global_index = shard.global[k];
+                for (i, &r) in self.global.iter().enumerate() {
+                    if r == self.global[global_index] {
+                        state.insert(i.to_string(), value.clone());
+                    }
+                }
+            }
+        }
+        self.world.gather_object_bytes(bytes);
+        let mut index = 0;
+        let param_groups: Vec<Value> = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, (params, map))| {
+                let mut group = self.full_options(g, map);
+                group.insert(
+                    "params".into(),
+                    json!((index..index + params.len()).collect::<Vec<_>>()),
+                );
+                index += params.len();
+                Value::Object(group)
+            })
+            .collect();
+        let world = self.world.world_size() as i64;
+        self.consolidated = (0..world).contains(&to).then(|| {
+            (
+                to as usize,
+                json!({"state": state, "param_groups": param_groups}),
+            )
+        });
+        Ok(())
+    }
+
+    /// Blocking [`ZeroRedundancyOptimizer::consolidate_state_dict`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn consolidate_state_dict_blocking(&mut self, replicas: &Replicas, to: i64) -> Result<()> {
+        pollster::block_on(self.consolidate_state_dict(replicas, to))
+    }
+
+    /// Group `g`'s options as the local optimizers report them (their defaults filled in).
+    fn full_options(&self, g: usize, map: &OptionMap) -> OptionMap {
+        self.shards
+            .first()
+            .and_then(|s| s.optim.group_options().get(g).cloned())
+            .unwrap_or_else(|| map.clone())
+    }
+
+    /// `state_dict()` as seen on rank `rank`: the consolidated global state dict, in the layout
+    /// of a plain optimizer, on the rank it was consolidated to; a `RuntimeError` elsewhere.
+    pub fn state_dict(&self, rank: usize) -> Result<Value> {
+        if self.options.overlap_with_ddp {
+            return Err(not_initialized());
+        }
+        match &self.consolidated {
+            Some((to, state)) if *to == rank => Ok(state.clone()),
+            _ => Err(not_consolidated(rank)),
+        }
+    }
+
+    /// `load_state_dict(state_dict)` on every rank: each rank keeps the state of the parameters
+    /// it owns in the current partition (whatever world size the dict was saved with).
+    pub fn load_state_dict(&mut self, replicas: &Replicas, state_dict: &Value) -> Result<()> {
+        self.initialized()?;
+        let _ = replicas;
+        let state = state_dict
+            .get("state")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        for key in state.keys() {
+            let index: usize = key.parse().map_err(|_| {
+                Error::new(
+                    ErrorKind::TypeError,
+                    format!("state key {key:?} is not an index"),
+                )
+            })?;
+            if index >= self.global.len() {
+                return Err(Error::new(ErrorKind::IndexError, "list index out of range"));
+            }
+        }
+        let groups = state_dict
+            .get("param_groups")
+            .and_then(Value::as_array)
+            .ok_or_else(|| Error::value("state dict has no \"param_groups\" list"))?;
+        if groups.len() != self.groups.len() {
+            return Err(Error::value(
+                "loaded state dict has a different number of parameter groups",
+            ));
+        }
+        for (group, (mine, _)) in groups.iter().zip(&self.groups) {
+            if group
+                .get("params")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len)
+                != mine.len()
+            {
+                return Err(Error::value(
+                    "loaded state dict contains a parameter group that doesn't match the size of optimizer's group",
+                ));
+            }
+        }
+        // The saved hyper-parameters replace ours.
+        for ((_, map), saved) in self.groups.iter_mut().zip(groups) {
+            if let Some(saved) = saved.as_object() {
+                for (k, v) in saved {
+                    if k != "params" {
+                        map.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        for shard in &mut self.shards {
+            let order: Vec<usize> = shard.optim.param_groups().into_iter().flatten().collect();
+            let mut local_state = Map::new();
+            for (local_index, &k) in order.iter().enumerate() {
+                let global_index = shard.global[k];
+                if let Some(value) = state.get(&global_index.to_string()) {
+                    local_state.insert(local_index.to_string(), value.clone());
+                }
+            }
+            let local_groups: Vec<Value> = shard
+                .optim
+                .param_groups()
+                .iter()
+                .zip(&self.groups)
+                .map(|(params, (_, options))| {
+                    let mut group = options.clone();
+                    group.insert("params".into(), json!(params));
+                    Value::Object(group)
+                })
+                .collect();
+            let local = json!({"state": local_state, "param_groups": local_groups});
+            shard.optim.load_state_dict(&mut shard.params, 0, &local)?;
+        }
+        Ok(())
+    }
+
+    /// Per rank: how many parameters have non-empty optimizer state.
+    pub fn local_state_sizes(&self) -> Vec<usize> {
+        self.shards.iter().map(|s| s.optim.state_len(0)).collect()
+    }
+
+    /// Per rank: bytes of optimizer state allocated (its shard only).
+    pub fn state_bytes_per_rank(&self) -> Vec<usize> {
+        self.shards
+            .iter()
+            .map(|s| s.optim.state_bytes_per_rank())
+            .collect()
+    }
+
+    /// The hook a joined rank runs for uneven inputs: one `step()` per shadow iteration, so
+    /// its broadcasts pair with the active ranks'. In the simulated world every rank steps
+    /// together, and a joined rank simply steps with the gradients it still holds.
+    pub fn join_hook(&mut self) -> ZeroJoinHook<'_> {
+        ZeroJoinHook { zero: self }
+    }
+
+    /// The device the join hook's collectives run on (the backend's).
+    pub fn join_device<'a>(&self, replicas: &'a Replicas) -> &'a crate::BackendInfo {
+        replicas.backend().info()
+    }
+
+    /// The process group the join hook's collectives use: the whole world.
+    pub fn join_process_group(&self) -> Subgroups {
+        Subgroups::world(self.world.world_size())
+    }
+}
+
+/// ZeRO's join hook (see [`ZeroRedundancyOptimizer::join_hook`]).
+pub struct ZeroJoinHook<'a> {
+    zero: &'a mut ZeroRedundancyOptimizer,
+}
+
+impl ZeroJoinHook<'_> {
+    /// The shadow step of a joined rank.
+    pub fn main_hook(&mut self, replicas: &mut Replicas) -> Result<()> {
+        self.zero.step(replicas)
+    }
+
+    /// Nothing to do after the last rank joined.
+    pub fn post_hook(&mut self, _is_last_joiner: bool) {}
+}
