@@ -264,21 +264,16 @@ impl<'a> StepGroup<'a> {
         tensors: &[Option<&Tensor>],
     ) -> Result<()> {
         let format = arena.format();
+        // Host tensors first, as one image; device tensors are copied after it (a write lands
+        // before the copies submitted after it, so the copies are not overwritten).
         let mut image: Option<Vec<u32>> = None;
+        let mut on_device = Vec::new();
         for (k, tensor) in tensors.iter().enumerate() {
             let Some(tensor) = tensor else { continue };
             let offset = self.offsets[k];
             match tensor.storage() {
                 Storage::Device(slice) if slice.arena.format() == format => {
-                    backend.copy_elements(
-                        &slice.arena,
-                        slice.rank,
-                        slice.offset,
-                        arena,
-                        rank,
-                        offset,
-                        slice.len,
-                    )?;
+                    on_device.push((slice, offset))
                 }
                 _ => {
                     let host = tensor.to_host().await?;
@@ -291,6 +286,17 @@ impl<'a> StepGroup<'a> {
         }
         if let Some(image) = image {
             arena.write(rank, 0, &image)?;
+        }
+        for (slice, offset) in on_device {
+            backend.copy_elements(
+                &slice.arena,
+                slice.rank,
+                slice.offset,
+                arena,
+                rank,
+                offset,
+                slice.len,
+            )?;
         }
         Ok(())
     }

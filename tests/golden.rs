@@ -82,6 +82,7 @@ fn run_case(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
         "local_optimizer" => runners::optimizers::run(backend, case),
         "periodic_averager" | "hierarchical_averager" => runners::averagers::run(backend, case),
         "post_local_sgd" => runners::post_local_sgd::run(backend, case),
+        "distributed_optimizer" => runners::distributed_optimizer::run(backend, case),
         "zero_partition" | "zero_trajectory" | "zero_errors" | "zero_join" => {
             runners::zero::run(backend, case)
         }

@@ -5,7 +5,7 @@
 pub mod cpu;
 pub mod gpu;
 pub mod kernels;
-mod oneshot;
+pub(crate) mod oneshot;
 
 use std::fmt;
 use std::future::Future;
@@ -33,6 +33,17 @@ impl<T: Send + Sync + ?Sized> MaybeSendSync for T {}
 pub trait MaybeSendSync {}
 #[cfg(target_arch = "wasm32")]
 impl<T: ?Sized> MaybeSendSync for T {}
+
+/// `Send` natively; nothing on wasm32.
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSend: Send {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Send + ?Sized> MaybeSend for T {}
+/// `Send` natively; nothing on wasm32.
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSend {}
+#[cfg(target_arch = "wasm32")]
+impl<T: ?Sized> MaybeSend for T {}
 
 /// A boxed future (not `Send` on wasm32).
 #[cfg(not(target_arch = "wasm32"))]
@@ -158,9 +169,14 @@ impl Arena {
     /// Writes `words` (packed in this arena's format) at element `offset` of rank `rank`.
     /// `offset` must be a multiple of the format's elements per word.
     pub fn write(&mut self, rank: usize, offset: usize, words: &[u32]) -> Result<()> {
-        self.check_range(rank, offset, words.len() * self.format.elements_per_word())?;
-        let per_word = self.format.elements_per_word();
-        if !offset.is_multiple_of(per_word) {
+        // Padding elements may be written with the last word: clamp to the rank's length.
+        let elements = words.len() * 4 / self.format.element_bytes();
+        self.check_range(
+            rank,
+            offset,
+            elements.min(self.rank_len.saturating_sub(offset)),
+        )?;
+        if !self.format.is_word_aligned(offset) {
             return Err(Error::value(format!(
                 "arena write at element {offset} is not word aligned"
             )));

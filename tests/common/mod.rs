@@ -161,3 +161,18 @@ pub fn gpu_backend() -> Option<Arc<dyn Backend>> {
         Err(err) => panic!("no GPU adapter: {err} (set DISTOPT_ALLOW_NO_GPU=1 to skip GPU tests)"),
     }
 }
+
+/// A GPU backend opened with `options` (for example tiny bindings that force chunking), or
+/// `None` when there is no adapter and `DISTOPT_ALLOW_NO_GPU=1`, like [`gpu_backend`].
+pub fn gpu_backend_with_options(
+    options: distopt::backend::gpu::GpuOptions,
+) -> Option<Arc<dyn Backend>> {
+    match pollster::block_on(GpuBackend::with_options(options)) {
+        Ok(gpu) => Some(Arc::new(gpu)),
+        Err(err) if std::env::var("DISTOPT_ALLOW_NO_GPU").as_deref() == Ok("1") => {
+            eprintln!("no GPU adapter ({err}); GPU tests skipped because DISTOPT_ALLOW_NO_GPU=1");
+            None
+        }
+        Err(err) => panic!("no GPU adapter: {err} (set DISTOPT_ALLOW_NO_GPU=1 to skip GPU tests)"),
+    }
+}

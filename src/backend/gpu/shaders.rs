@@ -49,10 +49,9 @@ pub const ALL: &[(&str, &str)] = &[
 #[cfg(test)]
 mod tests {
     //! Every shader parses and validates with naga (the WGSL front end wgpu itself uses), both
-    //! as written (with its `override` constants unresolved) and specialised for every pair of
-    //! storage formats the backend can ask for, and the shader side of the host/shader
-    //! contract (override names, format codes, workgroup size, uniform layout, bindings)
-    //! matches the Rust side.
+    //! as written (with its `override` constants unresolved) and specialised for every storage
+    //! format the backend can select, and the shader side of the host/shader contract (override
+    //! names, format codes, workgroup size, uniform layout, bindings) matches the Rust side.
 
     use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
     use naga::{AddressSpace, Expression, Literal, Module, ShaderStage, StorageAccess};
@@ -60,7 +59,8 @@ mod tests {
     use super::{ALL, DP_SGD_STEP, PACKING};
     use crate::dtype::StorageFormat;
 
-    const FORMATS: [StorageFormat; 3] =
+    /// The formats a kernel's `*FORMAT` override can take on a GPU.
+    const GPU_FORMATS: [StorageFormat; 3] =
         [StorageFormat::F32, StorageFormat::F16, StorageFormat::BF16];
 
     fn parse(name: &str, source: &str) -> Module {
@@ -87,6 +87,30 @@ mod tests {
         }
     }
 
+    /// Every assignment of GPU format codes to the module's `*FORMAT` overrides (the other
+    /// overrides keep their defaults).
+    fn format_assignments(module: &Module) -> Vec<naga::back::PipelineConstants> {
+        let names: Vec<String> = module
+            .overrides
+            .iter()
+            .filter_map(|(_, o)| o.name.clone())
+            .filter(|n| n.ends_with("FORMAT"))
+            .collect();
+        let mut out = vec![naga::back::PipelineConstants::default()];
+        for name in &names {
+            let mut next = Vec::new();
+            for partial in &out {
+                for format in GPU_FORMATS {
+                    let mut constants = partial.clone();
+                    constants.insert(name.clone(), f64::from(format.shader_code()));
+                    next.push(constants);
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
     #[test]
     fn every_shader_parses_and_validates_as_written() {
         assert!(!ALL.is_empty());
@@ -97,8 +121,8 @@ mod tests {
                 module
                     .entry_points
                     .iter()
-                    .any(|e| e.stage == ShaderStage::Compute && e.name == "main"),
-                "{name}: no compute entry point `main`"
+                    .any(|e| e.stage == ShaderStage::Compute),
+                "{name}: no compute entry point"
             );
         }
     }
@@ -109,48 +133,50 @@ mod tests {
         validate("packing", PACKING, &module);
     }
 
+    /// What wgpu does at pipeline creation on Vulkan: resolve the overrides (naga re-validates
+    /// the specialised module) and write SPIR-V, for every format the backend can pick.
     #[test]
     fn every_format_specialisation_validates_and_compiles_to_spirv() {
         for (name, source) in ALL {
             let module = parse(name, source);
             let info = validate(name, source, &module);
-            let overrides: Vec<&str> = module
-                .overrides
+            let assignments = format_assignments(&module);
+            for entry in module
+                .entry_points
                 .iter()
-                .filter_map(|(_, o)| o.name.as_deref())
-                .collect();
-            // Every combination of storage formats over the shader's overrides (the backend
-            // sets each of them to a format code: PARAM_FORMAT/GRAD_FORMAT, FORMAT/ARITH).
-            assert!(!overrides.is_empty(), "{name}: no override constants");
-            let combinations = FORMATS.len().pow(overrides.len() as u32);
-            for combination in 0..combinations {
-                let mut constants = naga::back::PipelineConstants::default();
-                let mut rest = combination;
-                for key in &overrides {
-                    let format = FORMATS[rest % FORMATS.len()];
-                    rest /= FORMATS.len();
-                    constants.insert((*key).into(), f64::from(format.shader_code()));
+                .filter(|e| e.stage == ShaderStage::Compute)
+            {
+                for constants in &assignments {
+                    let what = format!("{name}::{} with {constants:?}", entry.name);
+                    let (resolved, resolved_info) =
+                        naga::back::pipeline_constants::process_overrides(
+                            &module,
+                            &info,
+                            Some((ShaderStage::Compute, entry.name.as_str())),
+                            constants,
+                        )
+                        .unwrap_or_else(|e| panic!("{what}: overrides: {e}"));
+                    // Every use of an override now refers to a constant (naga keeps the
+                    // overrides arena itself, but nothing refers to it any more).
+                    assert!(
+                        !resolved
+                            .global_expressions
+                            .iter()
+                            .any(|(_, e)| matches!(e, Expression::Override(_))),
+                        "{what}: unresolved overrides"
+                    );
+                    let spirv = naga::back::spv::write_vec(
+                        &resolved,
+                        &resolved_info,
+                        &naga::back::spv::Options::default(),
+                        Some(&naga::back::spv::PipelineOptions {
+                            shader_stage: ShaderStage::Compute,
+                            entry_point: entry.name.clone(),
+                        }),
+                    )
+                    .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
+                    assert_eq!(spirv.first(), Some(&0x0723_0203), "{what}: SPIR-V magic");
                 }
-                let what = format!("{name} ({constants:?})");
-                // process_overrides re-validates the specialised module.
-                let (resolved, resolved_info) = naga::back::pipeline_constants::process_overrides(
-                    &module,
-                    &info,
-                    Some((ShaderStage::Compute, "main")),
-                    &constants,
-                )
-                .unwrap_or_else(|e| panic!("{what}: overrides: {e}"));
-                let spirv = naga::back::spv::write_vec(
-                    &resolved,
-                    &resolved_info,
-                    &naga::back::spv::Options::default(),
-                    Some(&naga::back::spv::PipelineOptions {
-                        shader_stage: ShaderStage::Compute,
-                        entry_point: "main".into(),
-                    }),
-                )
-                .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
-                assert_eq!(spirv.first(), Some(&0x0723_0203), "{what}: SPIR-V magic");
             }
         }
     }
@@ -184,7 +210,17 @@ mod tests {
             .iter()
             .find(|e| e.name == "main")
             .expect("entry point main");
+        assert_eq!(entry.stage, ShaderStage::Compute);
         assert_eq!(entry.workgroup_size, [super::super::WORKGROUP_SIZE, 1, 1]);
+
+        // The overrides `GpuBackend::pipeline` sets for this kernel.
+        let mut overrides: Vec<&str> = module
+            .overrides
+            .iter()
+            .filter_map(|(_, o)| o.name.as_deref())
+            .collect();
+        overrides.sort_unstable();
+        assert_eq!(overrides, ["GRAD_FORMAT", "PARAM_FORMAT"]);
 
         // The bind group layout `GpuBackend` creates: 0 uniform, 1 read-only storage (grads),
         // 2 and 3 read-write storage (params, means).
@@ -217,7 +253,7 @@ mod tests {
             assert_eq!(actual.3, want.3);
         }
 
-        // The uniform struct has the size of the host's `StepUniforms`.
+        // The uniform struct has the size and field order of the host's `StepUniforms`.
         let uniform = module
             .global_variables
             .iter()
@@ -232,20 +268,22 @@ mod tests {
         );
         match &module.types[uniform].inner {
             naga::TypeInner::Struct { members, .. } => {
-                let names: Vec<&str> = members.iter().filter_map(|m| m.name.as_deref()).collect();
+                let fields: Vec<(&str, u32)> = members
+                    .iter()
+                    .map(|m| (m.name.as_deref().unwrap_or_default(), m.offset))
+                    .take(6)
+                    .collect();
                 assert_eq!(
-                    &names[..6],
+                    fields,
                     [
-                        "pairs",
-                        "ranks",
-                        "param_rank_words",
-                        "grad_rank_words",
-                        "learning_rate",
-                        "divisor"
+                        ("pairs", 0),
+                        ("ranks", 4),
+                        ("param_rank_words", 8),
+                        ("grad_rank_words", 12),
+                        ("learning_rate", 16),
+                        ("divisor", 20),
                     ]
                 );
-                let offsets: Vec<u32> = members.iter().map(|m| m.offset).collect();
-                assert_eq!(&offsets[..6], [0, 4, 8, 12, 16, 20]);
             }
             other => panic!("uniform is not a struct: {other:?}"),
         }

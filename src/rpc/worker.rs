@@ -1,0 +1,252 @@
+//! One worker: the tensors it owns, its gradient contexts and local optimizers, and the queue
+//! of calls it runs (a thread natively; the caller's thread on wasm32).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::context::{ContextId, Contexts};
+use super::distributed_optimizer::OwnerOptimizer;
+use crate::backend::oneshot;
+use crate::backend::{Backend, MaybeSend};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// What a worker holds; calls run with exclusive access to it.
+pub struct WorkerState {
+    name: String,
+    backend: Arc<dyn Backend>,
+    contexts: Arc<Contexts>,
+    values: HashMap<u64, Tensor>,
+    /// `param.grad` of owned tensors (set by the `torch.optim` path of DistributedOptimizer).
+    grad_attr: HashMap<u64, Tensor>,
+    context_gradients: HashMap<ContextId, HashMap<u64, Tensor>>,
+    pub(crate) optimizers: Vec<OwnerOptimizer>,
+}
+
+impl WorkerState {
+    /// This worker's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The backend this worker computes on.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The value of owned tensor `id`.
+    pub fn value(&self, id: u64) -> Result<&Tensor> {
+        self.values.get(&id).ok_or_else(|| {
+            Error::runtime(format!(
+                "worker {} owns no tensor with RRef id {id}",
+                self.name
+            ))
+        })
+    }
+
+    /// Stores (or replaces) owned tensor `id`.
+    pub fn insert(&mut self, id: u64, value: Tensor) {
+        self.values.insert(id, value);
+    }
+
+    /// `param.grad` of owned tensor `id`.
+    pub fn grad(&self, id: u64) -> Option<&Tensor> {
+        self.grad_attr.get(&id)
+    }
+
+    pub(crate) fn set_grad(&mut self, id: u64, grad: Tensor) {
+        self.grad_attr.insert(id, grad);
+    }
+
+    /// Adds `gradient` to the gradient of tensor `id` in context `context`.
+    pub fn accumulate_gradient(
+        &mut self,
+        context: ContextId,
+        id: u64,
+        gradient: Tensor,
+    ) -> Result<()> {
+        self.contexts.check(context)?;
+        let value = self.value(id)?;
+        if value.shape() != gradient.shape() || value.dtype() != gradient.dtype() {
+            return Err(Error::value(format!(
+                "gradient of {} {:?} for a {} {:?} tensor",
+                gradient.dtype(),
+                gradient.shape(),
+                value.dtype(),
+                value.shape()
+            )));
+        }
+        let contexts = self.contexts.clone();
+        self.context_gradients
+            .retain(|&c, _| c == context || contexts.check(c).is_ok());
+        let entry = self.context_gradients.entry(context).or_default();
+        let sum = match entry.remove(&id) {
+            None => gradient,
+            Some(previous) => {
+                let (a, b) = (previous.values_f64()?, gradient.values_f64()?);
+                let sum: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+                Tensor::from_f64(previous.dtype(), previous.shape(), &sum)?
+            }
+        };
+        entry.insert(id, sum);
+        Ok(())
+    }
+
+    /// The gradients recorded in `context` for the tensors this worker owns.
+    pub fn gradients(&self, context: ContextId) -> Result<HashMap<u64, Tensor>> {
+        self.contexts.check(context)?;
+        Ok(self
+            .context_gradients
+            .get(&context)
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+type Job = Box<dyn FnOnce(&mut WorkerState) + Send>;
+
+/// The result of an RPC call, as a future.
+pub struct RpcFuture<T> {
+    inner: FutureState<T>,
+}
+
+enum FutureState<T> {
+    Ready(Option<Result<T>>),
+    Waiting(oneshot::Receiver<Result<T>>),
+}
+
+impl<T> RpcFuture<T> {
+    pub(crate) fn ready(result: Result<T>) -> Self {
+        RpcFuture {
+            inner: FutureState::Ready(Some(result)),
+        }
+    }
+
+    /// Waits for the result (natively blocks; on wasm32 calls complete when made).
+    pub fn now_or_wait(self) -> Result<T> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            pollster::block_on(self)
+        }
+        #[cfg(target_arch = "wasm32")]
+        match self.inner {
+            FutureState::Ready(result) => {
+                result.unwrap_or_else(|| Err(Error::runtime("result already taken")))
+            }
+            FutureState::Waiting(_) => Err(Error::runtime("an RPC did not complete synchronously")),
+        }
+    }
+}
+
+// Nothing in an RpcFuture is pinned structurally: the value is only ever moved out.
+impl<T> Unpin for RpcFuture<T> {}
+
+impl<T> Future for RpcFuture<T> {
+    type Output = Result<T>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        match &mut self.get_mut().inner {
+            FutureState::Ready(result) => Poll::Ready(
+                result
+                    .take()
+                    .unwrap_or_else(|| Err(Error::runtime("result already taken"))),
+            ),
+            FutureState::Waiting(receiver) => Pin::new(receiver).poll(cx),
+        }
+    }
+}
+
+pub(crate) struct Worker {
+    #[cfg(not(target_arch = "wasm32"))]
+    sender: std::sync::mpsc::Sender<Job>,
+    #[cfg(not(target_arch = "wasm32"))]
+    thread: std::thread::JoinHandle<()>,
+    #[cfg(target_arch = "wasm32")]
+    state: std::sync::Mutex<WorkerState>,
+}
+
+impl Worker {
+    pub(crate) fn spawn(
+        name: &str,
+        backend: Arc<dyn Backend>,
+        contexts: Arc<Contexts>,
+    ) -> Result<Worker> {
+        let mut state = WorkerState {
+            name: name.to_string(),
+            backend,
+            contexts,
+            values: HashMap::new(),
+            grad_attr: HashMap::new(),
+            context_gradients: HashMap::new(),
+            optimizers: Vec::new(),
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let (sender, receiver) = std::sync::mpsc::channel::<Job>();
+            let thread = std::thread::Builder::new()
+                .name(format!("distopt-rpc-{name}"))
+                .spawn(move || {
+                    for job in receiver {
+                        job(&mut state);
+                    }
+                })
+                .map_err(|e| Error::runtime(format!("cannot start worker {name}: {e}")))?;
+            Ok(Worker { sender, thread })
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = &mut state;
+            Ok(Worker {
+                state: std::sync::Mutex::new(state),
+            })
+        }
+    }
+
+    pub(crate) fn submit<T: MaybeSend + 'static>(
+        &self,
+        f: impl FnOnce(&mut WorkerState) -> Result<T> + MaybeSend + 'static,
+    ) -> RpcFuture<T> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let (sender, receiver) = oneshot::channel();
+            let job: Job = Box::new(move |state| {
+                // A panicking call must not take the worker down: report it to the caller.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(state)))
+                    .unwrap_or_else(|panic| {
+                        let message = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(Error::runtime(format!(
+                            "worker {} failed: {message}",
+                            state.name
+                        )))
+                    });
+                sender.send(result);
+            });
+            match self.sender.send(job) {
+                Ok(()) => RpcFuture {
+                    inner: FutureState::Waiting(receiver),
+                },
+                Err(_) => RpcFuture::ready(Err(Error::runtime("the worker has shut down"))),
+            }
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            RpcFuture::ready(f(&mut state))
+        }
+    }
+
+    /// Finishes the queued calls and stops the worker.
+    pub(crate) fn join(self) {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            drop(self.sender);
+            let _ = self.thread.join();
+        }
+    }
+}
