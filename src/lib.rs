@@ -22,6 +22,10 @@
 //! assert_eq!(out.updated_replicas[0][0].values_f64().unwrap(), vec![0.5, -2.0]);
 //! ```
 
+// On wasm32 the backend handles are `!Send` by design (see `backend::MaybeSendSync`); the
+// `Arc`s that share them natively are then merely reference counts.
+#![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
+
 pub mod averaging;
 pub mod backend;
 pub mod comm;
@@ -35,6 +39,7 @@ pub mod replicas;
 pub mod rpc;
 pub mod step;
 pub mod tensor;
+pub mod train;
 pub mod warnings;
 pub mod zero;
 
@@ -50,3 +55,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use step::sgd_step_blocking;
 pub use step::{StepOutput, sgd_step, to_device};
 pub use tensor::{HostData, Storage, Tensor};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

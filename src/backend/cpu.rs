@@ -1,16 +1,33 @@
 //! The plain-Rust backend: the readable reference every GPU kernel is compared with, and the
 //! fallback where no adapter exists. Kernels work block by block (so the inner loops
 //! vectorize) and split large arenas across the host's cores.
+//!
+//! The data-parallel SGD step is one fused pass over memory: per block of elements the
+//! gradients of every rank are summed into an accumulator that stays in L1, the means and the
+//! updated parameters are computed from it, and every output word is written once. When the
+//! step moves more bytes than the caches hold, the outputs are written with non-temporal
+//! (streaming) stores on x86-64, which spares the read-for-ownership of every destination
+//! line: the step then costs the `(2R+2)·N` element sizes of traffic a `memcpy` of the same
+//! bytes costs. 16-bit formats are converted with exact, branch-free integer code (the same
+//! bits as the `half` crate), so those loops vectorize too.
 
 use super::{Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture};
-use crate::dtype::StorageFormat;
+use crate::dtype::{StorageFormat, f32_to_bf16_bits};
 use crate::error::{Error, Result};
 
-/// Elements handled per block: small enough to stay in L1, a multiple of every format's
-/// elements per word.
-const BLOCK: usize = 1024;
+/// Elements handled per block: the accumulator and the packed outputs of one block stay in
+/// L1 while the gradients of every rank stream past; a multiple of every format's elements
+/// per word.
+const BLOCK: usize = 2048;
 /// Below this many elements moved, one thread is faster than spawning more.
 const PARALLEL_THRESHOLD: usize = 1 << 16;
+/// From this many bytes of traffic on, the step writes its outputs with streaming stores: the
+/// working set no longer fits in the last-level cache, so caching the outputs would only cost
+/// an extra read of every destination line.
+const STREAMING_THRESHOLD_BYTES: usize = 24 << 20;
+/// Host arenas at least this large ask the kernel for transparent huge pages (Linux).
+#[cfg(all(target_os = "linux", not(target_arch = "wasm32")))]
+const HUGE_PAGE_THRESHOLD_BYTES: usize = 4 << 20;
 
 /// The plain-Rust backend.
 #[derive(Debug, Clone)]
@@ -78,40 +95,191 @@ fn host_mut(arena: &mut Arena) -> Result<&mut [u32]> {
     }
 }
 
-/// Decodes elements `start..start + out.len()` of `words` (stored in `format`) into `out`.
-#[inline]
-fn load_block(format: StorageFormat, words: &[u32], start: usize, out: &mut [f32]) {
-    match format {
-        StorageFormat::F32 => {
-            let len = out.len();
-            for (o, &w) in out.iter_mut().zip(&words[start..start + len]) {
-                *o = f32::from_bits(w);
-            }
-        }
-        _ => {
-            for (k, o) in out.iter_mut().enumerate() {
-                *o = format.load(words, start + k);
-            }
-        }
+/// `words` zero words. Natively on Linux, a large vector is marked for transparent huge pages
+/// before anything touches it (as PyTorch's CPU allocator does): first touching a fresh arena
+/// then takes one fault per 2 MiB instead of one per 4 KiB, and the kernels that stream
+/// through 2R+2 arrays at once miss the TLB far less.
+fn zeroed_words(words: usize) -> Vec<u32> {
+    let vec = vec![0u32; words];
+    #[cfg(all(target_os = "linux", not(target_arch = "wasm32")))]
+    if words.saturating_mul(4) >= HUGE_PAGE_THRESHOLD_BYTES {
+        advise_huge_pages(vec.as_ptr() as usize, words * 4);
+    }
+    vec
+}
+
+#[cfg(all(target_os = "linux", not(target_arch = "wasm32")))]
+fn advise_huge_pages(start: usize, len: usize) {
+    unsafe extern "C" {
+        fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+    }
+    const MADV_HUGEPAGE: i32 = 14;
+    const HUGE_PAGE: usize = 2 << 20;
+    let first = start.div_ceil(HUGE_PAGE) * HUGE_PAGE;
+    let end = (start + len) / HUGE_PAGE * HUGE_PAGE;
+    if end > first {
+        // SAFETY: the range lies inside one live allocation this function's caller owns;
+        // MADV_HUGEPAGE only changes how the kernel backs the pages, never their contents.
+        // A failure (no THP support) changes nothing and is ignored.
+        let _ = unsafe { madvise(first as *mut std::ffi::c_void, end - first, MADV_HUGEPAGE) };
     }
 }
 
-/// Rounds `values` to `format` and stores them at element `start` of `words`.
-#[inline]
-fn store_block(format: StorageFormat, words: &mut [u32], start: usize, values: &[f32]) {
-    match format {
-        StorageFormat::F32 => {
-            for (w, &v) in words[start..start + values.len()].iter_mut().zip(values) {
-                *w = v.to_bits();
-            }
-        }
-        _ => {
-            for (k, &v) in values.iter().enumerate() {
-                format.store(words, start + k, v);
-            }
-        }
+// ---------------------------------------------------------------------------------------------
+// Exact, branch-free conversions between the 16-bit formats and f32. They give the same bits
+// as `half` and `crate::dtype` for every input, NaNs included, but compile to straight-line
+// integer code, so the loops that call them vectorize.
+
+/// A 16-bit storage format, decoded from and encoded to the low half of a `u32`.
+trait HalfFormat {
+    fn decode(bits: u32) -> f32;
+    fn encode(value: f32) -> u32;
+}
+
+/// IEEE binary16.
+struct Binary16;
+/// bfloat16.
+struct BFloat16;
+
+impl HalfFormat for Binary16 {
+    /// Exact; a NaN keeps its payload and becomes quiet (as `half::f16::to_f32`).
+    #[inline(always)]
+    fn decode(bits: u32) -> f32 {
+        let sign = (bits & 0x8000) << 16;
+        let magnitude = bits & 0x7fff;
+        let mantissa = bits & 0x03ff;
+        // Normal: rebias the exponent (15 -> 127).
+        let normal = (magnitude << 13) + 0x3800_0000;
+        // Zero or subnormal: mantissa · 2^-24, exact in f32.
+        let subnormal = (magnitude as f32 * 5.960_464_5e-8).to_bits();
+        // Infinity or NaN.
+        let quiet = if mantissa != 0 { 0x0040_0000 } else { 0 };
+        let special = 0x7f80_0000 | (mantissa << 13) | quiet;
+        let out = if magnitude < 0x0400 {
+            subnormal
+        } else if magnitude >= 0x7c00 {
+            special
+        } else {
+            normal
+        };
+        f32::from_bits(out | sign)
+    }
+
+    /// Round to nearest even, overflow to ±inf, subnormals kept, NaN to the signed canonical
+    /// quiet NaN: the bits of `crate::dtype::f32_to_f16_bits`.
+    #[inline(always)]
+    fn encode(value: f32) -> u32 {
+        const OVERFLOW: u32 = (127 + 16) << 23; // 65536: everything from here on is ±inf
+        const MIN_NORMAL: u32 = 113 << 23; // 2^-14
+        const DENORM_MAGIC: u32 = ((127 - 15) + (23 - 10) + 1) << 23; // 0.5
+        let bits = value.to_bits();
+        let sign = (bits >> 16) & 0x8000;
+        let magnitude = bits & 0x7fff_ffff;
+        let special = if magnitude > 0x7f80_0000 {
+            0x7e00
+        } else {
+            0x7c00
+        };
+        // Below 2^-14, adding 0.5 makes the FPU round the value to the binary16 subnormal grid
+        // (nearest even); the low bits of the sum are then the subnormal's encoding.
+        let subnormal = (f32::from_bits(magnitude) + f32::from_bits(DENORM_MAGIC))
+            .to_bits()
+            .wrapping_sub(DENORM_MAGIC);
+        // Normal: rebias and round to nearest even on the 13 dropped bits (a carry into the
+        // exponent is the right encoding, up to infinity).
+        let odd = (magnitude >> 13) & 1;
+        let normal = magnitude
+            .wrapping_sub((127 - 15) << 23)
+            .wrapping_add(0xfff + odd)
+            >> 13;
+        let half = if magnitude >= OVERFLOW {
+            special
+        } else if magnitude < MIN_NORMAL {
+            subnormal
+        } else {
+            normal
+        };
+        half | sign
     }
 }
+
+impl HalfFormat for BFloat16 {
+    /// Exact; a NaN becomes quiet (as `half::bf16::to_f32`).
+    #[inline(always)]
+    fn decode(bits: u32) -> f32 {
+        let wide = (bits & 0xffff) << 16;
+        let quiet = if (bits & 0x7fff) > 0x7f80 {
+            0x0040_0000
+        } else {
+            0
+        };
+        f32::from_bits(wide | quiet)
+    }
+
+    /// Round to nearest even, NaN to the canonical quiet NaN.
+    #[inline(always)]
+    fn encode(value: f32) -> u32 {
+        u32::from(f32_to_bf16_bits(value))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stores.
+
+/// Copies `src` into `dst` (equal lengths), with streaming stores when `streaming` is set and
+/// the target has them.
+#[inline]
+fn store_words(dst: &mut [u32], src: &[u32], streaming: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if streaming {
+        stream_words(dst, src);
+        return;
+    }
+    let _ = streaming;
+    dst.copy_from_slice(src);
+}
+
+/// `dst.copy_from_slice(src)` with non-temporal 16-byte stores for the aligned middle part.
+/// [`store_fence`] must follow before the data is handed to another thread.
+#[cfg(target_arch = "x86_64")]
+fn stream_words(dst: &mut [u32], src: &[u32]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    let len = dst.len();
+    assert_eq!(len, src.len(), "stream_words: slices differ in length");
+    let head = dst.as_ptr().align_offset(16).min(len);
+    dst[..head].copy_from_slice(&src[..head]);
+    let body_end = head + (len - head) / 4 * 4;
+    let mut k = head;
+    while k < body_end {
+        // SAFETY: k + 4 <= body_end <= len == dst.len() == src.len(), so both 16-byte accesses
+        // are in bounds; `dst + k` is 16-byte aligned (`dst + head` is, and k - head is a
+        // multiple of 4 words); the load may be unaligned. SSE2 is part of x86-64.
+        unsafe {
+            let v = _mm_loadu_si128(src.as_ptr().add(k).cast::<__m128i>());
+            _mm_stream_si128(dst.as_mut_ptr().add(k).cast::<__m128i>(), v);
+        }
+        k += 4;
+    }
+    dst[body_end..].copy_from_slice(&src[body_end..]);
+}
+
+/// Makes the streaming stores issued so far visible before any later store (x86-64; a no-op
+/// elsewhere).
+#[inline]
+fn store_fence(streaming: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if streaming {
+        // SAFETY: SSE is part of x86-64.
+        #[allow(unused_unsafe)]
+        unsafe {
+            std::arch::x86_64::_mm_sfence();
+        }
+    }
+    let _ = streaming;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parallel splitting.
 
 /// Splits `words` (laid out `[rank][rank_words]`) into, per part, the slice of every rank that
 /// covers that part's word range. `bounds` are word offsets within a rank.
@@ -120,8 +288,11 @@ fn split_ranks<'a>(
     rank_words: usize,
     bounds: &[usize],
 ) -> Vec<Vec<&'a mut [u32]>> {
-    let parts = bounds.len() - 1;
+    let parts = bounds.len().saturating_sub(1);
     let mut out: Vec<Vec<&mut [u32]>> = (0..parts).map(|_| Vec::new()).collect();
+    if rank_words == 0 {
+        return out;
+    }
     for rank in words.chunks_exact_mut(rank_words) {
         let mut rest = rank;
         for (p, slot) in out.iter_mut().enumerate() {
@@ -136,19 +307,26 @@ fn split_ranks<'a>(
 /// Element boundaries that split `len` elements into `parts` nearly equal, block-aligned parts.
 fn part_bounds(len: usize, parts: usize) -> Vec<usize> {
     let blocks = len.div_ceil(BLOCK);
+    let parts = parts.max(1);
     (0..=parts)
         .map(|p| ((blocks * p / parts) * BLOCK).min(len))
         .collect()
 }
 
-/// Runs `work(part)` for each part, on scoped threads natively.
+/// Runs `work(part)` for each part: natively the last one on the calling thread, the others on
+/// scoped threads.
 fn run_parts<T: Send>(parts: Vec<T>, work: impl Fn(T) + Sync) {
     #[cfg(not(target_arch = "wasm32"))]
     if parts.len() > 1 {
+        let mut parts = parts;
+        let last = parts.pop();
         std::thread::scope(|scope| {
             let work = &work;
             for part in parts {
                 scope.spawn(move || work(part));
+            }
+            if let Some(part) = last {
+                work(part);
             }
         });
         return;
@@ -158,52 +336,349 @@ fn run_parts<T: Send>(parts: Vec<T>, work: impl Fn(T) + Sync) {
     }
 }
 
-/// The reference data-parallel SGD step over one element range. `params[r]`, `means` and
-/// `grads` cover elements `start..end` of the rank space (params/means slices begin at
-/// `start`'s word; `grads` is the whole arena).
-#[allow(clippy::too_many_arguments)]
-fn dp_sgd_step_range(
+// ---------------------------------------------------------------------------------------------
+// The data-parallel SGD step.
+
+/// The storage formats the step has dedicated loops for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fast {
+    F32,
+    F16,
+    BF16,
+    /// Any other format: element by element through `StorageFormat::load`/`store`.
+    Generic,
+}
+
+impl Fast {
+    fn of(format: StorageFormat) -> Fast {
+        if format == StorageFormat::F32 {
+            Fast::F32
+        } else if format == StorageFormat::F16 {
+            Fast::F16
+        } else if format == StorageFormat::BF16 {
+            Fast::BF16
+        } else {
+            Fast::Generic
+        }
+    }
+}
+
+/// What every part of one step shares.
+#[derive(Clone, Copy)]
+struct StepKernel {
     param_format: StorageFormat,
     grad_format: StorageFormat,
+    param: Fast,
+    grad: Fast,
+    divisor: f32,
+    learning_rate: f32,
+    streaming: bool,
+}
+
+/// `acc[i] = 0 + g` (`first`) or `acc[i] += g`, for `g` the f32 words of `src`. Starting
+/// from +0.0 matters: `0.0 + -0.0` is +0.0, as in the reference's accumulator.
+#[inline(always)]
+fn add_f32(acc: &mut [f32], src: &[u32], first: bool) {
+    if first {
+        for (a, &w) in acc.iter_mut().zip(src) {
+            *a = 0.0 + f32::from_bits(w);
+        }
+    } else {
+        for (a, &w) in acc.iter_mut().zip(src) {
+            *a += f32::from_bits(w);
+        }
+    }
+}
+
+/// Adds the f32 words of `src` (element pairs) to the split accumulators.
+#[inline(always)]
+fn add_f32_split(lo: &mut [f32], hi: &mut [f32], src: &[u32], first: bool) {
+    if first {
+        for ((l, h), w) in lo.iter_mut().zip(hi.iter_mut()).zip(src.chunks_exact(2)) {
+            *l = 0.0 + f32::from_bits(w[0]);
+            *h = 0.0 + f32::from_bits(w[1]);
+        }
+    } else {
+        for ((l, h), w) in lo.iter_mut().zip(hi.iter_mut()).zip(src.chunks_exact(2)) {
+            *l += f32::from_bits(w[0]);
+            *h += f32::from_bits(w[1]);
+        }
+    }
+}
+
+/// Adds the packed 16-bit pairs of `src` to the split accumulators.
+#[inline(always)]
+fn add_half_split<H: HalfFormat>(lo: &mut [f32], hi: &mut [f32], src: &[u32], first: bool) {
+    if first {
+        for ((l, h), &w) in lo.iter_mut().zip(hi.iter_mut()).zip(src) {
+            *l = 0.0 + H::decode(w);
+            *h = 0.0 + H::decode(w >> 16);
+        }
+    } else {
+        for ((l, h), &w) in lo.iter_mut().zip(hi.iter_mut()).zip(src) {
+            *l += H::decode(w);
+            *h += H::decode(w >> 16);
+        }
+    }
+}
+
+/// Adds the packed 16-bit pairs of `src` to the interleaved accumulator.
+#[inline(always)]
+fn add_half<H: HalfFormat>(acc: &mut [f32], src: &[u32], first: bool) {
+    for (a, &w) in acc.chunks_exact_mut(2).zip(src) {
+        let (x, y) = (H::decode(w), H::decode(w >> 16));
+        if first {
+            a[0] = 0.0 + x;
+            a[1] = 0.0 + y;
+        } else {
+            a[0] += x;
+            a[1] += y;
+        }
+    }
+}
+
+/// Means and updated parameters of one block of a 16-bit format from the split sums: packed
+/// means into `means`, packed parameters into `out`, from rank 0's packed parameters `p0`.
+#[inline(always)]
+fn update_half<H: HalfFormat>(
+    lo: &[f32],
+    hi: &[f32],
+    p0: &[u32],
+    means: &mut [u32],
+    out: &mut [u32],
+    divisor: f32,
+    lr: f32,
+) {
+    for ((((&l, &h), &p), m), o) in lo
+        .iter()
+        .zip(hi)
+        .zip(p0)
+        .zip(means.iter_mut())
+        .zip(out.iter_mut())
+    {
+        let (ml, mh) = (H::encode(l / divisor), H::encode(h / divisor));
+        *m = ml | (mh << 16);
+        let (ml, mh) = (H::decode(ml), H::decode(mh));
+        let (pl, ph) = (H::decode(p), H::decode(p >> 16));
+        *o = H::encode(pl - lr * ml) | (H::encode(ph - lr * mh) << 16);
+    }
+}
+
+/// The data-parallel SGD step over one element range. `params[r]` and `means` hold the
+/// range's words (they begin at element `first_element`); `grads` is the whole gradient arena,
+/// ranks `grad_rank_words` apart. Per element, in f32:
+/// `mean = round_P((0 + g_0 + … + g_{R-1}) / R)`, and on every rank `p = round_P(p_0 − lr·mean)`.
+#[inline(always)]
+fn dp_sgd_step_range(
+    kernel: &StepKernel,
     params: &mut [&mut [u32]],
     means: &mut [u32],
     grads: &[u32],
     grad_rank_words: usize,
     elements: usize,
     first_element: usize,
-    learning_rate: f32,
 ) {
     let ranks = params.len();
-    let divisor = ranks as f32;
+    if ranks == 0 || elements == 0 {
+        return;
+    }
+    let (pf, gf) = (kernel.param_format, kernel.grad_format);
+    let (lr, divisor) = (kernel.learning_rate, kernel.divisor);
+    let half_params = matches!(kernel.param, Fast::F16 | Fast::BF16);
+    // The gradient sums, then (f32 and generic formats) the means. 16-bit parameters keep the
+    // sums of even and odd elements apart (`acc[..BLOCK / 2]` and `acc[BLOCK / 2..]`), so
+    // that every loop runs over whole packed words.
     let mut acc = [0f32; BLOCK];
-    let mut scratch = [0f32; BLOCK];
+    // The packed updated parameters of one block (room for two words per element, for
+    // formats wider than f32) and, for 16-bit formats, the packed means.
+    let mut packed = [0u32; 2 * BLOCK];
+    let mut packed_means = [0u32; BLOCK / 2];
     let mut start = 0;
     while start < elements {
         let n = BLOCK.min(elements - start);
-        let (acc, scratch) = (&mut acc[..n], &mut scratch[..n]);
-        acc.fill(0.0);
+        // Blocks start on even elements; an odd-length rank's last element is the `tail`.
+        let pairs = n / 2;
+        let g_at = first_element + start;
+        let mut tail_sum = 0f32;
         for rank in 0..ranks {
-            let rank_words = &grads[rank * grad_rank_words..(rank + 1) * grad_rank_words];
-            load_block(grad_format, rank_words, first_element + start, scratch);
-            for (a, &g) in acc.iter_mut().zip(scratch.iter()) {
-                *a += g;
+            let words = &grads[rank * grad_rank_words..(rank + 1) * grad_rank_words];
+            let first = rank == 0;
+            if half_params {
+                let (lo, hi) = acc.split_at_mut(BLOCK / 2);
+                let (lo, hi) = (&mut lo[..pairs], &mut hi[..pairs]);
+                match kernel.grad {
+                    Fast::F32 => add_f32_split(lo, hi, &words[g_at..g_at + 2 * pairs], first),
+                    Fast::F16 => {
+                        add_half_split::<Binary16>(lo, hi, &words[g_at / 2..][..pairs], first)
+                    }
+                    Fast::BF16 => {
+                        add_half_split::<BFloat16>(lo, hi, &words[g_at / 2..][..pairs], first)
+                    }
+                    Fast::Generic => {
+                        for k in 0..pairs {
+                            let (x, y) = (
+                                gf.load(words, g_at + 2 * k),
+                                gf.load(words, g_at + 2 * k + 1),
+                            );
+                            lo[k] = if first { 0.0 + x } else { lo[k] + x };
+                            hi[k] = if first { 0.0 + y } else { hi[k] + y };
+                        }
+                    }
+                }
+                if n % 2 == 1 {
+                    let g = gf.load(words, g_at + n - 1);
+                    tail_sum = if first { 0.0 + g } else { tail_sum + g };
+                }
+            } else {
+                let acc = &mut acc[..n];
+                let done = match kernel.grad {
+                    Fast::F32 => {
+                        add_f32(acc, &words[g_at..g_at + n], first);
+                        n
+                    }
+                    Fast::F16 => {
+                        add_half::<Binary16>(acc, &words[g_at / 2..][..pairs], first);
+                        2 * pairs
+                    }
+                    Fast::BF16 => {
+                        add_half::<BFloat16>(acc, &words[g_at / 2..][..pairs], first);
+                        2 * pairs
+                    }
+                    Fast::Generic => 0,
+                };
+                for (k, a) in acc.iter_mut().enumerate().skip(done) {
+                    let g = gf.load(words, g_at + k);
+                    *a = if first { 0.0 + g } else { *a + g };
+                }
             }
         }
-        // mean = round_P(acc / R); acc now holds the mean as the parameter's dtype sees it.
-        for a in acc.iter_mut() {
-            *a = param_format.round(*a / divisor);
-        }
-        store_block(param_format, means, start, acc);
-        load_block(param_format, params[0], start, scratch);
-        for (p, &m) in scratch.iter_mut().zip(acc.iter()) {
-            let scaled = learning_rate * m;
-            *p -= scaled;
+
+        let at = pf.words_for(start);
+        // The words of this block that every rank gets from `packed`, and (16-bit formats,
+        // odd-length ranks) the last element, stored on its own so that the other half of its
+        // word, which is padding, stays as it is.
+        let mut words = pf.words_for(start + n) - at;
+        let mut tail: Option<(usize, f32)> = None;
+        match kernel.param {
+            Fast::F32 => {
+                let acc = &mut acc[..n];
+                let p0 = &params[0][at..at + n];
+                for ((a, out), &p) in acc.iter_mut().zip(packed.iter_mut()).zip(p0) {
+                    let mean = *a / divisor;
+                    *a = mean;
+                    let scaled = lr * mean;
+                    *out = (f32::from_bits(p) - scaled).to_bits();
+                }
+                let mean_values: &[f32] = acc;
+                let mean_words: &[u32] = bytemuck::cast_slice(mean_values);
+                store_words(&mut means[at..at + n], mean_words, kernel.streaming);
+            }
+            Fast::F16 | Fast::BF16 => {
+                words = pairs;
+                let (lo, hi) = acc.split_at(BLOCK / 2);
+                let (lo, hi) = (&lo[..pairs], &hi[..pairs]);
+                let p0 = &params[0][at..at + pairs];
+                let (m, out) = (&mut packed_means[..pairs], &mut packed[..pairs]);
+                if kernel.param == Fast::F16 {
+                    update_half::<Binary16>(lo, hi, p0, m, out, divisor, lr);
+                } else {
+                    update_half::<BFloat16>(lo, hi, p0, m, out, divisor, lr);
+                }
+                if n % 2 == 1 {
+                    let k = start + n - 1;
+                    let mean = pf.round(tail_sum / divisor);
+                    pf.store(means, k, mean);
+                    tail = Some((k, pf.load(params[0], k) - lr * mean));
+                }
+                store_words(&mut means[at..at + pairs], m, kernel.streaming);
+            }
+            Fast::Generic => {
+                let p0 = &params[0][at..at + words];
+                let means = &mut means[at..at + words];
+                let packed = &mut packed[..words];
+                packed.copy_from_slice(p0);
+                for (k, a) in acc[..n].iter().enumerate() {
+                    let mean = pf.round(*a / divisor);
+                    pf.store(means, k, mean);
+                    let updated = pf.load(p0, k) - lr * mean;
+                    pf.store(packed, k, updated);
+                }
+            }
         }
         for rank_words in params.iter_mut() {
-            store_block(param_format, rank_words, start, scratch);
+            store_words(
+                &mut rank_words[at..at + words],
+                &packed[..words],
+                kernel.streaming,
+            );
+            if let Some((k, updated)) = tail {
+                pf.store(rank_words, k, updated);
+            }
         }
         start += n;
     }
+    store_fence(kernel.streaming);
+}
+
+/// [`dp_sgd_step_range`], compiled for the best vector extension the host has (natively on
+/// x86-64: AVX2 when present, which doubles the width of the 16-bit conversion loops; the
+/// arithmetic is the same IEEE f32 arithmetic either way, so the results are identical).
+fn step_range(
+    kernel: &StepKernel,
+    params: &mut [&mut [u32]],
+    means: &mut [u32],
+    grads: &[u32],
+    grad_rank_words: usize,
+    elements: usize,
+    first_element: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the host supports AVX2 (checked just above).
+        unsafe {
+            step_range_avx2(
+                kernel,
+                params,
+                means,
+                grads,
+                grad_rank_words,
+                elements,
+                first_element,
+            )
+        };
+        return;
+    }
+    dp_sgd_step_range(
+        kernel,
+        params,
+        means,
+        grads,
+        grad_rank_words,
+        elements,
+        first_element,
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn step_range_avx2(
+    kernel: &StepKernel,
+    params: &mut [&mut [u32]],
+    means: &mut [u32],
+    grads: &[u32],
+    grad_rank_words: usize,
+    elements: usize,
+    first_element: usize,
+) {
+    dp_sgd_step_range(
+        kernel,
+        params,
+        means,
+        grads,
+        grad_rank_words,
+        elements,
+        first_element,
+    )
 }
 
 impl Backend for CpuBackend {
@@ -230,7 +705,7 @@ impl Backend for CpuBackend {
             ranks,
             rank_len,
             rank_len,
-            ArenaStorage::Host(vec![0; words]),
+            ArenaStorage::Host(zeroed_words(words)),
         ))
     }
 
@@ -255,6 +730,9 @@ impl Backend for CpuBackend {
         let to = host_mut(dst)?;
         if from.len() != to.len() {
             return Err(Error::value("copy_arena: arenas differ in size"));
+        }
+        if from.is_empty() {
+            return Ok(());
         }
         let parts = if from.len() >= PARALLEL_THRESHOLD {
             self.info.threads
@@ -282,11 +760,29 @@ impl Backend for CpuBackend {
         let (param_format, grad_format) = (params.format(), grads.format());
         let elements = params.rank_len();
         let ranks = params.ranks();
+        if ranks == 0 {
+            return Err(Error::value("dp_sgd_step needs at least one rank"));
+        }
+        if elements == 0 {
+            return Ok(());
+        }
         let grad_rank_words = grad_format.words_for(elements);
         let param_rank_words = param_format.words_for(elements);
         let grads = host(grads)?;
-        let parts = if elements * ranks >= PARALLEL_THRESHOLD {
-            self.info.threads
+        let bytes = (2 * ranks + 2)
+            .saturating_mul(elements)
+            .saturating_mul(param_format.element_bytes());
+        let kernel = StepKernel {
+            param_format,
+            grad_format,
+            param: Fast::of(param_format),
+            grad: Fast::of(grad_format),
+            divisor: ranks as f32,
+            learning_rate,
+            streaming: bytes >= STREAMING_THRESHOLD_BYTES,
+        };
+        let parts = if elements.saturating_mul(ranks) >= PARALLEL_THRESHOLD {
+            self.info.threads.min(elements.div_ceil(BLOCK))
         } else {
             1
         };
@@ -301,17 +797,7 @@ impl Backend for CpuBackend {
             .map(|((p, mut m), w)| (p, m.pop().unwrap_or_default(), w[0], w[1] - w[0]))
             .collect();
         run_parts(work, |(mut p, m, first, n)| {
-            dp_sgd_step_range(
-                param_format,
-                grad_format,
-                &mut p,
-                m,
-                grads,
-                grad_rank_words,
-                n,
-                first,
-                learning_rate,
-            )
+            step_range(&kernel, &mut p, m, grads, grad_rank_words, n, first)
         });
         Ok(())
     }
@@ -324,9 +810,14 @@ impl Backend for CpuBackend {
 impl Arena {
     fn read_range_host(&self, rank: usize, offset: usize, len: usize) -> Result<Vec<u32>> {
         self.check_range(rank, offset, len)?;
-        let per_word = self.format().elements_per_word();
-        let start = rank * (self.rank_len() / per_word) + offset / per_word;
-        Ok(host(self)?[start..start + self.format().words_for(len)].to_vec())
+        let format = self.format();
+        if format.words_for(offset) * 4 != offset * format.element_bytes() {
+            return Err(Error::value(format!(
+                "arena read at element {offset} is not word aligned"
+            )));
+        }
+        let start = rank * format.words_for(self.rank_len()) + format.words_for(offset);
+        Ok(host(self)?[start..start + format.words_for(len)].to_vec())
     }
 }
 
@@ -355,4 +846,191 @@ pub(crate) fn check_step_arenas(params: &Arena, grads: &Arena, means: &Arena) ->
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    #[test]
+    fn f16_decode_matches_half_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = f16::from_bits(h).to_f32().to_bits();
+            let got = Binary16::decode(u32::from(h)).to_bits();
+            assert_eq!(got, want, "f16 bits {h:#06x}");
+        }
+    }
+
+    #[test]
+    fn bf16_decode_matches_half_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = bf16::from_bits(h).to_f32().to_bits();
+            let got = BFloat16::decode(u32::from(h)).to_bits();
+            assert_eq!(got, want, "bf16 bits {h:#06x}");
+        }
+    }
+
+    #[test]
+    fn f16_encode_matches_the_reference_on_every_rounding_case() {
+        // Every sign, exponent and top 10 mantissa bits, with the 13 dropped bits below, at
+        // and above the half-way point.
+        let lows = [
+            0u32, 1, 0x7ff, 0xfff, 0x1000, 0x1001, 0x17ff, 0x1800, 0x1fff,
+        ];
+        for high in 0..(1u32 << 19) {
+            for &low in &lows {
+                let bits = (high << 13) | low;
+                let value = f32::from_bits(bits);
+                let want = u32::from(crate::dtype::f32_to_f16_bits(value));
+                assert_eq!(Binary16::encode(value), want, "f32 bits {bits:#010x}");
+            }
+        }
+    }
+
+    /// The step element by element, in the reference's terms.
+    fn reference_step(
+        pf: StorageFormat,
+        gf: StorageFormat,
+        ranks: usize,
+        len: usize,
+        params: &[u32],
+        grads: &[u32],
+        lr: f32,
+    ) -> (Vec<u32>, Vec<u32>) {
+        let (pw, gw) = (pf.words_for(len), gf.words_for(len));
+        let mut out = params.to_vec();
+        let mut means = vec![0u32; pw];
+        for i in 0..len {
+            let mut acc = 0f32;
+            for r in 0..ranks {
+                acc += gf.load(&grads[r * gw..], i);
+            }
+            let mean = pf.round(acc / ranks as f32);
+            pf.store(&mut means, i, mean);
+            let p = pf.load(&params[..pw], i) - lr * mean;
+            for r in 0..ranks {
+                pf.store(&mut out[r * pw..(r + 1) * pw], i, p);
+            }
+        }
+        (out, means)
+    }
+
+    /// Values with zeros of both signs, subnormals of f32 and f16, huge values, infinities
+    /// and NaNs among ordinary ones.
+    fn nasty(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let r = (*seed >> 33) as u32;
+        match r % 16 {
+            0 => 0.0,
+            1 => -0.0,
+            2 => f32::from_bits(r >> 9),
+            3 => (r as f32) * 1e-12,
+            4 => f32::INFINITY,
+            5 => f32::NAN,
+            6 => 70000.0 * if r & 1 == 0 { 1.0 } else { -1.0 },
+            7 => f32::from_bits(r),
+            _ => (r as f32 / u32::MAX as f32) * 4.0 - 2.0,
+        }
+    }
+
+    #[test]
+    fn step_matches_the_element_by_element_reference() {
+        let formats = [
+            StorageFormat::F32,
+            StorageFormat::F16,
+            StorageFormat::BF16,
+            StorageFormat::F64,
+        ];
+        let mut seed = 7u64;
+        for &pf in &formats {
+            for &gf in &formats {
+                for &(ranks, len, threads) in &[
+                    (1usize, 2usize, 1usize),
+                    (3, 7, 1),
+                    (2, 4097, 2),
+                    (5, 3 * BLOCK + 6, 2),
+                    (4, 40_000, 2),
+                    (3, 1 << 17, 3),
+                    // Above the streaming threshold (same formats only, to stay quick).
+                    (3, (1 << 21) + 1, 2),
+                ] {
+                    if len > 1 << 20 && pf != gf {
+                        continue;
+                    }
+                    let backend = CpuBackend::with_threads(threads);
+                    let mut params = backend.create_arena(pf, ranks, len, len).unwrap();
+                    let mut grads = backend.create_arena(gf, ranks, len, len).unwrap();
+                    let mut means = backend.create_arena(pf, 1, len, len).unwrap();
+                    let mut p0 = vec![0u32; pf.words_for(len)];
+                    for i in 0..len {
+                        pf.store(&mut p0, i, nasty(&mut seed));
+                    }
+                    // Written straight into the storage (`Arena::write` refuses the odd
+                    // 16-bit lengths covered here); the padding halves get junk too.
+                    for (r, rank) in host_mut(&mut params)
+                        .unwrap()
+                        .chunks_exact_mut(p0.len())
+                        .enumerate()
+                    {
+                        rank.copy_from_slice(&p0);
+                        rank[p0.len() - 1] ^= (r as u32 + 1) << 24;
+                    }
+                    for rank in host_mut(&mut grads)
+                        .unwrap()
+                        .chunks_exact_mut(gf.words_for(len))
+                    {
+                        for i in 0..len {
+                            gf.store(rank, i, nasty(&mut seed));
+                        }
+                    }
+                    let before = host(&params).unwrap().to_vec();
+                    let (want_params, want_means) =
+                        reference_step(pf, gf, ranks, len, &before, host(&grads).unwrap(), 0.375);
+                    backend
+                        .dp_sgd_step(&mut params, &grads, &mut means, 0.375)
+                        .unwrap();
+                    let label = format!("{pf:?}/{gf:?} ranks {ranks} len {len}");
+                    // NaN payloads are not specified for f32 arithmetic (and survive in the
+                    // f32 and f64 formats); every other bit is.
+                    let same = |a: &[u32], b: &[u32]| {
+                        a.len() == b.len()
+                            && a.iter().zip(b).enumerate().all(|(i, (&x, &y))| {
+                                x == y
+                                    || match pf {
+                                        StorageFormat::F32 => {
+                                            f32::from_bits(x).is_nan() && f32::from_bits(y).is_nan()
+                                        }
+                                        StorageFormat::F64 => {
+                                            pf.load_f64(a, i / 2).is_nan()
+                                                && pf.load_f64(b, i / 2).is_nan()
+                                        }
+                                        _ => false,
+                                    }
+                            })
+                    };
+                    assert!(same(host(&means).unwrap(), &want_means), "means {label}");
+                    assert!(same(host(&params).unwrap(), &want_params), "params {label}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn degenerate_arenas_do_not_panic() {
+        let backend = CpuBackend::with_threads(2);
+        let f = StorageFormat::F32;
+        let mut p = backend.create_arena(f, 0, 64, 64).unwrap();
+        let g = backend.create_arena(f, 0, 64, 64).unwrap();
+        let mut m = backend.create_arena(f, 1, 64, 64).unwrap();
+        assert!(backend.dp_sgd_step(&mut p, &g, &mut m, 0.1).is_err());
+        let mut p = backend.create_arena(f, 2, 0, 0).unwrap();
+        let g = backend.create_arena(f, 2, 0, 0).unwrap();
+        let mut m = backend.create_arena(f, 1, 0, 0).unwrap();
+        backend.dp_sgd_step(&mut p, &g, &mut m, 0.1).unwrap();
+        let src = backend.create_arena(f, 2, 0, 0).unwrap();
+        backend.copy_arena(&src, &mut p).unwrap();
+    }
 }

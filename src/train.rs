@@ -1,0 +1,1125 @@
+//! A small data-parallel training run, driven step by step through the library's real
+//! machinery: the front-end-independent core of `distopt train` and of the browser demo.
+//!
+//! A [`SyntheticTask`] is a deterministic classification problem (Gaussian clusters, a few per
+//! class) split into one shard per rank, each shard skewed towards one class so that ranks
+//! which train alone drift apart. The model is a two-layer perceptron
+//! (`features → hidden (tanh) → classes`, softmax cross-entropy) with hand-written backprop.
+//!
+//! A [`Trainer`] keeps R replicas of the model in [`Replicas`] on a backend. Each
+//! [`Trainer::step`] reads the parameters back, computes every rank's mini-batch gradient on
+//! the host, writes the gradients with [`Replicas::set_grads`], synchronizes them with the
+//! post-local-SGD hook ([`PostLocalSgdState`]) and runs the local [`Sgd`] step — plain, for
+//! synchronous SGD, or wrapped in a [`PostLocalSgdOptimizer`] with a periodic or hierarchical
+//! model averager. Communication is counted by a [`SimulatedWorld`].
+//!
+//! Nothing here blocks or reads a clock: the core is `async` (on wasm32 a step awaits the
+//! device's readback); native callers use the `*_blocking` wrappers.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use distopt::CpuBackend;
+//! use distopt::train::{Algorithm, SyntheticTask, TaskConfig, TrainConfig, Trainer};
+//! let task = Arc::new(SyntheticTask::new(TaskConfig { samples: 512, ..TaskConfig::default() }, 4).unwrap());
+//! let config = TrainConfig { algorithm: Algorithm::SyncSgd, ..TrainConfig::default() };
+//! let mut trainer = Trainer::new(Arc::new(CpuBackend::new()), task, config).unwrap();
+//! let first = trainer.step_blocking().unwrap();
+//! assert_eq!(first.step, 1);
+//! assert_eq!(first.divergence, 0.0); // synchronous SGD keeps the replicas identical
+//! assert!(first.bytes_communicated_per_rank > 0);
+//! ```
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::averaging::{HierarchicalModelAverager, PeriodicModelAverager};
+use crate::backend::Backend;
+use crate::comm::{CommStats, Communicator, SimulatedWorld};
+use crate::error::{Error, Result};
+use crate::optim::{LocalOptimizer, Sgd, SgdOptions};
+use crate::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
+use crate::replicas::Replicas;
+use crate::tensor::{HostData, Tensor};
+
+/// Gaussian clusters per class (two make the classes not linearly separable in general).
+const CLUSTERS_PER_CLASS: usize = 2;
+/// Expected distance between two cluster centres, in units of the per-coordinate noise.
+const SEPARATION: f64 = 5.0;
+/// Largest data set (samples × features) and largest model × ranks, in elements: generous for
+/// a demo, small enough that no input makes it allocate without bound.
+const MAX_ELEMENTS: usize = 1 << 25;
+
+/// The synthetic classification problem.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TaskConfig {
+    /// Input features (default 32).
+    pub features: usize,
+    /// Hidden units of the perceptron (default 32).
+    pub hidden: usize,
+    /// Classes (default 4).
+    pub classes: usize,
+    /// Samples in all shards together (default 4096).
+    pub samples: usize,
+    /// How strongly each shard is skewed towards its own class, in `[0, 1]`: a sample of shard
+    /// r belongs to class `r mod classes` with probability `h + (1 − h)/classes`, otherwise to
+    /// a uniformly drawn class. 0 is IID; 1 gives every shard one class (default 0.8).
+    pub heterogeneity: f64,
+    /// Seed of the data and of the initial parameters (default 0).
+    pub seed: u64,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        TaskConfig {
+            features: 32,
+            hidden: 32,
+            classes: 4,
+            samples: 4096,
+            heterogeneity: 0.8,
+            seed: 0,
+        }
+    }
+}
+
+/// A deterministic data set split into one shard per rank, and the model that learns it.
+#[derive(Debug, Clone)]
+pub struct SyntheticTask {
+    config: TaskConfig,
+    /// `samples × features`, row-major; shard r is the rows `shards[r]`.
+    inputs: Vec<f64>,
+    labels: Vec<usize>,
+    shards: Vec<Range<usize>>,
+}
+
+impl SyntheticTask {
+    /// Generates the data for `ranks` shards (each gets `samples / ranks` samples, the first
+    /// `samples % ranks` one more). Errors on an empty or oversized configuration.
+    pub fn new(config: TaskConfig, ranks: usize) -> Result<SyntheticTask> {
+        if ranks == 0 {
+            return Err(Error::value("the task needs at least one rank"));
+        }
+        if config.features == 0 || config.hidden == 0 {
+            return Err(Error::value("features and hidden units must be positive"));
+        }
+        if config.classes < 2 {
+            return Err(Error::value(format!(
+                "a classification task needs at least 2 classes, got {}",
+                config.classes
+            )));
+        }
+        if config.samples < ranks {
+            return Err(Error::value(format!(
+                "{} samples cannot fill {ranks} shards: every rank needs at least one",
+                config.samples
+            )));
+        }
+        if !(0.0..=1.0).contains(&config.heterogeneity) {
+            return Err(Error::value(format!(
+                "heterogeneity must lie in [0, 1], got {}",
+                config.heterogeneity
+            )));
+        }
+        let too_big = |what: &str| Error::value(format!("the {what} is too large for a demo"));
+        let data_len = config
+            .samples
+            .checked_mul(config.features)
+            .filter(|&n| n <= MAX_ELEMENTS)
+            .ok_or_else(|| too_big("data set (samples × features)"))?;
+        let numel = Mlp::from_config(&config)
+            .numel()
+            .filter(|&n| n <= MAX_ELEMENTS)
+            .ok_or_else(|| too_big("model"))?;
+        numel
+            .checked_mul(ranks)
+            .filter(|&n| n <= MAX_ELEMENTS)
+            .ok_or_else(|| too_big("model × ranks"))?;
+
+        let (d, c) = (config.features, config.classes);
+        let mut rng = Rng::new(config.seed, 1);
+        let scale = SEPARATION / (2.0 * d as f64).sqrt();
+        let centers: Vec<f64> = (0..c * CLUSTERS_PER_CLASS * d)
+            .map(|_| rng.normal() * scale)
+            .collect();
+        let mut inputs = Vec::with_capacity(data_len);
+        let mut labels = Vec::with_capacity(config.samples);
+        let mut shards = Vec::with_capacity(ranks);
+        let (base, extra) = (config.samples / ranks, config.samples % ranks);
+        for rank in 0..ranks {
+            let start = labels.len();
+            let len = base + usize::from(rank < extra);
+            for _ in 0..len {
+                let class = if rng.uniform() < config.heterogeneity {
+                    rank % c
+                } else {
+                    rng.below(c)
+                };
+                let cluster = class * CLUSTERS_PER_CLASS + rng.below(CLUSTERS_PER_CLASS);
+                let center = &centers[cluster * d..(cluster + 1) * d];
+                inputs.extend(center.iter().map(|&m| m + rng.normal()));
+                labels.push(class);
+            }
+            shards.push(start..labels.len());
+        }
+        Ok(SyntheticTask {
+            config,
+            inputs,
+            labels,
+            shards,
+        })
+    }
+
+    /// The configuration the data was generated from.
+    pub fn config(&self) -> &TaskConfig {
+        &self.config
+    }
+
+    /// Number of shards (ranks).
+    pub fn ranks(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Samples in rank `rank`'s shard (0 for a rank out of range).
+    pub fn shard_len(&self, rank: usize) -> usize {
+        self.shards.get(rank).map_or(0, |s| s.len())
+    }
+
+    /// How many samples of each class rank `rank`'s shard holds (empty out of range).
+    pub fn class_counts(&self, rank: usize) -> Vec<usize> {
+        let Some(shard) = self.shards.get(rank) else {
+            return Vec::new();
+        };
+        let mut counts = vec![0; self.config.classes];
+        for &label in &self.labels[shard.clone()] {
+            counts[label] += 1;
+        }
+        counts
+    }
+
+    fn mlp(&self) -> Mlp {
+        Mlp::from_config(&self.config)
+    }
+
+    /// The model's parameter shapes: `[hidden, features]`, `[hidden]`, `[classes, hidden]`,
+    /// `[classes]`.
+    pub fn param_shapes(&self) -> Vec<Vec<usize>> {
+        self.mlp().shapes()
+    }
+
+    /// Scalar parameters of one replica.
+    pub fn num_params(&self) -> usize {
+        self.mlp().numel().unwrap_or(0)
+    }
+
+    /// The deterministic initial parameters (float32): weights drawn from N(0, 1/fan_in),
+    /// biases zero.
+    pub fn initial_params(&self) -> Result<Vec<Tensor>> {
+        let mlp = self.mlp();
+        let mut rng = Rng::new(self.config.seed, 2);
+        mlp.shapes()
+            .iter()
+            .map(|shape| {
+                let values: Vec<f32> = if shape.len() == 2 {
+                    let std = 1.0 / (shape[1] as f64).sqrt();
+                    (0..shape[0] * shape[1])
+                        .map(|_| (rng.normal() * std) as f32)
+                        .collect()
+                } else {
+                    vec![0.0; shape[0]]
+                };
+                Tensor::from_f32(shape, values)
+            })
+            .collect()
+    }
+
+    /// Mean loss of `params` over rank `rank`'s samples `batch` (indices into the shard), and
+    /// its gradient (one vector per parameter).
+    pub fn loss_and_grad(
+        &self,
+        params: &[Vec<f64>],
+        rank: usize,
+        batch: &[usize],
+    ) -> Result<(f64, Vec<Vec<f64>>)> {
+        let shard = self.shard(rank)?;
+        if batch.is_empty() {
+            return Err(Error::value("an empty batch has no loss"));
+        }
+        if let Some(&bad) = batch.iter().find(|&&i| i >= shard.len()) {
+            return Err(Error::new(
+                crate::ErrorKind::IndexError,
+                format!(
+                    "sample {bad} out of range for shard {rank} of {} samples",
+                    shard.len()
+                ),
+            ));
+        }
+        let mlp = self.mlp();
+        mlp.check(params)?;
+        let mut grads: Vec<Vec<f64>> = mlp
+            .shapes()
+            .iter()
+            .map(|s| vec![0.0; s.iter().product()])
+            .collect();
+        let mut scratch = Scratch::new(&mlp);
+        let mut loss = 0.0;
+        for &i in batch {
+            let sample = shard.start + i;
+            loss += mlp
+                .sample(
+                    params,
+                    self.input(sample),
+                    self.labels[sample],
+                    &mut scratch,
+                    Some(grads.as_mut_slice()),
+                )
+                .0;
+        }
+        let n = batch.len() as f64;
+        for g in grads.iter_mut().flatten() {
+            *g /= n;
+        }
+        Ok((loss / n, grads))
+    }
+
+    /// Mean loss and accuracy of `params` over every sample of every shard.
+    pub fn evaluate(&self, params: &[Vec<f64>]) -> Result<(f64, f64)> {
+        let mlp = self.mlp();
+        mlp.check(params)?;
+        let mut scratch = Scratch::new(&mlp);
+        let (mut loss, mut correct) = (0.0, 0usize);
+        for (i, &label) in self.labels.iter().enumerate() {
+            let (l, hit) = mlp.sample(params, self.input(i), label, &mut scratch, None);
+            loss += l;
+            correct += usize::from(hit);
+        }
+        let n = self.labels.len() as f64;
+        Ok((loss / n, correct as f64 / n))
+    }
+
+    fn shard(&self, rank: usize) -> Result<Range<usize>> {
+        self.shards.get(rank).cloned().ok_or_else(|| {
+            Error::new(
+                crate::ErrorKind::IndexError,
+                format!("rank {rank} out of range for {} shards", self.shards.len()),
+            )
+        })
+    }
+
+    fn input(&self, sample: usize) -> &[f64] {
+        let d = self.config.features;
+        &self.inputs[sample * d..(sample + 1) * d]
+    }
+}
+
+/// The two-layer perceptron's dimensions.
+#[derive(Debug, Clone, Copy)]
+struct Mlp {
+    d: usize,
+    h: usize,
+    c: usize,
+}
+
+/// Per-sample activations, reused across samples.
+struct Scratch {
+    hidden: Vec<f64>,
+    logits: Vec<f64>,
+    delta_hidden: Vec<f64>,
+}
+
+impl Scratch {
+    fn new(mlp: &Mlp) -> Scratch {
+        Scratch {
+            hidden: vec![0.0; mlp.h],
+            logits: vec![0.0; mlp.c],
+            delta_hidden: vec![0.0; mlp.h],
+        }
+    }
+}
+
+impl Mlp {
+    fn from_config(config: &TaskConfig) -> Mlp {
+        Mlp {
+            d: config.features,
+            h: config.hidden,
+            c: config.classes,
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<usize>> {
+        vec![
+            vec![self.h, self.d],
+            vec![self.h],
+            vec![self.c, self.h],
+            vec![self.c],
+        ]
+    }
+
+    fn numel(&self) -> Option<usize> {
+        let w1 = self.h.checked_mul(self.d)?;
+        let w2 = self.c.checked_mul(self.h)?;
+        w1.checked_add(self.h)?.checked_add(w2)?.checked_add(self.c)
+    }
+
+    fn check(&self, params: &[Vec<f64>]) -> Result<()> {
+        let shapes = self.shapes();
+        if params.len() != shapes.len() {
+            return Err(Error::value(format!(
+                "the model has {} parameters, {} given",
+                shapes.len(),
+                params.len()
+            )));
+        }
+        for (j, (p, shape)) in params.iter().zip(&shapes).enumerate() {
+            let numel: usize = shape.iter().product();
+            if p.len() != numel {
+                return Err(Error::value(format!(
+                    "parameter {j} has {} elements, expected {numel}",
+                    p.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Forward (and, with `grads`, backward — accumulated, not averaged) for one sample.
+    /// Returns the cross-entropy loss and whether the prediction was right.
+    fn sample(
+        &self,
+        params: &[Vec<f64>],
+        x: &[f64],
+        label: usize,
+        s: &mut Scratch,
+        grads: Option<&mut [Vec<f64>]>,
+    ) -> (f64, bool) {
+        let (w1, b1, w2, b2) = (&params[0], &params[1], &params[2], &params[3]);
+        let (d, h) = (self.d, self.h);
+        for (k, a) in s.hidden.iter_mut().enumerate() {
+            let row = &w1[k * d..(k + 1) * d];
+            let z: f64 = b1[k] + row.iter().zip(x).map(|(w, x)| w * x).sum::<f64>();
+            *a = z.tanh();
+        }
+        for (k, z) in s.logits.iter_mut().enumerate() {
+            let row = &w2[k * h..(k + 1) * h];
+            *z = b2[k] + row.iter().zip(&s.hidden).map(|(w, a)| w * a).sum::<f64>();
+        }
+        let max = s.logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = s.logits.iter().map(|z| (z - max).exp()).sum();
+        let log_sum = max + sum.ln();
+        let loss = log_sum - s.logits[label];
+        let predicted = s
+            .logits
+            .iter()
+            .enumerate()
+            .fold((0, f64::NEG_INFINITY), |best, (k, &z)| {
+                if z > best.1 { (k, z) } else { best }
+            })
+            .0;
+        if let Some(grads) = grads {
+            // dL/dz2 = softmax − one-hot, kept in `logits`.
+            for (k, z) in s.logits.iter_mut().enumerate() {
+                *z = (*z - log_sum).exp() - if k == label { 1.0 } else { 0.0 };
+            }
+            s.delta_hidden.fill(0.0);
+            let (gw1, rest) = grads.split_at_mut(1);
+            let (gb1, rest) = rest.split_at_mut(1);
+            let (gw2, gb2) = rest.split_at_mut(1);
+            let (gw1, gb1, gw2, gb2) = (&mut gw1[0], &mut gb1[0], &mut gw2[0], &mut gb2[0]);
+            for (k, &dz) in s.logits.iter().enumerate() {
+                gb2[k] += dz;
+                let row = &w2[k * h..(k + 1) * h];
+                let grow = &mut gw2[k * h..(k + 1) * h];
+                for ((g, (&a, &w)), dh) in grow
+                    .iter_mut()
+                    .zip(s.hidden.iter().zip(row))
+                    .zip(s.delta_hidden.iter_mut())
+                {
+                    *g += dz * a;
+                    *dh += dz * w;
+                }
+            }
+            for (k, (&a, &dh)) in s.hidden.iter().zip(&s.delta_hidden).enumerate() {
+                let dz = dh * (1.0 - a * a);
+                gb1[k] += dz;
+                for (g, &xi) in gw1[k * d..(k + 1) * d].iter_mut().zip(x) {
+                    *g += dz * xi;
+                }
+            }
+        }
+        (loss, predicted == label)
+    }
+}
+
+/// How the replicas are kept together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Algorithm {
+    /// Synchronous data-parallel SGD: gradients all-reduced over the world at every step (the
+    /// post-local-SGD hook with `start_localSGD_iter` = ∞); the replicas never differ.
+    SyncSgd,
+    /// Post-local SGD with a `PeriodicModelAverager`: world gradient all-reduce for `warmup`
+    /// steps, then purely local steps with the parameters averaged over the world every
+    /// `period` steps.
+    PostLocalPeriodic {
+        /// Averaging period (≥ 1).
+        period: u64,
+        /// Warm-up steps of synchronous SGD.
+        warmup: u64,
+    },
+    /// Post-local SGD with a `HierarchicalModelAverager`: world gradient all-reduce for
+    /// `warmup` steps; then local steps (with the gradients all-reduced within subgroups of
+    /// `subgroup_size` ranks, when given) and parameters averaged within groups of
+    /// `group_size` ranks every `period` steps, the largest matching period winning.
+    PostLocalHierarchical {
+        /// `(period, group size)` pairs in ascending order of period; the last group size
+        /// must be the world size.
+        levels: Vec<(u64, usize)>,
+        /// Warm-up steps of synchronous SGD.
+        warmup: u64,
+        /// Gradient all-reduce group after warm-up (`None`: no gradient all-reduce).
+        subgroup_size: Option<usize>,
+    },
+}
+
+impl Algorithm {
+    /// `sync`, `periodic` or `hierarchical`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::SyncSgd => "sync",
+            Algorithm::PostLocalPeriodic { .. } => "periodic",
+            Algorithm::PostLocalHierarchical { .. } => "hierarchical",
+        }
+    }
+
+    /// A one-line description with the settings, e.g. `post-local SGD, periodic (period 8,
+    /// warm-up 20)`.
+    pub fn describe(&self) -> String {
+        match self {
+            Algorithm::SyncSgd => "synchronous SGD".into(),
+            Algorithm::PostLocalPeriodic { period, warmup } => {
+                format!("post-local SGD, periodic averaging (period {period}, warm-up {warmup})")
+            }
+            Algorithm::PostLocalHierarchical {
+                levels,
+                warmup,
+                subgroup_size,
+            } => {
+                let levels: Vec<String> = levels
+                    .iter()
+                    .map(|(p, g)| format!("every {p} steps over {g} ranks"))
+                    .collect();
+                let grads = match subgroup_size {
+                    Some(s) => format!(", gradients all-reduced over {s} ranks"),
+                    None => String::new(),
+                };
+                format!(
+                    "post-local SGD, hierarchical averaging ({}; warm-up {warmup}{grads})",
+                    levels.join(", ")
+                )
+            }
+        }
+    }
+
+    /// The default hierarchy for `ranks` ranks with world-level period `period`: starting
+    /// from `(period, ranks)`, the period and the group size are halved while the period is
+    /// at least 2 and the group splits into even halves of two or more ranks. 8 ranks and
+    /// period 8 give `[(2, 2), (4, 4), (8, 8)]`.
+    pub fn default_hierarchy(period: u64, ranks: usize) -> Vec<(u64, usize)> {
+        let mut levels = vec![(period, ranks)];
+        let (mut p, mut g) = (period, ranks);
+        while p >= 2 && g.is_multiple_of(2) && g >= 4 {
+            p /= 2;
+            g /= 2;
+            levels.insert(0, (p, g));
+        }
+        levels
+    }
+}
+
+/// How a [`Trainer`] trains.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TrainConfig {
+    /// The data-parallel algorithm (default synchronous SGD).
+    pub algorithm: Algorithm,
+    /// SGD learning rate (default 0.05).
+    pub lr: f64,
+    /// SGD momentum (default 0.9).
+    pub momentum: f64,
+    /// Samples per rank per step, drawn with replacement from the rank's shard; a batch at
+    /// least as large as the shard is the whole shard (default 32).
+    pub batch_size: usize,
+    /// Seed of the mini-batch sampling (default 0).
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            algorithm: Algorithm::SyncSgd,
+            lr: 0.05,
+            momentum: 0.9,
+            batch_size: 32,
+            seed: 0,
+        }
+    }
+}
+
+/// What one [`Trainer::step`] did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepReport {
+    /// Steps completed, this one included (1 after the first step).
+    pub step: u64,
+    /// Each rank's mini-batch loss, at the parameters the rank computed its gradient at.
+    pub loss_per_rank: Vec<f64>,
+    /// The mean of `loss_per_rank`.
+    pub mean_loss: f64,
+    /// After the step: the largest L2 distance of a replica's parameters (all of them, as
+    /// one vector) from the mean of the replicas. Exactly 0 when every replica is identical.
+    pub divergence: f64,
+    /// Bytes each rank has sent through collectives since the trainer was made (cumulative).
+    pub bytes_communicated_per_rank: u64,
+    /// The group size the gradients were all-reduced over this step, or `None`.
+    pub gradients_reduced: Option<usize>,
+    /// The group size the parameters were averaged over this step, or `None`.
+    pub averaged: Option<usize>,
+}
+
+/// The model quality of the replicas on the whole data set (every shard).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Evaluation {
+    /// Loss of the mean of the replicas' parameters (the model a final world average gives).
+    pub mean_model_loss: f64,
+    /// Accuracy of the mean of the replicas' parameters.
+    pub mean_model_accuracy: f64,
+    /// Each replica's own loss.
+    pub loss_per_rank: Vec<f64>,
+}
+
+/// The local step behind the gradient hook.
+#[derive(Debug)]
+enum Driver {
+    Sync(Sgd),
+    PostLocal(PostLocalSgdOptimizer),
+}
+
+/// R replicas of the [`SyntheticTask`]'s model, trained one step at a time.
+#[derive(Debug)]
+pub struct Trainer {
+    task: Arc<SyntheticTask>,
+    config: TrainConfig,
+    world: Arc<SimulatedWorld>,
+    replicas: Replicas,
+    hook: PostLocalSgdState,
+    driver: Driver,
+    steps: u64,
+    /// The parameters currently in `replicas`, as read back: `[rank][param][element]`.
+    host_params: Option<Vec<Vec<Vec<f64>>>>,
+}
+
+fn to_i64(value: u64, what: &str) -> Result<i64> {
+    i64::try_from(value).map_err(|_| Error::value(format!("{what} {value} is too large")))
+}
+
+impl Trainer {
+    /// Replicates the task's initial parameters on `backend`, one replica per shard, and sets
+    /// up the gradient hook, the local SGD and the averager of `config.algorithm`. Invalid
+    /// settings (a negative or non-finite learning rate, a zero period, group sizes that do
+    /// not divide the world, …) are errors.
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        task: Arc<SyntheticTask>,
+        config: TrainConfig,
+    ) -> Result<Trainer> {
+        let ranks = task.ranks();
+        if !config.lr.is_finite() || !config.momentum.is_finite() {
+            return Err(Error::value(format!(
+                "learning rate and momentum must be finite, got {} and {}",
+                config.lr, config.momentum
+            )));
+        }
+        if config.batch_size == 0 {
+            return Err(Error::value("the batch size must be positive"));
+        }
+        let world = Arc::new(SimulatedWorld::new(ranks)?);
+        let comm: Arc<dyn Communicator> = world.clone();
+        let replicas = Replicas::replicate(backend, ranks, &task.initial_params()?)?;
+        let sgd = Sgd::new(
+            &replicas,
+            SgdOptions {
+                lr: config.lr,
+                momentum: config.momentum,
+                ..SgdOptions::default()
+            },
+        )?;
+        let (hook, driver) = match &config.algorithm {
+            Algorithm::SyncSgd => (
+                PostLocalSgdState::new(comm, None, u64::MAX, true)?,
+                Driver::Sync(sgd),
+            ),
+            Algorithm::PostLocalPeriodic { period, warmup } => {
+                let averager = PeriodicModelAverager::new(
+                    to_i64(*period, "period")?,
+                    to_i64(*warmup, "warm-up")?,
+                    comm.clone(),
+                )?;
+                (
+                    PostLocalSgdState::new(comm, None, *warmup, false)?,
+                    Driver::PostLocal(PostLocalSgdOptimizer::new(
+                        Box::new(sgd),
+                        Box::new(averager),
+                    )),
+                )
+            }
+            Algorithm::PostLocalHierarchical {
+                levels,
+                warmup,
+                subgroup_size,
+            } => {
+                let mut dict = Vec::with_capacity(levels.len());
+                for &(period, size) in levels {
+                    dict.push((
+                        to_i64(period, "period")?,
+                        to_i64(size as u64, "group size")?,
+                    ));
+                }
+                let averager = HierarchicalModelAverager::new(
+                    &dict,
+                    to_i64(*warmup, "warm-up")?,
+                    comm.clone(),
+                )?;
+                let subgroup = subgroup_size
+                    .map(|s| to_i64(s as u64, "subgroup size"))
+                    .transpose()?;
+                (
+                    PostLocalSgdState::new(comm, subgroup, *warmup, subgroup.is_some())?,
+                    Driver::PostLocal(PostLocalSgdOptimizer::new(
+                        Box::new(sgd),
+                        Box::new(averager),
+                    )),
+                )
+            }
+        };
+        Ok(Trainer {
+            task,
+            config,
+            world,
+            replicas,
+            hook,
+            driver,
+            steps: 0,
+            host_params: None,
+        })
+    }
+
+    /// The task being learned.
+    pub fn task(&self) -> &Arc<SyntheticTask> {
+        &self.task
+    }
+
+    /// The training configuration.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// Steps completed.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The replicas (parameters and gradients on the backend).
+    pub fn replicas(&self) -> &Replicas {
+        &self.replicas
+    }
+
+    /// Bytes communicated so far, by kind of collective.
+    pub fn comm_stats(&self) -> CommStats {
+        self.world.stats()
+    }
+
+    /// The replicas' parameters on the host, read back when the cache is empty.
+    async fn host_params(&mut self) -> Result<&Vec<Vec<Vec<f64>>>> {
+        if self.host_params.is_none() {
+            self.host_params = Some(read_params(&self.replicas).await?);
+        }
+        self.host_params
+            .as_ref()
+            .ok_or_else(|| Error::runtime("parameters were not read back"))
+    }
+
+    /// Rank `rank`'s mini-batch for the coming step: indices into its shard.
+    fn batch(&self, rank: usize) -> Vec<usize> {
+        let len = self.task.shard_len(rank);
+        if self.config.batch_size >= len {
+            return (0..len).collect();
+        }
+        let mut rng = Rng::new(self.config.seed, mix(mix(3, rank as u64), self.steps));
+        (0..self.config.batch_size)
+            .map(|_| rng.below(len))
+            .collect()
+    }
+
+    /// One iteration on every rank: mini-batch gradients on the host, the gradient hook, the
+    /// local SGD step and (post-local SGD) the averager. Returns what happened.
+    pub async fn step(&mut self) -> Result<StepReport> {
+        let ranks = self.task.ranks();
+        let shapes = self.task.param_shapes();
+        let batches: Vec<Vec<usize>> = (0..ranks).map(|r| self.batch(r)).collect();
+        let task = self.task.clone();
+        let params = self.host_params().await?;
+        let mut loss_per_rank = Vec::with_capacity(ranks);
+        let mut all_grads = Vec::with_capacity(ranks);
+        for (rank, batch) in batches.iter().enumerate() {
+            let (loss, grads) = task.loss_and_grad(&params[rank], rank, batch)?;
+            loss_per_rank.push(loss);
+            all_grads.push(grads);
+        }
+        for (rank, grads) in all_grads.into_iter().enumerate() {
+            let tensors = grads
+                .iter()
+                .zip(&shapes)
+                .map(|(g, shape)| {
+                    Tensor::new(shape, HostData::from_f64(crate::DType::Float32, g)).map(Some)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.replicas.set_grads(rank, &tensors)?;
+        }
+        // The parameters change below: whatever happens next, the cache is stale.
+        self.host_params = None;
+        let gradients_reduced = self.hook.synchronize_gradients(&mut self.replicas)?;
+        let averaged = match &mut self.driver {
+            Driver::Sync(sgd) => {
+                sgd.step(&mut self.replicas)?;
+                None
+            }
+            Driver::PostLocal(opt) => opt.step(&mut self.replicas)?,
+        };
+        self.steps += 1;
+        let divergence = divergence(self.host_params().await?);
+        let mean_loss = loss_per_rank.iter().sum::<f64>() / ranks as f64;
+        Ok(StepReport {
+            step: self.steps,
+            loss_per_rank,
+            mean_loss,
+            divergence,
+            bytes_communicated_per_rank: self.world.stats().total_bytes(),
+            gradients_reduced,
+            averaged,
+        })
+    }
+
+    /// Blocking [`Trainer::step`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn step_blocking(&mut self) -> Result<StepReport> {
+        pollster::block_on(self.step())
+    }
+
+    /// The loss of each replica and of their mean on the whole data set.
+    pub async fn evaluate(&mut self) -> Result<Evaluation> {
+        let task = self.task.clone();
+        let params = self.host_params().await?;
+        let mut loss_per_rank = Vec::with_capacity(params.len());
+        for p in params {
+            loss_per_rank.push(task.evaluate(p)?.0);
+        }
+        let (mean_model_loss, mean_model_accuracy) = task.evaluate(&mean_params(params))?;
+        Ok(Evaluation {
+            mean_model_loss,
+            mean_model_accuracy,
+            loss_per_rank,
+        })
+    }
+
+    /// Blocking [`Trainer::evaluate`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn evaluate_blocking(&mut self) -> Result<Evaluation> {
+        pollster::block_on(self.evaluate())
+    }
+}
+
+async fn read_params(replicas: &Replicas) -> Result<Vec<Vec<Vec<f64>>>> {
+    replicas
+        .all_params()
+        .await?
+        .iter()
+        .map(|rank| rank.iter().map(Tensor::values_f64).collect())
+        .collect()
+}
+
+/// The mean of the replicas, as rank 0's values plus the mean deviation from them, so that
+/// identical replicas have exactly their common value as mean.
+fn mean_params(params: &[Vec<Vec<f64>>]) -> Vec<Vec<f64>> {
+    let Some(first) = params.first() else {
+        return Vec::new();
+    };
+    let ranks = params.len() as f64;
+    first
+        .iter()
+        .enumerate()
+        .map(|(j, base)| {
+            base.iter()
+                .enumerate()
+                .map(|(i, &x0)| x0 + params.iter().map(|p| p[j][i] - x0).sum::<f64>() / ranks)
+                .collect()
+        })
+        .collect()
+}
+
+/// The largest L2 distance of a replica from the mean of the replicas.
+fn divergence(params: &[Vec<Vec<f64>>]) -> f64 {
+    let mean = mean_params(params);
+    params
+        .iter()
+        .map(|p| {
+            p.iter()
+                .zip(&mean)
+                .flat_map(|(a, m)| a.iter().zip(m).map(|(a, m)| (a - m) * (a - m)))
+                .sum::<f64>()
+                .sqrt()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// SplitMix64's finalizer.
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b
+        .wrapping_add(0x9E37_79B9_7F4A_7C15)
+        .wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A small deterministic generator (SplitMix64), the same on every platform.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64, stream: u64) -> Rng {
+        Rng(mix(seed, stream))
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
+    }
+
+    /// Standard normal (Box–Muller).
+    fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.uniform();
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hand-written backprop matches central finite differences.
+    #[test]
+    fn gradient_matches_finite_differences() {
+        let config = TaskConfig {
+            features: 5,
+            hidden: 4,
+            classes: 3,
+            samples: 40,
+            ..TaskConfig::default()
+        };
+        let task = SyntheticTask::new(config, 2).unwrap();
+        let mut params: Vec<Vec<f64>> = task
+            .initial_params()
+            .unwrap()
+            .iter()
+            .map(|t| t.values_f64().unwrap())
+            .collect();
+        // Non-zero biases, so that their gradients are exercised away from the origin.
+        params[1]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = 0.1 * i as f64);
+        params[3]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = -0.2 * i as f64);
+        let batch = [0, 3, 7, 11];
+        let (_, grads) = task.loss_and_grad(&params, 1, &batch).unwrap();
+        let eps = 1e-6;
+        for j in 0..params.len() {
+            for i in 0..params[j].len() {
+                let mut plus = params.clone();
+                plus[j][i] += eps;
+                let mut minus = params.clone();
+                minus[j][i] -= eps;
+                let numeric = (task.loss_and_grad(&plus, 1, &batch).unwrap().0
+                    - task.loss_and_grad(&minus, 1, &batch).unwrap().0)
+                    / (2.0 * eps);
+                assert!(
+                    (numeric - grads[j][i]).abs() < 1e-6,
+                    "param {j}[{i}]: numeric {numeric}, backprop {}",
+                    grads[j][i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn data_is_deterministic_and_skewed() {
+        let a = SyntheticTask::new(TaskConfig::default(), 8).unwrap();
+        let b = SyntheticTask::new(TaskConfig::default(), 8).unwrap();
+        assert_eq!(a.inputs, b.inputs);
+        assert_eq!(a.labels, b.labels);
+        assert_eq!(a.shard_len(0), 512);
+        let counts = a.class_counts(5);
+        assert_eq!(counts.iter().sum::<usize>(), 512);
+        assert!(counts[1] > 400, "{counts:?}");
+    }
+
+    #[test]
+    fn divergence_of_identical_replicas_is_zero() {
+        let p = vec![vec![0.1, 0.7, -3.3], vec![1.0 / 3.0]];
+        assert_eq!(divergence(&vec![p.clone(); 3]), 0.0);
+        let q = vec![vec![0.1, 0.7, -3.3], vec![1.0 / 3.0 + 2.0]];
+        assert!((divergence(&[p, q]) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn hierarchy() {
+        assert_eq!(
+            Algorithm::default_hierarchy(8, 8),
+            vec![(2, 2), (4, 4), (8, 8)]
+        );
+        assert_eq!(Algorithm::default_hierarchy(8, 6), vec![(4, 3), (8, 6)]);
+        assert_eq!(Algorithm::default_hierarchy(1, 8), vec![(1, 8)]);
+        assert_eq!(Algorithm::default_hierarchy(8, 2), vec![(8, 2)]);
+    }
+
+    #[test]
+    fn bad_configurations_are_errors() {
+        let bad = |config: TaskConfig, ranks| SyntheticTask::new(config, ranks).unwrap_err();
+        bad(TaskConfig::default(), 0);
+        bad(
+            TaskConfig {
+                classes: 1,
+                ..TaskConfig::default()
+            },
+            2,
+        );
+        bad(
+            TaskConfig {
+                samples: 3,
+                ..TaskConfig::default()
+            },
+            4,
+        );
+        bad(
+            TaskConfig {
+                heterogeneity: 1.5,
+                ..TaskConfig::default()
+            },
+            4,
+        );
+        bad(
+            TaskConfig {
+                features: usize::MAX,
+                ..TaskConfig::default()
+            },
+            4,
+        );
+        bad(
+            TaskConfig {
+                hidden: usize::MAX / 2,
+                ..TaskConfig::default()
+            },
+            4,
+        );
+        let task = Arc::new(
+            SyntheticTask::new(
+                TaskConfig {
+                    samples: 64,
+                    ..TaskConfig::default()
+                },
+                4,
+            )
+            .unwrap(),
+        );
+        let backend: Arc<dyn Backend> = Arc::new(crate::CpuBackend::new());
+        let make = |config: TrainConfig| Trainer::new(backend.clone(), task.clone(), config);
+        assert!(
+            make(TrainConfig {
+                lr: f64::NAN,
+                ..TrainConfig::default()
+            })
+            .is_err()
+        );
+        assert!(
+            make(TrainConfig {
+                lr: -1.0,
+                ..TrainConfig::default()
+            })
+            .is_err()
+        );
+        assert!(
+            make(TrainConfig {
+                batch_size: 0,
+                ..TrainConfig::default()
+            })
+            .is_err()
+        );
+        let algorithm = |algorithm| TrainConfig {
+            algorithm,
+            ..TrainConfig::default()
+        };
+        assert!(
+            make(algorithm(Algorithm::PostLocalPeriodic {
+                period: 0,
+                warmup: 0
+            }))
+            .is_err()
+        );
+        assert!(
+            make(algorithm(Algorithm::PostLocalPeriodic {
+                period: u64::MAX,
+                warmup: 0
+            }))
+            .is_err()
+        );
+        assert!(
+            make(algorithm(Algorithm::PostLocalHierarchical {
+                levels: vec![(2, 3), (4, 4)],
+                warmup: 0,
+                subgroup_size: None
+            }))
+            .is_err()
+        );
+        assert!(
+            make(algorithm(Algorithm::PostLocalHierarchical {
+                levels: vec![],
+                warmup: 0,
+                subgroup_size: None
+            }))
+            .is_err()
+        );
+        assert!(
+            make(algorithm(Algorithm::PostLocalHierarchical {
+                levels: vec![(4, 4)],
+                warmup: 0,
+                subgroup_size: Some(3)
+            }))
+            .is_err()
+        );
+    }
+}
