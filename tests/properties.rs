@@ -305,7 +305,12 @@ fn random_cases_of(seed: u64, n: usize, max_numel: usize, dtypes: &[DType]) -> V
 /// `elements_per_word()` is 1 for float64, which takes two words per element). The
 /// device-resident tests therefore leave float64 out; `to_device_round_trips_float64` pins
 /// the bug. Add `DType::Float64` here once it is fixed.
-const DEVICE_DTYPES: [DType; 4] = [DType::Float32, DType::Float16, DType::BFloat16, DType::Float64];
+const DEVICE_DTYPES: [DType; 4] = [
+    DType::Float32,
+    DType::Float16,
+    DType::BFloat16,
+    DType::Float64,
+];
 
 // ---------------------------------------------------------------------------------------------
 // The independent scalar reference: the torch code of README section 4, literally.

@@ -95,36 +95,135 @@ pub(crate) fn host_words_mut(arena: &mut Arena) -> Result<&mut [u32]> {
     }
 }
 
-/// Rounding helpers of the arithmetic model.
-#[derive(Clone, Copy)]
-struct Arith {
-    compute: StorageFormat,
-    storage: StorageFormat,
+/// The compute precision of the arithmetic model: `f32` for float32/float16/bfloat16 storage
+/// (each operation computed natively is the correctly rounded one), `f64` for float64.
+trait Real:
+    Copy
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Neg<Output = Self>
+{
+    fn scalar(x: f64) -> Self;
+    fn load(format: StorageFormat, words: &[u32], i: usize) -> Self;
+    fn store(format: StorageFormat, words: &mut [u32], i: usize, value: Self);
+    /// A tensor operation's result rounded to the storage format.
+    fn round(format: StorageFormat, value: Self) -> Self;
+    fn sqrt(self) -> Self;
+    fn is_nan(self) -> bool;
+    const ONE: Self;
+    const HALF: Self;
 }
 
-impl Arith {
-    fn new(storage: StorageFormat) -> Arith {
-        let compute = if storage == StorageFormat::F64 {
-            StorageFormat::F64
-        } else {
-            StorageFormat::F32
-        };
-        Arith { compute, storage }
+impl Real for f32 {
+    fn scalar(x: f64) -> f32 {
+        x as f32
     }
-    /// A primitive operation's result, rounded to the compute precision.
-    #[inline]
-    fn c(self, x: f64) -> f64 {
-        self.compute.round_f64(x)
+    #[inline(always)]
+    fn load(format: StorageFormat, words: &[u32], i: usize) -> f32 {
+        match format {
+            StorageFormat::F32 => f32::from_bits(words[i]),
+            other => other.load(words, i),
+        }
     }
-    /// A scalar argument as the kernel sees it (cast to the compute precision).
-    #[inline]
-    fn s(self, x: f64) -> f64 {
-        self.compute.round_f64(x)
+    #[inline(always)]
+    fn store(format: StorageFormat, words: &mut [u32], i: usize, value: f32) {
+        match format {
+            StorageFormat::F32 => words[i] = value.to_bits(),
+            other => other.store(words, i, value),
+        }
     }
-    /// A tensor operation's result, rounded to the storage format.
-    #[inline]
-    fn p(self, x: f64) -> f64 {
-        self.storage.round_f64(self.compute.round_f64(x))
+    #[inline(always)]
+    fn round(format: StorageFormat, value: f32) -> f32 {
+        match format {
+            StorageFormat::F32 | StorageFormat::F64 => value,
+            other => other.round(value),
+        }
+    }
+    fn sqrt(self) -> f32 {
+        f32::sqrt(self)
+    }
+    fn is_nan(self) -> bool {
+        f32::is_nan(self)
+    }
+    const ONE: f32 = 1.0;
+    const HALF: f32 = 0.5;
+}
+
+impl Real for f64 {
+    fn scalar(x: f64) -> f64 {
+        x
+    }
+    #[inline(always)]
+    fn load(format: StorageFormat, words: &[u32], i: usize) -> f64 {
+        format.load_f64(words, i)
+    }
+    #[inline(always)]
+    fn store(format: StorageFormat, words: &mut [u32], i: usize, value: f64) {
+        format.store_f64(words, i, value);
+    }
+    #[inline(always)]
+    fn round(format: StorageFormat, value: f64) -> f64 {
+        format.round_f64(value)
+    }
+    fn sqrt(self) -> f64 {
+        f64::sqrt(self)
+    }
+    fn is_nan(self) -> bool {
+        f64::is_nan(self)
+    }
+    const ONE: f64 = 1.0;
+    const HALF: f64 = 0.5;
+}
+
+/// Runs `work(rank, rank slices…)` for every rank, on scoped threads natively when the arena
+/// is large enough to pay for them.
+fn for_each_rank<T: Send>(items: Vec<T>, elements: usize, work: impl Fn(usize, T) + Sync) {
+    #[cfg(target_arch = "wasm32")]
+    let _ = elements;
+    #[cfg(not(target_arch = "wasm32"))]
+    if items.len() > 1 && elements * items.len() >= 1 << 16 {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(items.len());
+        if threads > 1 {
+            let mut buckets: Vec<Vec<(usize, T)>> = (0..threads).map(|_| Vec::new()).collect();
+            for (rank, item) in items.into_iter().enumerate() {
+                buckets[rank % threads].push((rank, item));
+            }
+            std::thread::scope(|scope| {
+                let work = &work;
+                for bucket in buckets {
+                    scope.spawn(move || {
+                        for (rank, item) in bucket {
+                            work(rank, item);
+                        }
+                    });
+                }
+            });
+            return;
+        }
+    }
+    for (rank, item) in items.into_iter().enumerate() {
+        work(rank, item);
+    }
+}
+
+/// `Some(slice)` per rank, or `None` per rank.
+fn optional_rank_slices(
+    words: Option<&mut [u32]>,
+    rank_words: usize,
+    ranks: usize,
+) -> Vec<Option<&mut [u32]>> {
+    match words {
+        Some(w) => w
+            .chunks_mut(rank_words.max(1))
+            .take(ranks)
+            .map(Some)
+            .collect(),
+        None => (0..ranks).map(|_| None).collect(),
     }
 }
 
@@ -159,61 +258,150 @@ pub fn sgd_reference(
 ) -> Result<()> {
     check_same_layout("sgd", params, grads)?;
     check_table("sgd", params, starts, scalars)?;
+    if let Some(m) = &momentum {
+        check_same_layout("sgd momentum", params, m)?;
+    }
+    let needs_momentum = scalars.iter().any(|s| s.active && s.momentum != 0.0);
+    if needs_momentum && momentum.is_none() {
+        return Err(Error::value(
+            "sgd: momentum is set but no momentum arena was given",
+        ));
+    }
     let format = params.format();
-    let a = Arith::new(format);
-    let (ranks, len, count) = (params.ranks(), params.rank_len(), starts.0.len());
+    let (ranks, len) = (params.ranks(), params.rank_len());
     let rank_words = format.words_for(len);
     let g = host_words(grads)?;
-    let mut momentum_words = match momentum {
-        Some(m) => {
-            check_same_layout("sgd momentum", params, m)?;
-            Some(host_words_mut(m)?)
-        }
-        None => None,
-    };
+    let buffers =
+        optional_rank_slices(momentum.map(host_words_mut).transpose()?, rank_words, ranks);
     let p = host_words_mut(params)?;
-    for rank in 0..ranks {
-        let range = rank * rank_words..(rank + 1) * rank_words;
-        let (p, g) = (&mut p[range.clone()], &g[range.clone()]);
-        let mut buf = momentum_words.as_mut().map(|m| &mut m[range.clone()]);
-        for j in 0..count {
-            let s = scalars[rank * count + j];
-            if !s.active {
-                continue;
+    let items: Vec<_> = p
+        .chunks_mut(rank_words.max(1))
+        .zip(g.chunks(rank_words.max(1)))
+        .zip(buffers)
+        .collect();
+    let count = starts.0.len();
+    for_each_rank(items, len, |rank, ((p, g), buf)| {
+        let table = &scalars[rank * count..(rank + 1) * count];
+        if format == StorageFormat::F64 {
+            sgd_rank::<f64>(format, p, g, buf, starts, table, len);
+        } else if format == StorageFormat::F32 {
+            sgd_rank_f32(p, g, buf, starts, table, len);
+        } else {
+            sgd_rank::<f32>(format, p, g, buf, starts, table, len);
+        }
+    });
+    Ok(())
+}
+
+/// [`sgd_rank`] for float32 storage: the same operations on `f32` slices, with the per-parameter
+/// choices taken outside the element loops so that they vectorize.
+fn sgd_rank_f32(
+    p: &mut [u32],
+    g: &[u32],
+    mut buf: Option<&mut [u32]>,
+    starts: &ParamStarts,
+    table: &[SgdScalars],
+    len: usize,
+) {
+    let p: &mut [f32] = bytemuck::cast_slice_mut(p);
+    let g: &[f32] = bytemuck::cast_slice(g);
+    for (j, s) in table.iter().enumerate() {
+        if !s.active {
+            continue;
+        }
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        let (p, g) = (&mut p[start..end], &g[start..end]);
+        let (lr, wd, mom, damp) = (
+            -s.lr as f32,
+            s.weight_decay as f32,
+            s.momentum as f32,
+            s.one_minus_dampening as f32,
+        );
+        let sign = if s.maximize { -1.0f32 } else { 1.0 };
+        let momentum = match buf.as_deref_mut() {
+            Some(b) if s.momentum != 0.0 => {
+                Some(&mut bytemuck::cast_slice_mut::<u32, f32>(b)[start..end])
             }
-            let start = starts.0[j] as usize;
-            let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
-            for i in start..end {
-                let param = format.load_f64(p, i);
-                let mut grad = format.load_f64(g, i);
-                if s.maximize {
-                    grad = -grad;
+            _ => None,
+        };
+        match momentum {
+            None if s.weight_decay == 0.0 => {
+                for (p, &g) in p.iter_mut().zip(g) {
+                    *p += lr * (sign * g);
                 }
-                if s.weight_decay != 0.0 {
-                    grad = a.p(grad + a.c(a.s(s.weight_decay) * param));
+            }
+            None => {
+                for (p, &g) in p.iter_mut().zip(g) {
+                    let grad = sign * g + wd * *p;
+                    *p += lr * grad;
                 }
-                if s.momentum != 0.0 {
-                    let buf = buf.as_deref_mut().ok_or_else(|| {
-                        Error::value("sgd: momentum is set but no momentum arena was given")
-                    })?;
-                    let b = if s.first_step {
+            }
+            Some(b) => {
+                for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
+                    let mut grad = sign * g;
+                    if s.weight_decay != 0.0 {
+                        grad += wd * *p;
+                    }
+                    let new = if s.first_step {
                         grad
                     } else {
-                        let scaled = a.p(format.load_f64(buf, i) * a.s(s.momentum));
-                        a.p(scaled + a.c(a.s(s.one_minus_dampening) * grad))
+                        *b * mom + damp * grad
                     };
-                    format.store_f64(buf, i, b);
-                    grad = if s.nesterov {
-                        a.p(grad + a.c(a.s(s.momentum) * b))
-                    } else {
-                        b
-                    };
+                    *b = new;
+                    grad = if s.nesterov { grad + mom * new } else { new };
+                    *p += lr * grad;
                 }
-                format.store_f64(p, i, a.p(param + a.c(a.s(-s.lr) * grad)));
             }
         }
     }
-    Ok(())
+}
+
+fn sgd_rank<T: Real>(
+    format: StorageFormat,
+    p: &mut [u32],
+    g: &[u32],
+    mut buf: Option<&mut [u32]>,
+    starts: &ParamStarts,
+    table: &[SgdScalars],
+    len: usize,
+) {
+    let r = |x: T| T::round(format, x);
+    for (j, s) in table.iter().enumerate() {
+        if !s.active {
+            continue;
+        }
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        let (lr, wd, mom, damp) = (
+            T::scalar(-s.lr),
+            T::scalar(s.weight_decay),
+            T::scalar(s.momentum),
+            T::scalar(s.one_minus_dampening),
+        );
+        for i in start..end {
+            let param = T::load(format, p, i);
+            let mut grad = T::load(format, g, i);
+            if s.maximize {
+                grad = -grad;
+            }
+            if s.weight_decay != 0.0 {
+                grad = r(grad + wd * param);
+            }
+            if s.momentum != 0.0 {
+                if let Some(buf) = buf.as_deref_mut() {
+                    let b = if s.first_step {
+                        grad
+                    } else {
+                        r(r(T::load(format, buf, i) * mom) + damp * grad)
+                    };
+                    T::store(format, buf, i, b);
+                    grad = if s.nesterov { r(grad + mom * b) } else { b };
+                }
+            }
+            T::store(format, p, i, r(param + lr * grad));
+        }
+    }
 }
 
 /// The four arenas of an Adam step.
@@ -247,81 +435,186 @@ pub fn adam_reference(
     check_same_layout("adam exp_avg", params, exp_avg)?;
     check_same_layout("adam exp_avg_sq", params, exp_avg_sq)?;
     check_table("adam", params, starts, scalars)?;
+    if let Some(x) = &max_exp_avg_sq {
+        check_same_layout("adam max_exp_avg_sq", params, x)?;
+    }
+    if scalars.iter().any(|s| s.active && s.amsgrad) && max_exp_avg_sq.is_none() {
+        return Err(Error::value(
+            "adam: amsgrad is set but no max_exp_avg_sq arena was given",
+        ));
+    }
     let format = params.format();
-    let a = Arith::new(format);
-    let (ranks, len, count) = (params.ranks(), params.rank_len(), starts.0.len());
-    let rank_words = format.words_for(len);
+    let (ranks, len) = (params.ranks(), params.rank_len());
+    let rank_words = format.words_for(len).max(1);
     let g = host_words(grads)?;
     let m = host_words_mut(exp_avg)?;
     let v = host_words_mut(exp_avg_sq)?;
-    let mut vmax = match max_exp_avg_sq {
-        Some(x) => {
-            check_same_layout("adam max_exp_avg_sq", params, x)?;
-            Some(host_words_mut(x)?)
-        }
-        None => None,
-    };
+    let maxes = optional_rank_slices(
+        max_exp_avg_sq.map(host_words_mut).transpose()?,
+        rank_words,
+        ranks,
+    );
     let p = host_words_mut(params)?;
-    for rank in 0..ranks {
-        let range = rank * rank_words..(rank + 1) * rank_words;
-        let (p, g) = (&mut p[range.clone()], &g[range.clone()]);
-        let (m, v) = (&mut m[range.clone()], &mut v[range.clone()]);
-        let mut vmax = vmax.as_mut().map(|x| &mut x[range.clone()]);
-        for j in 0..count {
-            let s = scalars[rank * count + j];
-            if !s.active {
-                continue;
+    let items: Vec<_> = p
+        .chunks_mut(rank_words)
+        .zip(g.chunks(rank_words))
+        .zip(m.chunks_mut(rank_words))
+        .zip(v.chunks_mut(rank_words))
+        .zip(maxes)
+        .collect();
+    let count = starts.0.len();
+    for_each_rank(items, len, |rank, ((((p, g), m), v), vmax)| {
+        let table = &scalars[rank * count..(rank + 1) * count];
+        if format == StorageFormat::F64 {
+            adam_rank::<f64>(format, AdamSlices { p, g, m, v, vmax }, starts, table, len);
+        } else if format == StorageFormat::F32 && !table.iter().any(|s| s.amsgrad) {
+            adam_rank_f32(AdamSlices { p, g, m, v, vmax }, starts, table, len);
+        } else {
+            adam_rank::<f32>(format, AdamSlices { p, g, m, v, vmax }, starts, table, len);
+        }
+    });
+    Ok(())
+}
+
+struct AdamSlices<'a> {
+    p: &'a mut [u32],
+    g: &'a [u32],
+    m: &'a mut [u32],
+    v: &'a mut [u32],
+    vmax: Option<&'a mut [u32]>,
+}
+
+/// [`adam_rank`] for float32 storage without amsgrad, on `f32` slices so that it vectorizes.
+fn adam_rank_f32(slices: AdamSlices<'_>, starts: &ParamStarts, table: &[AdamScalars], len: usize) {
+    let AdamSlices { p, g, m, v, .. } = slices;
+    let p: &mut [f32] = bytemuck::cast_slice_mut(p);
+    let g: &[f32] = bytemuck::cast_slice(g);
+    let m: &mut [f32] = bytemuck::cast_slice_mut(m);
+    let v: &mut [f32] = bytemuck::cast_slice_mut(v);
+    for (j, s) in table.iter().enumerate() {
+        if !s.active {
+            continue;
+        }
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        let w = s.one_minus_beta1 as f32;
+        let (wd, decay) = (
+            if s.decoupled {
+                0.0
+            } else {
+                s.weight_decay as f32
+            },
+            s.decay_factor as f32,
+        );
+        let (beta2, one_minus_beta2) = (s.beta2 as f32, s.one_minus_beta2 as f32);
+        let (neg_step, bc2, eps) = (
+            -s.step_size as f32,
+            s.bias_correction2_sqrt as f32,
+            s.eps as f32,
+        );
+        let sign = if s.maximize { -1.0f32 } else { 1.0 };
+        let (decoupled, upper) = (s.decoupled, w >= 0.5);
+        let one_minus_w = 1.0 - w;
+        let rows = p[start..end]
+            .iter_mut()
+            .zip(&g[start..end])
+            .zip(m[start..end].iter_mut())
+            .zip(v[start..end].iter_mut());
+        for (((p, &g), m), v) in rows {
+            let mut param = *p;
+            let mut grad = sign * g;
+            if decoupled {
+                param *= decay;
+            } else if wd != 0.0 {
+                grad += wd * param;
             }
-            let start = starts.0[j] as usize;
-            let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
-            for i in start..end {
-                let mut param = format.load_f64(p, i);
-                let mut grad = format.load_f64(g, i);
-                if s.maximize {
-                    grad = -grad;
-                }
-                if s.decoupled {
-                    param = a.p(param * a.s(s.decay_factor));
-                } else if s.weight_decay != 0.0 {
-                    grad = a.p(grad + a.c(a.s(s.weight_decay) * param));
-                }
-                // exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two-sided lerp formula.
-                let m_old = format.load_f64(m, i);
-                let w = a.s(s.one_minus_beta1);
-                let diff = a.c(grad - m_old);
-                let m_new = if w < 0.5 {
-                    a.p(m_old + a.c(w * diff))
-                } else {
-                    a.p(grad - a.c(diff * a.c(1.0 - w)))
-                };
-                format.store_f64(m, i, m_new);
-                let v_scaled = a.p(format.load_f64(v, i) * a.s(s.beta2));
-                let v_new = a.p(v_scaled + a.c(a.c(a.s(s.one_minus_beta2) * grad) * grad));
-                format.store_f64(v, i, v_new);
-                let second = if s.amsgrad {
-                    let vmax = vmax.as_deref_mut().ok_or_else(|| {
-                        Error::value("adam: amsgrad is set but no max_exp_avg_sq arena was given")
-                    })?;
-                    let old = format.load_f64(vmax, i);
-                    // torch.maximum propagates NaN.
-                    let new = if v_new.is_nan() || old.is_nan() {
-                        f64::NAN
-                    } else {
-                        v_new.max(old)
-                    };
-                    format.store_f64(vmax, i, new);
-                    new
-                } else {
-                    v_new
-                };
-                let root = a.p(second.sqrt());
-                let denom = a.p(a.p(root / a.s(s.bias_correction2_sqrt)) + a.s(s.eps));
-                let update = a.c(a.s(-s.step_size) * a.c(m_new / denom));
-                format.store_f64(p, i, a.p(param + update));
-            }
+            let diff = grad - *m;
+            let m_new = if upper {
+                grad - diff * one_minus_w
+            } else {
+                *m + w * diff
+            };
+            *m = m_new;
+            let v_new = *v * beta2 + (one_minus_beta2 * grad) * grad;
+            *v = v_new;
+            let denom = v_new.sqrt() / bc2 + eps;
+            *p = param + neg_step * (m_new / denom);
         }
     }
-    Ok(())
+}
+
+fn adam_rank<T: Real>(
+    format: StorageFormat,
+    slices: AdamSlices<'_>,
+    starts: &ParamStarts,
+    table: &[AdamScalars],
+    len: usize,
+) {
+    let AdamSlices {
+        p,
+        g,
+        m,
+        v,
+        mut vmax,
+    } = slices;
+    let r = |x: T| T::round(format, x);
+    for (j, s) in table.iter().enumerate() {
+        if !s.active {
+            continue;
+        }
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        let w = T::scalar(s.one_minus_beta1);
+        let (wd, decay) = (T::scalar(s.weight_decay), T::scalar(s.decay_factor));
+        let (beta2, one_minus_beta2) = (T::scalar(s.beta2), T::scalar(s.one_minus_beta2));
+        let (neg_step, bc2, eps) = (
+            T::scalar(-s.step_size),
+            T::scalar(s.bias_correction2_sqrt),
+            T::scalar(s.eps),
+        );
+        for i in start..end {
+            let mut param = T::load(format, p, i);
+            let mut grad = T::load(format, g, i);
+            if s.maximize {
+                grad = -grad;
+            }
+            if s.decoupled {
+                param = r(param * decay);
+            } else if s.weight_decay != 0.0 {
+                grad = r(grad + wd * param);
+            }
+            // exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two-sided lerp formula.
+            let m_old = T::load(format, m, i);
+            let diff = grad - m_old;
+            let m_new = if w < T::HALF {
+                r(m_old + w * diff)
+            } else {
+                r(grad - diff * (T::ONE - w))
+            };
+            T::store(format, m, i, m_new);
+            let v_scaled = r(T::load(format, v, i) * beta2);
+            let v_new = r(v_scaled + (one_minus_beta2 * grad) * grad);
+            T::store(format, v, i, v_new);
+            let second = match vmax.as_deref_mut() {
+                Some(vmax) if s.amsgrad => {
+                    let old = T::load(format, vmax, i);
+                    // torch.maximum propagates NaN.
+                    let new = if v_new.is_nan() || old.is_nan() {
+                        if v_new.is_nan() { v_new } else { old }
+                    } else if v_new > old {
+                        v_new
+                    } else {
+                        old
+                    };
+                    T::store(format, vmax, i, new);
+                    new
+                }
+                _ => v_new,
+            };
+            let denom = r(r(r(second.sqrt()) / bc2) + eps);
+            T::store(format, p, i, r(param + neg_step * (m_new / denom)));
+        }
+    }
 }
 
 /// Averages every group of `group_size` consecutive ranks, element by element, over the
@@ -346,32 +639,89 @@ pub fn average_reference(
     }
     let format = arena.format();
     let len = arena.rank_len();
-    let rank_words = format.words_for(len);
+    let rank_words = format.words_for(len).max(1);
     let words = host_words_mut(arena)?;
-    let divisor = group_size as f64;
-    let round = |x: f64| {
+    // Each group's ranks are contiguous: one work item per group.
+    let items: Vec<&mut [u32]> = words.chunks_mut(rank_words * group_size).collect();
+    for_each_rank(items, len * group_size, |_, group| {
         if arith == StorageFormat::F64 {
-            x
+            average_group::<f64>(
+                format, arith, group, rank_words, group_size, starts, active, len,
+            );
+        } else if format == StorageFormat::F32 && arith == StorageFormat::F32 {
+            average_group_f32(group, rank_words, group_size, starts, active, len);
         } else {
-            arith.round_f64(StorageFormat::F32.round_f64(x))
+            average_group::<f32>(
+                format, arith, group, rank_words, group_size, starts, active, len,
+            );
         }
-    };
+    });
+    Ok(())
+}
+
+/// [`average_group`] for float32, block by block so that the loops vectorize.
+fn average_group_f32(
+    group: &mut [u32],
+    rank_words: usize,
+    group_size: usize,
+    starts: &ParamStarts,
+    active: &[bool],
+    len: usize,
+) {
+    const BLOCK: usize = 1024;
+    let divisor = group_size as f32;
+    let values: &mut [f32] = bytemuck::cast_slice_mut(group);
+    let mut acc = [0f32; BLOCK];
     for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {
         let start = starts.0[j] as usize;
         let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
-        for group in 0..ranks / group_size {
-            let first = group * group_size;
-            for i in start..end {
-                let mut acc = round(format.load_f64(&words[first * rank_words..], i) / divisor);
-                for rank in first + 1..first + group_size {
-                    let quotient = round(format.load_f64(&words[rank * rank_words..], i) / divisor);
-                    acc = round(acc + quotient);
+        let mut first = start;
+        while first < end {
+            let n = BLOCK.min(end - first);
+            let acc = &mut acc[..n];
+            for (a, &x) in acc.iter_mut().zip(&values[first..first + n]) {
+                *a = x / divisor;
+            }
+            for rank in 1..group_size {
+                let row = &values[rank * rank_words + first..rank * rank_words + first + n];
+                for (a, &x) in acc.iter_mut().zip(row) {
+                    *a += x / divisor;
                 }
-                for rank in first..first + group_size {
-                    format.store_f64(&mut words[rank * rank_words..], i, acc);
-                }
+            }
+            for rank in 0..group_size {
+                values[rank * rank_words + first..rank * rank_words + first + n]
+                    .copy_from_slice(acc);
+            }
+            first += n;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn average_group<T: Real>(
+    format: StorageFormat,
+    arith: StorageFormat,
+    group: &mut [u32],
+    rank_words: usize,
+    group_size: usize,
+    starts: &ParamStarts,
+    active: &[bool],
+    len: usize,
+) {
+    let divisor = T::scalar(group_size as f64);
+    let round = |x: T| T::round(arith, x);
+    for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        for i in start..end {
+            let mut acc = round(T::load(format, &group[..rank_words], i) / divisor);
+            for rank in 1..group_size {
+                let quotient = round(T::load(format, &group[rank * rank_words..], i) / divisor);
+                acc = round(acc + quotient);
+            }
+            for rank in 0..group_size {
+                T::store(format, &mut group[rank * rank_words..], i, acc);
             }
         }
     }
-    Ok(())
 }

@@ -1,0 +1,656 @@
+// Type definitions for distopt (hand-written; checked by tests/js/types with `tsc --noEmit`).
+//
+// distopt is PyTorch's data-parallel optimizer family — the synchronous data-parallel SGD step,
+// SGD / Adam / AdamW, PeriodicModelAverager, HierarchicalModelAverager, PostLocalSGDOptimizer
+// and the post-local-SGD gradient hook — computed by WebGPU compute shaders (or a CPU
+// fallback), with R data-parallel ranks simulated on one device.
+//
+// Every function and method that fails throws (or rejects with) a `DistoptError`: a JS `Error`
+// whose `name` is the Python exception class and whose `message` is PyTorch's text.
+
+// ---------------------------------------------------------------------------------------------
+// Tensors
+// ---------------------------------------------------------------------------------------------
+
+/** The float dtypes distopt computes in. */
+export type DType = 'float32' | 'float16' | 'bfloat16' | 'float64';
+
+/** Names accepted for a dtype on input (PyTorch's, with or without `torch.`, and short forms). */
+export type DTypeName =
+  | DType
+  | `torch.${DType}`
+  | 'float'
+  | 'half'
+  | 'double'
+  | 'bf16'
+  | 'f16'
+  | 'f32'
+  | 'f64';
+
+/** One element in a plain list: a number, or `"nan"`, `"inf"`, `"-inf"` as the golden JSON writes them. */
+export type Element = number | 'nan' | 'inf' | '-inf' | 'NaN' | 'Infinity' | '-Infinity';
+
+/** A nested list of numbers (a float32 tensor whose shape is the nesting), or a bare number (0-d). */
+export type NestedNumbers = number | readonly NestedNumbers[];
+
+/**
+ * A tensor as distopt reads it: `data` is flat and row-major.
+ *
+ * - `Float32Array` or `Float64Array`: values (rounded to nearest even into `dtype`);
+ * - `Uint16Array`: float16 or bfloat16 *bit patterns* (`dtype` is then required);
+ * - any other typed array: values;
+ * - a plain list of numbers and `"nan"`/`"inf"`/`"-inf"` strings: values.
+ *
+ * `dtype` defaults to the typed array's (`float64` for a Float64Array) or `float32`; `shape`
+ * defaults to `[data.length]`.
+ */
+export interface TensorLike {
+  dtype?: DTypeName;
+  shape?: readonly number[];
+  data: Float32Array | Float64Array | Uint16Array | ArrayBufferView | readonly Element[];
+}
+
+/** Anything distopt accepts where a tensor goes. */
+export type TensorInput = TensorLike | Float32Array | Float64Array | NestedNumbers;
+
+/** A float32 tensor as distopt returns it. */
+export interface Float32Tensor {
+  dtype: 'float32';
+  shape: number[];
+  data: Float32Array;
+}
+
+/** A float64 tensor as distopt returns it. */
+export interface Float64Tensor {
+  dtype: 'float64';
+  shape: number[];
+  data: Float64Array;
+}
+
+/** A float16 tensor as distopt returns it: `data` holds IEEE binary16 bit patterns. */
+export interface Float16Tensor {
+  dtype: 'float16';
+  shape: number[];
+  data: Uint16Array;
+}
+
+/** A bfloat16 tensor as distopt returns it: `data` holds bfloat16 bit patterns. */
+export interface BFloat16Tensor {
+  dtype: 'bfloat16';
+  shape: number[];
+  data: Uint16Array;
+}
+
+/** A tensor as distopt returns it: typed-array data, discriminated by `dtype`. */
+export type Tensor = Float32Tensor | Float64Tensor | Float16Tensor | BFloat16Tensor;
+
+/** A tensor's values as numbers (float16/bfloat16 bit patterns decoded exactly). */
+export function tensorValues(tensor: TensorInput): Float64Array;
+
+/**
+ * A tensor of `dtype` and `shape` from numbers, each rounded to nearest even, in the form
+ * distopt returns tensors (float16/bfloat16 as Uint16Array bit patterns).
+ */
+export function tensor<D extends DType>(
+  dtype: D,
+  shape: readonly number[],
+  values: ArrayLike<Element> | ArrayBufferView,
+): Extract<Tensor, { dtype: D }>;
+
+// ---------------------------------------------------------------------------------------------
+// Errors and warnings
+// ---------------------------------------------------------------------------------------------
+
+/** The Python exception classes distopt's errors mirror. */
+export type ErrorName = 'ValueError' | 'TypeError' | 'RuntimeError' | 'IndexError' | 'ZeroDivisionError';
+
+/** What distopt throws: `name` is the Python class, `message` PyTorch's text. */
+export interface DistoptError extends Error {
+  name: ErrorName;
+}
+
+/**
+ * Removes and returns the warnings emitted so far (PyTorch's `UserWarning` texts), oldest
+ * first. Each warning is also printed with `console.warn` when it is emitted.
+ */
+export function takeWarnings(): string[];
+
+// ---------------------------------------------------------------------------------------------
+// Initialization and backends
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * `'auto'`: a hardware WebGPU adapter when there is one, else the CPU fallback (also when
+ * WebGPU offers only a software adapter such as SwiftShader, which is slower than the CPU
+ * backend); `'gpu'`: any WebGPU adapter (an error without one); `'cpu'`: the CPU backend.
+ */
+export type BackendChoice = 'auto' | 'gpu' | 'cpu';
+
+/** What a backend runs on. */
+export interface BackendInfo {
+  /** `'gpu'` (WebGPU) or `'cpu'` (plain Rust compiled to WebAssembly, one thread). */
+  kind: 'gpu' | 'cpu';
+  /** The adapter's name (or the CPU backend's). */
+  name: string;
+  /** `'BrowserWebGpu'` for WebGPU, `'host'` for the CPU backend. */
+  api: string;
+  /** `'Cpu'` for a software (fallback) adapter or the CPU backend, else `'Other'`. */
+  deviceType: string;
+  driver: string;
+  /** Largest storage binding distopt uses (bytes); larger arenas are processed in chunks. */
+  maxBindingBytes: number;
+  maxBufferBytes: number;
+  maxWorkgroupsPerDimension: number;
+  mappablePrimaryBuffers: boolean;
+  threads: number;
+}
+
+/** What the browser reports about its WebGPU adapter (`GPUAdapterInfo`). */
+export interface WebGpuAdapterInfo {
+  vendor: string;
+  architecture: string;
+  device: string;
+  description: string;
+  isFallbackAdapter: boolean;
+}
+
+/** The backend `init()` / `selectBackend()` chose, and why. */
+export interface BackendSelection extends BackendInfo {
+  /** One sentence on why this backend was chosen (e.g. why WebGPU was not usable). */
+  reason: string;
+  /** The browser's description of its WebGPU adapter, when it has one (`init()` only). */
+  adapterInfo?: WebGpuAdapterInfo;
+}
+
+/** Where the WebAssembly module comes from (default: next to this file; read from disk in Node). */
+export type WasmSource =
+  | string
+  | URL
+  | Request
+  | Response
+  | BufferSource
+  | WebAssembly.Module
+  | Promise<Response>;
+
+export interface InitOptions {
+  /** Which backend (default `'auto'`). `'gpu'` fails when WebGPU is unavailable. */
+  backend?: BackendChoice;
+  /** The `.wasm` module, its URL or its bytes. */
+  wasm?: WasmSource;
+}
+
+/**
+ * Loads the WebAssembly module (once) and picks the backend (`'auto'` by default: a hardware
+ * WebGPU adapter, otherwise the CPU fallback). Call it (and await it) before anything else.
+ */
+export default function init(options?: InitOptions): Promise<BackendSelection>;
+export { init };
+
+/** Switches the backend that new objects are created on (existing ones keep theirs). */
+export function selectBackend(choice?: BackendChoice): Promise<BackendSelection>;
+
+/** The current backend, or `null` before `init()`. */
+export function backendInfo(): BackendInfo | null;
+
+/** The version of the distopt crate the module was built from. */
+export function version(): string;
+
+// ---------------------------------------------------------------------------------------------
+// The synchronous data-parallel SGD step
+// ---------------------------------------------------------------------------------------------
+
+export interface StepResult {
+  /** `meanGradients[j]`: the mean of the ranks' gradients of parameter j, in its dtype. */
+  meanGradients: Tensor[];
+  /** `updatedReplicas[r][j]`: rank r's copy of updated parameter j (all ranks identical). */
+  updatedReplicas: Tensor[][];
+}
+
+/**
+ * One synchronous data-parallel SGD step over R ranks: for each parameter j the float32 mean
+ * of the ranks' gradients (a `null` gradient counts as zero; R still divides), then
+ * `θ − lr·ḡ` on rank 0's copy, given to every rank.
+ *
+ * @param parameterReplicas `[rank][param]`
+ * @param gradientReplicas `[rank][param]`, `null` for a missing gradient
+ * @param learningRate rounded to float32; may be negative or 0
+ * @throws ValueError for an empty world, mismatched counts, shapes or non-float dtypes
+ *   (checked in the reference order)
+ */
+export function sgdStep(
+  parameterReplicas: readonly (readonly TensorInput[])[],
+  gradientReplicas: readonly (readonly (TensorInput | null)[])[],
+  learningRate: number | 'nan' | 'inf' | '-inf',
+): Promise<StepResult>;
+
+// ---------------------------------------------------------------------------------------------
+// The simulated world
+// ---------------------------------------------------------------------------------------------
+
+/** Bytes the collectives would have sent over a network, per rank. */
+export interface CommStats {
+  /** All-reduce bytes by group size (a ring all-reduce of B bytes over g ranks sends 2(g−1)/g·B per rank). */
+  allReduceBytesByGroupSize: Record<string, number>;
+  /** Broadcast bytes received per non-root rank. */
+  broadcastBytes: number;
+  /** Gather bytes received by the destination rank. */
+  gatherBytes: number;
+  /** Number of collective calls. */
+  collectives: number;
+  /** All of the above, in bytes. */
+  totalBytes: number;
+}
+
+/** A world of R ranks simulated on one device, counting what its collectives send. */
+export class World {
+  /** @throws ValueError for `size < 1`; TypeError for a non-integer. */
+  constructor(size: number);
+  /** Ranks in the world. */
+  readonly size: number;
+  /** Bytes sent so far, per rank, by kind of collective. */
+  stats(): CommStats;
+  /** Clears the statistics. */
+  resetStats(): void;
+  /**
+   * The ranks of the contiguous group of `groupSize` ranks (`new_subgroups`) that `rank`
+   * belongs to (the whole world by default).
+   */
+  groupOf(rank: number, groupSize?: number | null): number[];
+  /** Releases the world's memory (objects made with it keep what they need). */
+  free(): void;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model replicas
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * R ranks' copies of a model's parameters, and their gradients, resident on the backend chosen
+ * by `init()`. Reads are asynchronous; a change made while a read of the same replicas is
+ * pending throws a `RuntimeError` ("busy").
+ */
+export class Replicas {
+  /** Each rank's own parameters: `perRank[r][j]` (same count, shapes and dtypes on every rank). */
+  constructor(perRank: readonly (readonly TensorInput[])[]);
+  /** `ranks` identical replicas of `params`. */
+  static replicate(ranks: number, params: readonly TensorInput[]): Replicas;
+  /** Number of ranks. */
+  readonly ranks: number;
+  /** Number of parameters per rank. */
+  readonly length: number;
+  /** Bytes of one rank's parameters. */
+  readonly bytesPerRank: number;
+  /** The backend the replicas live on. */
+  readonly backend: BackendInfo;
+  /** Parameter j's shape. */
+  shape(j: number): number[];
+  /** Parameter j's dtype. */
+  dtype(j: number): DType;
+  /** Parameter j's element count. */
+  numel(j: number): number;
+  /** Overwrites every parameter of rank `rank` (shapes and dtypes must match). */
+  setParams(rank: number, params: readonly TensorInput[]): void;
+  /** Overwrites parameter j of rank `rank`. */
+  setParam(rank: number, j: number, value: TensorInput): void;
+  /** Sets every gradient of rank `rank`; `null` means no gradient (`p.grad = None`). */
+  setGrads(rank: number, grads: readonly (TensorInput | null)[]): void;
+  /** Sets gradient j of rank `rank` (`null` removes it). */
+  setGrad(rank: number, j: number, grad: TensorInput | null): void;
+  /** `zero_grad(set_to_none=True)` on every rank. */
+  zeroGrad(): void;
+  /** Whether rank `rank` has a gradient for parameter j. */
+  hasGrad(rank: number, j: number): boolean;
+  /** Copies rank `root`'s parameters (default 0) to every rank, as DDP does at construction. */
+  broadcastParams(world: World, root?: number): void;
+  /** Parameter j of rank `rank`, read back. */
+  param(rank: number, j: number): Promise<Tensor>;
+  /** Gradient j of rank `rank`, or `null`. */
+  grad(rank: number, j: number): Promise<Tensor | null>;
+  /** Every parameter of every rank: `[rank][param]`. */
+  params(): Promise<Tensor[][]>;
+  /** Every gradient of every rank: `[rank][param]`, `null` where absent. */
+  grads(): Promise<(Tensor | null)[][]>;
+  /** Releases the replicas' memory (optimizers made over them keep them alive). */
+  free(): void;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Local optimizers
+// ---------------------------------------------------------------------------------------------
+
+/** `torch.optim.SGD`'s keyword arguments (PyTorch's names and defaults). */
+export interface SGDOptions {
+  /** Learning rate (default 1e-3). */
+  lr?: number;
+  /** Momentum factor (default 0). */
+  momentum?: number;
+  /** Dampening for momentum (default 0). */
+  dampening?: number;
+  /** L2 penalty (default 0). */
+  weight_decay?: number;
+  /** Nesterov momentum (default false; needs momentum > 0 and no dampening). */
+  nesterov?: boolean;
+  /** Maximize the objective (default false). */
+  maximize?: boolean;
+  /** Accepted and recorded in the state dict, as PyTorch does. */
+  foreach?: boolean | null;
+  differentiable?: boolean;
+  fused?: boolean | null;
+}
+
+/** `torch.optim.Adam` / `AdamW`'s keyword arguments. */
+export interface AdamOptions {
+  /** Learning rate (default 1e-3). */
+  lr?: number;
+  /** Running-average coefficients (default [0.9, 0.999]). */
+  betas?: readonly [number, number];
+  /** Added to the denominator (default 1e-8). */
+  eps?: number;
+  /** Adam: L2 penalty (default 0); AdamW: decoupled weight decay (default 1e-2). */
+  weight_decay?: number;
+  /** AMSGrad (default false). */
+  amsgrad?: boolean;
+  /** Maximize the objective (default false). */
+  maximize?: boolean;
+  foreach?: boolean | null;
+  capturable?: boolean;
+  differentiable?: boolean;
+  fused?: boolean | null;
+  decoupled_weight_decay?: boolean;
+}
+
+/** A parameter group: parameter indices plus options that override the optimizer's. */
+export type ParamGroup<O> = O & { params: readonly number[] };
+
+/** A state dict tensor entry, e.g. `momentum_buffer` or `exp_avg`. */
+export type StateTensors = Record<string, Tensor>;
+
+/** `optimizer.state_dict()` in PyTorch's layout (tensors with typed-array data). */
+export interface StateDict {
+  /** Per parameter (by its index in the groups' order, as a string): its state tensors. */
+  state: Record<string, StateTensors>;
+  /** Every group's options (complete, defaults filled in) and its parameter indices. */
+  param_groups: Array<Record<string, unknown> & { params: number[] }>;
+}
+
+/** A state dict as `loadStateDict` accepts it (tensors in any `TensorInput` form). */
+export interface StateDictInput {
+  state?: Record<string, Record<string, TensorInput | number>>;
+  param_groups: ReadonlyArray<Record<string, unknown> & { params: readonly number[] }>;
+  /** PostLocalSGDOptimizer: the averager's step counter. */
+  step?: number;
+}
+
+/** What SGD, Adam and AdamW share: a `torch.optim` optimizer over every rank of a `Replicas`. */
+declare abstract class LocalOptimizer<O> {
+  /** `"SGD"`, `"Adam"` or `"AdamW"`. */
+  readonly name: 'SGD' | 'Adam' | 'AdamW';
+  /**
+   * One step on every rank: each parameter with a gradient on a rank is updated from it; the
+   * others are skipped. Throws a RuntimeError once the optimizer belongs to a
+   * PostLocalSGDOptimizer (step that instead).
+   */
+  step(): void;
+  /** `zero_grad(set_to_none=True)` on every rank. */
+  zeroGrad(): void;
+  /** The parameter indices of each parameter group. */
+  paramGroups(): number[][];
+  /** Adds a parameter group with its own options. */
+  addParamGroup(group: ParamGroup<O>): void;
+  /** Rank `rank`'s `state_dict()`. */
+  stateDict(rank: number): Promise<StateDict>;
+  /** `load_state_dict(stateDict)` on rank `rank`. */
+  loadStateDict(rank: number, stateDict: StateDictInput): void;
+  /** Releases the optimizer's memory. */
+  free(): void;
+}
+
+/** `torch.optim.SGD` on every rank of `replicas`. */
+export class SGD extends LocalOptimizer<SGDOptions> {
+  /**
+   * @param options PyTorch's keyword arguments; an unknown one is a TypeError, an invalid
+   *   value PyTorch's ValueError (e.g. `Invalid learning rate: -1.0`).
+   * @param paramGroups `[{params: [j, …], …options}]`; default: one group of every parameter.
+   */
+  constructor(replicas: Replicas, options?: SGDOptions | null, paramGroups?: readonly ParamGroup<SGDOptions>[] | null);
+  readonly name: 'SGD';
+}
+
+/** `torch.optim.Adam` on every rank of `replicas`. */
+export class Adam extends LocalOptimizer<AdamOptions> {
+  constructor(replicas: Replicas, options?: AdamOptions | null, paramGroups?: readonly ParamGroup<AdamOptions>[] | null);
+  readonly name: 'Adam';
+}
+
+/** `torch.optim.AdamW` (decoupled weight decay) on every rank of `replicas`. */
+export class AdamW extends LocalOptimizer<AdamOptions> {
+  constructor(replicas: Replicas, options?: AdamOptions | null, paramGroups?: readonly ParamGroup<AdamOptions>[] | null);
+  readonly name: 'AdamW';
+}
+
+/** Any of the local optimizers. */
+export type AnyLocalOptimizer = SGD | Adam | AdamW;
+
+// ---------------------------------------------------------------------------------------------
+// Model averaging
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * `PeriodicModelAverager(period, warmup_steps)`: call number s averages the parameters that
+ * have a gradient iff `s >= warmupSteps` and `(s − warmupSteps) % period == 0`.
+ */
+export class PeriodicModelAverager {
+  /**
+   * @param period default 1 (warns, as PyTorch does)
+   * @param warmupSteps default 0; checked before `period`
+   * @param groupSize average within contiguous groups of this many ranks (default: the world)
+   */
+  constructor(period: number | undefined, warmupSteps: number | undefined, world: World, groupSize?: number | null);
+  readonly period: number;
+  readonly warmupSteps: number;
+  /** Calls of `averageParameters` so far. */
+  step: number;
+  /**
+   * Averages (if the schedule says so) the parameters in `params` (default all) that have a
+   * gradient on rank 0, and advances the counter. Returns the group size used, or `null`.
+   * @throws ValueError `torch.cat(): expected a non-empty list of Tensors` when averaging is
+   *   due and no parameter has a gradient
+   */
+  averageParameters(replicas: Replicas, params?: readonly number[] | null): number | null;
+  free(): void;
+}
+
+/**
+ * `HierarchicalModelAverager(period_group_size_dict, warmup_steps)`: call s averages iff
+ * `s >= warmupSteps` and some period divides s; the periods are searched from the last
+ * inserted to the first, and the first match picks the group size.
+ */
+export class HierarchicalModelAverager {
+  /**
+   * @param periodGroupSizeDict `[[period, groupSize], …]` or a `Map`, in insertion order (a
+   *   plain object would lose it); the last group size must be the world size
+   * @param warmupSteps default 0, checked after the dict (as PyTorch does)
+   */
+  constructor(
+    periodGroupSizeDict: ReadonlyArray<readonly [number, number]> | ReadonlyMap<number, number>,
+    warmupSteps: number | undefined,
+    world: World,
+  );
+  /** Calls of `averageParameters` so far. */
+  step: number;
+  /** As `PeriodicModelAverager.averageParameters`. */
+  averageParameters(replicas: Replicas, params?: readonly number[] | null): number | null;
+  free(): void;
+}
+
+/** Either averager. */
+export type ModelAverager = PeriodicModelAverager | HierarchicalModelAverager;
+
+// ---------------------------------------------------------------------------------------------
+// Post-local SGD
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * `PostLocalSGDOptimizer(optim, averager)`: the local step on every rank, then model averaging
+ * over the optimizer's parameters. `optim` and `averager` move into it: they still report
+ * their state (`stateDict`, `paramGroups`, `step`), but step only through this object.
+ */
+export class PostLocalSGDOptimizer {
+  constructor(optim: AnyLocalOptimizer, averager: ModelAverager);
+  /** The local step, then averaging if due. Returns the averaging group size, or `null`. */
+  step(): number | null;
+  /** `zero_grad()` on every rank. */
+  zeroGrad(): void;
+  /** The averager's step counter. */
+  readonly averagerStep: number;
+  /** Rank `rank`'s state dict: the optimizer's plus `step`, the averager's counter. */
+  stateDict(rank: number): Promise<StateDict & { step: number }>;
+  /** Loads rank `rank`'s state; without `step` it warns and sets the counter to 0. */
+  loadStateDict(rank: number, stateDict: StateDictInput): void;
+  free(): void;
+}
+
+/**
+ * `PostLocalSGDState` + `post_localSGD_hook`: the gradients are all-reduced (mean) over the
+ * world for the first `startLocalSGDIter` iterations, then within subgroups of `subgroupSize`
+ * ranks (or not at all when `postLocalGradientAllreduce` is false).
+ */
+export class PostLocalSGDState {
+  /**
+   * @param subgroupSize `null`: the whole world
+   * @param postLocalGradientAllreduce default true
+   */
+  constructor(
+    world: World,
+    subgroupSize: number | null | undefined,
+    startLocalSGDIter: number,
+    postLocalGradientAllreduce?: boolean,
+  );
+  /** Iterations seen (PyTorch stops counting once local SGD starts). */
+  readonly iter: number;
+  /** The hook, after every rank's backward pass: averages the gradients in place. Returns the group size, or `null`. */
+  synchronizeGradients(replicas: Replicas): number | null;
+  free(): void;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A synthetic training run (the demo's engine)
+// ---------------------------------------------------------------------------------------------
+
+/** The synthetic classification task: Gaussian clusters, one skewed shard per rank. */
+export interface TaskSettings {
+  /** Input features (default 32). */
+  features?: number;
+  /** Hidden units of the two-layer perceptron (default 32). */
+  hidden?: number;
+  /** Classes (default 4). */
+  classes?: number;
+  /** Samples in all shards together (default 4096). */
+  samples?: number;
+  /** 0: IID shards … 1: every shard one class (default 0.8). */
+  heterogeneity?: number;
+  /** Seed of the data and the initial parameters (default 0). */
+  seed?: number;
+}
+
+export interface TrainerSettings {
+  /** R, the number of ranks (and shards). */
+  ranks: number;
+  /** Synchronous SGD (default), or post-local SGD with periodic or hierarchical averaging. */
+  algorithm?: 'sync' | 'periodic' | 'hierarchical';
+  /** Averaging period; for `hierarchical`, the world-level period of the default hierarchy (default 8). */
+  period?: number;
+  /** Warm-up steps of synchronous SGD before local SGD (default 0). */
+  warmup?: number;
+  /** `hierarchical`: `[[period, groupSize], …]` (default `Trainer.defaultHierarchy(period, ranks)`). */
+  levels?: ReadonlyArray<readonly [number, number]>;
+  /** `hierarchical`: all-reduce the gradients within groups of this size after warm-up. */
+  subgroupSize?: number | null;
+  /** SGD learning rate (default 0.05). */
+  lr?: number;
+  /** SGD momentum (default 0.9). */
+  momentum?: number;
+  /** Samples per rank per step (default 32). */
+  batchSize?: number;
+  /** Seed of the mini-batch sampling (default 0). */
+  seed?: number;
+  task?: TaskSettings;
+}
+
+/** What one `Trainer.step()` did. */
+export interface StepReport {
+  /** Steps completed, this one included. */
+  step: number;
+  /** Each rank's mini-batch loss. */
+  lossPerRank: Float64Array;
+  meanLoss: number;
+  /** The largest L2 distance of a replica from the mean of the replicas (0 when identical). */
+  divergence: number;
+  /** Bytes each rank has sent so far (cumulative). */
+  bytesCommunicatedPerRank: number;
+  /** Group size the gradients were all-reduced over this step, or `null`. */
+  gradientsReduced: number | null;
+  /** Group size the parameters were averaged over this step, or `null`. */
+  averaged: number | null;
+}
+
+/** The replicas' quality on the whole data set. */
+export interface Evaluation {
+  /** Loss of the mean of the replicas' parameters. */
+  meanModelLoss: number;
+  /** Accuracy of the mean of the replicas' parameters. */
+  meanModelAccuracy: number;
+  /** Each replica's own loss. */
+  lossPerRank: Float64Array;
+}
+
+/**
+ * R simulated ranks training a two-layer perceptron on a synthetic task, one step at a time,
+ * through distopt's replicas, gradient hook, SGD and averagers.
+ */
+export class Trainer {
+  constructor(settings: TrainerSettings);
+  /** The default hierarchy for `ranks` ranks with world-level period `period`. */
+  static defaultHierarchy(period: number, ranks: number): Array<[number, number]>;
+  readonly ranks: number;
+  readonly algorithm: 'sync' | 'periodic' | 'hierarchical';
+  /** The algorithm in words, with its settings. */
+  readonly description: string;
+  /** Steps completed. */
+  readonly steps: number;
+  /** Scalar parameters of one replica. */
+  readonly numParams: number;
+  /** How many samples of each class rank `rank`'s shard holds. */
+  classCounts(rank: number): number[];
+  /** Bytes sent so far, per rank, by kind. */
+  commStats(): CommStats;
+  /** One step on every rank. */
+  step(): Promise<StepReport>;
+  /** The loss of every replica and of their mean on the whole data set. */
+  evaluate(): Promise<Evaluation>;
+  /** Every rank's parameters. */
+  params(): Promise<Tensor[][]>;
+  free(): void;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * The data-parallel SGD step resident on the current backend (R ranks of N elements), for
+ * timing: each `run()` is one fused step and a wait for the device.
+ */
+export class StepBench {
+  /** Fills the arenas and waits for the device (dtype default `'float32'`). */
+  static create(ranks: number, elements: number, dtype?: 'float32' | 'float16' | 'bfloat16'): Promise<StepBench>;
+  /** One step, resolved when the device has finished it. */
+  run(): Promise<void>;
+  /** Bytes one step moves: (2R + 2)·N·element size. */
+  readonly bytes: number;
+  readonly ranks: number;
+  readonly elements: number;
+  readonly dtype: DType;
+  readonly backend: BackendInfo;
+  free(): void;
+}

@@ -1,0 +1,92 @@
+// distopt: PyTorch's data-parallel optimizer family on WebGPU (or a CPU fallback), compiled
+// from Rust to WebAssembly. This file loads the module and picks the backend; everything
+// else is the wasm-bindgen glue in ./wasm/ (see index.d.ts for the API).
+
+import loadModule, { selectBackend } from './wasm/distopt_wasm.js';
+
+export {
+  Adam,
+  AdamW,
+  HierarchicalModelAverager,
+  PeriodicModelAverager,
+  PostLocalSGDOptimizer,
+  PostLocalSGDState,
+  Replicas,
+  SGD,
+  StepBench,
+  Trainer,
+  World,
+  backendInfo,
+  selectBackend,
+  sgdStep,
+  takeWarnings,
+  tensor,
+  tensorValues,
+  version,
+} from './wasm/distopt_wasm.js';
+
+const isNode =
+  typeof process === 'object' &&
+  process !== null &&
+  typeof process.versions === 'object' &&
+  process.versions !== null &&
+  typeof process.versions.node === 'string';
+
+/** Node's fetch cannot read file: URLs, so there the module's bytes are read from disk. */
+async function defaultSource() {
+  if (!isNode) return undefined;
+  const url = new URL('./wasm/distopt_wasm_bg.wasm', import.meta.url);
+  if (url.protocol !== 'file:') return undefined;
+  const fs = 'node:fs/promises';
+  const { readFile } = await import(/* @vite-ignore */ fs);
+  return readFile(url);
+}
+
+/** What the browser says about its WebGPU adapter (vendor, architecture, description). */
+async function webgpuAdapterInfo() {
+  const gpu = globalThis.navigator && globalThis.navigator.gpu;
+  if (!gpu) return undefined;
+  try {
+    const adapter = await gpu.requestAdapter({ powerPreference: 'high-performance' });
+    if (!adapter) return undefined;
+    const info = adapter.info || (adapter.requestAdapterInfo ? await adapter.requestAdapterInfo() : {});
+    return {
+      vendor: info.vendor || '',
+      architecture: info.architecture || '',
+      device: info.device || '',
+      description: info.description || '',
+      isFallbackAdapter: Boolean(info.isFallbackAdapter ?? adapter.isFallbackAdapter),
+    };
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Loads the WebAssembly module (once) and picks the backend: by default a hardware WebGPU
+ * adapter when the environment has one, else the CPU fallback (also when WebGPU offers only a
+ * software adapter, which is slower than the CPU backend). Resolves to a description of the
+ * backend in use, with `reason` saying why it was chosen, and `adapterInfo` describing the
+ * browser's WebGPU adapter when there is one.
+ *
+ * @param {{backend?: 'auto' | 'gpu' | 'cpu', wasm?: any}} [options]
+ */
+export default async function init(options = {}) {
+  const { backend = 'auto', wasm } = options || {};
+  const source = wasm !== undefined ? wasm : await defaultSource();
+  await loadModule(source === undefined ? undefined : { module_or_path: source });
+  const info = await selectBackend(backend);
+  const adapterInfo = await webgpuAdapterInfo();
+  if (adapterInfo) {
+    info.adapterInfo = adapterInfo;
+    if (info.kind === 'gpu' && !info.name) {
+      info.name =
+        adapterInfo.description ||
+        [adapterInfo.vendor, adapterInfo.architecture].filter(Boolean).join(' ') ||
+        'WebGPU adapter';
+    }
+  }
+  return info;
+}
+
+export { init };

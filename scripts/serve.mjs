@@ -1,0 +1,116 @@
+#!/usr/bin/env node
+// A small static file server for the demo and the browser tests (no dependencies).
+//
+//   node scripts/serve.mjs [--port N] [--host H] MOUNT=DIR [MOUNT=DIR ...]
+//
+// Each MOUNT=DIR serves DIR under the URL prefix MOUNT ("/" for the root). Prints
+// "serving http://HOST:PORT/" once listening; --port 0 picks a free port. Only loopback
+// hosts are allowed: this serves a working tree.
+
+import { createServer } from 'node:http';
+import { createReadStream, promises as fs } from 'node:fs';
+import path from 'node:path';
+
+const TYPES = {
+  '.html': 'text/html; charset=utf-8',
+  '.js': 'text/javascript; charset=utf-8',
+  '.mjs': 'text/javascript; charset=utf-8',
+  '.css': 'text/css; charset=utf-8',
+  '.json': 'application/json; charset=utf-8',
+  '.wasm': 'application/wasm',
+  '.svg': 'image/svg+xml',
+  '.png': 'image/png',
+  '.ico': 'image/x-icon',
+  '.ts': 'text/plain; charset=utf-8',
+  '.md': 'text/plain; charset=utf-8',
+  '.txt': 'text/plain; charset=utf-8',
+};
+
+/** Parses the command line into {host, port, mounts: [[prefix, dir], ...]}. */
+export function parseArgs(argv) {
+  let host = '127.0.0.1';
+  let port = 8080;
+  const mounts = [];
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    if (arg === '--port') port = Number(argv[++i]);
+    else if (arg === '--host') host = argv[++i];
+    else if (arg.includes('=')) {
+      const [prefix, dir] = arg.split('=', 2);
+      mounts.push([prefix.endsWith('/') ? prefix : prefix + '/', path.resolve(dir)]);
+    } else throw new Error(`serve.mjs: unexpected argument ${arg}`);
+  }
+  if (!['127.0.0.1', 'localhost', '::1'].includes(host)) {
+    throw new Error(`serve.mjs: refusing to listen on ${host}: loopback only`);
+  }
+  // Longest prefix first, so that /pkg/ wins over /.
+  mounts.sort((a, b) => b[0].length - a[0].length);
+  return { host, port, mounts };
+}
+
+/** Starts the server; resolves to {server, url}. */
+export function serve({ host = '127.0.0.1', port = 0, mounts }) {
+  const server = createServer(async (req, res) => {
+    try {
+      const url = new URL(req.url, 'http://x');
+      let pathname = decodeURIComponent(url.pathname);
+      const mount = mounts.find(([prefix]) => pathname.startsWith(prefix) || pathname + '/' === prefix);
+      if (!mount) return notFound(res);
+      const [prefix, dir] = mount;
+      if (pathname + '/' === prefix) {
+        res.writeHead(301, { Location: prefix });
+        return res.end();
+      }
+      let file = path.join(dir, pathname.slice(prefix.length));
+      if (!file.startsWith(dir)) return notFound(res);
+      let stat = await fs.stat(file).catch(() => null);
+      if (stat && stat.isDirectory()) {
+        if (!pathname.endsWith('/')) {
+          res.writeHead(301, { Location: pathname + '/' });
+          return res.end();
+        }
+        file = path.join(file, 'index.html');
+        stat = await fs.stat(file).catch(() => null);
+      }
+      if (!stat || !stat.isFile()) return notFound(res);
+      res.writeHead(200, {
+        'Content-Type': TYPES[path.extname(file)] || 'application/octet-stream',
+        'Content-Length': stat.size,
+        'Cache-Control': 'no-store',
+      });
+      if (req.method === 'HEAD') return res.end();
+      createReadStream(file).pipe(res);
+    } catch (err) {
+      res.writeHead(500, { 'Content-Type': 'text/plain' });
+      res.end(String(err));
+    }
+  });
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      const { port: actual } = server.address();
+      const shown = host.includes(':') ? `[${host}]` : host;
+      resolve({ server, url: `http://${shown}:${actual}/` });
+    });
+  });
+}
+
+function notFound(res) {
+  res.writeHead(404, { 'Content-Type': 'text/plain' });
+  res.end('not found');
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const options = parseArgs(process.argv.slice(2));
+  // A busy port: try the next few.
+  for (let attempt = 0; ; attempt++) {
+    try {
+      const { url } = await serve(options);
+      console.log(`serving ${url}`);
+      break;
+    } catch (err) {
+      if (err.code !== 'EADDRINUSE' || attempt === 20 || options.port === 0) throw err;
+      options.port++;
+    }
+  }
+}

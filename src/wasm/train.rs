@@ -1,0 +1,364 @@
+//! `Trainer`: the synthetic data-parallel training run of `crate::train`, stepped from JS (the
+//! browser demo's engine).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use js_sys::{Array, Float64Array, Object, Promise};
+use serde_json::Value;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use super::convert::{json_from_js, rank_index, set, tensors_to_js};
+use super::{JsResult, busy, current_backend, js};
+use crate::error::{Error, Result};
+use crate::train::{
+    Algorithm, Evaluation, StepReport, SyntheticTask, TaskConfig, TrainConfig, Trainer,
+};
+
+/// Settings a `new Trainer({...})` accepts.
+const KEYS: [&str; 11] = [
+    "ranks",
+    "algorithm",
+    "period",
+    "warmup",
+    "levels",
+    "subgroupSize",
+    "lr",
+    "momentum",
+    "batchSize",
+    "seed",
+    "task",
+];
+/// Settings of `task`.
+const TASK_KEYS: [&str; 6] = [
+    "features",
+    "hidden",
+    "classes",
+    "samples",
+    "heterogeneity",
+    "seed",
+];
+
+fn unknown_key(map: &serde_json::Map<String, Value>, known: &[&str], what: &str) -> Result<()> {
+    match map.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(key) => Err(Error::type_error(format!(
+            "{what} got an unexpected setting '{key}' (known: {})",
+            known.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn get_u64(map: &serde_json::Map<String, Value>, key: &str, default: u64) -> Result<u64> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v.as_u64().ok_or_else(|| {
+            Error::type_error(format!("'{key}' must be a non-negative integer, got {v}"))
+        }),
+    }
+}
+
+fn get_usize(map: &serde_json::Map<String, Value>, key: &str, default: usize) -> Result<usize> {
+    usize::try_from(get_u64(map, key, default as u64)?)
+        .map_err(|_| Error::value(format!("'{key}' is too large")))
+}
+
+fn get_f64(map: &serde_json::Map<String, Value>, key: &str, default: f64) -> Result<f64> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| Error::type_error(format!("'{key}' must be a number, got {v}"))),
+    }
+}
+
+/// The algorithm named by `algorithm` (`"sync"`, `"periodic"`, `"hierarchical"`) with its
+/// settings.
+fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algorithm> {
+    let name = match map.get("algorithm") {
+        None | Some(Value::Null) => "sync",
+        Some(Value::String(s)) => s.as_str(),
+        Some(other) => {
+            return Err(Error::type_error(format!(
+                "'algorithm' must be \"sync\", \"periodic\" or \"hierarchical\", got {other}"
+            )));
+        }
+    };
+    let period = get_u64(map, "period", 8)?;
+    let warmup = get_u64(map, "warmup", 0)?;
+    Ok(match name {
+        "sync" | "sync_sgd" => Algorithm::SyncSgd,
+        "periodic" | "post_local_periodic" => Algorithm::PostLocalPeriodic { period, warmup },
+        "hierarchical" | "post_local_hierarchical" => {
+            let levels = match map.get("levels") {
+                None | Some(Value::Null) => Algorithm::default_hierarchy(period, ranks),
+                Some(Value::Array(pairs)) => pairs
+                    .iter()
+                    .map(|pair| {
+                        let p = pair.as_array().filter(|p| p.len() == 2);
+                        p.and_then(|p| Some((p[0].as_u64()?, usize::try_from(p[1].as_u64()?).ok()?)))
+                            .ok_or_else(|| {
+                                Error::type_error(format!(
+                                    "'levels' must be [period, groupSize] pairs of non-negative integers, got {pair}"
+                                ))
+                            })
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+                Some(other) => {
+                    return Err(Error::type_error(format!(
+                        "'levels' must be an array of [period, groupSize] pairs, got {other}"
+                    )));
+                }
+            };
+            let subgroup_size = match map.get("subgroupSize") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(get_usize(map, "subgroupSize", 0)?),
+            };
+            Algorithm::PostLocalHierarchical {
+                levels,
+                warmup,
+                subgroup_size,
+            }
+        }
+        other => {
+            return Err(Error::value(format!(
+                "unknown algorithm '{other}': expected sync, periodic or hierarchical"
+            )));
+        }
+    })
+}
+
+fn task_config(value: Option<&Value>) -> Result<TaskConfig> {
+    let defaults = TaskConfig::default();
+    let map = match value {
+        None | Some(Value::Null) => return Ok(defaults),
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            return Err(Error::type_error(format!(
+                "'task' must be an object, got {other}"
+            )));
+        }
+    };
+    unknown_key(map, &TASK_KEYS, "task")?;
+    Ok(TaskConfig {
+        features: get_usize(map, "features", defaults.features)?,
+        hidden: get_usize(map, "hidden", defaults.hidden)?,
+        classes: get_usize(map, "classes", defaults.classes)?,
+        samples: get_usize(map, "samples", defaults.samples)?,
+        heterogeneity: get_f64(map, "heterogeneity", defaults.heterogeneity)?,
+        seed: get_u64(map, "seed", defaults.seed)?,
+    })
+}
+
+fn report_to_js(report: &StepReport) -> Object {
+    let obj = Object::new();
+    let optional = |g: Option<usize>| g.map_or(JsValue::NULL, |g| JsValue::from_f64(g as f64));
+    set(&obj, "step", report.step as f64);
+    set(
+        &obj,
+        "lossPerRank",
+        Float64Array::from(report.loss_per_rank.as_slice()),
+    );
+    set(&obj, "meanLoss", report.mean_loss);
+    set(&obj, "divergence", report.divergence);
+    set(
+        &obj,
+        "bytesCommunicatedPerRank",
+        report.bytes_communicated_per_rank as f64,
+    );
+    set(&obj, "gradientsReduced", optional(report.gradients_reduced));
+    set(&obj, "averaged", optional(report.averaged));
+    obj
+}
+
+fn evaluation_to_js(evaluation: &Evaluation) -> Object {
+    let obj = Object::new();
+    set(&obj, "meanModelLoss", evaluation.mean_model_loss);
+    set(&obj, "meanModelAccuracy", evaluation.mean_model_accuracy);
+    set(
+        &obj,
+        "lossPerRank",
+        Float64Array::from(evaluation.loss_per_rank.as_slice()),
+    );
+    obj
+}
+
+/// R simulated ranks training a small perceptron on a synthetic classification task split
+/// into one skewed shard per rank, with synchronous SGD or post-local SGD (periodic or
+/// hierarchical model averaging), step by step.
+#[wasm_bindgen(js_name = Trainer)]
+pub struct TrainerJs {
+    inner: Rc<RefCell<Trainer>>,
+    ranks: usize,
+    description: String,
+    algorithm: &'static str,
+}
+
+impl TrainerJs {
+    fn borrow(&self) -> Result<std::cell::Ref<'_, Trainer>> {
+        self.inner.try_borrow().map_err(|_| busy("trainer"))
+    }
+}
+
+#[wasm_bindgen(js_class = Trainer)]
+impl TrainerJs {
+    /// `{ranks, algorithm: "sync" | "periodic" | "hierarchical", period, warmup, levels,
+    /// subgroupSize, lr, momentum, batchSize, seed, task: {features, hidden, classes, samples,
+    /// heterogeneity, seed}}`; everything but `ranks` has a default.
+    #[wasm_bindgen(constructor)]
+    pub fn new(settings: JsValue) -> JsResult<TrainerJs> {
+        js(Self::build(&settings))
+    }
+
+    fn build(settings: &JsValue) -> Result<TrainerJs> {
+        let Value::Object(map) = json_from_js(settings, "settings")? else {
+            return Err(Error::type_error(
+                "Trainer needs a settings object: {ranks, algorithm, …}",
+            ));
+        };
+        unknown_key(&map, &KEYS, "Trainer")?;
+        let ranks = match map.get("ranks") {
+            Some(_) => get_usize(&map, "ranks", 0)?,
+            None => return Err(Error::type_error("Trainer settings need 'ranks'")),
+        };
+        let defaults = TrainConfig::default();
+        let config = TrainConfig {
+            algorithm: algorithm(&map, ranks)?,
+            lr: get_f64(&map, "lr", defaults.lr)?,
+            momentum: get_f64(&map, "momentum", defaults.momentum)?,
+            batch_size: get_usize(&map, "batchSize", defaults.batch_size)?,
+            seed: get_u64(&map, "seed", defaults.seed)?,
+        };
+        let task = Arc::new(SyntheticTask::new(task_config(map.get("task"))?, ranks)?);
+        let description = config.algorithm.describe();
+        let name = config.algorithm.name();
+        let trainer = Trainer::new(current_backend()?, task, config)?;
+        Ok(TrainerJs {
+            inner: Rc::new(RefCell::new(trainer)),
+            ranks,
+            description,
+            algorithm: name,
+        })
+    }
+
+    /// The default hierarchy for `ranks` ranks whose world-level period is `period`:
+    /// `[[period, groupSize], …]` (8 ranks, period 8: `[[2, 2], [4, 4], [8, 8]]`).
+    #[wasm_bindgen(js_name = defaultHierarchy)]
+    pub fn default_hierarchy(period: f64, ranks: f64) -> JsResult<Array> {
+        let period = js(super::convert::count(period, "period"))? as u64;
+        let ranks = js(super::convert::count(ranks, "ranks"))?;
+        Ok(Algorithm::default_hierarchy(period, ranks)
+            .into_iter()
+            .map(|(p, g)| {
+                let pair = Array::new();
+                pair.push(&JsValue::from_f64(p as f64));
+                pair.push(&JsValue::from_f64(g as f64));
+                JsValue::from(pair)
+            })
+            .collect())
+    }
+
+    /// R.
+    #[wasm_bindgen(getter)]
+    pub fn ranks(&self) -> f64 {
+        self.ranks as f64
+    }
+
+    /// `"sync"`, `"periodic"` or `"hierarchical"`.
+    #[wasm_bindgen(getter)]
+    pub fn algorithm(&self) -> String {
+        self.algorithm.into()
+    }
+
+    /// The algorithm in words, with its settings.
+    #[wasm_bindgen(getter)]
+    pub fn description(&self) -> String {
+        self.description.clone()
+    }
+
+    /// Steps completed.
+    #[wasm_bindgen(getter)]
+    pub fn steps(&self) -> JsResult<f64> {
+        Ok(js(self.borrow())?.steps() as f64)
+    }
+
+    /// Scalar parameters of one replica.
+    #[wasm_bindgen(getter, js_name = numParams)]
+    pub fn num_params(&self) -> JsResult<f64> {
+        Ok(js(self.borrow())?.task().num_params() as f64)
+    }
+
+    /// How many samples of each class rank `rank`'s shard holds.
+    #[wasm_bindgen(js_name = classCounts)]
+    pub fn class_counts(&self, rank: f64) -> JsResult<Vec<f64>> {
+        let trainer = js(self.borrow())?;
+        let rank = js(rank_index(rank, self.ranks))?;
+        Ok(trainer
+            .task()
+            .class_counts(rank)
+            .into_iter()
+            .map(|c| c as f64)
+            .collect())
+    }
+
+    /// Bytes communicated so far, per rank, by kind (as `World.stats()`).
+    #[wasm_bindgen(js_name = commStats)]
+    pub fn comm_stats(&self) -> JsResult<Object> {
+        Ok(super::world::stats_to_js(&js(self.borrow())?.comm_stats()))
+    }
+
+    /// One step on every rank: a promise of `{step, lossPerRank, meanLoss, divergence,
+    /// bytesCommunicatedPerRank, gradientsReduced, averaged}`.
+    pub fn step(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let report = js(step(&inner).await)?;
+            Ok(report_to_js(&report).into())
+        })
+    }
+
+    /// The loss of every replica, and of their mean, on the whole data set: a promise of
+    /// `{meanModelLoss, meanModelAccuracy, lossPerRank}`.
+    pub fn evaluate(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let evaluation = js(evaluate(&inner).await)?;
+            Ok(evaluation_to_js(&evaluation).into())
+        })
+    }
+
+    /// Every rank's parameters (`[rank][param]`).
+    pub fn params(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let params = js(params(&inner).await)?;
+            let out = Array::new();
+            for rank in &params {
+                out.push(&js(tensors_to_js(rank))?.into());
+            }
+            Ok(out.into())
+        })
+    }
+}
+
+// The trainer is held across its readbacks on purpose: a second call meanwhile is refused
+// (`busy`) instead of interleaving two steps.
+#[allow(clippy::await_holding_refcell_ref)]
+async fn step(inner: &RefCell<Trainer>) -> Result<StepReport> {
+    let mut trainer = inner.try_borrow_mut().map_err(|_| busy("trainer"))?;
+    trainer.step().await
+}
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn evaluate(inner: &RefCell<Trainer>) -> Result<Evaluation> {
+    let mut trainer = inner.try_borrow_mut().map_err(|_| busy("trainer"))?;
+    trainer.evaluate().await
+}
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn params(inner: &RefCell<Trainer>) -> Result<Vec<Vec<crate::Tensor>>> {
+    let trainer = inner.try_borrow().map_err(|_| busy("trainer"))?;
+    trainer.replicas().all_params().await
+}

@@ -1,0 +1,225 @@
+// Chromium (Debian's, driven by playwright-core) on its WebGPU adapter: every golden case of
+// the JS-facing kinds through the npm package, the demo driven like a person would, and the
+// resident step's bandwidth. Run by tests/run-js after scripts/build-npm.sh.
+
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+
+import { serve } from '../../scripts/serve.mjs';
+import { CHROMIUM_FLAGS, NO_WEBGPU_FLAGS, launch } from './chromium.js';
+import { HERE, PACKAGE, ROOT, goldenCases } from './helpers.js';
+
+const SCREENSHOTS = path.join(ROOT, 'target/screenshots');
+const cases = goldenCases();
+
+let server;
+let baseUrl;
+let context;
+const consoleErrors = [];
+
+async function openPage(url, on = context) {
+  const page = await on.newPage();
+  page.on('console', (m) => {
+    if (m.type() === 'error') consoleErrors.push(`${url}: ${m.text()}`);
+  });
+  page.on('pageerror', (e) => consoleErrors.push(`${url}: ${e.message}`));
+  await page.goto(new URL(url, baseUrl).href);
+  return page;
+}
+
+before(async () => {
+  assert.ok(fs.existsSync(path.join(PACKAGE, 'index.js')), `build the package first: ${PACKAGE}`);
+  ({ server, url: baseUrl } = await serve({
+    port: 0,
+    mounts: [
+      ['/pkg/', PACKAGE],
+      ['/golden/', path.join(ROOT, 'tests/golden')],
+      ['/tests/', HERE],
+      ['/', path.join(ROOT, 'www')],
+    ].sort((a, b) => b[0].length - a[0].length),
+  }));
+  fs.mkdirSync(SCREENSHOTS, { recursive: true });
+  context = await launch(CHROMIUM_FLAGS);
+});
+
+after(async () => {
+  await context?.close();
+  server?.close();
+});
+
+describe('Chromium WebGPU', () => {
+  let page;
+  let info;
+
+  before(async () => {
+    page = await openPage('/tests/browser/golden.html');
+    await page.waitForFunction(() => window.ready === true);
+    // 'gpu', not 'auto': a browser without WebGPU must fail here, not fall back quietly.
+    info = await page.evaluate(() => window.initDistopt('gpu'));
+    console.log(`Chromium WebGPU adapter: ${info.name} (${JSON.stringify(info.adapterInfo)}), api ${info.api}`);
+  });
+
+  test('init() finds the WebGPU adapter', () => {
+    assert.equal(info.kind, 'gpu');
+    assert.equal(info.api, 'BrowserWebGpu');
+    assert.ok(info.name.length > 0, 'the adapter has a name');
+    assert.ok(info.adapterInfo && info.adapterInfo.vendor, 'the browser describes its adapter');
+  });
+
+  test('every golden case of the JS-facing kinds', async (t) => {
+    const names = cases.map((c) => c.name);
+    const results = await page.evaluate((n) => window.runGolden(n), names);
+    const typed = await page.evaluate(
+      (n) => window.runGolden(n, { typedInputs: true }),
+      cases.filter((c) => c.kind === 'dp_sgd_step').map((c) => c.name),
+    );
+    const counts = {};
+    for (const r of results) {
+      const k = (counts[r.kind] ||= { passed: 0, failed: 0, bitExact: 0 });
+      k[r.ok ? 'passed' : 'failed']++;
+      if (r.bitExact) k.bitExact++;
+      await t.test(`${r.kind}: ${r.name}`, () => assert.ok(r.ok, r.message));
+    }
+    for (const r of typed) {
+      await t.test(`dp_sgd_step (typed-array inputs): ${r.name}`, () => assert.ok(r.ok, r.message));
+    }
+    for (const [kind, k] of Object.entries(counts)) {
+      console.log(`Chromium WebGPU ${kind}: ${k.passed} passed, ${k.failed} failed (${k.bitExact} bit-exact)`);
+    }
+    for (const kind of ['dp_sgd_step', 'periodic_averager', 'hierarchical_averager']) {
+      assert.ok(counts[kind]?.passed > 0, `no ${kind} case ran`);
+    }
+  });
+
+  test('errors are JS Errors named after the Python class', async () => {
+    const errors = await page.evaluate(async () => {
+      const { sgdStep, World, Replicas, SGD } = window.distopt;
+      const caught = async (f) => {
+        try {
+          await f();
+          return null;
+        } catch (e) {
+          return { isError: e instanceof Error, name: e.name, message: e.message };
+        }
+      };
+      return [
+        await caught(() => sgdStep([], [], 0.1)),
+        await caught(() => new World(0)),
+        await caught(() => new World(2.5)),
+        await caught(() => Replicas.replicate(2, [[1, 2]]).setGrads(5, [])),
+        await caught(() => new SGD(Replicas.replicate(1, [[1]]), { lr: -1 })),
+        await caught(() => new SGD(Replicas.replicate(1, [[1]]), { bogus: 1 })),
+        await caught(() => sgdStep([[{ dtype: 'float16', shape: [2], data: new Float32Array(3) }]], [[null]], 1)),
+      ];
+    });
+    const expected = [
+      ['ValueError', 'no replicas'],
+      ['ValueError', 'a world needs at least one rank'],
+      ['TypeError', 'size must be an integer'],
+      ['IndexError', 'rank 5 out of range for 2 ranks'],
+      ['ValueError', 'Invalid learning rate: -1.0'],
+      ['TypeError', "unexpected keyword argument 'bogus'"],
+      ['ValueError', 'data has 3 values but shape [2] needs 2'],
+    ];
+    expected.forEach(([name, text], i) => {
+      assert.ok(errors[i], `call ${i} should throw`);
+      assert.ok(errors[i].isError, `call ${i} throws an Error`);
+      assert.equal(errors[i].name, name, errors[i].message);
+      assert.ok(errors[i].message.includes(text), `${errors[i].message} lacks ${text}`);
+    });
+  });
+
+  test('resident step bandwidth, R = 8, N = 2^22 (float32)', async () => {
+    const result = await page.evaluate(() => window.benchStep(8, 1 << 22, 7));
+    console.log(
+      `Chromium WebGPU bench: R=8 N=2^22 float32 on ${result.backend}: median ${result.ms.toFixed(1)} ms, ${result.gbps.toFixed(2)} GB/s (runs ${result.times.map((t) => t.toFixed(0)).join(', ')} ms)`,
+    );
+    assert.ok(result.gbps > 0);
+    // The same step on the CPU fallback (WebAssembly, one thread), for comparison.
+    await page.evaluate(() => window.distopt.selectBackend('cpu'));
+    const cpu = await page.evaluate(() => window.benchStep(8, 1 << 22, 3));
+    console.log(
+      `Chromium CPU-fallback bench: R=8 N=2^22 float32: median ${cpu.ms.toFixed(1)} ms, ${cpu.gbps.toFixed(2)} GB/s`,
+    );
+    await page.evaluate(() => window.distopt.selectBackend('gpu'));
+  });
+});
+
+describe('demo', () => {
+  test('runs on the WebGPU adapter: plots update, the loss falls, post-local SGD sends less', async () => {
+    const page = await openPage('/');
+    await page.waitForFunction(() => window.demo && window.demo.ready === true, null, { timeout: 60_000 });
+    // Auto: SwiftShader is a software adapter, so the CPU backend is chosen, and the page says why.
+    const auto = await page.locator('#adapter').innerText();
+    console.log(`demo adapter line (auto): ${auto.replace(/\s+/g, ' ')}`);
+    assert.equal(await page.locator('#adapter').getAttribute('data-kind'), 'cpu');
+    assert.match(auto, /software WebGPU adapter/);
+    // The backend menu switches to the WebGPU adapter.
+    await page.selectOption('#backend', 'gpu');
+    await page.waitForFunction(() => document.getElementById('adapter').dataset.kind === 'gpu');
+    const adapter = await page.locator('#adapter').innerText();
+    console.log(`demo adapter line (WebGPU): ${adapter.replace(/\s+/g, ' ')}`);
+    assert.match(adapter, /WebGPU/);
+    // A synchronous run first, then post-local SGD with periodic averaging: the first run
+    // stays on the plots for comparison.
+    await page.selectOption('#algorithm', 'sync');
+    await page.click('#start');
+    await page.waitForFunction(() => window.demo.history.length >= 80, null, { timeout: 120_000 });
+    const sync = await page.evaluate(() => window.demo.history);
+    await page.selectOption('#algorithm', 'periodic');
+    await page.waitForFunction(() => window.demo.ghosts.length === 1 && window.demo.history.length >= 80, null, {
+      timeout: 120_000,
+    });
+    await page.click('#start'); // pause
+    const history = await page.evaluate(() => window.demo.history);
+    const mean = (h) => h.reduce((s, x) => s + x.meanLoss, 0) / h.length;
+    const [first, last] = [mean(history.slice(0, 5)), mean(history.slice(-5))];
+    const n = Math.min(sync.length, history.length) - 1;
+    console.log(
+      `demo: sync SGD ${sync.length} steps, loss ${mean(sync.slice(0, 5)).toFixed(3)} -> ${mean(sync.slice(-5)).toFixed(3)}, ` +
+        `${sync[n].bytesCommunicatedPerRank} bytes/rank at step ${n + 1}; post-local SGD ${history.length} steps, loss ` +
+        `${first.toFixed(3)} -> ${last.toFixed(3)}, ${history[n].bytesCommunicatedPerRank} bytes/rank at step ${n + 1}, ` +
+        `max divergence ${Math.max(...history.map((h) => h.divergence)).toFixed(3)}`,
+    );
+    assert.ok(last < first * 0.8, `the loss should fall: ${first} -> ${last}`);
+    assert.ok(sync.every((h) => h.divergence === 0), 'synchronous SGD keeps the replicas identical');
+    assert.ok(history.some((h) => h.divergence > 0), 'post-local SGD lets the replicas drift');
+    assert.ok(
+      history[n].bytesCommunicatedPerRank < sync[n].bytesCommunicatedPerRank,
+      'post-local SGD sends fewer bytes than synchronous SGD',
+    );
+    const drawn = await page.evaluate(() => window.demo.framesDrawn);
+    assert.ok(drawn >= 10, `the plots redraw while training (${drawn} frames)`);
+    assert.equal(await page.locator('#runs tr').count(), 2, 'the runs table lists both runs');
+    await page.screenshot({ path: path.join(SCREENSHOTS, 'demo.png'), fullPage: true });
+    await page.close();
+  });
+
+  test('runs without WebGPU on the CPU fallback and says so', async () => {
+    // A browser without WebGPU: the same flags less the WebGPU switch, and the feature off.
+    const noGpu = await launch(NO_WEBGPU_FLAGS);
+    try {
+      const page = await openPage('/', noGpu);
+      await page.waitForFunction(() => window.demo && window.demo.ready === true, null, { timeout: 60_000 });
+      const adapter = await page.locator('#adapter').innerText();
+      console.log(`demo adapter line (no WebGPU): ${adapter.replace(/\s+/g, ' ')}`);
+      assert.equal(await page.locator('#adapter').getAttribute('data-kind'), 'cpu');
+      assert.match(adapter, /CPU fallback/);
+      assert.match(adapter, /WebGPU is not available/);
+      await page.click('#start');
+      await page.waitForFunction(() => window.demo.history.length >= 20, null, { timeout: 60_000 });
+      await page.click('#start');
+      const history = await page.evaluate(() => window.demo.history);
+      assert.ok(history.at(-1).meanLoss < history[0].meanLoss, 'the CPU fallback trains too');
+      await page.screenshot({ path: path.join(SCREENSHOTS, 'demo-cpu.png') });
+    } finally {
+      await noGpu.close();
+    }
+  });
+});
+
+test('no console errors', () => {
+  assert.deepEqual(consoleErrors.filter((e) => !e.includes('favicon')), []);
+});

@@ -1,0 +1,162 @@
+// A typed tour of distopt's API, checked by `tsc --noEmit` (tests/run-js). It is never run:
+// it proves that index.d.ts describes what the package exports, and that misuse is caught.
+
+import init, {
+  Adam,
+  AdamW,
+  HierarchicalModelAverager,
+  PeriodicModelAverager,
+  PostLocalSGDOptimizer,
+  PostLocalSGDState,
+  Replicas,
+  SGD,
+  StepBench,
+  Trainer,
+  World,
+  backendInfo,
+  selectBackend,
+  sgdStep,
+  takeWarnings,
+  tensor,
+  tensorValues,
+  version,
+} from 'distopt';
+import type {
+  BackendSelection,
+  CommStats,
+  DistoptError,
+  ErrorName,
+  Evaluation,
+  StateDict,
+  StepReport,
+  StepResult,
+  Tensor,
+} from 'distopt';
+
+export async function tour(): Promise<void> {
+  const info: BackendSelection = await init({ backend: 'auto' });
+  const kind: 'gpu' | 'cpu' = info.kind;
+  const reason: string = info.reason;
+  const vendor: string | undefined = info.adapterInfo?.vendor;
+  console.log(kind, reason, vendor, version(), backendInfo()?.name);
+  await selectBackend('cpu');
+  // @ts-expect-error: no such backend
+  await selectBackend('metal');
+
+  // The data-parallel SGD step: nested lists, typed arrays, golden-style objects, nulls.
+  const result: StepResult = await sgdStep(
+    [[[1, 2]], [{ dtype: 'float32', shape: [2], data: new Float32Array([1, 2]) }]],
+    [[[2, 4]], [null]],
+    0.1,
+  );
+  const mean: Tensor = result.meanGradients[0];
+  if (mean.dtype === 'float16') {
+    const bits: Uint16Array = mean.data;
+    console.log(bits, tensorValues(mean));
+  } else if (mean.dtype === 'float32') {
+    const values: Float32Array = mean.data;
+    console.log(values);
+  }
+  const half = tensor('float16', [2], [1.5, 'nan']);
+  const halfBits: Uint16Array = half.data;
+  console.log(halfBits, result.updatedReplicas[1][0].shape);
+  await sgdStep([[{ dtype: 'bfloat16', shape: [1], data: new Uint16Array([0x3f80]) }]], [[null]], 'inf');
+  // @ts-expect-error: learning rate must be a number
+  await sgdStep([[[1]]], [[[1]]], '0.1');
+
+  try {
+    await sgdStep([], [], 0.1);
+  } catch (e) {
+    const error = e as DistoptError;
+    const name: ErrorName = error.name;
+    console.log(name, error.message);
+  }
+
+  // A world, replicas, local optimizers.
+  const world = new World(4);
+  const replicas = Replicas.replicate(4, [
+    { dtype: 'float32', shape: [2, 2], data: new Float32Array(4) },
+    [0.5, -0.5],
+  ]);
+  const perRank = new Replicas([[[1]], [[2]], [[3]], [[4]]]);
+  console.log(replicas.ranks, replicas.length, replicas.shape(0), replicas.dtype(1), replicas.numel(0), replicas.bytesPerRank);
+  replicas.setGrads(0, [[[1, 1], [1, 1]], null]);
+  replicas.setGrad(1, 1, [0.25, 0.25]);
+  replicas.setParam(2, 1, new Float32Array([3, 4]));
+  replicas.setParams(3, [[[0, 0], [0, 0]], [1, 1]]);
+  console.log(replicas.hasGrad(0, 1));
+  replicas.broadcastParams(world, 0);
+
+  const sgd = new SGD(replicas, { lr: 0.1, momentum: 0.9, nesterov: true });
+  const grouped = new SGD(perRank, { lr: 0.1 }, [{ params: [0], lr: 0.01 }]);
+  const adam = new Adam(replicas, { lr: 1e-3, betas: [0.9, 0.999], amsgrad: true });
+  const adamw = new AdamW(replicas, { weight_decay: 0.01 });
+  // @ts-expect-error: not an SGD option
+  new SGD(replicas, { betas: [0.9, 0.999] });
+  // @ts-expect-error: betas is a pair
+  new Adam(replicas, { betas: [0.9] });
+  sgd.step();
+  sgd.zeroGrad();
+  const groups: number[][] = grouped.paramGroups();
+  grouped.addParamGroup({ params: [], momentum: 0.5 });
+  const state: StateDict = await sgd.stateDict(0);
+  sgd.loadStateDict(1, state);
+  console.log(groups, adam.name, adamw.name, state.param_groups[0].params, state.state['0']?.momentum_buffer);
+
+  const params: Tensor[][] = await replicas.params();
+  const grads: (Tensor | null)[][] = await replicas.grads();
+  const one: Tensor = await replicas.param(0, 0);
+  const maybe: Tensor | null = await replicas.grad(0, 1);
+  console.log(params, grads, one, maybe);
+
+  // Averaging and post-local SGD.
+  const periodic = new PeriodicModelAverager(4, 10, world);
+  const grouped2 = new PeriodicModelAverager(2, 0, world, 2);
+  const hierarchical = new HierarchicalModelAverager([[2, 2], [4, 4]], 0, world);
+  const fromMap = new HierarchicalModelAverager(new Map([[2, 2], [4, 4]]), undefined, world);
+  // @ts-expect-error: a plain object loses the insertion order
+  new HierarchicalModelAverager({ 2: 2, 4: 4 }, 0, world);
+  const used: number | null = hierarchical.averageParameters(replicas, [0, 1]);
+  grouped2.step = 3;
+  console.log(used, periodic.period, periodic.warmupSteps, grouped2.step, fromMap.step, takeWarnings());
+
+  const hook = new PostLocalSGDState(world, 2, 100, true);
+  console.log(hook.synchronizeGradients(replicas), hook.iter);
+  const postLocal = new PostLocalSGDOptimizer(adam, periodic);
+  const averagedOver: number | null = postLocal.step();
+  const saved = await postLocal.stateDict(0);
+  const step: number = saved.step;
+  postLocal.loadStateDict(0, saved);
+  postLocal.zeroGrad();
+  console.log(averagedOver, step, postLocal.averagerStep);
+
+  const stats: CommStats = world.stats();
+  console.log(stats.totalBytes, stats.allReduceBytesByGroupSize['4'], world.groupOf(3, 2));
+  world.resetStats();
+
+  // The demo's trainer.
+  const trainer = new Trainer({
+    ranks: 8,
+    algorithm: 'hierarchical',
+    period: 8,
+    warmup: 20,
+    lr: 0.05,
+    task: { heterogeneity: 0.8 },
+  });
+  // @ts-expect-error: ranks is required
+  new Trainer({ algorithm: 'sync' });
+  const levels: Array<[number, number]> = Trainer.defaultHierarchy(8, 8);
+  const report: StepReport = await trainer.step();
+  const lossPerRank: Float64Array = report.lossPerRank;
+  const evaluation: Evaluation = await trainer.evaluate();
+  console.log(levels, lossPerRank, report.averaged, evaluation.meanModelAccuracy, trainer.description, trainer.classCounts(0), trainer.commStats());
+
+  // The benchmark.
+  const bench = await StepBench.create(8, 1 << 22);
+  const t0 = performance.now();
+  await bench.run();
+  console.log(bench.bytes / (performance.now() - t0) / 1e6, 'GB/s on', bench.backend.name);
+  bench.free();
+  trainer.free();
+  world.free();
+}
