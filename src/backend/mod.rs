@@ -344,7 +344,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
             format.words_for(src.rank_len()),
             format.words_for(dst.rank_len()),
         );
-        let from = kernels::host_words(src)?.to_vec();
+        let from = kernels::host_words(src)?;
         let to = kernels::host_words_mut(dst)?;
         for r in regions {
             let words = format.words_for(r.len);
