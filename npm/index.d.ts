@@ -1,9 +1,10 @@
 // Type definitions for distopt (hand-written; checked by tests/js/types with `tsc --noEmit`).
 //
 // distopt is PyTorch's data-parallel optimizer family — the synchronous data-parallel SGD step,
-// SGD / Adam / AdamW, PeriodicModelAverager, HierarchicalModelAverager, PostLocalSGDOptimizer
-// and the post-local-SGD gradient hook — computed by WebGPU compute shaders (or a CPU
-// fallback), with R data-parallel ranks simulated on one device.
+// SGD / Adam / AdamW, PeriodicModelAverager, HierarchicalModelAverager, PostLocalSGDOptimizer,
+// the post-local-SGD gradient hook, ZeroRedundancyOptimizer, and DistributedOptimizer over a
+// small RPC framework — computed by WebGPU compute shaders (or a CPU fallback), with R
+// data-parallel ranks simulated on one device.
 //
 // Every function and method that fails throws (or rejects with) a `DistoptError`: a JS `Error`
 // whose `name` is the Python exception class and whose `message` is PyTorch's text.
@@ -534,6 +535,190 @@ export class PostLocalSGDState {
 }
 
 // ---------------------------------------------------------------------------------------------
+// ZeRO: optimizer state sharded over the ranks
+// ---------------------------------------------------------------------------------------------
+
+/** `ZeroRedundancyOptimizer`'s own construction options. */
+export interface ZeroOptions {
+  /** Pack each rank's parameters into one flat bucket, broadcast as one transfer (default false). */
+  parametersAsBucketView?: boolean;
+  /**
+   * Overlap the optimizer with DDP's backward (default false). Without DDP the optimizer never
+   * finishes initializing, as in PyTorch: `step()` only warns, the partition getters are `null`,
+   * and the state-dict methods throw a RuntimeError.
+   */
+  overlapWithDdp?: boolean;
+}
+
+/**
+ * `torch.distributed.optim.ZeroRedundancyOptimizer` over a simulated `World`: the parameters are
+ * assigned to ranks by PyTorch's sorted-greedy partition; each rank's local optimizer (`SGD`,
+ * `Adam` or `AdamW`) keeps state only for the parameters it owns and updates them from that
+ * rank's own gradients; the owners then broadcast the updated parameters to every rank.
+ *
+ * Global parameter indices (`rankOfParam`, `paramsPerRank`, state dict keys) number the groups'
+ * parameters in order, group after group.
+ */
+export class ZeroRedundancyOptimizer<N extends 'SGD' | 'Adam' | 'AdamW' = 'SGD' | 'Adam' | 'AdamW'> {
+  /**
+   * @param world one rank per replica (a ValueError otherwise).
+   * @param params `null` (every parameter in one group), parameter indices (one group), or
+   *   parameter groups `[{params: [j, …], …options}]`. An empty list is a ValueError.
+   * @param optimizer the local optimizer class.
+   * @param options its keyword arguments (the defaults of every group).
+   */
+  constructor(
+    world: World,
+    replicas: Replicas,
+    params: readonly number[] | readonly ParamGroup<N extends 'SGD' ? SGDOptions : AdamOptions>[] | null,
+    optimizer: N,
+    options?: (N extends 'SGD' ? SGDOptions : AdamOptions) | null,
+    zeroOptions?: ZeroOptions | null,
+  );
+  /** The local optimizer class. */
+  readonly optimizer: N;
+  /** One step: each rank updates what it owns from its own gradients, then the owners broadcast. */
+  step(): void;
+  /** `zero_grad(set_to_none=True)` on every rank. */
+  zeroGrad(): void;
+  /** Sets `requires_grad` of parameter j (replica index); warns at the next step. */
+  setRequiresGrad(j: number, requiresGrad: boolean): void;
+  /** The replica indices of each parameter group. */
+  paramGroups(): number[][];
+  /**
+   * Adds a parameter group (replica indices not yet optimized); the partition is recomputed,
+   * earlier parameters keep their ranks and state.
+   */
+  addParamGroup(group: ParamGroup<N extends 'SGD' ? SGDOptions : AdamOptions>): Promise<void>;
+  /** Gathers every rank's shard of the state on rank `to` (default 0; outside the world: nowhere). */
+  consolidateStateDict(to?: number): Promise<void>;
+  /**
+   * `state_dict()` as seen on rank `rank`: the consolidated state dict in a plain optimizer's
+   * layout. A RuntimeError unless it was consolidated to `rank`.
+   */
+  stateDict(rank: number): StateDict;
+  /** `load_state_dict` on every rank: each keeps the state of what it owns (any saved world size). */
+  loadStateDict(stateDict: StateDictInput): void;
+  /** The owner of each parameter (global index), or `null` before initialization. */
+  readonly rankOfParam: number[] | null;
+  /** The global indices each rank owns, in its local optimizer's order, or `null`. */
+  readonly paramsPerRank: number[][] | null;
+  /** `paramsPerRank` split by parameter group: `[rank][group]`, or `null`. */
+  readonly paramsPerRankPerGroup: number[][][] | null;
+  /** Elements each rank owns, or `null`. */
+  readonly numelPerRank: number[] | null;
+  /** Per rank: how many parameters have optimizer state. */
+  localStateSizes(): number[];
+  /** Per rank: bytes of optimizer state allocated (its shard only). */
+  stateBytesPerRank(): number[];
+  /** Releases the optimizer's memory. */
+  free(): void;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RPC and DistributedOptimizer
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * Named workers in this process plus `"driver"` (the caller), each owning tensors referenced by
+ * `RRef`s, with distributed autograd contexts that collect gradients per remote tensor.
+ *
+ * In WebAssembly every call runs inline, on the caller's thread, when it is made, and the workers
+ * always compute on the **CPU backend** whatever `init()` chose: a call cannot wait for a GPU
+ * readback there. Worker names must be distinct strings (a ValueError otherwise); calling an
+ * unknown worker is a RuntimeError.
+ */
+export class RpcWorld {
+  constructor(workerNames: readonly string[]);
+  /** Every worker's name, `"driver"` first. */
+  readonly workerNames: string[];
+  /** `rpc.remote(worker, lambda: tensor)`: stores `tensor` on `worker`. */
+  remote(worker: string, tensor: TensorInput): RRef;
+  /** `dist_autograd.context()`: a new live context. */
+  context(): AutogradContext;
+  /**
+   * Records `gradient` for `rref` in context `contextId` on its owner; contributions to one
+   * tensor accumulate. Rejects with a RuntimeError for a context that is not live.
+   */
+  recordGradient(contextId: number | AutogradContext, rref: RRef, gradient: TensorInput): Promise<void>;
+  /** `dist_autograd.get_gradients(contextId)` on worker `owner`: gradients by RRef id. */
+  getGradients(contextId: number | AutogradContext, owner: string): Promise<Map<number, Tensor>>;
+  /** The `.grad` attribute of the tensor behind `rref` (set by the `torch.optim` path), or `null`. */
+  gradOf(rref: RRef): Promise<Tensor | null>;
+  /** Stops worker `name`; later calls to it and its RRefs are RuntimeErrors. */
+  shutdownWorker(name: string): void;
+  free(): void;
+}
+
+/** A reference to a tensor owned by a worker of an `RpcWorld`. */
+export class RRef {
+  private constructor();
+  /** The owning worker's name. */
+  readonly owner: string;
+  /** The reference's id, unique in its world (the keys of `getGradients`). */
+  readonly id: number;
+  /** A copy of the value, fetched from the owner. */
+  toHere(): Promise<Tensor>;
+  free(): void;
+}
+
+/** A distributed autograd context (`dist_autograd.context()`). */
+export class AutogradContext {
+  private constructor();
+  /** The context id (pass it to `recordGradient`, `getGradients`, `DistributedOptimizer.step`). */
+  readonly id: number;
+  /** Whether the context is still live. */
+  readonly live: boolean;
+  /** Ends the context and drops its gradients (idempotent; `free()` does it too). */
+  release(): void;
+  free(): void;
+}
+
+/** What `DistributedOptimizer` runs on each owner. */
+export interface DistributedOptimizerSettings {
+  /**
+   * `true` (default, PyTorch's with TorchScript on): functional optimizers, which skip a
+   * parameter without a gradient in the context. `false`: the `torch.optim` path, where the
+   * context's gradients are assigned to `param.grad` and persist across steps.
+   */
+  functional?: boolean;
+}
+
+/** One owner's local optimizer. */
+export interface LocalOptimizerInfo {
+  /** The owning worker. */
+  owner: string;
+  /** Indices (into the constructor's `rrefs`) of the parameters it optimizes. */
+  paramIndices: number[];
+}
+
+/**
+ * `torch.distributed.optim.DistributedOptimizer`: one local optimizer per worker that owns
+ * parameters (in order of first appearance), stepped from a distributed autograd context's
+ * gradients. No communication between owners, no averaging.
+ */
+export class DistributedOptimizer<N extends 'SGD' | 'Adam' | 'AdamW' = 'SGD' | 'Adam' | 'AdamW'> {
+  /**
+   * @throws ValueError for an unknown optimizer class or an RRef of another world; TypeError for
+   *   something that is not an RRef; PyTorch's errors for invalid options.
+   */
+  constructor(
+    rpcWorld: RpcWorld,
+    optimizer: N,
+    rrefs: readonly RRef[],
+    options?: (N extends 'SGD' ? SGDOptions : AdamOptions) | null,
+    settings?: DistributedOptimizerSettings | null,
+  );
+  /** Whether the owners run functional optimizers. */
+  readonly isFunctionalOptim: boolean;
+  /** One entry per owner. */
+  localOptimizers(): LocalOptimizerInfo[];
+  /** One step on every owner; rejects with the first owner's error (RuntimeError for a dead context). */
+  step(contextId: number | AutogradContext): Promise<void>;
+  free(): void;
+}
+
+// ---------------------------------------------------------------------------------------------
 // A synthetic training run (the demo's engine)
 // ---------------------------------------------------------------------------------------------
 
@@ -556,8 +741,11 @@ export interface TaskSettings {
 export interface TrainerSettings {
   /** R, the number of ranks (and shards). */
   ranks: number;
-  /** Synchronous SGD (default), or post-local SGD with periodic or hierarchical averaging. */
-  algorithm?: 'sync' | 'periodic' | 'hierarchical';
+  /**
+   * Synchronous SGD (default), post-local SGD with periodic or hierarchical averaging, or ZeRO
+   * (synchronous SGD whose momentum is sharded over the ranks by a ZeroRedundancyOptimizer).
+   */
+  algorithm?: 'sync' | 'periodic' | 'hierarchical' | 'zero';
   /** Averaging period; for `hierarchical`, the world-level period of the default hierarchy (default 8). */
   period?: number;
   /** Warm-up steps of synchronous SGD before local SGD (default 0). */
@@ -592,6 +780,11 @@ export interface StepReport {
   gradientsReduced: number | null;
   /** Group size the parameters were averaged over this step, or `null`. */
   averaged: number | null;
+  /**
+   * Bytes of optimizer state (momentum) each rank holds after the step: the whole model's for
+   * a local SGD, the rank's shard for ZeRO.
+   */
+  optimizerStateBytesPerRank: number[];
 }
 
 /** The replicas' quality on the whole data set. */
@@ -613,7 +806,7 @@ export class Trainer {
   /** The default hierarchy for `ranks` ranks with world-level period `period`. */
   static defaultHierarchy(period: number, ranks: number): Array<[number, number]>;
   readonly ranks: number;
-  readonly algorithm: 'sync' | 'periodic' | 'hierarchical';
+  readonly algorithm: 'sync' | 'periodic' | 'hierarchical' | 'zero';
   /** The algorithm in words, with its settings. */
   readonly description: string;
   /** Steps completed. */
@@ -624,6 +817,8 @@ export class Trainer {
   classCounts(rank: number): number[];
   /** Bytes sent so far, per rank, by kind. */
   commStats(): CommStats;
+  /** Bytes of optimizer state each rank holds now. */
+  optimizerStateBytesPerRank(): number[];
   /** One step on every rank. */
   step(): Promise<StepReport>;
   /** The loss of every replica and of their mean on the whole data set. */

@@ -12,18 +12,19 @@ struct Dispatch {
     _pad1: u32,
 }
 
-// starts[j] is parameter j's first element (ascending); a parameter runs to the next start.
-// Binary search: the last j with starts[j] <= element.
+// The parameter table: starts[j] is parameter j's first element (ascending; a parameter runs
+// to the next start), for j < count; then, for every block of BLOCK_ELEMENTS elements of the
+// rank space, the parameter that the block's first element belongs to. An element's parameter
+// is its block's entry plus a short forward scan, whatever the number of parameters.
+const BLOCK_ELEMENTS: u32 = 512u;
+
 fn find_param(element: u32, count: u32) -> u32 {
-    var lo = 0u;
-    var hi = count;
-    while (hi - lo > 1u) {
-        let mid = (lo + hi) / 2u;
-        if (starts[mid] <= element) {
-            lo = mid;
-        } else {
-            hi = mid;
+    var j = starts[count + element / BLOCK_ELEMENTS];
+    loop {
+        if (j + 1u >= count || starts[j + 1u] > element) {
+            break;
         }
+        j = j + 1u;
     }
-    return lo;
+    return j;
 }

@@ -42,6 +42,7 @@ use crate::optim::{LocalOptimizer, Sgd, SgdOptions};
 use crate::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
 use crate::replicas::Replicas;
 use crate::tensor::{HostData, Tensor};
+use crate::zero::{ZeroOptions, ZeroRedundancyOptimizer};
 
 /// Gaussian clusters per class (two make the classes not linearly separable in general).
 const CLUSTERS_PER_CLASS: usize = 2;
@@ -480,15 +481,21 @@ pub enum Algorithm {
         /// Gradient all-reduce group after warm-up (`None`: no gradient all-reduce).
         subgroup_size: Option<usize>,
     },
+    /// Synchronous data-parallel SGD (gradients all-reduced over the world at every step)
+    /// whose optimizer is a `ZeroRedundancyOptimizer` over SGD with momentum: each rank keeps
+    /// the momentum of only the parameters it owns and broadcasts them after its update. The
+    /// replicas never differ; the optimizer state per rank shrinks to about 1/R.
+    Zero,
 }
 
 impl Algorithm {
-    /// `sync`, `periodic` or `hierarchical`.
+    /// `sync`, `periodic`, `hierarchical` or `zero`.
     pub fn name(&self) -> &'static str {
         match self {
             Algorithm::SyncSgd => "sync",
             Algorithm::PostLocalPeriodic { .. } => "periodic",
             Algorithm::PostLocalHierarchical { .. } => "hierarchical",
+            Algorithm::Zero => "zero",
         }
     }
 
@@ -497,6 +504,9 @@ impl Algorithm {
     pub fn describe(&self) -> String {
         match self {
             Algorithm::SyncSgd => "synchronous SGD".into(),
+            Algorithm::Zero => {
+                "ZeRO: synchronous SGD, optimizer state sharded over the ranks".into()
+            }
             Algorithm::PostLocalPeriodic { period, warmup } => {
                 format!("post-local SGD, periodic averaging (period {period}, warm-up {warmup})")
             }
@@ -584,6 +594,9 @@ pub struct StepReport {
     pub gradients_reduced: Option<usize>,
     /// The group size the parameters were averaged over this step, or `None`.
     pub averaged: Option<usize>,
+    /// Bytes of optimizer state (momentum buffers) each rank holds after the step: the whole
+    /// model's for a local SGD, the rank's shard for ZeRO.
+    pub optimizer_state_bytes_per_rank: Vec<u64>,
 }
 
 /// The model quality of the replicas on the whole data set (every shard).
@@ -602,6 +615,7 @@ pub struct Evaluation {
 enum Driver {
     Sync(Sgd),
     PostLocal(PostLocalSgdOptimizer),
+    Zero(Box<ZeroRedundancyOptimizer>),
 }
 
 /// R replicas of the [`SyntheticTask`]'s model, trained one step at a time.
@@ -658,6 +672,26 @@ impl Trainer {
                 PostLocalSgdState::new(comm, None, u64::MAX, true)?,
                 Driver::Sync(sgd),
             ),
+            Algorithm::Zero => {
+                let mut defaults = crate::optim::OptionMap::new();
+                defaults.insert("lr".into(), serde_json::Value::from(config.lr));
+                defaults.insert("momentum".into(), serde_json::Value::from(config.momentum));
+                let zero = ZeroRedundancyOptimizer::new(
+                    comm.clone(),
+                    &replicas,
+                    vec![(
+                        (0..replicas.len()).collect(),
+                        crate::optim::OptionMap::new(),
+                    )],
+                    "SGD",
+                    &defaults,
+                    ZeroOptions::default(),
+                )?;
+                (
+                    PostLocalSgdState::new(comm, None, u64::MAX, true)?,
+                    Driver::Zero(Box::new(zero)),
+                )
+            }
             Algorithm::PostLocalPeriodic { period, warmup } => {
                 let averager = PeriodicModelAverager::new(
                     to_i64(*period, "period")?,
@@ -733,6 +767,21 @@ impl Trainer {
         &self.replicas
     }
 
+    /// Bytes of optimizer state each rank holds: with a local SGD every rank keeps momentum
+    /// for the whole model; with ZeRO only for the parameters it owns.
+    pub fn optimizer_state_bytes_per_rank(&self) -> Vec<u64> {
+        let ranks = self.task.ranks();
+        match &self.driver {
+            Driver::Sync(sgd) => vec![sgd.state_bytes_per_rank() as u64; ranks],
+            Driver::PostLocal(opt) => vec![opt.optim().state_bytes_per_rank() as u64; ranks],
+            Driver::Zero(zero) => zero
+                .state_bytes_per_rank()
+                .into_iter()
+                .map(|b| b as u64)
+                .collect(),
+        }
+    }
+
     /// Bytes communicated so far, by kind of collective.
     pub fn comm_stats(&self) -> CommStats {
         self.world.stats()
@@ -794,6 +843,10 @@ impl Trainer {
                 None
             }
             Driver::PostLocal(opt) => opt.step(&mut self.replicas)?,
+            Driver::Zero(zero) => {
+                zero.step(&mut self.replicas)?;
+                None
+            }
         };
         self.steps += 1;
         let divergence = divergence(self.host_params().await?);
@@ -806,6 +859,7 @@ impl Trainer {
             bytes_communicated_per_rank: self.world.stats().total_bytes(),
             gradients_reduced,
             averaged,
+            optimizer_state_bytes_per_rank: self.optimizer_state_bytes_per_rank(),
         })
     }
 

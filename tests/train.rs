@@ -366,3 +366,56 @@ fn hierarchical_with_subgroup_gradient_allreduce() {
         }
     }
 }
+
+/// ZeRO: synchronous data-parallel SGD whose momentum is sharded over the ranks. It follows
+/// synchronous SGD's trajectory (the same all-reduced gradients, the same SGD update), keeps
+/// the replicas identical, holds about 1/R of the optimizer state per rank, and pays for it
+/// with the owners' parameter broadcasts on top of the gradient all-reduce.
+#[test]
+fn zero_matches_sync_sgd_with_sharded_state() {
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let task = task();
+    let mut sync = trainer(&backend, &task, Algorithm::SyncSgd);
+    let mut zero = trainer(&backend, &task, Algorithm::Zero);
+    assert_eq!(Algorithm::Zero.name(), "zero");
+    assert!(Algorithm::Zero.describe().contains("ZeRO"));
+    let steps = 30;
+    let (a, b) = (run(&mut sync, steps), run(&mut zero, steps));
+    for (s, z) in a.iter().zip(&b) {
+        assert_eq!(z.divergence, 0.0, "step {}", z.step);
+        assert_eq!(z.gradients_reduced, Some(RANKS));
+        assert_eq!(z.averaged, None);
+        let tolerance = 1e-4 * s.mean_loss.abs().max(1.0);
+        assert!(
+            (s.mean_loss - z.mean_loss).abs() <= tolerance,
+            "step {}: sync {} vs zero {}",
+            z.step,
+            s.mean_loss,
+            z.mean_loss
+        );
+        // Gradient all-reduce plus the owners' broadcasts.
+        assert!(z.bytes_communicated_per_rank > s.bytes_communicated_per_rank);
+    }
+    let (first, last) = (&b[0], &b[steps - 1]);
+    assert!(
+        last.mean_loss < first.mean_loss * 0.8,
+        "{} -> {}",
+        first.mean_loss,
+        last.mean_loss
+    );
+    let full = &a[steps - 1].optimizer_state_bytes_per_rank;
+    let sharded = &last.optimizer_state_bytes_per_rank;
+    assert_eq!(full.len(), RANKS);
+    assert_eq!(sharded.len(), RANKS);
+    assert!(full.iter().all(|&x| x == full[0] && x > 0), "{full:?}");
+    assert!(
+        sharded.iter().all(|&x| x < full[0]),
+        "{sharded:?} vs {full:?}"
+    );
+    assert!(
+        sharded.iter().sum::<u64>() >= full[0],
+        "{sharded:?} vs {full:?}"
+    );
+    assert!(zero.comm_stats().broadcast_bytes > 0);
+    assert_eq!(sync.comm_stats().broadcast_bytes, 0);
+}

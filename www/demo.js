@@ -1,5 +1,5 @@
-// The distopt demo: R simulated ranks train a small perceptron with synchronous SGD or
-// post-local SGD (periodic or hierarchical model averaging), step by step, through the npm
+// The distopt demo: R simulated ranks train a small perceptron with synchronous SGD,
+// post-local SGD (periodic or hierarchical model averaging) or ZeRO, step by step, through the npm
 // package's `Trainer`; the plots show each rank's loss, how far the replicas drift apart and
 // what the collectives would have sent.
 
@@ -63,6 +63,7 @@ function settings() {
 
 function shortName(s) {
   if (s.algorithm === 'sync') return `sync SGD · R=${s.ranks}`;
+  if (s.algorithm === 'zero') return `ZeRO · R=${s.ranks}`;
   return `${s.algorithm} · R=${s.ranks} · P=${s.period}`;
 }
 
@@ -83,6 +84,8 @@ function updateHelp() {
   let text;
   if (s.algorithm === 'sync') {
     text = `Every step the ranks <b>all-reduce their gradients</b> (the DDP hook), so all ${s.ranks} replicas stay identical: divergence stays 0 and every step costs a full ring all-reduce.`;
+  } else if (s.algorithm === 'zero') {
+    text = `Synchronous SGD (gradients <b>all-reduced</b> every step, replicas identical) with a <code>ZeroRedundancyOptimizer</code>: each rank keeps the <b>momentum of only the parameters it owns</b> (whole parameters, assigned largest first to the least-loaded rank, so with fewer parameters than ranks some own none), updates them, and <b>broadcasts</b> them to the other ranks, so it sends more than plain synchronous SGD.`;
   } else if (s.algorithm === 'periodic') {
     text = `<b>${s.warmup}</b> warm-up steps of synchronous SGD, then each rank steps on its own shard and the models are <b>averaged over all ranks every ${s.period} steps</b> (<code>PeriodicModelAverager</code>).`;
   } else {
@@ -189,6 +192,14 @@ function record(report) {
   if (run.stepTimes.length > 120) run.stepTimes.shift();
 }
 
+/** Optimizer state per rank: one size, or the range over the ranks (ZeRO's shards differ). */
+function formatStateBytes(perRank) {
+  if (!perRank.length || perRank.every((b) => b === 0)) return '–';
+  const lo = Math.min(...perRank);
+  const hi = Math.max(...perRank);
+  return lo === hi ? formatBytes(hi) : `${formatBytes(lo)}–${formatBytes(hi)}`;
+}
+
 function updateStats() {
   const h = run.history;
   const last = h[h.length - 1];
@@ -196,6 +207,7 @@ function updateStats() {
   $('stat-loss').textContent = last ? run.meanLoss[run.meanLoss.length - 1].toFixed(3) : '–';
   $('stat-divergence').textContent = last ? last.divergence.toFixed(3) : '–';
   $('stat-bytes').textContent = last ? formatBytes(last.bytesCommunicatedPerRank) : '–';
+  $('stat-state').textContent = formatStateBytes(last ? last.optimizerStateBytesPerRank : trainer.optimizerStateBytesPerRank());
   $('stat-accuracy').textContent = run.accuracy === null ? '–' : `${(100 * run.accuracy).toFixed(1)}%`;
   const t = run.stepTimes;
   const speed = t.length > 1 ? ((t.length - 1) * 1000) / (t[t.length - 1] - t[0]) : NaN;

@@ -19,8 +19,10 @@ mod handles;
 mod optim;
 mod post_local_sgd;
 mod replicas;
+mod rpc;
 mod train;
 mod world;
+mod zero;
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -36,8 +38,10 @@ pub use bench::StepBench;
 pub use optim::{AdamJs, AdamWJs, SgdJs};
 pub use post_local_sgd::{PostLocalSgdOptimizerJs, PostLocalSgdStateJs};
 pub use replicas::ReplicasJs;
+pub use rpc::{AutogradContextJs, DistributedOptimizerJs, RRefJs, RpcWorldJs};
 pub use train::TrainerJs;
 pub use world::WorldJs;
+pub use zero::ZeroRedundancyOptimizerJs;
 
 thread_local! {
     /// The backend chosen by the last `selectBackend` (new replicas are created on it).

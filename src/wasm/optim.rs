@@ -52,7 +52,7 @@ pub(crate) fn optimizer_of(value: &JsValue) -> Result<Rc<OptimizerCore>> {
 }
 
 /// Parses PyTorch-style parameter groups: `[{params: [j, …], <option>: value, …}, …]`.
-fn param_groups(value: &JsValue, params: usize) -> Result<Vec<(Vec<usize>, OptionMap)>> {
+pub(crate) fn param_groups(value: &JsValue, params: usize) -> Result<Vec<(Vec<usize>, OptionMap)>> {
     if value.is_undefined() || value.is_null() {
         return Ok(vec![((0..params).collect(), OptionMap::new())]);
     }
@@ -68,7 +68,7 @@ fn param_groups(value: &JsValue, params: usize) -> Result<Vec<(Vec<usize>, Optio
         .collect()
 }
 
-fn group_from_json(group: Value, what: &str) -> Result<(Vec<usize>, OptionMap)> {
+pub(crate) fn group_from_json(group: Value, what: &str) -> Result<(Vec<usize>, OptionMap)> {
     let Value::Object(mut options) = group else {
         return Err(Error::type_error(format!(
             "{what} must be an object {{params: [...], ...options}}"
@@ -90,7 +90,7 @@ fn group_from_json(group: Value, what: &str) -> Result<(Vec<usize>, OptionMap)> 
 }
 
 /// Options as an `OptionMap` (`undefined` and `null`: none).
-fn options(value: &JsValue) -> Result<OptionMap> {
+pub(crate) fn options(value: &JsValue) -> Result<OptionMap> {
     optim::option_map(&json_from_js(value, "options")?)
 }
 

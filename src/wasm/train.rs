@@ -74,7 +74,7 @@ fn get_f64(map: &serde_json::Map<String, Value>, key: &str, default: f64) -> Res
     }
 }
 
-/// The algorithm named by `algorithm` (`"sync"`, `"periodic"`, `"hierarchical"`) with its
+/// The algorithm named by `algorithm` (`"sync"`, `"periodic"`, `"hierarchical"`, `"zero"`) with its
 /// settings.
 fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algorithm> {
     let name = match map.get("algorithm") {
@@ -82,7 +82,7 @@ fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algor
         Some(Value::String(s)) => s.as_str(),
         Some(other) => {
             return Err(Error::type_error(format!(
-                "'algorithm' must be \"sync\", \"periodic\" or \"hierarchical\", got {other}"
+                "'algorithm' must be \"sync\", \"periodic\", \"hierarchical\" or \"zero\", got {other}"
             )));
         }
     };
@@ -90,6 +90,7 @@ fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algor
     let warmup = get_u64(map, "warmup", 0)?;
     Ok(match name {
         "sync" | "sync_sgd" => Algorithm::SyncSgd,
+        "zero" => Algorithm::Zero,
         "periodic" | "post_local_periodic" => Algorithm::PostLocalPeriodic { period, warmup },
         "hierarchical" | "post_local_hierarchical" => {
             let levels = match map.get("levels") {
@@ -124,7 +125,7 @@ fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algor
         }
         other => {
             return Err(Error::value(format!(
-                "unknown algorithm '{other}': expected sync, periodic or hierarchical"
+                "unknown algorithm '{other}': expected sync, periodic, hierarchical or zero"
             )));
         }
     })
@@ -152,6 +153,10 @@ fn task_config(value: Option<&Value>) -> Result<TaskConfig> {
     })
 }
 
+fn bytes_to_js(bytes: &[u64]) -> Array {
+    bytes.iter().map(|&b| JsValue::from_f64(b as f64)).collect()
+}
+
 fn report_to_js(report: &StepReport) -> Object {
     let obj = Object::new();
     let optional = |g: Option<usize>| g.map_or(JsValue::NULL, |g| JsValue::from_f64(g as f64));
@@ -170,6 +175,11 @@ fn report_to_js(report: &StepReport) -> Object {
     );
     set(&obj, "gradientsReduced", optional(report.gradients_reduced));
     set(&obj, "averaged", optional(report.averaged));
+    set(
+        &obj,
+        "optimizerStateBytesPerRank",
+        bytes_to_js(&report.optimizer_state_bytes_per_rank),
+    );
     obj
 }
 
@@ -187,7 +197,7 @@ fn evaluation_to_js(evaluation: &Evaluation) -> Object {
 
 /// R simulated ranks training a small perceptron on a synthetic classification task split
 /// into one skewed shard per rank, with synchronous SGD or post-local SGD (periodic or
-/// hierarchical model averaging), step by step.
+/// hierarchical model averaging) or ZeRO, step by step.
 #[wasm_bindgen(js_name = Trainer)]
 pub struct TrainerJs {
     inner: Rc<RefCell<Trainer>>,
@@ -309,8 +319,17 @@ impl TrainerJs {
         Ok(super::world::stats_to_js(&js(self.borrow())?.comm_stats()))
     }
 
+    /// Bytes of optimizer state each rank holds (the whole model's momentum for a local SGD,
+    /// the rank's shard for ZeRO).
+    #[wasm_bindgen(js_name = optimizerStateBytesPerRank)]
+    pub fn optimizer_state_bytes_per_rank(&self) -> JsResult<Array> {
+        Ok(bytes_to_js(
+            &js(self.borrow())?.optimizer_state_bytes_per_rank(),
+        ))
+    }
+
     /// One step on every rank: a promise of `{step, lossPerRank, meanLoss, divergence,
-    /// bytesCommunicatedPerRank, gradientsReduced, averaged}`.
+    /// bytesCommunicatedPerRank, gradientsReduced, averaged, optimizerStateBytesPerRank}`.
     pub fn step(&self) -> Promise {
         let inner = self.inner.clone();
         future_to_promise(async move {

@@ -119,6 +119,19 @@ impl ZeroRedundancyOptimizer {
                 "ZeroRedundancyOptimizer got an empty parameter list",
             ));
         }
+        if let Some(&j) = groups
+            .iter()
+            .flat_map(|(g, _)| g)
+            .find(|&&j| j >= replicas.len())
+        {
+            return Err(Error::new(
+                ErrorKind::IndexError,
+                format!(
+                    "parameter index {j} out of range for {} parameters",
+                    replicas.len()
+                ),
+            ));
+        }
         let dtype = replicas.dtype(
             groups
                 .iter()

@@ -214,6 +214,20 @@ describe('demo', () => {
       const history = await page.evaluate(() => window.demo.history);
       assert.ok(history.at(-1).meanLoss < history[0].meanLoss, 'the CPU fallback trains too');
       await page.screenshot({ path: path.join(SCREENSHOTS, 'demo-cpu.png') });
+      // ZeRO: the replicas stay identical and each rank holds a shard of the optimizer state.
+      await page.selectOption('#algorithm', 'zero');
+      await page.click('#start');
+      await page.waitForFunction(() => window.demo.history.length >= 10, null, { timeout: 60_000 });
+      await page.click('#start');
+      const zero = await page.evaluate(() => window.demo.history);
+      assert.ok(zero.every((h) => h.divergence === 0), 'ZeRO keeps the replicas identical');
+      const shards = zero.at(-1).optimizerStateBytesPerRank;
+      // Whole parameters are assigned to ranks (a rank may own none): the state is split, not copied.
+      const total = shards.reduce((a, b) => a + b, 0);
+      assert.ok(shards.length > 1 && total > 0 && Math.max(...shards) < total, `optimizer state per rank ${shards}`);
+      const shown = await page.locator('#stat-state').innerText();
+      console.log(`demo ZeRO: optimizer state per rank ${shown}`);
+      assert.notEqual(shown, '–');
     } finally {
       await noGpu.close();
     }

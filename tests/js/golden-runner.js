@@ -10,6 +10,9 @@ export const KINDS = [
   'hierarchical_averager',
   'local_optimizer',
   'post_local_sgd',
+  'zero_partition',
+  'zero_trajectory',
+  'distributed_optimizer',
 ];
 
 class Mismatch extends Error {}
@@ -336,12 +339,196 @@ async function postLocalSgd(api, c) {
   return exact;
 }
 
+function zeros(api, dtype, shape) {
+  return api.tensor(dtype, shape, new Float64Array(shape.reduce((a, b) => a * b, 1)));
+}
+
+function sameOrFail(actual, expected, what) {
+  if (!sameList(actual, expected)) fail(`${what}: ${JSON.stringify(actual)}, expected ${JSON.stringify(expected)}`);
+}
+
+function checkPartition(zero, expected, what) {
+  sameOrFail(zero.rankOfParam, expected.rank_of_param, `${what}: rank_of_param`);
+  sameOrFail(zero.paramsPerRank, expected.params_per_rank, `${what}: params_per_rank`);
+  sameOrFail(zero.paramsPerRankPerGroup, expected.params_per_rank_per_group, `${what}: params_per_rank_per_group`);
+  sameOrFail(zero.numelPerRank, expected.numel_per_rank, `${what}: numel_per_rank`);
+  if ('local_optimizer_param_groups' in expected) {
+    sameOrFail(zero.paramsPerRankPerGroup, expected.local_optimizer_param_groups, `${what}: local optimizer groups`);
+  }
+}
+
+/** zero_partition: ZeRO's sorted-greedy partition, before and after add_param_group. */
+async function zeroPartition(api, c) {
+  const { input, expected } = c;
+  const w = input.world_size;
+  const shapes = [];
+  const groups = [];
+  for (const g of input.param_groups) {
+    const first = shapes.length;
+    shapes.push(...g.shapes);
+    groups.push({ ...(g.options ?? {}), params: [...Array(g.shapes.length).keys()].map((k) => first + k) });
+  }
+  const added = input.add_param_group;
+  const addedFirst = shapes.length;
+  if (added) shapes.push(...added.shapes);
+  const world = new api.World(w);
+  const replicas = api.Replicas.replicate(w, shapes.map((sh) => zeros(api, 'float32', sh)));
+  const zero = new api.ZeroRedundancyOptimizer(world, replicas, groups, 'SGD', { lr: 0.01 });
+  try {
+    if (added) {
+      checkPartition(zero, expected.before_add, 'before_add');
+      await zero.addParamGroup({ ...(added.options ?? {}), params: added.shapes.map((_, k) => addedFirst + k) });
+    }
+    checkPartition(zero, expected, 'after');
+    return true;
+  } finally {
+    zero.free();
+    replicas.free();
+    world.free();
+  }
+}
+
+/** Steps a ZeRO optimizer through grads[t][r][i], comparing params_after_step. */
+async function zeroSteps(api, c, zero, replicas, grads, expectedParams, added) {
+  let exact = true;
+  const total = replicas.length;
+  for (let t = 0; t < grads.length; t++) {
+    if (added && added.step === t) await zero.addParamGroup(added.group);
+    for (let r = 0; r < replicas.ranks; r++) {
+      const g = [...grads[t][r]];
+      while (g.length < total) g.push(null);
+      replicas.setGrads(r, g);
+    }
+    zero.step();
+    const params = await replicas.params();
+    params.forEach((p, r) => {
+      const want = expectedParams[t][r];
+      exact = compareTensorList(api, c, p.slice(0, want.length), want, `params_after_step[${t}][${r}]`) && exact;
+    });
+  }
+  return exact;
+}
+
+async function zeroCheckEnd(api, c, zero, expected, what) {
+  await zero.consolidateStateDict(0);
+  const exact = compareJson(api, c, zero.stateDict(0), expected.consolidated_state_dict, `${what}consolidated_state_dict`);
+  sameOrFail(zero.localStateSizes(), expected.local_state_sizes, `${what}local_state_sizes`);
+  sameOrFail(zero.rankOfParam, expected.rank_of_param, `${what}rank_of_param`);
+  if ('params_per_rank' in expected) sameOrFail(zero.paramsPerRank, expected.params_per_rank, `${what}params_per_rank`);
+  return exact;
+}
+
+/** zero_trajectory: steps, consolidation, add_param_group and reloads into other worlds. */
+async function zeroTrajectory(api, c) {
+  const { input, expected } = c;
+  const name = input.optimizer.name;
+  const defaults = input.optimizer.options;
+  const params = [...input.initial_params];
+  const groups = input.param_groups.map((g) => ({ ...(g.options ?? {}), params: g.param_indices }));
+  let added = null;
+  const add = input.add_param_group_at_step;
+  if (add) {
+    const first = params.length;
+    params.push(...add.initial_params);
+    added = { step: add.step, group: { ...(add.options ?? {}), params: add.initial_params.map((_, k) => first + k) } };
+  }
+  const owned = [];
+  try {
+    const world = new api.World(input.world_size);
+    const replicas = api.Replicas.replicate(input.world_size, params);
+    const zero = new api.ZeroRedundancyOptimizer(world, replicas, groups, name, defaults, {
+      parametersAsBucketView: !!input.parameters_as_bucket_view,
+    });
+    owned.push(zero, replicas, world);
+    if ('rank_of_param_before_add' in expected) {
+      sameOrFail(zero.rankOfParam, expected.rank_of_param_before_add, 'rank_of_param_before_add');
+    }
+    let exact = await zeroSteps(api, c, zero, replicas, input.grads, expected.params_after_step, added);
+    exact = (await zeroCheckEnd(api, c, zero, expected, '')) && exact;
+    const reload = input.reload;
+    if (reload) {
+      const last = expected.params_after_step[expected.params_after_step.length - 1][0];
+      const world2 = new api.World(reload.world_size);
+      const replicas2 = api.Replicas.replicate(reload.world_size, last);
+      const allGroups = added ? [...groups, added.group] : groups;
+      const zero2 = new api.ZeroRedundancyOptimizer(world2, replicas2, allGroups, name, defaults, {
+        parametersAsBucketView: !!reload.parameters_as_bucket_view,
+      });
+      owned.push(zero2, replicas2, world2);
+      zero2.loadStateDict(expected.consolidated_state_dict);
+      const want = expected.reload;
+      sameOrFail(zero2.localStateSizes(), want.local_state_sizes_after_load, 'local_state_sizes_after_load');
+      exact = (await zeroSteps(api, c, zero2, replicas2, reload.grads, want.params_after_step, null)) && exact;
+      exact = (await zeroCheckEnd(api, c, zero2, want, 'reload.')) && exact;
+    }
+    return exact;
+  } finally {
+    owned.forEach((o) => o.free());
+  }
+}
+
+/** distributed_optimizer: per-owner local optimizers over RPC, from autograd contexts. */
+async function distributedOptimizer(api, c) {
+  const { input, expected } = c;
+  const names = [...Array(input.workers).keys()].map((k) => `worker${k}`);
+  const world = new api.RpcWorld(names);
+  const rrefs = input.params.map((p) => world.remote(p.owner === -1 ? 'driver' : `worker${p.owner}`, p.initial));
+  const functional = input.local_optimizer === 'functional';
+  const dopt = new api.DistributedOptimizer(world, input.optimizer.name, rrefs, input.optimizer.options, { functional });
+  let exact = true;
+  try {
+    for (let t = 0; t < input.grads.length; t++) {
+      const context = world.context();
+      try {
+        for (let i = 0; i < rrefs.length; i++) {
+          const g = input.grads[t][i];
+          if (g !== null) await world.recordGradient(context.id, rrefs[i], g);
+        }
+        try {
+          await dopt.step(context.id);
+        } catch (error) {
+          fail(`step ${t}: ${error.name}: ${error.message}`);
+        }
+        const params = [];
+        const inContext = [];
+        const gradAttr = [];
+        for (const rref of rrefs) {
+          params.push(await rref.toHere());
+          const all = await world.getGradients(context.id, rref.owner);
+          inContext.push(all.get(rref.id) ?? null);
+          gradAttr.push(await world.gradOf(rref));
+        }
+        exact = compareTensorList(api, c, params, expected.params_after_step[t], `params_after_step[${t}]`) && exact;
+        exact = compareTensorList(api, c, inContext, expected.grads_in_context[t], `grads_in_context[${t}]`) && exact;
+        exact = compareTensorList(api, c, gradAttr, expected.param_grad_attr_after_step[t], `param_grad_attr_after_step[${t}]`) && exact;
+      } finally {
+        context.release();
+        context.free();
+      }
+    }
+    if (dopt.isFunctionalOptim !== expected.is_functional_optim) fail('is_functional_optim differs');
+    const locals = dopt.localOptimizers().map((o) => ({
+      owner: o.owner === 'driver' ? -1 : Number(o.owner.replace('worker', '')),
+      param_indices: o.paramIndices,
+    }));
+    sameOrFail(locals, expected.local_optimizers, 'local_optimizers');
+    return exact;
+  } finally {
+    dopt.free();
+    rrefs.forEach((r) => r.free());
+    world.free();
+  }
+}
+
 const RUNNERS = {
   dp_sgd_step: dpSgdStep,
   periodic_averager: averager,
   hierarchical_averager: averager,
   local_optimizer: localOptimizer,
   post_local_sgd: postLocalSgd,
+  zero_partition: zeroPartition,
+  zero_trajectory: zeroTrajectory,
+  distributed_optimizer: distributedOptimizer,
 };
 
 /**

@@ -64,7 +64,7 @@ export async function runGoldenSubtests(t, api, label) {
   for (const [kind, k] of Object.entries(counts)) {
     console.log(`${label} ${kind}: ${k.passed} passed, ${k.failed} failed (${k.bitExact} bit-exact)`);
   }
-  for (const kind of ['dp_sgd_step', 'periodic_averager', 'hierarchical_averager']) {
+  for (const kind of ['dp_sgd_step', 'periodic_averager', 'hierarchical_averager', 'zero_partition', 'zero_trajectory', 'distributed_optimizer']) {
     assert.ok(counts[kind]?.passed > 0, `no ${kind} case ran`);
   }
   return counts;

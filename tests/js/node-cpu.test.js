@@ -193,6 +193,139 @@ test('optimizers, averagers and post-local SGD over replicas', async () => {
   assert.ok(world.stats().totalBytes > 0);
 });
 
+test('ZeroRedundancyOptimizer: sharded state, consolidation, named errors', async () => {
+  const { World, Replicas, ZeroRedundancyOptimizer, takeWarnings } = api;
+  takeWarnings();
+  const world = new World(2);
+  const replicas = Replicas.replicate(2, [[1, 2, 3], [4], [5, 6]]);
+  const zero = new ZeroRedundancyOptimizer(world, replicas, [0, 1, 2], 'SGD', { lr: 0.1, momentum: 0.9 });
+  assert.deepEqual(zero.rankOfParam, [0, 1, 1]);
+  assert.deepEqual(zero.paramsPerRank, [[0], [2, 1]]);
+  assert.deepEqual(zero.numelPerRank, [3, 3]);
+  for (let r = 0; r < 2; r++) replicas.setGrads(r, [[1, 1, 1], [1], [1, 1]]);
+  world.resetStats();
+  zero.step();
+  assert.ok(world.stats().broadcastBytes > 0);
+  assert.deepEqual(zero.localStateSizes(), [1, 2]);
+  assert.ok(zero.stateBytesPerRank().every((b) => b > 0), String(zero.stateBytesPerRank()));
+  const params = await replicas.params();
+  assert.deepEqual([...params[1][0].data].map((x) => Math.round(x * 10) / 10), [0.9, 1.9, 2.9]);
+  let error = await thrown(() => zero.stateDict(0));
+  assert.equal(error.name, 'RuntimeError');
+  assert.match(error.message, /consolidate_state_dict\(to=0\)/);
+  await zero.consolidateStateDict(1);
+  error = await thrown(() => zero.stateDict(0));
+  assert.equal(error.name, 'RuntimeError');
+  const sd = zero.stateDict(1);
+  assert.deepEqual(Object.keys(sd.state).sort(), ['0', '1', '2']);
+  zero.loadStateDict(sd);
+  zero.setRequiresGrad(1, false);
+  zero.step();
+  assert.ok(takeWarnings().some((w) => w.includes('trainable parameters changed')));
+  const cases = [
+    [() => new ZeroRedundancyOptimizer(world, replicas, [], 'SGD'), 'ValueError', 'empty parameter list'],
+    [() => new ZeroRedundancyOptimizer(new World(3), replicas, null, 'SGD'), 'ValueError', 'ranks'],
+    [() => new ZeroRedundancyOptimizer(world, replicas, null, 'NAdam'), 'ValueError', "unknown optimizer 'NAdam'"],
+    [() => new ZeroRedundancyOptimizer(world, replicas, null, 42), 'TypeError', 'optimizer must be'],
+    [() => new ZeroRedundancyOptimizer(replicas, replicas, null, 'SGD'), 'TypeError', 'world must be a World'],
+    [() => new ZeroRedundancyOptimizer(world, world, null, 'SGD'), 'TypeError', 'replicas must be a Replicas'],
+    [() => new ZeroRedundancyOptimizer(world, replicas, [7], 'SGD'), 'IndexError', 'out of range'],
+    [() => new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', { lr: -1 }), 'ValueError', 'Invalid learning rate'],
+    [() => new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', {}, { bucket: true }), 'TypeError', "unknown ZeroRedundancyOptimizer option 'bucket'"],
+    [() => new ZeroRedundancyOptimizer(world, replicas, [{ lr: 1 }], 'SGD'), 'TypeError', 'params must be an array'],
+    [() => zero.addParamGroup({ params: [0] }), 'ValueError', 'more than one parameter group'],
+    [() => zero.setRequiresGrad(9, true), 'IndexError', 'out of range'],
+    [() => zero.setRequiresGrad(0, 'yes'), 'TypeError', 'boolean'],
+    [() => zero.consolidateStateDict(0.5), 'TypeError', 'integer'],
+    [() => zero.stateDict(5), 'IndexError', 'rank 5'],
+    [() => zero.loadStateDict({ state: {}, param_groups: [] }), 'ValueError', 'different number of parameter groups'],
+  ];
+  for (const [call, name, text] of cases) {
+    const e = await thrown(call);
+    assert.equal(e.name, name, e.message);
+    assert.ok(e.message.includes(text), `${JSON.stringify(e.message)} lacks ${JSON.stringify(text)}`);
+  }
+  // overlap_with_ddp without DDP never initializes, as in PyTorch.
+  const overlap = new ZeroRedundancyOptimizer(world, replicas, null, 'Adam', {}, { overlapWithDdp: true });
+  assert.equal(overlap.rankOfParam, null);
+  overlap.step();
+  assert.ok(takeWarnings().some((w) => w.includes('overlap_with_ddp=True')));
+  error = await thrown(() => overlap.consolidateStateDict(0));
+  assert.equal(error.name, 'RuntimeError');
+  overlap.free();
+  zero.free();
+});
+
+test('RpcWorld and DistributedOptimizer: steps from autograd contexts, named errors', async () => {
+  const { RpcWorld, DistributedOptimizer, takeWarnings } = api;
+  takeWarnings();
+  const world = new RpcWorld(['worker0', 'worker1']);
+  assert.deepEqual(world.workerNames, ['driver', 'worker0', 'worker1']);
+  const a = world.remote('worker0', [1, 2]);
+  const b = world.remote('worker1', [3]);
+  assert.equal(a.owner, 'worker0');
+  assert.deepEqual([...(await a.toHere()).data], [1, 2]);
+  const dopt = new DistributedOptimizer(world, 'SGD', [a, b, a], { lr: 0.5 });
+  assert.equal(dopt.isFunctionalOptim, true);
+  assert.deepEqual(dopt.localOptimizers(), [
+    { owner: 'worker0', paramIndices: [0, 2] },
+    { owner: 'worker1', paramIndices: [1] },
+  ]);
+  assert.deepEqual(takeWarnings(), []); // the workers' deprecation warnings stay in the workers
+  const ctx = world.context();
+  await world.recordGradient(ctx.id, a, [1, 1]);
+  await world.recordGradient(ctx, a, [1, 1]); // accumulates
+  await dopt.step(ctx.id);
+  assert.deepEqual([...(await a.toHere()).data], [0, 1]);
+  assert.deepEqual([...(await b.toHere()).data], [3]); // no gradient: skipped
+  const grads = await world.getGradients(ctx.id, 'worker0');
+  assert.deepEqual([...grads.get(a.id).data], [2, 2]);
+  assert.equal(await world.gradOf(a), null);
+  ctx.release();
+  assert.equal(ctx.live, false);
+  const other = new RpcWorld([]);
+  const foreign = other.remote('driver', [1]);
+  const cases = [
+    [() => new RpcWorld(['x', 'x']), 'ValueError', 'used twice'],
+    [() => new RpcWorld('worker0'), 'TypeError', 'workerNames must be an array'],
+    [() => new RpcWorld([1]), 'TypeError', 'workerNames[0] must be a string'],
+    [() => world.remote('nobody', [1]), 'RuntimeError', 'Unknown destination worker nobody'],
+    [() => world.remote('worker0', 'x'), 'ValueError', 'expected a tensor'],
+    [() => dopt.step(ctx.id), 'RuntimeError', `Could not find autograd context with id: ${ctx.id}`],
+    [() => dopt.step('x'), 'TypeError', 'contextId'],
+    [() => world.recordGradient(ctx.id, a, [1, 1]), 'RuntimeError', 'Could not find autograd context'],
+    [() => world.recordGradient(world.context().id, {}, [1]), 'TypeError', 'rref must be an RRef'],
+    [() => world.getGradients(world.context().id, 'nobody'), 'RuntimeError', 'Unknown destination worker'],
+    [() => new DistributedOptimizer(world, 'NAdam', [a]), 'ValueError', "unknown optimizer 'NAdam'"],
+    [() => new DistributedOptimizer(world, 'SGD', [foreign]), 'ValueError', 'belongs to another RpcWorld'],
+    [() => new DistributedOptimizer(world, 'SGD', [a], { lr: -1 }), 'ValueError', 'Invalid learning rate'],
+    [() => new DistributedOptimizer(world, 'SGD', [a], {}, { functional: 'no' }), 'TypeError', 'functional must be a boolean'],
+    [() => new DistributedOptimizer({}, 'SGD', [a]), 'TypeError', 'rpcWorld must be an RpcWorld'],
+  ];
+  for (const [call, name, text] of cases) {
+    const e = await thrown(call);
+    assert.equal(e.name, name, e.message);
+    assert.ok(e.message.includes(text), `${JSON.stringify(e.message)} lacks ${JSON.stringify(text)}`);
+  }
+  // The torch.optim path: the gradient persists in param.grad and the driver logs a warning.
+  takeWarnings();
+  const torchOptim = new DistributedOptimizer(world, 'SGD', [b], { lr: 1 }, { functional: false });
+  assert.equal(torchOptim.isFunctionalOptim, false);
+  assert.ok(takeWarnings()[0].includes('without a functional optimizer'));
+  const ctx2 = world.context();
+  await world.recordGradient(ctx2, b, [1]);
+  await torchOptim.step(ctx2);
+  assert.deepEqual([...(await world.gradOf(b)).data], [1]);
+  ctx2.free();
+  world.shutdownWorker('worker1');
+  const e = await thrown(() => b.toHere());
+  assert.equal(e.name, 'RuntimeError');
+  torchOptim.free();
+  dopt.free();
+  world.free();
+  other.free();
+});
+
 test('the trainer learns on the CPU fallback', async () => {
   const trainer = new api.Trainer({ ranks: 4, algorithm: 'hierarchical', period: 4, warmup: 5, task: { samples: 1024 } });
   assert.deepEqual(api.Trainer.defaultHierarchy(4, 4), [[2, 2], [4, 4]]);
@@ -208,4 +341,27 @@ test('the trainer learns on the CPU fallback', async () => {
   const error = await thrown(() => new api.Trainer({ ranks: 4, bogus: 1 }));
   assert.equal(error.name, 'TypeError');
   trainer.free();
+});
+
+test('the trainer runs ZeRO: synchronous SGD with sharded optimizer state', async () => {
+  const sync = new api.Trainer({ ranks: 4, algorithm: 'sync', task: { samples: 512 } });
+  const zero = new api.Trainer({ ranks: 4, algorithm: 'zero', task: { samples: 512 } });
+  assert.equal(zero.algorithm, 'zero');
+  assert.match(zero.description, /ZeRO/);
+  let s;
+  let z;
+  for (let i = 0; i < 10; i++) {
+    s = await sync.step();
+    z = await zero.step();
+    assert.equal(z.divergence, 0);
+    assert.ok(Math.abs(s.meanLoss - z.meanLoss) <= 1e-4 * Math.max(1, s.meanLoss), `${s.meanLoss} vs ${z.meanLoss}`);
+  }
+  assert.ok(z.bytesCommunicatedPerRank > s.bytesCommunicatedPerRank);
+  assert.ok(zero.commStats().broadcastBytes > 0);
+  const full = s.optimizerStateBytesPerRank;
+  assert.equal(full.length, 4);
+  assert.deepEqual(z.optimizerStateBytesPerRank, zero.optimizerStateBytesPerRank());
+  assert.ok(z.optimizerStateBytesPerRank.every((b) => b < full[0]), `${z.optimizerStateBytesPerRank} vs ${full}`);
+  sync.free();
+  zero.free();
 });

@@ -8,6 +8,9 @@ use crate::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
+/// Elements per entry of the block table (`BLOCK_ELEMENTS` in `shaders/param_table.wgsl`).
+const BLOCK_ELEMENTS: usize = 512;
+
 /// `struct Dispatch` of `shaders/param_table.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -69,6 +72,25 @@ impl GpuBackend {
                 contents,
                 usage: wgpu::BufferUsages::STORAGE,
             })
+    }
+
+    /// The parameter starts followed by, for every block of [`BLOCK_ELEMENTS`] elements of the
+    /// rank space, the parameter its first element belongs to: a kernel then finds an
+    /// element's parameter by a short forward scan from its block's entry, so the cost of the
+    /// lookup does not grow with the number of parameters.
+    fn param_table_buffer(&self, starts: &ParamStarts, rank_len: usize) -> wgpu::Buffer {
+        let blocks = rank_len.div_ceil(BLOCK_ELEMENTS);
+        let mut table = Vec::with_capacity(starts.0.len() + blocks);
+        table.extend_from_slice(&starts.0);
+        let mut j = 0usize;
+        for block in 0..blocks {
+            let element = block * BLOCK_ELEMENTS;
+            while j + 1 < starts.0.len() && starts.0[j + 1] as usize <= element {
+                j += 1;
+            }
+            table.push(j as u32);
+        }
+        self.storage_buffer("distopt param table", &table)
     }
 
     /// Records one dispatch per chunk of `arena`: `bind(chunk index, geometry buffer)` returns
@@ -141,7 +163,7 @@ impl GpuBackend {
                 _pad: [0; 3],
             })
             .collect();
-        let starts_buffer = self.storage_buffer("distopt param starts", &starts.0);
+        let starts_buffer = self.param_table_buffer(starts, params.rank_len());
         let table_buffer = self.storage_buffer("distopt sgd scalars", &table);
         let kernel = &self.kernels.sgd;
         let pipeline = kernel.pipeline(&self.shared, &[params.format().shader_code()]);
@@ -211,7 +233,7 @@ impl GpuBackend {
                 _pad: [0; 3],
             })
             .collect();
-        let starts_buffer = self.storage_buffer("distopt param starts", &starts.0);
+        let starts_buffer = self.param_table_buffer(starts, params.rank_len());
         let table_buffer = self.storage_buffer("distopt adam scalars", &table);
         let kernel = &self.kernels.adam;
         let pipeline = kernel.pipeline(&self.shared, &[params.format().shader_code()]);
@@ -275,7 +297,7 @@ impl GpuBackend {
             arith
         };
         let flags: Vec<u32> = active.iter().map(|&a| u32::from(a)).collect();
-        let starts_buffer = self.storage_buffer("distopt param starts", &starts.0);
+        let starts_buffer = self.param_table_buffer(starts, arena.rank_len());
         let flags_buffer = self.storage_buffer("distopt average flags", &flags);
         let kernel = &self.kernels.average;
         let pipeline = kernel.pipeline(

@@ -4,15 +4,20 @@
 import init, {
   Adam,
   AdamW,
+  AutogradContext,
+  DistributedOptimizer,
   HierarchicalModelAverager,
   PeriodicModelAverager,
   PostLocalSGDOptimizer,
   PostLocalSGDState,
+  RRef,
   Replicas,
+  RpcWorld,
   SGD,
   StepBench,
   Trainer,
   World,
+  ZeroRedundancyOptimizer,
   backendInfo,
   selectBackend,
   sgdStep,
@@ -31,6 +36,7 @@ import type {
   StepReport,
   StepResult,
   Tensor,
+  LocalOptimizerInfo,
 } from 'distopt';
 
 export async function tour(): Promise<void> {
@@ -134,6 +140,52 @@ export async function tour(): Promise<void> {
   console.log(stats.totalBytes, stats.allReduceBytesByGroupSize['4'], world.groupOf(3, 2));
   world.resetStats();
 
+  // ZeRO: the optimizer state sharded over the world's ranks.
+  const zero = new ZeroRedundancyOptimizer(world, replicas, [{ params: [0], lr: 0.1 }], 'SGD', { lr: 0.05, momentum: 0.9 }, { parametersAsBucketView: true });
+  const zeroAll = new ZeroRedundancyOptimizer(world, replicas, null, 'Adam', { betas: [0.9, 0.99] });
+  new ZeroRedundancyOptimizer(world, replicas, [0, 1], 'AdamW');
+  // @ts-expect-error: not an SGD option
+  new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', { betas: [0.9, 0.999] });
+  // @ts-expect-error: no such local optimizer
+  new ZeroRedundancyOptimizer(world, replicas, null, 'NAdam');
+  zero.zeroGrad();
+  zero.step();
+  zero.setRequiresGrad(0, false);
+  await zeroAll.addParamGroup({ params: [1], lr: 1e-4 });
+  await zero.consolidateStateDict(0);
+  const zeroState: StateDict = zero.stateDict(0);
+  zero.loadStateDict(zeroState);
+  const owners: number[] | null = zero.rankOfParam;
+  const perRankParams: number[][] | null = zero.paramsPerRank;
+  const numel: number[] | null = zero.numelPerRank;
+  const stateBytes: number[] = zero.stateBytesPerRank();
+  console.log(owners, perRankParams, numel, zero.paramsPerRankPerGroup, zero.localStateSizes(), stateBytes, zero.paramGroups(), zero.optimizer);
+  zero.free();
+  zeroAll.free();
+
+  // DistributedOptimizer over RPC (the workers compute on the CPU backend).
+  const rpc = new RpcWorld(['worker0', 'worker1']);
+  const w0: RRef = rpc.remote('worker0', [1, 2, 3]);
+  const w1: RRef = rpc.remote('driver', { dtype: 'float32', shape: [2], data: [1, 2] });
+  const owner: string = w0.owner;
+  const dopt = new DistributedOptimizer(rpc, 'Adam', [w0, w1], { lr: 0.01, amsgrad: true }, { functional: false });
+  // @ts-expect-error: rrefs, not tensors
+  new DistributedOptimizer(rpc, 'SGD', [[1, 2]]);
+  const ctx: AutogradContext = rpc.context();
+  await rpc.recordGradient(ctx.id, w0, [0.1, 0.2, 0.3]);
+  await rpc.recordGradient(ctx, w1, [0.1, 0.2]);
+  await dopt.step(ctx.id);
+  const ctxGrads: Map<number, Tensor> = await rpc.getGradients(ctx.id, 'worker0');
+  const value: Tensor = await w0.toHere();
+  const attr: Tensor | null = await rpc.gradOf(w1);
+  const locals: LocalOptimizerInfo[] = dopt.localOptimizers();
+  const functional: boolean = dopt.isFunctionalOptim;
+  console.log(owner, w0.id, ctxGrads.get(w0.id), value, attr, locals[0]?.paramIndices, functional, rpc.workerNames, ctx.live);
+  ctx.release();
+  rpc.shutdownWorker('worker1');
+  dopt.free();
+  rpc.free();
+
   // The demo's trainer.
   const trainer = new Trainer({
     ranks: 8,
@@ -145,6 +197,10 @@ export async function tour(): Promise<void> {
   });
   // @ts-expect-error: ranks is required
   new Trainer({ algorithm: 'sync' });
+  const zeroTrainer = new Trainer({ ranks: 4, algorithm: 'zero', momentum: 0.9 });
+  const shardBytes: number[] = (await zeroTrainer.step()).optimizerStateBytesPerRank;
+  console.log(shardBytes, zeroTrainer.optimizerStateBytesPerRank());
+  zeroTrainer.free();
   const levels: Array<[number, number]> = Trainer.defaultHierarchy(8, 8);
   const report: StepReport = await trainer.step();
   const lossPerRank: Float64Array = report.lossPerRank;

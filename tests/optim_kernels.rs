@@ -1,0 +1,157 @@
+//! The optimizer and averaging kernels on the GPU against the CPU backend, on models with many
+//! parameters of mixed sizes (the per-parameter table lookup), every storage format, and arenas
+//! split into chunks with a 2-D dispatch grid.
+
+mod common;
+
+use std::sync::Arc;
+
+use distopt::averaging::average_parameters;
+use distopt::backend::gpu::GpuOptions;
+use distopt::comm::SimulatedWorld;
+use distopt::optim::{Adam, AdamOptions, LocalOptimizer, Sgd, SgdOptions};
+use distopt::replicas::Replicas;
+use distopt::{Backend, CpuBackend, DType, Tensor};
+
+/// A deterministic pseudo-random stream (splitmix64) of values in [-1, 1).
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    }
+}
+
+const RANKS: usize = 4;
+
+fn model(backend: Arc<dyn Backend>, dtype: DType, seed: u64) -> Replicas {
+    let mut random = Random(seed);
+    // Tiny parameters (several per 512-element block), block-sized and larger ones.
+    let sizes = [1usize, 3, 64, 65, 7, 511, 512, 513, 1500, 2, 4000, 9];
+    let per_rank: Vec<Vec<Tensor>> = (0..RANKS)
+        .map(|_| {
+            sizes
+                .iter()
+                .map(|&n| {
+                    Tensor::from_f64(
+                        dtype,
+                        &[n],
+                        &(0..n).map(|_| random.next()).collect::<Vec<_>>(),
+                    )
+                    .unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    let mut replicas = Replicas::new(backend, &per_rank).unwrap();
+    for rank in 0..RANKS {
+        let grads: Vec<Option<Tensor>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(j, &n)| {
+                let values: Vec<f64> = (0..n).map(|_| random.next()).collect();
+                // Some parameters have no gradient on some ranks.
+                ((j + rank) % 5 != 0).then(|| Tensor::from_f64(dtype, &[n], &values).unwrap())
+            })
+            .collect();
+        replicas.set_grads(rank, &grads).unwrap();
+    }
+    replicas
+}
+
+fn assert_close(gpu: &Replicas, cpu: &Replicas, what: &str) {
+    let (a, b) = (
+        gpu.all_params_blocking().unwrap(),
+        cpu.all_params_blocking().unwrap(),
+    );
+    for (rank, (x, y)) in a.iter().zip(&b).enumerate() {
+        for (j, (x, y)) in x.iter().zip(y).enumerate() {
+            let (x, y) = (x.values_f64().unwrap(), y.values_f64().unwrap());
+            for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+                let ok = p == q
+                    || (p.is_nan() && q.is_nan())
+                    || (p - q).abs() <= 1e-6 * q.abs().max(1e-30);
+                assert!(ok, "{what}: rank {rank} param {j} [{i}]: gpu {p} cpu {q}");
+            }
+        }
+    }
+}
+
+fn run(gpu: Arc<dyn Backend>, label: &str) {
+    for dtype in [DType::Float32, DType::Float16, DType::BFloat16] {
+        let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+        let (mut g, mut c) = (model(gpu.clone(), dtype, 1), model(cpu.clone(), dtype, 1));
+        let options = SgdOptions {
+            lr: 0.1,
+            momentum: 0.9,
+            weight_decay: 0.01,
+            nesterov: true,
+            ..Default::default()
+        };
+        let (mut sg, mut sc) = (
+            Sgd::new(&g, options.clone()).unwrap(),
+            Sgd::new(&c, options).unwrap(),
+        );
+        for _ in 0..3 {
+            sg.step(&mut g).unwrap();
+            sc.step(&mut c).unwrap();
+        }
+        assert_close(&g, &c, &format!("{label} SGD {dtype}"));
+        let adam = AdamOptions {
+            lr: 0.01,
+            weight_decay: 0.1,
+            amsgrad: true,
+            ..AdamOptions::defaults(true)
+        };
+        let (mut ag, mut ac) = (
+            Adam::new(&g, adam.clone(), true).unwrap(),
+            Adam::new(&c, adam, true).unwrap(),
+        );
+        for _ in 0..3 {
+            ag.step(&mut g).unwrap();
+            ac.step(&mut c).unwrap();
+        }
+        assert_close(&g, &c, &format!("{label} AdamW {dtype}"));
+        let world = SimulatedWorld::new(RANKS).unwrap();
+        for size in [2, 4] {
+            average_parameters(
+                &world,
+                &mut g,
+                distopt::comm::new_subgroups(RANKS, size).unwrap(),
+                None,
+            )
+            .unwrap();
+            average_parameters(
+                &world,
+                &mut c,
+                distopt::comm::new_subgroups(RANKS, size).unwrap(),
+                None,
+            )
+            .unwrap();
+            assert_close(&g, &c, &format!("{label} average over {size} {dtype}"));
+        }
+    }
+}
+
+#[test]
+fn gpu_kernels_match_the_cpu_backend() {
+    if let Some(gpu) = common::gpu_backend() {
+        run(gpu, "gpu");
+    }
+}
+
+#[test]
+fn chunked_gpu_kernels_match_the_cpu_backend() {
+    // 4 KiB bindings: every arena is split into many chunks; 2 workgroups per dimension.
+    let options = GpuOptions {
+        max_binding_bytes: 4096,
+        max_workgroups_per_dimension: 2,
+    };
+    if let Some(gpu) = common::gpu_backend_with_options(options) {
+        run(gpu, "chunked gpu");
+    }
+}
