@@ -4,7 +4,8 @@ use serde_json::{Value, json};
 
 use super::options::{self, OptionMap};
 use super::{
-    LocalOptimizer, check_groups, check_loaded_groups, local_indices, read_state, write_state,
+    LocalOptimizer, apply_loaded_options, check_groups, check_loaded_groups, local_indices,
+    param_groups_json, read_state, write_state,
 };
 use crate::backend::kernels::{AdamArenas, AdamScalars};
 use crate::backend::{Arena, BoxFuture};
@@ -361,21 +362,7 @@ impl LocalOptimizer for Adam {
                 }
                 state.insert(k.to_string(), Value::Object(entry));
             }
-            let mut k = 0;
-            let param_groups: Vec<Value> = self
-                .groups
-                .iter()
-                .map(|(params, map)| {
-                    let mut group = map.clone();
-                    group.insert(
-                        "params".into(),
-                        json!((k..k + params.len()).collect::<Vec<_>>()),
-                    );
-                    k += params.len();
-                    Value::Object(group)
-                })
-                .collect();
-            Ok(json!({"state": state, "param_groups": param_groups}))
+            Ok(json!({"state": state, "param_groups": param_groups_json(&self.groups)}))
         })
     }
 
@@ -438,15 +425,7 @@ impl LocalOptimizer for Adam {
             }
             self.steps[rank * count + j] = step as u64;
         }
-        for ((_, map), saved) in self.groups.iter_mut().zip(saved) {
-            if let Value::Object(saved) = saved {
-                for (key, value) in saved {
-                    if key != "params" {
-                        map.insert(key, value);
-                    }
-                }
-            }
-        }
+        apply_loaded_options(&mut self.groups, saved);
         Ok(())
     }
 }

@@ -157,6 +157,37 @@ pub(crate) fn write_state(
     arena.write(rank, slot.offset, &words)
 }
 
+/// `state_dict()["param_groups"]`: every group's options plus `params`, the optimizer-local
+/// indices (numbered across the groups in order).
+pub(crate) fn param_groups_json(groups: &[(Vec<usize>, OptionMap)]) -> Vec<Value> {
+    let mut next = 0;
+    groups
+        .iter()
+        .map(|(params, options)| {
+            let mut group = options.clone();
+            group.insert(
+                "params".into(),
+                Value::from((next..next + params.len()).collect::<Vec<_>>()),
+            );
+            next += params.len();
+            Value::Object(group)
+        })
+        .collect()
+}
+
+/// `load_state_dict`: the saved groups' hyper-parameters replace ours (the parameters stay).
+pub(crate) fn apply_loaded_options(groups: &mut [(Vec<usize>, OptionMap)], saved: Vec<Value>) {
+    for ((_, options), saved) in groups.iter_mut().zip(saved) {
+        if let Value::Object(saved) = saved {
+            for (key, value) in saved {
+                if key != "params" {
+                    options.insert(key, value);
+                }
+            }
+        }
+    }
+}
+
 /// Validates that a loaded state dict's groups match ours, as PyTorch does.
 pub(crate) fn check_loaded_groups(ours: &[Vec<usize>], state_dict: &Value) -> Result<Vec<Value>> {
     let groups = state_dict
