@@ -275,9 +275,17 @@ impl<'a> StepGroup<'a> {
                 Storage::Device(slice) if slice.arena.format() == format => {
                     on_device.push((slice, offset))
                 }
-                _ => {
-                    let host = tensor.to_host().await?;
-                    let data = host.host_data().expect("to_host returns a host tensor");
+                storage => {
+                    // Host values are encoded straight from the caller's tensor; only device
+                    // values in another format are read back first.
+                    let fetched;
+                    let data = match storage {
+                        Storage::Host(data) => data,
+                        Storage::Device(_) => {
+                            fetched = tensor.to_host().await?;
+                            fetched.host_data().expect("to_host returns a host tensor")
+                        }
+                    };
                     let image =
                         image.get_or_insert_with(|| vec![0u32; format.words_for(self.rank_len)]);
                     data.encode_into(format, &mut image[format.word_of(offset)..]);
