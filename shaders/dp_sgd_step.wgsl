@@ -5,40 +5,69 @@
 //                 param[r][i] = round_P(param[0][i] - lr * mean) for every rank r
 // Missing gradients are zeros in the arena: adding +0.0 leaves every accumulator value intact
 // (the accumulator is never -0.0, since it starts at +0.0).
+//
+// One invocation handles eight consecutive elements, read and written as whole vec4<u32>
+// words (two for float32, one for the packed 16-bit formats): wide accesses and few
+// invocations, which is what memory-bound kernels need on every adapter.
 
 override PARAM_FORMAT: u32 = 0u;
 override GRAD_FORMAT: u32 = 0u;
 
 struct StepUniforms {
-    pairs: u32,            // element pairs in this chunk (per rank)
+    octets: u32,            // groups of eight elements in this chunk (per rank)
     ranks: u32,
-    param_rank_words: u32, // words between consecutive ranks of the parameter chunk
-    grad_rank_words: u32,
+    param_rank_quads: u32,  // vec4<u32> words between consecutive ranks of the parameter chunk
+    grad_rank_quads: u32,
     learning_rate: f32,
-    divisor: f32,          // R as f32
+    divisor: f32,           // R as f32
     _pad0: u32,
     _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniforms;
-@group(0) @binding(1) var<storage, read> grads: array<u32>;
-@group(0) @binding(2) var<storage, read_write> params: array<u32>;
-@group(0) @binding(3) var<storage, read_write> means: array<u32>;
+@group(0) @binding(1) var<storage, read> grads: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> params: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> means: array<vec4<u32>>;
 
-fn load_grad(rank: u32, pair: u32) -> vec2<f32> {
-    let base = rank * step.grad_rank_words;
-    if (GRAD_FORMAT == FORMAT_F32) {
-        let i = base + 2u * pair;
-        return vec2<f32>(bitcast<f32>(grads[i]), bitcast<f32>(grads[i + 1u]));
-    }
-    return unpack_pair(GRAD_FORMAT, grads[base + pair]);
+// Eight elements as two vec4<f32>.
+struct Eight {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
 }
 
-fn load_param0(pair: u32) -> vec2<f32> {
-    if (PARAM_FORMAT == FORMAT_F32) {
-        return vec2<f32>(bitcast<f32>(params[2u * pair]), bitcast<f32>(params[2u * pair + 1u]));
+fn unpack_eight(format: u32, words: vec4<u32>) -> Eight {
+    return Eight(
+        vec4<f32>(unpack_pair(format, words.x), unpack_pair(format, words.y)),
+        vec4<f32>(unpack_pair(format, words.z), unpack_pair(format, words.w)),
+    );
+}
+
+fn pack_eight(format: u32, values: Eight) -> vec4<u32> {
+    return vec4<u32>(
+        pack_pair(format, values.lo.xy),
+        pack_pair(format, values.lo.zw),
+        pack_pair(format, values.hi.xy),
+        pack_pair(format, values.hi.zw),
+    );
+}
+
+fn round4(format: u32, v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(round_pair(format, v.xy), round_pair(format, v.zw));
+}
+
+fn load_grad(rank: u32, octet: u32) -> Eight {
+    let base = rank * step.grad_rank_quads;
+    if (GRAD_FORMAT == FORMAT_F32) {
+        return Eight(bitcast<vec4<f32>>(grads[base + 2u * octet]), bitcast<vec4<f32>>(grads[base + 2u * octet + 1u]));
     }
-    return unpack_pair(PARAM_FORMAT, params[pair]);
+    return unpack_eight(GRAD_FORMAT, grads[base + octet]);
+}
+
+fn load_param0(octet: u32) -> Eight {
+    if (PARAM_FORMAT == FORMAT_F32) {
+        return Eight(bitcast<vec4<f32>>(params[2u * octet]), bitcast<vec4<f32>>(params[2u * octet + 1u]));
+    }
+    return unpack_eight(PARAM_FORMAT, params[octet]);
 }
 
 @compute @workgroup_size(256)
@@ -47,30 +76,38 @@ fn main(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) local_index: u32,
 ) {
-    let pair = pair_index(workgroup, groups, local_index);
-    if (pair >= step.pairs) {
+    let octet = pair_index(workgroup, groups, local_index);
+    if (octet >= step.octets) {
         return;
     }
-    var acc = vec2<f32>(0.0, 0.0);
+    var lo = vec4<f32>(0.0);
+    var hi = vec4<f32>(0.0);
     for (var rank = 0u; rank < step.ranks; rank = rank + 1u) {
-        acc = acc + load_grad(rank, pair);
+        let g = load_grad(rank, octet);
+        lo = lo + g.lo;
+        hi = hi + g.hi;
     }
-    let mean = round_pair(PARAM_FORMAT, acc / step.divisor);
-    let scaled = step.learning_rate * mean;
-    let updated = round_pair(PARAM_FORMAT, load_param0(pair) - scaled);
+    let mean = Eight(round4(PARAM_FORMAT, lo / step.divisor), round4(PARAM_FORMAT, hi / step.divisor));
+    let p0 = load_param0(octet);
+    let updated = Eight(
+        round4(PARAM_FORMAT, p0.lo - step.learning_rate * mean.lo),
+        round4(PARAM_FORMAT, p0.hi - step.learning_rate * mean.hi),
+    );
     if (PARAM_FORMAT == FORMAT_F32) {
-        means[2u * pair] = bitcast<u32>(mean.x);
-        means[2u * pair + 1u] = bitcast<u32>(mean.y);
+        means[2u * octet] = bitcast<vec4<u32>>(mean.lo);
+        means[2u * octet + 1u] = bitcast<vec4<u32>>(mean.hi);
+        let lo_bits = bitcast<vec4<u32>>(updated.lo);
+        let hi_bits = bitcast<vec4<u32>>(updated.hi);
         for (var rank = 0u; rank < step.ranks; rank = rank + 1u) {
-            let i = rank * step.param_rank_words + 2u * pair;
-            params[i] = bitcast<u32>(updated.x);
-            params[i + 1u] = bitcast<u32>(updated.y);
+            let i = rank * step.param_rank_quads + 2u * octet;
+            params[i] = lo_bits;
+            params[i + 1u] = hi_bits;
         }
     } else {
-        means[pair] = pack_pair(PARAM_FORMAT, mean);
-        let packed = pack_pair(PARAM_FORMAT, updated);
+        means[octet] = pack_eight(PARAM_FORMAT, mean);
+        let packed = pack_eight(PARAM_FORMAT, updated);
         for (var rank = 0u; rank < step.ranks; rank = rank + 1u) {
-            params[rank * step.param_rank_words + pair] = packed;
+            params[rank * step.param_rank_quads + octet] = packed;
         }
     }
 }

@@ -111,10 +111,10 @@ impl std::fmt::Debug for GpuBackend {
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct StepUniforms {
-    pairs: u32,
+    octets: u32,
     ranks: u32,
-    param_rank_words: u32,
-    grad_rank_words: u32,
+    param_rank_quads: u32,
+    grad_rank_quads: u32,
     learning_rate: f32,
     divisor: f32,
     _pad: [u32; 2],
@@ -402,10 +402,12 @@ impl Backend for GpuBackend {
             pass.set_pipeline(&pipeline);
             for ((pc, gc), mc) in p.chunks.iter().zip(&g.chunks).zip(&m.chunks) {
                 let uniforms = StepUniforms {
-                    pairs: (pc.len / 2) as u32,
+                    // Chunks hold whole parameters' 64-element slots: eight-element groups and
+                    // whole vec4<u32> words per rank.
+                    octets: (pc.len / 8) as u32,
                     ranks: ranks as u32,
-                    param_rank_words: param_format.words_for(pc.len) as u32,
-                    grad_rank_words: grad_format.words_for(gc.len) as u32,
+                    param_rank_quads: (param_format.words_for(pc.len) / 4) as u32,
+                    grad_rank_quads: (grad_format.words_for(gc.len) / 4) as u32,
                     learning_rate,
                     divisor: ranks as f32,
                     _pad: [0; 2],
@@ -418,7 +420,7 @@ impl Backend for GpuBackend {
                 let bind_group =
                     kernel.bind(device, &[&uniform, &gc.buffer, &pc.buffer, &mc.buffer]);
                 pass.set_bind_group(0, &bind_group, &[]);
-                let (x, y) = self.grid(pc.len / 2);
+                let (x, y) = self.grid(pc.len / 8);
                 pass.dispatch_workgroups(x, y, 1);
             }
         }

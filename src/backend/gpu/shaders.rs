@@ -276,10 +276,10 @@ mod tests {
                 assert_eq!(
                     fields,
                     [
-                        ("pairs", 0),
+                        ("octets", 0),
                         ("ranks", 4),
-                        ("param_rank_words", 8),
-                        ("grad_rank_words", 12),
+                        ("param_rank_quads", 8),
+                        ("grad_rank_quads", 12),
                         ("learning_rate", 16),
                         ("divisor", 20),
                     ]
