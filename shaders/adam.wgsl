@@ -27,88 +27,84 @@ struct AdamScalars {
 @group(0) @binding(0) var<uniform> geometry: Dispatch;
 @group(0) @binding(1) var<storage, read> starts: array<u32>;
 @group(0) @binding(2) var<storage, read> scalars: array<AdamScalars>;
-@group(0) @binding(3) var<storage, read_write> params: array<u32>;
-@group(0) @binding(4) var<storage, read> grads: array<u32>;
-@group(0) @binding(5) var<storage, read_write> exp_avg: array<u32>;
-@group(0) @binding(6) var<storage, read_write> exp_avg_sq: array<u32>;
-@group(0) @binding(7) var<storage, read_write> max_exp_avg_sq: array<u32>;
+@group(0) @binding(3) var<storage, read_write> params: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> grads: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> exp_avg: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> exp_avg_sq: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read_write> max_exp_avg_sq: array<vec4<u32>>;
 
-fn rp(x: vec2<f32>) -> vec2<f32> {
-    return round_pair(FORMAT, x);
+fn r(x: vec4<f32>) -> vec4<f32> {
+    return round4(FORMAT, x);
 }
 
-fn word_pair(a: u32, b: u32) -> vec2<f32> {
-    return vec2<f32>(bitcast<f32>(a), bitcast<f32>(b));
-}
-
-fn load_params(base: u32, pair: u32) -> vec2<f32> {
+fn load_params(base: u32, octet: u32) -> Eight {
     if (FORMAT == FORMAT_F32) {
-        return word_pair(params[base + 2u * pair], params[base + 2u * pair + 1u]);
+        return Eight(bitcast<vec4<f32>>(params[base + 2u * octet]), bitcast<vec4<f32>>(params[base + 2u * octet + 1u]));
     }
-    return unpack_pair(FORMAT, params[base + pair]);
+    return unpack_eight(FORMAT, params[base + octet]);
 }
 
-fn store_params(base: u32, pair: u32, value: vec2<f32>) {
+fn store_params(base: u32, octet: u32, value: Eight) {
     if (FORMAT == FORMAT_F32) {
-        params[base + 2u * pair] = bitcast<u32>(value.x);
-        params[base + 2u * pair + 1u] = bitcast<u32>(value.y);
+        params[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
+        params[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
     } else {
-        params[base + pair] = pack_pair(FORMAT, value);
+        params[base + octet] = pack_eight(FORMAT, value);
     }
 }
 
-fn load_grads(base: u32, pair: u32) -> vec2<f32> {
+fn load_grads(base: u32, octet: u32) -> Eight {
     if (FORMAT == FORMAT_F32) {
-        return word_pair(grads[base + 2u * pair], grads[base + 2u * pair + 1u]);
+        return Eight(bitcast<vec4<f32>>(grads[base + 2u * octet]), bitcast<vec4<f32>>(grads[base + 2u * octet + 1u]));
     }
-    return unpack_pair(FORMAT, grads[base + pair]);
+    return unpack_eight(FORMAT, grads[base + octet]);
 }
 
-fn load_exp_avg(base: u32, pair: u32) -> vec2<f32> {
+fn load_exp_avg(base: u32, octet: u32) -> Eight {
     if (FORMAT == FORMAT_F32) {
-        return word_pair(exp_avg[base + 2u * pair], exp_avg[base + 2u * pair + 1u]);
+        return Eight(bitcast<vec4<f32>>(exp_avg[base + 2u * octet]), bitcast<vec4<f32>>(exp_avg[base + 2u * octet + 1u]));
     }
-    return unpack_pair(FORMAT, exp_avg[base + pair]);
+    return unpack_eight(FORMAT, exp_avg[base + octet]);
 }
 
-fn store_exp_avg(base: u32, pair: u32, value: vec2<f32>) {
+fn store_exp_avg(base: u32, octet: u32, value: Eight) {
     if (FORMAT == FORMAT_F32) {
-        exp_avg[base + 2u * pair] = bitcast<u32>(value.x);
-        exp_avg[base + 2u * pair + 1u] = bitcast<u32>(value.y);
+        exp_avg[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
+        exp_avg[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
     } else {
-        exp_avg[base + pair] = pack_pair(FORMAT, value);
+        exp_avg[base + octet] = pack_eight(FORMAT, value);
     }
 }
 
-fn load_exp_avg_sq(base: u32, pair: u32) -> vec2<f32> {
+fn load_exp_avg_sq(base: u32, octet: u32) -> Eight {
     if (FORMAT == FORMAT_F32) {
-        return word_pair(exp_avg_sq[base + 2u * pair], exp_avg_sq[base + 2u * pair + 1u]);
+        return Eight(bitcast<vec4<f32>>(exp_avg_sq[base + 2u * octet]), bitcast<vec4<f32>>(exp_avg_sq[base + 2u * octet + 1u]));
     }
-    return unpack_pair(FORMAT, exp_avg_sq[base + pair]);
+    return unpack_eight(FORMAT, exp_avg_sq[base + octet]);
 }
 
-fn store_exp_avg_sq(base: u32, pair: u32, value: vec2<f32>) {
+fn store_exp_avg_sq(base: u32, octet: u32, value: Eight) {
     if (FORMAT == FORMAT_F32) {
-        exp_avg_sq[base + 2u * pair] = bitcast<u32>(value.x);
-        exp_avg_sq[base + 2u * pair + 1u] = bitcast<u32>(value.y);
+        exp_avg_sq[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
+        exp_avg_sq[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
     } else {
-        exp_avg_sq[base + pair] = pack_pair(FORMAT, value);
+        exp_avg_sq[base + octet] = pack_eight(FORMAT, value);
     }
 }
 
-fn load_max(base: u32, pair: u32) -> vec2<f32> {
+fn load_max(base: u32, octet: u32) -> Eight {
     if (FORMAT == FORMAT_F32) {
-        return word_pair(max_exp_avg_sq[base + 2u * pair], max_exp_avg_sq[base + 2u * pair + 1u]);
+        return Eight(bitcast<vec4<f32>>(max_exp_avg_sq[base + 2u * octet]), bitcast<vec4<f32>>(max_exp_avg_sq[base + 2u * octet + 1u]));
     }
-    return unpack_pair(FORMAT, max_exp_avg_sq[base + pair]);
+    return unpack_eight(FORMAT, max_exp_avg_sq[base + octet]);
 }
 
-fn store_max(base: u32, pair: u32, value: vec2<f32>) {
+fn store_max(base: u32, octet: u32, value: Eight) {
     if (FORMAT == FORMAT_F32) {
-        max_exp_avg_sq[base + 2u * pair] = bitcast<u32>(value.x);
-        max_exp_avg_sq[base + 2u * pair + 1u] = bitcast<u32>(value.y);
+        max_exp_avg_sq[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
+        max_exp_avg_sq[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
     } else {
-        max_exp_avg_sq[base + pair] = pack_pair(FORMAT, value);
+        max_exp_avg_sq[base + octet] = pack_eight(FORMAT, value);
     }
 }
 
@@ -123,6 +119,42 @@ fn nan_max(a: f32, b: f32) -> f32 {
     return max(a, b);
 }
 
+fn nan_max4(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(nan_max(a.x, b.x), nan_max(a.y, b.y), nan_max(a.z, b.z), nan_max(a.w, b.w));
+}
+
+// One half (four elements) of the update: the new parameter, first and second moments, and
+// the running maximum (amsgrad).
+fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, max_old: vec4<f32>, s: AdamScalars) -> array<vec4<f32>, 4> {
+    var p = p_in;
+    var g = g_in;
+    if ((s.flags & MAXIMIZE) != 0u) {
+        g = -g;
+    }
+    if ((s.flags & DECOUPLED) != 0u) {
+        p = r(p * s.decay_factor);
+    } else if (s.weight_decay != 0.0) {
+        g = r(g + s.weight_decay * p);
+    }
+    // exp_avg.lerp_(grad, 1 - beta1), PyTorch's two-sided formula.
+    let w = s.one_minus_beta1;
+    let diff = g - m_old;
+    var m: vec4<f32>;
+    if (w < 0.5) {
+        m = r(m_old + w * diff);
+    } else {
+        m = r(g - diff * (1.0 - w));
+    }
+    let v = r(r(v_old * s.beta2) + (s.one_minus_beta2 * g) * g);
+    var second = v;
+    if ((s.flags & AMSGRAD) != 0u) {
+        second = nan_max4(v, max_old);
+    }
+    let root = r(sqrt(second));
+    let denom = r(r(root / s.bias_correction2_sqrt) + s.eps);
+    return array<vec4<f32>, 4>(r(p + s.neg_step_size * (m / denom)), m, v, second);
+}
+
 @compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) workgroup: vec3<u32>,
@@ -130,49 +162,32 @@ fn main(
     @builtin(local_invocation_index) local_index: u32,
 ) {
     let index = pair_index(workgroup, groups, local_index);
-    if (index >= geometry.pairs * geometry.ranks) {
+    if (index >= geometry.octets * geometry.ranks) {
         return;
     }
-    let rank = index / geometry.pairs;
-    let pair = index % geometry.pairs;
-    let j = find_param(2u * (geometry.first_pair + pair), geometry.params);
+    let rank = index / geometry.octets;
+    let octet = index % geometry.octets;
+    let j = find_param(8u * (geometry.first_octet + octet), geometry.params);
     let s = scalars[rank * geometry.params + j];
     if ((s.flags & ACTIVE) == 0u) {
         return;
     }
-    let base = rank * geometry.rank_words;
-    var p = load_params(base, pair);
-    var g = load_grads(base, pair);
-    if ((s.flags & MAXIMIZE) != 0u) {
-        g = -g;
+    let base = rank * geometry.rank_quads;
+    let p = load_params(base, octet);
+    let g = load_grads(base, octet);
+    let m = load_exp_avg(base, octet);
+    let v = load_exp_avg_sq(base, octet);
+    let amsgrad = (s.flags & AMSGRAD) != 0u;
+    var old_max = Eight(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (amsgrad) {
+        old_max = load_max(base, octet);
     }
-    if ((s.flags & DECOUPLED) != 0u) {
-        p = rp(p * s.decay_factor);
-    } else if (s.weight_decay != 0.0) {
-        g = rp(g + s.weight_decay * p);
+    let lo = update(p.lo, g.lo, m.lo, v.lo, old_max.lo, s);
+    let hi = update(p.hi, g.hi, m.hi, v.hi, old_max.hi, s);
+    store_exp_avg(base, octet, Eight(lo[1], hi[1]));
+    store_exp_avg_sq(base, octet, Eight(lo[2], hi[2]));
+    if (amsgrad) {
+        store_max(base, octet, Eight(lo[3], hi[3]));
     }
-    // exp_avg.lerp_(grad, 1 - beta1), PyTorch's two-sided formula.
-    let m_old = load_exp_avg(base, pair);
-    let w = s.one_minus_beta1;
-    let diff = g - m_old;
-    var m: vec2<f32>;
-    if (w < 0.5) {
-        m = rp(m_old + w * diff);
-    } else {
-        m = rp(g - diff * (1.0 - w));
-    }
-    store_exp_avg(base, pair, m);
-    let v_scaled = rp(load_exp_avg_sq(base, pair) * s.beta2);
-    let v = rp(v_scaled + (s.one_minus_beta2 * g) * g);
-    store_exp_avg_sq(base, pair, v);
-    var second = v;
-    if ((s.flags & AMSGRAD) != 0u) {
-        let old = load_max(base, pair);
-        second = vec2<f32>(nan_max(v.x, old.x), nan_max(v.y, old.y));
-        store_max(base, pair, second);
-    }
-    let root = rp(sqrt(second));
-    let denom = rp(rp(root / s.bias_correction2_sqrt) + s.eps);
-    let update = s.neg_step_size * (m / denom);
-    store_params(base, pair, rp(p + update));
+    store_params(base, octet, Eight(lo[0], hi[0]));
 }

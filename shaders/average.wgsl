@@ -11,22 +11,27 @@ override ARITH: u32 = 0u;
 @group(0) @binding(0) var<uniform> geometry: Dispatch;
 @group(0) @binding(1) var<storage, read> starts: array<u32>;
 @group(0) @binding(2) var<storage, read> averaged: array<u32>;
-@group(0) @binding(3) var<storage, read_write> arena: array<u32>;
+@group(0) @binding(3) var<storage, read_write> arena: array<vec4<u32>>;
 
-fn load_value(base: u32, pair: u32) -> vec2<f32> {
+fn load_value(base: u32, octet: u32) -> Eight {
     if (FORMAT == FORMAT_F32) {
-        return vec2<f32>(bitcast<f32>(arena[base + 2u * pair]), bitcast<f32>(arena[base + 2u * pair + 1u]));
+        return Eight(bitcast<vec4<f32>>(arena[base + 2u * octet]), bitcast<vec4<f32>>(arena[base + 2u * octet + 1u]));
     }
-    return unpack_pair(FORMAT, arena[base + pair]);
+    return unpack_eight(FORMAT, arena[base + octet]);
 }
 
-fn store_value(base: u32, pair: u32, value: vec2<f32>) {
+fn store_value(base: u32, octet: u32, value: Eight) {
     if (FORMAT == FORMAT_F32) {
-        arena[base + 2u * pair] = bitcast<u32>(value.x);
-        arena[base + 2u * pair + 1u] = bitcast<u32>(value.y);
+        arena[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
+        arena[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
     } else {
-        arena[base + pair] = pack_pair(FORMAT, value);
+        arena[base + octet] = pack_eight(FORMAT, value);
     }
+}
+
+fn quotient(rank: u32, octet: u32, divisor: f32) -> Eight {
+    let v = load_value(rank * geometry.rank_quads, octet);
+    return Eight(round4(ARITH, v.lo / divisor), round4(ARITH, v.hi / divisor));
 }
 
 @compute @workgroup_size(256)
@@ -36,25 +41,25 @@ fn main(
     @builtin(local_invocation_index) local_index: u32,
 ) {
     let index = pair_index(workgroup, groups, local_index);
-    if (index >= geometry.pairs * geometry.ranks) {
+    if (index >= geometry.octets * geometry.ranks) {
         return;
     }
-    let group = index / geometry.pairs;
-    let pair = index % geometry.pairs;
-    let j = find_param(2u * (geometry.first_pair + pair), geometry.params);
+    let group = index / geometry.octets;
+    let octet = index % geometry.octets;
+    let j = find_param(8u * (geometry.first_octet + octet), geometry.params);
     if (averaged[j] == 0u) {
         return;
     }
     let size = geometry.group_size;
     let divisor = f32(size);
     let first = group * size;
-    var acc = round_pair(ARITH, load_value(first * geometry.rank_words, pair) / divisor);
+    var acc = quotient(first, octet, divisor);
     for (var r = 1u; r < size; r = r + 1u) {
-        let quotient = round_pair(ARITH, load_value((first + r) * geometry.rank_words, pair) / divisor);
-        acc = round_pair(ARITH, acc + quotient);
+        let q = quotient(first + r, octet, divisor);
+        acc = Eight(round4(ARITH, acc.lo + q.lo), round4(ARITH, acc.hi + q.hi));
     }
-    let mean = round_pair(FORMAT, acc);
+    let mean = Eight(round4(FORMAT, acc.lo), round4(FORMAT, acc.hi));
     for (var r = 0u; r < size; r = r + 1u) {
-        store_value((first + r) * geometry.rank_words, pair, mean);
+        store_value((first + r) * geometry.rank_quads, octet, mean);
     }
 }

@@ -29,32 +29,6 @@ struct StepUniforms {
 @group(0) @binding(2) var<storage, read_write> params: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> means: array<vec4<u32>>;
 
-// Eight elements as two vec4<f32>.
-struct Eight {
-    lo: vec4<f32>,
-    hi: vec4<f32>,
-}
-
-fn unpack_eight(format: u32, words: vec4<u32>) -> Eight {
-    return Eight(
-        vec4<f32>(unpack_pair(format, words.x), unpack_pair(format, words.y)),
-        vec4<f32>(unpack_pair(format, words.z), unpack_pair(format, words.w)),
-    );
-}
-
-fn pack_eight(format: u32, values: Eight) -> vec4<u32> {
-    return vec4<u32>(
-        pack_pair(format, values.lo.xy),
-        pack_pair(format, values.lo.zw),
-        pack_pair(format, values.hi.xy),
-        pack_pair(format, values.hi.zw),
-    );
-}
-
-fn round4(format: u32, v: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(round_pair(format, v.xy), round_pair(format, v.zw));
-}
-
 fn load_grad(rank: u32, octet: u32) -> Eight {
     let base = rank * step.grad_rank_quads;
     if (GRAD_FORMAT == FORMAT_F32) {

@@ -106,7 +106,35 @@ fn round_pair(format: u32, pair: vec2<f32>) -> vec2<f32> {
     return unpack_pair(format, pack_pair(format, pair));
 }
 
-// Every kernel runs one invocation per element pair, 256 per workgroup, on a 2-D grid so that
+// Memory-bound kernels handle eight consecutive elements per invocation, read and written as
+// whole vec4<u32> words: two for float32, one for the packed 16-bit formats.
+struct Eight {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn unpack_eight(format: u32, words: vec4<u32>) -> Eight {
+    return Eight(
+        vec4<f32>(unpack_pair(format, words.x), unpack_pair(format, words.y)),
+        vec4<f32>(unpack_pair(format, words.z), unpack_pair(format, words.w)),
+    );
+}
+
+fn pack_eight(format: u32, values: Eight) -> vec4<u32> {
+    return vec4<u32>(
+        pack_pair(format, values.lo.xy),
+        pack_pair(format, values.lo.zw),
+        pack_pair(format, values.hi.xy),
+        pack_pair(format, values.hi.zw),
+    );
+}
+
+fn round4(format: u32, v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(round_pair(format, v.xy), round_pair(format, v.zw));
+}
+
+
+// Every kernel runs one invocation per element group, 256 per workgroup, on a 2-D grid so that
 // more than 65,535 workgroups fit (the host spreads them over x and y).
 const WORKGROUP_SIZE: u32 = 256u;
 

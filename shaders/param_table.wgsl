@@ -2,9 +2,9 @@
 // belongs to, and the dispatch geometry of one arena chunk.
 
 struct Dispatch {
-    pairs: u32,       // element pairs per rank in this chunk
-    first_pair: u32,  // the chunk's first pair in the rank's element space
-    rank_words: u32,  // words per rank in this chunk
+    octets: u32,       // groups of eight elements per rank in this chunk
+    first_octet: u32,  // the chunk's first group in the rank's element space
+    rank_quads: u32,   // vec4<u32> words per rank in this chunk
     ranks: u32,       // ranks covered by the grid (SGD/Adam: every rank; averaging: groups)
     params: u32,      // parameters in the arena
     group_size: u32,  // averaging only

@@ -23,51 +23,76 @@ struct SgdScalars {
 @group(0) @binding(0) var<uniform> geometry: Dispatch;
 @group(0) @binding(1) var<storage, read> starts: array<u32>;
 @group(0) @binding(2) var<storage, read> scalars: array<SgdScalars>;
-@group(0) @binding(3) var<storage, read_write> params: array<u32>;
-@group(0) @binding(4) var<storage, read> grads: array<u32>;
-@group(0) @binding(5) var<storage, read_write> momentum: array<u32>;
+@group(0) @binding(3) var<storage, read_write> params: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> grads: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> momentum: array<vec4<u32>>;
 
-fn rp(x: vec2<f32>) -> vec2<f32> {
-    return round_pair(FORMAT, x);
+fn r(x: vec4<f32>) -> vec4<f32> {
+    return round4(FORMAT, x);
 }
 
-fn load_params(base: u32, pair: u32) -> vec2<f32> {
+fn load_params(base: u32, octet: u32) -> Eight {
     if (FORMAT == FORMAT_F32) {
-        return vec2<f32>(bitcast<f32>(params[base + 2u * pair]), bitcast<f32>(params[base + 2u * pair + 1u]));
+        return Eight(bitcast<vec4<f32>>(params[base + 2u * octet]), bitcast<vec4<f32>>(params[base + 2u * octet + 1u]));
     }
-    return unpack_pair(FORMAT, params[base + pair]);
+    return unpack_eight(FORMAT, params[base + octet]);
 }
 
-fn store_params(base: u32, pair: u32, value: vec2<f32>) {
+fn store_params(base: u32, octet: u32, value: Eight) {
     if (FORMAT == FORMAT_F32) {
-        params[base + 2u * pair] = bitcast<u32>(value.x);
-        params[base + 2u * pair + 1u] = bitcast<u32>(value.y);
+        params[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
+        params[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
     } else {
-        params[base + pair] = pack_pair(FORMAT, value);
+        params[base + octet] = pack_eight(FORMAT, value);
     }
 }
 
-fn load_grads(base: u32, pair: u32) -> vec2<f32> {
+fn load_grads(base: u32, octet: u32) -> Eight {
     if (FORMAT == FORMAT_F32) {
-        return vec2<f32>(bitcast<f32>(grads[base + 2u * pair]), bitcast<f32>(grads[base + 2u * pair + 1u]));
+        return Eight(bitcast<vec4<f32>>(grads[base + 2u * octet]), bitcast<vec4<f32>>(grads[base + 2u * octet + 1u]));
     }
-    return unpack_pair(FORMAT, grads[base + pair]);
+    return unpack_eight(FORMAT, grads[base + octet]);
 }
 
-fn load_momentum(base: u32, pair: u32) -> vec2<f32> {
+fn load_momentum(base: u32, octet: u32) -> Eight {
     if (FORMAT == FORMAT_F32) {
-        return vec2<f32>(bitcast<f32>(momentum[base + 2u * pair]), bitcast<f32>(momentum[base + 2u * pair + 1u]));
+        return Eight(bitcast<vec4<f32>>(momentum[base + 2u * octet]), bitcast<vec4<f32>>(momentum[base + 2u * octet + 1u]));
     }
-    return unpack_pair(FORMAT, momentum[base + pair]);
+    return unpack_eight(FORMAT, momentum[base + octet]);
 }
 
-fn store_momentum(base: u32, pair: u32, value: vec2<f32>) {
+fn store_momentum(base: u32, octet: u32, value: Eight) {
     if (FORMAT == FORMAT_F32) {
-        momentum[base + 2u * pair] = bitcast<u32>(value.x);
-        momentum[base + 2u * pair + 1u] = bitcast<u32>(value.y);
+        momentum[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
+        momentum[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
     } else {
-        momentum[base + pair] = pack_pair(FORMAT, value);
+        momentum[base + octet] = pack_eight(FORMAT, value);
     }
+}
+
+// One half (four elements) of the update; `b_old` is ignored on the first step.
+fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> array<vec4<f32>, 2> {
+    var g = g_in;
+    if ((s.flags & MAXIMIZE) != 0u) {
+        g = -g;
+    }
+    if (s.weight_decay != 0.0) {
+        g = r(g + s.weight_decay * p);
+    }
+    var b = b_old;
+    if (s.momentum != 0.0) {
+        if ((s.flags & FIRST_STEP) != 0u) {
+            b = g;
+        } else {
+            b = r(r(b_old * s.momentum) + s.one_minus_dampening * g);
+        }
+        if ((s.flags & NESTEROV) != 0u) {
+            g = r(g + s.momentum * b);
+        } else {
+            g = b;
+        }
+    }
+    return array<vec4<f32>, 2>(r(p + (-s.lr) * g), b);
 }
 
 @compute @workgroup_size(256)
@@ -77,37 +102,27 @@ fn main(
     @builtin(local_invocation_index) local_index: u32,
 ) {
     let index = pair_index(workgroup, groups, local_index);
-    if (index >= geometry.pairs * geometry.ranks) {
+    if (index >= geometry.octets * geometry.ranks) {
         return;
     }
-    let rank = index / geometry.pairs;
-    let pair = index % geometry.pairs;
-    let j = find_param(2u * (geometry.first_pair + pair), geometry.params);
+    let rank = index / geometry.octets;
+    let octet = index % geometry.octets;
+    let j = find_param(8u * (geometry.first_octet + octet), geometry.params);
     let s = scalars[rank * geometry.params + j];
     if ((s.flags & ACTIVE) == 0u) {
         return;
     }
-    let base = rank * geometry.rank_words;
-    let p = load_params(base, pair);
-    var g = load_grads(base, pair);
-    if ((s.flags & MAXIMIZE) != 0u) {
-        g = -g;
+    let base = rank * geometry.rank_quads;
+    let p = load_params(base, octet);
+    let g = load_grads(base, octet);
+    var b = Eight(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (s.momentum != 0.0 && (s.flags & FIRST_STEP) == 0u) {
+        b = load_momentum(base, octet);
     }
-    if (s.weight_decay != 0.0) {
-        g = rp(g + s.weight_decay * p);
-    }
+    let lo = update(p.lo, g.lo, b.lo, s);
+    let hi = update(p.hi, g.hi, b.hi, s);
     if (s.momentum != 0.0) {
-        var b = g;
-        if ((s.flags & FIRST_STEP) == 0u) {
-            let scaled = rp(load_momentum(base, pair) * s.momentum);
-            b = rp(scaled + s.one_minus_dampening * g);
-        }
-        store_momentum(base, pair, b);
-        if ((s.flags & NESTEROV) != 0u) {
-            g = rp(g + s.momentum * b);
-        } else {
-            g = b;
-        }
+        store_momentum(base, octet, Eight(lo[1], hi[1]));
     }
-    store_params(base, pair, rp(p + (-s.lr) * g));
+    store_params(base, octet, Eight(lo[0], hi[0]));
 }

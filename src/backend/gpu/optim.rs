@@ -15,9 +15,9 @@ const BLOCK_ELEMENTS: usize = 512;
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct Geometry {
-    pairs: u32,
-    first_pair: u32,
-    rank_words: u32,
+    octets: u32,
+    first_octet: u32,
+    rank_quads: u32,
     ranks: u32,
     params: u32,
     group_size: u32,
@@ -113,9 +113,11 @@ impl GpuBackend {
             let mut first_element = 0usize;
             for (c, chunk) in gpu.chunks.iter().enumerate() {
                 let geometry = Geometry {
-                    pairs: (chunk.len / 2) as u32,
-                    first_pair: (first_element / 2) as u32,
-                    rank_words: chunk.rank_words as u32,
+                    // Chunks hold whole 64-element parameter slots: eight-element groups and
+                    // whole vec4<u32> words per rank.
+                    octets: (chunk.len / 8) as u32,
+                    first_octet: (first_element / 8) as u32,
+                    rank_quads: (chunk.rank_words / 4) as u32,
                     ranks: lanes as u32,
                     params: params as u32,
                     group_size: group_size as u32,
@@ -128,7 +130,7 @@ impl GpuBackend {
                 });
                 let bind_group = bind(c, &uniform);
                 pass.set_bind_group(0, &bind_group, &[]);
-                let (x, y) = self.grid(chunk.len / 2 * lanes);
+                let (x, y) = self.grid(chunk.len / 8 * lanes);
                 pass.dispatch_workgroups(x, y, 1);
                 first_element += chunk.len;
             }
