@@ -924,3 +924,37 @@ fn json_tensor_round_trip_is_exact() {
     assert_eq!(number_to_json(f64::NAN), json!("nan"));
     assert_eq!(number_to_json(f64::NEG_INFINITY), json!("-inf"));
 }
+
+#[test]
+fn optimizers_refuse_replicas_they_were_not_built_for() {
+    use distopt::comm::SimulatedWorld;
+    use distopt::optim::{Adam, AdamOptions, LocalOptimizer, OptionMap, Sgd, SgdOptions};
+    use distopt::replicas::Replicas;
+    use distopt::zero::{ZeroOptions, ZeroRedundancyOptimizer};
+    use std::sync::Arc;
+
+    let backend: Arc<dyn distopt::Backend> = Arc::new(distopt::CpuBackend::new());
+    let one = Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap();
+    let small = Replicas::replicate(backend.clone(), 2, std::slice::from_ref(&one)).unwrap();
+    let mut big = Replicas::replicate(backend.clone(), 2, &[one.clone(), one.clone()]).unwrap();
+    let mut sgd = Sgd::new(&small, SgdOptions::default()).unwrap();
+    assert_eq!(
+        sgd.step(&mut big).unwrap_err().kind(),
+        distopt::ErrorKind::ValueError
+    );
+    let mut adam = Adam::new(&small, AdamOptions::defaults(false), false).unwrap();
+    assert!(adam.step(&mut big).is_err());
+    assert!(pollster::block_on(adam.state_dict(&small, 5)).is_err());
+    let world = Arc::new(SimulatedWorld::new(2).unwrap());
+    let groups = vec![(vec![0], OptionMap::new())];
+    let mut zero = ZeroRedundancyOptimizer::new(
+        world,
+        &small,
+        groups,
+        "SGD",
+        &OptionMap::new(),
+        ZeroOptions::default(),
+    )
+    .unwrap();
+    assert!(zero.step(&mut big).is_err());
+}

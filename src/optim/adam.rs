@@ -4,8 +4,8 @@ use serde_json::{Value, json};
 
 use super::options::{self, OptionMap};
 use super::{
-    LocalOptimizer, apply_loaded_options, check_groups, check_loaded_groups, local_indices,
-    param_groups_json, read_state, write_state,
+    LocalOptimizer, apply_loaded_options, check_groups, check_loaded_groups, check_same_model,
+    local_indices, param_groups_json, read_state, write_state,
 };
 use crate::backend::kernels::{AdamArenas, AdamScalars};
 use crate::backend::{Arena, BoxFuture};
@@ -223,6 +223,7 @@ impl LocalOptimizer for Adam {
     }
 
     fn step(&mut self, replicas: &mut Replicas) -> Result<()> {
+        check_same_model(replicas, self.ranks, self.steps.len() / self.ranks.max(1))?;
         let count = replicas.len();
         let mut options_of: Vec<Option<AdamOptions>> = vec![None; count];
         for (params, map) in &self.groups {
@@ -330,6 +331,13 @@ impl LocalOptimizer for Adam {
         rank: usize,
     ) -> BoxFuture<'a, Result<Value>> {
         Box::pin(async move {
+            check_same_model(replicas, self.ranks, self.steps.len() / self.ranks.max(1))?;
+            if rank >= self.ranks {
+                return Err(Error::new(
+                    crate::ErrorKind::IndexError,
+                    format!("rank {rank} out of range for {} ranks", self.ranks),
+                ));
+            }
             let groups = self.param_groups();
             let amsgrad_of = |j: usize| {
                 self.groups
@@ -372,6 +380,13 @@ impl LocalOptimizer for Adam {
         rank: usize,
         state_dict: &Value,
     ) -> Result<()> {
+        check_same_model(replicas, self.ranks, self.steps.len() / self.ranks.max(1))?;
+        if rank >= self.ranks {
+            return Err(Error::new(
+                crate::ErrorKind::IndexError,
+                format!("rank {rank} out of range for {} ranks", self.ranks),
+            ));
+        }
         let groups = self.param_groups();
         let saved = check_loaded_groups(&groups, state_dict)?;
         let locals = local_indices(&groups, replicas.len());

@@ -84,6 +84,18 @@ pub fn create(
     })
 }
 
+/// A `ValueError` unless `replicas` has the ranks and parameters an optimizer was built for.
+pub(crate) fn check_same_model(replicas: &Replicas, ranks: usize, params: usize) -> Result<()> {
+    if replicas.ranks() != ranks || replicas.len() != params {
+        return Err(Error::value(format!(
+            "this optimizer was built for {ranks} ranks of {params} parameters, not {} ranks of {}",
+            replicas.ranks(),
+            replicas.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that every index of `groups` names a parameter of `replicas` and appears once.
 pub(crate) fn check_groups(replicas: &Replicas, groups: &[Vec<usize>]) -> Result<()> {
     let mut seen = vec![false; replicas.len()];

@@ -363,6 +363,15 @@ impl ZeroRedundancyOptimizer {
             self.bucket_trainable = self.trainable.clone();
         }
         self.initialized()?;
+        if replicas.ranks() != self.world.world_size() || replicas.len() != self.trainable.len() {
+            return Err(Error::value(format!(
+                "this ZeroRedundancyOptimizer was built for {} ranks of {} parameters, not {} ranks of {}",
+                self.world.world_size(),
+                self.trainable.len(),
+                replicas.ranks(),
+                replicas.len()
+            )));
+        }
         let backend = replicas.backend().clone();
         for (rank, shard) in self.shards.iter_mut().enumerate() {
             if shard.global.is_empty() {
