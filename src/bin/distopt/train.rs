@@ -130,10 +130,11 @@ impl Options {
             "sync" => vec![Algorithm::SyncSgd],
             "periodic" => vec![periodic],
             "hierarchical" => vec![hierarchical],
-            "all" => vec![Algorithm::SyncSgd, periodic, hierarchical],
+            "zero" => vec![Algorithm::Zero],
+            "all" => vec![Algorithm::SyncSgd, periodic, hierarchical, Algorithm::Zero],
             other => {
                 return Err(Error::value(format!(
-                    "unknown algorithm '{other}': expected sync, periodic, hierarchical or all"
+                    "unknown algorithm '{other}': expected sync, periodic, hierarchical, zero or all"
                 )));
             }
         };
@@ -402,7 +403,7 @@ fn to_table(
             human_bytes(world),
             format!("{:.2}", r.ms_per_step()),
             match r.algorithm {
-                Algorithm::SyncSgd => "-".to_string(),
+                Algorithm::SyncSgd | Algorithm::Zero => "-".to_string(),
                 _ => format!("{}/{}", r.steps_averaged, r.mean_loss.len()),
             },
         ]);
