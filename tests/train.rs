@@ -285,7 +285,7 @@ fn cli_train_json() {
         .iter()
         .map(|r| r["algorithm"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["sync", "periodic", "hierarchical"]);
+    assert_eq!(names, ["sync", "periodic", "hierarchical", "zero"]);
     for r in results {
         let curve = r["mean_loss_per_step"].as_array().unwrap();
         assert_eq!(curve.len(), 40);

@@ -430,8 +430,8 @@ fn to_table(
         "\ntrain loss   mean over ranks of the mini-batch loss, last {SMOOTHING_STEPS} steps\n\
          model loss   loss and accuracy of the mean of the replicas on all {} samples\n\
          divergence   largest L2 distance of a replica from that mean, after the last step\n\
-         sent/rank    bytes each rank sent in all-reduces (a ring all-reduce over g ranks \
-         sends 2(g-1)/g of the tensor)\n\
+         sent/rank    bytes each rank sent: all-reduces (a ring all-reduce over g ranks \
+         sends 2(g-1)/g of the tensor) and, for zero, the owners' broadcasts\n\
          world-level  the part of them sent in all-reduces over all {} ranks\n\
          ms/step      wall time of a step: host gradients, upload, all-reduces, SGD, readback\n\
          averaged     steps that averaged the parameters\n\n",
