@@ -106,6 +106,9 @@ fn round_pair(format: u32, pair: vec2<f32>) -> vec2<f32> {
     return unpack_pair(format, pack_pair(format, pair));
 }
 
+// Each kernel repeats small load/store helpers per binding: core WGSL (as browsers accept it)
+// cannot pass a storage-buffer pointer to a function, so a helper can only name its binding.
+//
 // Memory-bound kernels handle eight consecutive elements per invocation, read and written as
 // whole vec4<u32> words: two for float32, one for the packed 16-bit formats.
 struct Eight {

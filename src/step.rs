@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::backend::{Arena, Backend, layout_params};
+use crate::backend::{Arena, Backend, CopyRegion, layout_params};
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
 use crate::tensor::{DeviceSlice, HostData, Storage, Tensor, format_shape};
@@ -296,14 +296,16 @@ impl<'a> StepGroup<'a> {
             arena.write(rank, 0, &image)?;
         }
         for (slice, offset) in on_device {
-            backend.copy_elements(
+            backend.copy_regions(
                 &slice.arena,
-                slice.rank,
-                slice.offset,
                 arena,
-                rank,
-                offset,
-                slice.len,
+                &[CopyRegion {
+                    src_rank: slice.rank,
+                    src_offset: slice.offset,
+                    dst_rank: rank,
+                    dst_offset: offset,
+                    len: slice.len,
+                }],
             )?;
         }
         Ok(())

@@ -709,21 +709,6 @@ impl Backend for CpuBackend {
         ))
     }
 
-    fn copy_elements(
-        &self,
-        src: &Arena,
-        src_rank: usize,
-        src_offset: usize,
-        dst: &mut Arena,
-        dst_rank: usize,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        check_same_format(src, dst)?;
-        let words = src.read_range_host(src_rank, src_offset, len)?;
-        dst.write(dst_rank, dst_offset, &words)
-    }
-
     fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()> {
         check_same_format(src, dst)?;
         let from = host(src)?;
@@ -804,20 +789,6 @@ impl Backend for CpuBackend {
 
     fn synchronize(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async { Ok(()) })
-    }
-}
-
-impl Arena {
-    fn read_range_host(&self, rank: usize, offset: usize, len: usize) -> Result<Vec<u32>> {
-        self.check_range(rank, offset, len)?;
-        let format = self.format();
-        if format.words_for(offset) * 4 != offset * format.element_bytes() {
-            return Err(Error::value(format!(
-                "arena read at element {offset} is not word aligned"
-            )));
-        }
-        let start = rank * format.words_for(self.rank_len()) + format.words_for(offset);
-        Ok(host(self)?[start..start + format.words_for(len)].to_vec())
     }
 }
 

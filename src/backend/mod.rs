@@ -271,19 +271,6 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         chunk_len: usize,
     ) -> Result<Arena>;
 
-    /// Copies `len` elements (word aligned) between arenas of the same format.
-    #[allow(clippy::too_many_arguments)]
-    fn copy_elements(
-        &self,
-        src: &Arena,
-        src_rank: usize,
-        src_offset: usize,
-        dst: &mut Arena,
-        dst_rank: usize,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()>;
-
     /// Copies a whole arena into another of the same format and shape.
     fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()>;
 

@@ -318,47 +318,6 @@ impl Backend for GpuBackend {
         ))
     }
 
-    fn copy_elements(
-        &self,
-        src: &Arena,
-        src_rank: usize,
-        src_offset: usize,
-        dst: &mut Arena,
-        dst_rank: usize,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        check_same_format(src, dst)?;
-        let (from, to) = (self.gpu(src)?, self.gpu(dst)?);
-        let format = src.format();
-        if !format.is_word_aligned(src_offset) || !format.is_word_aligned(dst_offset) {
-            return Err(Error::value("copy_elements offsets must be word aligned"));
-        }
-        let words = src.format().words_for(len);
-        let mut encoder = self
-            .shared
-            .device
-            .create_command_encoder(&Default::default());
-        let mut copied = 0;
-        // Walk both chunkings at once, copying the largest run that stays inside one chunk
-        // of each.
-        while copied < words {
-            let (s_buf, s_off, s_left) = from.locate(src_rank, format.word_of(src_offset) + copied);
-            let (d_buf, d_off, d_left) = to.locate(dst_rank, format.word_of(dst_offset) + copied);
-            let run = s_left.min(d_left).min(words - copied);
-            encoder.copy_buffer_to_buffer(
-                s_buf,
-                s_off as u64 * 4,
-                d_buf,
-                d_off as u64 * 4,
-                Some(run as u64 * 4),
-            );
-            copied += run;
-        }
-        self.shared.queue.submit([encoder.finish()]);
-        self.shared.take_uncaptured()
-    }
-
     fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()> {
         check_same_format(src, dst)?;
         let (from, to) = (self.gpu(src)?, self.gpu(dst)?);
