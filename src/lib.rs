@@ -53,9 +53,9 @@ pub use backend::{
 };
 pub use dtype::{DType, StorageFormat};
 pub use error::{Error, ErrorKind, Result};
+pub use step::{StepOutput, sgd_step, sgd_step_in, to_device};
 #[cfg(not(target_arch = "wasm32"))]
-pub use step::sgd_step_blocking;
-pub use step::{StepOutput, sgd_step, to_device};
+pub use step::{sgd_step_blocking, sgd_step_in_blocking};
 pub use tensor::{HostData, Storage, Tensor};
 
 /// The README's examples, compiled and run as doctests.

@@ -151,9 +151,15 @@ impl PostLocalSgdState {
         };
         let backend = replicas.backend().clone();
         let ranks = replicas.ranks();
-        let has: Vec<bool> = (0..replicas.len())
-            .map(|j| (0..ranks).any(|r| replicas.has_grad(r, j)))
+        // Which gradients exist on some rank (DDP's map of used parameters).
+        let local: Vec<Vec<bool>> = (0..ranks)
+            .map(|r| {
+                (0..replicas.len())
+                    .map(|j| replicas.has_grad(r, j))
+                    .collect()
+            })
             .collect();
+        let has = crate::comm::any_rank(self.world.as_ref(), &local)?;
         let bytes: Vec<u64> = replicas
             .groups
             .iter()

@@ -232,10 +232,13 @@ impl Replicas {
         world: &dyn crate::comm::Communicator,
         root: usize,
     ) -> Result<()> {
-        if root >= self.ranks {
+        if root >= world.world_size() {
             return Err(Error::new(
                 crate::ErrorKind::IndexError,
-                format!("rank {root} out of range for {} ranks", self.ranks),
+                format!(
+                    "rank {root} out of range for a world of {} ranks",
+                    world.world_size()
+                ),
             ));
         }
         let backend = self.backend.clone();

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::backend::{Arena, Backend, CopyRegion, layout_params};
+use crate::comm::Communicator;
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
 use crate::tensor::{DeviceSlice, HostData, Storage, Tensor, format_shape};
@@ -80,43 +81,45 @@ pub fn validate(
     parameter_replicas: &[Vec<Tensor>],
     gradient_replicas: &[Vec<Option<Tensor>>],
 ) -> Result<()> {
-    let ranks = parameter_replicas.len();
+    let params: Vec<Vec<&[usize]>> = parameter_replicas
+        .iter()
+        .map(|rank| rank.iter().map(Tensor::shape).collect())
+        .collect();
+    let grads: Vec<Vec<Option<&[usize]>>> = gradient_replicas
+        .iter()
+        .map(|rank| rank.iter().map(|g| g.as_ref().map(Tensor::shape)).collect())
+        .collect();
+    validate_shapes(&params, &grads)
+}
+
+/// [`validate`] on the shapes alone (`None`: a missing gradient).
+fn validate_shapes(params: &[Vec<&[usize]>], grads: &[Vec<Option<&[usize]>>]) -> Result<()> {
+    let ranks = params.len();
     if ranks == 0 {
         return Err(errors::no_replicas());
     }
-    if gradient_replicas.len() != ranks {
-        return Err(errors::gradient_replica_count(
-            gradient_replicas.len(),
-            ranks,
-        ));
+    if grads.len() != ranks {
+        return Err(errors::gradient_replica_count(grads.len(), ranks));
     }
-    let count = parameter_replicas[0].len();
+    let count = params[0].len();
     for rank in 0..ranks {
-        if parameter_replicas[rank].len() != count {
-            return Err(errors::param_count(
-                rank,
-                parameter_replicas[rank].len(),
-                count,
-            ));
+        if params[rank].len() != count {
+            return Err(errors::param_count(rank, params[rank].len(), count));
         }
-        if gradient_replicas[rank].len() != count {
-            return Err(errors::gradient_count(
-                rank,
-                gradient_replicas[rank].len(),
-                count,
-            ));
+        if grads[rank].len() != count {
+            return Err(errors::gradient_count(rank, grads[rank].len(), count));
         }
     }
     for j in 0..count {
-        let shape0 = parameter_replicas[0][j].shape();
+        let shape0 = params[0][j];
         for rank in 0..ranks {
-            let param = &parameter_replicas[rank][j];
-            if param.shape() != shape0 {
-                return Err(errors::param_shape(j, rank, param.shape(), shape0));
+            let shape = params[rank][j];
+            if shape != shape0 {
+                return Err(errors::param_shape(j, rank, shape, shape0));
             }
-            if let Some(grad) = &gradient_replicas[rank][j] {
-                if grad.shape() != param.shape() {
-                    return Err(errors::gradient_shape(j, rank, grad.shape(), param.shape()));
+            if let Some(grad) = grads[rank][j] {
+                if grad != shape {
+                    return Err(errors::gradient_shape(j, rank, grad, shape));
                 }
             }
         }
@@ -190,6 +193,184 @@ pub async fn sgd_step(
             })
             .collect(),
     })
+}
+
+/// [`sgd_step`] in a world of ranks: each process passes the parameter and gradient lists of
+/// its local ranks ([`Communicator::local_ranks`]); every process of the world calls it.
+///
+/// A world held by this process alone (the simulated world) runs [`sgd_step`]. Otherwise (one
+/// rank per process, over MPI) the ranks first exchange their lists' shapes, so that every
+/// process reports the same error, naming the rank, for inputs `sgd_step` would reject; then
+/// the float32 images of the gradients (a missing one is zeros) are all-reduced (summed) over
+/// the world, divided by the world size and rounded to each parameter's dtype, and the update
+/// is applied to rank 0's parameter values, broadcast from it (the shared original
+/// parameter). The sum's order is the transport's, as with any all-reduce: bit-exact with
+/// [`sgd_step`] for two ranks, within rounding for more. `updated_replicas` holds the local
+/// ranks' copies; outputs are on the device where rank 0's parameter is.
+pub async fn sgd_step_in(
+    world: &dyn Communicator,
+    backend: &dyn Backend,
+    parameter_replicas: &[Vec<Tensor>],
+    gradient_replicas: &[Vec<Option<Tensor>>],
+    learning_rate: f64,
+) -> Result<StepOutput> {
+    let local = world.local_ranks();
+    if local.len() == world.world_size() {
+        return sgd_step(
+            backend,
+            parameter_replicas,
+            gradient_replicas,
+            learning_rate,
+        )
+        .await;
+    }
+    if parameter_replicas.len() != local.len() || gradient_replicas.len() != local.len() {
+        return Err(Error::value(format!(
+            "this process holds ranks {}..{} of {}: pass their {} parameter and gradient lists, not {} and {}",
+            local.start,
+            local.end,
+            world.world_size(),
+            local.len(),
+            parameter_replicas.len(),
+            gradient_replicas.len()
+        )));
+    }
+    // Every rank's shapes and dtypes, so that every process validates the whole world.
+    let describe = |rank: usize| -> Vec<u8> {
+        let params: Vec<(&str, &[usize])> = parameter_replicas[rank]
+            .iter()
+            .map(|p| (p.dtype().name(), p.shape()))
+            .collect();
+        let grads: Vec<Option<(&str, &[usize])>> = gradient_replicas[rank]
+            .iter()
+            .map(|g| g.as_ref().map(|g| (g.dtype().name(), g.shape())))
+            .collect();
+        serde_json::to_vec(&(params, grads)).unwrap_or_default()
+    };
+    let described = world.all_gather_bytes((0..local.len()).map(describe).collect())?;
+    type Described = (Vec<(String, Vec<usize>)>, Vec<Option<(String, Vec<usize>)>>);
+    let all: Vec<Described> = described
+        .iter()
+        .map(|bytes| {
+            serde_json::from_slice(bytes)
+                .map_err(|e| Error::runtime(format!("a rank sent malformed shapes: {e}")))
+        })
+        .collect::<Result<_>>()?;
+    let params: Vec<Vec<&[usize]>> = all
+        .iter()
+        .map(|(p, _)| p.iter().map(|(_, s)| s.as_slice()).collect())
+        .collect();
+    let grads: Vec<Vec<Option<&[usize]>>> = all
+        .iter()
+        .map(|(_, g)| {
+            g.iter()
+                .map(|g| g.as_ref().map(|(_, s)| s.as_slice()))
+                .collect()
+        })
+        .collect();
+    validate_shapes(&params, &grads)?;
+    let world_size = world.world_size();
+    let first = &parameter_replicas[0];
+    // The gradients' float32 images, every parameter's after the previous one.
+    let mut images = Vec::with_capacity(local.len());
+    for grads in gradient_replicas {
+        let mut image = Vec::new();
+        for (j, grad) in grads.iter().enumerate() {
+            match grad {
+                Some(g) => image.extend(
+                    g.to_host()
+                        .await?
+                        .values_f64()?
+                        .into_iter()
+                        .map(|v| v as f32),
+                ),
+                None => image.extend(std::iter::repeat_n(0f32, first[j].numel())),
+            }
+        }
+        images.push(image);
+    }
+    let sums = world.all_reduce_sum_f32(&images)?;
+    // Rank 0's parameter values: the shared original parameter.
+    let mut originals = None;
+    if local.start == 0 {
+        let mut bytes = Vec::new();
+        for p in first {
+            for v in p.to_host().await?.values_f64()? {
+                bytes.extend(v.to_le_bytes());
+            }
+        }
+        originals = Some(bytes);
+    }
+    let originals = world.broadcast_bytes(0, originals)?;
+    let originals: Vec<f64> = originals
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect();
+    let lr = learning_rate as f32;
+    let (mut means, mut updated) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    for p in first {
+        let n = p.numel();
+        let format = p.dtype().storage();
+        if originals.len() < at + n || sums.len() < at + n {
+            return Err(Error::runtime(
+                "rank 0 sent fewer parameter values than expected",
+            ));
+        }
+        // `+ 0.0`: the reference starts its sum from +0, so an all -0 sum is +0.
+        let mean: Vec<f64> = sums[at..at + n]
+            .iter()
+            .map(|&s| format.round_f64(f64::from((s + 0.0) / world_size as f32)))
+            .collect();
+        let update: Vec<f64> = originals[at..at + n]
+            .iter()
+            .zip(&mean)
+            .map(|(&p0, &m)| format.round_f64(f64::from(p0 as f32 - lr * m as f32)))
+            .collect();
+        means.push(Tensor::from_f64(p.dtype(), p.shape(), &mean)?);
+        updated.push(Tensor::from_f64(p.dtype(), p.shape(), &update)?);
+        at += n;
+    }
+    if first.iter().any(Tensor::is_on_device) {
+        means = place_like(backend, first, means).await?;
+        updated = place_like(backend, first, updated).await?;
+    }
+    Ok(StepOutput {
+        mean_gradients: means,
+        updated_replicas: vec![updated; local.len()],
+    })
+}
+
+/// Moves the outputs of device-resident parameters to the device (independent arenas).
+async fn place_like(
+    backend: &dyn Backend,
+    like: &[Tensor],
+    tensors: Vec<Tensor>,
+) -> Result<Vec<Tensor>> {
+    let on_device = to_device(backend, &tensors).await?;
+    Ok(like
+        .iter()
+        .zip(tensors.into_iter().zip(on_device))
+        .map(|(p, (host, device))| if p.is_on_device() { device } else { host })
+        .collect())
+}
+
+/// Blocking [`sgd_step_in`] for native callers.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn sgd_step_in_blocking(
+    world: &dyn Communicator,
+    backend: &dyn Backend,
+    parameter_replicas: &[Vec<Tensor>],
+    gradient_replicas: &[Vec<Option<Tensor>>],
+    learning_rate: f64,
+) -> Result<StepOutput> {
+    pollster::block_on(sgd_step_in(
+        world,
+        backend,
+        parameter_replicas,
+        gradient_replicas,
+        learning_rate,
+    ))
 }
 
 /// Blocking [`sgd_step`] for native callers.

@@ -11,7 +11,10 @@
 //! the host, writes the gradients with [`Replicas::set_grads`], synchronizes them with the
 //! post-local-SGD hook ([`PostLocalSgdState`]) and runs the local [`Sgd`] step — plain, for
 //! synchronous SGD, or wrapped in a [`PostLocalSgdOptimizer`] with a periodic or hierarchical
-//! model averager. Communication is counted by a [`SimulatedWorld`].
+//! model averager. Communication goes through a [`Communicator`]: a [`SimulatedWorld`] holding
+//! every rank ([`Trainer::new`]), or one rank per process over MPI ([`Trainer::with_world`]),
+//! where each process trains its own shard and the reports (losses, divergence, evaluation)
+//! are gathered so that every process sees the whole world's.
 //!
 //! Nothing here blocks or reads a clock: the core is `async` (on wasm32 a step awaits the
 //! device's readback); native callers use the `*_blocking` wrappers.
@@ -623,13 +626,19 @@ enum Driver {
 pub struct Trainer {
     task: Arc<SyntheticTask>,
     config: TrainConfig,
-    world: Arc<SimulatedWorld>,
+    world: Arc<dyn Communicator>,
+    /// The local ranks' replicas (all of them in a simulated world).
     replicas: Replicas,
     hook: PostLocalSgdState,
     driver: Driver,
     steps: u64,
-    /// The parameters currently in `replicas`, as read back: `[rank][param][element]`.
+    /// Every world rank's parameters, as read back (and gathered): `[rank][param][element]`.
     host_params: Option<Vec<Vec<Vec<f64>>>>,
+    /// Every world rank's optimizer state bytes, as of the last step.
+    state_bytes: Vec<u64>,
+    /// What the world's counters held when this trainer started, plus what the reports' own
+    /// gathers added since: not this training's traffic.
+    excluded: CommStats,
 }
 
 fn to_i64(value: u64, what: &str) -> Result<i64> {
@@ -646,7 +655,26 @@ impl Trainer {
         task: Arc<SyntheticTask>,
         config: TrainConfig,
     ) -> Result<Trainer> {
-        let ranks = task.ranks();
+        let world = Arc::new(SimulatedWorld::new(task.ranks())?);
+        Trainer::with_world(backend, task, config, world)
+    }
+
+    /// [`Trainer::new`] over any world: this process trains the shards of its local ranks
+    /// (see [`Communicator::local_ranks`]). The task must have one shard per world rank.
+    /// Every process of the world must make the same calls.
+    pub fn with_world(
+        backend: Arc<dyn Backend>,
+        task: Arc<SyntheticTask>,
+        config: TrainConfig,
+        world: Arc<dyn Communicator>,
+    ) -> Result<Trainer> {
+        if task.ranks() != world.world_size() {
+            return Err(Error::value(format!(
+                "the task has {} shards, the world {} ranks",
+                task.ranks(),
+                world.world_size()
+            )));
+        }
         if !config.lr.is_finite() || !config.momentum.is_finite() {
             return Err(Error::value(format!(
                 "learning rate and momentum must be finite, got {} and {}",
@@ -656,9 +684,9 @@ impl Trainer {
         if config.batch_size == 0 {
             return Err(Error::value("the batch size must be positive"));
         }
-        let world = Arc::new(SimulatedWorld::new(ranks)?);
-        let comm: Arc<dyn Communicator> = world.clone();
-        let replicas = Replicas::replicate(backend, ranks, &task.initial_params()?)?;
+        let comm = world.clone();
+        let replicas =
+            Replicas::replicate(backend, world.local_ranks().len(), &task.initial_params()?)?;
         let sgd = Sgd::new(
             &replicas,
             SgdOptions {
@@ -735,7 +763,7 @@ impl Trainer {
                 )
             }
         };
-        Ok(Trainer {
+        let mut trainer = Trainer {
             task,
             config,
             world,
@@ -744,7 +772,48 @@ impl Trainer {
             driver,
             steps: 0,
             host_params: None,
-        })
+            state_bytes: Vec::new(),
+            excluded: CommStats::default(),
+        };
+        trainer.excluded = trainer.world.stats();
+        trainer.state_bytes = trainer.gather_state_bytes()?;
+        Ok(trainer)
+    }
+
+    /// The world this trainer communicates in.
+    pub fn world(&self) -> &Arc<dyn Communicator> {
+        &self.world
+    }
+
+    /// Runs a gather for a report, keeping its bytes out of the training traffic.
+    fn reporting<T>(&mut self, gather: impl FnOnce(&dyn Communicator) -> Result<T>) -> Result<T> {
+        let before = self.world.stats();
+        let result = gather(self.world.as_ref());
+        let after = self.world.stats();
+        self.excluded.gather_bytes += after.gather_bytes - before.gather_bytes;
+        self.excluded.collectives += after.collectives - before.collectives;
+        result
+    }
+
+    fn gather_state_bytes(&mut self) -> Result<Vec<u64>> {
+        let local: Vec<Vec<f64>> = match &self.driver {
+            Driver::Sync(sgd) => {
+                vec![vec![sgd.state_bytes_per_rank() as f64]; self.replicas.ranks()]
+            }
+            Driver::PostLocal(opt) => {
+                vec![vec![opt.optim().state_bytes_per_rank() as f64]; self.replicas.ranks()]
+            }
+            Driver::Zero(zero) => zero
+                .state_bytes_per_rank()
+                .into_iter()
+                .map(|b| vec![b as f64])
+                .collect(),
+        };
+        let all = self.reporting(|world| crate::comm::all_gather_f64(world, &local))?;
+        Ok(all
+            .iter()
+            .map(|v| v.first().copied().unwrap_or(0.0) as u64)
+            .collect())
     }
 
     /// The task being learned.
@@ -769,32 +838,63 @@ impl Trainer {
 
     /// Bytes of optimizer state each rank holds: with a local SGD every rank keeps momentum
     /// for the whole model; with ZeRO only for the parameters it owns.
+    /// (Every world rank, as of the last step.)
     pub fn optimizer_state_bytes_per_rank(&self) -> Vec<u64> {
-        let ranks = self.task.ranks();
-        match &self.driver {
-            Driver::Sync(sgd) => vec![sgd.state_bytes_per_rank() as u64; ranks],
-            Driver::PostLocal(opt) => vec![opt.optim().state_bytes_per_rank() as u64; ranks],
-            Driver::Zero(zero) => zero
-                .state_bytes_per_rank()
-                .into_iter()
-                .map(|b| b as u64)
-                .collect(),
-        }
+        self.state_bytes.clone()
     }
 
-    /// Bytes communicated so far, by kind of collective.
+    /// Bytes communicated by training so far, by kind of collective (this process's ranks;
+    /// the gathers behind the reports are not counted).
     pub fn comm_stats(&self) -> CommStats {
-        self.world.stats()
+        self.world.stats().since(&self.excluded)
     }
 
-    /// The replicas' parameters on the host, read back when the cache is empty.
+    /// Every world rank's parameters on the host, read back (and gathered from the other
+    /// processes) when the cache is empty.
     async fn host_params(&mut self) -> Result<&Vec<Vec<Vec<f64>>>> {
         if self.host_params.is_none() {
-            self.host_params = Some(read_params(&self.replicas).await?);
+            let local = read_params(&self.replicas).await?;
+            let shapes = self.task.param_shapes();
+            let all = self.gather_per_rank(&local, &shapes)?;
+            self.host_params = Some(all);
         }
         self.host_params
             .as_ref()
             .ok_or_else(|| Error::runtime("parameters were not read back"))
+    }
+
+    /// Every world rank's `[param][element]` values from the local ranks' (no exchange when
+    /// this process holds the whole world).
+    fn gather_per_rank(
+        &mut self,
+        local: &[Vec<Vec<f64>>],
+        shapes: &[Vec<usize>],
+    ) -> Result<Vec<Vec<Vec<f64>>>> {
+        if self.world.local_ranks().len() == self.world.world_size() {
+            return Ok(local.to_vec());
+        }
+        let flat: Vec<Vec<f64>> = local.iter().map(|rank| rank.concat()).collect();
+        let all = self.reporting(|world| crate::comm::all_gather_f64(world, &flat))?;
+        let numels: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+        all.into_iter()
+            .map(|values| {
+                if values.len() != numels.iter().sum::<usize>() {
+                    return Err(Error::runtime(format!(
+                        "a rank sent {} values, the model has {}",
+                        values.len(),
+                        numels.iter().sum::<usize>()
+                    )));
+                }
+                let mut at = 0;
+                Ok(numels
+                    .iter()
+                    .map(|&n| {
+                        at += n;
+                        values[at - n..at].to_vec()
+                    })
+                    .collect())
+            })
+            .collect()
     }
 
     /// Rank `rank`'s mini-batch for the coming step: indices into its shard.
@@ -813,17 +913,23 @@ impl Trainer {
     /// local SGD step and (post-local SGD) the averager. Returns what happened.
     pub async fn step(&mut self) -> Result<StepReport> {
         let ranks = self.task.ranks();
+        let local = self.world.local_ranks();
         let shapes = self.task.param_shapes();
-        let batches: Vec<Vec<usize>> = (0..ranks).map(|r| self.batch(r)).collect();
+        let batches: Vec<Vec<usize>> = local.clone().map(|r| self.batch(r)).collect();
         let task = self.task.clone();
         let params = self.host_params().await?;
-        let mut loss_per_rank = Vec::with_capacity(ranks);
-        let mut all_grads = Vec::with_capacity(ranks);
-        for (rank, batch) in batches.iter().enumerate() {
+        let mut local_losses = Vec::with_capacity(local.len());
+        let mut all_grads = Vec::with_capacity(local.len());
+        for (rank, batch) in local.clone().zip(&batches) {
             let (loss, grads) = task.loss_and_grad(&params[rank], rank, batch)?;
-            loss_per_rank.push(loss);
+            local_losses.push(vec![loss]);
             all_grads.push(grads);
         }
+        let loss_per_rank: Vec<f64> = self
+            .reporting(|world| crate::comm::all_gather_f64(world, &local_losses))?
+            .into_iter()
+            .map(|l| l.first().copied().unwrap_or(f64::NAN))
+            .collect();
         for (rank, grads) in all_grads.into_iter().enumerate() {
             let tensors = grads
                 .iter()
@@ -850,13 +956,14 @@ impl Trainer {
         };
         self.steps += 1;
         let divergence = divergence(self.host_params().await?);
+        self.state_bytes = self.gather_state_bytes()?;
         let mean_loss = loss_per_rank.iter().sum::<f64>() / ranks as f64;
         Ok(StepReport {
             step: self.steps,
             loss_per_rank,
             mean_loss,
             divergence,
-            bytes_communicated_per_rank: self.world.stats().total_bytes(),
+            bytes_communicated_per_rank: self.comm_stats().total_bytes(),
             gradients_reduced,
             averaged,
             optimizer_state_bytes_per_rank: self.optimizer_state_bytes_per_rank(),

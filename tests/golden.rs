@@ -80,8 +80,10 @@ fn run_case(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
     let result = match case.kind.as_str() {
         "dp_sgd_step" => run_dp_sgd_step(backend.as_ref(), case),
         "local_optimizer" => runners::optimizers::run(backend, case),
-        "periodic_averager" | "hierarchical_averager" => runners::averagers::run(backend, case),
-        "post_local_sgd" => runners::post_local_sgd::run(backend, case),
+        "periodic_averager" | "hierarchical_averager" => {
+            runners::averagers::run(backend, case, &runners::simulated_world)
+        }
+        "post_local_sgd" => runners::post_local_sgd::run(backend, case, &runners::simulated_world),
         "distributed_optimizer" => runners::distributed_optimizer::run(backend, case),
         "zero_partition" | "zero_trajectory" | "zero_errors" | "zero_join" => {
             runners::zero::run(backend, case)

@@ -1,16 +1,25 @@
 //! The communication layer: a world of ranks, contiguous subgroups, and collectives over
 //! replica arenas, with the bytes a real implementation would move recorded per group level.
 //!
-//! Today every rank lives in this process on one device ([`SimulatedWorld`]); the
-//! [`Communicator`] trait is what a one-rank-per-process implementation provides instead.
+//! A [`Communicator`] serves the ranks this process holds (its *local ranks*): every rank of the
+//! world in the [`SimulatedWorld`] (all on one device), one rank per process in [`MpiWorld`]
+//! (feature `mpi`). Arenas passed to a communicator hold the local ranks, in order; every rank
+//! argument is a world rank. Algorithms written against the trait run unchanged on both.
+
+#[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
+pub mod mpi;
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Mutex;
 
 use crate::backend::kernels::ParamStarts;
 use crate::backend::{Arena, Backend, CopyRegion};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
+
+#[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
+pub use mpi::MpiWorld;
 
 /// A partition of the world into contiguous groups `[k*g, (k+1)*g)`, as
 /// `torch.distributed.new_subgroups(group_size=g)` makes them. `g == world_size` is the world.
@@ -86,13 +95,30 @@ pub struct CommStats {
     pub all_reduce_bytes_by_group_size: BTreeMap<usize, u64>,
     /// Broadcast bytes received per non-root rank.
     pub broadcast_bytes: u64,
-    /// Gather bytes received by the destination rank.
+    /// Gather bytes received by the destination rank (all-gathers: by every rank).
     pub gather_bytes: u64,
     /// Number of collective calls.
     pub collectives: u64,
 }
 
 impl CommStats {
+    /// What was recorded since `earlier` (a snapshot of the same counters).
+    pub fn since(&self, earlier: &CommStats) -> CommStats {
+        let mut by_size = self.all_reduce_bytes_by_group_size.clone();
+        for (size, bytes) in &earlier.all_reduce_bytes_by_group_size {
+            if let Some(b) = by_size.get_mut(size) {
+                *b = b.saturating_sub(*bytes);
+            }
+        }
+        by_size.retain(|_, b| *b > 0);
+        CommStats {
+            all_reduce_bytes_by_group_size: by_size,
+            broadcast_bytes: self.broadcast_bytes.saturating_sub(earlier.broadcast_bytes),
+            gather_bytes: self.gather_bytes.saturating_sub(earlier.gather_bytes),
+            collectives: self.collectives.saturating_sub(earlier.collectives),
+        }
+    }
+
     /// All bytes per rank, every kind of collective.
     pub fn total_bytes(&self) -> u64 {
         self.all_reduce_bytes_by_group_size.values().sum::<u64>()
@@ -101,14 +127,39 @@ impl CommStats {
     }
 }
 
+/// One element range that a broadcast writes into every receiving rank (see
+/// [`Communicator::broadcast_regions`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BroadcastRegion {
+    /// The rank of the source arena the elements come from (an index into that arena).
+    pub src_rank: usize,
+    /// First source element (word aligned).
+    pub src_offset: usize,
+    /// First destination element (word aligned), the same on every receiving rank.
+    pub dst_offset: usize,
+    /// Elements.
+    pub len: usize,
+}
+
 /// Collectives over replica arenas. The simulated world runs them as kernels over the rank
 /// axis of an arena; a one-rank-per-process implementation runs them over its transport.
+///
+/// Every rank of the world must make the same calls in the same order (as with any
+/// collective library); arguments that describe the data (groups, parameters, regions) must
+/// agree across ranks.
 pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// Ranks in the world.
     fn world_size(&self) -> usize;
 
+    /// The world ranks this process holds, in arena order: the whole world when simulated,
+    /// one rank per process over MPI.
+    fn local_ranks(&self) -> Range<usize> {
+        0..self.world_size()
+    }
+
     /// All-reduce-mean within every group of `groups`, over the parameters flagged `active`:
-    /// each value divided by the group size, then summed (in the `arith` precision).
+    /// each value divided by the group size, then summed (in the `arith` precision). `arena`
+    /// holds the local ranks.
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_mean(
         &self,
@@ -121,7 +172,7 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
         bytes_per_rank: u64,
     ) -> Result<()>;
 
-    /// Copies elements `offset..offset+len` of rank `root` to every other rank.
+    /// Copies elements `offset..offset+len` of world rank `root` to every other rank.
     fn broadcast(
         &self,
         backend: &dyn Backend,
@@ -131,25 +182,105 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
         len: usize,
     ) -> Result<()>;
 
-    /// Broadcasts rank `root`'s data, held in `src` (for example a flat bucket), into `dst` as
-    /// the listed regions (one per destination rank and tensor).
+    /// Broadcasts world rank `root`'s data into every other rank's `dst` as the listed
+    /// regions. `src` (for example a flat bucket) holds the data in the process that holds
+    /// `root` and is `None` elsewhere.
     fn broadcast_regions(
         &self,
         backend: &dyn Backend,
-        src: &Arena,
+        src: Option<&Arena>,
         dst: &mut Arena,
         root: usize,
-        regions: &[CopyRegion],
+        regions: &[BroadcastRegion],
     ) -> Result<()>;
 
-    /// Gathers `bytes` of serialized objects (state dicts) to one rank.
-    fn gather_object_bytes(&self, bytes: u64);
+    /// The elementwise float32 sum over the world of every rank's `values` (host data; one
+    /// vector per local rank, all of one length), on every rank: in rank order when this
+    /// process holds every rank, in the transport's order otherwise.
+    fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> Result<Vec<f32>>;
+
+    /// World rank `root`'s bytes on every rank. `data` is given by the process holding `root`
+    /// and `None` elsewhere.
+    fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>>;
+
+    /// Every rank's bytes (serialized objects), in world rank order, on every rank.
+    /// `per_local_rank` has one entry per local rank.
+    fn all_gather_bytes(&self, per_local_rank: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>;
+
+    /// Every rank's bytes, in world rank order, on the process that holds world rank `to`
+    /// (`None` elsewhere): `torch.distributed.gather_object`.
+    fn gather_bytes(&self, to: usize, per_local_rank: Vec<Vec<u8>>)
+    -> Result<Option<Vec<Vec<u8>>>>;
 
     /// The bytes recorded so far.
     fn stats(&self) -> CommStats;
 
     /// Clears the counters.
     fn reset_stats(&self);
+}
+
+/// The index of world rank `rank` in this process's arenas, if it holds that rank.
+pub fn local_index(world: &dyn Communicator, rank: usize) -> Option<usize> {
+    let local = world.local_ranks();
+    local.contains(&rank).then(|| rank - local.start)
+}
+
+/// For every entry, whether it is true on any rank of the world. `per_local_rank[i]` are local
+/// rank i's flags; every rank passes the same number of them.
+pub fn any_rank(world: &dyn Communicator, per_local_rank: &[Vec<bool>]) -> Result<Vec<bool>> {
+    let len = per_local_rank.first().map_or(0, Vec::len);
+    if world.local_ranks().len() == world.world_size() {
+        // This process holds every rank: nothing to exchange.
+        let mut any = vec![false; len];
+        for flags in per_local_rank {
+            for (a, &f) in any.iter_mut().zip(flags) {
+                *a |= f;
+            }
+        }
+        return Ok(any);
+    }
+    let bytes = per_local_rank
+        .iter()
+        .map(|flags| flags.iter().map(|&f| u8::from(f)).collect())
+        .collect();
+    let all = world.all_gather_bytes(bytes)?;
+    let mut any = vec![false; len];
+    for flags in &all {
+        if flags.len() != len {
+            return Err(Error::runtime(format!(
+                "ranks disagree on the number of flags: {} and {len}",
+                flags.len()
+            )));
+        }
+        for (a, &f) in any.iter_mut().zip(flags) {
+            *a |= f != 0;
+        }
+    }
+    Ok(any)
+}
+
+/// Every rank's `f64` values, in world rank order, on every rank (host data such as losses or
+/// a small model's parameters).
+pub fn all_gather_f64(
+    world: &dyn Communicator,
+    per_local_rank: &[Vec<f64>],
+) -> Result<Vec<Vec<f64>>> {
+    if world.local_ranks().len() == world.world_size() {
+        return Ok(per_local_rank.to_vec());
+    }
+    let bytes = per_local_rank
+        .iter()
+        .map(|values| values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    Ok(world
+        .all_gather_bytes(bytes)?
+        .iter()
+        .map(|b| {
+            b.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()))
+                .collect()
+        })
+        .collect())
 }
 
 /// Every rank in this process, on one device: collectives are kernels over the rank axis.
@@ -169,6 +300,16 @@ impl SimulatedWorld {
             size,
             stats: Mutex::new(CommStats::default()),
         })
+    }
+
+    fn check_local(&self, count: usize) -> Result<()> {
+        if count != self.size {
+            return Err(Error::value(format!(
+                "{count} ranks' data passed to a world that holds {} ranks",
+                self.size
+            )));
+        }
+        Ok(())
     }
 
     fn record(&self, update: impl FnOnce(&mut CommStats)) {
@@ -237,25 +378,104 @@ impl Communicator for SimulatedWorld {
     fn broadcast_regions(
         &self,
         backend: &dyn Backend,
-        src: &Arena,
+        src: Option<&Arena>,
         dst: &mut Arena,
         root: usize,
-        regions: &[CopyRegion],
+        regions: &[BroadcastRegion],
     ) -> Result<()> {
-        backend.copy_regions(src, dst, regions)?;
-        // Bytes one receiving rank gets: the regions addressed to any one non-root rank.
-        let receiver = regions.iter().map(|r| r.dst_rank).find(|&d| d != root);
+        let src = src.ok_or_else(|| {
+            Error::runtime(format!(
+                "broadcast from rank {root}: the simulated world holds every rank, so it needs the source"
+            ))
+        })?;
+        let copies: Vec<CopyRegion> = (0..dst.ranks())
+            .filter(|&rank| rank != root)
+            .flat_map(|rank| {
+                regions.iter().map(move |r| CopyRegion {
+                    src_rank: r.src_rank,
+                    src_offset: r.src_offset,
+                    dst_rank: rank,
+                    dst_offset: r.dst_offset,
+                    len: r.len,
+                })
+            })
+            .collect();
+        backend.copy_regions(src, dst, &copies)?;
+        // Bytes one receiving rank gets.
         let bytes: usize = regions
             .iter()
-            .filter(|r| Some(r.dst_rank) == receiver)
             .map(|r| r.len * src.format().element_bytes())
             .sum();
         self.record(|s| s.broadcast_bytes += bytes as u64);
         Ok(())
     }
 
-    fn gather_object_bytes(&self, bytes: u64) {
-        self.record(|s| s.gather_bytes += bytes);
+    fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> Result<Vec<f32>> {
+        self.check_local(per_local_rank.len())?;
+        let len = per_local_rank[0].len();
+        if let Some(rank) = per_local_rank.iter().position(|v| v.len() != len) {
+            return Err(Error::value(format!(
+                "rank {rank} passed {} values to a sum of {len}",
+                per_local_rank[rank].len()
+            )));
+        }
+        let mut sum = vec![0f32; len];
+        for values in per_local_rank {
+            for (s, &v) in sum.iter_mut().zip(values) {
+                *s += v;
+            }
+        }
+        let (g, bytes) = (self.size as u64, (len * 4) as u64);
+        self.record(|s| {
+            *s.all_reduce_bytes_by_group_size
+                .entry(self.size)
+                .or_default() += 2 * (g - 1) * bytes / g;
+        });
+        Ok(sum)
+    }
+
+    fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>> {
+        if root >= self.size {
+            return Err(Error::value(format!(
+                "broadcast from rank {root} in a world of {}",
+                self.size
+            )));
+        }
+        let data = data.ok_or_else(|| {
+            Error::value(format!("broadcast from rank {root}: its data is missing"))
+        })?;
+        let bytes = data.len() as u64;
+        self.record(|s| s.broadcast_bytes += bytes);
+        Ok(data)
+    }
+
+    fn all_gather_bytes(&self, per_local_rank: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        self.check_local(per_local_rank.len())?;
+        let bytes: usize = per_local_rank.iter().map(Vec::len).sum();
+        self.record(|s| s.gather_bytes += bytes as u64);
+        Ok(per_local_rank)
+    }
+
+    fn gather_bytes(
+        &self,
+        to: usize,
+        per_local_rank: Vec<Vec<u8>>,
+    ) -> Result<Option<Vec<Vec<u8>>>> {
+        self.check_local(per_local_rank.len())?;
+        if to >= self.size {
+            return Err(Error::value(format!(
+                "gather to rank {to} in a world of {}",
+                self.size
+            )));
+        }
+        let bytes: usize = per_local_rank
+            .iter()
+            .enumerate()
+            .filter(|&(rank, _)| rank != to)
+            .map(|(_, b)| b.len())
+            .sum();
+        self.record(|s| s.gather_bytes += bytes as u64);
+        Ok(Some(per_local_rank))
     }
 
     fn stats(&self) -> CommStats {

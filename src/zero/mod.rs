@@ -12,8 +12,8 @@ use serde_json::{Map, Value, json};
 
 pub use partition::{Partition, partition};
 
-use crate::backend::CopyRegion;
-use crate::comm::{Communicator, Subgroups};
+use crate::backend::{CopyRegion, layout_params};
+use crate::comm::{BroadcastRegion, Communicator, Subgroups, local_index};
 use crate::error::{Error, ErrorKind, Result};
 use crate::optim::{self, LocalOptimizer, OptionMap};
 use crate::replicas::Replicas;
@@ -76,7 +76,17 @@ struct Shard {
     optim: Box<dyn LocalOptimizer>,
 }
 
-/// `torch.distributed.optim.ZeroRedundancyOptimizer` over the simulated world.
+/// What one rank owns: its parameters (global indices, distinct, in `params_per_rank` order)
+/// and where each sits in its shard. Known for every rank of the world, so that a process can
+/// take part in the broadcast of a shard it does not hold.
+#[derive(Debug, Clone)]
+struct Ownership {
+    global: Vec<usize>,
+    shard_offsets: Vec<usize>,
+}
+
+/// `torch.distributed.optim.ZeroRedundancyOptimizer` over a world of ranks: the shards of the
+/// ranks this process holds (all of them in the simulated world, its own over MPI).
 #[derive(Debug)]
 pub struct ZeroRedundancyOptimizer {
     world: Arc<dyn Communicator>,
@@ -88,6 +98,9 @@ pub struct ZeroRedundancyOptimizer {
     /// Every parameter's replica index, by global index.
     global: Vec<usize>,
     partition: Option<Partition>,
+    /// Every world rank's parameters.
+    ownership: Vec<Ownership>,
+    /// The shards of the local ranks, in local rank order.
     shards: Vec<Shard>,
     /// `requires_grad` by replica index, and the mask the buckets were built for.
     trainable: Vec<bool>,
@@ -107,10 +120,11 @@ impl ZeroRedundancyOptimizer {
         defaults: &OptionMap,
         options: ZeroOptions,
     ) -> Result<Self> {
-        if replicas.ranks() != world.world_size() {
+        if replicas.ranks() != world.local_ranks().len() {
             return Err(Error::value(format!(
-                "the replicas have {} ranks, the world {}",
+                "the replicas have {} ranks, this process holds {} of the world's {}",
                 replicas.ranks(),
+                world.local_ranks().len(),
                 world.world_size()
             )));
         }
@@ -191,6 +205,7 @@ impl ZeroRedundancyOptimizer {
             groups,
             global,
             partition: None,
+            ownership: Vec::new(),
             shards: Vec::new(),
             trainable: vec![true; replicas.len()],
             bucket_trainable: vec![true; replicas.len()],
@@ -210,9 +225,9 @@ impl ZeroRedundancyOptimizer {
         self.partition.as_ref().ok_or_else(not_initialized)
     }
 
-    /// Partitions the parameters and creates every rank's shard and local optimizer. Shards
-    /// that already exist keep their state (parameters keep their ranks when groups are added).
-    /// `saved[r]` is rank r's local optimizer state dict to carry over (when groups are added).
+    /// Partitions the parameters and creates every local rank's shard and local optimizer.
+    /// Shards that already exist keep their state (parameters keep their ranks when groups are
+    /// added). `saved[i]` is local rank i's optimizer state dict to carry over.
     fn build_shards(&mut self, replicas: &Replicas, saved: Vec<Option<Value>>) -> Result<()> {
         let numels: Vec<Vec<usize>> = self
             .groups
@@ -220,7 +235,9 @@ impl ZeroRedundancyOptimizer {
             .map(|(g, _)| g.iter().map(|&j| replicas.numel(j)).collect())
             .collect();
         let partition = partition(self.world.world_size(), &numels);
-        let mut shards = Vec::with_capacity(partition.params_per_rank.len());
+        let local = self.world.local_ranks();
+        let mut shards = Vec::with_capacity(local.len());
+        let mut ownership = Vec::with_capacity(partition.params_per_rank.len());
         for (rank, per_group) in partition.params_per_rank_per_group.iter().enumerate() {
             let mut global: Vec<usize> = Vec::new();
             let mut local_groups: Vec<Vec<usize>> = Vec::new();
@@ -247,6 +264,17 @@ impl ZeroRedundancyOptimizer {
                 }
                 local_groups.push(local);
             }
+            let numels: Vec<usize> = global
+                .iter()
+                .map(|&i| replicas.numel(self.global[i]))
+                .collect();
+            ownership.push(Ownership {
+                global: global.clone(),
+                shard_offsets: layout_params(&numels).0,
+            });
+            let Some(index) = local_index(self.world.as_ref(), rank) else {
+                continue;
+            };
             // Values are gathered from the rank's replica at every step; zeros will do here.
             let templates: Vec<crate::Tensor> = global
                 .iter()
@@ -262,8 +290,8 @@ impl ZeroRedundancyOptimizer {
             let params = Replicas::replicate(replicas.backend().clone(), 1, &templates)?;
             let previous = self
                 .shards
-                .get(rank)
-                .zip(saved.get(rank).cloned().flatten());
+                .get(index)
+                .zip(saved.get(index).cloned().flatten());
             let optim = match previous {
                 Some((old, saved))
                     if old.global.len() <= global.len()
@@ -311,6 +339,7 @@ impl ZeroRedundancyOptimizer {
             });
         }
         self.shards = shards;
+        self.ownership = ownership;
         self.partition = Some(partition);
         Ok(())
     }
@@ -350,7 +379,7 @@ impl ZeroRedundancyOptimizer {
         replicas.zero_grad();
     }
 
-    /// One ZeRO step: every rank's local optimizer updates the parameters it owns from its own
+    /// One ZeRO step: every local rank's optimizer updates the parameters it owns from its own
     /// gradients, then each rank's updated parameters are broadcast to every rank (one
     /// transfer per rank with `parameters_as_bucket_view`, one per parameter otherwise).
     pub fn step(&mut self, replicas: &mut Replicas) -> Result<()> {
@@ -363,17 +392,19 @@ impl ZeroRedundancyOptimizer {
             self.bucket_trainable = self.trainable.clone();
         }
         self.initialized()?;
-        if replicas.ranks() != self.world.world_size() || replicas.len() != self.trainable.len() {
+        if replicas.ranks() != self.world.local_ranks().len()
+            || replicas.len() != self.trainable.len()
+        {
             return Err(Error::value(format!(
                 "this ZeroRedundancyOptimizer was built for {} ranks of {} parameters, not {} ranks of {}",
-                self.world.world_size(),
+                self.world.local_ranks().len(),
                 self.trainable.len(),
                 replicas.ranks(),
                 replicas.len()
             )));
         }
         let backend = replicas.backend().clone();
-        for (rank, shard) in self.shards.iter_mut().enumerate() {
+        for (index, shard) in self.shards.iter_mut().enumerate() {
             if shard.global.is_empty() {
                 continue;
             }
@@ -384,7 +415,7 @@ impl ZeroRedundancyOptimizer {
                 .iter()
                 .enumerate()
                 .map(|(k, &i)| CopyRegion {
-                    src_rank: rank,
+                    src_rank: index,
                     src_offset: replicas.slots[self.global[i]].offset,
                     dst_rank: 0,
                     dst_offset: shard.params.slots[k].offset,
@@ -394,7 +425,7 @@ impl ZeroRedundancyOptimizer {
             backend.copy_regions(&group.params, &mut shard_group.params, &regions)?;
             backend.copy_regions(&group.grads, &mut shard_group.grads, &regions)?;
             for (k, &i) in shard.global.iter().enumerate() {
-                let has = replicas.has_grad(rank, self.global[i]);
+                let has = replicas.has_grad(index, self.global[i]);
                 shard.params.set_has_grad(0, k, has);
             }
             shard.optim.step(&mut shard.params)?;
@@ -418,30 +449,34 @@ impl ZeroRedundancyOptimizer {
         Ok(Some(loss))
     }
 
-    /// Writes every rank's updated parameters back to its own replica, then broadcasts them
-    /// to the other ranks (with bucket view: its trainable parameters as one bucket).
+    /// Writes every local rank's updated parameters back to its own replica, then broadcasts
+    /// every rank's to the other ranks (with bucket view: its trainable parameters as one
+    /// bucket). Each process takes part in every broadcast, as sender or receiver.
     fn sync_params(&self, replicas: &mut Replicas) -> Result<()> {
         let backend = replicas.backend().clone();
-        let ranks = replicas.ranks();
-        for (rank, shard) in self.shards.iter().enumerate() {
-            let region = |k: usize, j: usize, dst: usize| CopyRegion {
-                src_rank: 0,
-                src_offset: shard.params.slots[k].offset,
-                dst_rank: dst,
-                dst_offset: replicas.slots[j].offset,
-                len: replicas.slots[j].numel,
-            };
-            let owned: Vec<(usize, usize)> = shard
+        for (rank, owner) in self.ownership.iter().enumerate() {
+            let owned: Vec<(usize, usize)> = owner
                 .global
                 .iter()
                 .enumerate()
                 .map(|(k, &i)| (k, self.global[i]))
                 .collect();
-            let src = &shard.params.groups.first().map(|g| &g.params);
-            let Some(src) = src else { continue };
-            // The owner's own parameters are the ones its optimizer updated: no transfer.
-            let own: Vec<CopyRegion> = owned.iter().map(|&(k, j)| region(k, j, rank)).collect();
-            backend.copy_regions(src, &mut replicas.groups[0].params, &own)?;
+            let shard = local_index(self.world.as_ref(), rank).map(|i| (i, &self.shards[i]));
+            let src = shard.and_then(|(_, shard)| shard.params.groups.first().map(|g| &g.params));
+            if let (Some((index, _)), Some(src)) = (shard, src) {
+                // The owner's own parameters are the ones its optimizer updated: no transfer.
+                let own: Vec<CopyRegion> = owned
+                    .iter()
+                    .map(|&(k, j)| CopyRegion {
+                        src_rank: 0,
+                        src_offset: owner.shard_offsets[k],
+                        dst_rank: index,
+                        dst_offset: replicas.slots[j].offset,
+                        len: replicas.slots[j].numel,
+                    })
+                    .collect();
+                backend.copy_regions(src, &mut replicas.groups[0].params, &own)?;
+            }
             let sent: Vec<(usize, usize)> = owned
                 .into_iter()
                 .filter(|&(_, j)| {
@@ -454,10 +489,14 @@ impl ZeroRedundancyOptimizer {
                 sent.into_iter().map(|e| vec![e]).collect()
             };
             for transfer in transfers.into_iter().filter(|t| !t.is_empty()) {
-                let regions: Vec<CopyRegion> = (0..ranks)
-                    .filter(|&dst| dst != rank)
-                    .flat_map(|dst| transfer.iter().map(move |&(k, j)| (k, j, dst)))
-                    .map(|(k, j, dst)| region(k, j, dst))
+                let regions: Vec<BroadcastRegion> = transfer
+                    .iter()
+                    .map(|&(k, j)| BroadcastRegion {
+                        src_rank: 0,
+                        src_offset: owner.shard_offsets[k],
+                        dst_offset: replicas.slots[j].offset,
+                        len: replicas.slots[j].numel,
+                    })
                     .collect();
                 self.world.broadcast_regions(
                     backend.as_ref(),
@@ -526,13 +565,14 @@ impl ZeroRedundancyOptimizer {
         pollster::block_on(self.add_param_group(replicas, params, options))
     }
 
-    /// Gathers every rank's shard of the optimizer state to rank `to`. A `to` outside the
-    /// world does not fail, but nobody keeps the state (as in PyTorch).
+    /// Gathers every rank's shard of the optimizer state to rank `to` (a collective: every
+    /// rank calls it). A `to` outside the world does not fail, but nobody keeps the state (as
+    /// in PyTorch).
     pub async fn consolidate_state_dict(&mut self, replicas: &Replicas, to: i64) -> Result<()> {
         self.initialized()?;
         let _ = replicas;
-        let mut state = Map::new();
-        let mut bytes = 0u64;
+        // Each local rank's state, keyed by global parameter index.
+        let mut per_local_rank = Vec::with_capacity(self.shards.len());
         for shard in &self.shards {
             let local = shard.optim.state_dict(&shard.params, 0).await?;
             let entries = local
@@ -540,9 +580,9 @@ impl ZeroRedundancyOptimizer {
                 .and_then(Value::as_object)
                 .cloned()
                 .unwrap_or_default();
-            bytes += local.to_string().len() as u64;
             // Local state is keyed by the position in the local groups' order.
             let order: Vec<usize> = shard.optim.param_groups().into_iter().flatten().collect();
+            let mut state = Map::new();
             for (key, value) in entries {
                 let local_index: usize = key
                     .parse()
@@ -555,8 +595,24 @@ impl ZeroRedundancyOptimizer {
                     }
                 }
             }
+            per_local_rank.push(Value::Object(state).to_string().into_bytes());
         }
-        self.world.gather_object_bytes(bytes);
+        let world = self.world.world_size() as i64;
+        self.consolidated = None;
+        if !(0..world).contains(&to) {
+            return Ok(());
+        }
+        let Some(gathered) = self.world.gather_bytes(to as usize, per_local_rank)? else {
+            return Ok(());
+        };
+        let mut state = Map::new();
+        for bytes in gathered {
+            let shard: Value = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::runtime(format!("a rank sent a malformed state: {e}")))?;
+            if let Value::Object(entries) = shard {
+                state.extend(entries);
+            }
+        }
         let mut index = 0;
         let param_groups: Vec<Value> = self
             .groups
@@ -572,13 +628,10 @@ impl ZeroRedundancyOptimizer {
                 Value::Object(group)
             })
             .collect();
-        let world = self.world.world_size() as i64;
-        self.consolidated = (0..world).contains(&to).then(|| {
-            (
-                to as usize,
-                json!({"state": state, "param_groups": param_groups}),
-            )
-        });
+        self.consolidated = Some((
+            to as usize,
+            json!({"state": state, "param_groups": param_groups}),
+        ));
         Ok(())
     }
 
@@ -686,12 +739,13 @@ impl ZeroRedundancyOptimizer {
         Ok(())
     }
 
-    /// Per rank: how many parameters have non-empty optimizer state.
+    /// Per local rank (see [`Communicator::local_ranks`]): how many parameters have non-empty
+    /// optimizer state.
     pub fn local_state_sizes(&self) -> Vec<usize> {
         self.shards.iter().map(|s| s.optim.state_len(0)).collect()
     }
 
-    /// Per rank: bytes of optimizer state allocated (its shard only).
+    /// Per local rank: bytes of optimizer state allocated (its shard only).
     pub fn state_bytes_per_rank(&self) -> Vec<usize> {
         self.shards
             .iter()

@@ -3,20 +3,20 @@
 use std::sync::Arc;
 
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
-use distopt::comm::SimulatedWorld;
+use distopt::comm::Communicator;
 use distopt::replicas::Replicas;
 use distopt::{Backend, Tensor, warnings};
 use serde_json::Value;
 
 use super::{
-    Outcome, add_update, compare_tensors, compare_warnings, expect_error, per_rank_tensors,
-    usize_list,
+    Outcome, WorldFactory, add_update, compare_tensors, compare_warnings, expect_error,
+    per_rank_tensors, usize_list,
 };
 use crate::common::Case;
 
 fn construct(
     case: &Case,
-    world: Arc<SimulatedWorld>,
+    world: Arc<dyn Communicator>,
 ) -> Result<Box<dyn ModelAverager>, distopt::Error> {
     let input = case.input();
     let warmup = input["warmup_steps"].as_i64().unwrap_or(0);
@@ -38,33 +38,38 @@ fn construct(
     }
 }
 
-pub fn run(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
+/// Runs the case on the world `worlds` builds, over this process's ranks only.
+pub fn run(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcome {
     warnings::take();
-    let outcome = run_inner(backend, case);
+    let outcome = run_inner(backend, case, worlds);
     let emitted = warnings::take();
     let exact = outcome?;
     compare_warnings(case, &emitted)?;
     Ok(exact)
 }
 
-fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
+fn run_inner(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcome {
     let input = case.input();
     let world_size = input["world_size"].as_u64().ok_or("world_size")? as usize;
-    let world = Arc::new(SimulatedWorld::new(world_size).map_err(|e| e.to_string())?);
+    let world = worlds(world_size)?;
+    let local = world.local_ranks();
     let mut averager = match construct(case, world) {
         Ok(a) => a,
         Err(err) => return expect_error(case, &err, None),
     };
     let expected = case.expected();
     let initial = per_rank_tensors(&input["initial_params"], "initial_params")?;
-    let mut replicas = Replicas::new(backend.clone(), &initial).map_err(|e| e.to_string())?;
+    let initial = initial
+        .get(local.clone())
+        .ok_or("initial_params: fewer ranks than the world")?;
+    let mut replicas = Replicas::new(backend.clone(), initial).map_err(|e| e.to_string())?;
     let has_grad: Vec<bool> = input["param_has_grad"]
         .as_array()
         .ok_or("param_has_grad")?
         .iter()
         .map(|b| b.as_bool().unwrap_or(false))
         .collect();
-    for (rank, rank_params) in initial.iter().enumerate() {
+    for (index, rank_params) in initial.iter().enumerate() {
         let grads: Vec<Option<Tensor>> = rank_params
             .iter()
             .zip(&has_grad)
@@ -73,7 +78,7 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
             })
             .collect();
         replicas
-            .set_grads(rank, &grads)
+            .set_grads(index, &grads)
             .map_err(|e| e.to_string())?;
     }
     let updates = input["updates"].as_array().ok_or("updates")?;
@@ -83,14 +88,18 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
     for (t, step_updates) in updates.iter().enumerate() {
         let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
         let step_updates = per_rank_tensors(step_updates, &format!("updates[{t}]"))?;
-        for rank in 0..world_size {
-            let updated: Vec<Tensor> = params[rank]
+        for rank in local.clone() {
+            let index = rank - local.start;
+            let rank_updates = step_updates
+                .get(rank)
+                .ok_or_else(|| format!("updates[{t}][{rank}]: missing"))?;
+            let updated: Vec<Tensor> = params[index]
                 .iter()
-                .zip(&step_updates[rank])
+                .zip(rank_updates)
                 .map(|(p, u)| add_update(p, u))
                 .collect::<Result<_, _>>()?;
             replicas
-                .set_params(rank, &updated)
+                .set_params(index, &updated)
                 .map_err(|e| e.to_string())?;
         }
         match averager.average_parameters(&mut replicas, None) {
@@ -106,7 +115,7 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
             continue;
         }
         let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
-        for (rank, rank_params) in params.iter().enumerate() {
+        for (rank, rank_params) in local.clone().zip(&params) {
             exact &= compare_tensors(
                 case,
                 rank_params,

@@ -7,7 +7,9 @@ pub mod post_local_sgd;
 pub mod zero;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
+use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::json::tensor_from_json;
 use distopt::{Error, Tensor};
 use serde_json::Value;
@@ -16,6 +18,18 @@ use crate::common::{Case, compare_error, compare_tensor};
 
 /// A case's result: `Ok(bit_exact)` or a failure message.
 pub type Outcome = Result<bool, String>;
+
+/// Builds the world a multi-rank case runs on, from its world size: the simulated world
+/// (every rank in this process), or one rank per process (an `Err` when this process's world
+/// cannot have that size). Runners touch only the world's local ranks.
+pub type WorldFactory<'a> = &'a dyn Fn(usize) -> Result<Arc<dyn Communicator>, String>;
+
+/// The simulated world of `size` ranks, all held by this process.
+pub fn simulated_world(size: usize) -> Result<Arc<dyn Communicator>, String> {
+    SimulatedWorld::new(size)
+        .map(|w| Arc::new(w) as Arc<dyn Communicator>)
+        .map_err(|e| e.to_string())
+}
 
 pub fn tensors(value: &Value, what: &str) -> Result<Vec<Tensor>, String> {
     value

@@ -4,19 +4,19 @@
 use std::sync::Arc;
 
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
-use distopt::comm::SimulatedWorld;
+use distopt::comm::{Communicator, local_index};
 use distopt::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
 use distopt::replicas::Replicas;
 use distopt::{Backend, warnings};
 use serde_json::Value;
 
 use super::{
-    Outcome, compare_json, compare_optional_tensors, compare_tensors, compare_warnings,
-    optional_tensors, per_rank_tensors, usize_list,
+    Outcome, WorldFactory, compare_json, compare_optional_tensors, compare_tensors,
+    compare_warnings, optional_tensors, per_rank_tensors, usize_list,
 };
 use crate::common::Case;
 
-fn averager(spec: &Value, world: Arc<SimulatedWorld>) -> Result<Box<dyn ModelAverager>, String> {
+fn averager(spec: &Value, world: Arc<dyn Communicator>) -> Result<Box<dyn ModelAverager>, String> {
     let warmup = spec["warmup_steps"].as_i64().unwrap_or(0);
     Ok(match spec["type"].as_str() {
         Some("periodic") => Box::new(
@@ -38,21 +38,26 @@ fn averager(spec: &Value, world: Arc<SimulatedWorld>) -> Result<Box<dyn ModelAve
     })
 }
 
-pub fn run(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
+/// Runs the case on the world `worlds` builds, over this process's ranks only.
+pub fn run(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcome {
     warnings::take();
-    let outcome = run_inner(backend, case);
+    let outcome = run_inner(backend, case, worlds);
     let emitted = warnings::take();
     let exact = outcome?;
     compare_warnings(case, &emitted)?;
     Ok(exact)
 }
 
-fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
+fn run_inner(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcome {
     let (input, expected) = (case.input(), case.expected());
     let world_size = input["world_size"].as_u64().ok_or("world_size")? as usize;
-    let world = Arc::new(SimulatedWorld::new(world_size).map_err(|e| e.to_string())?);
+    let world = worlds(world_size)?;
+    let local = world.local_ranks();
     let initial = per_rank_tensors(&input["initial_params"], "initial_params")?;
-    let mut replicas = Replicas::new(backend.clone(), &initial).map_err(|e| e.to_string())?;
+    let initial = initial
+        .get(local.clone())
+        .ok_or("initial_params: fewer ranks than the world")?;
+    let mut replicas = Replicas::new(backend.clone(), initial).map_err(|e| e.to_string())?;
     let mut exact = true;
     let mut hook = None;
     if input["variant"] == "ddp_hook" {
@@ -60,7 +65,7 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
             .broadcast_params(world.as_ref(), 0)
             .map_err(|e| e.to_string())?;
         let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
-        for (rank, p) in params.iter().enumerate() {
+        for (rank, p) in local.clone().zip(&params) {
             exact &= compare_tensors(
                 case,
                 p,
@@ -79,26 +84,26 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
             .map_err(|e| e.to_string())?,
         );
     }
-    let local =
+    let inner =
         super::optimizers::build(&replicas, &input["optimizer"]).map_err(|e| e.to_string())?;
-    let mut opt = PostLocalSgdOptimizer::new(local, averager(&input["averager"], world.clone())?);
+    let mut opt = PostLocalSgdOptimizer::new(inner, averager(&input["averager"], world.clone())?);
     let load = &input["load_state_dict"];
     let mut averaged_at = Vec::new();
     let mut sizes = Vec::new();
     let mut steps_before = Vec::new();
     for (t, step_grads) in input["grads"].as_array().ok_or("grads")?.iter().enumerate() {
         opt.zero_grad(&mut replicas);
-        for rank in 0..world_size {
+        for rank in local.clone() {
             let grads = optional_tensors(&step_grads[rank], &format!("grads[{t}][{rank}]"))?;
             replicas
-                .set_grads(rank, &grads)
+                .set_grads(rank - local.start, &grads)
                 .map_err(|e| e.to_string())?;
         }
         if let Some(hook) = hook.as_mut() {
             hook.synchronize_gradients(&mut replicas)
                 .map_err(|e| e.to_string())?;
             let grads = replicas.all_grads_blocking().map_err(|e| e.to_string())?;
-            for (rank, g) in grads.iter().enumerate() {
+            for (rank, g) in local.clone().zip(&grads) {
                 exact &= compare_optional_tensors(
                     case,
                     g,
@@ -116,7 +121,7 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
         }
         sizes.push(used);
         let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
-        for (rank, p) in params.iter().enumerate() {
+        for (rank, p) in local.clone().zip(&params) {
             exact &= compare_tensors(
                 case,
                 p,
@@ -126,29 +131,32 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
         }
         if load.is_object() && load["after_step"].as_u64() == Some(t as u64 + 1) {
             let mut saved = Vec::new();
-            for rank in 0..world_size {
+            for index in 0..local.len() {
                 saved.push(
-                    opt.state_dict_blocking(&replicas, rank)
+                    opt.state_dict_blocking(&replicas, index)
                         .map_err(|e| e.to_string())?,
                 );
             }
-            exact &= compare_json(
-                case,
-                &saved[0],
-                &expected["saved_state_dict"],
-                "saved_state_dict",
-            )?;
+            // Rank 0's state dict, in the process that holds rank 0.
+            if let Some(index) = local_index(world.as_ref(), 0) {
+                exact &= compare_json(
+                    case,
+                    &saved[index],
+                    &expected["saved_state_dict"],
+                    "saved_state_dict",
+                )?;
+            }
             if expected["averager_step_before_load"].as_u64() != Some(opt.averager().step()) {
                 return Err(format!(
                     "averager step before load {}",
                     opt.averager().step()
                 ));
             }
-            for (rank, mut sd) in saved.into_iter().enumerate() {
+            for (index, mut sd) in saved.into_iter().enumerate() {
                 if load["remove_step_key"].as_bool() == Some(true) {
                     sd.as_object_mut().ok_or("state dict")?.remove("step");
                 }
-                opt.load_state_dict(&mut replicas, rank, &sd)
+                opt.load_state_dict(&mut replicas, index, &sd)
                     .map_err(|e| e.to_string())?;
             }
             if expected["averager_step_after_load"].as_u64() != Some(opt.averager().step()) {
@@ -180,9 +188,9 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
     if expected["final_averager_step"].as_u64() != Some(opt.averager().step()) {
         return Err(format!("final averager step {}", opt.averager().step()));
     }
-    for rank in 0..world_size {
+    for rank in local.clone() {
         let sd = opt
-            .state_dict_blocking(&replicas, rank)
+            .state_dict_blocking(&replicas, rank - local.start)
             .map_err(|e| e.to_string())?;
         exact &= compare_json(
             case,

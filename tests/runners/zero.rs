@@ -1,9 +1,10 @@
 //! The `zero_*` kinds: partition, trajectories (with reloads into other world sizes), errors
 //! and warnings, and the join hook with uneven inputs.
 
+use std::ops::Range;
 use std::sync::Arc;
 
-use distopt::comm::SimulatedWorld;
+use distopt::comm::{Communicator, SimulatedWorld, local_index};
 use distopt::json::tensor_from_json;
 use distopt::optim::option_map;
 use distopt::replicas::Replicas;
@@ -13,8 +14,8 @@ use distopt::{Backend, DType, Error, Tensor, warnings};
 use serde_json::Value;
 
 use super::{
-    Outcome, compare_json, compare_optional_tensors, compare_tensors, compare_warnings,
-    optional_tensors, tensors,
+    Outcome, WorldFactory, compare_json, compare_optional_tensors, compare_tensors,
+    compare_warnings, optional_tensors, tensors,
 };
 use crate::common::{Case, compare_error};
 
@@ -50,11 +51,18 @@ fn shape_of(value: &Value) -> Vec<usize> {
     indices(&value["shape"])
 }
 
+/// Runs a `zero_*` case on the simulated world.
 pub fn run(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
+    run_with_world(backend, case, &super::simulated_world)
+}
+
+/// Runs a `zero_*` case. `zero_trajectory` runs on the worlds `worlds` builds, over this
+/// process's ranks only; the other kinds always run on the simulated world.
+pub fn run_with_world(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcome {
     warnings::take();
     let outcome = match case.kind.as_str() {
         "zero_partition" => partition(backend, case),
-        "zero_trajectory" => trajectory(backend, case),
+        "zero_trajectory" => trajectory(backend, case, worlds),
         "zero_errors" => errors(backend, case),
         "zero_join" => join(backend, case),
         other => Err(format!("unknown kind {other}")),
@@ -169,6 +177,7 @@ impl Trajectory<'_> {
     /// add (step, replica indices, options).
     fn run(
         &mut self,
+        local: Range<usize>,
         zero: &mut ZeroRedundancyOptimizer,
         replicas: &mut Replicas,
         grads: &Value,
@@ -183,14 +192,14 @@ impl Trajectory<'_> {
                         .map_err(s)?;
                 }
             }
-            for rank in 0..replicas.ranks() {
+            for rank in local.clone() {
                 let mut g = optional_tensors(&step[rank], &format!("grads[{t}][{rank}]"))?;
                 g.resize(total, None);
-                replicas.set_grads(rank, &g).map_err(s)?;
+                replicas.set_grads(rank - local.start, &g).map_err(s)?;
             }
             zero.step(replicas).map_err(|e| format!("step {t}: {e}"))?;
             let params = replicas.all_params_blocking().map_err(s)?;
-            for (rank, p) in params.iter().enumerate() {
+            for (rank, p) in local.clone().zip(&params) {
                 let want = &expected_params[t][rank];
                 let n = want.as_array().map_or(0, Vec::len);
                 self.exact &= compare_tensors(
@@ -206,23 +215,28 @@ impl Trajectory<'_> {
 
     fn check_end(
         &mut self,
+        world: &dyn Communicator,
         zero: &mut ZeroRedundancyOptimizer,
         replicas: &Replicas,
         expected: &Value,
     ) -> Result<(), String> {
+        // A collective: every process calls it; the state dict lands on rank 0's.
         zero.consolidate_state_dict_blocking(replicas, 0)
             .map_err(s)?;
-        let sd = zero.state_dict(0).map_err(s)?;
-        self.exact &= compare_json(
-            self.case,
-            &sd,
-            &expected["consolidated_state_dict"],
-            "consolidated_state_dict",
-        )?;
+        if local_index(world, 0).is_some() {
+            let sd = zero.state_dict(0).map_err(s)?;
+            self.exact &= compare_json(
+                self.case,
+                &sd,
+                &expected["consolidated_state_dict"],
+                "consolidated_state_dict",
+            )?;
+        }
         let sizes = zero.local_state_sizes();
-        if sizes != indices(&expected["local_state_sizes"]) {
+        if !local_sizes_match(world, &sizes, &expected["local_state_sizes"]) {
             return Err(format!(
-                "local_state_sizes {sizes:?}, expected {}",
+                "local_state_sizes {sizes:?} (ranks {:?}), expected {}",
+                world.local_ranks(),
                 expected["local_state_sizes"]
             ));
         }
@@ -245,7 +259,14 @@ impl Trajectory<'_> {
     }
 }
 
-fn trajectory(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
+/// Whether the local ranks' sizes are their entries of the expected per-rank sizes (which
+/// cover the whole world).
+fn local_sizes_match(world: &dyn Communicator, sizes: &[usize], expected: &Value) -> bool {
+    let expected = indices(expected);
+    expected.len() == world.world_size() && expected.get(world.local_ranks()) == Some(sizes)
+}
+
+fn trajectory(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcome {
     let (input, expected) = (case.input(), case.expected());
     let w = input["world_size"].as_u64().ok_or("world_size")? as usize;
     let name = input["optimizer"]["name"].as_str().unwrap_or_default();
@@ -277,9 +298,11 @@ fn trajectory(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
         parameters_as_bucket_view: bucket,
         overlap_with_ddp: false,
     };
-    let mut replicas = Replicas::replicate(backend.clone(), w, &params).map_err(s)?;
+    let world = worlds(w)?;
+    let local = world.local_ranks();
+    let mut replicas = Replicas::replicate(backend.clone(), local.len(), &params).map_err(s)?;
     let mut zero = ZeroRedundancyOptimizer::new(
-        world(w)?,
+        world.clone(),
         &replicas,
         groups.clone(),
         name,
@@ -302,22 +325,29 @@ fn trajectory(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
         }
     }
     run.run(
+        local,
         &mut zero,
         &mut replicas,
         &input["grads"],
         &expected["params_after_step"],
         added.clone(),
     )?;
-    run.check_end(&mut zero, &replicas, expected)?;
+    run.check_end(world.as_ref(), &mut zero, &replicas, expected)?;
     let reload = &input["reload"];
     if reload.is_object() {
         let w2 = reload["world_size"].as_u64().ok_or("reload.world_size")? as usize;
+        // A world of another size: one-rank-per-process worlds cannot change size, so skip.
+        let Ok(world2) = worlds(w2) else {
+            return Ok(run.exact);
+        };
+        let local2 = world2.local_ranks();
         let last = expected["params_after_step"]
             .as_array()
             .and_then(|a| a.last())
             .ok_or("params_after_step")?;
         let values = tensors(&last[0], "last params")?;
-        let mut replicas = Replicas::replicate(run.backend.clone(), w2, &values).map_err(s)?;
+        let mut replicas =
+            Replicas::replicate(run.backend.clone(), local2.len(), &values).map_err(s)?;
         let mut all_groups = groups;
         if let Some((_, params, options)) = added {
             all_groups.push((params, options));
@@ -329,7 +359,7 @@ fn trajectory(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
             overlap_with_ddp: false,
         };
         let mut zero2 = ZeroRedundancyOptimizer::new(
-            world(w2)?,
+            world2.clone(),
             &replicas,
             all_groups,
             name,
@@ -341,20 +371,25 @@ fn trajectory(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
             .load_state_dict(&replicas, &expected["consolidated_state_dict"])
             .map_err(s)?;
         let want = &expected["reload"];
-        if zero2.local_state_sizes() != indices(&want["local_state_sizes_after_load"]) {
+        let sizes = zero2.local_state_sizes();
+        if !local_sizes_match(
+            world2.as_ref(),
+            &sizes,
+            &want["local_state_sizes_after_load"],
+        ) {
             return Err(format!(
-                "local_state_sizes_after_load {:?}",
-                zero2.local_state_sizes()
+                "local_state_sizes_after_load {sizes:?} (ranks {local2:?})"
             ));
         }
         run.run(
+            local2,
             &mut zero2,
             &mut replicas,
             &reload["grads"],
             &want["params_after_step"],
             None,
         )?;
-        run.check_end(&mut zero2, &replicas, want)?;
+        run.check_end(world2.as_ref(), &mut zero2, &replicas, want)?;
     }
     Ok(run.exact)
 }

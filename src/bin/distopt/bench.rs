@@ -30,6 +30,13 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         Some("average") => return crate::bench_algorithms::average(&args[1..]),
         Some("optim") => return crate::bench_algorithms::optim(&args[1..]),
         Some("zero") => return crate::bench_algorithms::zero(&args[1..]),
+        Some("comm") => {
+            return Err(Error::value(if cfg!(feature = "mpi") {
+                "bench comm measures MPI: run it under `mpirun -np W distopt bench comm`"
+            } else {
+                "bench comm needs the `mpi` feature: cargo build --release --features mpi, then `mpirun -np W distopt bench comm`"
+            }));
+        }
         Some(other) => {
             return Err(Error::value(format!(
                 "unknown benchmark '{other}': expected step, average, optim or zero\n{USAGE}"
@@ -116,7 +123,7 @@ impl Config {
 }
 
 /// A positive count: `4194304`, `2^22` or `1<<22`.
-fn parse_count(name: &str, text: &str) -> Result<usize, Error> {
+pub(crate) fn parse_count(name: &str, text: &str) -> Result<usize, Error> {
     let bad = || {
         Error::value(format!(
             "{name}: expected a positive integer such as 4194304 or 2^22, got '{text}'"

@@ -16,6 +16,8 @@ use distopt::{Error, json};
 
 mod bench;
 mod bench_algorithms;
+#[cfg(feature = "mpi")]
+mod bench_comm;
 mod train;
 
 const USAGE: &str = "usage:
@@ -51,10 +53,19 @@ const USAGE: &str = "usage:
       divergence between replicas, bytes communicated per rank and time per step (a
       progress bar on stderr when it is a terminal). Defaults: R 8, S 200, X 0.05, M 0.9,
       B 32, P 8, K 20, all, N 4096, H 0.8, SEED 0, backend auto. --json prints one JSON
-      object.";
+      object. Under `mpirun -np W` (a build with the `mpi` feature) each process is one rank:
+      the same flags, R defaults to W, and the first rank prints the report.
+  mpirun -np W distopt bench comm [--elements N] [--repeats K] [--backend B] [--json]
+      (feature `mpi`) All-reduce-mean of N float32 elements per rank through distopt's MPI
+      world against a raw MPI_Allreduce of the same bytes, in the same run. Defaults: N 2^22,
+      K 20, backend cpu.";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    #[cfg(feature = "mpi")]
+    if distopt::comm::MpiWorld::launched() {
+        return mpi_main(&args);
+    }
     let result = match args.first().map(String::as_str) {
         Some("step") => step(&args[1..]),
         Some("info") => info(),
@@ -76,6 +87,39 @@ fn main() -> ExitCode {
 }
 
 /// Removes `--name VALUE` from `args`, returning VALUE.
+/// One rank of an MPI job: `train` and `bench comm` run on every process; an error on any
+/// rank ends the whole job with its message.
+#[cfg(feature = "mpi")]
+fn mpi_main(args: &[String]) -> ExitCode {
+    use distopt::comm::mpi::{MpiWorld, install_panic_hook};
+    let world = match MpiWorld::initialize() {
+        Ok(world) => world,
+        Err(err) => {
+            eprintln!("distopt: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    install_panic_hook(&world);
+    let result = match (
+        args.first().map(String::as_str),
+        args.get(1).map(String::as_str),
+    ) {
+        (Some("train"), _) => train::run_in(&args[1..], Some(world.clone())),
+        (Some("bench"), Some("comm")) => bench_comm::run(&args[2..], &world),
+        _ => Err(Error::value(format!(
+            "under mpirun, distopt runs `train` and `bench comm`\n{USAGE}"
+        ))),
+    };
+    match result {
+        Ok(()) => {
+            // The last reference: MPI_Finalize.
+            drop(world);
+            ExitCode::SUCCESS
+        }
+        Err(err) => world.abort_with(&err.to_string(), 1),
+    }
+}
+
 pub(crate) fn take_option(args: &mut Vec<String>, name: &str) -> Result<Option<String>, Error> {
     match args.iter().position(|a| a == name) {
         None => Ok(None),

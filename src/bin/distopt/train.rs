@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distopt::backend::{BackendChoice, Selection, select_backend_blocking};
+use distopt::comm::Communicator;
 use distopt::train::{Algorithm, Evaluation, SyntheticTask, TaskConfig, TrainConfig, Trainer};
 use distopt::{Error, warnings};
 use serde_json::{Value, json};
@@ -22,14 +23,41 @@ const SMOOTHING_STEPS: usize = 10;
 /// Characters of the progress bar.
 const BAR_WIDTH: usize = 30;
 
-/// `distopt train ARGS`.
+/// `distopt train ARGS` in a simulated world.
 pub fn run(args: &[String]) -> Result<(), Error> {
-    let options = Options::from_args(args)?;
+    run_in(args, None)
+}
+
+/// `distopt train ARGS`, in `world` when given (one rank per process under `mpirun`: the same
+/// flags, `--ranks` defaulting to the world size; the first rank prints the report).
+pub fn run_in(args: &[String], world: Option<Arc<dyn Communicator>>) -> Result<(), Error> {
+    let mut options = Options::from_args(args)?;
+    if let Some(world) = &world {
+        let size = world.world_size();
+        if args.iter().any(|a| a == "--ranks") && options.ranks != size {
+            return Err(Error::value(format!(
+                "--ranks {} contradicts the world of {size} processes: drop --ranks or start {} processes",
+                options.ranks, options.ranks
+            )));
+        }
+        options.ranks = size;
+        options.rebuild_hierarchy();
+        options.processes = Some(size);
+    }
     let selection = select_backend_blocking(options.choice)?;
     let task = Arc::new(SyntheticTask::new(options.task.clone(), options.ranks)?);
     let mut results = Vec::with_capacity(options.algorithms.len());
     for algorithm in &options.algorithms {
-        results.push(train_one(&selection, &task, &options, algorithm.clone())?);
+        results.push(train_one(
+            &selection,
+            &task,
+            &options,
+            algorithm.clone(),
+            world.clone(),
+        )?);
+    }
+    if world.as_ref().is_some_and(|w| w.local_ranks().start != 0) {
+        return Ok(());
     }
     if options.json {
         println!("{}", to_json(&options, &selection, &task, &results));
@@ -42,6 +70,8 @@ pub fn run(args: &[String]) -> Result<(), Error> {
 /// The command line, parsed.
 struct Options {
     ranks: usize,
+    /// Processes of an MPI world (one rank each), when run under `mpirun`.
+    processes: Option<usize>,
     steps: u64,
     period: u64,
     warmup: u64,
@@ -140,6 +170,7 @@ impl Options {
         };
         Ok(Options {
             ranks,
+            processes: None,
             steps,
             period,
             warmup,
@@ -160,6 +191,17 @@ impl Options {
             },
             json,
         })
+    }
+}
+
+impl Options {
+    /// Recomputes the default hierarchy after `ranks` changed.
+    fn rebuild_hierarchy(&mut self) {
+        for algorithm in &mut self.algorithms {
+            if let Algorithm::PostLocalHierarchical { levels, .. } = algorithm {
+                *levels = Algorithm::default_hierarchy(self.period, self.ranks);
+            }
+        }
     }
 }
 
@@ -196,18 +238,24 @@ fn train_one(
     task: &Arc<SyntheticTask>,
     options: &Options,
     algorithm: Algorithm,
+    world: Option<Arc<dyn Communicator>>,
 ) -> Result<RunResult, Error> {
     let config = TrainConfig {
         algorithm: algorithm.clone(),
         ..options.train.clone()
     };
     warnings::take();
-    let mut trainer = Trainer::new(selection.backend.clone(), task.clone(), config)?;
+    let first_rank = world.as_ref().is_none_or(|w| w.local_ranks().start == 0);
+    let mut trainer = match world {
+        Some(world) => Trainer::with_world(selection.backend.clone(), task.clone(), config, world)?,
+        None => Trainer::new(selection.backend.clone(), task.clone(), config)?,
+    };
     for warning in warnings::take() {
         eprintln!("distopt: warning: {warning}");
     }
     let initial = trainer.evaluate_blocking()?;
     let mut bar = Progress::new(algorithm.name(), options.steps);
+    bar.enabled &= first_rank;
     let mut mean_loss = Vec::new();
     let mut divergence = Vec::new();
     let mut steps_averaged = 0;
@@ -349,9 +397,14 @@ fn to_table(
     let t = &options.train;
     let mut out = String::new();
     out += &format!(
-        "distopt train: {} rank{}, {} step{} of SGD (lr {}, momentum {}, batch {} per rank)\n",
+        "distopt train: {} rank{}{}, {} step{} of SGD (lr {}, momentum {}, batch {} per rank)\n",
         options.ranks,
         if options.ranks == 1 { "" } else { "s" },
+        if options.processes.is_some() {
+            ", one per MPI process"
+        } else {
+            ""
+        },
         options.steps,
         if options.steps == 1 { "" } else { "s" },
         t.lr,

@@ -1,0 +1,166 @@
+//! `distopt bench comm`, under `mpirun -np W`: distopt's all-reduce-mean over MPI (one rank's
+//! arena on the chosen backend, through the `Communicator` every algorithm uses) against a raw
+//! `MPI_Allreduce` of the same float32 bytes from and to host buffers, timed in the same run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distopt::Error;
+use distopt::backend::PARAM_ALIGN_ELEMENTS;
+use distopt::backend::kernels::ParamStarts;
+use distopt::backend::{BackendChoice, select_backend_blocking};
+use distopt::comm::{Communicator, MpiWorld, Subgroups, all_gather_f64};
+use distopt::dtype::StorageFormat;
+use serde_json::json;
+
+use crate::{USAGE, take_flag, take_option};
+
+/// `distopt bench comm ARGS` on every rank of `world`; the first rank prints.
+pub fn run(args: &[String], world: &Arc<MpiWorld>) -> Result<(), Error> {
+    let mut args = args.to_vec();
+    let elements = match take_option(&mut args, "--elements")? {
+        Some(t) => crate::bench::parse_count("--elements", &t)?,
+        None => 1 << 22,
+    };
+    let repeats: usize = match take_option(&mut args, "--repeats")? {
+        Some(t) => t.parse().ok().filter(|&k| k > 0).ok_or_else(|| {
+            Error::value(format!("--repeats: expected a positive integer, got '{t}'"))
+        })?,
+        None => 20,
+    };
+    let choice = BackendChoice::parse(
+        &take_option(&mut args, "--backend")?.unwrap_or_else(|| "cpu".into()),
+    )?;
+    let as_json = take_flag(&mut args, "--json");
+    if let Some(unknown) = args.first() {
+        return Err(Error::value(format!(
+            "bench comm: unexpected argument {unknown}\n{USAGE}"
+        )));
+    }
+    if elements == 0 {
+        return Err(Error::value("--elements must be at least 1"));
+    }
+    let selection = select_backend_blocking(choice)?;
+    let backend = selection.backend.clone();
+    let size = world.world_size();
+    let rank = world.rank();
+    let rank_len = elements.div_ceil(PARAM_ALIGN_ELEMENTS) * PARAM_ALIGN_ELEMENTS;
+    let mut arena = backend.create_arena(
+        StorageFormat::F32,
+        1,
+        rank_len,
+        backend.chunk_len(rank_len, 1),
+    )?;
+    let values: Vec<f32> = (0..rank_len)
+        .map(|i| {
+            if i < elements {
+                ((i % 251) as f32) * (rank + 1) as f32
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    arena.write(0, 0, bytemuck::cast_slice(&values))?;
+    let starts = ParamStarts(vec![0]);
+    let bytes = (elements * 4) as u64;
+    let send: Vec<f32> = values[..elements].to_vec();
+    let mut recv = vec![0f32; elements];
+
+    // The first average must be the mean of the ranks' values.
+    world.all_reduce_mean(
+        backend.as_ref(),
+        &mut arena,
+        Subgroups::world(size),
+        StorageFormat::F32,
+        &starts,
+        &[true],
+        bytes,
+    )?;
+    let check = pollster::block_on(arena.read_range(0, 0, elements.min(1024)))?;
+    let scale = (1..=size).map(|r| r as f64 / size as f64).sum::<f64>();
+    for (i, &word) in check.iter().enumerate() {
+        let want = (i % 251) as f64 * scale;
+        let got = f64::from(f32::from_bits(word));
+        if (got - want).abs() > 1e-5 * want.abs().max(1.0) {
+            return Err(Error::runtime(format!(
+                "bench comm: element {i} averaged to {got}, expected {want}"
+            )));
+        }
+    }
+
+    let mut ours = Vec::with_capacity(repeats);
+    let mut raw = Vec::with_capacity(repeats);
+    for round in 0..repeats + 2 {
+        world.barrier();
+        let start = Instant::now();
+        world.raw_all_reduce_sum_f32(&send, &mut recv)?;
+        let raw_time = start.elapsed();
+        world.barrier();
+        let start = Instant::now();
+        world.all_reduce_mean(
+            backend.as_ref(),
+            &mut arena,
+            Subgroups::world(size),
+            StorageFormat::F32,
+            &starts,
+            &[true],
+            bytes,
+        )?;
+        pollster::block_on(backend.synchronize())?;
+        let ours_time = start.elapsed();
+        if round >= 2 {
+            raw.push(raw_time);
+            ours.push(ours_time);
+        }
+    }
+    // Each rank's medians; the job's time is the slowest rank's.
+    let mine = vec![vec![ms(median(&mut ours)), ms(median(&mut raw))]];
+    let all = all_gather_f64(world.as_ref(), &mine)?;
+    if rank != 0 {
+        return Ok(());
+    }
+    let ours_ms = all.iter().map(|t| t[0]).fold(0.0, f64::max);
+    let raw_ms = all.iter().map(|t| t[1]).fold(0.0, f64::max);
+    let overhead = (ours_ms / raw_ms - 1.0) * 100.0;
+    let gbps = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
+    let info = backend.info();
+    if as_json {
+        println!(
+            "{}",
+            json!({
+                "world_size": size,
+                "elements": elements,
+                "bytes": bytes,
+                "backend": format!("{:?}", info.kind),
+                "adapter": info.name,
+                "repeats": repeats,
+                "distopt_all_reduce_mean_ms": ours_ms,
+                "raw_mpi_all_reduce_ms": raw_ms,
+                "overhead_percent": overhead,
+            })
+        );
+    } else {
+        println!(
+            "distopt bench comm: {size} MPI processes, all-reduce-mean of {elements} float32 ({:.1} MiB) per rank, median of {repeats}, slowest rank\n\
+             backend: {:?} ({})\n\
+             distopt all_reduce_mean   {ours_ms:8.3} ms  {:6.2} GB/s\n\
+             raw MPI_Allreduce (sum)   {raw_ms:8.3} ms  {:6.2} GB/s\n\
+             overhead                  {overhead:+7.1} %  (the division by the group size and, on a GPU, the staging through host memory)",
+            bytes as f64 / (1 << 20) as f64,
+            info.kind,
+            info.name,
+            gbps(ours_ms),
+            gbps(raw_ms),
+        );
+    }
+    Ok(())
+}
+
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

@@ -1,0 +1,698 @@
+//! One rank per process over MPI (feature `mpi`): [`MpiWorld`] is the [`Communicator`] for a
+//! job launched by `mpirun -np W`, each process holding one rank's arenas on its own backend.
+//!
+//! The transport is the system's MPI through rsmpi (Debian's OpenMPI in CI). Device data is
+//! staged through host buffers only as far as MPI needs: host arenas (the CPU backend,
+//! float64) are reduced in place, GPU arenas are read back once per collective and written
+//! back. Sums use MPI's own reduction (`MPI_SUM` for float32 and float64; a commutative user
+//! operation that rounds every addition for float16 and bfloat16, which MPI lacks), so, as
+//! with gloo or NCCL in PyTorch, the order of a group's additions is the transport's: results
+//! agree with the simulated world bit for bit for groups of two and within rounding
+//! otherwise.
+//!
+//! Subgroups are `MPI_Comm_split` by `rank / group_size` (the contiguous groups of
+//! [`new_subgroups`](super::new_subgroups)), created when first used and cached. Failures end
+//! the whole job: [`MpiWorld::abort_with`] and the hook of [`install_panic_hook`] call
+//! `MPI_Abort`, so no rank is left waiting in a collective.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mpi::Count;
+use mpi::Threading;
+use mpi::collective::{SystemOperation, UserOperation};
+use mpi::datatype::{DynBuffer, DynBufferMut, PartitionMut};
+use mpi::environment::Universe;
+use mpi::topology::{Color, SimpleCommunicator};
+use mpi::traits::Communicator as _;
+use mpi::traits::*;
+
+use super::{BroadcastRegion, CommStats, Communicator, Subgroups};
+use crate::backend::kernels::{ParamStarts, host_words, host_words_mut};
+use crate::backend::{Arena, ArenaStorage, Backend};
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+
+/// How long a failing rank waits for the others to fail the same way (so that every rank
+/// reports a configuration error) before it aborts the job.
+const FAILURE_GRACE: Duration = Duration::from_secs(2);
+
+/// The MPI state. Every call into MPI is made with the [`MpiWorld`]'s lock held, which is what
+/// `MPI_THREAD_SERIALIZED` (requested at initialization) allows.
+struct Mpi {
+    world: SimpleCommunicator,
+    /// A duplicate of the world used only to agree on a failure, so that its barrier can never
+    /// match a collective that other ranks are blocked in.
+    errors: SimpleCommunicator,
+    /// Subgroup communicators by group size.
+    groups: HashMap<usize, SimpleCommunicator>,
+    /// Scratch for the divided values and packed regions, kept between calls.
+    send: Vec<u64>,
+    recv: Vec<u64>,
+    /// Declared last: dropped (`MPI_Finalize`) after the communicators above.
+    _universe: Universe,
+}
+
+// SAFETY: MPI handles are plain identifiers, valid on any thread; MPI was initialized with
+// MPI_THREAD_SERIALIZED and every use goes through `MpiWorld::lock`, so no two threads ever
+// call MPI at once.
+unsafe impl Send for Mpi {}
+
+impl Mpi {
+    /// The communicator of the group of `rank` in a partition into groups of `group_size`.
+    fn group(
+        &mut self,
+        group_size: usize,
+        rank: usize,
+        world_size: usize,
+    ) -> Result<&SimpleCommunicator> {
+        if group_size == world_size {
+            return Ok(&self.world);
+        }
+        let Mpi { world, groups, .. } = self;
+        if let std::collections::hash_map::Entry::Vacant(slot) = groups.entry(group_size) {
+            let color = Color::with_value((rank / group_size) as i32);
+            let comm = world
+                .split_by_color_with_key(color, rank as i32)
+                .ok_or_else(|| Error::runtime("MPI_Comm_split returned no communicator"))?;
+            slot.insert(comm);
+        }
+        groups
+            .get(&group_size)
+            .ok_or_else(|| Error::runtime("subgroup communicator missing"))
+    }
+}
+
+/// This process's rank of an MPI job (see the module documentation).
+///
+/// Create it once per process with [`MpiWorld::initialize`] and share the `Arc`; MPI is
+/// finalized when the last clone is dropped, so drop every algorithm holding one before the
+/// process exits.
+pub struct MpiWorld {
+    rank: usize,
+    size: usize,
+    mpi: Mutex<Mpi>,
+    stats: Mutex<CommStats>,
+}
+
+impl fmt::Debug for MpiWorld {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MpiWorld")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl MpiWorld {
+    /// Initializes MPI (`MPI_Init_thread`, serialized) and returns this process's world. A
+    /// process started without `mpirun` is a world of one. Fails when MPI was initialized
+    /// before in this process.
+    pub fn initialize() -> Result<Arc<MpiWorld>> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
+            .ok_or_else(|| {
+                Error::runtime(
+                    "MPI is already initialized in this process: create one MpiWorld and share it",
+                )
+            })?;
+        if matches!(threading, Threading::Single | Threading::Funneled) {
+            return Err(Error::runtime(format!(
+                "this MPI library offers only {threading:?} threading; distopt needs Serialized"
+            )));
+        }
+        let world = universe.world();
+        let errors = world.duplicate();
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        Ok(Arc::new(MpiWorld {
+            rank,
+            size,
+            mpi: Mutex::new(Mpi {
+                world,
+                errors,
+                groups: HashMap::new(),
+                send: Vec::new(),
+                recv: Vec::new(),
+                _universe: universe,
+            }),
+            stats: Mutex::new(CommStats::default()),
+        }))
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Whether this process was started by an MPI launcher (`mpirun`, `mpiexec`, `srun`), from
+    /// the environment those set; without one a process would be a world of one.
+    pub fn launched() -> bool {
+        [
+            "OMPI_COMM_WORLD_SIZE",
+            "PMI_SIZE",
+            "PMIX_RANK",
+            "MPI_LOCALNRANKS",
+        ]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Mpi> {
+        self.mpi.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, update: impl FnOnce(&mut CommStats)) {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.collectives += 1;
+        update(&mut stats);
+    }
+
+    /// A barrier over the world.
+    pub fn barrier(&self) {
+        self.lock().world.barrier();
+    }
+
+    /// Ends the whole job because this rank failed: prints `message` to standard error with
+    /// the rank, waits up to two seconds for the other ranks to fail too (a configuration
+    /// error fails every rank the same way, and each says so), then `MPI_Abort`s the world
+    /// with `code`, which ends every process. Never returns.
+    pub fn abort_with(&self, message: &str, code: i32) -> ! {
+        say(&format!(
+            "distopt rank {} of {}: {message}\n",
+            self.rank, self.size
+        ));
+        let Ok(guard) = self.mpi.try_lock() else {
+            // The lock is held by a call that cannot finish: abort without agreeing.
+            abort_world(code)
+        };
+        let mut barrier = guard.errors.immediate_barrier();
+        let deadline = Instant::now() + FAILURE_GRACE;
+        loop {
+            match barrier.test() {
+                Ok(_) => break,
+                Err(pending) if Instant::now() < deadline => {
+                    barrier = pending;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(pending) => {
+                    // Dropping a pending request aborts the process; the job ends anyway.
+                    std::mem::forget(pending);
+                    break;
+                }
+            }
+        }
+        guard.world.abort(code)
+    }
+
+    /// Elementwise float32 all-reduce (sum) of `values` over the world, through MPI with no
+    /// distopt layer around it: the peer the benchmark compares
+    /// [`Communicator::all_reduce_mean`] with.
+    pub fn raw_all_reduce_sum_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(Error::value("send and receive buffers differ in length"));
+        }
+        self.lock()
+            .world
+            .all_reduce_into(send, recv, SystemOperation::sum());
+        Ok(())
+    }
+
+    fn check_one_rank(&self, arena: &Arena, what: &str) -> Result<()> {
+        if arena.ranks() != 1 {
+            return Err(Error::value(format!(
+                "{what}: an MPI process holds one rank, the arena has {}",
+                arena.ranks()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_root(&self, root: usize, what: &str) -> Result<()> {
+        if root >= self.size {
+            return Err(Error::value(format!(
+                "{what} from rank {root} in a world of {}",
+                self.size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Writes `line` to standard error in one call, so that lines of ranks sharing a terminal do
+/// not interleave.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// `MPI_Abort` on the world without touching distopt's lock (which a panicking thread may
+/// hold).
+fn abort_world(code: i32) -> ! {
+    // SAFETY: MPI_Abort may be called at any time after MPI_Init; it does not return.
+    unsafe {
+        mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
+    }
+    std::process::abort()
+}
+
+/// Makes a panic on any thread end the whole MPI job promptly: the panic's message is printed
+/// with the rank (by the previous hook), then `MPI_Abort` ends every process, so the other
+/// ranks never wait in a collective for this one.
+pub fn install_panic_hook(world: &MpiWorld) {
+    let (rank, size) = (world.rank, world.size);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        say(&format!("distopt rank {rank} of {size} panicked:\n"));
+        previous(info);
+        abort_world(101);
+    }));
+}
+
+/// The element ranges of the active parameters, adjacent ones merged (the padding between
+/// parameters travels along: it is zero on every rank).
+fn active_runs(starts: &ParamStarts, active: &[bool], rank_len: usize) -> Vec<Range<usize>> {
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(rank_len, |&e| e as usize);
+        match runs.last_mut() {
+            Some(last) if last.end == start => last.end = end,
+            _ => runs.push(start..end),
+        }
+    }
+    runs
+}
+
+/// Runs `work` on the words of the arena's single rank covering elements `span` (word aligned):
+/// in place on a host arena, on a staged copy of a device arena that is written back after.
+/// `work` gets the words and the element index of the first one.
+fn with_rank_words(
+    arena: &mut Arena,
+    span: Range<usize>,
+    work: impl FnOnce(&mut [u32], usize) -> Result<()>,
+) -> Result<()> {
+    let format = arena.format();
+    if matches!(arena.storage, ArenaStorage::Host(_)) {
+        let rank_words = format.words_for(arena.rank_len());
+        return work(&mut host_words_mut(arena)?[..rank_words], 0);
+    }
+    let mut words = pollster::block_on(arena.read_range(0, span.start, span.len()))?;
+    work(&mut words, span.start)?;
+    arena.write(0, span.start, &words)
+}
+
+/// Reads the words of rank `rank`, elements `offset..offset + len`, of any arena.
+fn read_words(arena: &Arena, rank: usize, offset: usize, len: usize) -> Result<Vec<u32>> {
+    if matches!(arena.storage, ArenaStorage::Host(_)) {
+        arena.check_range(rank, offset, len)?;
+        let format = arena.format();
+        let start = rank * format.words_for(arena.rank_len()) + format.word_of(offset);
+        return Ok(host_words(arena)?[start..start + format.words_for(len)].to_vec());
+    }
+    pollster::block_on(arena.read_range(rank, offset, len))
+}
+
+/// float16 or bfloat16 bits, widened.
+fn half_to_f32(format: StorageFormat, bits: u16) -> f32 {
+    match format {
+        StorageFormat::BF16 => half::bf16::from_bits(bits).to_f32(),
+        _ => half::f16::from_bits(bits).to_f32(),
+    }
+}
+
+/// `value` rounded to float16 or bfloat16 bits (nearest even).
+fn f32_to_half(format: StorageFormat, value: f32) -> u16 {
+    match format {
+        StorageFormat::BF16 => crate::dtype::f32_to_bf16_bits(value),
+        _ => crate::dtype::f32_to_f16_bits(value),
+    }
+}
+
+/// The first `len` elements of a scratch buffer viewed as `T`, growing it as needed (`u64`
+/// storage keeps every `T` used here aligned).
+fn scratch<T: bytemuck::Pod>(buffer: &mut Vec<u64>, len: usize) -> &mut [T] {
+    let bytes = len * std::mem::size_of::<T>();
+    if buffer.len() * 8 < bytes {
+        buffer.resize(bytes.div_ceil(8), 0);
+    }
+    &mut bytemuck::cast_slice_mut(&mut buffer[..])[..len]
+}
+
+impl Communicator for MpiWorld {
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn local_ranks(&self) -> Range<usize> {
+        self.rank..self.rank + 1
+    }
+
+    fn all_reduce_mean(
+        &self,
+        _backend: &dyn Backend,
+        arena: &mut Arena,
+        groups: Subgroups,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+        bytes_per_rank: u64,
+    ) -> Result<()> {
+        self.check_one_rank(arena, "all_reduce")?;
+        if groups.world_size() != self.size || active.len() != starts.0.len() {
+            return Err(Error::value(format!(
+                "all_reduce over groups of a world of {} in a world of {}, or {} flags for {} parameters",
+                groups.world_size(),
+                self.size,
+                active.len(),
+                starts.0.len()
+            )));
+        }
+        let g = groups.group_size();
+        let runs = active_runs(starts, active, arena.rank_len());
+        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+            return Ok(());
+        };
+        let span = first.start..last.end;
+        let format = arena.format();
+        let total: usize = runs.iter().map(|r| r.len()).sum();
+        let mut guard = self.lock();
+        let mpi = &mut *guard;
+        let (mut send, mut recv) = (std::mem::take(&mut mpi.send), std::mem::take(&mut mpi.recv));
+        let comm = mpi.group(g, self.rank, self.size)?;
+        let result = with_rank_words(arena, span, |words, base| {
+            let at = |run: &Range<usize>| run.start - base..run.end - base;
+            match (format, arith) {
+                (StorageFormat::F32, StorageFormat::F32) => {
+                    let values: &mut [f32] = bytemuck::cast_slice_mut(words);
+                    let divisor = g as f32;
+                    let send: &mut [f32] = scratch(&mut send, total);
+                    let mut k = 0;
+                    for run in &runs {
+                        for (s, &x) in send[k..k + run.len()].iter_mut().zip(&values[at(run)]) {
+                            *s = x / divisor;
+                        }
+                        k += run.len();
+                    }
+                    if runs.len() == 1 {
+                        // The sum lands straight in the arena.
+                        comm.all_reduce_into(
+                            &send[..],
+                            &mut values[at(first)],
+                            SystemOperation::sum(),
+                        );
+                    } else {
+                        let recv: &mut [f32] = scratch(&mut recv, total);
+                        comm.all_reduce_into(&send[..], recv, SystemOperation::sum());
+                        let mut k = 0;
+                        for run in &runs {
+                            values[at(run)].copy_from_slice(&recv[k..k + run.len()]);
+                            k += run.len();
+                        }
+                    }
+                }
+                (_, StorageFormat::F64) => {
+                    let divisor = g as f64;
+                    let send: &mut [f64] = scratch(&mut send, total);
+                    let elements = runs.iter().flat_map(&at);
+                    for (s, i) in send.iter_mut().zip(elements.clone()) {
+                        *s = format.load_f64(words, i) / divisor;
+                    }
+                    let recv: &mut [f64] = scratch(&mut recv, total);
+                    comm.all_reduce_into(&send[..], recv, SystemOperation::sum());
+                    for (&v, i) in recv.iter().zip(elements) {
+                        format.store_f64(words, i, v);
+                    }
+                }
+                (_, StorageFormat::F32) => {
+                    let divisor = g as f32;
+                    let send: &mut [f32] = scratch(&mut send, total);
+                    let elements = runs.iter().flat_map(&at);
+                    for (s, i) in send.iter_mut().zip(elements.clone()) {
+                        *s = format.load(words, i) / divisor;
+                    }
+                    let recv: &mut [f32] = scratch(&mut recv, total);
+                    comm.all_reduce_into(&send[..], recv, SystemOperation::sum());
+                    for (&v, i) in recv.iter().zip(elements) {
+                        format.store(words, i, v);
+                    }
+                }
+                (_, half) => {
+                    // float16 / bfloat16 arithmetic: only parameters of that one format
+                    // promote to it. Every quotient and every addition rounds to it.
+                    if format != half {
+                        return Err(Error::value(format!(
+                            "cannot average {format:?} parameters in {half:?}"
+                        )));
+                    }
+                    let divisor = g as f32;
+                    let send: &mut [u16] = scratch(&mut send, total);
+                    let elements = runs.iter().flat_map(&at);
+                    for (s, i) in send.iter_mut().zip(elements.clone()) {
+                        *s = f32_to_half(half, format.load(words, i) / divisor);
+                    }
+                    let recv: &mut [u16] = scratch(&mut recv, total);
+                    let add = UserOperation::commutative(move |a: DynBuffer, b: DynBufferMut| {
+                        if let (Some(a), Some(b)) = (a.downcast::<u16>(), b.downcast::<u16>()) {
+                            for (x, y) in a.iter().zip(b.iter_mut()) {
+                                *y = f32_to_half(
+                                    half,
+                                    half_to_f32(half, *x) + half_to_f32(half, *y),
+                                );
+                            }
+                        }
+                    });
+                    comm.all_reduce_into(&send[..], recv, &add);
+                    for (&v, i) in recv.iter().zip(elements) {
+                        format.store(words, i, half_to_f32(half, v));
+                    }
+                }
+            }
+            Ok(())
+        });
+        (mpi.send, mpi.recv) = (send, recv);
+        drop(guard);
+        result?;
+        let g = g as u64;
+        self.record(|s| {
+            *s.all_reduce_bytes_by_group_size
+                .entry(groups.group_size())
+                .or_default() += 2 * (g - 1) * bytes_per_rank / g;
+        });
+        Ok(())
+    }
+
+    fn broadcast(
+        &self,
+        _backend: &dyn Backend,
+        arena: &mut Arena,
+        root: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.check_one_rank(arena, "broadcast")?;
+        self.check_root(root, "broadcast")?;
+        arena.check_range(0, offset, len)?;
+        let mut words = if root == self.rank {
+            read_words(arena, 0, offset, len)?
+        } else {
+            vec![0u32; arena.format().words_for(len)]
+        };
+        self.lock()
+            .world
+            .process_at_rank(root as i32)
+            .broadcast_into(&mut words[..]);
+        if root != self.rank {
+            arena.write(0, offset, &words)?;
+        }
+        let bytes = (len * arena.format().element_bytes()) as u64;
+        self.record(|s| s.broadcast_bytes += bytes);
+        Ok(())
+    }
+
+    fn broadcast_regions(
+        &self,
+        _backend: &dyn Backend,
+        src: Option<&Arena>,
+        dst: &mut Arena,
+        root: usize,
+        regions: &[BroadcastRegion],
+    ) -> Result<()> {
+        self.check_one_rank(dst, "broadcast")?;
+        self.check_root(root, "broadcast")?;
+        let format = dst.format();
+        let total: usize = regions.iter().map(|r| format.words_for(r.len)).sum();
+        let mut words = Vec::with_capacity(total);
+        if root == self.rank {
+            let src = src.ok_or_else(|| {
+                Error::runtime(format!("rank {root} broadcasts but holds no source"))
+            })?;
+            if src.format() != format {
+                return Err(Error::value(format!(
+                    "cannot broadcast {:?} elements into a {format:?} arena",
+                    src.format()
+                )));
+            }
+            for r in regions {
+                words.extend(read_words(src, r.src_rank, r.src_offset, r.len)?);
+            }
+        } else {
+            for r in regions {
+                dst.check_range(0, r.dst_offset, r.len)?;
+            }
+            words.resize(total, 0);
+        }
+        self.lock()
+            .world
+            .process_at_rank(root as i32)
+            .broadcast_into(&mut words[..]);
+        if root != self.rank {
+            let mut k = 0;
+            for r in regions {
+                let n = format.words_for(r.len);
+                dst.write(0, r.dst_offset, &words[k..k + n])?;
+                k += n;
+            }
+        }
+        let bytes: usize = regions.iter().map(|r| r.len * format.element_bytes()).sum();
+        self.record(|s| s.broadcast_bytes += bytes as u64);
+        Ok(())
+    }
+
+    fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> Result<Vec<f32>> {
+        let [mine] = per_local_rank else {
+            return Err(Error::value(format!(
+                "an MPI process holds one rank, {} ranks' data passed",
+                per_local_rank.len()
+            )));
+        };
+        let mut sum = vec![0f32; mine.len()];
+        self.lock()
+            .world
+            .all_reduce_into(&mine[..], &mut sum[..], SystemOperation::sum());
+        let (g, bytes) = (self.size as u64, (mine.len() * 4) as u64);
+        self.record(|s| {
+            *s.all_reduce_bytes_by_group_size
+                .entry(self.size)
+                .or_default() += 2 * (g - 1) * bytes / g;
+        });
+        Ok(sum)
+    }
+
+    fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>> {
+        self.check_root(root, "broadcast")?;
+        let mine = if root == self.rank {
+            Some(data.ok_or_else(|| {
+                Error::value(format!("broadcast from rank {root}: its data is missing"))
+            })?)
+        } else {
+            None
+        };
+        let guard = self.lock();
+        let process = guard.world.process_at_rank(root as i32);
+        // The length first, then the bytes.
+        let mut len = mine.as_ref().map_or(0u64, |d| d.len() as u64);
+        process.broadcast_into(&mut len);
+        let mut bytes = mine.unwrap_or_else(|| vec![0u8; len as usize]);
+        process.broadcast_into(&mut bytes[..]);
+        drop(guard);
+        self.record(|s| s.broadcast_bytes += len);
+        Ok(bytes)
+    }
+
+    fn all_gather_bytes(&self, per_local_rank: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        let [mine] = <[Vec<u8>; 1]>::try_from(per_local_rank).map_err(|v| {
+            Error::value(format!(
+                "an MPI process holds one rank, {} ranks' data passed",
+                v.len()
+            ))
+        })?;
+        let count = Count::try_from(mine.len())
+            .map_err(|_| Error::value("an object larger than 2 GiB cannot be gathered"))?;
+        let mut counts = vec![0 as Count; self.size];
+        let guard = self.lock();
+        guard.world.all_gather_into(&count, &mut counts[..]);
+        let displs = displacements(&counts)?;
+        let total = counts.iter().map(|&c| c as usize).sum();
+        let mut all = vec![0u8; total];
+        {
+            let mut partition = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+            guard
+                .world
+                .all_gather_varcount_into(&mine[..], &mut partition);
+        }
+        drop(guard);
+        self.record(|s| s.gather_bytes += (total - mine.len()) as u64);
+        Ok(split(&all, &counts))
+    }
+
+    fn gather_bytes(
+        &self,
+        to: usize,
+        per_local_rank: Vec<Vec<u8>>,
+    ) -> Result<Option<Vec<Vec<u8>>>> {
+        self.check_root(to, "gather")?;
+        let [mine] = <[Vec<u8>; 1]>::try_from(per_local_rank).map_err(|v| {
+            Error::value(format!(
+                "an MPI process holds one rank, {} ranks' data passed",
+                v.len()
+            ))
+        })?;
+        let count = Count::try_from(mine.len())
+            .map_err(|_| Error::value("an object larger than 2 GiB cannot be gathered"))?;
+        let guard = self.lock();
+        let root = guard.world.process_at_rank(to as i32);
+        if to != self.rank {
+            root.gather_into(&count);
+            root.gather_varcount_into(&mine[..]);
+            return Ok(None);
+        }
+        let mut counts = vec![0 as Count; self.size];
+        root.gather_into_root(&count, &mut counts[..]);
+        let displs = displacements(&counts)?;
+        let total = counts.iter().map(|&c| c as usize).sum();
+        let mut all = vec![0u8; total];
+        {
+            let mut partition = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+            root.gather_varcount_into_root(&mine[..], &mut partition);
+        }
+        drop(guard);
+        self.record(|s| s.gather_bytes += (total - mine.len()) as u64);
+        Ok(Some(split(&all, &counts)))
+    }
+
+    fn stats(&self) -> CommStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn reset_stats(&self) {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = CommStats::default();
+    }
+}
+
+fn displacements(counts: &[Count]) -> Result<Vec<Count>> {
+    let mut next: Count = 0;
+    counts
+        .iter()
+        .map(|&c| {
+            let at = next;
+            next = next
+                .checked_add(c)
+                .ok_or_else(|| Error::value("gathered objects exceed 2 GiB in all"))?;
+            Ok(at)
+        })
+        .collect()
+}
+
+fn split(all: &[u8], counts: &[Count]) -> Vec<Vec<u8>> {
+    let mut at = 0;
+    counts
+        .iter()
+        .map(|&c| {
+            let part = all[at..at + c as usize].to_vec();
+            at += c as usize;
+            part
+        })
+        .collect()
+}

@@ -1,0 +1,394 @@
+//! One rank per process over MPI (`cargo test --features mpi`).
+//!
+//! This binary is both the launcher and the ranks. Run by cargo, it starts `mpirun -np W` on
+//! itself (with `DISTOPT_MPI_WORKER` set) and checks what the ranks report:
+//!
+//! - golden replays: every case of the multi-process kinds (periodic_averager,
+//!   hierarchical_averager, post_local_sgd, zero_trajectory) at its own world size W (2, 3, 4
+//!   and 8), and the dp_sgd_step cases with one rank per replica (`sgd_step_in`), one rank per
+//!   process, each rank checking its own results against the case, on the CPU backend and on
+//!   the GPU backend;
+//! - failures: a rank that panics or fails inside a collective ends the whole job in seconds
+//!   with its message; a configuration the world size contradicts fails on every rank with the
+//!   same error before any collective.
+//!
+//! Every `mpirun` runs under a deadline, so a hang fails this test instead of stalling CI.
+
+mod common;
+#[allow(dead_code)]
+mod runners;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Case, load_cases};
+use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
+use distopt::comm::Communicator;
+use distopt::comm::mpi::{MpiWorld, install_panic_hook};
+use distopt::json::step_request_from_json;
+use distopt::replicas::Replicas;
+use distopt::{Backend, CpuBackend, Tensor, sgd_step_in_blocking};
+
+const WORKER: &str = "DISTOPT_MPI_WORKER";
+const BACKEND: &str = "DISTOPT_MPI_BACKEND";
+const KINDS: [&str; 5] = [
+    "dp_sgd_step",
+    "periodic_averager",
+    "hierarchical_averager",
+    "post_local_sgd",
+    "zero_trajectory",
+];
+const GOLDEN_DEADLINE: Duration = Duration::from_secs(300);
+const FAILURE_DEADLINE: Duration = Duration::from_secs(60);
+
+fn main() -> ExitCode {
+    match std::env::var(WORKER) {
+        Ok(role) => worker(&role),
+        Err(_) => launcher(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ranks
+
+fn worker(role: &str) -> ExitCode {
+    let world = match MpiWorld::initialize() {
+        Ok(world) => world,
+        Err(err) => {
+            eprintln!("MPI initialization failed: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    install_panic_hook(&world);
+    let result = match role {
+        "golden" => golden_worker(&world),
+        "panic" => failing_worker(&world, true),
+        "error" => failing_worker(&world, false),
+        "bad-hierarchy" => bad_hierarchy_worker(&world),
+        other => Err(format!("unknown worker role {other}")),
+    };
+    match result {
+        Ok(()) => {
+            // Finalize before exiting: every rank got here.
+            drop(world);
+            ExitCode::SUCCESS
+        }
+        Err(message) => world.abort_with(&message, 1),
+    }
+}
+
+fn backend() -> Result<Arc<dyn Backend>, String> {
+    match std::env::var(BACKEND).as_deref() {
+        Ok("gpu") => common::gpu_backend().ok_or_else(|| "no GPU adapter".to_string()),
+        _ => Ok(Arc::new(CpuBackend::with_threads(1))),
+    }
+}
+
+/// Replays every case of this world's size; a failing case ends the job (the other ranks
+/// would otherwise wait in the next collective).
+fn golden_worker(world: &Arc<MpiWorld>) -> Result<(), String> {
+    let backend = backend()?;
+    let size = world.world_size();
+    let comm: Arc<dyn Communicator> = world.clone();
+    let factory = move |w: usize| -> Result<Arc<dyn Communicator>, String> {
+        if w == size {
+            Ok(comm.clone())
+        } else {
+            Err(format!("an MPI world of {size} cannot run a world of {w}"))
+        }
+    };
+    let mut passed = 0;
+    let mut exact = 0;
+    for case in cases_of_size(size) {
+        let outcome = match case.kind.as_str() {
+            "periodic_averager" | "hierarchical_averager" => {
+                runners::averagers::run(&backend, &case, &factory)
+            }
+            "post_local_sgd" => runners::post_local_sgd::run(&backend, &case, &factory),
+            "dp_sgd_step" => dp_sgd_step(world, backend.as_ref(), &case),
+            _ => runners::zero::run_with_world(&backend, &case, &factory),
+        };
+        match outcome {
+            Ok(bit_exact) => {
+                passed += 1;
+                exact += usize::from(bit_exact);
+            }
+            Err(message) => return Err(format!("{} {}: {message}", case.kind, case.name)),
+        }
+    }
+    println!(
+        "rank {} of {size}: {passed} passed ({exact} bit-exact)",
+        world.rank()
+    );
+    Ok(())
+}
+
+/// A `dp_sgd_step` case with one process per replica: each passes its own rank's lists to
+/// `sgd_step_in` and checks the mean gradients and its updated replica.
+fn dp_sgd_step(world: &Arc<MpiWorld>, backend: &dyn Backend, case: &Case) -> runners::Outcome {
+    let rank = world.rank();
+    let expected = case.expected();
+    // Every process parses the whole request, so a malformed one fails everywhere alike.
+    let result = step_request_from_json(case.input()).and_then(|request| {
+        sgd_step_in_blocking(
+            world.as_ref(),
+            backend,
+            &request.parameter_replicas[rank..rank + 1],
+            &request.gradient_replicas[rank..rank + 1],
+            request.learning_rate,
+        )
+    });
+    if expected.get("error").is_some() {
+        return match result {
+            Ok(_) => Err("expected an error, the step succeeded".into()),
+            Err(err) => common::compare_error(case, &err).map(|()| true),
+        };
+    }
+    let output = result.map_err(|e| format!("unexpected error: {e}"))?;
+    let mut exact = runners::compare_tensors(
+        case,
+        &output.mean_gradients,
+        &expected["mean_gradients"],
+        "mean_gradients",
+    )?;
+    exact &= runners::compare_tensors(
+        case,
+        &output.updated_replicas[0],
+        &expected["updated_replicas"][rank],
+        &format!("updated_replicas[{rank}]"),
+    )?;
+    Ok(exact)
+}
+
+/// The world size a case runs at: its `world_size`, or a `dp_sgd_step` case's replica count
+/// (`None` for requests that cannot be split into one list per process).
+fn case_world_size(case: &Case) -> Option<usize> {
+    let input = case.input();
+    if case.kind == "dp_sgd_step" {
+        let params = input["parameter_replicas"].as_array()?.len();
+        let grads = input["gradient_replicas"].as_array()?.len();
+        return (params == grads && params > 0).then_some(params);
+    }
+    input["world_size"].as_u64().map(|w| w as usize)
+}
+
+/// Every rank averages twice; at the second, rank 1 fails (a panic or an error) instead of
+/// joining the all-reduce that the others are already waiting in.
+fn failing_worker(world: &Arc<MpiWorld>, panic: bool) -> Result<(), String> {
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::with_threads(1));
+    let value = Tensor::from_f32(&[4], vec![world.rank() as f32; 4]).map_err(|e| e.to_string())?;
+    let mut replicas = Replicas::replicate(backend, 1, &[value]).map_err(|e| e.to_string())?;
+    replicas
+        .set_grads(0, &[Some(Tensor::from_f32(&[4], vec![0.0; 4]).unwrap())])
+        .map_err(|e| e.to_string())?;
+    let mut averager =
+        PeriodicModelAverager::new(1, 0, world.clone()).map_err(|e| e.to_string())?;
+    for step in 0..2 {
+        if step == 1 && world.rank() == 1 {
+            if panic {
+                panic!("rank 1 hit a bug at step {step}");
+            }
+            return Err(format!("rank 1 failed at step {step}"));
+        }
+        averager
+            .average_parameters(&mut replicas, None)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// A hierarchy whose group size does not divide the world: every rank must fail with the
+/// same error, before any collective.
+fn bad_hierarchy_worker(world: &Arc<MpiWorld>) -> Result<(), String> {
+    let averager = HierarchicalModelAverager::new(&[(2, 3), (4, 4)], 0, world.clone());
+    match averager {
+        Ok(a) => Err(format!(
+            "a hierarchy of {{2: 3, 4: 4}} was accepted: {}",
+            a.step()
+        )),
+        Err(err) => Err(format!("{err}")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launcher
+
+fn cases_of_size(size: usize) -> Vec<Case> {
+    load_cases()
+        .into_iter()
+        .filter(|c| KINDS.contains(&c.kind.as_str()))
+        .filter(|c| case_world_size(c) == Some(size))
+        .collect()
+}
+
+struct Job {
+    status: Option<i32>,
+    output: String,
+    elapsed: Duration,
+    timed_out: bool,
+}
+
+/// Runs `mpirun -np size` on this binary as `role`, killing it at `deadline`.
+fn mpirun(size: usize, role: &str, backend: &str, deadline: Duration) -> Result<Job, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut child = Command::new("mpirun")
+        .args(["-np", &size.to_string(), "--oversubscribe"])
+        .arg(&exe)
+        .env(WORKER, role)
+        .env(BACKEND, backend)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        // Ranks time-share two cores: yield instead of spinning while waiting.
+        .env("OMPI_MCA_mpi_yield_when_idle", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start mpirun (is OpenMPI installed?): {e}"))?;
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut stderr = child.stderr.take().ok_or("no stderr")?;
+    let out_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if start.elapsed() > deadline {
+            timed_out = true;
+            let _ = child.kill();
+            break child.wait().map_err(|e| e.to_string())?;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed = start.elapsed();
+    let output = out_reader.join().unwrap_or_default() + &err_reader.join().unwrap_or_default();
+    Ok(Job {
+        status: status.code(),
+        output,
+        elapsed,
+        timed_out,
+    })
+}
+
+fn launcher() -> ExitCode {
+    let mut failures = Vec::new();
+    let mut sizes: BTreeMap<usize, usize> = BTreeMap::new();
+    for case in load_cases()
+        .into_iter()
+        .filter(|c| KINDS.contains(&c.kind.as_str()))
+    {
+        if let Some(w) = case_world_size(&case) {
+            *sizes.entry(w).or_default() += 1;
+        }
+    }
+    for required in [2, 4, 8] {
+        if !sizes.contains_key(&required) {
+            failures.push(format!("no golden case at W = {required}"));
+        }
+    }
+    let gpu_available = common::gpu_backend().is_some();
+    for (&size, &count) in &sizes {
+        for backend in ["cpu", "gpu"] {
+            if backend == "gpu" && !gpu_available {
+                println!("W = {size} gpu: skipped (no adapter; DISTOPT_ALLOW_NO_GPU is set)");
+                continue;
+            }
+            match mpirun(size, "golden", backend, GOLDEN_DEADLINE) {
+                Err(e) => failures.push(e),
+                Ok(job) => {
+                    let reports: Vec<&str> = job
+                        .output
+                        .lines()
+                        .filter(|l| l.contains(&format!("of {size}: {count} passed")))
+                        .collect();
+                    if job.timed_out || job.status != Some(0) || reports.len() != size {
+                        failures.push(format!(
+                            "golden W = {size} {backend}: exit {:?}{}, {} of {size} ranks reported {count} passed:\n{}",
+                            job.status,
+                            if job.timed_out { " (timed out)" } else { "" },
+                            reports.len(),
+                            job.output
+                        ));
+                    } else {
+                        println!(
+                            "golden W = {size} {backend}: {count} cases passed on each of {size} ranks ({:.1} s) — {}",
+                            job.elapsed.as_secs_f64(),
+                            reports[0]
+                        );
+                    }
+                }
+            }
+        }
+    }
+    for (role, needle) in [
+        ("panic", "rank 1 of 4 panicked"),
+        ("error", "rank 1 of 4: rank 1 failed at step 1"),
+    ] {
+        match mpirun(4, role, "cpu", FAILURE_DEADLINE) {
+            Err(e) => failures.push(e),
+            Ok(job) => {
+                let message = role != "panic" || job.output.contains("rank 1 hit a bug at step 1");
+                if job.timed_out
+                    || job.status == Some(0)
+                    || !job.output.contains(needle)
+                    || !message
+                {
+                    failures.push(format!(
+                        "a rank that fails ({role}) must end the job with its message: exit {:?}, timed out {}:\n{}",
+                        job.status, job.timed_out, job.output
+                    ));
+                } else {
+                    println!(
+                        "a rank that fails ({role}) ended the job in {:.1} s with its message",
+                        job.elapsed.as_secs_f64()
+                    );
+                }
+            }
+        }
+    }
+    let error = "The world size (4) must be divisible by 'group_size=3'";
+    match mpirun(4, "bad-hierarchy", "cpu", FAILURE_DEADLINE) {
+        Err(e) => failures.push(e),
+        Ok(job) => {
+            let ranks = (0..4)
+                .filter(|r| {
+                    job.output
+                        .contains(&format!("rank {r} of 4: ValueError: {error}"))
+                })
+                .count();
+            if job.timed_out || job.status == Some(0) || ranks != 4 {
+                failures.push(format!(
+                    "a contradicting world size must fail on every rank: {ranks} of 4 reported it, exit {:?}:\n{}",
+                    job.status, job.output
+                ));
+            } else {
+                println!(
+                    "a hierarchy the world size contradicts failed on all 4 ranks with the same error in {:.1} s",
+                    job.elapsed.as_secs_f64()
+                );
+            }
+        }
+    }
+    if failures.is_empty() {
+        println!("mpi: all passed");
+        ExitCode::SUCCESS
+    } else {
+        for f in &failures {
+            eprintln!("FAILED: {f}");
+        }
+        ExitCode::FAILURE
+    }
+}
