@@ -8,6 +8,9 @@
 //!   and 8), and the dp_sgd_step cases with one rank per replica (`sgd_step_in`), one rank per
 //!   process, each rank checking its own results against the case, on the CPU backend and on
 //!   the GPU backend;
+//! - the command line: `mpirun -np 4 distopt train` reports what the simulated run of the
+//!   same flags reports (losses, divergence, all-reduce bytes), `--ranks` contradicting the
+//!   world fails on every rank, and `mpirun -np 2 distopt bench comm` measures;
 //! - failures: a rank that panics or fails inside a collective ends the whole job in seconds
 //!   with its message; a configuration the world size contradicts fails on every rank with the
 //!   same error before any collective.
@@ -234,12 +237,29 @@ struct Job {
 /// Runs `mpirun -np size` on this binary as `role`, killing it at `deadline`.
 fn mpirun(size: usize, role: &str, backend: &str, deadline: Duration) -> Result<Job, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let mut child = Command::new("mpirun")
+    let mut command = Command::new("mpirun");
+    command
         .args(["-np", &size.to_string(), "--oversubscribe"])
         .arg(&exe)
         .env(WORKER, role)
-        .env(BACKEND, backend)
+        .env(BACKEND, backend);
+    run_job(command, deadline)
+}
+
+/// Runs `mpirun -np size distopt ARGS`.
+fn mpirun_distopt(size: usize, args: &[&str], deadline: Duration) -> Result<Job, String> {
+    let mut command = Command::new("mpirun");
+    command
+        .args(["-np", &size.to_string(), "--oversubscribe"])
+        .arg(env!("CARGO_BIN_EXE_distopt"))
+        .args(args);
+    run_job(command, deadline)
+}
+
+/// Runs `command` (an `mpirun`) with root allowed, killing it at `deadline`.
+fn run_job(mut command: Command, deadline: Duration) -> Result<Job, String> {
+    let start = Instant::now();
+    let mut child = command
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         // Ranks time-share two cores: yield instead of spinning while waiting.
@@ -281,6 +301,155 @@ fn mpirun(size: usize, role: &str, backend: &str, deadline: Duration) -> Result<
         elapsed,
         timed_out,
     })
+}
+
+/// `distopt train` and `distopt bench comm` under mpirun.
+fn command_line(failures: &mut Vec<String>) {
+    let flags = [
+        "train",
+        "--steps",
+        "40",
+        "--warmup",
+        "10",
+        "--period",
+        "4",
+        "--backend",
+        "cpu",
+        "--json",
+    ];
+    let simulated = Command::new(env!("CARGO_BIN_EXE_distopt"))
+        .args(flags)
+        .args(["--ranks", "4"])
+        .output()
+        .map_err(|e| e.to_string())
+        .and_then(|o| {
+            serde_json::from_slice::<serde_json::Value>(&o.stdout)
+                .map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&o.stderr)))
+        });
+    let processes = mpirun_distopt(4, &flags, GOLDEN_DEADLINE).and_then(|job| {
+        if job.status != Some(0) {
+            return Err(format!("exit {:?}:\n{}", job.status, job.output));
+        }
+        serde_json::from_str::<serde_json::Value>(job.output.trim())
+            .map_err(|e| format!("{e}: {}", job.output))
+    });
+    match (simulated, processes) {
+        (Ok(a), Ok(b)) => match same_training(&a, &b) {
+            Ok(summary) => {
+                println!("mpirun -np 4 distopt train matches the simulated run: {summary}")
+            }
+            Err(e) => failures.push(format!("distopt train under mpirun differs: {e}")),
+        },
+        (Err(e), _) | (_, Err(e)) => failures.push(format!("distopt train: {e}")),
+    }
+    match mpirun_distopt(
+        4,
+        &["train", "--steps", "5", "--ranks", "8"],
+        FAILURE_DEADLINE,
+    ) {
+        Err(e) => failures.push(e),
+        Ok(job) => {
+            let said = (0..4)
+                .filter(|r| {
+                    job.output.contains(&format!(
+                        "distopt rank {r} of 4: ValueError: --ranks 8 contradicts the world of 4 processes"
+                    ))
+                })
+                .count();
+            if job.status == Some(0) || job.timed_out || said != 4 {
+                failures.push(format!(
+                    "--ranks 8 under mpirun -np 4 must fail on every rank ({said} did):\n{}",
+                    job.output
+                ));
+            } else {
+                println!(
+                    "mpirun -np 4 distopt train --ranks 8 failed on all 4 ranks with the same error"
+                );
+            }
+        }
+    }
+    let bench = [
+        "bench",
+        "comm",
+        "--elements",
+        "65536",
+        "--repeats",
+        "3",
+        "--json",
+    ];
+    match mpirun_distopt(2, &bench, FAILURE_DEADLINE) {
+        Err(e) => failures.push(e),
+        Ok(job) => {
+            let report = serde_json::from_str::<serde_json::Value>(job.output.trim());
+            match report {
+                Ok(r)
+                    if job.status == Some(0)
+                        && r["world_size"] == 2
+                        && r["raw_mpi_all_reduce_ms"].as_f64().is_some_and(|t| t > 0.0)
+                        && r["distopt_all_reduce_mean_ms"]
+                            .as_f64()
+                            .is_some_and(|t| t > 0.0) =>
+                {
+                    println!("mpirun -np 2 distopt bench comm reports: {r}");
+                }
+                _ => failures.push(format!(
+                    "bench comm: exit {:?}:\n{}",
+                    job.status, job.output
+                )),
+            }
+        }
+    }
+}
+
+/// Compares two `distopt train --json` reports: per algorithm the loss and divergence curves
+/// (within float rounding: the transport may sum in another order) and the all-reduce bytes.
+fn same_training(a: &serde_json::Value, b: &serde_json::Value) -> Result<String, String> {
+    let (ra, rb) = (
+        a["results"].as_array().ok_or("no results")?,
+        b["results"].as_array().ok_or("no results")?,
+    );
+    if ra.len() != rb.len() || ra.is_empty() {
+        return Err(format!("{} and {} algorithms", ra.len(), rb.len()));
+    }
+    let mut worst = 0f64;
+    for (x, y) in ra.iter().zip(rb) {
+        let name = x["algorithm"].as_str().unwrap_or("?");
+        for key in [
+            "mean_loss_per_step",
+            "divergence_per_step",
+            "replica_loss_per_rank",
+        ] {
+            let (xs, ys) = (x[key].as_array().ok_or(key)?, y[key].as_array().ok_or(key)?);
+            if xs.len() != ys.len() {
+                return Err(format!(
+                    "{name} {key}: {} and {} entries",
+                    xs.len(),
+                    ys.len()
+                ));
+            }
+            for (i, (u, v)) in xs.iter().zip(ys).enumerate() {
+                let (u, v) = (
+                    u.as_f64().unwrap_or(f64::NAN),
+                    v.as_f64().unwrap_or(f64::NAN),
+                );
+                let diff = (u - v).abs();
+                worst = worst.max(diff);
+                if !(diff <= 1e-4 * u.abs().max(1.0)) {
+                    return Err(format!("{name} {key}[{i}]: {u} simulated, {v} over MPI"));
+                }
+            }
+        }
+        if x["all_reduce_bytes_by_group_size"] != y["all_reduce_bytes_by_group_size"] {
+            return Err(format!(
+                "{name}: all-reduce bytes {} simulated, {} over MPI",
+                x["all_reduce_bytes_by_group_size"], y["all_reduce_bytes_by_group_size"]
+            ));
+        }
+    }
+    Ok(format!(
+        "{} algorithms, largest difference {worst:.1e}, same all-reduce bytes",
+        ra.len()
+    ))
 }
 
 fn launcher() -> ExitCode {
@@ -359,6 +528,7 @@ fn launcher() -> ExitCode {
             }
         }
     }
+    command_line(&mut failures);
     let error = "The world size (4) must be divisible by 'group_size=3'";
     match mpirun(4, "bad-hierarchy", "cpu", FAILURE_DEADLINE) {
         Err(e) => failures.push(e),
