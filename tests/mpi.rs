@@ -434,7 +434,7 @@ fn same_training(a: &serde_json::Value, b: &serde_json::Value) -> Result<String,
                 );
                 let diff = (u - v).abs();
                 worst = worst.max(diff);
-                if !(diff <= 1e-4 * u.abs().max(1.0)) {
+                if diff.is_nan() || diff > 1e-4 * u.abs().max(1.0) {
                     return Err(format!("{name} {key}[{i}]: {u} simulated, {v} over MPI"));
                 }
             }
