@@ -368,6 +368,36 @@ fn command_line(failures: &mut Vec<String>) {
             }
         }
     }
+    // The README's example: values after hierarchical averaging are the group means.
+    let example = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("examples/mpi_average")));
+    match example {
+        Some(path) if path.exists() => {
+            let mut command = Command::new("mpirun");
+            command.args(["-np", "4", "--oversubscribe"]).arg(&path);
+            match run_job(command, FAILURE_DEADLINE) {
+                Err(e) => failures.push(e),
+                Ok(job) => {
+                    let want = [
+                        "rank 0 step 3:   5.50  (averaged over 2 ranks)",
+                        "rank 3 step 3:   9.50  (averaged over 2 ranks)",
+                        "rank 1 step 5:  12.50  (averaged over 4 ranks)",
+                        "rank 2 step 8:  22.50",
+                    ];
+                    if job.status != Some(0) || want.iter().any(|w| !job.output.contains(w)) {
+                        failures.push(format!(
+                            "examples/mpi_average under mpirun -np 4: exit {:?}:\n{}",
+                            job.status, job.output
+                        ));
+                    } else {
+                        println!("mpirun -np 4 examples/mpi_average: the group means, as expected");
+                    }
+                }
+            }
+        }
+        _ => failures.push("examples/mpi_average was not built".into()),
+    }
     let bench = [
         "bench",
         "comm",

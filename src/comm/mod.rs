@@ -2,7 +2,7 @@
 //! replica arenas, with the bytes a real implementation would move recorded per group level.
 //!
 //! A [`Communicator`] serves the ranks this process holds (its *local ranks*): every rank of the
-//! world in the [`SimulatedWorld`] (all on one device), one rank per process in [`MpiWorld`]
+//! world in the [`SimulatedWorld`] (all on one device), one rank per process in `MpiWorld`
 //! (feature `mpi`). Arenas passed to a communicator hold the local ranks, in order; every rank
 //! argument is a world rank. Algorithms written against the trait run unchanged on both.
 

@@ -26,7 +26,7 @@ pub fn run(args: &[String], world: &Arc<MpiWorld>) -> Result<(), Error> {
         Some(t) => t.parse().ok().filter(|&k| k > 0).ok_or_else(|| {
             Error::value(format!("--repeats: expected a positive integer, got '{t}'"))
         })?,
-        None => 20,
+        None => 30,
     };
     let choice = BackendChoice::parse(
         &take_option(&mut args, "--backend")?.unwrap_or_else(|| "cpu".into()),
@@ -90,11 +90,13 @@ pub fn run(args: &[String], world: &Arc<MpiWorld>) -> Result<(), Error> {
 
     let mut ours = Vec::with_capacity(repeats);
     let mut raw = Vec::with_capacity(repeats);
-    for round in 0..repeats + 2 {
+    let time_raw = |recv: &mut [f32]| -> Result<Duration, Error> {
         world.barrier();
         let start = Instant::now();
-        world.raw_all_reduce_sum_f32(&send, &mut recv)?;
-        let raw_time = start.elapsed();
+        world.raw_all_reduce_sum_f32(&send, recv)?;
+        Ok(start.elapsed())
+    };
+    let mut time_ours = || -> Result<Duration, Error> {
         world.barrier();
         let start = Instant::now();
         world.all_reduce_mean(
@@ -107,7 +109,17 @@ pub fn run(args: &[String], world: &Arc<MpiWorld>) -> Result<(), Error> {
             bytes,
         )?;
         pollster::block_on(backend.synchronize())?;
-        let ours_time = start.elapsed();
+        Ok(start.elapsed())
+    };
+    for round in 0..repeats + 2 {
+        // Alternate which goes first, so that neither always finds the caches warm.
+        let (raw_time, ours_time) = if round % 2 == 0 {
+            let r = time_raw(&mut recv)?;
+            (r, time_ours()?)
+        } else {
+            let o = time_ours()?;
+            (time_raw(&mut recv)?, o)
+        };
         if round >= 2 {
             raw.push(raw_time);
             ours.push(ours_time);

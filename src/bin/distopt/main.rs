@@ -58,7 +58,7 @@ const USAGE: &str = "usage:
   mpirun -np W distopt bench comm [--elements N] [--repeats K] [--backend B] [--json]
       (feature `mpi`) All-reduce-mean of N float32 elements per rank through distopt's MPI
       world against a raw MPI_Allreduce of the same bytes, in the same run. Defaults: N 2^22,
-      K 20, backend cpu.";
+      K 30, backend cpu.";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
