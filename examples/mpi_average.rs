@@ -41,7 +41,7 @@ fn run(world: &Arc<MpiWorld>) -> Result<()> {
     let mut model = Replicas::replicate(Arc::new(CpuBackend::new()), 1, &[start])?;
     model.set_grads(0, &[Some(Tensor::from_f32(&[4], vec![0.0; 4])?)])?;
     // Pairs every 2 steps, the world every 4 (with 2 processes, pairs are the world).
-    let levels: Vec<(i64, i64)> = if size >= 4 && size % 2 == 0 {
+    let levels: Vec<(i64, i64)> = if size >= 4 && size.is_multiple_of(2) {
         vec![(2, 2), (4, size as i64)]
     } else {
         vec![(4, size as i64)]
