@@ -71,6 +71,7 @@ fn worker(role: &str) -> ExitCode {
         "panic" => failing_worker(&world, true),
         "error" => failing_worker(&world, false),
         "bad-hierarchy" => bad_hierarchy_worker(&world),
+        "zero-vs-simulated" => zero_vs_simulated(&world),
         other => Err(format!("unknown worker role {other}")),
     };
     match result {
@@ -176,6 +177,102 @@ fn case_world_size(case: &Case) -> Option<usize> {
         return (params == grads && params > 0).then_some(params);
     }
     input["world_size"].as_u64().map(|w| w as usize)
+}
+
+/// ZeRO (Adam, bucket view) over MPI and over a simulated world of the same size in the same
+/// process: every rank's parameters after each step, and the state consolidated to the last
+/// rank, must be identical to the bit.
+fn zero_vs_simulated(world: &Arc<MpiWorld>) -> Result<(), String> {
+    use distopt::comm::SimulatedWorld;
+    use distopt::zero::{ZeroOptions, ZeroRedundancyOptimizer};
+    let s = |e: distopt::Error| e.to_string();
+    let (rank, size) = (world.rank(), world.world_size());
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::with_threads(1));
+    let shapes: [&[usize]; 5] = [&[7, 3], &[130], &[4], &[2, 2, 5], &[65]];
+    let value = |seed: usize, i: usize| ((seed * 31 + i * 17) % 23) as f32 / 8.0 - 1.0;
+    let params: Vec<Tensor> = shapes
+        .iter()
+        .enumerate()
+        .map(|(j, shape)| {
+            let n = shape.iter().product();
+            Tensor::from_f32(shape, (0..n).map(|i| value(j, i)).collect()).unwrap()
+        })
+        .collect();
+    let mut defaults = distopt::optim::OptionMap::new();
+    defaults.insert("lr".into(), serde_json::json!(0.01));
+    let options = ZeroOptions {
+        parameters_as_bucket_view: true,
+        overlap_with_ddp: false,
+    };
+    let groups = vec![((0..shapes.len()).collect::<Vec<_>>(), Default::default())];
+    let simulated: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(size).map_err(s)?);
+    let mut sim_model = Replicas::replicate(backend.clone(), size, &params).map_err(s)?;
+    let mut sim = ZeroRedundancyOptimizer::new(
+        simulated,
+        &sim_model,
+        groups.clone(),
+        "Adam",
+        &defaults,
+        options,
+    )
+    .map_err(s)?;
+    let mut model = Replicas::replicate(backend.clone(), 1, &params).map_err(s)?;
+    let mut zero =
+        ZeroRedundancyOptimizer::new(world.clone(), &model, groups, "Adam", &defaults, options)
+            .map_err(s)?;
+    let grads = |r: usize, t: usize| -> Vec<Option<Tensor>> {
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(j, shape)| {
+                let n = shape.iter().product();
+                // Rank 1 has no gradient for parameter 2.
+                (r != 1 || j != 2).then(|| {
+                    Tensor::from_f32(shape, (0..n).map(|i| value(r + 7 * t + j, i)).collect())
+                        .unwrap()
+                })
+            })
+            .collect()
+    };
+    for t in 0..3 {
+        for r in 0..size {
+            sim_model.set_grads(r, &grads(r, t)).map_err(s)?;
+        }
+        model.set_grads(0, &grads(rank, t)).map_err(s)?;
+        sim.step(&mut sim_model).map_err(s)?;
+        zero.step(&mut model).map_err(s)?;
+        let want = sim_model.all_params_blocking().map_err(s)?;
+        let got = model.all_params_blocking().map_err(s)?;
+        for (j, (a, b)) in got[0].iter().zip(&want[rank]).enumerate() {
+            if a.values_f64().map_err(s)? != b.values_f64().map_err(s)? {
+                return Err(format!(
+                    "step {t}: parameter {j} differs from the simulated world"
+                ));
+            }
+        }
+    }
+    let last = size as i64 - 1;
+    sim.consolidate_state_dict_blocking(&sim_model, last)
+        .map_err(s)?;
+    zero.consolidate_state_dict_blocking(&model, last)
+        .map_err(s)?;
+    if rank == size - 1 {
+        let (a, b) = (
+            zero.state_dict(rank).map_err(s)?,
+            sim.state_dict(rank).map_err(s)?,
+        );
+        if a != b {
+            return Err(format!("consolidated state differs:\n{a}\n{b}"));
+        }
+        println!(
+            "rank {rank}: ZeRO over MPI equals the simulated world, consolidated state included"
+        );
+    } else if zero.state_dict(rank).is_ok() {
+        return Err(format!(
+            "rank {rank} holds a state it was not consolidated to"
+        ));
+    }
+    Ok(())
 }
 
 /// Every rank averages twice; at the second, rank 1 fails (a panic or an error) instead of
@@ -559,6 +656,21 @@ fn launcher() -> ExitCode {
         }
     }
     command_line(&mut failures);
+    match mpirun(3, "zero-vs-simulated", "cpu", FAILURE_DEADLINE) {
+        Err(e) => failures.push(e),
+        Ok(job) => {
+            if job.status != Some(0) || !job.output.contains("rank 2: ZeRO over MPI equals") {
+                failures.push(format!(
+                    "ZeRO over MPI vs the simulated world: exit {:?}:\n{}",
+                    job.status, job.output
+                ));
+            } else {
+                println!(
+                    "ZeRO over MPI (W = 3, Adam, bucket view) equals the simulated world bit for bit, state consolidated to rank 2 included"
+                );
+            }
+        }
+    }
     let error = "The world size (4) must be divisible by 'group_size=3'";
     match mpirun(4, "bad-hierarchy", "cpu", FAILURE_DEADLINE) {
         Err(e) => failures.push(e),
