@@ -102,6 +102,16 @@ pub struct CommStats {
 }
 
 impl CommStats {
+    /// Counts one ring all-reduce of `bytes_per_rank` bytes over groups of `group_size` ranks:
+    /// each rank sends `2·(g−1)/g` of the tensor.
+    pub fn add_all_reduce(&mut self, group_size: usize, bytes_per_rank: u64) {
+        let g = group_size as u64;
+        *self
+            .all_reduce_bytes_by_group_size
+            .entry(group_size)
+            .or_default() += 2 * (g - 1) * bytes_per_rank / g;
+    }
+
     /// What was recorded since `earlier` (a snapshot of the same counters).
     pub fn since(&self, earlier: &CommStats) -> CommStats {
         let mut by_size = self.all_reduce_bytes_by_group_size.clone();
@@ -342,12 +352,7 @@ impl Communicator for SimulatedWorld {
             )));
         }
         backend.average(arena, groups.group_size(), arith, starts, active)?;
-        let g = groups.group_size() as u64;
-        self.record(|s| {
-            *s.all_reduce_bytes_by_group_size
-                .entry(groups.group_size())
-                .or_default() += 2 * (g - 1) * bytes_per_rank / g;
-        });
+        self.record(|s| s.add_all_reduce(groups.group_size(), bytes_per_rank));
         Ok(())
     }
 
@@ -425,12 +430,8 @@ impl Communicator for SimulatedWorld {
                 *s += v;
             }
         }
-        let (g, bytes) = (self.size as u64, (len * 4) as u64);
-        self.record(|s| {
-            *s.all_reduce_bytes_by_group_size
-                .entry(self.size)
-                .or_default() += 2 * (g - 1) * bytes / g;
-        });
+        let bytes = (len * 4) as u64;
+        self.record(|s| s.add_all_reduce(self.size, bytes));
         Ok(sum)
     }
 

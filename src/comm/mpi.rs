@@ -340,6 +340,47 @@ fn scratch<T: bytemuck::Pod>(buffer: &mut Vec<u64>, len: usize) -> &mut [T] {
     &mut bytemuck::cast_slice_mut(&mut buffer[..])[..len]
 }
 
+/// All-reduces the listed elements of a rank's words through MPI: each element's `quotient`
+/// (its value divided by the group size, in the arithmetic type) into `send`, `op` over the
+/// group into `recv`, and each result `store`d back.
+fn reduce_elements<T, O>(
+    comm: &SimpleCommunicator,
+    (send, recv): (&mut [T], &mut [T]),
+    words: &mut [u32],
+    elements: impl Iterator<Item = usize> + Clone,
+    quotient: impl Fn(&[u32], usize) -> T,
+    store: impl Fn(&mut [u32], usize, T),
+    op: O,
+) where
+    T: bytemuck::Pod + mpi::datatype::Equivalence,
+    O: mpi::collective::Operation,
+{
+    for (s, i) in send.iter_mut().zip(elements.clone()) {
+        *s = quotient(words, i);
+    }
+    comm.all_reduce_into(&send[..], &mut recv[..], op);
+    for (&v, i) in recv.iter().zip(elements) {
+        store(words, i, v);
+    }
+}
+
+/// The data of the one rank an MPI process holds.
+fn only_rank<T>(per_local_rank: &[T]) -> Result<&T> {
+    match per_local_rank {
+        [mine] => Ok(mine),
+        _ => Err(Error::value(format!(
+            "an MPI process holds one rank, {} ranks' data passed",
+            per_local_rank.len()
+        ))),
+    }
+}
+
+/// An object's length as MPI counts it.
+fn count_of(bytes: &[u8]) -> Result<Count> {
+    Count::try_from(bytes.len())
+        .map_err(|_| Error::value("an object larger than 2 GiB cannot be gathered"))
+}
+
 impl Communicator for MpiWorld {
     fn world_size(&self) -> usize {
         self.size
@@ -414,29 +455,27 @@ impl Communicator for MpiWorld {
                 }
                 (_, StorageFormat::F64) => {
                     let divisor = g as f64;
-                    let send: &mut [f64] = scratch(&mut send, total);
-                    let elements = runs.iter().flat_map(&at);
-                    for (s, i) in send.iter_mut().zip(elements.clone()) {
-                        *s = format.load_f64(words, i) / divisor;
-                    }
-                    let recv: &mut [f64] = scratch(&mut recv, total);
-                    comm.all_reduce_into(&send[..], recv, SystemOperation::sum());
-                    for (&v, i) in recv.iter().zip(elements) {
-                        format.store_f64(words, i, v);
-                    }
+                    reduce_elements(
+                        comm,
+                        (scratch(&mut send, total), scratch(&mut recv, total)),
+                        words,
+                        runs.iter().flat_map(&at),
+                        |words, i| format.load_f64(words, i) / divisor,
+                        |words, i, v| format.store_f64(words, i, v),
+                        SystemOperation::sum(),
+                    );
                 }
                 (_, StorageFormat::F32) => {
                     let divisor = g as f32;
-                    let send: &mut [f32] = scratch(&mut send, total);
-                    let elements = runs.iter().flat_map(&at);
-                    for (s, i) in send.iter_mut().zip(elements.clone()) {
-                        *s = format.load(words, i) / divisor;
-                    }
-                    let recv: &mut [f32] = scratch(&mut recv, total);
-                    comm.all_reduce_into(&send[..], recv, SystemOperation::sum());
-                    for (&v, i) in recv.iter().zip(elements) {
-                        format.store(words, i, v);
-                    }
+                    reduce_elements(
+                        comm,
+                        (scratch(&mut send, total), scratch(&mut recv, total)),
+                        words,
+                        runs.iter().flat_map(&at),
+                        |words, i| format.load(words, i) / divisor,
+                        |words, i, v| format.store(words, i, v),
+                        SystemOperation::sum(),
+                    );
                 }
                 (_, half) => {
                     // float16 / bfloat16 arithmetic: only parameters of that one format
@@ -447,12 +486,6 @@ impl Communicator for MpiWorld {
                         )));
                     }
                     let divisor = g as f32;
-                    let send: &mut [u16] = scratch(&mut send, total);
-                    let elements = runs.iter().flat_map(&at);
-                    for (s, i) in send.iter_mut().zip(elements.clone()) {
-                        *s = f32_to_half(half, format.load(words, i) / divisor);
-                    }
-                    let recv: &mut [u16] = scratch(&mut recv, total);
                     let add = UserOperation::commutative(move |a: DynBuffer, b: DynBufferMut| {
                         if let (Some(a), Some(b)) = (a.downcast::<u16>(), b.downcast::<u16>()) {
                             for (x, y) in a.iter().zip(b.iter_mut()) {
@@ -463,10 +496,15 @@ impl Communicator for MpiWorld {
                             }
                         }
                     });
-                    comm.all_reduce_into(&send[..], recv, &add);
-                    for (&v, i) in recv.iter().zip(elements) {
-                        format.store(words, i, half_to_f32(half, v));
-                    }
+                    reduce_elements(
+                        comm,
+                        (scratch(&mut send, total), scratch(&mut recv, total)),
+                        words,
+                        runs.iter().flat_map(&at),
+                        |words, i| f32_to_half(half, format.load(words, i) / divisor),
+                        |words, i, v| format.store(words, i, half_to_f32(half, v)),
+                        &add,
+                    );
                 }
             }
             Ok(())
@@ -474,12 +512,7 @@ impl Communicator for MpiWorld {
         (mpi.send, mpi.recv) = (send, recv);
         drop(guard);
         result?;
-        let g = g as u64;
-        self.record(|s| {
-            *s.all_reduce_bytes_by_group_size
-                .entry(groups.group_size())
-                .or_default() += 2 * (g - 1) * bytes_per_rank / g;
-        });
+        self.record(|s| s.add_all_reduce(g, bytes_per_rank));
         Ok(())
     }
 
@@ -534,8 +567,25 @@ impl Communicator for MpiWorld {
                     src.format()
                 )));
             }
+            // One readback per source rank (from a GPU arena) covering its regions, then the
+            // regions from it.
+            let mut ranks: Vec<usize> = regions.iter().map(|r| r.src_rank).collect();
+            ranks.sort_unstable();
+            ranks.dedup();
+            let mut staged = Vec::with_capacity(ranks.len());
+            for rank in ranks {
+                let mine = regions.iter().filter(|r| r.src_rank == rank);
+                let start = mine.clone().map(|r| r.src_offset).min().unwrap_or(0);
+                let end = mine.map(|r| r.src_offset + r.len).max().unwrap_or(0);
+                staged.push((rank, start, read_words(src, rank, start, end - start)?));
+            }
             for r in regions {
-                words.extend(read_words(src, r.src_rank, r.src_offset, r.len)?);
+                let (_, start, span) = staged
+                    .iter()
+                    .find(|(rank, _, _)| *rank == r.src_rank)
+                    .ok_or_else(|| Error::runtime("source rank not staged"))?;
+                let first = format.word_of(r.src_offset) - format.word_of(*start);
+                words.extend_from_slice(&span[first..first + format.words_for(r.len)]);
             }
         } else {
             for r in regions {
@@ -561,22 +611,13 @@ impl Communicator for MpiWorld {
     }
 
     fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> Result<Vec<f32>> {
-        let [mine] = per_local_rank else {
-            return Err(Error::value(format!(
-                "an MPI process holds one rank, {} ranks' data passed",
-                per_local_rank.len()
-            )));
-        };
+        let mine = only_rank(per_local_rank)?;
         let mut sum = vec![0f32; mine.len()];
         self.lock()
             .world
             .all_reduce_into(&mine[..], &mut sum[..], SystemOperation::sum());
-        let (g, bytes) = (self.size as u64, (mine.len() * 4) as u64);
-        self.record(|s| {
-            *s.all_reduce_bytes_by_group_size
-                .entry(self.size)
-                .or_default() += 2 * (g - 1) * bytes / g;
-        });
+        let bytes = (mine.len() * 4) as u64;
+        self.record(|s| s.add_all_reduce(self.size, bytes));
         Ok(sum)
     }
 
@@ -602,14 +643,8 @@ impl Communicator for MpiWorld {
     }
 
     fn all_gather_bytes(&self, per_local_rank: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
-        let [mine] = <[Vec<u8>; 1]>::try_from(per_local_rank).map_err(|v| {
-            Error::value(format!(
-                "an MPI process holds one rank, {} ranks' data passed",
-                v.len()
-            ))
-        })?;
-        let count = Count::try_from(mine.len())
-            .map_err(|_| Error::value("an object larger than 2 GiB cannot be gathered"))?;
+        let mine = only_rank(&per_local_rank)?;
+        let count = count_of(mine)?;
         let mut counts = vec![0 as Count; self.size];
         let guard = self.lock();
         guard.world.all_gather_into(&count, &mut counts[..]);
@@ -633,14 +668,8 @@ impl Communicator for MpiWorld {
         per_local_rank: Vec<Vec<u8>>,
     ) -> Result<Option<Vec<Vec<u8>>>> {
         self.check_root(to, "gather")?;
-        let [mine] = <[Vec<u8>; 1]>::try_from(per_local_rank).map_err(|v| {
-            Error::value(format!(
-                "an MPI process holds one rank, {} ranks' data passed",
-                v.len()
-            ))
-        })?;
-        let count = Count::try_from(mine.len())
-            .map_err(|_| Error::value("an object larger than 2 GiB cannot be gathered"))?;
+        let mine = only_rank(&per_local_rank)?;
+        let count = count_of(mine)?;
         let guard = self.lock();
         let root = guard.world.process_at_rank(to as i32);
         if to != self.rank {

@@ -66,12 +66,10 @@ pub struct ZeroOptions {
     pub overlap_with_ddp: bool,
 }
 
-/// One rank's shard: the parameters it owns, packed in a one-rank arena (its bucket), and its
-/// local optimizer over them.
+/// One rank's shard: the parameters it owns (its [`Ownership`]), packed in a one-rank arena
+/// (its bucket), and its local optimizer over them.
 #[derive(Debug)]
 struct Shard {
-    /// Global parameter indices (distinct), in `params_per_rank` order.
-    global: Vec<usize>,
     params: Replicas,
     optim: Box<dyn LocalOptimizer>,
 }
@@ -100,7 +98,8 @@ pub struct ZeroRedundancyOptimizer {
     partition: Option<Partition>,
     /// Every world rank's parameters.
     ownership: Vec<Ownership>,
-    /// The shards of the local ranks, in local rank order.
+    /// The shards of the local ranks, in local rank order: local rank i's is owned by world
+    /// rank `local_ranks().start + i`.
     shards: Vec<Shard>,
     /// `requires_grad` by replica index, and the mask the buckets were built for.
     trainable: Vec<bool>,
@@ -291,11 +290,12 @@ impl ZeroRedundancyOptimizer {
             let previous = self
                 .shards
                 .get(index)
+                .zip(self.ownership.get(rank))
                 .zip(saved.get(index).cloned().flatten());
             let optim = match previous {
-                Some((old, saved))
-                    if old.global.len() <= global.len()
-                        && old.global[..] == global[..old.global.len()] =>
+                Some(((old, owned), saved))
+                    if owned.global.len() <= global.len()
+                        && owned.global[..] == global[..owned.global.len()] =>
                 {
                     // Same leading parameters: migrate the old optimizer's state.
                     let old_groups = old.optim.param_groups().len();
@@ -315,7 +315,6 @@ impl ZeroRedundancyOptimizer {
                         optim.add_param_group(g.clone(), o)?;
                     }
                     shards.push(Shard {
-                        global,
                         params: params_mut,
                         optim,
                     });
@@ -332,11 +331,7 @@ impl ZeroRedundancyOptimizer {
                     &self.defaults,
                 )?,
             };
-            shards.push(Shard {
-                global,
-                params,
-                optim,
-            });
+            shards.push(Shard { params, optim });
         }
         self.shards = shards;
         self.ownership = ownership;
@@ -404,14 +399,15 @@ impl ZeroRedundancyOptimizer {
             )));
         }
         let backend = replicas.backend().clone();
+        let first = self.world.local_ranks().start;
         for (index, shard) in self.shards.iter_mut().enumerate() {
-            if shard.global.is_empty() {
+            let owned = &self.ownership[first + index].global;
+            if owned.is_empty() {
                 continue;
             }
             // Gather this rank's own copy of its parameters and gradients into its shard.
             let (group, shard_group) = (&replicas.groups[0], &mut shard.params.groups[0]);
-            let regions: Vec<CopyRegion> = shard
-                .global
+            let regions: Vec<CopyRegion> = owned
                 .iter()
                 .enumerate()
                 .map(|(k, &i)| CopyRegion {
@@ -424,7 +420,7 @@ impl ZeroRedundancyOptimizer {
                 .collect();
             backend.copy_regions(&group.params, &mut shard_group.params, &regions)?;
             backend.copy_regions(&group.grads, &mut shard_group.grads, &regions)?;
-            for (k, &i) in shard.global.iter().enumerate() {
+            for (k, &i) in owned.iter().enumerate() {
                 let has = replicas.has_grad(index, self.global[i]);
                 shard.params.set_has_grad(0, k, has);
             }
@@ -573,7 +569,11 @@ impl ZeroRedundancyOptimizer {
         let _ = replicas;
         // Each local rank's state, keyed by global parameter index.
         let mut per_local_rank = Vec::with_capacity(self.shards.len());
-        for shard in &self.shards {
+        for (shard, owner) in self
+            .shards
+            .iter()
+            .zip(&self.ownership[self.world.local_ranks()])
+        {
             let local = shard.optim.state_dict(&shard.params, 0).await?;
             let entries = local
                 .get("state")
@@ -588,7 +588,7 @@ impl ZeroRedundancyOptimizer {
                     .parse()
                     .map_err(|_| Error::runtime("bad local state key"))?;
                 let k = order[local_index];
-                let global_index = shard.global[k];
+                let global_index = owner.global[k];
                 for (i, &r) in self.global.iter().enumerate() {
                     if r == self.global[global_index] {
                         state.insert(i.to_string(), value.clone());
@@ -713,11 +713,12 @@ impl ZeroRedundancyOptimizer {
                 }
             }
         }
-        for shard in &mut self.shards {
+        let local = self.world.local_ranks();
+        for (shard, owner) in self.shards.iter_mut().zip(&self.ownership[local]) {
             let order: Vec<usize> = shard.optim.param_groups().into_iter().flatten().collect();
             let mut local_state = Map::new();
             for (local_index, &k) in order.iter().enumerate() {
-                let global_index = shard.global[k];
+                let global_index = owner.global[k];
                 if let Some(value) = state.get(&global_index.to_string()) {
                     local_state.insert(local_index.to_string(), value.clone());
                 }
