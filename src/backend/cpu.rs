@@ -11,7 +11,9 @@
 //! bytes costs. 16-bit formats are converted with exact, branch-free integer code (the same
 //! bits as the `half` crate), so those loops vectorize too.
 
-use super::{Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture};
+use super::host_words::HostWords;
+use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+use super::{Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, cpu_optim};
 use crate::dtype::{StorageFormat, f32_to_bf16_bits};
 use crate::error::{Error, Result};
 
@@ -25,9 +27,6 @@ const PARALLEL_THRESHOLD: usize = 1 << 16;
 /// working set no longer fits in the last-level cache, so caching the outputs would only cost
 /// an extra read of every destination line.
 const STREAMING_THRESHOLD_BYTES: usize = 24 << 20;
-/// Host arenas at least this large ask the kernel for transparent huge pages (Linux).
-#[cfg(all(target_os = "linux", not(target_arch = "wasm32")))]
-const HUGE_PAGE_THRESHOLD_BYTES: usize = 4 << 20;
 
 /// The plain-Rust backend.
 #[derive(Debug, Clone)]
@@ -95,51 +94,23 @@ fn host_mut(arena: &mut Arena) -> Result<&mut [u32]> {
     }
 }
 
-/// `words` zero words. Natively on Linux, a large vector is marked for transparent huge pages
-/// before anything touches it (as PyTorch's CPU allocator does): first touching a fresh arena
-/// then takes one fault per 2 MiB instead of one per 4 KiB, and the kernels that stream
-/// through 2R+2 arrays at once miss the TLB far less.
-fn zeroed_words(words: usize) -> Vec<u32> {
-    let vec = vec![0u32; words];
-    #[cfg(all(target_os = "linux", not(target_arch = "wasm32")))]
-    if words.saturating_mul(4) >= HUGE_PAGE_THRESHOLD_BYTES {
-        advise_huge_pages(vec.as_ptr() as usize, words * 4);
-    }
-    vec
-}
-
-#[cfg(all(target_os = "linux", not(target_arch = "wasm32")))]
-fn advise_huge_pages(start: usize, len: usize) {
-    unsafe extern "C" {
-        fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
-    }
-    const MADV_HUGEPAGE: i32 = 14;
-    const HUGE_PAGE: usize = 2 << 20;
-    let first = start.div_ceil(HUGE_PAGE) * HUGE_PAGE;
-    let end = (start + len) / HUGE_PAGE * HUGE_PAGE;
-    if end > first {
-        // SAFETY: the range lies inside one live allocation this function's caller owns;
-        // MADV_HUGEPAGE only changes how the kernel backs the pages, never their contents.
-        // A failure (no THP support) changes nothing and is ignored.
-        let _ = unsafe { madvise(first as *mut std::ffi::c_void, end - first, MADV_HUGEPAGE) };
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Exact, branch-free conversions between the 16-bit formats and f32. They give the same bits
 // as `half` and `crate::dtype` for every input, NaNs included, but compile to straight-line
 // integer code, so the loops that call them vectorize.
 
 /// A 16-bit storage format, decoded from and encoded to the low half of a `u32`.
-trait HalfFormat {
+pub(super) trait HalfFormat {
     fn decode(bits: u32) -> f32;
     fn encode(value: f32) -> u32;
 }
 
 /// IEEE binary16.
-struct Binary16;
+#[derive(Clone, Copy)]
+pub(super) struct Binary16;
 /// bfloat16.
-struct BFloat16;
+#[derive(Clone, Copy)]
+pub(super) struct BFloat16;
 
 impl HalfFormat for Binary16 {
     /// Exact; a NaN keeps its payload and becomes quiet (as `half::f16::to_f32`).
@@ -315,7 +286,7 @@ fn part_bounds(len: usize, parts: usize) -> Vec<usize> {
 
 /// Runs `work(part)` for each part: natively the last one on the calling thread, the others on
 /// scoped threads.
-fn run_parts<T: Send>(parts: Vec<T>, work: impl Fn(T) + Sync) {
+pub(super) fn run_parts<T: Send>(parts: Vec<T>, work: impl Fn(T) + Sync) {
     #[cfg(not(target_arch = "wasm32"))]
     if parts.len() > 1 {
         let mut parts = parts;
@@ -705,7 +676,7 @@ impl Backend for CpuBackend {
             ranks,
             rank_len,
             rank_len,
-            ArenaStorage::Host(zeroed_words(words)),
+            ArenaStorage::Host(HostWords::zeroed(words)),
         ))
     }
 
@@ -785,6 +756,37 @@ impl Backend for CpuBackend {
             step_range(&kernel, &mut p, m, grads, grad_rank_words, n, first)
         });
         Ok(())
+    }
+
+    fn sgd(
+        &self,
+        params: &mut Arena,
+        grads: &Arena,
+        momentum: Option<&mut Arena>,
+        starts: &ParamStarts,
+        scalars: &[SgdScalars],
+    ) -> Result<()> {
+        cpu_optim::sgd(self.info.threads, params, grads, momentum, starts, scalars)
+    }
+
+    fn adam(
+        &self,
+        arenas: AdamArenas<'_>,
+        starts: &ParamStarts,
+        scalars: &[AdamScalars],
+    ) -> Result<()> {
+        cpu_optim::adam(self.info.threads, arenas, starts, scalars)
+    }
+
+    fn average(
+        &self,
+        arena: &mut Arena,
+        group_size: usize,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        cpu_optim::average(self.info.threads, arena, group_size, arith, starts, active)
     }
 
     fn synchronize(&self) -> BoxFuture<'_, Result<()>> {

@@ -248,17 +248,17 @@ fn check_table<T>(what: &str, arena: &Arena, starts: &ParamStarts, scalars: &[T]
     Ok(())
 }
 
-/// `torch.optim.SGD`'s single-tensor step over every rank and parameter of an arena.
-pub fn sgd_reference(
-    params: &mut Arena,
+/// Checks the arenas and table of an SGD step (shared by every host implementation).
+pub(crate) fn check_sgd_arenas(
+    params: &Arena,
     grads: &Arena,
-    momentum: Option<&mut Arena>,
+    momentum: Option<&Arena>,
     starts: &ParamStarts,
     scalars: &[SgdScalars],
 ) -> Result<()> {
     check_same_layout("sgd", params, grads)?;
     check_table("sgd", params, starts, scalars)?;
-    if let Some(m) = &momentum {
+    if let Some(m) = momentum {
         check_same_layout("sgd momentum", params, m)?;
     }
     let needs_momentum = scalars.iter().any(|s| s.active && s.momentum != 0.0);
@@ -267,6 +267,18 @@ pub fn sgd_reference(
             "sgd: momentum is set but no momentum arena was given",
         ));
     }
+    Ok(())
+}
+
+/// `torch.optim.SGD`'s single-tensor step over every rank and parameter of an arena.
+pub fn sgd_reference(
+    params: &mut Arena,
+    grads: &Arena,
+    momentum: Option<&mut Arena>,
+    starts: &ParamStarts,
+    scalars: &[SgdScalars],
+) -> Result<()> {
+    check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)?;
     let format = params.format();
     let (ranks, len) = (params.ranks(), params.rank_len());
     let rank_words = format.words_for(len);
@@ -418,12 +430,35 @@ pub struct AdamArenas<'a> {
     pub max_exp_avg_sq: Option<&'a mut Arena>,
 }
 
+/// Checks the arenas and table of an Adam step (shared by every host implementation).
+pub(crate) fn check_adam_arenas(
+    arenas: &AdamArenas<'_>,
+    starts: &ParamStarts,
+    scalars: &[AdamScalars],
+) -> Result<()> {
+    let params = &*arenas.params;
+    check_same_layout("adam", params, arenas.grads)?;
+    check_same_layout("adam exp_avg", params, arenas.exp_avg)?;
+    check_same_layout("adam exp_avg_sq", params, arenas.exp_avg_sq)?;
+    check_table("adam", params, starts, scalars)?;
+    if let Some(x) = &arenas.max_exp_avg_sq {
+        check_same_layout("adam max_exp_avg_sq", params, x)?;
+    }
+    if scalars.iter().any(|s| s.active && s.amsgrad) && arenas.max_exp_avg_sq.is_none() {
+        return Err(Error::value(
+            "adam: amsgrad is set but no max_exp_avg_sq arena was given",
+        ));
+    }
+    Ok(())
+}
+
 /// `torch.optim.Adam`/`AdamW`'s single-tensor step over every rank and parameter of an arena.
 pub fn adam_reference(
     arenas: AdamArenas<'_>,
     starts: &ParamStarts,
     scalars: &[AdamScalars],
 ) -> Result<()> {
+    check_adam_arenas(&arenas, starts, scalars)?;
     let AdamArenas {
         params,
         grads,
@@ -431,18 +466,6 @@ pub fn adam_reference(
         exp_avg_sq,
         max_exp_avg_sq,
     } = arenas;
-    check_same_layout("adam", params, grads)?;
-    check_same_layout("adam exp_avg", params, exp_avg)?;
-    check_same_layout("adam exp_avg_sq", params, exp_avg_sq)?;
-    check_table("adam", params, starts, scalars)?;
-    if let Some(x) = &max_exp_avg_sq {
-        check_same_layout("adam max_exp_avg_sq", params, x)?;
-    }
-    if scalars.iter().any(|s| s.active && s.amsgrad) && max_exp_avg_sq.is_none() {
-        return Err(Error::value(
-            "adam: amsgrad is set but no max_exp_avg_sq arena was given",
-        ));
-    }
     let format = params.format();
     let (ranks, len) = (params.ranks(), params.rank_len());
     let rank_words = format.words_for(len).max(1);

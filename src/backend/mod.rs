@@ -3,7 +3,9 @@
 //! reference the GPU is tested against and the fallback where no adapter exists.
 
 pub mod cpu;
+mod cpu_optim;
 pub mod gpu;
+mod host_words;
 pub mod kernels;
 pub(crate) mod oneshot;
 
@@ -102,7 +104,7 @@ pub struct Arena {
 }
 
 pub(crate) enum ArenaStorage {
-    Host(Vec<u32>),
+    Host(host_words::HostWords),
     Gpu(gpu::GpuArena),
 }
 
@@ -202,7 +204,7 @@ impl Arena {
     /// Reads every rank back: `ranks * words_for(rank_len)` words, rank-major.
     pub async fn read_all(&self) -> Result<Vec<u32>> {
         match &self.storage {
-            ArenaStorage::Host(host) => Ok(host.clone()),
+            ArenaStorage::Host(host) => Ok(host.to_vec()),
             ArenaStorage::Gpu(arena) => arena.read_all().await,
         }
     }
