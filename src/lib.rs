@@ -53,7 +53,7 @@ pub use backend::{
 };
 pub use dtype::{DType, StorageFormat};
 pub use error::{Error, ErrorKind, Result};
-pub use step::{StepOutput, sgd_step, sgd_step_in, to_device};
+pub use step::{ReplicaOutputs, StepOutput, sgd_step, sgd_step_in, sgd_step_with, to_device};
 #[cfg(not(target_arch = "wasm32"))]
 pub use step::{sgd_step_blocking, sgd_step_in_blocking};
 pub use tensor::{HostData, Storage, Tensor};

@@ -9,7 +9,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::backend::{Arena, Backend, CopyRegion, layout_params};
+use crate::backend::host_step::{HostStepParam, host_step};
+use crate::backend::{Arena, Backend, BackendKind, CopyRegion, layout_params};
 use crate::comm::Communicator;
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
@@ -20,7 +21,9 @@ use crate::tensor::{DeviceSlice, HostData, Storage, Tensor, format_shape};
 pub struct StepOutput {
     /// One tensor per parameter: the mean gradient, in the parameter's dtype and shape.
     pub mean_gradients: Vec<Tensor>,
-    /// `updated_replicas[r][j]`: rank r's copy of updated parameter j (independent copies).
+    /// `updated_replicas[r][j]`: rank r's copy of updated parameter j. The copies are equal;
+    /// host copies may share one buffer ([`ReplicaOutputs`]), which is invisible to the caller
+    /// because tensors are immutable.
     pub updated_replicas: Vec<Vec<Tensor>>,
 }
 
@@ -148,7 +151,58 @@ pub async fn sgd_step(
     gradient_replicas: &[Vec<Option<Tensor>>],
     learning_rate: f64,
 ) -> Result<StepOutput> {
+    sgd_step_with(
+        backend,
+        parameter_replicas,
+        gradient_replicas,
+        learning_rate,
+        ReplicaOutputs::Shared,
+    )
+    .await
+}
+
+/// How a step returns the R updated replicas of a parameter, which are equal by definition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ReplicaOutputs {
+    /// The R host tensors share one buffer (the default). Tensors are immutable, so each stays
+    /// independent to the caller: nothing written to one can show in another.
+    #[default]
+    Shared,
+    /// R separate host buffers, each written by the step (what a framework that copies the
+    /// update to every replica does; the JavaScript face needs R typed arrays anyway).
+    Separate,
+}
+
+/// [`sgd_step`], choosing how host outputs hold the updated replicas.
+///
+/// On the CPU backend, with every input on the host, the step reads the caller's tensors
+/// directly in one fused multi-threaded pass and writes each output once (no packing into
+/// arenas); otherwise it packs the inputs into one arena per storage format and runs the
+/// backend's kernel. Both give the same bits.
+///
+/// # Errors
+/// The `ValueError`s of [`validate`] (counts, shapes, dtypes, naming the rank and parameter),
+/// and a backend's errors (a device lost, an allocation refused).
+pub async fn sgd_step_with(
+    backend: &dyn Backend,
+    parameter_replicas: &[Vec<Tensor>],
+    gradient_replicas: &[Vec<Option<Tensor>>],
+    learning_rate: f64,
+    replicas: ReplicaOutputs,
+) -> Result<StepOutput> {
     validate(parameter_replicas, gradient_replicas)?;
+    if backend.info().kind == BackendKind::Cpu {
+        if let Some(out) = host_step_output(
+            backend.info().threads,
+            parameter_replicas,
+            gradient_replicas,
+            learning_rate,
+            replicas,
+        )? {
+            return Ok(out);
+        }
+    }
     let ranks = parameter_replicas.len();
     let count = parameter_replicas[0].len();
     let mut groups: BTreeMap<StorageFormat, Vec<usize>> = BTreeMap::new();
@@ -179,6 +233,15 @@ pub async fn sgd_step(
             )
             .await?;
     }
+    if replicas == ReplicaOutputs::Separate {
+        for rank in updated.iter_mut().skip(1) {
+            for t in rank.iter_mut().flatten() {
+                if let Some(data) = t.host_data() {
+                    *t = Tensor::new(t.shape(), data.clone())?;
+                }
+            }
+        }
+    }
     Ok(StepOutput {
         mean_gradients: means
             .into_iter()
@@ -193,6 +256,61 @@ pub async fn sgd_step(
             })
             .collect(),
     })
+}
+
+/// The step straight from host tensors (see [`sgd_step_with`]), or `None` when some input is
+/// resident on a device.
+fn host_step_output(
+    threads: usize,
+    parameter_replicas: &[Vec<Tensor>],
+    gradient_replicas: &[Vec<Option<Tensor>>],
+    learning_rate: f64,
+    replicas: ReplicaOutputs,
+) -> Result<Option<StepOutput>> {
+    let ranks = parameter_replicas.len();
+    let mut inputs = Vec::with_capacity(parameter_replicas[0].len());
+    for (j, param) in parameter_replicas[0].iter().enumerate() {
+        let Some(values) = param.host_data() else {
+            return Ok(None);
+        };
+        let mut grads = Vec::with_capacity(ranks);
+        for rank in gradient_replicas {
+            match &rank[j] {
+                None => grads.push(None),
+                Some(g) => match g.host_data() {
+                    Some(data) => grads.push(Some(data)),
+                    None => return Ok(None),
+                },
+            }
+        }
+        inputs.push(HostStepParam {
+            param: values,
+            grads,
+        });
+    }
+    let copies = match replicas {
+        ReplicaOutputs::Shared => 1,
+        ReplicaOutputs::Separate => ranks,
+    };
+    let results = host_step(threads, &inputs, ranks, learning_rate as f32, copies);
+    let mut means = Vec::with_capacity(results.len());
+    let mut updated: Vec<Vec<Tensor>> = vec![Vec::with_capacity(results.len()); ranks];
+    for (result, param) in results.into_iter().zip(&parameter_replicas[0]) {
+        let shape = param.shape();
+        means.push(Tensor::new(shape, result.mean)?);
+        let values: Vec<Tensor> = result
+            .updated
+            .into_iter()
+            .map(|data| Tensor::new(shape, data))
+            .collect::<Result<_>>()?;
+        for (rank, out) in updated.iter_mut().enumerate() {
+            out.push(values[rank % values.len()].clone());
+        }
+    }
+    Ok(Some(StepOutput {
+        mean_gradients: means,
+        updated_replicas: updated,
+    }))
 }
 
 /// [`sgd_step`] in a world of ranks: each process passes the parameter and gradient lists of

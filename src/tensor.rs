@@ -201,6 +201,9 @@ pub enum Storage {
 
 /// A dense, row-major tensor of one float dtype.
 ///
+/// Tensors are immutable values: a clone shares the elements with the original (cloning costs
+/// no copy of the data), and nothing can write through either, so copies stay independent.
+///
 /// ```
 /// use distopt::{DType, Tensor};
 /// let t = Tensor::from_f32(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
@@ -211,7 +214,7 @@ pub enum Storage {
 #[derive(Debug, Clone)]
 pub struct Tensor {
     shape: Vec<usize>,
-    storage: Storage,
+    storage: Arc<Storage>,
 }
 
 /// Product of a shape's dimensions (1 for a scalar), or an error if it overflows.
@@ -246,7 +249,7 @@ impl Tensor {
         }
         Ok(Tensor {
             shape: shape.to_vec(),
-            storage: Storage::Host(data),
+            storage: Arc::new(Storage::Host(data)),
         })
     }
 
@@ -263,13 +266,13 @@ impl Tensor {
     pub(crate) fn from_device(shape: Vec<usize>, slice: DeviceSlice) -> Tensor {
         Tensor {
             shape,
-            storage: Storage::Device(slice),
+            storage: Arc::new(Storage::Device(slice)),
         }
     }
 
     /// The element type.
     pub fn dtype(&self) -> DType {
-        match &self.storage {
+        match &*self.storage {
             Storage::Host(data) => data.dtype(),
             Storage::Device(slice) => slice.dtype,
         }
@@ -282,7 +285,7 @@ impl Tensor {
 
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        match &self.storage {
+        match &*self.storage {
             Storage::Host(data) => data.len(),
             Storage::Device(slice) => slice.len,
         }
@@ -293,14 +296,19 @@ impl Tensor {
         &self.storage
     }
 
+    /// Whether this tensor and `other` share their elements (one is a clone of the other).
+    pub fn shares_storage_with(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
     /// Whether the elements are resident on a device.
     pub fn is_on_device(&self) -> bool {
-        matches!(self.storage, Storage::Device(_))
+        matches!(*self.storage, Storage::Device(_))
     }
 
     /// The host values, or `None` for a device-resident tensor (see [`Tensor::to_host`]).
     pub fn host_data(&self) -> Option<&HostData> {
-        match &self.storage {
+        match &*self.storage {
             Storage::Host(data) => Some(data),
             Storage::Device(_) => None,
         }
@@ -308,7 +316,7 @@ impl Tensor {
 
     /// A copy of this tensor in host memory (reads the device back if it is resident there).
     pub async fn to_host(&self) -> Result<Tensor> {
-        match &self.storage {
+        match &*self.storage {
             Storage::Host(_) => Ok(self.clone()),
             Storage::Device(slice) => {
                 let words = slice
@@ -329,7 +337,7 @@ impl Tensor {
 
     /// All values as `f64` (host tensors only; exact).
     pub fn values_f64(&self) -> Result<Vec<f64>> {
-        match &self.storage {
+        match &*self.storage {
             Storage::Host(data) => Ok(data.to_f64_vec()),
             Storage::Device(_) => Err(Error::runtime(
                 "tensor is resident on a device: call to_host() before reading its values",

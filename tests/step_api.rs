@@ -958,3 +958,137 @@ fn optimizers_refuse_replicas_they_were_not_built_for() {
     .unwrap();
     assert!(zero.step(&mut big).is_err());
 }
+
+/// Values with signed zeros, subnormals, large values, infinities and NaNs among ordinary ones.
+fn mixed_values(seed: u64, n: usize) -> Vec<f64> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let r = (state >> 33) as u32;
+            match r % 23 {
+                0 => 0.0,
+                1 => -0.0,
+                2 => 1e-42,
+                3 => f64::INFINITY,
+                4 => f64::NAN,
+                5 => 6e4,
+                _ => f64::from(r % 10_000) / 5_000.0 - 1.0,
+            }
+        })
+        .collect()
+}
+
+fn same_bits(a: &Tensor, b: &Tensor, what: &str) {
+    assert_eq!(a.dtype(), b.dtype(), "{what}: dtype");
+    assert_eq!(a.shape(), b.shape(), "{what}: shape");
+    let (x, y) = (values(a), values(b));
+    for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+        assert!(
+            (p.is_nan() && q.is_nan()) || p.to_bits() == q.to_bits(),
+            "{what}[{i}]: {p:e} != {q:e}"
+        );
+    }
+}
+
+/// The CPU backend computes host inputs straight from the caller's tensors; device-resident
+/// inputs (arenas of the same backend) take the arena kernel. Both must give the same bits, for
+/// every dtype, mixed gradient dtypes, missing gradients and sizes that split across threads.
+#[test]
+fn host_inputs_and_arena_inputs_give_the_same_bits() {
+    use distopt::{ReplicaOutputs, sgd_step_with};
+    let cpu = CpuBackend::with_threads(3);
+    let sizes = [1usize, 5, 2048, 2049, 70_001];
+    for dtype in [
+        DType::Float32,
+        DType::Float16,
+        DType::BFloat16,
+        DType::Float64,
+    ] {
+        let ranks = 3;
+        let params: Vec<Vec<Tensor>> = (0..ranks)
+            .map(|_| {
+                sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &n)| {
+                        Tensor::from_f64(dtype, &[n], &mixed_values(j as u64, n)).unwrap()
+                    })
+                    .collect()
+            })
+            .collect();
+        let grads: Vec<Vec<Option<Tensor>>> = (0..ranks)
+            .map(|r| {
+                sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &n)| {
+                        let gdtype = if (r + j) % 3 == 1 {
+                            DType::Float32
+                        } else {
+                            dtype
+                        };
+                        ((r + j) % 4 != 3).then(|| {
+                            Tensor::from_f64(
+                                gdtype,
+                                &[n],
+                                &mixed_values(100 + (r * 7 + j) as u64, n),
+                            )
+                            .unwrap()
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        let on_device: Vec<Vec<Tensor>> =
+            params.iter().map(|p| to_device_blocking(&cpu, p)).collect();
+        let device_grads: Vec<Vec<Option<Tensor>>> = grads
+            .iter()
+            .map(|rank| {
+                rank.iter()
+                    .map(|g| {
+                        g.as_ref()
+                            .map(|g| to_device_blocking(&cpu, std::slice::from_ref(g))[0].clone())
+                    })
+                    .collect()
+            })
+            .collect();
+        let arena = sgd_step_blocking(&cpu, &on_device, &device_grads, 0.25).unwrap();
+        for replicas in [ReplicaOutputs::Shared, ReplicaOutputs::Separate] {
+            let host =
+                pollster::block_on(sgd_step_with(&cpu, &params, &grads, 0.25, replicas)).unwrap();
+            for j in 0..sizes.len() {
+                let what = format!("{dtype:?} param {j} {replicas:?}");
+                assert!(
+                    !host.mean_gradients[j].is_on_device(),
+                    "{what}: host outputs"
+                );
+                same_bits(
+                    &host.mean_gradients[j],
+                    &arena.mean_gradients[j],
+                    &format!("{what} mean"),
+                );
+                for r in 0..ranks {
+                    same_bits(
+                        &host.updated_replicas[r][j],
+                        &arena.updated_replicas[r][j],
+                        &format!("{what} rank {r}"),
+                    );
+                }
+                let shared =
+                    host.updated_replicas[0][j].shares_storage_with(&host.updated_replicas[1][j]);
+                assert_eq!(
+                    shared,
+                    replicas == ReplicaOutputs::Shared,
+                    "{what}: sharing"
+                );
+            }
+        }
+    }
+}
+
+fn to_device_blocking(backend: &dyn Backend, tensors: &[Tensor]) -> Vec<Tensor> {
+    pollster::block_on(to_device(backend, tensors)).unwrap()
+}

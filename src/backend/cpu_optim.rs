@@ -168,7 +168,7 @@ fn split_optional<'a>(
 /// Runs `f` compiled for AVX2 when the host has it (the same IEEE operations, wider vectors),
 /// otherwise for the baseline target.
 #[inline(always)]
-fn with_best_isa<R>(f: impl FnOnce() -> R) -> R {
+pub(super) fn with_best_isa<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]

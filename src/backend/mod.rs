@@ -5,6 +5,7 @@
 pub mod cpu;
 mod cpu_optim;
 pub mod gpu;
+pub(crate) mod host_step;
 mod host_words;
 pub mod kernels;
 pub(crate) mod oneshot;

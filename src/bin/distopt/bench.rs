@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use distopt::backend::{BackendChoice, layout_params};
 use distopt::{
-    Arena, Backend, CpuBackend, DType, Error, GpuBackend, HostData, StorageFormat, Tensor,
+    Arena, Backend, CpuBackend, DType, Error, GpuBackend, HostData, ReplicaOutputs, StorageFormat,
+    Tensor,
 };
 use half::{bf16, f16};
 use serde_json::{Value, json};
@@ -197,7 +198,10 @@ struct Report {
     cpu_threads: usize,
     resident: Row,
     oneshot: Row,
+    /// (c): the CPU one-shot step writing R separate replicas.
     cpu: Row,
+    /// The CPU one-shot step with the R replicas sharing one buffer.
+    cpu_shared: Row,
     cpu_resident: Row,
     copy: Row,
     memcpy: Row,
@@ -322,16 +326,23 @@ fn time_copy(config: &Config, backend: &dyn Backend) -> Result<Row, Error> {
 }
 
 /// (b) and (c): `sgd_step` from host tensors to host tensors (the output is dropped outside
-/// the timed part).
+/// the timed part), the updated replicas as R separate buffers or one shared buffer.
 fn time_oneshot(
     config: &Config,
     backend: &dyn Backend,
     params: &[Vec<Tensor>],
     grads: &[Vec<Option<Tensor>>],
+    replicas: ReplicaOutputs,
 ) -> Result<Row, Error> {
     median(config.repeats, || {
         let start = Instant::now();
-        let out = distopt::sgd_step_blocking(backend, params, grads, f64::from(LEARNING_RATE))?;
+        let out = pollster::block_on(distopt::sgd_step_with(
+            backend,
+            params,
+            grads,
+            f64::from(LEARNING_RATE),
+            replicas,
+        ))?;
         let elapsed = start.elapsed();
         drop(out);
         Ok(elapsed)
@@ -448,9 +459,10 @@ fn bench_step(config: &Config) -> Result<Report, Error> {
         .map(|r| Ok(vec![Some(tensor(config.dtype, values(r as u64 + 1, n)?)?)]))
         .collect::<Result<Vec<_>, Error>>()?;
     if let Some(gpu) = &gpu {
-        oneshot = time_oneshot(config, gpu, &params, &grads)?;
+        oneshot = time_oneshot(config, gpu, &params, &grads, ReplicaOutputs::Separate)?;
     }
-    let cpu_oneshot = time_oneshot(config, &cpu, &params, &grads)?;
+    let cpu_oneshot = time_oneshot(config, &cpu, &params, &grads, ReplicaOutputs::Separate)?;
+    let cpu_shared = time_oneshot(config, &cpu, &params, &grads, ReplicaOutputs::Shared)?;
 
     Ok(Report {
         ranks,
@@ -467,6 +479,7 @@ fn bench_step(config: &Config) -> Result<Report, Error> {
         resident,
         oneshot,
         cpu: cpu_oneshot,
+        cpu_shared,
         cpu_resident,
         copy,
         memcpy,
@@ -522,6 +535,7 @@ impl Report {
         let (resident_ms, resident_gbps) = row(&self.resident);
         let (oneshot_ms, oneshot_gbps) = row(&self.oneshot);
         let (cpu_ms, cpu_gbps) = row(&self.cpu);
+        let (cpu_shared_ms, cpu_shared_gbps) = row(&self.cpu_shared);
         let (cpu_resident_ms, cpu_resident_gbps) = row(&self.cpu_resident);
         let (copy_ms, copy_gbps) = row(&self.copy);
         let (memcpy_ms, memcpy_gbps) = row(&self.memcpy);
@@ -550,6 +564,8 @@ impl Report {
             "oneshot_gbps": oneshot_gbps,
             "cpu_ms": cpu_ms,
             "cpu_gbps": cpu_gbps,
+            "cpu_shared_ms": cpu_shared_ms,
+            "cpu_shared_gbps": cpu_shared_gbps,
             "cpu_resident_ms": cpu_resident_ms,
             "cpu_resident_gbps": cpu_resident_gbps,
             "copy_ms": copy_ms,
@@ -608,10 +624,11 @@ impl Report {
             self.element_bytes,
         );
         let _ = writeln!(out);
-        let rows: [(&str, &str, &Row); 7] = [
+        let rows: [(&str, &str, &Row); 8] = [
             ("(a)", "GPU step, resident", &self.resident),
             ("(b)", "GPU step, one-shot from host tensors", &self.oneshot),
-            ("(c)", "CPU step, one-shot from host tensors", &self.cpu),
+            ("(c)", "CPU step, one-shot, R replica buffers", &self.cpu),
+            ("", "CPU step, one-shot, shared replicas", &self.cpu_shared),
             ("", "CPU step, resident kernel only", &self.cpu_resident),
             ("(d)", "GPU buffer-to-buffer copy", &self.copy),
             ("(e)", "host memcpy (one thread)", &self.memcpy),
