@@ -13,6 +13,7 @@ use std::mem::MaybeUninit;
 use half::{bf16, f16};
 
 use super::cpu::{BFloat16, Binary16, HalfFormat, run_parts};
+use super::host_words::prefer_huge_pages;
 use crate::tensor::HostData;
 
 /// Elements per block: the accumulator and the rank-0 parameter block stay in L1.
@@ -135,8 +136,13 @@ fn step_param<T: Element>(
     copies: usize,
 ) -> (Vec<T>, Vec<Vec<T>>) {
     let n = param.len();
-    let mut mean: Vec<T> = Vec::with_capacity(n);
-    let mut updated: Vec<Vec<T>> = (0..copies).map(|_| Vec::with_capacity(n)).collect();
+    let fresh = || {
+        let v = Vec::with_capacity(n);
+        prefer_huge_pages(&v);
+        v
+    };
+    let mut mean: Vec<T> = fresh();
+    let mut updated: Vec<Vec<T>> = (0..copies).map(|_| fresh()).collect();
     let parts = if n >= PARALLEL_ELEMENTS {
         threads.max(1)
     } else {

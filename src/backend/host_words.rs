@@ -68,6 +68,18 @@ impl DerefMut for HostWords {
     }
 }
 
+/// Asks Linux to back a fresh vector's memory with transparent huge pages before anything
+/// touches it (no-op elsewhere and for small vectors): first touching it then takes one fault
+/// per 2 MiB instead of one per 4 KiB. Memory the allocator recycles is unaffected.
+pub(crate) fn prefer_huge_pages<T>(v: &Vec<T>) {
+    let bytes = v.capacity() * std::mem::size_of::<T>();
+    #[cfg(all(target_os = "linux", not(target_arch = "wasm32")))]
+    if bytes >= LARGE_WORDS * 4 {
+        advise_huge_pages(v.as_ptr() as usize, bytes);
+    }
+    let _ = bytes;
+}
+
 #[cfg(all(target_os = "linux", not(target_arch = "wasm32")))]
 fn advise_huge_pages(start: usize, len: usize) {
     unsafe extern "C" {

@@ -9,6 +9,7 @@ pub(crate) mod host_step;
 mod host_words;
 pub mod kernels;
 pub(crate) mod oneshot;
+pub mod roofline;
 
 use std::fmt;
 use std::future::Future;

@@ -206,6 +206,8 @@ struct Report {
     copy: Row,
     memcpy: Row,
     cpu_copy: Row,
+    /// The same-traffic roofline of the CPU step.
+    cpu_roofline: Row,
 }
 
 /// The median of `repeats` timings of `once` after one untimed warm-up; `once` returns the
@@ -321,6 +323,24 @@ fn time_copy(config: &Config, backend: &dyn Backend) -> Result<Row, Error> {
         let start = Instant::now();
         backend.copy_arena(&src, &mut dst)?;
         pollster::block_on(backend.synchronize())?;
+        Ok(start.elapsed())
+    })
+}
+
+/// The CPU step's same-traffic roofline: R + 1 arrays of N elements read (the gradients and
+/// the parameter), R + 1 written (the replicas and the mean), no arithmetic, on all threads.
+fn time_roofline(config: &Config, threads: usize) -> Result<Row, Error> {
+    let words = config.format().words_for(config.elements);
+    let mut roof = distopt::backend::roofline::SameTraffic::new(
+        threads,
+        config.ranks + 1,
+        0,
+        config.ranks + 1,
+        words,
+    );
+    median(config.repeats, || {
+        let start = Instant::now();
+        roof.run()?;
         Ok(start.elapsed())
     })
 }
@@ -448,6 +468,7 @@ fn bench_step(config: &Config) -> Result<Report, Error> {
     }
     let cpu_resident = time_resident(config, &cpu)?;
     let cpu_copy = time_copy(config, &cpu)?;
+    let cpu_roofline = time_roofline(config, cpu.info().threads)?;
     let memcpy = time_memcpy(config, copy_bytes)?;
 
     // Host tensors for the one-shot rows: the replicas of one parameter (every rank holds the
@@ -484,6 +505,7 @@ fn bench_step(config: &Config) -> Result<Report, Error> {
         copy,
         memcpy,
         cpu_copy,
+        cpu_roofline,
     })
 }
 
@@ -540,6 +562,8 @@ impl Report {
         let (copy_ms, copy_gbps) = row(&self.copy);
         let (memcpy_ms, memcpy_gbps) = row(&self.memcpy);
         let (cpu_copy_ms, cpu_copy_gbps) = row(&self.cpu_copy);
+        let (cpu_roofline_ms, cpu_roofline_gbps) = row(&self.cpu_roofline);
+        let vs_roofline = |r: &Row| round(ratio(self.gbps(r), self.gbps(&self.cpu_roofline)), 3);
         let adapter = self.adapter.as_ref();
         json!({
             "benchmark": "step",
@@ -574,6 +598,11 @@ impl Report {
             "memcpy_gbps": memcpy_gbps,
             "cpu_copy_ms": cpu_copy_ms,
             "cpu_copy_gbps": cpu_copy_gbps,
+            "cpu_roofline_ms": cpu_roofline_ms,
+            "cpu_roofline_gbps": cpu_roofline_gbps,
+            "cpu_vs_roofline": vs_roofline(&self.cpu),
+            "cpu_shared_vs_roofline": vs_roofline(&self.cpu_shared),
+            "cpu_resident_vs_roofline": vs_roofline(&self.cpu_resident),
             "resident_vs_copy": round(resident_vs_copy, 3),
             "oneshot_vs_resident": round(oneshot_vs_resident, 3),
             "cpu_vs_memcpy": round(cpu_vs_memcpy, 3),
@@ -624,7 +653,7 @@ impl Report {
             self.element_bytes,
         );
         let _ = writeln!(out);
-        let rows: [(&str, &str, &Row); 8] = [
+        let rows: [(&str, &str, &Row); 9] = [
             ("(a)", "GPU step, resident", &self.resident),
             ("(b)", "GPU step, one-shot from host tensors", &self.oneshot),
             ("(c)", "CPU step, one-shot, R replica buffers", &self.cpu),
@@ -633,6 +662,7 @@ impl Report {
             ("(d)", "GPU buffer-to-buffer copy", &self.copy),
             ("(e)", "host memcpy (one thread)", &self.memcpy),
             ("", "host copy (CPU backend, all threads)", &self.cpu_copy),
+            ("", "CPU same-traffic roofline", &self.cpu_roofline),
         ];
         let _ = writeln!(
             out,

@@ -153,6 +153,34 @@ struct Row {
     params: usize,
     seconds: f64,
     bytes: f64,
+    /// Seconds of the same-traffic roofline (CPU backend), when measured.
+    roofline: Option<f64>,
+}
+
+/// The loads and stores a kernel makes per element, counted in arrays of the arena's size:
+/// read only, read and written, written only.
+#[derive(Clone, Copy)]
+struct Traffic {
+    read: usize,
+    update: usize,
+    write: usize,
+}
+
+/// Seconds of the same-traffic roofline ([`distopt::backend::roofline::same_traffic`]) over
+/// arrays of `words` words, on the CPU backend's threads; `None` on another backend (the GPU
+/// rows compare with the adapter's copy).
+fn roofline_seconds(config: &Config, traffic: Traffic, words: usize) -> Result<Option<f64>, Error> {
+    if config.backend.info().kind != distopt::BackendKind::Cpu {
+        return Ok(None);
+    }
+    let mut roof = distopt::backend::roofline::SameTraffic::new(
+        config.backend.info().threads,
+        traffic.read,
+        traffic.update,
+        traffic.write,
+        words,
+    );
+    median_seconds(config.backend.as_ref(), config.repeats, || roof.run()).map(Some)
 }
 
 fn print(config: &Config, title: &str, rows: &[Row], copy: f64, copy_bytes: f64, extra: Value) {
@@ -161,8 +189,11 @@ fn print(config: &Config, title: &str, rows: &[Row], copy: f64, copy_bytes: f64,
         let rows: Vec<Value> = rows
             .iter()
             .map(|r| {
+                let roofline = r.roofline.map(|t| gbps(r.bytes, t));
                 json!({"kernel": r.name, "params": r.params, "ms": r.seconds * 1e3,
-                       "gbps": gbps(r.bytes, r.seconds), "ratio_to_copy": gbps(r.bytes, r.seconds) / copy_gbps})
+                       "gbps": gbps(r.bytes, r.seconds), "ratio_to_copy": gbps(r.bytes, r.seconds) / copy_gbps,
+                       "roofline_gbps": roofline,
+                       "ratio_to_roofline": roofline.map(|f| gbps(r.bytes, r.seconds) / f)})
             })
             .collect();
         println!(
@@ -183,18 +214,27 @@ fn print(config: &Config, title: &str, rows: &[Row], copy: f64, copy_bytes: f64,
         config.reason
     );
     println!(
-        "{:<28} {:>7} {:>10} {:>9} {:>9}",
-        "kernel", "params", "median ms", "GB/s", "vs copy"
+        "{:<28} {:>7} {:>10} {:>9} {:>9} {:>13} {:>9}",
+        "kernel", "params", "median ms", "GB/s", "vs copy", "roofline GB/s", "vs roof"
     );
     for r in rows {
         let g = gbps(r.bytes, r.seconds);
+        let (roof, vs) = match r.roofline {
+            Some(t) => (
+                format!("{:.2}", gbps(r.bytes, t)),
+                format!("{:.0}%", 100.0 * r.seconds.recip() * t),
+            ),
+            None => ("-".into(), "-".into()),
+        };
         println!(
-            "{:<28} {:>7} {:>10.3} {:>9.2} {:>8.0}%",
+            "{:<28} {:>7} {:>10.3} {:>9.2} {:>8.0}% {:>13} {:>9}",
             r.name,
             r.params,
             r.seconds * 1e3,
             g,
-            100.0 * g / copy_gbps
+            100.0 * g / copy_gbps,
+            roof,
+            vs
         );
     }
     println!(
@@ -223,11 +263,17 @@ pub fn average(args: &[String]) -> Result<(), Error> {
         })?;
         // Every rank's values read once and written once.
         let bytes = (2 * config.ranks * config.elements * 4) as f64;
+        let traffic = Traffic {
+            read: 0,
+            update: 1,
+            write: 0,
+        };
         rows.push(Row {
             name: "average (world all-reduce)".into(),
             params,
             seconds,
             bytes,
+            roofline: roofline_seconds(&config, traffic, config.ranks * config.elements)?,
         });
     }
     let copy = copy_seconds(&config, config.ranks, config.elements)?;
@@ -265,11 +311,18 @@ pub fn optim(args: &[String]) -> Result<(), Error> {
             sgd.step(&mut replicas)
         })?;
         // Reads parameters, gradients, buffers; writes parameters, buffers.
+        let words = config.ranks * config.elements;
+        let sgd_traffic = Traffic {
+            read: 1,
+            update: 2,
+            write: 0,
+        };
         rows.push(Row {
             name: "SGD momentum".into(),
             params,
             seconds,
             bytes: 5.0 * base,
+            roofline: roofline_seconds(&config, sgd_traffic, words)?,
         });
         let mut adam = Adam::new(&replicas, AdamOptions::defaults(false), false)?;
         adam.step(&mut replicas)?;
@@ -277,11 +330,17 @@ pub fn optim(args: &[String]) -> Result<(), Error> {
             adam.step(&mut replicas)
         })?;
         // Reads parameters, gradients, both moments; writes parameters and both moments.
+        let adam_traffic = Traffic {
+            read: 1,
+            update: 3,
+            write: 0,
+        };
         rows.push(Row {
             name: "Adam".into(),
             params,
             seconds,
             bytes: 7.0 * base,
+            roofline: roofline_seconds(&config, adam_traffic, words)?,
         });
     }
     let copy = copy_seconds(&config, config.ranks, config.elements)?;

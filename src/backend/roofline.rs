@@ -1,0 +1,166 @@
+//! The same-traffic roofline of a host kernel: the loads and stores a kernel makes per element,
+//! on all of the backend's threads, with no arithmetic. A kernel's throughput against this
+//! figure (measured in the same run) says how close it comes to what the memory system allows
+//! for its access pattern, which a plain copy (one read, one write per element) does not.
+
+use std::hint::black_box;
+
+use super::cpu::run_parts;
+use super::cpu_optim::with_best_isa;
+use super::host_words::HostWords;
+use crate::error::{Error, Result};
+
+/// Scratch arrays laid out as the CPU backend lays out arenas (staggered, huge pages), on
+/// which [`same_traffic`] is timed.
+pub struct SameTraffic {
+    threads: usize,
+    read: Vec<HostWords>,
+    update: Vec<HostWords>,
+    write: Vec<HostWords>,
+}
+
+impl SameTraffic {
+    /// `read` arrays loaded, `update` arrays loaded and stored, `write` arrays stored, each of
+    /// `words` words (touched once here, so timing excludes first-touch faults), streamed on
+    /// `threads` threads.
+    pub fn new(threads: usize, read: usize, update: usize, write: usize, words: usize) -> Self {
+        let arrays = |count: usize, fill: u32| -> Vec<HostWords> {
+            (0..count)
+                .map(|k| {
+                    let mut w = HostWords::zeroed(words);
+                    w.fill(fill + k as u32);
+                    w
+                })
+                .collect()
+        };
+        SameTraffic {
+            threads,
+            read: arrays(read, 1),
+            update: arrays(update, 101),
+            write: arrays(write, 201),
+        }
+    }
+
+    /// One pass of [`same_traffic`] over the arrays.
+    ///
+    /// # Errors
+    /// A `ValueError` when no array was asked for.
+    pub fn run(&mut self) -> Result<()> {
+        let read: Vec<&[u32]> = self.read.iter().map(|w| &w[..]).collect();
+        let mut update: Vec<&mut [u32]> = self.update.iter_mut().map(|w| &mut w[..]).collect();
+        let mut write: Vec<&mut [u32]> = self.write.iter_mut().map(|w| &mut w[..]).collect();
+        same_traffic(self.threads, &read, &mut update, &mut write)
+    }
+}
+
+/// One element range of every array.
+struct Part<'a> {
+    read: Vec<&'a [u32]>,
+    update: Vec<&'a mut [u32]>,
+    write: Vec<&'a mut [u32]>,
+}
+
+/// Streams over equal-length word arrays: every word of `read` is loaded, every word of
+/// `update` is loaded and stored back unchanged, every word of `write` is stored (zeros; it is
+/// not loaded), split into `threads` equal ranges. A mask that is zero at run time but unknown
+/// to the compiler keeps every load and store.
+///
+/// # Errors
+/// A `ValueError` when the arrays differ in length or none is given.
+pub fn same_traffic(
+    threads: usize,
+    read: &[&[u32]],
+    update: &mut [&mut [u32]],
+    write: &mut [&mut [u32]],
+) -> Result<()> {
+    let len = read
+        .iter()
+        .map(|a| a.len())
+        .chain(update.iter().map(|a| a.len()))
+        .chain(write.iter().map(|a| a.len()))
+        .next()
+        .ok_or_else(|| Error::value("same_traffic: no arrays"))?;
+    let lengths_agree = read.iter().all(|a| a.len() == len)
+        && update.iter().all(|a| a.len() == len)
+        && write.iter().all(|a| a.len() == len);
+    if !lengths_agree {
+        return Err(Error::value("same_traffic: the arrays differ in length"));
+    }
+    let parts = threads.clamp(1, len.div_ceil(4096).max(1));
+    let bounds: Vec<usize> = (0..=parts).map(|p| len * p / parts).collect();
+    let mut work: Vec<Part<'_>> = (0..parts)
+        .map(|_| Part {
+            read: Vec::new(),
+            update: Vec::new(),
+            write: Vec::new(),
+        })
+        .collect();
+    for a in read {
+        for (k, part) in work.iter_mut().enumerate() {
+            part.read.push(&a[bounds[k]..bounds[k + 1]]);
+        }
+    }
+    for a in update.iter_mut() {
+        for (k, head) in split(a, &bounds).into_iter().enumerate() {
+            work[k].update.push(head);
+        }
+    }
+    for a in write.iter_mut() {
+        for (k, head) in split(a, &bounds).into_iter().enumerate() {
+            work[k].write.push(head);
+        }
+    }
+    let mask = black_box(0u32);
+    run_parts(work, |mut part| {
+        with_best_isa(|| stream(&mut part, mask));
+    });
+    Ok(())
+}
+
+/// `words` cut at `bounds`.
+fn split<'a>(words: &'a mut [u32], bounds: &[usize]) -> Vec<&'a mut [u32]> {
+    let mut rest = words;
+    let mut out = Vec::with_capacity(bounds.len());
+    for w in bounds.windows(2) {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(w[1] - w[0]);
+        rest = tail;
+        out.push(head);
+    }
+    out
+}
+
+#[inline(always)]
+fn stream(part: &mut Part<'_>, mask: u32) {
+    const BLOCK: usize = 1024;
+    let len = part
+        .read
+        .first()
+        .map(|a| a.len())
+        .or_else(|| part.update.first().map(|a| a.len()))
+        .or_else(|| part.write.first().map(|a| a.len()))
+        .unwrap_or(0);
+    let mut acc = [0u32; BLOCK];
+    let mut at = 0;
+    while at < len {
+        let n = BLOCK.min(len - at);
+        let acc = &mut acc[..n];
+        acc.fill(0);
+        for a in &part.read {
+            for (x, &w) in acc.iter_mut().zip(&a[at..at + n]) {
+                *x |= w;
+            }
+        }
+        for a in part.update.iter_mut() {
+            for (w, &x) in a[at..at + n].iter_mut().zip(acc.iter()) {
+                *w ^= x & mask;
+            }
+        }
+        for a in part.write.iter_mut() {
+            for (w, &x) in a[at..at + n].iter_mut().zip(acc.iter()) {
+                // Zero, which the compiler cannot know: the store depends on every load.
+                *w = x & mask;
+            }
+        }
+        at += n;
+    }
+}
