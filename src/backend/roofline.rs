@@ -164,3 +164,29 @@ fn stream(part: &mut Part<'_>, mask: u32) {
         at += n;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_every_array_and_keeps_the_updated_ones() {
+        for threads in [1, 2, 3] {
+            let read = vec![5u32; 10_000];
+            let mut update = (0..10_000u32).collect::<Vec<_>>();
+            let mut write = vec![7u32; 10_000];
+            same_traffic(threads, &[&read], &mut [&mut update], &mut [&mut write]).unwrap();
+            assert!(update.iter().enumerate().all(|(i, &w)| w == i as u32));
+            assert!(write.iter().all(|&w| w == 0), "written arrays are stored");
+        }
+        let mut scratch = SameTraffic::new(2, 2, 1, 1, 4096);
+        scratch.run().unwrap();
+    }
+
+    #[test]
+    fn refuses_arrays_of_different_lengths_or_none() {
+        let (a, b) = (vec![0u32; 4], vec![0u32; 5]);
+        assert!(same_traffic(1, &[&a, &b], &mut [], &mut []).is_err());
+        assert!(same_traffic(1, &[], &mut [], &mut []).is_err());
+    }
+}

@@ -31,6 +31,7 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         Some("average") => return crate::bench_algorithms::average(&args[1..]),
         Some("optim") => return crate::bench_algorithms::optim(&args[1..]),
         Some("zero") => return crate::bench_algorithms::zero(&args[1..]),
+        Some("all") => return crate::bench_all::run(&args[1..]),
         Some("comm") => {
             return Err(Error::value(if cfg!(feature = "mpi") {
                 "bench comm measures MPI: run it under `mpirun -np W distopt bench comm`"
@@ -40,12 +41,12 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         }
         Some(other) => {
             return Err(Error::value(format!(
-                "unknown benchmark '{other}': expected step, average, optim or zero\n{USAGE}"
+                "unknown benchmark '{other}': expected step, average, optim, zero or all\n{USAGE}"
             )));
         }
         None => {
             return Err(Error::value(format!(
-                "expected a benchmark: step, average, optim or zero\n{USAGE}"
+                "expected a benchmark: step, average, optim, zero or all\n{USAGE}"
             )));
         }
     }

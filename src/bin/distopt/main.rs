@@ -5,6 +5,7 @@
 //! distopt info                                     the adapter and backend chosen, and why
 //! distopt bench step [--ranks R] [--elements N] [--dtype D] [--backend B] [--repeats K] [--json]
 //! distopt bench average|optim|zero [--ranks R] [--elements N] [--params P,…] [--json]
+//! distopt bench all [--backend B] [--torch PYTHON] [--repeats K] [--json]  the whole report
 //! distopt train [--ranks R] [--steps S] [--algorithm A] [--backend B] [--json]  local SGD demo
 //! ```
 
@@ -16,6 +17,7 @@ use distopt::{Error, json};
 
 mod bench;
 mod bench_algorithms;
+mod bench_all;
 #[cfg(feature = "mpi")]
 mod bench_comm;
 mod train;
@@ -34,6 +36,11 @@ const USAGE: &str = "usage:
       GB/s of (2R+2)*N*element bytes). Defaults: R 4, N 2^22 (an integer or 2^k), float32,
       K 10. --backend auto and gpu use any adapter wgpu finds (software ones included);
       cpu skips the GPU rows. --json prints one JSON object.
+  distopt bench all [--backend B] [--torch PYTHON] [--repeats K] [--json]
+      Every benchmark of docs/performance.md as one report: the step (R 4 and 8, N 2^20 and
+      2^22, float32 and float16), optim and average, each with its same-traffic roofline;
+      with --torch, PyTorch doing the same work in the same run (bench/peers/*.py) and the
+      ratios. Default backend cpu.
   distopt bench average|optim [--ranks R] [--elements N] [--params P1,P2] [--backend B]
                              [--repeats K] [--json]
       One all-reduce-mean over the world (average), one SGD-momentum and one Adam step

@@ -1,0 +1,296 @@
+//! `distopt bench all`: every benchmark the performance report quotes, each next to its roofline
+//! and, with `--torch PYTHON`, next to PyTorch doing the same work in the same run
+//! (`bench/peers/*.py`, alternating with distopt's own measurement), as one report.
+//!
+//! Each benchmark runs as a child process of this executable (`distopt bench … --json`), so a
+//! row's allocations and page faults never carry over into the next one.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use distopt::Error;
+use serde_json::{Value, json};
+
+use crate::{take_flag, take_option};
+
+/// The step configurations of the report: R, N, dtype.
+const STEPS: [(usize, &str, &str); 8] = [
+    (4, "2^20", "float32"),
+    (4, "2^22", "float32"),
+    (8, "2^20", "float32"),
+    (8, "2^22", "float32"),
+    (4, "2^20", "float16"),
+    (4, "2^22", "float16"),
+    (8, "2^20", "float16"),
+    (8, "2^22", "float16"),
+];
+
+fn elements(text: &str) -> usize {
+    text.strip_prefix("2^")
+        .and_then(|e| e.parse::<u32>().ok())
+        .map_or(0, |e| 1usize << e)
+}
+
+/// Runs `distopt ARGS --json` and parses its last line.
+fn run_self(args: &[&str]) -> Result<Value, Error> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::runtime(format!("cannot find this executable: {e}")))?;
+    let out = Command::new(exe)
+        .args(args)
+        .arg("--json")
+        .output()
+        .map_err(|e| Error::runtime(format!("distopt {}: {e}", args.join(" "))))?;
+    if !out.status.success() {
+        return Err(Error::runtime(format!(
+            "distopt {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    last_json_line(&out.stdout, &format!("distopt {}", args.join(" ")))
+}
+
+fn last_json_line(stdout: &[u8], what: &str) -> Result<Value, Error> {
+    let text = String::from_utf8_lossy(stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    serde_json::from_str(line)
+        .map_err(|e| Error::runtime(format!("{what} printed no JSON last ({e}): {line:?}")))
+}
+
+/// A peer script's last line: a number (`torch_step.py`) or a JSON object (`torch_optim.py`).
+fn run_peer(python: &Path, script: &Path, args: &[String]) -> Result<Value, Error> {
+    let out = Command::new(python)
+        .arg(script)
+        .args(args)
+        .output()
+        .map_err(|e| Error::runtime(format!("{} {}: {e}", python.display(), script.display())))?;
+    if !out.status.success() {
+        return Err(Error::runtime(format!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    last_json_line(&out.stdout, &script.display().to_string())
+}
+
+fn peers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/peers")
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Value {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => json!((a / b * 1000.0).round() / 1000.0),
+        _ => Value::Null,
+    }
+}
+
+/// `distopt bench all [--backend B] [--torch PYTHON] [--repeats K] [--json]`.
+pub fn run(args: &[String]) -> Result<(), Error> {
+    let mut args = args.to_vec();
+    let backend = take_option(&mut args, "--backend")?.unwrap_or_else(|| "cpu".into());
+    let torch = take_option(&mut args, "--torch")?.map(PathBuf::from);
+    let repeats = take_option(&mut args, "--repeats")?.unwrap_or_else(|| "7".into());
+    let json_out = take_flag(&mut args, "--json");
+    if let Some(unknown) = args.first() {
+        return Err(Error::value(format!(
+            "bench all: unknown argument {unknown}"
+        )));
+    }
+    let peers = peers_dir();
+    let mut steps = Vec::new();
+    for (ranks, n, dtype) in STEPS {
+        let r = ranks.to_string();
+        let ours = run_self(&[
+            "bench",
+            "step",
+            "--ranks",
+            &r,
+            "--elements",
+            n,
+            "--dtype",
+            dtype,
+            "--backend",
+            &backend,
+            "--repeats",
+            &repeats,
+        ])?;
+        let peer = match &torch {
+            Some(python) => {
+                let peer_args = [
+                    "--ranks".to_string(),
+                    r.clone(),
+                    "--elements".into(),
+                    elements(n).to_string(),
+                    "--dtype".into(),
+                    dtype.into(),
+                ];
+                run_peer(python, &peers.join("torch_step.py"), &peer_args)?.as_f64()
+            }
+            None => None,
+        };
+        let cpu = ours["cpu_gbps"].as_f64();
+        steps.push(json!({
+            "ranks": ranks, "elements": n, "dtype": dtype,
+            "cpu_oneshot_gbps": cpu, "cpu_shared_gbps": ours["cpu_shared_gbps"],
+            "cpu_resident_gbps": ours["cpu_resident_gbps"],
+            "cpu_roofline_gbps": ours["cpu_roofline_gbps"],
+            "cpu_resident_vs_roofline": ours["cpu_resident_vs_roofline"],
+            "gpu_resident_gbps": ours["resident_gbps"], "gpu_oneshot_gbps": ours["oneshot_gbps"],
+            "gpu_copy_gbps": ours["copy_gbps"],
+            "torch_eager_gbps": peer, "cpu_oneshot_vs_torch": ratio(cpu, peer),
+            "detail": ours,
+        }));
+    }
+    let mut optim = Vec::new();
+    for params in ["1", "1000"] {
+        let ours = run_self(&[
+            "bench",
+            "optim",
+            "--params",
+            params,
+            "--backend",
+            &backend,
+            "--repeats",
+            &repeats,
+        ])?;
+        let peer = match &torch {
+            Some(python) => Some(run_peer(
+                python,
+                &peers.join("torch_optim.py"),
+                &[
+                    "--ranks".into(),
+                    "8".into(),
+                    "--elements".into(),
+                    (1usize << 22).to_string(),
+                    "--params".into(),
+                    params.into(),
+                ],
+            )?),
+            None => None,
+        };
+        let rows = ours["rows"].as_array().cloned().unwrap_or_default();
+        for row in rows {
+            let key = if row["kernel"] == "Adam" {
+                "adam_gbps"
+            } else {
+                "sgd_gbps"
+            };
+            let peer_gbps = peer.as_ref().and_then(|p| p[key].as_f64());
+            optim.push(json!({
+                "kernel": row["kernel"], "params": row["params"], "gbps": row["gbps"],
+                "roofline_gbps": row["roofline_gbps"], "ratio_to_roofline": row["ratio_to_roofline"],
+                "torch_best_gbps": peer_gbps, "vs_torch": ratio(row["gbps"].as_f64(), peer_gbps),
+            }));
+        }
+    }
+    let average = run_self(&[
+        "bench",
+        "average",
+        "--backend",
+        &backend,
+        "--repeats",
+        &repeats,
+    ])?;
+    let report = json!({
+        "report": "distopt bench all",
+        "backend": backend,
+        "machine": machine(),
+        "torch": torch.as_ref().map(|p| p.display().to_string()),
+        "step": steps,
+        "optim": optim,
+        "average": average["rows"],
+    });
+    if json_out {
+        println!("{report}");
+    } else {
+        print!("{}", table(&report));
+    }
+    Ok(())
+}
+
+/// The host's processor and core count, for the report's header.
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    json!({"cpu": cpu, "cores": cores})
+}
+
+fn num(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), |x| format!("{x:.2}"))
+}
+
+fn table(report: &Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "distopt bench all ({} backend) on {} ({} cores)",
+        report["backend"].as_str().unwrap_or_default(),
+        report["machine"]["cpu"].as_str().unwrap_or_default(),
+        report["machine"]["cores"]
+    );
+    let _ = writeln!(
+        out,
+        "\nthe step from host tensors (GB/s of (2R+2)·N·element bytes)\n{:>2} {:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "R", "N", "dtype", "one-shot", "shared", "resident", "roofline", "torch", "vs torch"
+    );
+    for s in report["step"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{:>2} {:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            s["ranks"],
+            s["elements"].as_str().unwrap_or_default(),
+            s["dtype"].as_str().unwrap_or_default(),
+            num(&s["cpu_oneshot_gbps"]),
+            num(&s["cpu_shared_gbps"]),
+            num(&s["cpu_resident_gbps"]),
+            num(&s["cpu_roofline_gbps"]),
+            num(&s["torch_eager_gbps"]),
+            num(&s["cpu_oneshot_vs_torch"]),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\noptimizers, R = 8, N = 2^22 float32\n{:<14} {:>6} {:>8} {:>9} {:>8} {:>9} {:>9}",
+        "kernel", "params", "GB/s", "roofline", "vs roof", "torch", "vs torch"
+    );
+    for r in report["optim"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{:<14} {:>6} {:>8} {:>9} {:>8} {:>9} {:>9}",
+            r["kernel"].as_str().unwrap_or_default(),
+            r["params"],
+            num(&r["gbps"]),
+            num(&r["roofline_gbps"]),
+            num(&r["ratio_to_roofline"]),
+            num(&r["torch_best_gbps"]),
+            num(&r["vs_torch"]),
+        );
+    }
+    let _ = writeln!(out, "\naveraging, R = 8, N = 2^22 float32");
+    for r in report["average"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{:<28} params {:>5}: {} GB/s, roofline {} GB/s ({})",
+            r["kernel"].as_str().unwrap_or_default(),
+            r["params"],
+            num(&r["gbps"]),
+            num(&r["roofline_gbps"]),
+            num(&r["ratio_to_roofline"]),
+        );
+    }
+    out
+}
