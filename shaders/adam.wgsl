@@ -108,12 +108,17 @@ fn store_max(base: u32, octet: u32, value: Eight) {
     }
 }
 
+// Whether `a` is a NaN, from its bits: a compiler may fold `a != a` to false (llvmpipe does).
+fn is_nan(a: f32) -> bool {
+    return (bitcast<u32>(a) & 0x7fffffffu) > 0x7f800000u;
+}
+
 // torch.maximum: NaN wins.
 fn nan_max(a: f32, b: f32) -> f32 {
-    if (a != a) {
+    if (is_nan(a)) {
         return a;
     }
-    if (b != b) {
+    if (is_nan(b)) {
         return b;
     }
     return max(a, b);

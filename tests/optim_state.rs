@@ -488,3 +488,213 @@ fn reloads_into_fresh_optimizers_continue_pytorchs_trajectories() {
         }
     }
 }
+
+/// A deterministic pseudo-random stream (splitmix64) of values in [-1, 1).
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    }
+
+    fn tensor(&mut self, dtype: DType, n: usize) -> Tensor {
+        let values: Vec<f64> = (0..n).map(|_| self.next()).collect();
+        Tensor::from_f64(dtype, &[n], &values).unwrap()
+    }
+}
+
+/// Every element of two state dicts' tensors, for messages: `(what, values)` per tensor.
+fn state_tensors(state_dict: &Value) -> Vec<(String, Vec<Value>)> {
+    let mut out = Vec::new();
+    for (index, entry) in state_dict["state"].as_object().expect("state") {
+        for (name, tensor) in entry.as_object().expect("entry") {
+            let data = tensor["data"].as_array().cloned().unwrap_or_default();
+            out.push((format!("state[{index}].{name}"), data));
+        }
+    }
+    out
+}
+
+/// The 16-bit paths no recorded case reaches (Adam's L2 term, amsgrad's maximum with NaN
+/// moments — float16 with the default eps divides 0 by 0 — every SGD option together) compute
+/// the same bits on the GPU as in the reference kernels.
+#[test]
+fn sixteen_bit_kernels_agree_on_both_backends_for_every_option() {
+    let Some(gpu) = common::gpu_backend() else {
+        return;
+    };
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let specs = [
+        ("SGD", json!({"lr": 0.1, "weight_decay": 0.03})),
+        (
+            "SGD",
+            json!({"lr": 0.1, "momentum": 0.9, "dampening": 0.3, "weight_decay": 0.01}),
+        ),
+        (
+            "SGD",
+            json!({"lr": 0.05, "momentum": 0.7, "nesterov": true, "maximize": true, "weight_decay": 0.1}),
+        ),
+        (
+            "Adam",
+            json!({"lr": 0.01, "weight_decay": 0.1, "amsgrad": true, "maximize": true}),
+        ),
+        (
+            "Adam",
+            json!({"lr": 0.003, "betas": [0.8, 0.9], "eps": 1e-6, "weight_decay": 0.02}),
+        ),
+        (
+            "AdamW",
+            json!({"lr": 0.01, "weight_decay": 0.1, "amsgrad": true}),
+        ),
+    ];
+    let sizes = [1usize, 7, 8, 9, 64, 65, 300];
+    for dtype in [DType::Float16, DType::BFloat16] {
+        for (seed, (name, options)) in specs.iter().enumerate() {
+            let mut random = Random(seed as u64 + 100);
+            let initial: Vec<Tensor> = sizes.iter().map(|&n| random.tensor(dtype, n)).collect();
+            let grads: Vec<Vec<Option<Tensor>>> = (0..4)
+                .map(|t| {
+                    sizes
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &n)| {
+                            let g = random.tensor(dtype, n);
+                            ((j + t) % 4 != 3).then_some(g)
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut results = Vec::new();
+            for backend in [&cpu, &gpu] {
+                let mut replicas = Replicas::replicate(backend.clone(), 1, &initial).unwrap();
+                let mut optimizer = optim::create(
+                    name,
+                    &replicas,
+                    vec![((0..sizes.len()).collect(), Default::default())],
+                    &option_map(options).unwrap(),
+                )
+                .unwrap();
+                for step in &grads {
+                    optimizer.zero_grad(&mut replicas);
+                    replicas.set_grads(0, step).unwrap();
+                    optimizer.step(&mut replicas).unwrap();
+                }
+                let mut tensors: Vec<(String, Vec<Value>)> =
+                    replicas.all_params_blocking().unwrap()[0]
+                        .iter()
+                        .enumerate()
+                        .map(|(j, p)| {
+                            let data = p
+                                .values_f64()
+                                .unwrap()
+                                .into_iter()
+                                .map(distopt::json::number_to_json);
+                            (format!("param {j}"), data.collect())
+                        })
+                        .collect();
+                let state = pollster::block_on(optimizer.state_dict(&replicas, 0)).unwrap();
+                tensors.extend(state_tensors(&state));
+                results.push(tensors);
+            }
+            assert_eq!(results[0].len(), results[1].len());
+            for ((what, a), (_, b)) in results[0].iter().zip(&results[1]) {
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    assert_eq!(
+                        x, y,
+                        "{name} {options} on {dtype}: {what}[{i}]: cpu {x}, gpu {y}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// PyTorch's `(sqrt(v) / bc2).add_(eps)` adds `eps` as a tensor: it is cast to the parameter's
+/// dtype first. float16 step from p = 0 with grad 1, betas (0.5, 0.75): m = 0.5, v = 0.25,
+/// sqrt(v) / sqrt(0.25) = 1 exactly; eps = 2^-11 (1 + 2^-12) is 2^-11 in float16, so
+/// 1 + eps is a tie that rounds to 1 and p = -lr/bc1 * m / 1 = -2^-10 (adding eps in float32
+/// would round up to 1 + 2^-10). With the default eps 1e-8, which is 0 in float16, a zero
+/// gradient divides 0 by 0: the parameter becomes NaN, as PyTorch's does; bfloat16 keeps 1e-8.
+#[test]
+fn adam_casts_eps_to_the_parameters_dtype() {
+    let tie = 2f64.powi(-11) * (1.0 + 2f64.powi(-12));
+    let cases = [
+        (
+            DType::Float16,
+            tie,
+            1.0,
+            json!([0.5, 0.75]),
+            vec![-(2f64.powi(-10))],
+        ),
+        (
+            DType::Float16,
+            1e-8,
+            0.0,
+            json!([0.9, 0.999]),
+            vec![f64::NAN],
+        ),
+        (DType::Float16, 1e-4, 0.0, json!([0.9, 0.999]), vec![0.0]),
+        (DType::BFloat16, 1e-8, 0.0, json!([0.9, 0.999]), vec![0.0]),
+    ];
+    for (label, backend) in backends() {
+        for (dtype, eps, grad, betas, want) in &cases {
+            let p = Tensor::from_f64(*dtype, &[1], &[0.0]).unwrap();
+            let mut replicas = Replicas::replicate(backend.clone(), 1, &[p]).unwrap();
+            let options = json!({"lr": 2f64.powi(-10), "betas": betas, "eps": eps});
+            let mut adam = optim::create(
+                "Adam",
+                &replicas,
+                vec![(vec![0], Default::default())],
+                &option_map(&options).unwrap(),
+            )
+            .unwrap();
+            let g = Tensor::from_f64(*dtype, &[1], &[*grad]).unwrap();
+            replicas.set_grads(0, &[Some(g)]).unwrap();
+            adam.step(&mut replicas).unwrap();
+            let after = replicas.param_blocking(0, 0).unwrap().values_f64().unwrap();
+            let same = after
+                .iter()
+                .zip(want)
+                .all(|(a, w)| a == w || (a.is_nan() && w.is_nan()));
+            assert!(
+                same,
+                "{label} {dtype} {options}: {after:?}, PyTorch {want:?}"
+            );
+        }
+    }
+}
+
+/// Adam's L2 term `grad.add(param, alpha=weight_decay)` rounds the product to float16 before
+/// the sum: with p = 3, weight_decay = 0.333251953125 (a float16) and grad -(1 - 2^-11), the
+/// product 1 - 2^-12 rounds (a tie, to even) to 1, so the decayed gradient is 2^-11 (2^-12 if
+/// the product kept float32 precision), and exp_avg = (1 - beta1) * 2^-11 = 2^-12.
+#[test]
+fn adam_weight_decay_rounds_like_pytorchs_float16_add() {
+    for (label, backend) in backends() {
+        let p = Tensor::from_f64(DType::Float16, &[1], &[3.0]).unwrap();
+        let mut replicas = Replicas::replicate(backend.clone(), 1, &[p]).unwrap();
+        let options =
+            json!({"lr": 0.001, "betas": [0.5, 0.5], "weight_decay": 0.333251953125, "eps": 0.01});
+        let mut adam = optim::create(
+            "Adam",
+            &replicas,
+            vec![(vec![0], Default::default())],
+            &option_map(&options).unwrap(),
+        )
+        .unwrap();
+        let g = Tensor::from_f64(DType::Float16, &[1], &[-(1.0 - 2f64.powi(-11))]).unwrap();
+        replicas.set_grads(0, &[Some(g)]).unwrap();
+        adam.step(&mut replicas).unwrap();
+        let state = pollster::block_on(adam.state_dict(&replicas, 0)).unwrap();
+        let exp_avg = tensor(&state["state"]["0"]["exp_avg"], "exp_avg");
+        assert_eq!(
+            exp_avg.values_f64().unwrap(),
+            vec![2f64.powi(-12)],
+            "{label}"
+        );
+    }
+}
