@@ -108,12 +108,17 @@ fn store_max(base: u32, octet: u32, value: Eight) {
     }
 }
 
+// Whether `a` is a NaN, from its bits: a compiler may fold `a != a` to false (llvmpipe does).
+fn is_nan(a: f32) -> bool {
+    return (bitcast<u32>(a) & 0x7fffffffu) > 0x7f800000u;
+}
+
 // torch.maximum: NaN wins.
 fn nan_max(a: f32, b: f32) -> f32 {
-    if (a != a) {
+    if (is_nan(a)) {
         return a;
     }
-    if (b != b) {
+    if (is_nan(b)) {
         return b;
     }
     return max(a, b);
@@ -121,6 +126,13 @@ fn nan_max(a: f32, b: f32) -> f32 {
 
 fn nan_max4(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(nan_max(a.x, b.x), nan_max(a.y, b.y), nan_max(a.z, b.z), nan_max(a.w, b.w));
+}
+
+// `x.add(y, alpha=alpha)` as PyTorch's CPU kernel computes it in the tensor's own type: for
+// float16/bfloat16, alpha and the product are rounded to the format before the sum (see
+// `add_scaled` in src/backend/kernels.rs). For float32 `r` is the identity.
+fn add_scaled(x: vec4<f32>, alpha: f32, y: vec4<f32>) -> vec4<f32> {
+    return r(x + r(r(vec4<f32>(alpha)) * y));
 }
 
 // One half (four elements) of the update: the new parameter, first and second moments, and
@@ -134,7 +146,7 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
     if ((s.flags & DECOUPLED) != 0u) {
         p = r(p * s.decay_factor);
     } else if (s.weight_decay != 0.0) {
-        g = r(g + s.weight_decay * p);
+        g = add_scaled(g, s.weight_decay, p);
     }
     // exp_avg.lerp_(grad, 1 - beta1), PyTorch's two-sided formula.
     let w = s.one_minus_beta1;
@@ -151,8 +163,10 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
         second = nan_max4(v, max_old);
     }
     let root = r(sqrt(second));
-    let denom = r(r(root / s.bias_correction2_sqrt) + s.eps);
-    return array<vec4<f32>, 4>(r(p + s.neg_step_size * (m / denom)), m, v, second);
+    // `(sqrt / bc2).add_(eps)`: eps becomes a tensor of the parameter's dtype first.
+    let denom = add_scaled(r(root / s.bias_correction2_sqrt), 1.0, vec4<f32>(s.eps));
+    // `param.addcdiv_(exp_avg, denom, value=-step_size)`: `p + value * m / d`, left to right.
+    return array<vec4<f32>, 4>(r(p + s.neg_step_size * m / denom), m, v, second);
 }
 
 @compute @workgroup_size(256)

@@ -70,6 +70,13 @@ fn store_momentum(base: u32, octet: u32, value: Eight) {
     }
 }
 
+// `x.add(y, alpha=alpha)` as PyTorch's CPU kernel computes it in the tensor's own type: for
+// float16/bfloat16, alpha and the product are rounded to the format before the sum (see
+// `add_scaled` in src/backend/kernels.rs). For float32 `r` is the identity.
+fn add_scaled(x: vec4<f32>, alpha: f32, y: vec4<f32>) -> vec4<f32> {
+    return r(x + r(r(vec4<f32>(alpha)) * y));
+}
+
 // One half (four elements) of the update; `b_old` is ignored on the first step.
 fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> array<vec4<f32>, 2> {
     var g = g_in;
@@ -77,22 +84,22 @@ fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> arr
         g = -g;
     }
     if (s.weight_decay != 0.0) {
-        g = r(g + s.weight_decay * p);
+        g = add_scaled(g, s.weight_decay, p);
     }
     var b = b_old;
     if (s.momentum != 0.0) {
         if ((s.flags & FIRST_STEP) != 0u) {
             b = g;
         } else {
-            b = r(r(b_old * s.momentum) + s.one_minus_dampening * g);
+            b = add_scaled(r(b_old * s.momentum), s.one_minus_dampening, g);
         }
         if ((s.flags & NESTEROV) != 0u) {
-            g = r(g + s.momentum * b);
+            g = add_scaled(g, s.momentum, b);
         } else {
             g = b;
         }
     }
-    return array<vec4<f32>, 2>(r(p + (-s.lr) * g), b);
+    return array<vec4<f32>, 2>(add_scaled(p, -s.lr, g), b);
 }
 
 @compute @workgroup_size(256)

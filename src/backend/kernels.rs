@@ -6,7 +6,8 @@
 //! parameters (PyTorch's "opmath"), float64 for float64 — and the result of every PyTorch tensor
 //! operation is rounded to the parameter's storage format. The reference computes each
 //! primitive in `f64` and rounds it; for one IEEE operation that equals computing it in the
-//! narrower format directly.
+//! narrower format directly. PyTorch's `add(alpha=)` on float16/bfloat16 also rounds its
+//! scalar and its product to the format (see [`add_scaled`]).
 
 use super::{Arena, ArenaStorage};
 use crate::dtype::StorageFormat;
@@ -369,6 +370,19 @@ fn sgd_rank_f32(
     }
 }
 
+/// `x.add(y, alpha=alpha)` (and `add_` with a tensor `y`) as PyTorch's CPU kernel computes it
+/// on one element: `x + alpha * y` with `alpha` and every intermediate in the tensor's own
+/// type. For float16/bfloat16 that is c10's `Half`/`BFloat16` arithmetic: `alpha` is rounded
+/// to the format (through float32, as `Scalar::to` converts), the product is rounded to the
+/// format, then the sum (ATen's `ufunc::add`, whose CPU kernel is generated for `scalar_t`, not
+/// for its float32 opmath type). For float32/float64 this is one product and one sum, each
+/// rounded (PyTorch may fuse them into one FMA; the cases' tolerance covers it).
+#[inline(always)]
+fn add_scaled<T: Real>(format: StorageFormat, x: T, alpha: T, y: T) -> T {
+    let r = |v: T| T::round(format, v);
+    r(x + r(r(alpha) * y))
+}
+
 fn sgd_rank<T: Real>(
     format: StorageFormat,
     p: &mut [u32],
@@ -379,6 +393,8 @@ fn sgd_rank<T: Real>(
     len: usize,
 ) {
     let r = |x: T| T::round(format, x);
+    // `x.add(y, alpha=a)` (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
+    let add = |x: T, alpha: T, y: T| add_scaled(format, x, alpha, y);
     for (j, s) in table.iter().enumerate() {
         if !s.active {
             continue;
@@ -398,20 +414,20 @@ fn sgd_rank<T: Real>(
                 grad = -grad;
             }
             if s.weight_decay != 0.0 {
-                grad = r(grad + wd * param);
+                grad = add(grad, wd, param);
             }
             if s.momentum != 0.0 {
                 if let Some(buf) = buf.as_deref_mut() {
                     let b = if s.first_step {
                         grad
                     } else {
-                        r(r(T::load(format, buf, i) * mom) + damp * grad)
+                        add(r(T::load(format, buf, i) * mom), damp, grad)
                     };
                     T::store(format, buf, i, b);
-                    grad = if s.nesterov { r(grad + mom * b) } else { b };
+                    grad = if s.nesterov { add(grad, mom, b) } else { b };
                 }
             }
-            T::store(format, p, i, r(param + lr * grad));
+            T::store(format, p, i, add(param, lr, grad));
         }
     }
 }
@@ -561,7 +577,7 @@ fn adam_rank_f32(slices: AdamSlices<'_>, starts: &ParamStarts, table: &[AdamScal
             let v_new = *v * beta2 + (one_minus_beta2 * grad) * grad;
             *v = v_new;
             let denom = v_new.sqrt() / bc2 + eps;
-            *p = param + neg_step * (m_new / denom);
+            *p = param + neg_step * m_new / denom;
         }
     }
 }
@@ -604,7 +620,7 @@ fn adam_rank<T: Real>(
             if s.decoupled {
                 param = r(param * decay);
             } else if s.weight_decay != 0.0 {
-                grad = r(grad + wd * param);
+                grad = add_scaled(format, grad, wd, param);
             }
             // exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two-sided lerp formula.
             let m_old = T::load(format, m, i);
@@ -634,8 +650,11 @@ fn adam_rank<T: Real>(
                 }
                 _ => v_new,
             };
-            let denom = r(r(r(second.sqrt()) / bc2) + eps);
-            T::store(format, p, i, r(param + neg_step * (m_new / denom)));
+            // `(sqrt / bc2).add_(eps)`: `eps` becomes a tensor of the parameter's dtype first.
+            let denom = add_scaled(format, r(r(second.sqrt()) / bc2), T::ONE, eps);
+            // `param.addcdiv_(exp_avg, denom, value=-step_size)`: `p + value * m / d`, left to
+            // right, in the compute precision, rounded once.
+            T::store(format, p, i, r(param + neg_step * m_new / denom));
         }
     }
 }

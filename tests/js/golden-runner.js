@@ -286,13 +286,16 @@ async function postLocalSgd(api, c) {
     const h = input.hook;
     hook = new api.PostLocalSGDState(world, h.subgroup_size ?? null, h.start_localSGD_iter ?? 0, h.post_local_gradient_allreduce ?? true);
   }
-  const local = makeOptimizer(api, replicas, input.optimizer);
   const spec = input.averager;
-  const averagerObject =
-    spec.type === 'periodic'
-      ? new api.PeriodicModelAverager(spec.period, spec.warmup_steps, world)
-      : new api.HierarchicalModelAverager(spec.period_group_size_dict, spec.warmup_steps, world);
-  const opt = new api.PostLocalSGDOptimizer(local, averagerObject);
+  const build = () => {
+    const local = makeOptimizer(api, replicas, input.optimizer);
+    const averagerObject =
+      spec.type === 'periodic'
+        ? new api.PeriodicModelAverager(spec.period, spec.warmup_steps, world)
+        : new api.HierarchicalModelAverager(spec.period_group_size_dict, spec.warmup_steps, world);
+    return new api.PostLocalSGDOptimizer(local, averagerObject);
+  };
+  let opt = build();
   const load = input.load_state_dict;
   const averagedAt = [];
   const sizes = [];
@@ -320,6 +323,10 @@ async function postLocalSgd(api, c) {
       for (let r = 0; r < input.world_size; r++) saved.push(await opt.stateDict(r));
       exact = compareJson(api, c, saved[0], expected.saved_state_dict, 'saved_state_dict') && exact;
       if (opt.averagerStep !== expected.averager_step_before_load) fail(`averager step before load ${opt.averagerStep}`);
+      // PyTorch reloads into the same instance; a freshly built one (new local optimizer,
+      // new averager, no state) shows that the load restores everything.
+      opt.free();
+      opt = build();
       saved.forEach((sd, r) => {
         if (load.remove_step_key) delete sd.step;
         opt.loadStateDict(r, sd);

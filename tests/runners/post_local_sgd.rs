@@ -152,10 +152,18 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> O
                     opt.averager().step()
                 ));
             }
+            // PyTorch reloads into the same instance; reloading into a freshly built one
+            // (new local optimizer, new averager, no state) shows that the load restores
+            // everything: a load that did nothing would restart momentum and the averager.
+            let inner = super::optimizers::build(&replicas, &input["optimizer"])
+                .map_err(|e| e.to_string())?;
+            opt = PostLocalSgdOptimizer::new(inner, averager(&input["averager"], world.clone())?);
             for (index, mut sd) in saved.into_iter().enumerate() {
                 if load["remove_step_key"].as_bool() == Some(true) {
                     sd.as_object_mut().ok_or("state dict")?.remove("step");
                 }
+                // Through JSON text, as a saved state dict would travel.
+                let sd: Value = serde_json::from_str(&sd.to_string()).map_err(|e| e.to_string())?;
                 opt.load_state_dict(&mut replicas, index, &sd)
                     .map_err(|e| e.to_string())?;
             }
