@@ -224,19 +224,31 @@ struct Sgd {
     neg_lr: f32,
     wd: f32,
     momentum: f32,
+    momentum_alpha: f32,
     damp: f32,
 }
 
 impl Sgd {
-    fn of(s: &SgdScalars) -> Sgd {
+    /// The constants as the kernel uses them: the scalars of `add(alpha=)` rounded to the
+    /// storage format (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
+    fn of<R: Rounding>(s: &SgdScalars, rnd: R) -> Sgd {
         Sgd {
             flip: if s.maximize { 0x8000_0000 } else { 0 },
-            neg_lr: -s.lr as f32,
-            wd: s.weight_decay as f32,
+            neg_lr: rnd.r(-s.lr as f32),
+            wd: rnd.r(s.weight_decay as f32),
             momentum: s.momentum as f32,
-            damp: s.one_minus_dampening as f32,
+            momentum_alpha: rnd.r(s.momentum as f32),
+            damp: rnd.r(s.one_minus_dampening as f32),
         }
     }
+}
+
+/// PyTorch's `x.add(y, alpha=alpha)` on one element, `alpha` already rounded to the format:
+/// the product and the sum each rounded to the storage format (the reference's
+/// `kernels::add_scaled`; one product and one sum for float32).
+#[inline(always)]
+fn add_scaled<R: Rounding>(rnd: R, x: f32, alpha: f32, y: f32) -> f32 {
+    rnd.r(x + rnd.r(alpha * y))
 }
 
 /// The SGD update of `sgd_rank` in [`super::kernels`], element by element. `MOM`: 0 no
@@ -250,15 +262,16 @@ fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, R: Rounding>(
     b: &mut [f32],
 ) {
     let r = |x| rnd.r(x);
+    let add = |x, alpha, y| add_scaled(rnd, x, alpha, y);
     let n = p.len().min(g.len());
     let (p, g) = (&mut p[..n], &g[..n]);
     if MOM == 0 {
         for (p, &g) in p.iter_mut().zip(g) {
             let mut grad = signed(g, c.flip);
             if WD {
-                grad = r(grad + c.wd * *p);
+                grad = add(grad, c.wd, *p);
             }
-            *p = r(*p + c.neg_lr * grad);
+            *p = add(*p, c.neg_lr, grad);
         }
         return;
     }
@@ -266,26 +279,26 @@ fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, R: Rounding>(
     for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
         let mut grad = signed(g, c.flip);
         if WD {
-            grad = r(grad + c.wd * *p);
+            grad = add(grad, c.wd, *p);
         }
         let buf = if MOM == 1 {
             grad
         } else {
-            r(r(*b * c.momentum) + c.damp * grad)
+            add(r(*b * c.momentum), c.damp, grad)
         };
         *b = buf;
         grad = if NESTEROV {
-            r(grad + c.momentum * buf)
+            add(grad, c.momentum_alpha, buf)
         } else {
             buf
         };
-        *p = r(*p + c.neg_lr * grad);
+        *p = add(*p, c.neg_lr, grad);
     }
 }
 
 #[inline(always)]
 fn sgd_dispatch<R: Rounding>(s: &SgdScalars, rnd: R, p: &mut [f32], g: &[f32], b: &mut [f32]) {
-    let c = Sgd::of(s);
+    let c = Sgd::of(s, rnd);
     let wd = s.weight_decay != 0.0;
     let mom = match (s.momentum != 0.0, s.first_step) {
         (false, _) => 0,
@@ -455,19 +468,21 @@ struct Adam {
 }
 
 impl Adam {
-    fn of(s: &AdamScalars) -> Adam {
+    /// The constants as the kernel uses them (`add(alpha=)`'s scalar and `eps`, which PyTorch
+    /// makes a tensor of the parameter's dtype, rounded to the storage format).
+    fn of<R: Rounding>(s: &AdamScalars, rnd: R) -> Adam {
         let w = s.one_minus_beta1 as f32;
         Adam {
             flip: if s.maximize { 0x8000_0000 } else { 0 },
             w,
             one_minus_w: 1.0 - w,
-            wd: s.weight_decay as f32,
+            wd: rnd.r(s.weight_decay as f32),
             decay: s.decay_factor as f32,
             beta2: s.beta2 as f32,
             one_minus_beta2: s.one_minus_beta2 as f32,
             neg_step: -s.step_size as f32,
             bc2: s.bias_correction2_sqrt as f32,
-            eps: s.eps as f32,
+            eps: rnd.r(s.eps as f32),
         }
     }
 }
@@ -491,7 +506,7 @@ fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, R: Roundi
         if DECAY == 2 {
             param = r(param * c.decay);
         } else if DECAY == 1 {
-            grad = r(grad + c.wd * param);
+            grad = add_scaled(rnd, grad, c.wd, param);
         }
         let m_old = m[i];
         let diff = grad - m_old;
@@ -518,8 +533,10 @@ fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, R: Roundi
         } else {
             v_new
         };
+        // `(sqrt / bc2).add_(eps)`, then `param.addcdiv_(exp_avg, denom, value=-step_size)`
+        // left to right, rounded once.
         let denom = r(r(r(second.sqrt()) / c.bc2) + c.eps);
-        a.p[i] = r(param + c.neg_step * (m_new / denom));
+        a.p[i] = r(param + c.neg_step * m_new / denom);
     }
 }
 
@@ -534,7 +551,7 @@ struct AdamRows<'a> {
 
 #[inline(always)]
 fn adam_dispatch<R: Rounding>(s: &AdamScalars, rnd: R, rows: AdamRows<'_>) {
-    let c = Adam::of(s);
+    let c = Adam::of(s, rnd);
     let decay = if s.decoupled {
         2
     } else if s.weight_decay != 0.0 {
