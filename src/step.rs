@@ -203,6 +203,35 @@ pub async fn sgd_step_with(
             return Ok(out);
         }
     }
+    let on_device: Vec<bool> = parameter_replicas[0]
+        .iter()
+        .map(Tensor::is_on_device)
+        .collect();
+    run_groups(
+        backend,
+        parameter_replicas,
+        gradient_replicas,
+        learning_rate as f32,
+        parameter_replicas.len() as f32,
+        &on_device,
+        replicas,
+    )
+    .await
+}
+
+/// Runs the step's kernel once per storage format over validated lists: the sum of every
+/// rank's gradients divided by `divisor`, applied to rank 0's parameters and written to every
+/// rank. Parameter `j`'s outputs are views into the result arenas when `on_device[j]`, host
+/// tensors otherwise.
+async fn run_groups(
+    backend: &dyn Backend,
+    parameter_replicas: &[Vec<Tensor>],
+    gradient_replicas: &[Vec<Option<Tensor>>],
+    learning_rate: f32,
+    divisor: f32,
+    on_device: &[bool],
+    replicas: ReplicaOutputs,
+) -> Result<StepOutput> {
     let ranks = parameter_replicas.len();
     let count = parameter_replicas[0].len();
     let mut groups: BTreeMap<StorageFormat, Vec<usize>> = BTreeMap::new();
@@ -227,7 +256,11 @@ pub async fn sgd_step_with(
                 backend,
                 parameter_replicas,
                 gradient_replicas,
-                learning_rate as f32,
+                StepScalars {
+                    learning_rate,
+                    divisor,
+                    on_device,
+                },
                 &mut means,
                 &mut updated,
             )
@@ -313,6 +346,15 @@ fn host_step_output(
     }))
 }
 
+/// How the step runs: the learning rate, what the gradient sum is divided by, and per
+/// parameter whether its outputs stay on the device.
+#[derive(Clone, Copy)]
+struct StepScalars<'a> {
+    learning_rate: f32,
+    divisor: f32,
+    on_device: &'a [bool],
+}
+
 /// [`sgd_step`] in a world of ranks: each process passes the parameter and gradient lists of
 /// its local ranks ([`Communicator::local_ranks`]); every process of the world calls it.
 ///
@@ -320,11 +362,13 @@ fn host_step_output(
 /// rank per process, over MPI) the ranks first exchange their lists' shapes, so that every
 /// process reports the same error, naming the rank, for inputs `sgd_step` would reject; then
 /// the float32 images of the gradients (a missing one is zeros) are all-reduced (summed) over
-/// the world, divided by the world size and rounded to each parameter's dtype, and the update
-/// is applied to rank 0's parameter values, broadcast from it (the shared original
-/// parameter). The sum's order is the transport's, as with any all-reduce: bit-exact with
-/// [`sgd_step`] for two ranks, within rounding for more. `updated_replicas` holds the local
-/// ranks' copies; outputs are on the device where rank 0's parameter is.
+/// the world, and the backend's step kernel ([`Backend::dp_sgd_step_with_divisor`]) divides
+/// the sum by the world size, rounds it to each parameter's dtype and applies the update to
+/// rank 0's parameter values, broadcast from it (the shared original parameter), with the
+/// same arithmetic as [`sgd_step`]. The sum's order is the transport's, as with any
+/// all-reduce: bit-exact with [`sgd_step`] for two ranks, within rounding for more.
+/// `updated_replicas` holds the local ranks' copies; a parameter whose local rank-0 copy is on
+/// the device gets outputs resident in the step's arenas, as in [`sgd_step`].
 pub async fn sgd_step_in(
     world: &dyn Communicator,
     backend: &dyn Backend,
@@ -424,53 +468,42 @@ pub async fn sgd_step_in(
         .chunks_exact(8)
         .map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()))
         .collect();
-    let lr = learning_rate as f32;
-    let (mut means, mut updated) = (Vec::new(), Vec::new());
+    // The backend's kernel finishes the step: rank 0's parameters and the world's summed
+    // gradients (one rank of float32 gradients, divided by the world size) in the step's
+    // arenas, the update written to every local rank.
+    let (mut originals_list, mut sum_list) = (Vec::new(), Vec::new());
     let mut at = 0;
     for p in first {
         let n = p.numel();
-        let format = p.dtype().storage();
         if originals.len() < at + n || sums.len() < at + n {
             return Err(Error::runtime(
                 "rank 0 sent fewer parameter values than expected",
             ));
         }
-        // `+ 0.0`: the reference starts its sum from +0, so an all -0 sum is +0.
-        let mean: Vec<f64> = sums[at..at + n]
-            .iter()
-            .map(|&s| format.round_f64(f64::from((s + 0.0) / world_size as f32)))
-            .collect();
-        let update: Vec<f64> = originals[at..at + n]
-            .iter()
-            .zip(&mean)
-            .map(|(&p0, &m)| format.round_f64(f64::from(p0 as f32 - lr * m as f32)))
-            .collect();
-        means.push(Tensor::from_f64(p.dtype(), p.shape(), &mean)?);
-        updated.push(Tensor::from_f64(p.dtype(), p.shape(), &update)?);
+        originals_list.push(Tensor::from_f64(
+            p.dtype(),
+            p.shape(),
+            &originals[at..at + n],
+        )?);
+        sum_list.push(Some(Tensor::from_f32(
+            p.shape(),
+            sums[at..at + n].to_vec(),
+        )?));
         at += n;
     }
-    if first.iter().any(Tensor::is_on_device) {
-        means = place_like(backend, first, means).await?;
-        updated = place_like(backend, first, updated).await?;
-    }
-    Ok(StepOutput {
-        mean_gradients: means,
-        updated_replicas: vec![updated; local.len()],
-    })
-}
-
-/// Moves the outputs of device-resident parameters to the device (independent arenas).
-async fn place_like(
-    backend: &dyn Backend,
-    like: &[Tensor],
-    tensors: Vec<Tensor>,
-) -> Result<Vec<Tensor>> {
-    let on_device = to_device(backend, &tensors).await?;
-    Ok(like
-        .iter()
-        .zip(tensors.into_iter().zip(on_device))
-        .map(|(p, (host, device))| if p.is_on_device() { device } else { host })
-        .collect())
+    let mut gradient_lists = vec![vec![None; first.len()]; local.len()];
+    gradient_lists[0] = sum_list;
+    let on_device: Vec<bool> = first.iter().map(Tensor::is_on_device).collect();
+    run_groups(
+        backend,
+        &vec![originals_list; local.len()],
+        &gradient_lists,
+        learning_rate as f32,
+        world_size as f32,
+        &on_device,
+        ReplicaOutputs::Shared,
+    )
+    .await
 }
 
 /// Blocking [`sgd_step_in`] for native callers.
@@ -615,7 +648,7 @@ impl<'a> StepGroup<'a> {
         backend: &dyn Backend,
         parameter_replicas: &[Vec<Tensor>],
         gradient_replicas: &[Vec<Option<Tensor>>],
-        learning_rate: f32,
+        scalars: StepScalars<'_>,
         means_out: &mut [Option<Tensor>],
         updated_out: &mut [Vec<Option<Tensor>>],
     ) -> Result<()> {
@@ -638,10 +671,17 @@ impl<'a> StepGroup<'a> {
                 .collect();
             self.fill(backend, &mut grads, rank, &tensors).await?;
         }
-        backend.dp_sgd_step(&mut params, &grads, &mut means, learning_rate)?;
+        backend.dp_sgd_step_with_divisor(
+            &mut params,
+            &grads,
+            &mut means,
+            scalars.learning_rate,
+            scalars.divisor,
+        )?;
         drop(grads);
 
-        let any_host = originals.iter().flatten().any(|t| !t.is_on_device());
+        let on_device = scalars.on_device;
+        let any_host = self.members.iter().any(|&j| !on_device[j]);
         // Every rank holds the same values: reading rank 0 (and the means) is enough.
         let (param_words, mean_words) = if any_host {
             (
@@ -660,7 +700,7 @@ impl<'a> StepGroup<'a> {
                 self.offsets[k],
                 original.numel(),
             );
-            match (&param_words, &mean_words, original.is_on_device()) {
+            match (&param_words, &mean_words, on_device[j]) {
                 (Some(pw), Some(mw), false) => {
                     let word = self.format.word_of(offset);
                     let mean = HostData::decode(dtype, self.format, &mw[word..], numel);

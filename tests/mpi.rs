@@ -7,7 +7,9 @@
 //!   hierarchical_averager, post_local_sgd, zero_trajectory) at its own world size W (2, 3, 4
 //!   and 8), and the dp_sgd_step cases with one rank per replica (`sgd_step_in`), one rank per
 //!   process, each rank checking its own results against the case, on the CPU backend and on
-//!   the GPU backend;
+//!   the GPU backend (the step's arithmetic seen running in that backend's kernel, on its own
+//!   arenas); a part that cannot run with one rank per process (a ZeRO reload into another
+//!   world size) is counted and printed as skipped, never as passed;
 //! - the command line: `mpirun -np 4 distopt train` reports what the simulated run of the
 //!   same flags reports (losses, divergence, all-reduce bytes), `--ranks` contradicting the
 //!   world fails on every rank, and `mpirun -np 2 distopt bench comm` measures;
@@ -24,16 +26,21 @@ mod runners;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Case, load_cases};
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
+use distopt::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+use distopt::backend::{BoxFuture, CopyRegion};
 use distopt::comm::Communicator;
 use distopt::comm::mpi::{MpiWorld, install_panic_hook};
 use distopt::json::step_request_from_json;
 use distopt::replicas::Replicas;
-use distopt::{Backend, CpuBackend, Tensor, sgd_step_in_blocking};
+use distopt::{
+    Arena, Backend, BackendInfo, BackendKind, CpuBackend, StorageFormat, Tensor,
+    sgd_step_in_blocking,
+};
 
 const WORKER: &str = "DISTOPT_MPI_WORKER";
 const BACKEND: &str = "DISTOPT_MPI_BACKEND";
@@ -92,9 +99,12 @@ fn backend() -> Result<Arc<dyn Backend>, String> {
 }
 
 /// Replays every case of this world's size; a failing case ends the job (the other ranks
-/// would otherwise wait in the next collective).
+/// would otherwise wait in the next collective). A case a part of which cannot run with one
+/// rank per process (a ZeRO reload into another world size) is counted as skipped in part,
+/// never as passed.
 fn golden_worker(world: &Arc<MpiWorld>) -> Result<(), String> {
     let backend = backend()?;
+    let recording = Recording::new(backend.clone());
     let size = world.world_size();
     let comm: Arc<dyn Communicator> = world.clone();
     let factory = move |w: usize| -> Result<Arc<dyn Communicator>, String> {
@@ -106,35 +116,54 @@ fn golden_worker(world: &Arc<MpiWorld>) -> Result<(), String> {
     };
     let mut passed = 0;
     let mut exact = 0;
+    let mut skipped = Vec::new();
+    runners::take_skipped_parts();
     for case in cases_of_size(size) {
         let outcome = match case.kind.as_str() {
             "periodic_averager" | "hierarchical_averager" => {
                 runners::averagers::run(&backend, &case, &factory)
             }
             "post_local_sgd" => runners::post_local_sgd::run(&backend, &case, &factory),
-            "dp_sgd_step" => dp_sgd_step(world, backend.as_ref(), &case),
+            "dp_sgd_step" => dp_sgd_step(world, &recording, &case),
             _ => runners::zero::run_with_world(&backend, &case, &factory),
         };
+        let parts = runners::take_skipped_parts();
         match outcome {
-            Ok(bit_exact) => {
+            Ok(bit_exact) if parts.is_empty() => {
                 passed += 1;
                 exact += usize::from(bit_exact);
             }
+            Ok(_) => skipped.push(format!("{}: {}", case.name, parts.join("; "))),
             Err(message) => return Err(format!("{} {}: {message}", case.kind, case.name)),
         }
     }
     println!(
-        "rank {} of {size}: {passed} passed ({exact} bit-exact)",
-        world.rank()
+        "rank {} of {size}: {passed} passed ({exact} bit-exact), {} skipped in part [{}]; {} dp_sgd_step cases ran on the {} backend's kernel",
+        world.rank(),
+        skipped.len(),
+        skipped.join(" | "),
+        recording.verified_cases(),
+        kind_label(backend.as_ref()),
     );
     Ok(())
 }
 
+/// "gpu" or "cpu".
+fn kind_label(backend: &dyn Backend) -> &'static str {
+    match backend.info().kind {
+        BackendKind::Gpu => "gpu",
+        BackendKind::Cpu => "cpu",
+    }
+}
+
 /// A `dp_sgd_step` case with one process per replica: each passes its own rank's lists to
-/// `sgd_step_in` and checks the mean gradients and its updated replica.
-fn dp_sgd_step(world: &Arc<MpiWorld>, backend: &dyn Backend, case: &Case) -> runners::Outcome {
+/// `sgd_step_in` and checks the mean gradients and its updated replica, and that the step's
+/// arithmetic ran in the backend's kernel, on the backend's own arenas (on the GPU for the
+/// GPU backend), not on the host.
+fn dp_sgd_step(world: &Arc<MpiWorld>, backend: &Recording, case: &Case) -> runners::Outcome {
     let rank = world.rank();
     let expected = case.expected();
+    backend.take_runs();
     // Every process parses the whole request, so a malformed one fails everywhere alike.
     let result = step_request_from_json(case.input()).and_then(|request| {
         sgd_step_in_blocking(
@@ -164,7 +193,147 @@ fn dp_sgd_step(world: &Arc<MpiWorld>, backend: &dyn Backend, case: &Case) -> run
         &expected["updated_replicas"][rank],
         &format!("updated_replicas[{rank}]"),
     )?;
+    let runs = backend.take_runs();
+    let on_gpu = backend.info().kind == BackendKind::Gpu;
+    if runs.is_empty() {
+        return Err("sgd_step_in did not run the backend's dp_sgd_step kernel".into());
+    }
+    if let Some(run) = runs
+        .iter()
+        .find(|r| r.on_device != on_gpu || r.divisor != world.world_size() as f32)
+    {
+        return Err(format!(
+            "the step kernel ran on {} arenas with divisor {}, expected {} arenas and divisor {}",
+            if run.on_device { "device" } else { "host" },
+            run.divisor,
+            if on_gpu { "device" } else { "host" },
+            world.world_size()
+        ));
+    }
+    backend.verified();
     Ok(exact)
+}
+
+/// One call of the data-parallel step kernel.
+#[derive(Debug, Clone, Copy)]
+struct StepRun {
+    /// All three arenas were on a GPU device.
+    on_device: bool,
+    divisor: f32,
+}
+
+/// Forwards every call to `inner` and records each data-parallel step kernel it ran, with
+/// where its arenas lived: the evidence that the step's arithmetic ran in the backend.
+#[derive(Debug)]
+struct Recording {
+    inner: Arc<dyn Backend>,
+    runs: Mutex<Vec<StepRun>>,
+    verified: Mutex<usize>,
+}
+
+impl Recording {
+    fn new(inner: Arc<dyn Backend>) -> Recording {
+        Recording {
+            inner,
+            runs: Mutex::new(Vec::new()),
+            verified: Mutex::new(0),
+        }
+    }
+    fn take_runs(&self) -> Vec<StepRun> {
+        std::mem::take(&mut *self.runs.lock().unwrap())
+    }
+    /// Counts a case whose step was seen running in the backend's kernel.
+    fn verified(&self) {
+        *self.verified.lock().unwrap() += 1;
+    }
+    fn verified_cases(&self) -> usize {
+        *self.verified.lock().unwrap()
+    }
+}
+
+impl Backend for Recording {
+    fn info(&self) -> &BackendInfo {
+        self.inner.info()
+    }
+    fn chunk_len(&self, rank_len: usize, ranks: usize) -> usize {
+        self.inner.chunk_len(rank_len, ranks)
+    }
+    fn create_arena(
+        &self,
+        format: StorageFormat,
+        ranks: usize,
+        rank_len: usize,
+        chunk_len: usize,
+    ) -> distopt::Result<Arena> {
+        self.inner.create_arena(format, ranks, rank_len, chunk_len)
+    }
+    fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> distopt::Result<()> {
+        self.inner.copy_arena(src, dst)
+    }
+    fn dp_sgd_step_with_divisor(
+        &self,
+        params: &mut Arena,
+        grads: &Arena,
+        means: &mut Arena,
+        learning_rate: f32,
+        divisor: f32,
+    ) -> distopt::Result<()> {
+        self.runs.lock().unwrap().push(StepRun {
+            on_device: params.is_on_device() && grads.is_on_device() && means.is_on_device(),
+            divisor,
+        });
+        self.inner
+            .dp_sgd_step_with_divisor(params, grads, means, learning_rate, divisor)
+    }
+    fn sgd(
+        &self,
+        params: &mut Arena,
+        grads: &Arena,
+        momentum: Option<&mut Arena>,
+        starts: &ParamStarts,
+        scalars: &[SgdScalars],
+    ) -> distopt::Result<()> {
+        self.inner.sgd(params, grads, momentum, starts, scalars)
+    }
+    fn adam(
+        &self,
+        arenas: AdamArenas<'_>,
+        starts: &ParamStarts,
+        scalars: &[AdamScalars],
+    ) -> distopt::Result<()> {
+        self.inner.adam(arenas, starts, scalars)
+    }
+    fn average(
+        &self,
+        arena: &mut Arena,
+        group_size: usize,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> distopt::Result<()> {
+        self.inner.average(arena, group_size, arith, starts, active)
+    }
+    fn copy_regions(
+        &self,
+        src: &Arena,
+        dst: &mut Arena,
+        regions: &[CopyRegion],
+    ) -> distopt::Result<()> {
+        self.inner.copy_regions(src, dst, regions)
+    }
+    fn copy_between_ranks(
+        &self,
+        arena: &mut Arena,
+        from: usize,
+        to: usize,
+        offset: usize,
+        len: usize,
+    ) -> distopt::Result<()> {
+        self.inner.copy_between_ranks(arena, from, to, offset, len)
+    }
+    fn synchronize(&self) -> BoxFuture<'_, distopt::Result<()>> {
+        self.inner.synchronize()
+    }
 }
 
 /// The world size a case runs at: its `world_size`, or a `dp_sgd_step` case's replica count
@@ -579,15 +748,33 @@ fn same_training(a: &serde_json::Value, b: &serde_json::Value) -> Result<String,
     ))
 }
 
+/// What the ranks of one world size must report.
+#[derive(Default)]
+struct Expected {
+    cases: usize,
+    skipped_in_part: usize,
+    kernel_cases: usize,
+}
+
 fn launcher() -> ExitCode {
     let mut failures = Vec::new();
-    let mut sizes: BTreeMap<usize, usize> = BTreeMap::new();
+    // Per world size: the cases, those with a part one rank per process cannot run (a ZeRO
+    // reload into another world size), and the dp_sgd_step cases that must run the kernel.
+    let mut sizes: BTreeMap<usize, Expected> = BTreeMap::new();
     for case in load_cases()
         .into_iter()
         .filter(|c| KINDS.contains(&c.kind.as_str()))
     {
         if let Some(w) = case_world_size(&case) {
-            *sizes.entry(w).or_default() += 1;
+            let e = sizes.entry(w).or_default();
+            e.cases += 1;
+            let reload = &case.input()["reload"]["world_size"];
+            if case.kind == "zero_trajectory" && reload.as_u64().is_some_and(|r| r as usize != w) {
+                e.skipped_in_part += 1;
+            }
+            if case.kind == "dp_sgd_step" && case.expected().get("error").is_none() {
+                e.kernel_cases += 1;
+            }
         }
     }
     for required in [2, 4, 8] {
@@ -596,7 +783,9 @@ fn launcher() -> ExitCode {
         }
     }
     let gpu_available = common::gpu_backend().is_some();
-    for (&size, &count) in &sizes {
+    for (&size, expected) in &sizes {
+        let passed = expected.cases - expected.skipped_in_part;
+        let (skipped, kernel) = (expected.skipped_in_part, expected.kernel_cases);
         for backend in ["cpu", "gpu"] {
             if backend == "gpu" && !gpu_available {
                 println!("W = {size} gpu: skipped (no adapter; DISTOPT_ALLOW_NO_GPU is set)");
@@ -608,11 +797,17 @@ fn launcher() -> ExitCode {
                     let reports: Vec<&str> = job
                         .output
                         .lines()
-                        .filter(|l| l.contains(&format!("of {size}: {count} passed")))
+                        .filter(|l| {
+                            l.contains(&format!("of {size}: {passed} passed ("))
+                                && l.contains(&format!(", {skipped} skipped in part ["))
+                                && l.contains(&format!(
+                                    "; {kernel} dp_sgd_step cases ran on the {backend} backend's kernel"
+                                ))
+                        })
                         .collect();
                     if job.timed_out || job.status != Some(0) || reports.len() != size {
                         failures.push(format!(
-                            "golden W = {size} {backend}: exit {:?}{}, {} of {size} ranks reported {count} passed:\n{}",
+                            "golden W = {size} {backend}: exit {:?}{}, {} of {size} ranks reported {passed} passed, {skipped} skipped in part, {kernel} dp_sgd_step cases on the {backend} kernel:\n{}",
                             job.status,
                             if job.timed_out { " (timed out)" } else { "" },
                             reports.len(),
@@ -620,7 +815,7 @@ fn launcher() -> ExitCode {
                         ));
                     } else {
                         println!(
-                            "golden W = {size} {backend}: {count} cases passed on each of {size} ranks ({:.1} s) — {}",
+                            "golden W = {size} {backend}: {passed} cases passed and {skipped} skipped in part on each of {size} ranks ({:.1} s) — {}",
                             job.elapsed.as_secs_f64(),
                             reports[0]
                         );

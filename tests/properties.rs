@@ -857,3 +857,106 @@ fn resident_steps_chain_like_host_steps() {
         }
     }
 }
+
+/// The step of a world whose gradients were summed elsewhere (`sgd_step_in` with one rank
+/// per process): one rank holding the float32 sum of R ranks' gradients (in rank order, from
+/// +0), divided by R with `dp_sgd_step_with_divisor`, gives the R-rank step's means and
+/// parameters bit for bit (NaN payloads aside), on every backend, chunked GPU arenas included;
+/// a divisor that is not positive and finite is a ValueError.
+#[test]
+fn summed_gradients_divided_by_the_world_size_give_the_world_step() {
+    use distopt::StorageFormat;
+    let mut backends: Vec<(&str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
+    backends.extend(gpu().map(|g| ("gpu", g)));
+    backends.extend(gpu_tiny().map(|g| ("gpu (4 KiB bindings)", g)));
+    let read = |arena: &distopt::Arena, format: StorageFormat, len: usize| -> Vec<f64> {
+        let words = pollster::block_on(arena.read_range(0, 0, len)).unwrap();
+        (0..len).map(|i| format.load_f64(&words, i)).collect()
+    };
+    let same = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+    };
+    let mut rng = Rng::new(0x5eed_0021);
+    for (name, backend) in &backends {
+        for format in [StorageFormat::F32, StorageFormat::F16, StorageFormat::BF16] {
+            for ranks in [1, 2, 3, 5] {
+                let len = 1024;
+                let style = random_style(&mut rng);
+                let mut p0 = vec![0u32; format.words_for(len)];
+                for i in 0..len {
+                    format.store_f64(&mut p0, i, random_value(&mut rng, format.dtype(), style));
+                }
+                let grads: Vec<Vec<f32>> = (0..ranks)
+                    .map(|_| {
+                        (0..len)
+                            .map(|_| random_value(&mut rng, DType::Float32, style) as f32)
+                            .collect()
+                    })
+                    .collect();
+                let sums: Vec<f32> = (0..len)
+                    .map(|i| grads.iter().fold(0f32, |acc, g| acc + g[i]))
+                    .collect();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                let lr = 0.375;
+                // The world: R ranks of gradients.
+                let chunk = backend.chunk_len(len, ranks);
+                let mut params = backend.create_arena(format, ranks, len, chunk).unwrap();
+                let mut grad_arena = backend
+                    .create_arena(StorageFormat::F32, ranks, len, chunk)
+                    .unwrap();
+                let mut means = backend.create_arena(format, 1, len, chunk).unwrap();
+                params.write(0, 0, &p0).unwrap();
+                for (r, g) in grads.iter().enumerate() {
+                    grad_arena.write(r, 0, &bits(g)).unwrap();
+                }
+                backend
+                    .dp_sgd_step(&mut params, &grad_arena, &mut means, lr)
+                    .unwrap();
+                // One rank holding the sum, divided by R.
+                let chunk1 = backend.chunk_len(len, 1);
+                let mut params1 = backend.create_arena(format, 1, len, chunk1).unwrap();
+                let mut sum_arena = backend
+                    .create_arena(StorageFormat::F32, 1, len, chunk1)
+                    .unwrap();
+                let mut means1 = backend.create_arena(format, 1, len, chunk1).unwrap();
+                params1.write(0, 0, &p0).unwrap();
+                sum_arena.write(0, 0, &bits(&sums)).unwrap();
+                backend
+                    .dp_sgd_step_with_divisor(
+                        &mut params1,
+                        &sum_arena,
+                        &mut means1,
+                        lr,
+                        ranks as f32,
+                    )
+                    .unwrap();
+                let label = format!("{name} {format:?} R = {ranks}");
+                assert!(
+                    same(&read(&means, format, len), &read(&means1, format, len)),
+                    "{label}: means differ"
+                );
+                assert!(
+                    same(&read(&params, format, len), &read(&params1, format, len)),
+                    "{label}: parameters differ"
+                );
+            }
+        }
+        let f = StorageFormat::F32;
+        let mut p = backend.create_arena(f, 1, 64, 64).unwrap();
+        let g = backend.create_arena(f, 1, 64, 64).unwrap();
+        let mut m = backend.create_arena(f, 1, 64, 64).unwrap();
+        for divisor in [0.0, -2.0, f32::NAN, f32::INFINITY] {
+            let err = backend
+                .dp_sgd_step_with_divisor(&mut p, &g, &mut m, 0.1, divisor)
+                .unwrap_err();
+            assert_eq!(err.kind(), distopt::ErrorKind::ValueError, "{name}: {err}");
+            assert!(
+                err.message()
+                    .contains("divisor must be positive and finite"),
+                "{name}: {err}"
+            );
+        }
+    }
+}

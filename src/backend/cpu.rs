@@ -705,14 +705,15 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn dp_sgd_step(
+    fn dp_sgd_step_with_divisor(
         &self,
         params: &mut Arena,
         grads: &Arena,
         means: &mut Arena,
         learning_rate: f32,
+        divisor: f32,
     ) -> Result<()> {
-        check_step_arenas(params, grads, means)?;
+        check_step_arenas(params, grads, means, divisor)?;
         let (param_format, grad_format) = (params.format(), grads.format());
         let elements = params.rank_len();
         let ranks = params.ranks();
@@ -733,7 +734,7 @@ impl Backend for CpuBackend {
             grad_format,
             param: Fast::of(param_format),
             grad: Fast::of(grad_format),
-            divisor: ranks as f32,
+            divisor,
             learning_rate,
             streaming: bytes >= STREAMING_THRESHOLD_BYTES,
         };
@@ -805,7 +806,17 @@ pub(crate) fn check_same_format(src: &Arena, dst: &Arena) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn check_step_arenas(params: &Arena, grads: &Arena, means: &Arena) -> Result<()> {
+pub(crate) fn check_step_arenas(
+    params: &Arena,
+    grads: &Arena,
+    means: &Arena,
+    divisor: f32,
+) -> Result<()> {
+    if !(divisor > 0.0 && divisor.is_finite()) {
+        return Err(Error::value(format!(
+            "dp_sgd_step divisor must be positive and finite, got {divisor}"
+        )));
+    }
     if params.ranks() != grads.ranks()
         || means.ranks() != 1
         || params.rank_len() != grads.rank_len()

@@ -165,6 +165,11 @@ impl Arena {
         self.chunk_len
     }
 
+    /// Whether the arena lives on a GPU device (`false`: in host memory).
+    pub fn is_on_device(&self) -> bool {
+        matches!(self.storage, ArenaStorage::Gpu(_))
+    }
+
     /// Bytes the arena occupies.
     pub fn bytes(&self) -> usize {
         self.ranks * self.rank_len * self.format.element_bytes()
@@ -287,6 +292,24 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         grads: &Arena,
         means: &mut Arena,
         learning_rate: f32,
+    ) -> Result<()> {
+        let divisor = params.ranks() as f32;
+        self.dp_sgd_step_with_divisor(params, grads, means, learning_rate, divisor)
+    }
+
+    /// [`Backend::dp_sgd_step`] dividing the float32 sum by `divisor` instead of the rank
+    /// count: `means[i] = round((0 + Σ_r grads[r][i]) / divisor)` (a true float32 division),
+    /// `params[r][i] = round(params[0][i] - lr·means[i])`. One rank of gradients holding a
+    /// world's summed gradients, divided by the world size, is the step of a world whose
+    /// gradients were summed elsewhere (one rank per process). `divisor` must be positive
+    /// and finite (a `ValueError` otherwise).
+    fn dp_sgd_step_with_divisor(
+        &self,
+        params: &mut Arena,
+        grads: &Arena,
+        means: &mut Arena,
+        learning_rate: f32,
+        divisor: f32,
     ) -> Result<()>;
 
     /// `torch.optim.SGD`'s step over every rank and parameter of an arena (one dispatch per

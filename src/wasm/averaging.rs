@@ -7,7 +7,7 @@ use js_sys::Array;
 use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
 
-use super::convert::{count, index_list, integer};
+use super::convert::{count_arg, index_list, integer, optional_integer_arg};
 use super::handles::Registry;
 use super::post_local_sgd::PostLocalCore;
 use super::replicas::{borrow_mut, replicas_of};
@@ -122,8 +122,8 @@ impl AveragerCore {
         Ok(used.map_or(JsValue::NULL, |g| JsValue::from_f64(g as f64)))
     }
 
-    fn set_step(&self, step: f64) -> Result<()> {
-        let step = count(step, "step")? as u64;
+    fn set_step(&self, step: &JsValue) -> Result<()> {
+        let step = count_arg(step, "step")? as u64;
         self.write(|a| {
             a.set_step(step);
             Ok(())
@@ -147,15 +147,15 @@ impl PeriodicModelAveragerJs {
     /// first); a period of 1 warns as PyTorch does.
     #[wasm_bindgen(constructor)]
     pub fn new(
-        period: Option<f64>,
-        warmup_steps: Option<f64>,
+        period: JsValue,
+        warmup_steps: JsValue,
         world: JsValue,
-        group_size: Option<f64>,
+        group_size: JsValue,
     ) -> JsResult<PeriodicModelAveragerJs> {
         let world = js(world_of(&world))?;
-        let period = js(integer(period.unwrap_or(1.0), "period"))?;
-        let warmup = js(integer(warmup_steps.unwrap_or(0.0), "warmupSteps"))?;
-        let group = js(subgroups(&world, group_size))?;
+        let period = js(optional_integer_arg(&period, "period"))?.unwrap_or(1);
+        let warmup = js(optional_integer_arg(&warmup_steps, "warmupSteps"))?.unwrap_or(0);
+        let group = js(subgroups(&world, &group_size))?;
         let averager = js(PeriodicModelAverager::with_group(
             period,
             warmup,
@@ -195,8 +195,8 @@ impl PeriodicModelAveragerJs {
 
     /// Sets the step counter.
     #[wasm_bindgen(setter)]
-    pub fn set_step(&self, step: f64) -> JsResult<()> {
-        js(self.core.set_step(step))
+    pub fn set_step(&self, step: JsValue) -> JsResult<()> {
+        js(self.core.set_step(&step))
     }
 
     /// `average_parameters(params)`: averages, if the schedule says so, the parameters listed
@@ -258,12 +258,12 @@ impl HierarchicalModelAveragerJs {
     #[wasm_bindgen(constructor)]
     pub fn new(
         period_group_size_dict: JsValue,
-        warmup_steps: Option<f64>,
+        warmup_steps: JsValue,
         world: JsValue,
     ) -> JsResult<HierarchicalModelAveragerJs> {
         let world = js(world_of(&world))?;
         let dict = js(period_group_sizes(&period_group_size_dict))?;
-        let warmup = js(integer(warmup_steps.unwrap_or(0.0), "warmupSteps"))?;
+        let warmup = js(optional_integer_arg(&warmup_steps, "warmupSteps"))?.unwrap_or(0);
         let averager = js(HierarchicalModelAverager::new(
             &dict,
             warmup,
@@ -288,8 +288,8 @@ impl HierarchicalModelAveragerJs {
 
     /// Sets the step counter.
     #[wasm_bindgen(setter)]
-    pub fn set_step(&self, step: f64) -> JsResult<()> {
-        js(self.core.set_step(step))
+    pub fn set_step(&self, step: JsValue) -> JsResult<()> {
+        js(self.core.set_step(&step))
     }
 
     /// As `PeriodicModelAverager.averageParameters`: returns the group size used, or `null`.

@@ -9,7 +9,7 @@ use js_sys::Promise;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use super::convert::count;
+use super::convert::count_arg;
 use super::{busy, current_backend, js};
 use crate::backend::{Arena, Backend, layout_params};
 use crate::dtype::DType;
@@ -105,11 +105,13 @@ impl StepBench {
 impl StepBench {
     /// Fills the arenas (parameters from seed 0, rank r's gradients from seed r + 1) on the
     /// current backend and waits until they are on the device. `dtype` defaults to float32.
-    pub fn create(ranks: f64, elements: f64, dtype: JsValue) -> Promise {
+    pub fn create(ranks: JsValue, elements: JsValue, dtype: JsValue) -> Promise {
+        let ranks = count_arg(&ranks, "ranks");
+        let elements = count_arg(&elements, "elements");
         let dtype = super::convert::optional_string(&dtype, "dtype");
         future_to_promise(async move {
-            let ranks = js(count(ranks, "ranks"))?;
-            let elements = js(count(elements, "elements"))?;
+            let ranks = js(ranks)?;
+            let elements = js(elements)?;
             let dtype = js(dtype)?;
             let dtype = js(DType::parse(dtype.as_deref().unwrap_or("float32")))?;
             let bench = js(StepBench::build(ranks, elements, dtype))?;

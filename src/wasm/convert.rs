@@ -67,6 +67,8 @@ fn describe(value: &JsValue) -> String {
         "a function".into()
     } else if value.is_bigint() {
         "a bigint".into()
+    } else if value.is_symbol() {
+        "a symbol".into()
     } else {
         "an object".into()
     }
@@ -110,6 +112,46 @@ pub(crate) fn integer(value: f64, what: &str) -> Result<i64> {
         )));
     }
     Ok(value as i64)
+}
+
+/// A JS number, without JS's coercion (which turns `null`, `[]` and `[[]]` into 0 and throws
+/// its own `TypeError` for a Symbol or a BigInt): anything else is a `TypeError` naming
+/// `what` and what it got.
+fn number_arg(value: &JsValue, what: &str) -> Result<f64> {
+    value.as_f64().ok_or_else(|| {
+        type_error(format!(
+            "{what} must be an integer, got {}",
+            describe(value)
+        ))
+    })
+}
+
+/// An integer argument given as a JS value (any sign), as Python's `int`.
+pub(crate) fn integer_arg(value: &JsValue, what: &str) -> Result<i64> {
+    integer(number_arg(value, what)?, what)
+}
+
+/// An optional integer argument: `undefined` and `null` are `None`.
+pub(crate) fn optional_integer_arg(value: &JsValue, what: &str) -> Result<Option<i64>> {
+    if value.is_undefined() || value.is_null() {
+        return Ok(None);
+    }
+    integer_arg(value, what).map(Some)
+}
+
+/// A non-negative integer argument given as a JS value (a count, a rank, an index).
+pub(crate) fn count_arg(value: &JsValue, what: &str) -> Result<usize> {
+    count(number_arg(value, what)?, what)
+}
+
+/// A rank argument given as a JS value, checked against the number of ranks.
+pub(crate) fn rank_arg(value: &JsValue, ranks: usize) -> Result<usize> {
+    rank_index(number_arg(value, "rank")?, ranks)
+}
+
+/// A parameter index given as a JS value, checked against the number of parameters.
+pub(crate) fn param_arg(value: &JsValue, params: usize) -> Result<usize> {
+    param_index(number_arg(value, "parameter index")?, params)
 }
 
 /// A non-negative integer argument (a count, a rank, an index).

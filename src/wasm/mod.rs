@@ -247,6 +247,7 @@ pub fn make_tensor(dtype: JsValue, shape: JsValue, values: JsValue) -> JsResult<
     if shape.is_undefined() || shape.is_null() {
         return Err(js_error(Error::type_error("tensor() needs a shape")));
     }
+    js(convert::array(&shape, "shape"))?;
     let obj = Object::new();
     convert::set(&obj, "dtype", dtype.as_str());
     convert::set(&obj, "shape", shape);

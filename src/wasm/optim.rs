@@ -9,7 +9,7 @@ use serde_json::Value;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use super::convert::{json_from_js, json_to_js, rank_index};
+use super::convert::{json_from_js, json_to_js, rank_arg};
 use super::handles::Registry;
 use super::post_local_sgd::PostLocalCore;
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
@@ -105,6 +105,10 @@ impl OptimizerCore {
         let optim = {
             let replicas = borrow(&shared)?;
             let groups = param_groups(groups, replicas.len())?;
+            if groups.is_empty() {
+                // PyTorch: `SGD([])`.
+                return Err(Error::value("optimizer got an empty parameter list"));
+            }
             optim::create(name, &replicas, groups, &options(options_value)?)?
         };
         let core = Rc::new(OptimizerCore {
@@ -198,17 +202,17 @@ impl OptimizerCore {
         self.write(|o| o.add_param_group(params, &options))
     }
 
-    fn load_state_dict(&self, rank: f64, state_dict: &JsValue) -> Result<()> {
+    fn load_state_dict(&self, rank: &JsValue, state_dict: &JsValue) -> Result<()> {
         let state_dict = json_from_js(state_dict, "stateDict")?;
         self.write(|o| {
             let mut replicas = borrow_mut(&self.replicas)?;
-            let rank = rank_index(rank, replicas.ranks())?;
+            let rank = rank_arg(rank, replicas.ranks())?;
             o.load_state_dict(&mut replicas, rank, &state_dict)
         })
     }
 
-    fn state_dict(self: &Rc<Self>, rank: f64) -> Result<Promise> {
-        let rank = rank_index(rank, borrow(&self.replicas)?.ranks())?;
+    fn state_dict(self: &Rc<Self>, rank: &JsValue) -> Result<Promise> {
+        let rank = rank_arg(rank, borrow(&self.replicas)?.ranks())?;
         let core = self.clone();
         Ok(future_to_promise(async move {
             js(core
@@ -305,14 +309,14 @@ macro_rules! optimizer_class {
             /// Rank `rank`'s `state_dict()`: a promise of `{state, param_groups}` in
             /// PyTorch's layout, its tensors with typed-array data.
             #[wasm_bindgen(js_name = stateDict)]
-            pub fn state_dict(&self, rank: f64) -> JsResult<Promise> {
-                js(self.core.state_dict(rank))
+            pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
+                js(self.core.state_dict(&rank))
             }
 
             /// `load_state_dict(stateDict)` on rank `rank`.
             #[wasm_bindgen(js_name = loadStateDict)]
-            pub fn load_state_dict(&self, rank: f64, state_dict: JsValue) -> JsResult<()> {
-                js(self.core.load_state_dict(rank, &state_dict))
+            pub fn load_state_dict(&self, rank: JsValue, state_dict: JsValue) -> JsResult<()> {
+                js(self.core.load_state_dict(&rank, &state_dict))
             }
         }
     };

@@ -8,7 +8,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use super::averaging::{AveragerSlot, averager_of};
-use super::convert::{count, integer, json_from_js, json_to_js, rank_index};
+use super::convert::{count_arg, json_from_js, json_to_js, optional_integer_arg, rank_arg};
 use super::optim::{OptimSlot, optimizer_of};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
 use super::world::{communicator, world_of};
@@ -99,8 +99,8 @@ impl PostLocalSgdOptimizerJs {
     /// Rank `rank`'s `state_dict()`: the local optimizer's, plus `step`, the averager's
     /// counter (a promise).
     #[wasm_bindgen(js_name = stateDict)]
-    pub fn state_dict(&self, rank: f64) -> JsResult<Promise> {
-        let rank = js(rank_index(rank, js(borrow(&self.core.replicas))?.ranks()))?;
+    pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
+        let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
         let core = self.core.clone();
         Ok(future_to_promise(async move {
             js(state_dict_json(&core, rank)
@@ -112,11 +112,11 @@ impl PostLocalSgdOptimizerJs {
     /// `load_state_dict(stateDict)` on rank `rank`: the optimizer's state and the averager's
     /// counter (a missing `step` warns and sets it to 0, as PyTorch does).
     #[wasm_bindgen(js_name = loadStateDict)]
-    pub fn load_state_dict(&self, rank: f64, state_dict: JsValue) -> JsResult<()> {
+    pub fn load_state_dict(&self, rank: JsValue, state_dict: JsValue) -> JsResult<()> {
         let state_dict = js(json_from_js(&state_dict, "stateDict"))?;
         let mut opt = js(self.opt_mut())?;
         let mut replicas = js(borrow_mut(&self.core.replicas))?;
-        let rank = js(rank_index(rank, replicas.ranks()))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
         js(opt.load_state_dict(&mut replicas, rank, &state_dict))
     }
 }
@@ -148,15 +148,13 @@ impl PostLocalSgdStateJs {
     #[wasm_bindgen(constructor)]
     pub fn new(
         world: JsValue,
-        subgroup_size: Option<f64>,
-        start_local_sgd_iter: f64,
+        subgroup_size: JsValue,
+        start_local_sgd_iter: JsValue,
         post_local_gradient_allreduce: Option<bool>,
     ) -> JsResult<PostLocalSgdStateJs> {
         let world = js(world_of(&world))?;
-        let subgroup = js(subgroup_size
-            .map(|s| integer(s, "subgroupSize"))
-            .transpose())?;
-        let start = js(count(start_local_sgd_iter, "startLocalSGDIter"))? as u64;
+        let subgroup = js(optional_integer_arg(&subgroup_size, "subgroupSize"))?;
+        let start = js(count_arg(&start_local_sgd_iter, "startLocalSGDIter"))? as u64;
         Ok(PostLocalSgdStateJs {
             inner: RefCell::new(js(PostLocalSgdState::new(
                 communicator(&world),

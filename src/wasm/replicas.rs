@@ -9,8 +9,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::{
-    optional_tensor_from_js, optional_tensors_from_js, optional_tensors_to_js, param_index,
-    per_rank_tensors_from_js, rank_index, tensor_from_js, tensor_to_js, tensors_from_js,
+    count_arg, optional_tensor_from_js, optional_tensors_from_js, optional_tensors_to_js,
+    param_arg, per_rank_tensors_from_js, rank_arg, tensor_from_js, tensor_to_js, tensors_from_js,
     tensors_to_js,
 };
 use super::handles::Registry;
@@ -102,8 +102,8 @@ impl ReplicasJs {
     }
 
     /// `ranks` identical replicas of `params`.
-    pub fn replicate(ranks: f64, params: JsValue) -> JsResult<ReplicasJs> {
-        let ranks = js(super::convert::count(ranks, "ranks"))?;
+    pub fn replicate(ranks: JsValue, params: JsValue) -> JsResult<ReplicasJs> {
+        let ranks = js(count_arg(&ranks, "ranks"))?;
         let params = js(tensors_from_js(&params, "params"))?;
         js(check_size(ranks, &params))?;
         let backend = js(current_backend())?;
@@ -144,60 +144,60 @@ impl ReplicasJs {
     }
 
     /// Parameter `j`'s shape.
-    pub fn shape(&self, j: f64) -> JsResult<Vec<f64>> {
+    pub fn shape(&self, j: JsValue) -> JsResult<Vec<f64>> {
         let replicas = js(borrow(&self.inner))?;
-        let j = js(param_index(j, replicas.len()))?;
+        let j = js(param_arg(&j, replicas.len()))?;
         Ok(replicas.shape(j).iter().map(|&d| d as f64).collect())
     }
 
     /// Parameter `j`'s dtype name.
-    pub fn dtype(&self, j: f64) -> JsResult<String> {
+    pub fn dtype(&self, j: JsValue) -> JsResult<String> {
         let replicas = js(borrow(&self.inner))?;
-        let j = js(param_index(j, replicas.len()))?;
+        let j = js(param_arg(&j, replicas.len()))?;
         Ok(replicas.dtype(j).name().into())
     }
 
     /// Parameter `j`'s element count.
-    pub fn numel(&self, j: f64) -> JsResult<f64> {
+    pub fn numel(&self, j: JsValue) -> JsResult<f64> {
         let replicas = js(borrow(&self.inner))?;
-        let j = js(param_index(j, replicas.len()))?;
+        let j = js(param_arg(&j, replicas.len()))?;
         Ok(replicas.numel(j) as f64)
     }
 
     /// Overwrites every parameter of rank `rank`.
     #[wasm_bindgen(js_name = setParams)]
-    pub fn set_params(&self, rank: f64, params: JsValue) -> JsResult<()> {
+    pub fn set_params(&self, rank: JsValue, params: JsValue) -> JsResult<()> {
         let mut replicas = js(borrow_mut(&self.inner))?;
-        let rank = js(rank_index(rank, replicas.ranks()))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
         let params = js(tensors_from_js(&params, "params"))?;
         js(replicas.set_params(rank, &params))
     }
 
     /// Overwrites parameter `j` of rank `rank`.
     #[wasm_bindgen(js_name = setParam)]
-    pub fn set_param(&self, rank: f64, j: f64, value: JsValue) -> JsResult<()> {
+    pub fn set_param(&self, rank: JsValue, j: JsValue, value: JsValue) -> JsResult<()> {
         let mut replicas = js(borrow_mut(&self.inner))?;
-        let rank = js(rank_index(rank, replicas.ranks()))?;
-        let j = js(param_index(j, replicas.len()))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
+        let j = js(param_arg(&j, replicas.len()))?;
         let value = js(tensor_from_js(&value, "value"))?;
         js(replicas.set_param(rank, j, &value))
     }
 
     /// Sets every gradient of rank `rank` (`null`: no gradient, as `p.grad = None`).
     #[wasm_bindgen(js_name = setGrads)]
-    pub fn set_grads(&self, rank: f64, grads: JsValue) -> JsResult<()> {
+    pub fn set_grads(&self, rank: JsValue, grads: JsValue) -> JsResult<()> {
         let mut replicas = js(borrow_mut(&self.inner))?;
-        let rank = js(rank_index(rank, replicas.ranks()))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
         let grads = js(optional_tensors_from_js(&grads, "grads"))?;
         js(replicas.set_grads(rank, &grads))
     }
 
     /// Sets gradient `j` of rank `rank` (`null` removes it).
     #[wasm_bindgen(js_name = setGrad)]
-    pub fn set_grad(&self, rank: f64, j: f64, grad: JsValue) -> JsResult<()> {
+    pub fn set_grad(&self, rank: JsValue, j: JsValue, grad: JsValue) -> JsResult<()> {
         let mut replicas = js(borrow_mut(&self.inner))?;
-        let rank = js(rank_index(rank, replicas.ranks()))?;
-        let j = js(param_index(j, replicas.len()))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
+        let j = js(param_arg(&j, replicas.len()))?;
         let grad = js(optional_tensor_from_js(&grad, "grad"))?;
         // Host-only work behind an async signature: it completes at once.
         js(super::convert::now(replicas.set_grad(rank, j, grad.as_ref())).and_then(|r| r))
@@ -212,25 +212,29 @@ impl ReplicasJs {
 
     /// Whether rank `rank` has a gradient for parameter `j`.
     #[wasm_bindgen(js_name = hasGrad)]
-    pub fn has_grad(&self, rank: f64, j: f64) -> JsResult<bool> {
+    pub fn has_grad(&self, rank: JsValue, j: JsValue) -> JsResult<bool> {
         let replicas = js(borrow(&self.inner))?;
-        let rank = js(rank_index(rank, replicas.ranks()))?;
-        let j = js(param_index(j, replicas.len()))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
+        let j = js(param_arg(&j, replicas.len()))?;
         Ok(replicas.has_grad(rank, j))
     }
 
     /// Copies rank `root`'s parameters to every other rank over `world` (as
     /// `DistributedDataParallel` does at construction).
     #[wasm_bindgen(js_name = broadcastParams)]
-    pub fn broadcast_params(&self, world: JsValue, root: Option<f64>) -> JsResult<()> {
+    pub fn broadcast_params(&self, world: JsValue, root: JsValue) -> JsResult<()> {
         let world = js(world_of(&world))?;
         let mut replicas = js(borrow_mut(&self.inner))?;
-        let root = js(rank_index(root.unwrap_or(0.0), replicas.ranks()))?;
+        let root = if root.is_undefined() || root.is_null() {
+            0
+        } else {
+            js(rank_arg(&root, replicas.ranks()))?
+        };
         js(replicas.broadcast_params(world.as_ref(), root))
     }
 
     /// Parameter `j` of rank `rank`, read back: a promise of a tensor.
-    pub fn param(&self, rank: f64, j: f64) -> JsResult<Promise> {
+    pub fn param(&self, rank: JsValue, j: JsValue) -> JsResult<Promise> {
         let (rank, j) = self.rank_and_param(rank, j)?;
         let inner = self.inner.clone();
         Ok(future_to_promise(async move {
@@ -240,7 +244,7 @@ impl ReplicasJs {
     }
 
     /// Gradient `j` of rank `rank`: a promise of a tensor, or of `null` when it has none.
-    pub fn grad(&self, rank: f64, j: f64) -> JsResult<Promise> {
+    pub fn grad(&self, rank: JsValue, j: JsValue) -> JsResult<Promise> {
         let (rank, j) = self.rank_and_param(rank, j)?;
         let inner = self.inner.clone();
         Ok(future_to_promise(async move {
@@ -277,11 +281,11 @@ impl ReplicasJs {
 }
 
 impl ReplicasJs {
-    fn rank_and_param(&self, rank: f64, j: f64) -> JsResult<(usize, usize)> {
+    fn rank_and_param(&self, rank: JsValue, j: JsValue) -> JsResult<(usize, usize)> {
         let replicas = js(borrow(&self.inner))?;
         Ok((
-            js(rank_index(rank, replicas.ranks()))?,
-            js(param_index(j, replicas.len()))?,
+            js(rank_arg(&rank, replicas.ranks()))?,
+            js(param_arg(&j, replicas.len()))?,
         ))
     }
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use super::convert::{json_from_js, rank_index, set, tensors_to_js};
+use super::convert::{count_arg, json_from_js, rank_arg, set, tensors_to_js};
 use super::{JsResult, busy, current_backend, js};
 use crate::error::{Error, Result};
 use crate::train::{
@@ -256,9 +256,9 @@ impl TrainerJs {
     /// The default hierarchy for `ranks` ranks whose world-level period is `period`:
     /// `[[period, groupSize], …]` (8 ranks, period 8: `[[2, 2], [4, 4], [8, 8]]`).
     #[wasm_bindgen(js_name = defaultHierarchy)]
-    pub fn default_hierarchy(period: f64, ranks: f64) -> JsResult<Array> {
-        let period = js(super::convert::count(period, "period"))? as u64;
-        let ranks = js(super::convert::count(ranks, "ranks"))?;
+    pub fn default_hierarchy(period: JsValue, ranks: JsValue) -> JsResult<Array> {
+        let period = js(count_arg(&period, "period"))? as u64;
+        let ranks = js(count_arg(&ranks, "ranks"))?;
         Ok(Algorithm::default_hierarchy(period, ranks)
             .into_iter()
             .map(|(p, g)| {
@@ -302,9 +302,9 @@ impl TrainerJs {
 
     /// How many samples of each class rank `rank`'s shard holds.
     #[wasm_bindgen(js_name = classCounts)]
-    pub fn class_counts(&self, rank: f64) -> JsResult<Vec<f64>> {
+    pub fn class_counts(&self, rank: JsValue) -> JsResult<Vec<f64>> {
         let trainer = js(self.borrow())?;
-        let rank = js(rank_index(rank, self.ranks))?;
+        let rank = js(rank_arg(&rank, self.ranks))?;
         Ok(trainer
             .task()
             .class_counts(rank)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use js_sys::Object;
 use wasm_bindgen::prelude::*;
 
-use super::convert::{count, set};
+use super::convert::{count_arg, optional_integer_arg, rank_arg, set};
 use super::handles::Registry;
 use super::{JsResult, js};
 use crate::comm::{CommStats, Communicator, SimulatedWorld, Subgroups, new_subgroups};
@@ -39,13 +39,13 @@ pub(crate) fn communicator(world: &Arc<SimulatedWorld>) -> Arc<dyn Communicator>
     world.clone()
 }
 
-/// The partition into groups of `group_size` ranks (`None`: the whole world), with
-/// `new_subgroups`'s errors.
-pub(crate) fn subgroups(world: &SimulatedWorld, group_size: Option<f64>) -> Result<Subgroups> {
+/// The partition into groups of `group_size` ranks (`undefined`/`null`: the whole world),
+/// with `new_subgroups`'s errors.
+pub(crate) fn subgroups(world: &SimulatedWorld, group_size: &JsValue) -> Result<Subgroups> {
     let size = world.world_size();
-    match group_size {
+    match optional_integer_arg(group_size, "groupSize")? {
         None => Ok(Subgroups::world(size)),
-        Some(g) => new_subgroups(size, super::convert::integer(g, "groupSize")?),
+        Some(g) => new_subgroups(size, g),
     }
 }
 
@@ -69,8 +69,8 @@ pub(crate) fn stats_to_js(stats: &CommStats) -> Object {
 impl WorldJs {
     /// A world of `size` ranks (at least one).
     #[wasm_bindgen(constructor)]
-    pub fn new(size: f64) -> JsResult<WorldJs> {
-        let size = js(count(size, "size"))?;
+    pub fn new(size: JsValue) -> JsResult<WorldJs> {
+        let size = js(count_arg(&size, "size"))?;
         let inner = Rc::new(WorldHandle(Arc::new(js(SimulatedWorld::new(size))?)));
         let id = WORLDS.with(|r| r.register(&inner));
         Ok(WorldJs { inner, id })
@@ -102,9 +102,9 @@ impl WorldJs {
     /// The ranks of the group of `groupSize` contiguous ranks (`new_subgroups`) that `rank`
     /// belongs to, with PyTorch's errors for a group size that does not divide the world.
     #[wasm_bindgen(js_name = groupOf)]
-    pub fn group_of(&self, rank: f64, group_size: Option<f64>) -> JsResult<Vec<f64>> {
-        let rank = js(super::convert::rank_index(rank, self.inner.0.world_size()))?;
-        let groups = js(subgroups(&self.inner.0, group_size))?;
+    pub fn group_of(&self, rank: JsValue, group_size: JsValue) -> JsResult<Vec<f64>> {
+        let rank = js(rank_arg(&rank, self.inner.0.world_size()))?;
+        let groups = js(subgroups(&self.inner.0, &group_size))?;
         Ok(groups.group_of(rank).map(|r| r as f64).collect())
     }
 }

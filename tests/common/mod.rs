@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -35,39 +36,119 @@ impl Case {
     }
 }
 
-/// Every `*.json` case in `tests/golden/` and in `$DISTOPT_GOLDEN_DIR` (when set), each case
-/// name once (the project's copy first).
-pub fn load_cases() -> Vec<Case> {
+/// The folders the golden cases are read from: `tests/golden/`, then `$DISTOPT_GOLDEN_DIR`
+/// when set.
+pub fn golden_dirs() -> Vec<PathBuf> {
     let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")];
     if let Some(extra) = std::env::var_os("DISTOPT_GOLDEN_DIR") {
         dirs.push(PathBuf::from(extra));
     }
+    dirs
+}
+
+/// Every `*.json` file of a folder, sorted.
+fn json_files(dir: &Path) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read golden folder {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// The golden cases found on disk, and everything wrong with the files (a case that cannot
+/// be read is a problem, never a silent omission).
+pub struct Golden {
+    /// One case per distinct name (the project's copy first).
+    pub cases: Vec<Case>,
+    /// Files that are not valid cases: unreadable, invalid JSON, no `kind`/`name`, a `name`
+    /// other than the file name, or a second file of an existing name with other content.
+    pub problems: Vec<String>,
+}
+
+/// Reads every `*.json` case in [`golden_dirs`]. A file whose name was already read from an
+/// earlier folder must hold the same case (a copy) and is read once.
+pub fn load_golden() -> Golden {
     let mut cases: Vec<Case> = Vec::new();
-    for dir in dirs {
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("cannot read golden folder {}: {e}", dir.display()))
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .collect();
-        paths.sort();
-        for path in paths {
-            let text = std::fs::read_to_string(&path).expect("readable case");
-            let value: Value = serde_json::from_str(&text)
-                .unwrap_or_else(|e| panic!("{}: invalid JSON: {e}", path.display()));
-            let name = value["name"].as_str().unwrap_or_default().to_string();
-            if cases.iter().any(|c| c.name == name) {
+    let mut problems = Vec::new();
+    for dir in golden_dirs() {
+        for path in json_files(&dir) {
+            let shown = path.display();
+            let value: Value = match std::fs::read_to_string(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
+            {
+                Ok(value) => value,
+                Err(e) => {
+                    problems.push(format!("{shown}: not a readable JSON case: {e}"));
+                    continue;
+                }
+            };
+            let (Some(name), Some(kind)) = (value["name"].as_str(), value["kind"].as_str()) else {
+                problems.push(format!("{shown}: no \"name\" or \"kind\" string"));
+                continue;
+            };
+            let stem = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default();
+            if name != stem {
+                problems.push(format!(
+                    "{shown}: its name {name:?} is not its file name {stem:?} (README section 2: the file name is `name` + `.json`)"
+                ));
                 continue;
             }
-            let kind = value["kind"].as_str().unwrap_or_default().to_string();
+            if let Some(first) = cases.iter().find(|c| c.name == name) {
+                if first.value != value {
+                    problems.push(format!(
+                        "{shown}: differs from {}, the case of the same name read first",
+                        first.path.display()
+                    ));
+                }
+                continue;
+            }
             cases.push(Case {
                 path,
-                name,
-                kind,
+                name: name.to_string(),
+                kind: kind.to_string(),
                 value,
             });
         }
     }
-    cases
+    Golden { cases, problems }
+}
+
+/// Every golden case, as [`load_golden`] reads them; panics listing the files that are not
+/// valid cases.
+pub fn load_cases() -> Vec<Case> {
+    let golden = load_golden();
+    if !golden.problems.is_empty() {
+        panic!("invalid golden files:\n{}", golden.problems.join("\n"));
+    }
+    golden.cases
+}
+
+/// What is on disk, counted apart from [`load_golden`]: per `kind` field, the number of
+/// distinct case files (a file name in several folders counts once). Files without a
+/// readable `kind` count under `"<unreadable>"`.
+pub fn files_per_kind() -> BTreeMap<String, usize> {
+    let mut seen = BTreeSet::new();
+    let mut counts = BTreeMap::new();
+    for dir in golden_dirs() {
+        for path in json_files(&dir) {
+            if !seen.insert(path.file_name().map(|n| n.to_owned())) {
+                continue;
+            }
+            let kind = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+                .and_then(|v| v["kind"].as_str().map(str::to_string))
+                .unwrap_or_else(|| "<unreadable>".to_string());
+            *counts.entry(kind).or_default() += 1;
+        }
+    }
+    counts
 }
 
 /// Outcome of comparing one value.
@@ -77,7 +158,8 @@ pub struct Comparison {
     pub bit_exact: bool,
 }
 
-/// Compares `actual` with the expected tensor JSON under the case's tolerance.
+/// Compares `actual` with the expected tensor JSON under the case's tolerance (README
+/// section 15; in `dp_sgd_step` a zero must also match in sign).
 pub fn compare_tensor(
     case: &Case,
     actual: &Tensor,
@@ -105,6 +187,7 @@ pub fn compare_tensor(
         .map_err(|e| format!("{what}: {e}"))?;
     let (a, e) = (actual.values_f64().unwrap(), expected.values_f64().unwrap());
     let (rtol, atol) = case.tolerance(actual.dtype());
+    let signed_zeros = case.kind == "dp_sgd_step";
     let mut bit_exact = true;
     for (i, (&a, &e)) in a.iter().zip(&e).enumerate() {
         let ok = if e.is_nan() {
@@ -117,6 +200,14 @@ pub fn compare_tensor(
         if !ok {
             return Err(format!(
                 "{what}[{i}]: got {a:e}, expected {e:e} (rtol {rtol}, atol {atol})"
+            ));
+        }
+        // README section 15: dp_sgd_step's arithmetic is fully specified, so a zero must
+        // match in sign too (-0.0 is not 0.0). Elsewhere the tolerance rule alone applies.
+        if signed_zeros && e == 0.0 && a == 0.0 && a.is_sign_negative() != e.is_sign_negative() {
+            return Err(format!(
+                "{what}[{i}]: got {a:?}, expected {e:?} (in {} a zero must match in sign)",
+                case.kind
             ));
         }
         if !(a.is_nan() && e.is_nan()) && a.to_bits() != e.to_bits() {

@@ -24,6 +24,21 @@ pub type Outcome = Result<bool, String>;
 /// cannot have that size). Runners touch only the world's local ranks.
 pub type WorldFactory<'a> = &'a dyn Fn(usize) -> Result<Arc<dyn Communicator>, String>;
 
+thread_local! {
+    static SKIPPED_PARTS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Records that a part of the running case was not run (with why), for the caller to count
+/// and report as skipped: a case with a skipped part never counts as fully passed.
+pub fn skip_part(what: String) {
+    SKIPPED_PARTS.with(|parts| parts.borrow_mut().push(what));
+}
+
+/// The parts recorded by [`skip_part`] since the last call (on this thread).
+pub fn take_skipped_parts() -> Vec<String> {
+    SKIPPED_PARTS.with(|parts| std::mem::take(&mut *parts.borrow_mut()))
+}
+
 /// The simulated world of `size` ranks, all held by this process.
 pub fn simulated_world(size: usize) -> Result<Arc<dyn Communicator>, String> {
     SimulatedWorld::new(size)

@@ -336,9 +336,14 @@ fn trajectory(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> 
     let reload = &input["reload"];
     if reload.is_object() {
         let w2 = reload["world_size"].as_u64().ok_or("reload.world_size")? as usize;
-        // A world of another size: one-rank-per-process worlds cannot change size, so skip.
-        let Ok(world2) = worlds(w2) else {
-            return Ok(run.exact);
+        // A world of another size: one-rank-per-process worlds cannot change size, so this
+        // half is reported as skipped (never as passed).
+        let world2 = match worlds(w2) {
+            Ok(world2) => world2,
+            Err(why) => {
+                super::skip_part(format!("reload into a world of {w2}: {why}"));
+                return Ok(run.exact);
+            }
         };
         let local2 = world2.local_ranks();
         let last = expected["params_after_step"]

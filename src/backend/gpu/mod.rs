@@ -338,14 +338,15 @@ impl Backend for GpuBackend {
         self.shared.take_uncaptured()
     }
 
-    fn dp_sgd_step(
+    fn dp_sgd_step_with_divisor(
         &self,
         params: &mut Arena,
         grads: &Arena,
         means: &mut Arena,
         learning_rate: f32,
+        divisor: f32,
     ) -> Result<()> {
-        check_step_arenas(params, grads, means)?;
+        check_step_arenas(params, grads, means, divisor)?;
         let (param_format, grad_format) = (params.format(), grads.format());
         let ranks = params.ranks();
         let kernel = &self.kernels.dp_sgd_step;
@@ -368,7 +369,7 @@ impl Backend for GpuBackend {
                     param_rank_quads: (param_format.words_for(pc.len) / 4) as u32,
                     grad_rank_quads: (grad_format.words_for(gc.len) / 4) as u32,
                     learning_rate,
-                    divisor: ranks as f32,
+                    divisor,
                     _pad: [0; 2],
                 };
                 let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
