@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::backend::host_step::{HostStepParam, host_step};
-use crate::backend::{Arena, Backend, BackendKind, CopyRegion, layout_params};
+use crate::backend::host_step::HostStepParam;
+use crate::backend::{Arena, Backend, CopyRegion, layout_params};
 use crate::comm::Communicator;
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
@@ -192,16 +192,14 @@ pub async fn sgd_step_with(
     replicas: ReplicaOutputs,
 ) -> Result<StepOutput> {
     validate(parameter_replicas, gradient_replicas)?;
-    if backend.info().kind == BackendKind::Cpu {
-        if let Some(out) = host_step_output(
-            backend.info().threads,
-            parameter_replicas,
-            gradient_replicas,
-            learning_rate,
-            replicas,
-        )? {
-            return Ok(out);
-        }
+    if let Some(out) = host_step_output(
+        backend,
+        parameter_replicas,
+        gradient_replicas,
+        learning_rate,
+        replicas,
+    )? {
+        return Ok(out);
     }
     let on_device: Vec<bool> = parameter_replicas[0]
         .iter()
@@ -292,9 +290,9 @@ async fn run_groups(
 }
 
 /// The step straight from host tensors (see [`sgd_step_with`]), or `None` when some input is
-/// resident on a device.
+/// resident on a device or the backend has no host path.
 fn host_step_output(
-    threads: usize,
+    backend: &dyn Backend,
     parameter_replicas: &[Vec<Tensor>],
     gradient_replicas: &[Vec<Option<Tensor>>],
     learning_rate: f64,
@@ -325,7 +323,9 @@ fn host_step_output(
         ReplicaOutputs::Shared => 1,
         ReplicaOutputs::Separate => ranks,
     };
-    let results = host_step(threads, &inputs, ranks, learning_rate as f32, copies);
+    let Some(results) = backend.host_sgd_step(&inputs, ranks, learning_rate as f32, copies) else {
+        return Ok(None);
+    };
     let mut means = Vec::with_capacity(results.len());
     let mut updated: Vec<Vec<Tensor>> = vec![Vec::with_capacity(results.len()); ranks];
     for (result, param) in results.into_iter().zip(&parameter_replicas[0]) {

@@ -13,7 +13,9 @@
 
 use super::host_words::HostWords;
 use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
-use super::{Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, cpu_optim};
+use super::{
+    Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, cpu_optim, host_step,
+};
 use crate::dtype::{StorageFormat, f32_to_bf16_bits};
 use crate::error::{Error, Result};
 
@@ -757,6 +759,22 @@ impl Backend for CpuBackend {
             step_range(&kernel, &mut p, m, grads, grad_rank_words, n, first)
         });
         Ok(())
+    }
+
+    fn host_sgd_step(
+        &self,
+        params: &[host_step::HostStepParam<'_>],
+        ranks: usize,
+        learning_rate: f32,
+        copies: usize,
+    ) -> Option<Vec<host_step::HostStepResult>> {
+        Some(host_step::host_step(
+            self.info.threads,
+            params,
+            ranks,
+            learning_rate,
+            copies,
+        ))
     }
 
     fn sgd(

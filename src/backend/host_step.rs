@@ -22,7 +22,7 @@ const BLOCK: usize = 2048;
 const PARALLEL_ELEMENTS: usize = 1 << 16;
 
 /// One parameter of the step: rank 0's values and every rank's gradient (`None`: missing).
-pub(crate) struct HostStepParam<'a> {
+pub struct HostStepParam<'a> {
     /// Rank 0's parameter values.
     pub param: &'a HostData,
     /// Each rank's gradient.
@@ -30,7 +30,7 @@ pub(crate) struct HostStepParam<'a> {
 }
 
 /// One parameter's outputs: the mean gradient and `copies` buffers of the updated value.
-pub(crate) struct HostStepResult {
+pub struct HostStepResult {
     /// The mean gradient, in the parameter's dtype.
     pub mean: HostData,
     /// The updated parameter, once per requested copy.

@@ -5,7 +5,7 @@
 pub mod cpu;
 mod cpu_optim;
 pub mod gpu;
-pub(crate) mod host_step;
+pub mod host_step;
 mod host_words;
 pub mod kernels;
 pub(crate) mod oneshot;
@@ -311,6 +311,21 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         learning_rate: f32,
         divisor: f32,
     ) -> Result<()>;
+
+    /// The data-parallel step computed straight from host tensors, for a backend whose
+    /// kernels run on the host: per parameter, the mean gradient and `copies` buffers of the
+    /// updated value, the same bits as [`Backend::dp_sgd_step`] over packed arenas. `None`
+    /// (the default) when this backend has no such path: the caller packs arenas instead.
+    fn host_sgd_step(
+        &self,
+        params: &[host_step::HostStepParam<'_>],
+        ranks: usize,
+        learning_rate: f32,
+        copies: usize,
+    ) -> Option<Vec<host_step::HostStepResult>> {
+        let _ = (params, ranks, learning_rate, copies);
+        None
+    }
 
     /// `torch.optim.SGD`'s step over every rank and parameter of an arena (one dispatch per
     /// chunk). `scalars` has one entry per (rank, parameter), rank-major. The default runs the
