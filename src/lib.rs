@@ -52,7 +52,7 @@ pub use backend::{
     select_backend,
 };
 pub use dtype::{DType, StorageFormat};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, RankErrors, Result};
 pub use step::{StepOutput, sgd_step, sgd_step_in, to_device};
 #[cfg(not(target_arch = "wasm32"))]
 pub use step::{sgd_step_blocking, sgd_step_in_blocking};
