@@ -29,8 +29,10 @@
 pub mod averaging;
 pub mod backend;
 pub mod comm;
+pub mod ddp;
 pub mod dtype;
 pub mod error;
+pub mod join;
 pub mod json;
 pub mod optim;
 pub mod post_local_sgd;
