@@ -116,7 +116,7 @@ pub fn emit(mut warning: Warning) {
             warning.ranks = Some(ranks.collect());
         }
     }
-    log::warn!("{warning}");
+    log::warn!("{}", warning.message);
     RECORDED.with(|r| r.borrow_mut().push(warning));
 }
 
