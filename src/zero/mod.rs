@@ -159,9 +159,9 @@ impl ZeroRedundancyOptimizer {
                         .map(|t| {
                             resolve(t).ok_or_else(|| {
                                 Error::value(format!(
-                                    "{} {} is not a parameter of the replicas: it has no data to optimize",
-                                    t.typename(),
-                                    t.id
+                                    "tensor {} ({}) is not a parameter of the replicas: it has no data to optimize",
+                                    t.id,
+                                    t.typename()
                                 ))
                             })
                         })
