@@ -108,13 +108,41 @@ export type ErrorName = 'ValueError' | 'TypeError' | 'RuntimeError' | 'IndexErro
 /** What distopt throws: `name` is the Python class, `message` PyTorch's text. */
 export interface DistoptError extends Error {
   name: ErrorName;
+  /**
+   * Present when every rank made the call (a constructor or collective of
+   * `ZeroRedundancyOptimizer`, `DistributedDataParallel`, `Join`): each raising rank's own
+   * error (PyTorch raises on every rank separately, and a message may name the rank). `name`
+   * and `message` are then the lowest raising rank's.
+   */
+  rankErrors?: RankError[];
+}
+
+/** One rank's error of a call every rank made. */
+export interface RankError {
+  rank: number;
+  name: ErrorName;
+  message: string;
 }
 
 /**
- * Removes and returns the warnings emitted so far (PyTorch's `UserWarning` texts), oldest
- * first. Each warning is also printed with `console.warn` when it is emitted.
+ * Removes and returns the warnings emitted so far (PyTorch's warning texts), oldest first.
+ * Each warning is also printed with `console.warn` when it is emitted.
  */
 export function takeWarnings(): string[];
+
+/** A warning as PyTorch reports it. */
+export interface WarningRecord {
+  message: string;
+  /** `"warnings"`: Python's `warnings.warn`; `"logging"`: a `logger.warning` record. */
+  channel: 'warnings' | 'logging';
+  /** The warning class (`"UserWarning"`, `"DeprecationWarning"`) or the logging level (`"WARNING"`). */
+  category: string;
+  /** The ranks that emitted it (PyTorch warns on each rank), or `null` when it is not tied to ranks. */
+  ranks: number[] | null;
+}
+
+/** The warnings recorded since the last `takeWarnings()`, without removing them. */
+export function recordedWarnings(): WarningRecord[];
 
 // ---------------------------------------------------------------------------------------------
 // Initialization and backends
@@ -551,6 +579,26 @@ export interface ZeroOptions {
 }
 
 /**
+ * A tensor given to `ZeroRedundancyOptimizer` that is not one of the replicas' parameters (a
+ * replica parameter is its index): PyTorch's checks see it with its dtype, device, layout and
+ * leaf-ness, and reject it as PyTorch does (a meta or sparse tensor, a non-leaf tensor, a dtype
+ * unlike the others); one that passes the checks is a ValueError, it has no data to optimize.
+ */
+export interface TensorDescription {
+  dtype: DTypeName;
+  shape?: readonly number[];
+  device?: 'cpu' | 'meta';
+  layout?: 'strided' | 'sparse_coo';
+  leaf?: boolean;
+}
+
+/** An item of ZeRO's `params`: a replica parameter index or a tensor description. */
+export type ZeroParam = number | TensorDescription;
+
+/** A ZeRO parameter group: its parameters and its options (without `params`: PyTorch's ValueError). */
+export type ZeroParamGroup<O> = O & { params?: readonly ZeroParam[] };
+
+/**
  * `torch.distributed.optim.ZeroRedundancyOptimizer` over a simulated `World`: the parameters are
  * assigned to ranks by PyTorch's sorted-greedy partition; each rank's local optimizer (`SGD`,
  * `Adam` or `AdamW`) keeps state only for the parameters it owns and updates them from that
@@ -562,22 +610,35 @@ export interface ZeroOptions {
 export class ZeroRedundancyOptimizer<N extends 'SGD' | 'Adam' | 'AdamW' = 'SGD' | 'Adam' | 'AdamW'> {
   /**
    * @param world one rank per replica (a ValueError otherwise).
-   * @param params `null` (every parameter in one group), parameter indices (one group), or
-   *   parameter groups `[{params: [j, …], …options}]`. An empty list is a ValueError.
-   * @param optimizer the local optimizer class.
+   * @param params PyTorch's `params` argument: `null` (every parameter in one group), a list of
+   *   parameter indices (and tensor descriptions), or parameter groups `[{params: [j, …],
+   *   …options}]`, checked as PyTorch checks it (an empty list is a ValueError; a list mixing
+   *   parameters and groups, or holding other values, a TypeError; a number or a lone tensor
+   *   description instead of a list a TypeError; an index out of range an IndexError). A
+   *   failure is every rank's (`rankErrors`).
+   * @param optimizer the local optimizer class (from plain JS, another name gets PyTorch's
+   *   error, for example for `'NAdam'` or `'_FunctionalSGD'`).
    * @param options its keyword arguments (the defaults of every group).
    */
   constructor(
     world: World,
     replicas: Replicas,
-    params: readonly number[] | readonly ParamGroup<N extends 'SGD' ? SGDOptions : AdamOptions>[] | null,
+    params:
+      | readonly ZeroParam[]
+      | readonly ZeroParamGroup<N extends 'SGD' ? SGDOptions : AdamOptions>[]
+      | ZeroParam
+      | null,
     optimizer: N,
     options?: (N extends 'SGD' ? SGDOptions : AdamOptions) | null,
     zeroOptions?: ZeroOptions | null,
   );
   /** The local optimizer class. */
   readonly optimizer: N;
-  /** One step: each rank updates what it owns from its own gradients, then the owners broadcast. */
+  /**
+   * One step: each rank updates what it owns from its own gradients, then the owners broadcast.
+   * In a `Join`, the ranks that joined run ZeRO's join hook (the same step, with the gradients
+   * they still hold). A failure carries every rank's error (`rankErrors`).
+   */
   step(): void;
   /** `zero_grad(set_to_none=True)` on every rank. */
   zeroGrad(): void;
@@ -607,11 +668,80 @@ export class ZeroRedundancyOptimizer<N extends 'SGD' | 'Adam' | 'AdamW' = 'SGD' 
   readonly paramsPerRankPerGroup: number[][][] | null;
   /** Elements each rank owns, or `null`. */
   readonly numelPerRank: number[] | null;
+  /**
+   * Per rank: its local optimizer's parameter groups (`zero.optim.param_groups` read on that
+   * rank), each as the global indices of its parameters; `null` before initialization.
+   */
+  localOptimizerParamGroups(): number[][][] | null;
+  /** The owner of each replica parameter (by replica index), or `null` for one not optimized. */
+  rankOfReplicaParam(): (number | null)[];
   /** Per rank: how many parameters have optimizer state. */
   localStateSizes(): number[];
   /** Per rank: bytes of optimizer state allocated (its shard only). */
   stateBytesPerRank(): number[];
   /** Releases the optimizer's memory. */
+  free(): void;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DistributedDataParallel and Join (uneven inputs)
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * `torch.nn.parallel.DistributedDataParallel`'s gradient synchronization over a simulated
+ * `World`, the model held by a `Replicas` (one replica per rank). The constructor broadcasts
+ * rank 0's parameters to every rank, as DDP's does.
+ */
+export class DistributedDataParallel {
+  constructor(world: World, replicas: Replicas);
+  /**
+   * The backward pass's gradient all-reduce, once every rank's local gradients are set: every
+   * rank with inputs gets `Σ_r fl32(G_r · fl32(1/D))` over the ranks with inputs (a missing
+   * gradient counts as zeros), `D` the world size, or, in a `Join` with
+   * `divideByInitialWorldSize: false` of which DDP is the first joinable, the number of ranks
+   * with inputs. Ranks that joined contribute zeros and keep their own gradients.
+   */
+  synchronizeGradients(): void;
+  /** Releases the module. */
+  free(): void;
+}
+
+/** `Join`'s options (PyTorch's keyword arguments and their defaults). */
+export interface JoinOptions {
+  /** Uneven-input detection (default true); off, uneven inputs are a RuntimeError. */
+  enable?: boolean;
+  /**
+   * Raise on every rank as soon as one runs out of inputs (default false): `RuntimeError`
+   * `Rank r exhausted all inputs.` on the ranks that did, `Detected at least one rank that
+   * exhausted inputs. Throwing across all ranks.` on the others, each in `rankErrors`.
+   */
+  throwOnEarlyTermination?: boolean;
+  /** DDP's join hook keyword (default true): divide by the initial world size, not the active ranks. */
+  divideByInitialWorldSize?: boolean;
+}
+
+/**
+ * `torch.distributed.algorithms.Join` over `DistributedDataParallel` and
+ * `ZeroRedundancyOptimizer` objects sharing one `Replicas`, run in lock-step: every global
+ * iteration starts with `iteration(hasInput)`; the joinables' calls that follow
+ * (`ddp.synchronizeGradients()`, `zero.step()`) make one collective for all ranks, in which
+ * the ranks that joined run their join hooks (DDP's shadows the all-reduce with zeros, ZeRO's
+ * steps with the gradients the rank still holds); `exit()` ends the context and runs the
+ * post-hooks (DDP broadcasts the final model from the last rank to join). Put DDP first, as
+ * PyTorch requires.
+ */
+export class Join {
+  /** A ValueError without joinables (`The join context manager requires at least one joinable`). */
+  constructor(joinables: readonly (DistributedDataParallel | ZeroRedundancyOptimizer)[], options?: JoinOptions | null);
+  /** The start of a global iteration: `hasInput[r]` is whether rank r still has an input (a rank without one joins for good). */
+  iteration(hasInput: readonly boolean[]): void;
+  /** The end of the `with` block: the post-hooks. */
+  exit(): void;
+  /** Per rank: whether it has joined. */
+  readonly joined: boolean[];
+  /** Per rank: shadow iterations it ran since it joined. */
+  shadowIterations(): number[];
+  /** Releases the context. */
   free(): void;
 }
 

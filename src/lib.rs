@@ -29,8 +29,10 @@
 pub mod averaging;
 pub mod backend;
 pub mod comm;
+pub mod ddp;
 pub mod dtype;
 pub mod error;
+pub mod join;
 pub mod json;
 pub mod optim;
 pub mod post_local_sgd;
@@ -52,7 +54,7 @@ pub use backend::{
     select_backend,
 };
 pub use dtype::{DType, StorageFormat};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, RankErrors, Result};
 pub use step::{ReplicaOutputs, StepOutput, sgd_step, sgd_step_in, sgd_step_with, to_device};
 #[cfg(not(target_arch = "wasm32"))]
 pub use step::{sgd_step_blocking, sgd_step_in_blocking};

@@ -4,12 +4,14 @@
 //! itself (with `DISTOPT_MPI_WORKER` set) and checks what the ranks report:
 //!
 //! - golden replays: every case of the multi-process kinds (periodic_averager,
-//!   hierarchical_averager, post_local_sgd, zero_trajectory) at its own world size W (2, 3, 4
-//!   and 8), and the dp_sgd_step cases with one rank per replica (`sgd_step_in`), one rank per
-//!   process, each rank checking its own results against the case, on the CPU backend and on
-//!   the GPU backend (the step's arithmetic seen running in that backend's kernel, on its own
-//!   arenas); a part that cannot run with one rank per process (a ZeRO reload into another
-//!   world size) is counted and printed as skipped, never as passed;
+//!   hierarchical_averager, post_local_sgd, zero_trajectory, zero_errors, zero_join) at its own
+//!   world size W (2, 3, 4 and 8), and the dp_sgd_step cases with one rank per replica
+//!   (`sgd_step_in`), one rank per process, each rank checking its own results against the
+//!   case (zero_join: a rank out of inputs runs the join context's shadow iterations until the
+//!   others finish), on the CPU backend and on the GPU backend (the step's arithmetic seen
+//!   running in that backend's kernel, on its own arenas); a part that cannot run with one
+//!   rank per process (a ZeRO reload into another world size) is counted and printed as
+//!   skipped, never as passed;
 //! - the command line: `mpirun -np 4 distopt train` reports what the simulated run of the
 //!   same flags reports (losses, divergence, all-reduce bytes), `--ranks` contradicting the
 //!   world fails on every rank, and `mpirun -np 2 distopt bench comm` measures;
@@ -44,12 +46,14 @@ use distopt::{
 
 const WORKER: &str = "DISTOPT_MPI_WORKER";
 const BACKEND: &str = "DISTOPT_MPI_BACKEND";
-const KINDS: [&str; 5] = [
+const KINDS: [&str; 7] = [
     "dp_sgd_step",
     "periodic_averager",
     "hierarchical_averager",
     "post_local_sgd",
     "zero_trajectory",
+    "zero_errors",
+    "zero_join",
 ];
 const GOLDEN_DEADLINE: Duration = Duration::from_secs(300);
 const FAILURE_DEADLINE: Duration = Duration::from_secs(60);

@@ -364,6 +364,22 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         kernels::average_reference(arena, group_size, arith, starts, active)
     }
 
+    /// The data-parallel gradient all-reduce (see [`kernels::scaled_sum_reference`]): every
+    /// rank with a scale contributes its values times the scale (zeros where not `present`),
+    /// ranks without one contribute zeros; the sum over all ranks, in rank order, is written to
+    /// the ranks with a scale. One dispatch for every rank and parameter.
+    fn scaled_sum(
+        &self,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+    ) -> Result<()> {
+        kernels::scaled_sum_reference(arena, arith, starts, reduced, scales, present)
+    }
+
     /// Copies many element ranges from `src` to `dst` (arenas of the same format) as one
     /// batch. The default works on host arenas.
     fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()> {

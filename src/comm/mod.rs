@@ -182,6 +182,25 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
         bytes_per_rank: u64,
     ) -> Result<()>;
 
+    /// `DistributedDataParallel`'s gradient all-reduce, joined ranks included (see
+    /// [`Backend::scaled_sum`]): a local rank with a scale contributes its values of the
+    /// `reduced` parameters times the scale (zeros where not `present`, which is
+    /// `present[i * params + j]` for local rank i), a rank with `None` (a joined rank shadowing
+    /// the collective) contributes zeros and keeps its data, and the sum over the world is
+    /// written to the ranks with a scale. `reduced` must agree on every rank.
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_scaled_sum(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+        bytes_per_rank: u64,
+    ) -> Result<()>;
+
     /// Copies elements `offset..offset+len` of world rank `root` to every other rank.
     fn broadcast(
         &self,
@@ -353,6 +372,23 @@ impl Communicator for SimulatedWorld {
         }
         backend.average(arena, groups.group_size(), arith, starts, active)?;
         self.record(|s| s.add_all_reduce(groups.group_size(), bytes_per_rank));
+        Ok(())
+    }
+
+    fn all_reduce_scaled_sum(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+        bytes_per_rank: u64,
+    ) -> Result<()> {
+        self.check_local(arena.ranks())?;
+        backend.scaled_sum(arena, arith, starts, reduced, scales, present)?;
+        self.record(|s| s.add_all_reduce(self.size, bytes_per_rank));
         Ok(())
     }
 

@@ -516,6 +516,119 @@ impl Communicator for MpiWorld {
         Ok(())
     }
 
+    fn all_reduce_scaled_sum(
+        &self,
+        _backend: &dyn Backend,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+        bytes_per_rank: u64,
+    ) -> Result<()> {
+        self.check_one_rank(arena, "all_reduce")?;
+        crate::backend::kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
+        let runs = active_runs(starts, reduced, arena.rank_len());
+        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+            return Ok(());
+        };
+        let span = first.start..last.end;
+        let format = arena.format();
+        let total: usize = runs.iter().map(|r| r.len()).sum();
+        let scale = scales[0];
+        // Whether element i's value goes into the sum (a joined rank and an absent gradient
+        // contribute zeros, as DDP's zero-filled buckets do).
+        let contributes = |i: usize| scale.is_some() && present[starts.param_of(i)];
+        let receives = scale.is_some();
+        let mut guard = self.lock();
+        let mpi = &mut *guard;
+        let (mut send, mut recv) = (std::mem::take(&mut mpi.send), std::mem::take(&mut mpi.recv));
+        let comm = &mpi.world;
+        let result = with_rank_words(arena, span, |words, base| {
+            let elements = runs.iter().flat_map(|run| run.start - base..run.end - base);
+            let at = |k: usize| k + base;
+            match arith {
+                StorageFormat::F64 => {
+                    let s = scale.unwrap_or(0.0);
+                    let send: &mut [f64] = scratch(&mut send, total);
+                    for (v, k) in send.iter_mut().zip(elements.clone()) {
+                        *v = if contributes(at(k)) {
+                            format.load_f64(words, k) * s
+                        } else {
+                            0.0
+                        };
+                    }
+                    let recv: &mut [f64] = scratch(&mut recv, total);
+                    comm.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+                    if receives {
+                        for (&v, k) in recv.iter().zip(elements) {
+                            format.store_f64(words, k, v);
+                        }
+                    }
+                }
+                StorageFormat::F32 => {
+                    let s = scale.unwrap_or(0.0) as f32;
+                    let send: &mut [f32] = scratch(&mut send, total);
+                    for (v, k) in send.iter_mut().zip(elements.clone()) {
+                        *v = if contributes(at(k)) {
+                            format.load(words, k) * s
+                        } else {
+                            0.0
+                        };
+                    }
+                    let recv: &mut [f32] = scratch(&mut recv, total);
+                    comm.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+                    if receives {
+                        for (&v, k) in recv.iter().zip(elements) {
+                            format.store(words, k, v);
+                        }
+                    }
+                }
+                half => {
+                    // float16 / bfloat16 arithmetic: every product and addition rounds to it.
+                    if format != half {
+                        return Err(Error::value(format!(
+                            "cannot reduce {format:?} values in {half:?}"
+                        )));
+                    }
+                    let s = scale.unwrap_or(0.0) as f32;
+                    let add = UserOperation::commutative(move |a: DynBuffer, b: DynBufferMut| {
+                        if let (Some(a), Some(b)) = (a.downcast::<u16>(), b.downcast::<u16>()) {
+                            for (x, y) in a.iter().zip(b.iter_mut()) {
+                                *y = f32_to_half(
+                                    half,
+                                    half_to_f32(half, *x) + half_to_f32(half, *y),
+                                );
+                            }
+                        }
+                    });
+                    let send: &mut [u16] = scratch(&mut send, total);
+                    for (v, k) in send.iter_mut().zip(elements.clone()) {
+                        *v = if contributes(at(k)) {
+                            f32_to_half(half, format.load(words, k) * s)
+                        } else {
+                            0
+                        };
+                    }
+                    let recv: &mut [u16] = scratch(&mut recv, total);
+                    comm.all_reduce_into(&send[..], &mut recv[..], &add);
+                    if receives {
+                        for (&v, k) in recv.iter().zip(elements) {
+                            format.store(words, k, half_to_f32(half, v));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        });
+        (mpi.send, mpi.recv) = (send, recv);
+        drop(guard);
+        result?;
+        self.record(|s| s.add_all_reduce(self.size, bytes_per_rank));
+        Ok(())
+    }
+
     fn broadcast(
         &self,
         _backend: &dyn Backend,

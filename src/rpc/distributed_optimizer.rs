@@ -130,10 +130,11 @@ impl DistributedOptimizer {
             )));
         }
         if kind == LocalOptimizerKind::TorchOptim {
-            crate::warnings::warn(format!(
+            // A `logger.warning` in PyTorch.
+            crate::warnings::emit(crate::warnings::Warning::logged(format!(
                 "Creating the optimizer <class '{}'> without a functional optimizer, this might result in slow computation time in multithreading environment(i.e. Distributed Model Parallel training on CPU) due to the Python's Global Interpreter Lock (GIL). Please file an issue if you need a functional optimizer for this optimizer. ",
                 class_path(name)
-            ));
+            )));
         }
         let mut owners: Vec<LocalOptimizerInfo> = Vec::new();
         for (i, rref) in params.iter().enumerate() {
@@ -154,11 +155,17 @@ impl DistributedOptimizer {
             let driver_thread = info.owner == super::DRIVER;
             if driver_thread && kind == LocalOptimizerKind::Functional {
                 // Each owner warns in its own process; the driver's shows in the driver.
-                crate::warnings::warn(FUNCTIONAL_WARNING);
+                crate::warnings::emit(crate::warnings::Warning::of_class(
+                    FUNCTIONAL_WARNING,
+                    "DeprecationWarning",
+                ));
             }
             futures.push(world.rpc_async(&info.owner, move |state| {
                 if kind == LocalOptimizerKind::Functional {
-                    crate::warnings::warn(FUNCTIONAL_WARNING);
+                    crate::warnings::emit(crate::warnings::Warning::of_class(
+                        FUNCTIONAL_WARNING,
+                        "DeprecationWarning",
+                    ));
                 }
                 let values: Vec<crate::Tensor> = ids
                     .iter()

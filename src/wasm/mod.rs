@@ -16,6 +16,7 @@ mod averaging;
 mod bench;
 mod convert;
 mod handles;
+mod join;
 mod optim;
 mod post_local_sgd;
 mod replicas;
@@ -31,10 +32,11 @@ use js_sys::{Array, Object};
 use wasm_bindgen::prelude::*;
 
 use crate::backend::{Backend, BackendChoice, BackendInfo, select_backend};
-use crate::error::{Error, Result};
+use crate::error::{Error, RankErrors, Result};
 
 pub use averaging::{HierarchicalModelAveragerJs, PeriodicModelAveragerJs};
 pub use bench::StepBench;
+pub use join::{DistributedDataParallelJs, JoinJs};
 pub use optim::{AdamJs, AdamWJs, SgdJs};
 pub use post_local_sgd::{PostLocalSgdOptimizerJs, PostLocalSgdStateJs};
 pub use replicas::ReplicasJs;
@@ -60,6 +62,27 @@ pub(crate) fn js_error(error: Error) -> JsValue {
     let js = js_sys::Error::new(error.message());
     js.set_name(error.kind().name());
     js.into()
+}
+
+/// The errors of a call every rank made, as one JS `Error`: the lowest rank's name and
+/// message, and `rankErrors`, every raising rank's `{rank, name, message}`.
+pub(crate) fn js_rank_errors(errors: RankErrors) -> JsValue {
+    let list = Array::new();
+    for (rank, error) in errors.iter() {
+        let entry = Object::new();
+        convert::set(&entry, "rank", rank as f64);
+        convert::set(&entry, "name", error.kind().name());
+        convert::set(&entry, "message", error.message());
+        list.push(&entry);
+    }
+    let js = js_error(errors.first().clone());
+    let _ = js_sys::Reflect::set(&js, &JsValue::from_str("rankErrors"), &list);
+    js
+}
+
+/// Converts a library result whose failure is per rank for JS.
+pub(crate) fn js_ranks<T>(result: std::result::Result<T, RankErrors>) -> JsResult<T> {
+    result.map_err(js_rank_errors)
 }
 
 /// `Result` at the JS boundary: the error is a thrown JS value.
@@ -228,6 +251,34 @@ pub async fn sgd_step(
 #[wasm_bindgen(js_name = takeWarnings)]
 pub fn take_warnings() -> Vec<String> {
     crate::warnings::take()
+}
+
+/// The warnings recorded since the last `takeWarnings()`, without removing them, with how
+/// PyTorch reports each: `[{message, channel, category, ranks}]`, `channel` `"warnings"`
+/// (`warnings.warn`, `category` its class, such as `"UserWarning"`) or `"logging"` (a
+/// `logger.warning` record, `category` `"WARNING"`), `ranks` the ranks that emitted it (`null`
+/// when it is not tied to ranks).
+#[wasm_bindgen(js_name = recordedWarnings)]
+pub fn recorded_warnings() -> Array {
+    crate::warnings::recorded_records()
+        .into_iter()
+        .map(|w| {
+            let obj = Object::new();
+            convert::set(&obj, "message", w.message.as_str());
+            convert::set(&obj, "channel", w.channel.name());
+            convert::set(&obj, "category", w.category.as_str());
+            let ranks: JsValue = match &w.ranks {
+                Some(ranks) => ranks
+                    .iter()
+                    .map(|&r| JsValue::from_f64(r as f64))
+                    .collect::<Array>()
+                    .into(),
+                None => JsValue::NULL,
+            };
+            convert::set(&obj, "ranks", ranks);
+            JsValue::from(obj)
+        })
+        .collect()
 }
 
 /// A tensor's values as numbers (float16 and bfloat16 bit patterns decoded exactly).

@@ -65,26 +65,27 @@ fn context_id(value: &JsValue) -> Result<ContextId> {
 /// warning are dropped here: one copy remains when the driver owns a parameter, as in
 /// PyTorch.
 fn without_worker_warnings<T>(driver_owns: bool, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let before = crate::warnings::recorded().len();
+    let before = crate::warnings::recorded_records().len();
     let level = log::max_level();
     log::set_max_level(log::LevelFilter::Off);
     let result = f();
-    let all = crate::warnings::take();
+    let mut all = crate::warnings::take_records();
+    let later = all.split_off(before.min(all.len()));
     // Put the earlier warnings back without printing them again.
-    for w in &all[..before.min(all.len())] {
-        crate::warnings::warn(w.clone());
-    }
+    crate::warnings::restore(all);
     log::set_max_level(level);
     let mut functional_kept = !driver_owns;
-    for w in all.into_iter().skip(before) {
+    for w in later {
         // `rpc::distributed_optimizer::FUNCTIONAL_WARNING` (not exported).
-        if w.starts_with("`TorchScript` support for functional optimizers is deprecated") {
+        if w.message
+            .starts_with("`TorchScript` support for functional optimizers is deprecated")
+        {
             if functional_kept {
                 continue;
             }
             functional_kept = true;
         }
-        crate::warnings::warn(w);
+        crate::warnings::emit(w);
     }
     result
 }

@@ -4,6 +4,7 @@
 //! gradients, and the updated parameters are then broadcast from their owners to every rank.
 
 pub mod args;
+mod join;
 mod partition;
 
 use std::sync::Arc;
@@ -12,11 +13,14 @@ use serde_json::{Map, Value, json};
 
 pub use partition::{Partition, partition};
 
-use crate::backend::{CopyRegion, layout_params};
-use crate::comm::{BroadcastRegion, Communicator, Subgroups, local_index};
-use crate::error::{Error, ErrorKind, Result};
+use crate::backend::{Backend, CopyRegion, layout_params};
+use crate::comm::{BroadcastRegion, Communicator, local_index};
+use crate::error::{Error, ErrorKind, RankErrors, Result};
+use crate::join::{JoinConfig, notify_join_context};
 use crate::optim::{self, LocalOptimizer, OptionMap};
 use crate::replicas::Replicas;
+use crate::warnings::{self, Warning};
+use args::{ParamsArg, TensorArg};
 
 /// The optimizer classes ZeRO knows by name, with PyTorch's class repr.
 fn class_repr(name: &str) -> String {
@@ -88,6 +92,8 @@ struct Ownership {
 #[derive(Debug)]
 pub struct ZeroRedundancyOptimizer {
     world: Arc<dyn Communicator>,
+    /// The backend of the replicas it was built for (the join device).
+    backend: Arc<dyn Backend>,
     optimizer: String,
     defaults: OptionMap,
     options: ZeroOptions,
@@ -106,12 +112,69 @@ pub struct ZeroRedundancyOptimizer {
     bucket_trainable: Vec<bool>,
     /// The rank holding the consolidated state dict, and the dict.
     consolidated: Option<(usize, Value)>,
+    /// Set by a join context (`_join_config`).
+    join_config: JoinConfig,
 }
 
 impl ZeroRedundancyOptimizer {
     /// ZeRO over `groups` (replica indices of `replicas`, each with its own options over
     /// `defaults`), with local optimizers of class `optimizer` (`"SGD"`, `"Adam"`, `"AdamW"`).
+    /// Its warnings are every local rank's.
     pub fn new(
+        world: Arc<dyn Communicator>,
+        replicas: &Replicas,
+        groups: Vec<(Vec<usize>, OptionMap)>,
+        optimizer: &str,
+        defaults: &OptionMap,
+        options: ZeroOptions,
+    ) -> Result<Self> {
+        let local = world.local_ranks();
+        warnings::with_ranks(local, || {
+            Self::construct(world, replicas, groups, optimizer, defaults, options)
+        })
+    }
+
+    /// `ZeroRedundancyOptimizer(params, optimizer_class, …)` with `params` as a dynamic front
+    /// end passes it: PyTorch's checks of the argument (with its errors and its duplicate
+    /// parameter warning), then the construction. `resolve` gives the replica index of each
+    /// tensor of `params` (`None` for a tensor that is not one of the replicas' parameters,
+    /// such as a meta or sparse tensor). A failure is every local rank's, as every rank runs
+    /// the constructor.
+    pub fn from_params(
+        world: Arc<dyn Communicator>,
+        replicas: &Replicas,
+        params: &ParamsArg,
+        resolve: &dyn Fn(&TensorArg) -> Option<usize>,
+        optimizer: &str,
+        defaults: &OptionMap,
+        options: ZeroOptions,
+    ) -> Result<Self, RankErrors> {
+        let local = world.local_ranks();
+        warnings::with_ranks(local.clone(), || {
+            let groups = args::validate(params)?
+                .into_iter()
+                .map(|(tensors, options)| {
+                    let indices = tensors
+                        .iter()
+                        .map(|t| {
+                            resolve(t).ok_or_else(|| {
+                                Error::value(format!(
+                                    "tensor {} ({}) is not a parameter of the replicas: it has no data to optimize",
+                                    t.id,
+                                    t.typename()
+                                ))
+                            })
+                        })
+                        .collect::<Result<Vec<usize>>>()?;
+                    Ok((indices, options))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Self::construct(world, replicas, groups, optimizer, defaults, options)
+        })
+        .map_err(|e| RankErrors::all(local, e))
+    }
+
+    fn construct(
         world: Arc<dyn Communicator>,
         replicas: &Replicas,
         groups: Vec<(Vec<usize>, OptionMap)>,
@@ -198,6 +261,7 @@ impl ZeroRedundancyOptimizer {
         let global: Vec<usize> = groups.iter().flat_map(|(g, _)| g.iter().copied()).collect();
         let mut zero = ZeroRedundancyOptimizer {
             world,
+            backend: replicas.backend().clone(),
             optimizer: optimizer.to_string(),
             defaults: defaults.clone(),
             options,
@@ -209,10 +273,11 @@ impl ZeroRedundancyOptimizer {
             trainable: vec![true; replicas.len()],
             bucket_trainable: vec![true; replicas.len()],
             consolidated: None,
+            join_config: JoinConfig::default(),
         };
         if options.overlap_with_ddp {
             if options.parameters_as_bucket_view {
-                crate::warnings::warn(OVERLAP_BUCKET_WARNING);
+                warnings::emit(Warning::logged(OVERLAP_BUCKET_WARNING));
             }
         } else {
             zero.build_shards(replicas, Vec::new())?;
@@ -256,7 +321,11 @@ impl ZeroRedundancyOptimizer {
                         }
                     };
                     if local.contains(&k) {
-                        crate::warnings::warn(args::DUPLICATE_WARNING);
+                        // Rank `rank`'s local optimizer warns (as its own
+                        // `add_param_group` does), in the process that holds it.
+                        if local_index(self.world.as_ref(), rank).is_some() {
+                            warnings::emit(Warning::user(args::DUPLICATE_WARNING).on_ranks([rank]));
+                        }
                     } else {
                         local.push(k);
                     }
@@ -376,14 +445,35 @@ impl ZeroRedundancyOptimizer {
 
     /// One ZeRO step: every local rank's optimizer updates the parameters it owns from its own
     /// gradients, then each rank's updated parameters are broadcast to every rank (one
-    /// transfer per rank with `parameters_as_bucket_view`, one per parameter otherwise).
+    /// transfer per rank with `parameters_as_bucket_view`, one per parameter otherwise). An
+    /// error is the lowest local rank's (see [`ZeroRedundancyOptimizer::step_on_ranks`]).
     pub fn step(&mut self, replicas: &mut Replicas) -> Result<()> {
+        self.step_on_ranks(replicas).map_err(Error::from)
+    }
+
+    /// [`ZeroRedundancyOptimizer::step`], with each local rank's error. In a join context of
+    /// which ZeRO is the first joinable it notifies the context first; local ranks that have
+    /// joined run ZeRO's main hook, which is this same step (their broadcasts pair with the
+    /// active ranks'), with the gradients they still hold.
+    pub fn step_on_ranks(&mut self, replicas: &mut Replicas) -> Result<(), RankErrors> {
+        let local = self.world.local_ranks();
         if self.options.overlap_with_ddp {
-            crate::warnings::warn(OVERLAP_STEP_WARNING);
+            warnings::emit(Warning::logged(OVERLAP_STEP_WARNING).on_ranks(local));
+            return Ok(());
+        }
+        notify_join_context(&self.join_config)?;
+        warnings::with_ranks(local.clone(), || self.local_step(replicas))
+            .map_err(|e| RankErrors::all(local, e))
+    }
+
+    /// The step after the join notification (`_local_step` and `_sync_params`).
+    fn local_step(&mut self, replicas: &mut Replicas) -> Result<()> {
+        if self.options.overlap_with_ddp {
+            warnings::emit(Warning::logged(OVERLAP_STEP_WARNING));
             return Ok(());
         }
         if self.trainable != self.bucket_trainable {
-            crate::warnings::warn(TRAINABILITY_WARNING);
+            warnings::emit(Warning::logged(TRAINABILITY_WARNING));
             self.bucket_trainable = self.trainable.clone();
         }
         self.initialized()?;
@@ -437,7 +527,8 @@ impl ZeroRedundancyOptimizer {
         closure: impl FnOnce(&mut Replicas) -> Result<f64>,
     ) -> Result<Option<f64>> {
         if self.options.overlap_with_ddp {
-            crate::warnings::warn(OVERLAP_STEP_WARNING);
+            let local = self.world.local_ranks();
+            warnings::emit(Warning::logged(OVERLAP_STEP_WARNING).on_ranks(local));
             return Ok(None);
         }
         let loss = closure(replicas)?;
@@ -561,6 +652,31 @@ impl ZeroRedundancyOptimizer {
         pollster::block_on(self.add_param_group(replicas, params, options))
     }
 
+    /// [`ZeroRedundancyOptimizer::add_param_group`] as every local rank calls it: a failure
+    /// is each rank's (they all run the same checks).
+    pub async fn add_param_group_on_ranks(
+        &mut self,
+        replicas: &Replicas,
+        params: Vec<usize>,
+        options: &OptionMap,
+    ) -> Result<(), RankErrors> {
+        let local = self.world.local_ranks();
+        self.add_param_group(replicas, params, options)
+            .await
+            .map_err(|e| RankErrors::all(local, e))
+    }
+
+    /// Blocking [`ZeroRedundancyOptimizer::add_param_group_on_ranks`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn add_param_group_on_ranks_blocking(
+        &mut self,
+        replicas: &Replicas,
+        params: Vec<usize>,
+        options: &OptionMap,
+    ) -> Result<(), RankErrors> {
+        pollster::block_on(self.add_param_group_on_ranks(replicas, params, options))
+    }
+
     /// Gathers every rank's shard of the optimizer state to rank `to` (a collective: every
     /// rank calls it). A `to` outside the world does not fail, but nobody keeps the state (as
     /// in PyTorch).
@@ -639,6 +755,29 @@ impl ZeroRedundancyOptimizer {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn consolidate_state_dict_blocking(&mut self, replicas: &Replicas, to: i64) -> Result<()> {
         pollster::block_on(self.consolidate_state_dict(replicas, to))
+    }
+
+    /// [`ZeroRedundancyOptimizer::consolidate_state_dict`] as every local rank calls it: a
+    /// failure is each rank's.
+    pub async fn consolidate_state_dict_on_ranks(
+        &mut self,
+        replicas: &Replicas,
+        to: i64,
+    ) -> Result<(), RankErrors> {
+        let local = self.world.local_ranks();
+        self.consolidate_state_dict(replicas, to)
+            .await
+            .map_err(|e| RankErrors::all(local, e))
+    }
+
+    /// Blocking [`ZeroRedundancyOptimizer::consolidate_state_dict_on_ranks`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn consolidate_state_dict_on_ranks_blocking(
+        &mut self,
+        replicas: &Replicas,
+        to: i64,
+    ) -> Result<(), RankErrors> {
+        pollster::block_on(self.consolidate_state_dict_on_ranks(replicas, to))
     }
 
     /// Group `g`'s options as the local optimizers report them (their defaults filled in).
@@ -740,6 +879,51 @@ impl ZeroRedundancyOptimizer {
         Ok(())
     }
 
+    /// [`ZeroRedundancyOptimizer::load_state_dict`] as every local rank calls it: a failure is
+    /// each rank's.
+    pub fn load_state_dict_on_ranks(
+        &mut self,
+        replicas: &Replicas,
+        state_dict: &Value,
+    ) -> Result<(), RankErrors> {
+        let local = self.world.local_ranks();
+        self.load_state_dict(replicas, state_dict)
+            .map_err(|e| RankErrors::all(local, e))
+    }
+
+    /// `state_dict()` on every local rank, each with its own outcome (the consolidated dict on
+    /// the rank it was consolidated to, the `RuntimeError` naming the rank elsewhere).
+    pub fn state_dict_on_ranks(&self) -> Vec<(usize, Result<Value>)> {
+        self.world
+            .local_ranks()
+            .map(|rank| (rank, self.state_dict(rank)))
+            .collect()
+    }
+
+    /// Per local rank: the parameter groups of its local optimizer (`zero.optim.param_groups`
+    /// as read on that rank), each as the global indices of its parameters; `None` before
+    /// the optimizer is initialized (`overlap_with_ddp` without DDP). Every rank has one local
+    /// group per global group, possibly empty.
+    pub fn local_optimizer_param_groups(&self) -> Option<Vec<Vec<Vec<usize>>>> {
+        self.partition.as_ref()?;
+        let first = self.world.local_ranks().start;
+        Some(
+            self.shards
+                .iter()
+                .enumerate()
+                .map(|(index, shard)| {
+                    let owner = &self.ownership[first + index];
+                    shard
+                        .optim
+                        .param_groups()
+                        .into_iter()
+                        .map(|group| group.into_iter().map(|k| owner.global[k]).collect())
+                        .collect()
+                })
+                .collect(),
+        )
+    }
+
     /// Per local rank (see [`Communicator::local_ranks`]): how many parameters have non-empty
     /// optimizer state.
     pub fn local_state_sizes(&self) -> Vec<usize> {
@@ -753,36 +937,4 @@ impl ZeroRedundancyOptimizer {
             .map(|s| s.optim.state_bytes_per_rank())
             .collect()
     }
-
-    /// The hook a joined rank runs for uneven inputs: one `step()` per shadow iteration, so
-    /// its broadcasts pair with the active ranks'. In the simulated world every rank steps
-    /// together, and a joined rank simply steps with the gradients it still holds.
-    pub fn join_hook(&mut self) -> ZeroJoinHook<'_> {
-        ZeroJoinHook { zero: self }
-    }
-
-    /// The device the join hook's collectives run on (the backend's).
-    pub fn join_device<'a>(&self, replicas: &'a Replicas) -> &'a crate::BackendInfo {
-        replicas.backend().info()
-    }
-
-    /// The process group the join hook's collectives use: the whole world.
-    pub fn join_process_group(&self) -> Subgroups {
-        Subgroups::world(self.world.world_size())
-    }
-}
-
-/// ZeRO's join hook (see [`ZeroRedundancyOptimizer::join_hook`]).
-pub struct ZeroJoinHook<'a> {
-    zero: &'a mut ZeroRedundancyOptimizer,
-}
-
-impl ZeroJoinHook<'_> {
-    /// The shadow step of a joined rank.
-    pub fn main_hook(&mut self, replicas: &mut Replicas) -> Result<()> {
-        self.zero.step(replicas)
-    }
-
-    /// Nothing to do after the last rank joined.
-    pub fn post_hook(&mut self, _is_last_joiner: bool) {}
 }

@@ -13,6 +13,8 @@ export const KINDS = [
   'post_local_sgd',
   'zero_partition',
   'zero_trajectory',
+  'zero_errors',
+  'zero_join',
   'distributed_optimizer',
 ];
 
@@ -367,7 +369,8 @@ function checkPartition(zero, expected, what) {
   sameOrFail(zero.paramsPerRankPerGroup, expected.params_per_rank_per_group, `${what}: params_per_rank_per_group`);
   sameOrFail(zero.numelPerRank, expected.numel_per_rank, `${what}: numel_per_rank`);
   if ('local_optimizer_param_groups' in expected) {
-    sameOrFail(zero.paramsPerRankPerGroup, expected.local_optimizer_param_groups, `${what}: local optimizer groups`);
+    // Read from each rank's local optimizer, not from the partition.
+    sameOrFail(zero.localOptimizerParamGroups(), expected.local_optimizer_param_groups, `${what}: local_optimizer_param_groups`);
   }
 }
 
@@ -481,6 +484,289 @@ async function zeroTrajectory(api, c) {
   }
 }
 
+/**
+ * The tensors a zero_errors case creates, as the JS API takes them: a dense leaf tensor is a
+ * parameter of the replicas (its index), any other one a description PyTorch's checks reject.
+ */
+class ZeroErrorTensors {
+  constructor() {
+    this.created = []; // {desc, index}: index into the model, or null
+    this.model = []; // templates of the model's parameters
+  }
+
+  tensor(api, desc) {
+    if ('ref' in desc) {
+      const t = this.created[desc.ref];
+      if (!t) fail(`ref ${desc.ref} before creation`);
+      return t.index ?? t.js;
+    }
+    const dense = desc.device !== 'meta' && desc.layout !== 'sparse_coo' && desc.leaf !== false;
+    const entry = { desc, index: null, js: null };
+    if (dense) {
+      entry.index = this.model.length;
+      this.model.push(zeros(api, desc.dtype, desc.shape));
+    } else {
+      entry.js = { ...desc };
+    }
+    this.created.push(entry);
+    return entry.index ?? entry.js;
+  }
+
+  tensors(api, list) {
+    return list.map((d) => this.tensor(api, d));
+  }
+
+  /** The constructor's `params` as PyTorch got it. */
+  params(api, p) {
+    switch (p.form) {
+      case 'tensor_list':
+        return this.tensors(api, p.tensors);
+      case 'param_groups':
+        return p.groups.map((g) => ('params' in g ? { ...(g.options ?? {}), params: this.tensors(api, g.params) } : { ...(g.options ?? {}) }));
+      case 'empty_list':
+        return [];
+      case 'python_floats':
+        return [...p.values];
+      case 'single_tensor': {
+        // One tensor, not a list: its description (a lone index would be a Python int).
+        const desc = p.tensor;
+        this.created.push({ desc, index: null, js: null });
+        return { ...desc };
+      }
+      case 'python_int':
+        return p.value;
+      case 'mixed_tensor_and_group':
+        return [this.tensor(api, p.tensor), { params: this.tensors(api, p.group_params) }];
+      default:
+        return fail(`unknown params form ${p.form}`);
+    }
+  }
+}
+
+/** Each rank's error from a thrown per-rank error (`rankErrors`), or none. */
+function rankOutcomes(w, error) {
+  const out = Array(w).fill(null);
+  if (error === null) return out;
+  if (!(error instanceof Error) || !Array.isArray(error.rankErrors)) {
+    fail(`a call every rank makes threw without rankErrors: ${error && error.name}: ${error && error.message}`);
+  }
+  for (const e of error.rankErrors) out[e.rank] = e;
+  return out;
+}
+
+async function outcome(call) {
+  try {
+    await call();
+    return null;
+  } catch (error) {
+    return error;
+  }
+}
+
+/** zero_errors: every stage's outcome, message and warnings per rank, as the library reports them. */
+async function zeroErrors(api, c) {
+  const { input, expected } = c;
+  const w = input.world_size;
+  const ctor = input.constructor;
+  const t = new ZeroErrorTensors();
+  const params = t.params(api, ctor.params);
+  const constructed = t.created.length;
+  const added = input.calls.filter((call) => call.method === 'add_param_group').map((call) => t.tensors(api, call.params));
+  const world = new api.World(w);
+  const replicas = api.Replicas.replicate(w, t.model);
+  const stages = [];
+  const since = (mark) => {
+    const records = api.recordedWarnings().slice(mark);
+    return [...Array(w).keys()].map((r) => records.filter((x) => x.ranks === null || x.ranks.includes(r)).map((x) => x.message));
+  };
+  let zero = null;
+  try {
+    let mark = api.recordedWarnings().length;
+    const error = await outcome(() => {
+      zero = new api.ZeroRedundancyOptimizer(world, replicas, params, ctor.optimizer.name, ctor.optimizer.options, {
+        parametersAsBucketView: !!ctor.parameters_as_bucket_view,
+        overlapWithDdp: !!ctor.overlap_with_ddp,
+      });
+    });
+    stages.push({ stage: 'constructor', errors: rankOutcomes(w, error), warnings: since(mark) });
+    if (zero) {
+      let nextAdded = 0;
+      for (let k = 0; k < input.calls.length; k++) {
+        const call = input.calls[k];
+        mark = api.recordedWarnings().length;
+        let errors;
+        switch (call.method) {
+          case 'set_grads': {
+            const grads = Array(t.model.length).fill(null);
+            call.grads.forEach((g, id) => {
+              const index = t.created[id].index;
+              if (index !== null) grads[index] = g;
+            });
+            for (let r = 0; r < w; r++) replicas.setGrads(r, grads);
+            continue;
+          }
+          case 'set_requires_grad': {
+            const index = t.created[call.param].index;
+            if (index !== null) zero.setRequiresGrad(index, call.value);
+            continue;
+          }
+          case 'state_dict':
+            // Every rank asks for its own.
+            errors = [];
+            for (let r = 0; r < w; r++) {
+              const e = await outcome(() => zero.stateDict(r));
+              errors.push(e === null ? null : { rank: r, name: e.name, message: e.message });
+            }
+            break;
+          case 'consolidate_state_dict':
+            errors = rankOutcomes(w, await outcome(() => zero.consolidateStateDict(call.to)));
+            break;
+          case 'step':
+            errors = rankOutcomes(w, await outcome(() => zero.step()));
+            break;
+          case 'add_param_group':
+            errors = rankOutcomes(w, await outcome(() => zero.addParamGroup({ params: added[nextAdded++] })));
+            break;
+          case 'load_state_dict':
+            errors = rankOutcomes(w, await outcome(() => zero.loadStateDict(call.state_dict)));
+            break;
+          default:
+            fail(`unknown call ${call.method}`);
+        }
+        stages.push({ stage: `calls[${k}]`, errors, warnings: since(mark) });
+      }
+    }
+    // Every stage, per rank.
+    sameOrFail(stages.map((s) => s.stage), expected.stages.map((s) => s.stage), 'stages');
+    stages.forEach((stage, i) => {
+      const want = expected.stages[i];
+      for (let r = 0; r < w; r++) {
+        const e = stage.errors[r];
+        const what = `${stage.stage}: rank ${r}`;
+        if (want.outcome_per_rank[r] === 'ok') {
+          if (e !== null) fail(`${what} raised ${e.name}: ${e.message}`);
+        } else {
+          if (e === null) fail(`${what} succeeded, expected ${want.error_type}`);
+          if (e.name !== want.error_type) fail(`${what} raised ${e.name}, expected ${want.error_type}`);
+          if (e.message !== want.messages_per_rank[r]) {
+            fail(`${what}: message ${JSON.stringify(e.message)}, expected ${JSON.stringify(want.messages_per_rank[r])}`);
+          }
+        }
+        const got = stage.warnings[r];
+        const texts = want.warnings_per_rank[r];
+        if (got.length !== texts.length || !texts.every((text, j) => got[j].includes(text))) {
+          fail(`${what} warned ${JSON.stringify(got)}, expected ${JSON.stringify(texts)}`);
+        }
+      }
+    });
+    // The first error, on the ranks that raised it.
+    const first = stages.find((s) => s.errors.some((e) => e !== null));
+    if (!first) {
+      if (expected.error) fail('expected an error, none was raised');
+    } else {
+      if (!expected.error) fail(`unexpected error at ${first.stage}`);
+      const error = first.errors.find((e) => e !== null);
+      if (error.name !== expected.error.type) fail(`error type ${error.name} != expected ${expected.error.type}`);
+      if (!error.message.includes(expected.error.message_contains)) {
+        fail(`error message ${JSON.stringify(error.message)} lacks ${JSON.stringify(expected.error.message_contains)}`);
+      }
+      if (first.stage !== expected.error_at) fail(`error at ${first.stage}, expected at ${expected.error_at}`);
+      const raised = first.errors.map((e, r) => (e === null ? null : r)).filter((r) => r !== null);
+      sameOrFail(raised, expected.raised_on_ranks, 'raised_on_ranks');
+    }
+    // Every warning with its channel and category, and no other.
+    const records = api.recordedWarnings();
+    const matches = (x, d) => x.channel === d.channel && x.category === d.category && x.message.includes(d.message);
+    for (const d of expected.warning_details) {
+      if (!records.some((x) => matches(x, d))) fail(`no ${d.channel} ${d.category} warning ${JSON.stringify(d.message)}`);
+    }
+    const extra = records.find((x) => !expected.warning_details.some((d) => matches(x, d)));
+    if (extra) fail(`unexpected warning ${extra.channel} ${extra.category} ${JSON.stringify(extra.message)}`);
+    let exact = true;
+    if (zero && expected.params_after_per_rank) {
+      const all = await replicas.params();
+      for (let r = 0; r < w; r++) {
+        const actual = t.created.slice(0, constructed).map((e) => (e.index === null ? null : all[r][e.index]));
+        exact = compareTensorList(api, c, actual, expected.params_after_per_rank[r], `params_after_per_rank[${r}]`) && exact;
+      }
+    }
+    if (zero && 'rank_of_param' in expected) {
+      const owners = zero.rankOfReplicaParam();
+      const actual = t.created.slice(0, constructed).map((e) => (e.index === null ? null : owners[e.index]));
+      sameOrFail(actual, expected.rank_of_param, 'rank_of_param');
+    }
+    return exact;
+  } finally {
+    if (zero) zero.free();
+    replicas.free();
+    world.free();
+  }
+}
+
+/**
+ * zero_join: Join([ddp, zero]) with uneven inputs. The runner feeds each rank's local
+ * gradients while it has inputs and tells the context which ranks still have them; DDP's
+ * all-reduce, the joined ranks' hooks and the final broadcast are the library's.
+ */
+async function zeroJoin(api, c) {
+  const { input, expected } = c;
+  const w = input.world_size;
+  const steps = input.steps_per_rank;
+  const beforeForward = input.zero_grad === 'before_forward';
+  if (!beforeForward && input.zero_grad !== 'after_step') fail(`unknown zero_grad ${input.zero_grad}`);
+  const world = new api.World(w);
+  const replicas = api.Replicas.replicate(w, input.initial_params);
+  const none = input.initial_params.map(() => null);
+  const owned = [replicas, world];
+  try {
+    const ddp = new api.DistributedDataParallel(world, replicas);
+    owned.unshift(ddp);
+    const zero = new api.ZeroRedundancyOptimizer(world, replicas, null, input.optimizer.name, input.optimizer.options, {
+      parametersAsBucketView: !!input.parameters_as_bucket_view,
+    });
+    owned.unshift(zero);
+    const join = new api.Join([ddp, zero], { divideByInitialWorldSize: input.divide_by_initial_world_size });
+    owned.unshift(join);
+    let exact = true;
+    for (let t = 0; t < input.grads.length; t++) {
+      const hasInput = steps.map((s) => s > t);
+      join.iteration(hasInput);
+      for (let r = 0; r < w; r++) {
+        if (!hasInput[r]) continue;
+        if (beforeForward) replicas.setGrads(r, none);
+        replicas.setGrads(r, input.grads[t][r]);
+      }
+      ddp.synchronizeGradients();
+      const grads = await replicas.grads();
+      for (let r = 0; r < w; r++) {
+        if (hasInput[r]) {
+          exact = compareTensorList(api, c, grads[r], expected.grads_after_backward[t][r], `grads_after_backward[${t}][${r}]`) && exact;
+        }
+      }
+      zero.step();
+      if (!beforeForward) hasInput.forEach((has, r) => has && replicas.setGrads(r, none));
+      const params = await replicas.params();
+      for (let r = 0; r < w; r++) {
+        if (hasInput[r]) {
+          exact = compareTensorList(api, c, params[r], expected.params_after_step[t][r], `params_after_step[${t}][${r}]`) && exact;
+        }
+      }
+    }
+    join.exit();
+    const params = await replicas.params();
+    const grads = await replicas.grads();
+    for (let r = 0; r < w; r++) {
+      exact = compareTensorList(api, c, params[r], expected.params_after_join[r], `params_after_join[${r}]`) && exact;
+      exact = compareTensorList(api, c, grads[r], expected.grads_after_join[r], `grads_after_join[${r}]`) && exact;
+    }
+    sameOrFail(zero.localStateSizes(), expected.local_state_sizes, 'local_state_sizes');
+    sameOrFail(zero.rankOfParam, expected.rank_of_param, 'rank_of_param');
+    return exact;
+  } finally {
+    owned.forEach((o) => o.free());
+  }
+}
+
 /** distributed_optimizer: per-owner local optimizers over RPC, from autograd contexts. */
 async function distributedOptimizer(api, c) {
   const { input, expected } = c;
@@ -542,17 +828,18 @@ const RUNNERS = {
   post_local_sgd: postLocalSgd,
   zero_partition: zeroPartition,
   zero_trajectory: zeroTrajectory,
+  zero_errors: zeroErrors,
+  zero_join: zeroJoin,
   distributed_optimizer: distributedOptimizer,
 };
 
 /**
  * Kinds that have golden files but no JS runner yet, reported as pending (by name and count)
- * instead of run. Every other kind on disk must have a runner and pass in full.
- * zero_errors and zero_join: their runners are being added in another branch; remove each
- * kind from this list when its runner lands (the count check fails while a kind is both here
- * and in RUNNERS).
+ * instead of run. Every other kind on disk must have a runner and pass in full. A kind is
+ * removed from this list when its runner lands (the count check fails while a kind is both
+ * here and in RUNNERS).
  */
-export const PENDING_KINDS = ['zero_errors', 'zero_join'];
+export const PENDING_KINDS = [];
 
 /** Whether this runner has a runner for `kind`. */
 export function hasRunner(kind) {

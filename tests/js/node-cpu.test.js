@@ -443,7 +443,10 @@ test('ZeroRedundancyOptimizer: sharded state, consolidation, named errors', asyn
     [() => new ZeroRedundancyOptimizer(world, replicas, [7], 'SGD'), 'IndexError', 'out of range'],
     [() => new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', { lr: -1 }), 'ValueError', 'Invalid learning rate'],
     [() => new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', {}, { bucket: true }), 'TypeError', "unknown ZeroRedundancyOptimizer option 'bucket'"],
-    [() => new ZeroRedundancyOptimizer(world, replicas, [{ lr: 1 }], 'SGD'), 'TypeError', 'params must be an array'],
+    [() => new ZeroRedundancyOptimizer(world, replicas, [{ lr: 1 }], 'SGD'), 'ValueError', "must have a 'params' key"],
+    [() => new ZeroRedundancyOptimizer(world, replicas, 5, 'SGD'), 'TypeError', 'iterable of Tensors or dicts, but got int'],
+    [() => new ZeroRedundancyOptimizer(world, replicas, [0, 1.5], 'SGD'), 'TypeError', 'iterable of Tensors or dicts'],
+    [() => new ZeroRedundancyOptimizer(world, replicas, [0, { dtype: 'float32', shape: [3], device: 'meta' }], 'SGD'), 'ValueError', 'torch.FloatTensor and torch.meta.FloatTensor'],
     [() => zero.addParamGroup({ params: [0] }), 'ValueError', 'more than one parameter group'],
     [() => zero.setRequiresGrad(9, true), 'IndexError', 'out of range'],
     [() => zero.setRequiresGrad(0, 'yes'), 'TypeError', 'boolean'],
@@ -465,6 +468,78 @@ test('ZeroRedundancyOptimizer: sharded state, consolidation, named errors', asyn
   assert.equal(error.name, 'RuntimeError');
   overlap.free();
   zero.free();
+});
+
+test('Join: DDP and ZeRO with uneven inputs, each rank\'s error, warnings with their ranks', async () => {
+  const { World, Replicas, DistributedDataParallel, ZeroRedundancyOptimizer, Join, takeWarnings, recordedWarnings } = api;
+  takeWarnings();
+  const world = new World(3);
+  const replicas = Replicas.replicate(3, [[0]]);
+  const ddp = new DistributedDataParallel(world, replicas);
+  const zero = new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', { lr: 1 });
+  const join = new Join([ddp, zero], { divideByInitialWorldSize: false });
+  join.iteration([true, true, true]);
+  for (let r = 0; r < 3; r++) replicas.setGrads(r, [[6]]);
+  ddp.synchronizeGradients();
+  zero.step();
+  join.iteration([false, true, true]);
+  replicas.setGrads(1, [[3]]);
+  replicas.setGrads(2, [[6]]);
+  ddp.synchronizeGradients();
+  // Rank 0 joined: it keeps its own gradient (2 + 2 + 2); the others divide by the 2 active ranks.
+  assert.deepEqual((await replicas.grads()).map((g) => [...g[0].data]), [[6], [4.5], [4.5]]);
+  zero.step();
+  join.exit();
+  assert.deepEqual(join.joined, [true, true, true]);
+  assert.deepEqual(join.shadowIterations(), [1, 0, 0]);
+  // Rank 0 owns the parameter and stepped with its stale gradient at the second iteration.
+  assert.deepEqual((await replicas.params()).map((p) => [...p[0].data]), [[-12], [-12], [-12]]);
+
+  zero.free();
+  ddp.free();
+
+  // throwOnEarlyTermination: every rank raises its own error.
+  const ddp2 = new DistributedDataParallel(world, replicas);
+  const strict = new Join([ddp2], { throwOnEarlyTermination: true });
+  strict.iteration([true, false, true]);
+  const early = await thrown(() => ddp2.synchronizeGradients());
+  assert.equal(early.name, 'RuntimeError');
+  assert.deepEqual(early.rankErrors, [
+    { rank: 0, name: 'RuntimeError', message: 'Detected at least one rank that exhausted inputs. Throwing across all ranks.' },
+    { rank: 1, name: 'RuntimeError', message: 'Rank 1 exhausted all inputs.' },
+    { rank: 2, name: 'RuntimeError', message: 'Detected at least one rank that exhausted inputs. Throwing across all ranks.' },
+  ]);
+  ddp2.free();
+  const joinError = await thrown(() => new Join([]));
+  assert.equal(joinError.name, 'ValueError');
+  assert.equal(joinError.message, 'The join context manager requires at least one joinable');
+
+  // Warnings carry their channel, category and ranks; errors each rank's message.
+  const world2 = new World(2);
+  const replicas2 = Replicas.replicate(2, [[1, 2, 3], [4, 5, 6]]);
+  takeWarnings();
+  const z = new ZeroRedundancyOptimizer(world2, replicas2, [0, 1, 0], 'SGD', { lr: 0.1 });
+  const duplicate = recordedWarnings().filter((w) => w.message.includes('duplicate parameters'));
+  // Every rank's check, then rank 0's local optimizer, which holds both copies.
+  assert.deepEqual(duplicate.map((w) => [w.channel, w.category, w.ranks]), [
+    ['warnings', 'UserWarning', [0, 1]],
+    ['warnings', 'UserWarning', [0]],
+  ]);
+  assert.deepEqual(z.rankOfReplicaParam(), [0, 1]);
+  assert.deepEqual(z.localOptimizerParamGroups(), [[[0]], [[1]]]);
+  assert.equal(takeWarnings().length, 2);
+  assert.deepEqual(recordedWarnings(), []);
+  z.setRequiresGrad(0, false);
+  z.step();
+  assert.deepEqual(recordedWarnings().map((w) => [w.channel, w.category, w.ranks]), [['logging', 'WARNING', [0, 1]]]);
+  await z.consolidateStateDict(-1);
+  const notHere = await thrown(() => z.stateDict(1));
+  assert.equal(notHere.name, 'RuntimeError');
+  assert.match(notHere.message, /consolidate_state_dict\(to=1\)/);
+  const loadError = await thrown(() => z.loadStateDict({ state: {}, param_groups: [] }));
+  assert.deepEqual(loadError.rankErrors.map((e) => [e.rank, e.name]), [[0, 'ValueError'], [1, 'ValueError']]);
+  z.free();
+  takeWarnings();
 });
 
 test('RpcWorld and DistributedOptimizer: steps from autograd contexts, named errors', async () => {

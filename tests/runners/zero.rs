@@ -5,12 +5,14 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use distopt::comm::{Communicator, SimulatedWorld, local_index};
-use distopt::json::tensor_from_json;
+use distopt::ddp::DistributedDataParallel;
+use distopt::join::{Join, JoinOptions, Joinable};
 use distopt::optim::option_map;
 use distopt::replicas::Replicas;
-use distopt::zero::args::{ParamItem, ParamsArg, TensorArg, validate};
+use distopt::warnings::Warning;
+use distopt::zero::args::{ParamItem, ParamsArg, TensorArg};
 use distopt::zero::{ZeroOptions, ZeroRedundancyOptimizer};
-use distopt::{Backend, DType, Error, Tensor, warnings};
+use distopt::{Backend, DType, Error, RankErrors, Tensor, warnings};
 use serde_json::Value;
 
 use super::{
@@ -56,15 +58,16 @@ pub fn run(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
     run_with_world(backend, case, &super::simulated_world)
 }
 
-/// Runs a `zero_*` case. `zero_trajectory` runs on the worlds `worlds` builds, over this
-/// process's ranks only; the other kinds always run on the simulated world.
+/// Runs a `zero_*` case. `zero_trajectory`, `zero_errors` and `zero_join` run on the worlds
+/// `worlds` builds, over this process's ranks only; `zero_partition` always runs on the
+/// simulated world.
 pub fn run_with_world(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcome {
     warnings::take();
     let outcome = match case.kind.as_str() {
         "zero_partition" => partition(backend, case),
         "zero_trajectory" => trajectory(backend, case, worlds),
-        "zero_errors" => errors(backend, case),
-        "zero_join" => join(backend, case),
+        "zero_errors" => errors(backend, case, worlds),
+        "zero_join" => join(backend, case, worlds),
         other => Err(format!("unknown kind {other}")),
     };
     let emitted = warnings::take();
@@ -143,14 +146,18 @@ fn partition(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
             if p.numel_per_rank != indices(&want("numel_per_rank")) {
                 return Err(format!("{what}: numel_per_rank {:?}", p.numel_per_rank));
             }
-            if let Some(local) = expected
+            if let Some(want) = expected
                 .get("local_optimizer_param_groups")
                 .and_then(Value::as_array)
             {
-                let local: Vec<Vec<Vec<usize>>> = local.iter().map(nested_indices).collect();
-                if local != p.params_per_rank_per_group {
+                // Read from each rank's local optimizer, not from the partition.
+                let want: Vec<Vec<Vec<usize>>> = want.iter().map(nested_indices).collect();
+                let local = zero
+                    .local_optimizer_param_groups()
+                    .ok_or("no local optimizers")?;
+                if local != want {
                     return Err(format!(
-                        "{what}: local optimizer groups differ from the partition"
+                        "{what}: local_optimizer_param_groups {local:?}, expected {want:?}"
                     ));
                 }
             }
@@ -494,9 +501,176 @@ trait Pipe: Sized {
 }
 impl<T> Pipe for T {}
 
-fn errors(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
+/// One stage of a `zero_errors` case (the constructor, or a call that is not set-up): each
+/// local rank's error, if it raised, and the warnings each local rank emitted meanwhile.
+struct Stage {
+    name: String,
+    errors: Vec<Option<Error>>,
+    warnings: Vec<Vec<String>>,
+}
+
+/// The warnings recorded since `mark`, per local rank (a record names the ranks that emitted
+/// it).
+fn warnings_since(mark: usize, local: &Range<usize>) -> Vec<Vec<String>> {
+    let records = warnings::recorded_records();
+    local
+        .clone()
+        .map(|rank| {
+            records[mark.min(records.len())..]
+                .iter()
+                .filter(|w| w.emitted_by(rank))
+                .map(|w| w.message.clone())
+                .collect()
+        })
+        .collect()
+}
+
+/// Each local rank's error from a call every local rank made.
+fn rank_outcomes<T>(local: &Range<usize>, result: Result<T, RankErrors>) -> Vec<Option<Error>> {
+    match result {
+        Ok(_) => vec![None; local.len()],
+        Err(errors) => local.clone().map(|r| errors.get(r).cloned()).collect(),
+    }
+}
+
+/// Compares the stages with `expected.stages` (local ranks only: a process sees its own), then
+/// the first error with `error`, `error_at` and `raised_on_ranks`.
+fn compare_stages(case: &Case, local: &Range<usize>, stages: &[Stage]) -> Result<(), String> {
+    let expected = case.expected();
+    let want = expected["stages"].as_array().ok_or("expected.stages")?;
+    let names: Vec<&str> = stages.iter().map(|s| s.name.as_str()).collect();
+    let want_names: Vec<&str> = want.iter().filter_map(|s| s["stage"].as_str()).collect();
+    if names != want_names {
+        return Err(format!("stages {names:?}, expected {want_names:?}"));
+    }
+    for (stage, want) in stages.iter().zip(want) {
+        let what = &stage.name;
+        for (i, rank) in local.clone().enumerate() {
+            let outcome = want["outcome_per_rank"][rank].as_str().unwrap_or_default();
+            match (&stage.errors[i], outcome) {
+                (None, "ok") => {
+                    if !want["messages_per_rank"].is_null()
+                        && !want["messages_per_rank"][rank].is_null()
+                    {
+                        return Err(format!("{what}: rank {rank} has a message but no error"));
+                    }
+                }
+                (Some(e), "error") => {
+                    if e.kind().name() != want["error_type"] {
+                        return Err(format!(
+                            "{what}: rank {rank} raised {}, expected {}",
+                            e.kind().name(),
+                            want["error_type"]
+                        ));
+                    }
+                    if e.message() != want["messages_per_rank"][rank] {
+                        return Err(format!(
+                            "{what}: rank {rank}'s message {:?}, expected {}",
+                            e.message(),
+                            want["messages_per_rank"][rank]
+                        ));
+                    }
+                }
+                (got, outcome) => {
+                    return Err(format!(
+                        "{what}: rank {rank} {}, expected {outcome}",
+                        got.as_ref()
+                            .map_or("succeeded".to_string(), |e| format!("raised {e}"))
+                    ));
+                }
+            }
+            let texts: Vec<&str> = want["warnings_per_rank"][rank]
+                .as_array()
+                .ok_or_else(|| format!("{what}: warnings_per_rank[{rank}]"))?
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            let got = &stage.warnings[i];
+            if got.len() != texts.len() || !got.iter().zip(&texts).all(|(g, t)| g.contains(t)) {
+                return Err(format!(
+                    "{what}: rank {rank} warned {got:?}, expected {texts:?}"
+                ));
+            }
+        }
+    }
+    // The first error, on the ranks that raised it.
+    let first = stages.iter().find(|s| s.errors.iter().any(Option::is_some));
+    match (first, expected.get("error")) {
+        (None, None) => Ok(()),
+        (None, Some(_))
+            if local.clone().all(|r| {
+                // A process that holds none of the raising ranks sees no error.
+                !indices(&expected["raised_on_ranks"]).contains(&r)
+            }) =>
+        {
+            Ok(())
+        }
+        (None, Some(_)) => Err("expected an error, none was raised".into()),
+        (Some(stage), None) => Err(format!("unexpected error at {}", stage.name)),
+        (Some(stage), Some(_)) => {
+            let error = stage.errors.iter().flatten().next().ok_or("no error")?;
+            compare_error(case, error)?;
+            if expected["error_at"] != stage.name.as_str() {
+                return Err(format!(
+                    "error at {}, expected at {}",
+                    stage.name, expected["error_at"]
+                ));
+            }
+            let raised: Vec<usize> = local
+                .clone()
+                .zip(&stage.errors)
+                .filter(|(_, e)| e.is_some())
+                .map(|(r, _)| r)
+                .collect();
+            let want: Vec<usize> = indices(&expected["raised_on_ranks"])
+                .into_iter()
+                .filter(|r| local.contains(r))
+                .collect();
+            if raised != want {
+                return Err(format!(
+                    "raised on ranks {raised:?}, expected {} (this process holds {local:?})",
+                    expected["raised_on_ranks"]
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Compares every distinct warning emitted with `expected.warning_details`: the same channel
+/// and category for each expected text, and no other warning.
+fn compare_warning_details(case: &Case, records: &[Warning]) -> Result<(), String> {
+    let want = case.expected()["warning_details"]
+        .as_array()
+        .ok_or("expected.warning_details")?;
+    let matches = |w: &Warning, d: &Value| {
+        d["channel"] == w.channel.name()
+            && d["category"] == w.category.as_str()
+            && w.message.contains(d["message"].as_str().unwrap_or("\u{0}"))
+    };
+    for d in want {
+        if !records.iter().any(|w| matches(w, d)) {
+            return Err(format!(
+                "no {} {} warning {}; emitted {:?}",
+                d["channel"],
+                d["category"],
+                d["message"],
+                records.iter().map(|w| w.to_string()).collect::<Vec<_>>()
+            ));
+        }
+    }
+    if let Some(w) = records.iter().find(|w| !want.iter().any(|d| matches(w, d))) {
+        return Err(format!("unexpected warning {w}"));
+    }
+    Ok(())
+}
+
+fn errors(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcome {
     let (input, expected) = (case.input(), case.expected());
     let w = input["world_size"].as_u64().ok_or("world_size")? as usize;
+    let world = worlds(w)?;
+    let local = world.local_ranks();
+    let first_record = warnings::recorded_records().len();
     let ctor = &input["constructor"];
     let mut created = Created::default();
     let params = created.params_arg(&ctor["params"])?;
@@ -510,29 +684,6 @@ fn errors(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
             added_ids.push(created.tensors(&call["params"])?);
         }
     }
-    let first_error = |error: &Error, at: &str, ranks: Vec<usize>| -> Outcome {
-        if expected.get("error").is_none() {
-            return Err(format!("unexpected error at {at}: {error}"));
-        }
-        compare_error(case, error)?;
-        if expected["error_at"] != at {
-            return Err(format!(
-                "error at {at}, expected at {}",
-                expected["error_at"]
-            ));
-        }
-        if indices(&expected["raised_on_ranks"]) != ranks {
-            return Err(format!(
-                "raised on ranks {ranks:?}, expected {}",
-                expected["raised_on_ranks"]
-            ));
-        }
-        Ok(true)
-    };
-    let groups = match validate(&params) {
-        Ok(g) => g,
-        Err(e) => return first_error(&e, "constructor", (0..w).collect()),
-    };
     // The model: every dense tensor created; meta and sparse ones have no data here.
     let dense: Vec<Option<usize>> = {
         let mut next = 0;
@@ -554,7 +705,7 @@ fn errors(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
         .filter(|(a, _)| !a.meta && !a.sparse)
         .map(|(a, shape)| zero_tensor(a.dtype, shape))
         .collect();
-    let mut replicas = Replicas::replicate(backend.clone(), w, &templates).map_err(s)?;
+    let mut replicas = Replicas::replicate(backend.clone(), local.len(), &templates).map_err(s)?;
     let to_replica = |ids: &[TensorArg]| -> Result<Vec<usize>, String> {
         ids.iter()
             .map(|t| {
@@ -562,114 +713,113 @@ fn errors(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
             })
             .collect()
     };
-    let typed_groups: Vec<(Vec<usize>, serde_json::Map<String, Value>)> = groups
-        .iter()
-        .map(|(ids, options)| Ok((to_replica(ids)?, options.clone())))
-        .collect::<Result<_, String>>()?;
     let options = ZeroOptions {
         parameters_as_bucket_view: ctor["parameters_as_bucket_view"].as_bool().unwrap_or(false),
         overlap_with_ddp: ctor["overlap_with_ddp"].as_bool().unwrap_or(false),
     };
     let name = ctor["optimizer"]["name"].as_str().unwrap_or_default();
     let defaults = option_map(&ctor["optimizer"]["options"]).map_err(s)?;
-    let mut zero = match ZeroRedundancyOptimizer::new(
-        world(w)?,
+    let mut stages = Vec::new();
+    let mark = warnings::recorded_records().len();
+    let constructed_zero = ZeroRedundancyOptimizer::from_params(
+        world.clone(),
         &replicas,
-        typed_groups,
+        &params,
+        &|t: &TensorArg| dense.get(t.id).copied().flatten(),
         name,
         &defaults,
         options,
-    ) {
-        Ok(z) => z,
-        Err(e) => return first_error(&e, "constructor", (0..w).collect()),
-    };
-    let mut first: Option<(Error, String, Vec<usize>)> = None;
+    );
+    stages.push(Stage {
+        name: "constructor".into(),
+        errors: rank_outcomes(
+            &local,
+            constructed_zero.as_ref().map(|_| ()).map_err(Clone::clone),
+        ),
+        warnings: warnings_since(mark, &local),
+    });
+    let mut zero = constructed_zero.ok();
     let mut added = added_ids.into_iter();
-    for (k, call) in calls.iter().enumerate() {
-        let at = format!("calls[{k}]");
-        let mut per_rank: Vec<Result<(), Error>> = vec![Ok(()); w];
-        match call["method"].as_str().unwrap_or_default() {
-            "set_grads" => {
-                let grads = optional_tensors(&call["grads"], "grads")?;
-                let mut all = vec![None; replicas.len()];
-                for (id, g) in grads.into_iter().enumerate() {
-                    if let Some(Some(j)) = dense.get(id) {
-                        all[*j] = g;
+    if let Some(zero) = zero.as_mut() {
+        for (k, call) in calls.iter().enumerate() {
+            let mark = warnings::recorded_records().len();
+            let errors = match call["method"].as_str().unwrap_or_default() {
+                "set_grads" => {
+                    let grads = optional_tensors(&call["grads"], "grads")?;
+                    let mut all = vec![None; replicas.len()];
+                    for (id, g) in grads.into_iter().enumerate() {
+                        if let Some(Some(j)) = dense.get(id) {
+                            all[*j] = g;
+                        }
                     }
+                    // Every rank sets its own tensors' gradients.
+                    for index in 0..local.len() {
+                        replicas.set_grads(index, &all).map_err(s)?;
+                    }
+                    continue;
                 }
-                for rank in 0..w {
-                    replicas.set_grads(rank, &all).map_err(s)?;
+                "set_requires_grad" => {
+                    let id = call["param"].as_u64().unwrap_or(0) as usize;
+                    if let Some(Some(j)) = dense.get(id) {
+                        zero.set_requires_grad(*j, call["value"].as_bool().unwrap_or(true));
+                    }
+                    continue;
                 }
-            }
-            "set_requires_grad" => {
-                let id = call["param"].as_u64().unwrap_or(0) as usize;
-                if let Some(Some(j)) = dense.get(id) {
-                    zero.set_requires_grad(*j, call["value"].as_bool().unwrap_or(true));
+                "state_dict" => zero
+                    .state_dict_on_ranks()
+                    .into_iter()
+                    .map(|(_, r)| r.err())
+                    .collect(),
+                "consolidate_state_dict" => {
+                    let to = call["to"].as_i64().unwrap_or(0);
+                    rank_outcomes(
+                        &local,
+                        zero.consolidate_state_dict_on_ranks_blocking(&replicas, to),
+                    )
                 }
-            }
-            "state_dict" => {
-                for (rank, slot) in per_rank.iter_mut().enumerate() {
-                    *slot = zero.state_dict(rank).map(|_| ());
+                "step" => rank_outcomes(&local, zero.step_on_ranks(&mut replicas)),
+                "add_param_group" => {
+                    let ids = added.next().ok_or("add_param_group tensors")?;
+                    let j = to_replica(&ids)?;
+                    rank_outcomes(
+                        &local,
+                        zero.add_param_group_on_ranks_blocking(&replicas, j, &Default::default()),
+                    )
                 }
-            }
-            "consolidate_state_dict" => {
-                let to = call["to"].as_i64().unwrap_or(0);
-                let result = zero.consolidate_state_dict_blocking(&replicas, to);
-                per_rank = vec![result; w];
-            }
-            "step" => {
-                let result = zero.step(&mut replicas);
-                per_rank = vec![result; w];
-            }
-            "add_param_group" => {
-                let ids = added.next().ok_or("add_param_group tensors")?;
-                let result = to_replica(&ids)
-                    .map_err(Error::value)
-                    .and_then(|j| zero.add_param_group_blocking(&replicas, j, &Default::default()));
-                per_rank = vec![result; w];
-            }
-            "load_state_dict" => {
-                let result = zero.load_state_dict(&replicas, &call["state_dict"]);
-                per_rank = vec![result; w];
-            }
-            other => return Err(format!("unknown call {other:?}")),
-        }
-        let raised: Vec<usize> = per_rank
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.is_err())
-            .map(|(r, _)| r)
-            .collect();
-        if first.is_none() {
-            if let Some(Err(e)) = per_rank.into_iter().find(|r| r.is_err()) {
-                first = Some((e, at, raised));
-            }
+                "load_state_dict" => rank_outcomes(
+                    &local,
+                    zero.load_state_dict_on_ranks(&replicas, &call["state_dict"]),
+                ),
+                other => return Err(format!("unknown call {other:?}")),
+            };
+            stages.push(Stage {
+                name: format!("calls[{k}]"),
+                errors,
+                warnings: warnings_since(mark, &local),
+            });
         }
     }
+    compare_stages(case, &local, &stages)?;
+    let records = warnings::recorded_records();
+    compare_warning_details(case, &records[first_record.min(records.len())..])?;
     let mut exact = true;
-    match first {
-        Some((e, at, ranks)) => {
-            first_error(&e, &at, ranks)?;
-        }
-        None if expected.get("error").is_some() => {
-            return Err("expected an error, none was raised".into());
-        }
-        None => {}
-    }
+    let Some(zero) = zero else {
+        return Ok(exact);
+    };
     if let Some(per_rank) = expected
         .get("params_after_per_rank")
         .and_then(Value::as_array)
     {
         let params = replicas.all_params_blocking().map_err(s)?;
-        for (rank, want) in per_rank.iter().enumerate() {
+        for (index, rank) in local.clone().enumerate() {
             let actual: Vec<Option<Tensor>> = dense[..constructed]
                 .iter()
-                .map(|d| d.map(|j| params[rank][j].clone()))
+                .map(|d| d.map(|j| params[index][j].clone()))
                 .collect();
             exact &= compare_optional_tensors(
                 case,
                 &actual,
-                want,
+                &per_rank[rank],
                 &format!("params_after_per_rank[{rank}]"),
             )?;
         }
@@ -687,117 +837,130 @@ fn errors(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
     Ok(exact)
 }
 
-fn join(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
+/// `Join([ddp, zero])` with uneven inputs: the runner feeds each rank's local gradients while
+/// it has inputs and tells the context which ranks still have them; DDP's all-reduce, the
+/// joined ranks' hooks and the final broadcast are the library's.
+fn join(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcome {
     let (input, expected) = (case.input(), case.expected());
     let w = input["world_size"].as_u64().ok_or("world_size")? as usize;
+    let world = worlds(w)?;
+    let local = world.local_ranks();
     let name = input["optimizer"]["name"].as_str().unwrap_or_default();
     let defaults = option_map(&input["optimizer"]["options"]).map_err(s)?;
     let initial = tensors(&input["initial_params"], "initial_params")?;
     let steps = indices(&input["steps_per_rank"]);
-    let before_forward = input["zero_grad"] == "before_forward";
-    let divide_by_initial = input["divide_by_initial_world_size"]
-        .as_bool()
-        .unwrap_or(true);
+    if steps.len() != w {
+        return Err(format!(
+            "steps_per_rank has {} entries for {w} ranks",
+            steps.len()
+        ));
+    }
+    let before_forward = match input["zero_grad"].as_str() {
+        Some("before_forward") => true,
+        Some("after_step") => false,
+        other => return Err(format!("unknown zero_grad {other:?}")),
+    };
+    let join_options = JoinOptions {
+        divide_by_initial_world_size: input["divide_by_initial_world_size"]
+            .as_bool()
+            .ok_or("divide_by_initial_world_size")?,
+        ..JoinOptions::default()
+    };
     let options = ZeroOptions {
         parameters_as_bucket_view: input["parameters_as_bucket_view"]
             .as_bool()
             .unwrap_or(false),
         overlap_with_ddp: false,
     };
-    let mut replicas = Replicas::replicate(backend.clone(), w, &initial).map_err(s)?;
+    let mut replicas = Replicas::replicate(backend.clone(), local.len(), &initial).map_err(s)?;
+    let mut ddp = DistributedDataParallel::new(world.clone(), &mut replicas).map_err(s)?;
     let groups = vec![((0..initial.len()).collect(), Default::default())];
     let mut zero =
-        ZeroRedundancyOptimizer::new(world(w)?, &replicas, groups, name, &defaults, options)
+        ZeroRedundancyOptimizer::new(world.clone(), &replicas, groups, name, &defaults, options)
             .map_err(s)?;
+    let mut join = Join::new(
+        &mut [&mut ddp as &mut dyn Joinable, &mut zero],
+        join_options,
+    )
+    .map_err(s)?;
     let mut exact = true;
-    for (t, step) in input["grads"].as_array().ok_or("grads")?.iter().enumerate() {
-        let active: Vec<usize> = (0..w).filter(|&r| steps[r] > t).collect();
-        if before_forward {
-            for &r in &active {
-                replicas.zero_grad_rank(r);
+    let grads = input["grads"].as_array().ok_or("grads")?;
+    // This process's ranks train while one of them has inputs; the others' shadow iterations
+    // (other processes') are run by `exit`.
+    let iterations = local.clone().map(|r| steps[r]).max().unwrap_or(0);
+    for (t, step) in grads.iter().enumerate().take(iterations) {
+        let has_input: Vec<bool> = local.clone().map(|r| steps[r] > t).collect();
+        join.iteration(&has_input).map_err(s)?;
+        for (index, rank) in local.clone().enumerate().filter(|&(i, _)| has_input[i]) {
+            if before_forward {
+                replicas.zero_grad_rank(index);
             }
+            // The rank's backward pass: its local gradients.
+            let g = optional_tensors(&step[rank], &format!("grads[{t}][{rank}]"))?;
+            replicas.set_grads(index, &g).map_err(s)?;
         }
-        // DDP's all-reduce with the join hook: joined ranks contribute zeros; every active
-        // rank gets sum_r fl32(G_r * fl32(1/D)).
-        let divisor = if divide_by_initial { w } else { active.len() };
-        let scale = 1.0f32 / divisor as f32;
-        let mut averaged = Vec::new();
-        for i in 0..initial.len() {
-            let mut acc: Option<Vec<f32>> = None;
-            for &r in &active {
-                let g = tensor_from_json(&step[r][i], "grad").map_err(s)?;
-                let values = g.values_f64().map_err(s)?;
-                let scaled: Vec<f32> = values.iter().map(|&v| v as f32 * scale).collect();
-                acc = Some(match acc {
-                    None => scaled,
-                    Some(a) => a.iter().zip(&scaled).map(|(x, y)| x + y).collect(),
-                });
-            }
-            let values: Vec<f64> = acc.unwrap_or_default().into_iter().map(f64::from).collect();
-            averaged.push(Some(
-                Tensor::from_f64(initial[i].dtype(), initial[i].shape(), &values).map_err(s)?,
-            ));
-        }
-        for &r in &active {
-            replicas.set_grads(r, &averaged).map_err(s)?;
-        }
-        let grads = replicas.all_grads_blocking().map_err(s)?;
-        for &r in &active {
+        ddp.synchronize_gradients(&mut replicas)
+            .map_err(|e| format!("iteration {t}: {e}"))?;
+        let after_backward = replicas.all_grads_blocking().map_err(s)?;
+        for (index, rank) in local.clone().enumerate().filter(|&(i, _)| has_input[i]) {
             exact &= compare_optional_tensors(
                 case,
-                &grads[r],
-                &expected["grads_after_backward"][t][r],
-                &format!("grads_after_backward[{t}][{r}]"),
+                &after_backward[index],
+                &expected["grads_after_backward"][t][rank],
+                &format!("grads_after_backward[{t}][{rank}]"),
             )?;
         }
-        // Active ranks step; joined ranks run ZeRO's join hook, which steps too.
-        zero.join_hook().main_hook(&mut replicas).map_err(s)?;
+        zero.step_on_ranks(&mut replicas)
+            .map_err(|e| format!("iteration {t}: {e}"))?;
         if !before_forward {
-            for &r in &active {
-                replicas.zero_grad_rank(r);
+            for index in (0..local.len()).filter(|&i| has_input[i]) {
+                replicas.zero_grad_rank(index);
             }
         }
         let params = replicas.all_params_blocking().map_err(s)?;
-        for &r in &active {
+        for (index, rank) in local.clone().enumerate().filter(|&(i, _)| has_input[i]) {
             exact &= compare_tensors(
                 case,
-                &params[r],
-                &expected["params_after_step"][t][r],
-                &format!("params_after_step[{t}][{r}]"),
+                &params[index],
+                &expected["params_after_step"][t][rank],
+                &format!("params_after_step[{t}][{rank}]"),
             )?;
         }
     }
+    join.exit(
+        &mut [&mut ddp as &mut dyn Joinable, &mut zero],
+        &mut replicas,
+    )
+    .map_err(|e| format!("exit: {e}"))?;
     let params = replicas.all_params_blocking().map_err(s)?;
     let grads = replicas.all_grads_blocking().map_err(s)?;
-    for r in 0..w {
+    for (index, rank) in local.clone().enumerate() {
         exact &= compare_tensors(
             case,
-            &params[r],
-            &expected["params_after_join"][r],
-            &format!("params_after_join[{r}]"),
+            &params[index],
+            &expected["params_after_join"][rank],
+            &format!("params_after_join[{rank}]"),
         )?;
         exact &= compare_optional_tensors(
             case,
-            &grads[r],
-            &expected["grads_after_join"][r],
-            &format!("grads_after_join[{r}]"),
+            &grads[index],
+            &expected["grads_after_join"][rank],
+            &format!("grads_after_join[{rank}]"),
         )?;
     }
-    if zero.local_state_sizes() != indices(&expected["local_state_sizes"]) {
+    let sizes = zero.local_state_sizes();
+    if !local_sizes_match(world.as_ref(), &sizes, &expected["local_state_sizes"]) {
         return Err(format!(
-            "local_state_sizes {:?}, expected {}",
-            zero.local_state_sizes(),
+            "local_state_sizes {sizes:?} (ranks {local:?}), expected {}",
             expected["local_state_sizes"]
         ));
     }
-    if let Some(want) = expected.get("rank_of_param") {
-        let p = zero.partition().ok_or("partition")?;
-        if p.rank_of_param != indices(want) {
-            return Err(format!(
-                "rank_of_param {:?}, expected {want}",
-                p.rank_of_param
-            ));
-        }
+    let p = zero.partition().ok_or("partition")?;
+    if p.rank_of_param != indices(&expected["rank_of_param"]) {
+        return Err(format!(
+            "rank_of_param {:?}, expected {}",
+            p.rank_of_param, expected["rank_of_param"]
+        ));
     }
     Ok(exact)
 }

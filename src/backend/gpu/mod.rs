@@ -97,6 +97,7 @@ struct Kernels {
     sgd: Kernel,
     adam: Kernel,
     average: Kernel,
+    scaled_sum: Kernel,
 }
 
 impl std::fmt::Debug for GpuBackend {
@@ -229,6 +230,13 @@ impl GpuBackend {
                 &[Uniform, Read, Read, ReadWrite],
                 &["FORMAT", "ARITH"],
             ),
+            scaled_sum: Kernel::new(
+                &device,
+                "scaled_sum",
+                shaders::SCALED_SUM,
+                &[Uniform, Read, Read, Read, Read, ReadWrite],
+                &["FORMAT", "ARITH"],
+            ),
         };
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("distopt placeholder"),
@@ -277,7 +285,11 @@ impl GpuBackend {
     /// The number of pipelines created so far (they are cached: this stops growing).
     pub fn cached_pipelines(&self) -> usize {
         let k = &self.kernels;
-        k.dp_sgd_step.cached() + k.sgd.cached() + k.adam.cached() + k.average.cached()
+        k.dp_sgd_step.cached()
+            + k.sgd.cached()
+            + k.adam.cached()
+            + k.average.cached()
+            + k.scaled_sum.cached()
     }
 }
 
@@ -426,6 +438,23 @@ impl Backend for GpuBackend {
             return self.host.average(arena, group_size, arith, starts, active);
         }
         self.average_on_device(arena, group_size, arith, starts, active)
+    }
+
+    fn scaled_sum(
+        &self,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+    ) -> Result<()> {
+        if matches!(arena.storage, ArenaStorage::Host(_)) {
+            return self
+                .host
+                .scaled_sum(arena, arith, starts, reduced, scales, present);
+        }
+        self.scaled_sum_on_device(arena, arith, starts, reduced, scales, present)
     }
 
     fn copy_regions(

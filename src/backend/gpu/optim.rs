@@ -324,6 +324,64 @@ impl GpuBackend {
     }
 }
 
+impl GpuBackend {
+    pub(crate) fn scaled_sum_on_device(
+        &self,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+    ) -> Result<()> {
+        crate::backend::kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
+        if starts.0.is_empty() {
+            return Ok(());
+        }
+        // The device computes in float32 at most (float64 arenas live on the host).
+        let arith = if arith == StorageFormat::F64 {
+            StorageFormat::F32
+        } else {
+            arith
+        };
+        let (ranks, params) = (arena.ranks(), starts.0.len());
+        let flags: Vec<u32> = reduced.iter().map(|&r| u32::from(r)).collect();
+        // The scale in float32, the compute precision.
+        let scale_values: Vec<f32> = scales.iter().map(|s| s.unwrap_or(0.0) as f32).collect();
+        let table: Vec<u32> = (0..ranks * params)
+            .map(|k| {
+                let (rank, _) = (k / params, k % params);
+                let receives = scales[rank].is_some();
+                flag(receives && present[k], 1) | flag(receives, 2)
+            })
+            .collect();
+        let starts_buffer = self.param_table_buffer(starts, arena.rank_len());
+        let flags_buffer = self.storage_buffer("distopt scaled sum flags", &flags);
+        let scales_buffer = self.storage_buffer("distopt scaled sum scales", &scale_values);
+        let table_buffer = self.storage_buffer("distopt scaled sum table", &table);
+        let kernel = &self.kernels.scaled_sum;
+        let pipeline = kernel.pipeline(
+            &self.shared,
+            &[arena.format().shader_code(), arith.shader_code()],
+        );
+        let a = self.gpu(arena)?;
+        let device = &self.shared.device;
+        self.dispatch_chunks(&pipeline, arena, 1, params, ranks, &|c, uniform| {
+            kernel.bind(
+                device,
+                &[
+                    uniform,
+                    &starts_buffer,
+                    &flags_buffer,
+                    &scales_buffer,
+                    &table_buffer,
+                    &a.chunks[c].buffer,
+                ],
+            )
+        })
+    }
+}
+
 fn check_geometry(
     what: &str,
     params: &Arena,

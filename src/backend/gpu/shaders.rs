@@ -38,12 +38,22 @@ pub const AVERAGE: &str = concat!(
     include_str!("../../../shaders/average.wgsl")
 );
 
+/// DDP's gradient all-reduce with joined ranks (`shaders/scaled_sum.wgsl`).
+pub const SCALED_SUM: &str = concat!(
+    include_str!("../../../shaders/packing.wgsl"),
+    "\n",
+    include_str!("../../../shaders/param_table.wgsl"),
+    "\n",
+    include_str!("../../../shaders/scaled_sum.wgsl")
+);
+
 /// Every complete shader source with its name, for validation.
 pub const ALL: &[(&str, &str)] = &[
     ("dp_sgd_step", DP_SGD_STEP),
     ("sgd", SGD),
     ("adam", ADAM),
     ("average", AVERAGE),
+    ("scaled_sum", SCALED_SUM),
 ];
 
 #[cfg(test)]

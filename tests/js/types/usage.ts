@@ -5,8 +5,10 @@ import init, {
   Adam,
   AdamW,
   AutogradContext,
+  DistributedDataParallel,
   DistributedOptimizer,
   HierarchicalModelAverager,
+  Join,
   PeriodicModelAverager,
   PostLocalSGDOptimizer,
   PostLocalSGDState,
@@ -19,6 +21,7 @@ import init, {
   World,
   ZeroRedundancyOptimizer,
   backendInfo,
+  recordedWarnings,
   selectBackend,
   sgdStep,
   takeWarnings,
@@ -37,6 +40,8 @@ import type {
   StepResult,
   Tensor,
   LocalOptimizerInfo,
+  RankError,
+  WarningRecord,
 } from 'distopt';
 
 export async function tour(): Promise<void> {
@@ -160,8 +165,39 @@ export async function tour(): Promise<void> {
   const numel: number[] | null = zero.numelPerRank;
   const stateBytes: number[] = zero.stateBytesPerRank();
   console.log(owners, perRankParams, numel, zero.paramsPerRankPerGroup, zero.localStateSizes(), stateBytes, zero.paramGroups(), zero.optimizer);
+  const localGroups: number[][][] | null = zero.localOptimizerParamGroups();
+  const replicaOwners: (number | null)[] = zero.rankOfReplicaParam();
+  console.log(localGroups, replicaOwners);
+  // PyTorch's checks of `params`: descriptions of tensors that are not parameters.
+  new ZeroRedundancyOptimizer(world, replicas, [0, { dtype: 'float32', shape: [3], device: 'meta' }], 'SGD');
+  new ZeroRedundancyOptimizer(world, replicas, [{ params: [0] }, { lr: 0.5 }], 'SGD');
   zero.free();
   zeroAll.free();
+
+  // Uneven inputs: DDP's gradient all-reduce and ZeRO under Join, in lock-step.
+  const ddp = new DistributedDataParallel(world, replicas);
+  const zeroJoined = new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', { lr: 0.1 });
+  const join = new Join([ddp, zeroJoined], { divideByInitialWorldSize: false, throwOnEarlyTermination: false });
+  // @ts-expect-error: not a Join option
+  new Join([ddp], { divide: true });
+  join.iteration([true, true, false, true]);
+  ddp.synchronizeGradients();
+  zeroJoined.step();
+  join.exit();
+  const joined: boolean[] = join.joined;
+  const shadows: number[] = join.shadowIterations();
+  console.log(joined, shadows);
+  try {
+    zeroJoined.step();
+  } catch (error) {
+    const perRank: RankError[] | undefined = (error as DistoptError).rankErrors;
+    console.log(perRank?.map((e) => `${e.rank}: ${e.name}: ${e.message}`));
+  }
+  const records: WarningRecord[] = recordedWarnings();
+  console.log(records.map((w) => [w.channel, w.category, w.ranks]));
+  join.free();
+  ddp.free();
+  zeroJoined.free();
 
   // DistributedOptimizer over RPC (the workers compute on the CPU backend).
   const rpc = new RpcWorld(['worker0', 'worker1']);

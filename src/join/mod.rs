@@ -1,0 +1,202 @@
+//! `torch.distributed.algorithms.Join`: training with uneven inputs. A rank that runs out of
+//! inputs *joins*: it leaves its training loop and, until every rank has joined, runs the
+//! *main hooks* of the participating [`Joinable`]s, which shadow the collectives of the ranks
+//! that still train (so nobody waits forever in a collective); once all have joined, every
+//! joinable's *post-hook* runs (DDP's broadcasts the final model from the last joiner).
+//!
+//! PyTorch runs one process per rank. Here one process may hold several ranks (the simulated
+//! world holds them all), so the context runs in *lock-step*: at every global iteration the
+//! caller tells the [`Join`] which of its local ranks still have an input
+//! ([`Join::iteration`]); each joinable's per-iteration call (for example
+//! [`DistributedDataParallel::synchronize_gradients`](crate::ddp::DistributedDataParallel::synchronize_gradients)
+//! or [`ZeroRedundancyOptimizer::step`](crate::zero::ZeroRedundancyOptimizer::step)) then makes
+//! one collective for all local ranks, in which the active ranks do their own work and the
+//! joined ones run their main hook: the same pairing of collectives as in PyTorch, where the
+//! two sides are different processes. [`Join::exit`] is the end of the `with` block: over a
+//! one-rank-per-process world it runs the remaining shadow iterations until every process has
+//! joined, then the post-hooks.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use distopt::comm::SimulatedWorld;
+//! use distopt::ddp::DistributedDataParallel;
+//! use distopt::join::{Join, JoinOptions, Joinable};
+//! use distopt::replicas::Replicas;
+//! use distopt::{CpuBackend, Tensor};
+//!
+//! let world = Arc::new(SimulatedWorld::new(2).unwrap());
+//! let p = Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap();
+//! let mut model = Replicas::replicate(Arc::new(CpuBackend::new()), 2, &[p]).unwrap();
+//! let mut ddp = DistributedDataParallel::new(world, &mut model).unwrap();
+//! let mut join = Join::new(&mut [&mut ddp as &mut dyn Joinable], JoinOptions::default()).unwrap();
+//! // Rank 0 has one input, rank 1 two.
+//! for t in 0..2 {
+//!     join.iteration(&[t < 1, true]).unwrap();
+//!     for rank in 0..2 {
+//!         if !join.joined()[rank] {
+//!             let g = Tensor::from_f32(&[2], vec![4.0, 8.0]).unwrap();
+//!             model.set_grads(rank, &[Some(g)]).unwrap();
+//!         }
+//!     }
+//!     ddp.synchronize_gradients(&mut model).unwrap();
+//! }
+//! join.exit(&mut [&mut ddp as &mut dyn Joinable], &mut model).unwrap();
+//! // At the second iteration rank 0 had joined: it contributed zeros, and the sum is still
+//! // divided by the initial world size.
+//! let g = model.all_grads_blocking().unwrap()[1][0].clone().unwrap();
+//! assert_eq!(g.values_f64().unwrap(), vec![2.0, 4.0]);
+//! ```
+
+mod context;
+
+use std::sync::Arc;
+
+pub use context::Join;
+pub(crate) use context::JoinContext;
+
+use crate::backend::BackendInfo;
+use crate::comm::{Communicator, Subgroups};
+use crate::error::{RankErrors, Result};
+use crate::replicas::Replicas;
+
+/// `ValueError` of a context without joinables.
+pub const NO_JOINABLES: &str = "The join context manager requires at least one joinable";
+/// `ValueError` of joinables on different process groups.
+pub const MULTIPLE_PROCESS_GROUPS: &str = "Using join context manager with multiple process groups";
+/// `RuntimeError` of a rank that still had inputs, with `throw_on_early_termination`.
+pub const EARLY_TERMINATION: &str =
+    "Detected at least one rank that exhausted inputs. Throwing across all ranks.";
+/// Shadow iterations after which a joined rank warns about the skew of the inputs.
+pub const WARN_THRESHOLD: u64 = 1000;
+
+/// `RuntimeError` of a rank that ran out of inputs, with `throw_on_early_termination`.
+pub fn exhausted_message(rank: usize) -> String {
+    format!("Rank {rank} exhausted all inputs.")
+}
+
+/// The `UserWarning` of a rank that has run more than [`WARN_THRESHOLD`] shadow iterations.
+pub fn skew_warning(rank: usize) -> String {
+    format!(
+        "Detected uneven input skew of greater than {WARN_THRESHOLD}. This means that rank {rank} has at least {WARN_THRESHOLD} fewer inputs than other currently-active ranks. This level of skew could lead to performance degradation during training."
+    )
+}
+
+/// `Join(joinables, enable, throw_on_early_termination, **kwargs)`'s options, with the one
+/// keyword argument a distopt joinable reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinOptions {
+    /// Uneven-input detection on (`True` by default). Off, the context does nothing, and the
+    /// ranks must have even inputs.
+    pub enable: bool,
+    /// Raise on every rank as soon as one rank runs out of inputs (`False` by default).
+    pub throw_on_early_termination: bool,
+    /// DDP's join hook keyword: divide the gradient sum by the initial world size even when
+    /// some ranks have joined (`True` by default); otherwise by the number of active ranks.
+    pub divide_by_initial_world_size: bool,
+}
+
+impl Default for JoinOptions {
+    fn default() -> Self {
+        JoinOptions {
+            enable: true,
+            throw_on_early_termination: false,
+            divide_by_initial_world_size: true,
+        }
+    }
+}
+
+/// The process group a joinable's collectives run on: a world and a partition of it (the
+/// context needs the whole world).
+#[derive(Debug, Clone)]
+pub struct ProcessGroup {
+    /// The world.
+    pub world: Arc<dyn Communicator>,
+    /// Its groups.
+    pub groups: Subgroups,
+}
+
+impl ProcessGroup {
+    /// The whole of `world` as one group.
+    pub fn world(world: Arc<dyn Communicator>) -> ProcessGroup {
+        let groups = Subgroups::world(world.world_size());
+        ProcessGroup { world, groups }
+    }
+}
+
+impl PartialEq for ProcessGroup {
+    fn eq(&self, other: &ProcessGroup) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.world), Arc::as_ptr(&other.world))
+            && self.groups == other.groups
+    }
+}
+
+/// `_JoinConfig`: what a [`Join`] tells each of its joinables (the default is PyTorch's
+/// `construct_disabled_join_config()`: outside any context).
+#[derive(Debug, Clone, Default)]
+pub struct JoinConfig {
+    /// The context is enabled.
+    pub enable: bool,
+    /// The context raises when a rank runs out of inputs.
+    pub throw_on_early_termination: bool,
+    /// This joinable is the first one: its per-iteration call notifies the context.
+    pub is_first_joinable: bool,
+    /// The lock-step state shared by the context's joinables.
+    pub(crate) context: Option<Arc<JoinContext>>,
+}
+
+impl JoinConfig {
+    /// Per local rank: whether it has joined (always `false` outside an enabled context).
+    pub fn joined(&self, local_ranks: usize) -> Vec<bool> {
+        match &self.context {
+            Some(context) if self.enable => context.joined(),
+            _ => vec![false; local_ranks],
+        }
+    }
+}
+
+/// `JoinHook`: the two entry points a joinable gives the context. Both run for all local
+/// ranks of a process at once.
+pub trait JoinHook {
+    /// One shadow iteration of ranks that have all joined: the collectives that pair with one
+    /// training iteration of the ranks (in other processes) that still have inputs.
+    fn main_hook(&mut self, replicas: &mut Replicas) -> Result<()>;
+
+    /// Runs once every rank has joined; `is_last_joiner[i]` says whether local rank i was
+    /// among the last to join (it never shadowed an iteration).
+    fn post_hook(&mut self, replicas: &mut Replicas, is_last_joiner: &[bool]) -> Result<()>;
+}
+
+/// `Joinable`: a class whose per-iteration collectives a [`Join`] can shadow.
+pub trait Joinable {
+    /// `join_hook(**kwargs)`: this joinable's hook, configured by the context's options
+    /// (every joinable of a context gets the same ones).
+    fn join_hook(&mut self, options: &JoinOptions) -> Box<dyn JoinHook + '_>;
+
+    /// `join_device`: where the context's own collectives run.
+    fn join_device(&self) -> BackendInfo;
+
+    /// `join_process_group`: the group of the context's own collectives.
+    fn join_process_group(&self) -> ProcessGroup;
+
+    /// The configuration the context set (`_join_config`).
+    fn join_config(&self) -> &JoinConfig;
+
+    /// Sets the configuration (called by [`Join::new`]).
+    fn set_join_config(&mut self, config: JoinConfig);
+}
+
+/// `Join.notify_join_context(joinable)`: a joinable's per-iteration call runs this first.
+/// Only the first joinable of an enabled context communicates: the all-reduce in which each
+/// local rank that still has inputs counts itself (and the joined ranks, at the top of their
+/// shadow loop, count nothing), and with `throw_on_early_termination` the all-reduce that
+/// makes every rank raise once one has run out of inputs. Returns the number of ranks with
+/// inputs (the world's), or `None` when this joinable does not communicate.
+pub fn notify_join_context(config: &JoinConfig) -> Result<Option<usize>, RankErrors> {
+    if !config.is_first_joinable || !config.enable {
+        return Ok(None);
+    }
+    match &config.context {
+        Some(context) => context.notify().map(Some),
+        None => Ok(None),
+    }
+}
