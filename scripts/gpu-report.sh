@@ -35,6 +35,7 @@ quick=0
   exit 1
 }
 out="${OUT:-$(mktemp -d)}"
+mkdir -p "$out"
 log="$out/gpu-report.txt"
 : >"$log"
 say() { echo "$@" | tee -a "$log"; }

@@ -36,10 +36,13 @@ impl Case {
     }
 }
 
-/// The folders the golden cases are read from: `tests/golden/`, then `$DISTOPT_GOLDEN_DIR`
-/// when set.
+/// The folders the golden cases are read from: `tests/golden/` of the repository (the one
+/// this test was built in, or `$DISTOPT_GOLDEN_ROOT` when set: a copy of the repository on
+/// another machine, as `scripts/gpu-report.sh` runs it), then `$DISTOPT_GOLDEN_DIR` when set.
 pub fn golden_dirs() -> Vec<PathBuf> {
-    let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")];
+    let root = std::env::var_os("DISTOPT_GOLDEN_ROOT")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    let mut dirs = vec![root.join("tests/golden")];
     if let Some(extra) = std::env::var_os("DISTOPT_GOLDEN_DIR") {
         dirs.push(PathBuf::from(extra));
     }
