@@ -155,3 +155,44 @@ fn chunked_gpu_kernels_match_the_cpu_backend() {
         run(gpu, "chunked gpu");
     }
 }
+
+/// The shader-copy roofline copies every word, whole arenas and chunked ones.
+#[test]
+fn the_shader_copy_roofline_copies_every_word() {
+    use distopt::{GpuBackend, StorageFormat};
+    for options in [
+        GpuOptions::default(),
+        GpuOptions {
+            max_binding_bytes: 4096,
+            max_workgroups_per_dimension: 2,
+        },
+    ] {
+        let gpu = match pollster::block_on(GpuBackend::with_options(options)) {
+            Ok(gpu) => gpu,
+            Err(_) if std::env::var("DISTOPT_ALLOW_NO_GPU").as_deref() == Ok("1") => return,
+            Err(e) => panic!("no GPU adapter: {e}"),
+        };
+        let (ranks, len) = (3, 64 * 37);
+        let chunk = gpu.chunk_len(len, ranks);
+        let mut src = gpu
+            .create_arena(StorageFormat::F32, ranks, len, chunk)
+            .unwrap();
+        let mut dst = gpu
+            .create_arena(StorageFormat::F32, ranks, len, chunk)
+            .unwrap();
+        for rank in 0..ranks {
+            let words: Vec<u32> = (0..len as u32).map(|i| i * 7 + rank as u32).collect();
+            src.write(rank, 0, &words).unwrap();
+            dst.write(rank, 0, &vec![0xdead_beef; len]).unwrap();
+        }
+        gpu.shader_copy(&src, &mut dst).unwrap();
+        let (a, b) = pollster::block_on(async {
+            (src.read_all().await.unwrap(), dst.read_all().await.unwrap())
+        });
+        assert_eq!(a, b, "chunk {chunk}");
+        let f16 = gpu
+            .create_arena(StorageFormat::F16, ranks, len, chunk)
+            .unwrap();
+        assert!(gpu.shader_copy(&f16, &mut dst).is_err());
+    }
+}

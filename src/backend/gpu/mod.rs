@@ -98,6 +98,7 @@ struct Kernels {
     adam: Kernel,
     average: Kernel,
     scaled_sum: Kernel,
+    copy: Kernel,
 }
 
 impl std::fmt::Debug for GpuBackend {
@@ -237,6 +238,13 @@ impl GpuBackend {
                 &[Uniform, Read, Read, Read, Read, ReadWrite],
                 &["FORMAT", "ARITH"],
             ),
+            copy: Kernel::new(
+                &device,
+                "copy",
+                shaders::COPY,
+                &[Uniform, Read, ReadWrite],
+                &[],
+            ),
         };
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("distopt placeholder"),
@@ -280,6 +288,50 @@ impl GpuBackend {
         } else {
             (max_x as u32, groups.div_ceil(max_x) as u32)
         }
+    }
+
+    /// Copies `src` to `dst` (float32 arenas of the same shape) with a compute shader that has
+    /// the kernels' access pattern (`shaders/copy.wgsl`): the roofline a memory-bound kernel is
+    /// measured against on this adapter (benchmarks). Submits the work; synchronize to wait.
+    ///
+    /// # Errors
+    /// A `ValueError` for arenas of another format or shape, a `RuntimeError` for host arenas
+    /// or a device error.
+    pub fn shader_copy(&self, src: &Arena, dst: &mut Arena) -> Result<()> {
+        if src.format() != StorageFormat::F32
+            || dst.format() != StorageFormat::F32
+            || src.ranks() != dst.ranks()
+            || src.rank_len() != dst.rank_len()
+            || src.chunk_len() != dst.chunk_len()
+        {
+            return Err(Error::value(
+                "shader_copy: float32 arenas of the same shape expected",
+            ));
+        }
+        let (from, to) = (self.gpu(src)?, self.gpu(dst)?);
+        let kernel = &self.kernels.copy;
+        let pipeline = kernel.pipeline(&self.shared, &[]);
+        let device = &self.shared.device;
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            for (a, b) in from.chunks.iter().zip(&to.chunks) {
+                // Every rank of the chunk, as one run of whole eight-element groups.
+                let octets = (a.buffer.size() / 32) as u32;
+                let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("copy uniforms"),
+                    contents: bytemuck::cast_slice(&[octets, 0, 0, 0]),
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+                let bind_group = kernel.bind(device, &[&uniform, &a.buffer, &b.buffer]);
+                pass.set_bind_group(0, &bind_group, &[]);
+                let (x, y) = self.grid(octets as usize);
+                pass.dispatch_workgroups(x, y, 1);
+            }
+        }
+        self.shared.queue.submit([encoder.finish()]);
+        self.shared.take_uncaptured()
     }
 
     /// The number of pipelines created so far (they are cached: this stops growing).

@@ -47,8 +47,16 @@ pub const SCALED_SUM: &str = concat!(
     include_str!("../../../shaders/scaled_sum.wgsl")
 );
 
+/// The shader-copy roofline the benchmarks compare kernels with (`shaders/copy.wgsl`).
+pub const COPY: &str = concat!(
+    include_str!("../../../shaders/packing.wgsl"),
+    "\n",
+    include_str!("../../../shaders/copy.wgsl")
+);
+
 /// Every complete shader source with its name, for validation.
 pub const ALL: &[(&str, &str)] = &[
+    ("copy", COPY),
     ("dp_sgd_step", DP_SGD_STEP),
     ("sgd", SGD),
     ("adam", ADAM),

@@ -209,6 +209,8 @@ struct Report {
     cpu_copy: Row,
     /// The same-traffic roofline of the CPU step.
     cpu_roofline: Row,
+    /// The GPU roofline: a copy shader with the kernels' access pattern.
+    shader_copy: Row,
 }
 
 /// The median of `repeats` timings of `once` after one untimed warm-up; `once` returns the
@@ -324,6 +326,25 @@ fn time_copy(config: &Config, backend: &dyn Backend) -> Result<Row, Error> {
         let start = Instant::now();
         backend.copy_arena(&src, &mut dst)?;
         pollster::block_on(backend.synchronize())?;
+        Ok(start.elapsed())
+    })
+}
+
+/// The GPU roofline: a compute shader with the kernels' access pattern copying float32 arenas of
+/// (R+1)·N·element bytes (the step's traffic, read + write).
+fn time_shader_copy(config: &Config, gpu: &GpuBackend) -> Result<Row, Error> {
+    let elements = (config.element_bytes() * config.elements).div_ceil(4);
+    let (_, rank_len) = layout_params(&[elements]);
+    let ranks = config.ranks + 1;
+    let chunk_len = gpu.chunk_len(rank_len, ranks);
+    let src = gpu.create_arena(StorageFormat::F32, ranks, rank_len, chunk_len)?;
+    let mut dst = gpu.create_arena(StorageFormat::F32, ranks, rank_len, chunk_len)?;
+    gpu.shader_copy(&src, &mut dst)?;
+    pollster::block_on(gpu.synchronize())?;
+    median(config.repeats, || {
+        let start = Instant::now();
+        gpu.shader_copy(&src, &mut dst)?;
+        pollster::block_on(gpu.synchronize())?;
         Ok(start.elapsed())
     })
 }
@@ -461,11 +482,16 @@ fn bench_step(config: &Config) -> Result<Report, Error> {
     };
     let cpu = CpuBackend::new();
 
-    let (mut resident, mut copy, mut oneshot) =
-        (Row::Unavailable, Row::Unavailable, Row::Unavailable);
+    let (mut resident, mut copy, mut oneshot, mut shader_copy) = (
+        Row::Unavailable,
+        Row::Unavailable,
+        Row::Unavailable,
+        Row::Unavailable,
+    );
     if let Some(gpu) = &gpu {
         resident = time_resident(config, gpu)?;
         copy = time_copy(config, gpu)?;
+        shader_copy = time_shader_copy(config, gpu)?;
     }
     let cpu_resident = time_resident(config, &cpu)?;
     let cpu_copy = time_copy(config, &cpu)?;
@@ -507,6 +533,7 @@ fn bench_step(config: &Config) -> Result<Report, Error> {
         memcpy,
         cpu_copy,
         cpu_roofline,
+        shader_copy,
     })
 }
 
@@ -564,9 +591,10 @@ impl Report {
         let (memcpy_ms, memcpy_gbps) = row(&self.memcpy);
         let (cpu_copy_ms, cpu_copy_gbps) = row(&self.cpu_copy);
         let (cpu_roofline_ms, cpu_roofline_gbps) = row(&self.cpu_roofline);
+        let (shader_copy_ms, shader_copy_gbps) = row(&self.shader_copy);
         let vs_roofline = |r: &Row| round(ratio(self.gbps(r), self.gbps(&self.cpu_roofline)), 3);
         let adapter = self.adapter.as_ref();
-        json!({
+        let mut out = json!({
             "benchmark": "step",
             "ranks": self.ranks,
             "elements": self.elements,
@@ -599,16 +627,26 @@ impl Report {
             "memcpy_gbps": memcpy_gbps,
             "cpu_copy_ms": cpu_copy_ms,
             "cpu_copy_gbps": cpu_copy_gbps,
+            "resident_vs_copy": round(resident_vs_copy, 3),
+            "oneshot_vs_resident": round(oneshot_vs_resident, 3),
+            "cpu_vs_memcpy": round(cpu_vs_memcpy, 3),
+            "cpu_resident_vs_memcpy": round(cpu_resident_vs_memcpy, 3),
+        });
+        let rooflines = json!({
+            "shader_copy_ms": shader_copy_ms,
+            "shader_copy_gbps": shader_copy_gbps,
+            "resident_vs_shader_copy": round(ratio(self.gbps(&self.resident), self.gbps(&self.shader_copy)), 3),
+            "oneshot_vs_shader_copy": round(ratio(self.gbps(&self.oneshot), self.gbps(&self.shader_copy)), 3),
             "cpu_roofline_ms": cpu_roofline_ms,
             "cpu_roofline_gbps": cpu_roofline_gbps,
             "cpu_vs_roofline": vs_roofline(&self.cpu),
             "cpu_shared_vs_roofline": vs_roofline(&self.cpu_shared),
             "cpu_resident_vs_roofline": vs_roofline(&self.cpu_resident),
-            "resident_vs_copy": round(resident_vs_copy, 3),
-            "oneshot_vs_resident": round(oneshot_vs_resident, 3),
-            "cpu_vs_memcpy": round(cpu_vs_memcpy, 3),
-            "cpu_resident_vs_memcpy": round(cpu_resident_vs_memcpy, 3),
-        })
+        });
+        if let (Some(out), Value::Object(more)) = (out.as_object_mut(), rooflines) {
+            out.extend(more);
+        }
+        out
     }
 
     fn to_table(&self) -> String {
@@ -654,13 +692,14 @@ impl Report {
             self.element_bytes,
         );
         let _ = writeln!(out);
-        let rows: [(&str, &str, &Row); 9] = [
+        let rows: [(&str, &str, &Row); 10] = [
             ("(a)", "GPU step, resident", &self.resident),
             ("(b)", "GPU step, one-shot from host tensors", &self.oneshot),
             ("(c)", "CPU step, one-shot, R replica buffers", &self.cpu),
             ("", "CPU step, one-shot, shared replicas", &self.cpu_shared),
             ("", "CPU step, resident kernel only", &self.cpu_resident),
             ("(d)", "GPU buffer-to-buffer copy", &self.copy),
+            ("", "GPU shader copy (kernels' access)", &self.shader_copy),
             ("(e)", "host memcpy (one thread)", &self.memcpy),
             ("", "host copy (CPU backend, all threads)", &self.cpu_copy),
             ("", "CPU same-traffic roofline", &self.cpu_roofline),

@@ -26,6 +26,8 @@ struct Config {
     params: Vec<usize>,
     repeats: usize,
     backend: Arc<dyn Backend>,
+    /// The same adapter opened as a `GpuBackend` when the backend is a GPU (its rooflines).
+    gpu: Option<distopt::GpuBackend>,
     reason: String,
     json: bool,
 }
@@ -72,7 +74,13 @@ impl Config {
             return Err(Error::value(format!("unknown argument {unknown}")));
         }
         let selection = select_backend_blocking(choice)?;
+        let gpu = if selection.backend.info().kind == distopt::BackendKind::Gpu {
+            distopt::GpuBackend::new_blocking().ok()
+        } else {
+            None
+        };
         Ok(Config {
+            gpu,
             ranks,
             elements,
             params,
@@ -166,10 +174,20 @@ struct Traffic {
     write: usize,
 }
 
-/// Seconds of the same-traffic roofline ([`distopt::backend::roofline::same_traffic`]) over
-/// arrays of `words` words, on the CPU backend's threads; `None` on another backend (the GPU
-/// rows compare with the adapter's copy).
+/// Seconds of the roofline of a kernel's traffic over arrays of `words` words: on the CPU
+/// backend the same-traffic kernel ([`distopt::backend::roofline::same_traffic`]) on its
+/// threads, on a GPU the copy shader moving the same bytes ([`distopt::GpuBackend::shader_copy`]).
 fn roofline_seconds(config: &Config, traffic: Traffic, words: usize) -> Result<Option<f64>, Error> {
+    if let Some(gpu) = &config.gpu {
+        // The GPU roofline: the copy shader moving the same bytes (read + write counted).
+        let moved = traffic.read + 2 * traffic.update + traffic.write;
+        let words = (moved * words).div_ceil(2);
+        let rank_len = words.div_ceil(64) * 64;
+        let chunk = gpu.chunk_len(rank_len, 1);
+        let src = gpu.create_arena(StorageFormat::F32, 1, rank_len, chunk)?;
+        let mut dst = gpu.create_arena(StorageFormat::F32, 1, rank_len, chunk)?;
+        return median_seconds(gpu, config.repeats, || gpu.shader_copy(&src, &mut dst)).map(Some);
+    }
     if config.backend.info().kind != distopt::BackendKind::Cpu {
         return Ok(None);
     }
