@@ -29,6 +29,7 @@
 pub mod averaging;
 pub mod backend;
 pub mod comm;
+pub mod diloco;
 pub mod dtype;
 pub mod error;
 pub mod json;

@@ -748,3 +748,47 @@ fn average_group<T: Real>(
         }
     }
 }
+
+/// DiLoCo's pseudo-gradient over three arenas of one layout, every rank and element at once:
+/// `grads = round(backup - params)` (one subtraction in the format's precision: float32 for
+/// the 32- and 16-bit formats, rounded once to the format; float64 for float64), then
+/// `params = backup`. Padding elements are zero in every arena and stay zero.
+pub fn pseudo_gradient_reference(
+    params: &mut Arena,
+    backup: &Arena,
+    grads: &mut Arena,
+) -> Result<()> {
+    check_same_layout("pseudo_gradient backup", params, backup)?;
+    check_same_layout("pseudo_gradient grads", params, grads)?;
+    let format = params.format();
+    let elements = params.ranks() * params.rank_len();
+    let from = host_words(backup)?;
+    let to = host_words_mut(grads)?;
+    let current = host_words_mut(params)?;
+    match format {
+        StorageFormat::F32 => {
+            let (o, p, g): (&[f32], &[f32], &mut [f32]) = (
+                bytemuck::cast_slice(from),
+                bytemuck::cast_slice(current),
+                bytemuck::cast_slice_mut(to),
+            );
+            for ((g, &o), &p) in g.iter_mut().zip(o).zip(p) {
+                *g = o - p;
+            }
+        }
+        StorageFormat::F64 => {
+            for i in 0..elements {
+                let d = format.load_f64(from, i) - format.load_f64(current, i);
+                format.store_f64(to, i, d);
+            }
+        }
+        _ => {
+            for i in 0..elements {
+                let d = format.load(from, i) - format.load(current, i);
+                format.store(to, i, d);
+            }
+        }
+    }
+    current.copy_from_slice(from);
+    Ok(())
+}

@@ -326,6 +326,14 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         kernels::average_reference(arena, group_size, arith, starts, active)
     }
 
+    /// DiLoCo's pseudo-gradient over three arenas of one layout (see
+    /// [`kernels::pseudo_gradient_reference`]): for every rank and element,
+    /// `grads = round(backup - params)` in the parameters' precision, then `params = backup`,
+    /// one dispatch per chunk. The default runs the plain-Rust reference on host arenas.
+    fn pseudo_gradient(&self, params: &mut Arena, backup: &Arena, grads: &mut Arena) -> Result<()> {
+        kernels::pseudo_gradient_reference(params, backup, grads)
+    }
+
     /// Copies many element ranges from `src` to `dst` (arenas of the same format) as one
     /// batch. The default works on host arenas.
     fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()> {

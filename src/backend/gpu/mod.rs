@@ -97,6 +97,7 @@ struct Kernels {
     sgd: Kernel,
     adam: Kernel,
     average: Kernel,
+    pseudo_gradient: Kernel,
 }
 
 impl std::fmt::Debug for GpuBackend {
@@ -118,6 +119,14 @@ struct StepUniforms {
     learning_rate: f32,
     divisor: f32,
     _pad: [u32; 2],
+}
+
+/// The uniforms of `shaders/pseudo_gradient.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct PseudoGradientUniforms {
+    octets: u32,
+    _pad: [u32; 3],
 }
 
 impl GpuBackend {
@@ -229,6 +238,13 @@ impl GpuBackend {
                 &[Uniform, Read, Read, ReadWrite],
                 &["FORMAT", "ARITH"],
             ),
+            pseudo_gradient: Kernel::new(
+                &device,
+                "pseudo_gradient",
+                shaders::PSEUDO_GRADIENT,
+                &[Uniform, Read, ReadWrite, ReadWrite],
+                &["FORMAT"],
+            ),
         };
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("distopt placeholder"),
@@ -277,7 +293,11 @@ impl GpuBackend {
     /// The number of pipelines created so far (they are cached: this stops growing).
     pub fn cached_pipelines(&self) -> usize {
         let k = &self.kernels;
-        k.dp_sgd_step.cached() + k.sgd.cached() + k.adam.cached() + k.average.cached()
+        k.dp_sgd_step.cached()
+            + k.sgd.cached()
+            + k.adam.cached()
+            + k.average.cached()
+            + k.pseudo_gradient.cached()
     }
 }
 
@@ -425,6 +445,54 @@ impl Backend for GpuBackend {
             return self.host.average(arena, group_size, arith, starts, active);
         }
         self.average_on_device(arena, group_size, arith, starts, active)
+    }
+
+    fn pseudo_gradient(&self, params: &mut Arena, backup: &Arena, grads: &mut Arena) -> Result<()> {
+        if matches!(params.storage, ArenaStorage::Host(_)) {
+            return self.host.pseudo_gradient(params, backup, grads);
+        }
+        for other in [backup, &*grads] {
+            if other.format() != params.format()
+                || other.ranks() != params.ranks()
+                || other.rank_len() != params.rank_len()
+                || other.chunk_len() != params.chunk_len()
+            {
+                return Err(Error::value(format!(
+                    "pseudo_gradient: arenas do not match ({params:?} vs {other:?})"
+                )));
+            }
+        }
+        let format = params.format();
+        let ranks = params.ranks();
+        let kernel = &self.kernels.pseudo_gradient;
+        let pipeline = kernel.pipeline(&self.shared, &[format.shader_code()]);
+        let (p, o, g) = (self.gpu(params)?, self.gpu(backup)?, self.gpu(grads)?);
+        let device = &self.shared.device;
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            for ((pc, oc), gc) in p.chunks.iter().zip(&o.chunks).zip(&g.chunks) {
+                // A chunk is every rank's `len` elements back to back: one flat run of
+                // eight-element groups (whole 64-element slots per rank).
+                let uniforms = PseudoGradientUniforms {
+                    octets: (ranks * pc.len / 8) as u32,
+                    _pad: [0; 3],
+                };
+                let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("pseudo_gradient uniforms"),
+                    contents: bytemuck::bytes_of(&uniforms),
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+                let bind_group =
+                    kernel.bind(device, &[&uniform, &oc.buffer, &pc.buffer, &gc.buffer]);
+                pass.set_bind_group(0, &bind_group, &[]);
+                let (x, y) = self.grid(ranks * pc.len / 8);
+                pass.dispatch_workgroups(x, y, 1);
+            }
+        }
+        self.shared.queue.submit([encoder.finish()]);
+        self.shared.take_uncaptured()
     }
 
     fn copy_regions(

@@ -38,12 +38,20 @@ pub const AVERAGE: &str = concat!(
     include_str!("../../../shaders/average.wgsl")
 );
 
+/// DiLoCo's pseudo-gradient (`shaders/pseudo_gradient.wgsl`).
+pub const PSEUDO_GRADIENT: &str = concat!(
+    include_str!("../../../shaders/packing.wgsl"),
+    "\n",
+    include_str!("../../../shaders/pseudo_gradient.wgsl")
+);
+
 /// Every complete shader source with its name, for validation.
 pub const ALL: &[(&str, &str)] = &[
     ("dp_sgd_step", DP_SGD_STEP),
     ("sgd", SGD),
     ("adam", ADAM),
     ("average", AVERAGE),
+    ("pseudo_gradient", PSEUDO_GRADIENT),
 ];
 
 #[cfg(test)]
