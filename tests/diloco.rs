@@ -1,0 +1,511 @@
+//! DiLoCo beyond the golden cases (which `tests/golden.rs` replays):
+//!
+//! * the pseudo-gradient kernel on every backend (CPU, GPU, GPU with chunked arenas and a 2-D
+//!   grid) against a scalar reference written here, bit for bit, every storage format,
+//!   special values included;
+//! * a run saved and resumed at every step (mid-interval and right after a sync) into a
+//!   fresh model, fresh optimizers and a fresh `DiLoCo` gives the bits of the straight run;
+//! * a sync's all-reduce traffic in `CommStats`;
+//! * typed errors for bad arguments and bad state dicts.
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+
+use distopt::backend::gpu::GpuOptions;
+use distopt::comm::{Communicator, SimulatedWorld};
+use distopt::diloco::DiLoCo;
+use distopt::optim::{self, LocalOptimizer, option_map};
+use distopt::replicas::Replicas;
+use distopt::{Backend, CpuBackend, DType, ErrorKind, StorageFormat, Tensor};
+use serde_json::{Value, json};
+
+/// SplitMix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[-1, 1)`.
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    }
+    /// A value for the pseudo-gradient kernel: mostly ordinary values over many binades, and
+    /// NaN, ±inf, ±0, subnormal-sized and huge values.
+    fn value(&mut self) -> f64 {
+        match self.next_u64() % 16 {
+            0 => f64::NAN,
+            1 => f64::INFINITY,
+            2 => f64::NEG_INFINITY,
+            3 => 0.0,
+            4 => -0.0,
+            5 => self.unit() * 1e-40,
+            6 => self.unit() * 6e-6,
+            7 => self.unit() * 3e38,
+            _ => self.unit() * 2f64.powi((self.next_u64() % 40) as i32 - 20),
+        }
+    }
+}
+
+fn gpu() -> Option<Arc<dyn Backend>> {
+    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
+    GPU.get_or_init(common::gpu_backend).clone()
+}
+
+/// 4 KiB bindings and one workgroup per dimension: arenas of more than a few hundred elements
+/// are chunked and their chunks' dispatches spill into y.
+fn gpu_tiny() -> Option<Arc<dyn Backend>> {
+    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        common::gpu_backend_with_options(GpuOptions {
+            max_binding_bytes: 4096,
+            max_workgroups_per_dimension: 1,
+        })
+    })
+    .clone()
+}
+
+fn backends() -> Vec<(&'static str, Arc<dyn Backend>)> {
+    let mut out: Vec<(&'static str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
+    if let Some(gpu) = gpu() {
+        out.push(("gpu", gpu));
+    }
+    if let Some(gpu) = gpu_tiny() {
+        out.push(("gpu-chunked", gpu));
+    }
+    out
+}
+
+fn dtype_of(format: StorageFormat) -> DType {
+    match format {
+        StorageFormat::F32 => DType::Float32,
+        StorageFormat::F16 => DType::Float16,
+        StorageFormat::BF16 => DType::BFloat16,
+        StorageFormat::F64 => DType::Float64,
+    }
+}
+
+/// `values` rounded to `dtype` (once), as exact f64s.
+fn rounded(dtype: DType, values: &[f64]) -> Vec<f64> {
+    Tensor::from_f64(dtype, &[values.len()], values)
+        .unwrap()
+        .values_f64()
+        .unwrap()
+}
+
+fn encode(format: StorageFormat, values: &[f64]) -> Vec<u32> {
+    let mut words = vec![0u32; format.words_for(values.len())];
+    for (i, &v) in values.iter().enumerate() {
+        if format == StorageFormat::F64 {
+            format.store_f64(&mut words, i, v);
+        } else {
+            // Exact: every value is already one of the format's.
+            format.store(&mut words, i, v as f32);
+        }
+    }
+    words
+}
+
+fn decode(format: StorageFormat, words: &[u32], len: usize) -> Vec<f64> {
+    (0..len).map(|i| format.load_f64(words, i)).collect()
+}
+
+fn same_bits(a: f64, b: f64) -> bool {
+    (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
+}
+
+#[test]
+fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
+    let mut rng = Rng(7);
+    let formats = [
+        StorageFormat::F32,
+        StorageFormat::F16,
+        StorageFormat::BF16,
+        StorageFormat::F64,
+    ];
+    for (label, backend) in backends() {
+        for format in formats {
+            let dtype = dtype_of(format);
+            for (ranks, rank_len) in [(1usize, 64usize), (3, 192), (2, 1024), (4, 704)] {
+                let chunk_len = backend.chunk_len(rank_len, ranks);
+                let mut params = backend
+                    .create_arena(format, ranks, rank_len, chunk_len)
+                    .unwrap();
+                let mut backup = backend
+                    .create_arena(format, ranks, rank_len, chunk_len)
+                    .unwrap();
+                let mut grads = backend
+                    .create_arena(format, ranks, rank_len, chunk_len)
+                    .unwrap();
+                let mut p_values = Vec::new();
+                let mut o_values = Vec::new();
+                for rank in 0..ranks {
+                    let p = rounded(
+                        dtype,
+                        &(0..rank_len).map(|_| rng.value()).collect::<Vec<_>>(),
+                    );
+                    // Backups near the parameters (small differences, cancellation) or anywhere.
+                    let o: Vec<f64> = p
+                        .iter()
+                        .map(|&x| {
+                            if rng.next_u64().is_multiple_of(2) {
+                                x * (1.0 + rng.unit() * 1e-3)
+                            } else {
+                                rng.value()
+                            }
+                        })
+                        .collect();
+                    let o = rounded(dtype, &o);
+                    params.write(rank, 0, &encode(format, &p)).unwrap();
+                    backup.write(rank, 0, &encode(format, &o)).unwrap();
+                    // Stale gradient values that the kernel must overwrite.
+                    grads
+                        .write(
+                            rank,
+                            0,
+                            &encode(format, &rounded(dtype, &vec![5.0; rank_len])),
+                        )
+                        .unwrap();
+                    p_values.push(p);
+                    o_values.push(o);
+                }
+                backend
+                    .pseudo_gradient(&mut params, &backup, &mut grads)
+                    .unwrap();
+                let what = format!("{label} {format:?} {ranks}x{rank_len} (chunk {chunk_len})");
+                let p_words = pollster::block_on(params.read_all()).unwrap();
+                let g_words = pollster::block_on(grads.read_all()).unwrap();
+                let rank_words = format.words_for(rank_len);
+                for rank in 0..ranks {
+                    let got_p = decode(
+                        format,
+                        &p_words[rank * rank_words..(rank + 1) * rank_words],
+                        rank_len,
+                    );
+                    let got_g = decode(
+                        format,
+                        &g_words[rank * rank_words..(rank + 1) * rank_words],
+                        rank_len,
+                    );
+                    // The reference: one correctly rounded subtraction in the dtype (f64
+                    // difference, rounded once).
+                    let diff: Vec<f64> = o_values[rank]
+                        .iter()
+                        .zip(&p_values[rank])
+                        .map(|(o, p)| o - p)
+                        .collect();
+                    let want_g = rounded(dtype, &diff);
+                    for i in 0..rank_len {
+                        assert!(
+                            same_bits(got_g[i], want_g[i]),
+                            "{what}: grad[{rank}][{i}] = {} - {} gave {}, expected {}",
+                            o_values[rank][i],
+                            p_values[rank][i],
+                            got_g[i],
+                            want_g[i]
+                        );
+                        assert!(
+                            same_bits(got_p[i], o_values[rank][i]),
+                            "{what}: param[{rank}][{i}] = {}, expected the backup {}",
+                            got_p[i],
+                            o_values[rank][i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+const WORLD: usize = 3;
+const STEPS: usize = 7;
+const SYNC_EVERY: i64 = 3;
+
+fn shapes() -> Vec<(DType, Vec<usize>)> {
+    vec![
+        (DType::Float32, vec![5]),
+        (DType::BFloat16, vec![3, 2]),
+        (DType::Float32, vec![]),
+        (DType::Float16, vec![4]),
+        (DType::Float64, vec![2]),
+    ]
+}
+
+fn initial_params() -> Vec<Tensor> {
+    let mut rng = Rng(11);
+    shapes()
+        .iter()
+        .map(|(dtype, shape)| {
+            let n = shape.iter().product();
+            Tensor::from_f64(
+                *dtype,
+                shape,
+                &(0..n).map(|_| rng.unit()).collect::<Vec<_>>(),
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
+/// `grads[t][rank][j]`, some missing.
+fn all_grads() -> Vec<Vec<Vec<Option<Tensor>>>> {
+    let mut rng = Rng(23);
+    (0..STEPS)
+        .map(|t| {
+            (0..WORLD)
+                .map(|rank| {
+                    shapes()
+                        .iter()
+                        .enumerate()
+                        .map(|(j, (dtype, shape))| {
+                            let n: usize = shape.iter().product();
+                            let values: Vec<f64> = (0..n).map(|_| rng.unit()).collect();
+                            ((t + rank + j) % 4 != 0)
+                                .then(|| Tensor::from_f64(*dtype, shape, &values).unwrap())
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn optimizer(replicas: &Replicas, name: &str, options: Value) -> Box<dyn LocalOptimizer> {
+    let options = option_map(&options).unwrap();
+    optim::create(
+        name,
+        replicas,
+        vec![((0..replicas.len()).collect(), Default::default())],
+        &options,
+    )
+    .unwrap()
+}
+
+fn fresh(backend: &Arc<dyn Backend>, per_rank: &[Vec<Tensor>]) -> (Replicas, DiLoCo) {
+    let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(WORLD).unwrap());
+    let replicas = Replicas::new(backend.clone(), per_rank).unwrap();
+    let inner = optimizer(
+        &replicas,
+        "AdamW",
+        json!({"lr": 0.02, "betas": [0.9, 0.95], "weight_decay": 0.1, "amsgrad": true}),
+    );
+    let outer = optimizer(
+        &replicas,
+        "SGD",
+        json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
+    );
+    let diloco = DiLoCo::new(&replicas, inner, outer, SYNC_EVERY, world).unwrap();
+    (replicas, diloco)
+}
+
+fn step(replicas: &mut Replicas, diloco: &mut DiLoCo, grads: &[Vec<Option<Tensor>>]) -> bool {
+    diloco.zero_grad(replicas);
+    for (rank, g) in grads.iter().enumerate() {
+        replicas.set_grads(rank, g).unwrap();
+    }
+    diloco.step(replicas).unwrap()
+}
+
+/// Every rank's parameters as (dtype, bits) per element.
+fn param_bits(replicas: &Replicas) -> Vec<Vec<Vec<u64>>> {
+    replicas
+        .all_params_blocking()
+        .unwrap()
+        .iter()
+        .map(|rank| {
+            rank.iter()
+                .map(|t| {
+                    t.values_f64()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_resumed_from_a_state_dict_at_any_step_has_the_straight_runs_bits() {
+    let grads = all_grads();
+    for (label, backend) in backends().into_iter().take(2) {
+        let (mut replicas, mut diloco) = fresh(&backend, &vec![initial_params(); WORLD]);
+        let mut straight = Vec::new();
+        let mut synced = Vec::new();
+        for (t, g) in grads.iter().enumerate() {
+            if step(&mut replicas, &mut diloco, g) {
+                synced.push(t);
+            }
+            straight.push(param_bits(&replicas));
+        }
+        assert_eq!(synced, [2, 5], "{label}");
+        // Between syncs the ranks drift apart; right after one they agree.
+        assert_ne!(straight[3][0], straight[3][1], "{label}");
+        assert_eq!(straight[5][0], straight[5][2], "{label}");
+        let final_states: Vec<Value> = (0..WORLD)
+            .map(|r| diloco.state_dict_blocking(&replicas, r).unwrap())
+            .collect();
+        for stop in 1..STEPS {
+            let (mut replicas, mut diloco) = fresh(&backend, &vec![initial_params(); WORLD]);
+            for g in &grads[..stop] {
+                step(&mut replicas, &mut diloco, g);
+            }
+            let saved: Vec<Value> = (0..WORLD)
+                .map(|r| diloco.state_dict_blocking(&replicas, r).unwrap())
+                .collect();
+            assert_eq!(
+                saved[0]["local_step"],
+                json!(stop as i64 % SYNC_EVERY),
+                "{label} stop {stop}"
+            );
+            // The model's parameters are saved apart from the optimizer, as in PyTorch.
+            let params = replicas.all_params_blocking().unwrap();
+            drop((replicas, diloco));
+            let (mut replicas, mut diloco) = fresh(&backend, &params);
+            for (rank, sd) in saved.iter().enumerate() {
+                // Through text, as a checkpoint file would carry it.
+                let sd: Value = serde_json::from_str(&sd.to_string()).unwrap();
+                diloco.load_state_dict(&mut replicas, rank, &sd).unwrap();
+            }
+            assert_eq!(diloco.local_step(), stop as u64 % SYNC_EVERY as u64);
+            for (t, g) in grads.iter().enumerate().skip(stop) {
+                step(&mut replicas, &mut diloco, g);
+                assert_eq!(
+                    param_bits(&replicas),
+                    straight[t],
+                    "{label}: resumed after step {stop}, params after step {t}"
+                );
+            }
+            for (rank, want) in final_states.iter().enumerate() {
+                assert_eq!(
+                    &diloco.state_dict_blocking(&replicas, rank).unwrap(),
+                    want,
+                    "{label}: resumed after step {stop}, final state dict of rank {rank}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_sync_all_reduces_every_parameter_once_in_its_dtype() {
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let world = Arc::new(SimulatedWorld::new(4).unwrap());
+    let params = vec![
+        Tensor::from_f32(&[10], vec![1.0; 10]).unwrap(),
+        Tensor::from_f64(DType::BFloat16, &[6], &[2.0; 6]).unwrap(),
+    ];
+    let mut replicas = Replicas::replicate(backend, 4, &params).unwrap();
+    let inner = optimizer(&replicas, "SGD", json!({"lr": 0.5}));
+    let outer = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+    let mut diloco = DiLoCo::new(&replicas, inner, outer, 2, world.clone()).unwrap();
+    let grads = |rank: usize| {
+        vec![
+            Some(Tensor::from_f32(&[10], vec![rank as f32; 10]).unwrap()),
+            None,
+        ]
+    };
+    let per_step: Vec<Vec<Option<Tensor>>> = (0..4).map(grads).collect();
+    assert!(!step(&mut replicas, &mut diloco, &per_step));
+    assert_eq!(world.stats().collectives, 0);
+    assert!(step(&mut replicas, &mut diloco, &per_step));
+    let stats = world.stats();
+    // One ring all-reduce per storage format over the 4 ranks: 2·3/4 of 40 and of 12 bytes.
+    assert_eq!(stats.collectives, 2);
+    assert_eq!(
+        stats.all_reduce_bytes_by_group_size.get(&4).copied(),
+        Some(60 + 18)
+    );
+    assert_eq!(stats.broadcast_bytes + stats.gather_bytes, 0);
+    // Outer SGD with lr 1 lands on the mean: 1 - 0.5·2·mean(0, 1, 2, 3) = -0.5; the
+    // parameter without gradients never moved.
+    for rank in 0..4 {
+        assert_eq!(
+            replicas
+                .param_blocking(rank, 0)
+                .unwrap()
+                .values_f64()
+                .unwrap(),
+            vec![-0.5; 10]
+        );
+        assert_eq!(
+            replicas
+                .param_blocking(rank, 1)
+                .unwrap()
+                .values_f64()
+                .unwrap(),
+            vec![2.0; 6]
+        );
+        // The outer step cleared the gradients.
+        assert!(!replicas.has_grad(rank, 0) && !replicas.has_grad(rank, 1));
+    }
+}
+
+#[test]
+fn bad_arguments_and_state_dicts_are_typed_errors() {
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(2).unwrap());
+    let w = Tensor::from_f32(&[3], vec![1.0, 2.0, 3.0]).unwrap();
+    let mut replicas = Replicas::replicate(backend.clone(), 2, std::slice::from_ref(&w)).unwrap();
+    let sgd = |r: &Replicas| optimizer(r, "SGD", json!({"lr": 0.1}));
+    for bad in [0, -1] {
+        let err = DiLoCo::new(
+            &replicas,
+            sgd(&replicas),
+            sgd(&replicas),
+            bad,
+            world.clone(),
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueError);
+        assert_eq!(
+            err.message(),
+            format!("sync_every must be a positive integer, got {bad}")
+        );
+    }
+    let three = Replicas::replicate(backend.clone(), 3, std::slice::from_ref(&w)).unwrap();
+    let err = DiLoCo::new(&three, sgd(&three), sgd(&three), 2, world.clone()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ValueError);
+    assert!(err.message().contains("3 ranks"), "{}", err.message());
+
+    let mut diloco =
+        DiLoCo::new(&replicas, sgd(&replicas), sgd(&replicas), 2, world.clone()).unwrap();
+    let mut other = Replicas::replicate(backend, 2, &[w.clone(), w]).unwrap();
+    let err = diloco.step(&mut other).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ValueError);
+
+    let good = diloco.state_dict_blocking(&replicas, 1).unwrap();
+    assert_eq!(good["local_step"], json!(0));
+    assert_eq!(
+        good["original_parameters"][0]["data"],
+        json!([1.0, 2.0, 3.0])
+    );
+    let mut without_step = good.clone();
+    without_step.as_object_mut().unwrap().remove("local_step");
+    let mut wrong_shape = good.clone();
+    wrong_shape["original_parameters"][0] =
+        json!({"dtype": "float32", "shape": [2], "data": [1.0, 2.0]});
+    let mut wrong_count = good.clone();
+    wrong_count["original_parameters"] = json!([]);
+    let mut negative = good.clone();
+    negative["local_step"] = json!(-1);
+    for (sd, text) in [
+        (&without_step, "has no \"local_step\""),
+        (&wrong_shape, "original_parameters[0] is float32 [2]"),
+        (&wrong_count, "has 0 tensors, the model has 1 parameters"),
+        (&negative, "\"local_step\" must be a non-negative integer"),
+    ] {
+        let err = diloco.load_state_dict(&mut replicas, 0, sd).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueError, "{}", err.message());
+        assert!(err.message().contains(text), "{}", err.message());
+    }
+    let err = diloco.load_state_dict(&mut replicas, 2, &good).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::IndexError);
+    diloco.load_state_dict(&mut replicas, 0, &good).unwrap();
+}
