@@ -8,6 +8,7 @@ export {
   Adam,
   AdamW,
   AutogradContext,
+  DiLoCo,
   DistributedOptimizer,
   HierarchicalModelAverager,
   PeriodicModelAverager,

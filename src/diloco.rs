@@ -86,19 +86,7 @@ impl DiLoCo {
         sync_every: i64,
         world: Arc<dyn Communicator>,
     ) -> Result<DiLoCo> {
-        if sync_every < 1 {
-            return Err(Error::value(format!(
-                "sync_every must be a positive integer, got {sync_every}"
-            )));
-        }
-        let local = world.local_ranks().len();
-        if replicas.ranks() != local {
-            return Err(Error::value(format!(
-                "the replicas hold {} ranks, this process holds {local} ranks of a world of {}",
-                replicas.ranks(),
-                world.world_size()
-            )));
-        }
+        Self::check_arguments(replicas, sync_every, world.as_ref())?;
         let backend = replicas.backend().clone();
         let mut backups = Vec::with_capacity(replicas.groups.len());
         for group in &replicas.groups {
@@ -116,6 +104,30 @@ impl DiLoCo {
             ranks: replicas.ranks(),
             params: replicas.len(),
         })
+    }
+
+    /// The checks [`DiLoCo::new`] makes before it builds anything: `sync_every >= 1`, and
+    /// `replicas` holds `world`'s local ranks. A front end that must keep the optimizers when
+    /// construction fails calls it before handing them over.
+    pub fn check_arguments(
+        replicas: &Replicas,
+        sync_every: i64,
+        world: &dyn Communicator,
+    ) -> Result<()> {
+        if sync_every < 1 {
+            return Err(Error::value(format!(
+                "sync_every must be a positive integer, got {sync_every}"
+            )));
+        }
+        let local = world.local_ranks().len();
+        if replicas.ranks() != local {
+            return Err(Error::value(format!(
+                "the replicas hold {} ranks, this process holds {local} ranks of a world of {}",
+                replicas.ranks(),
+                world.world_size()
+            )));
+        }
+        Ok(())
     }
 
     /// The inner optimizer.

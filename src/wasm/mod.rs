@@ -15,6 +15,7 @@
 mod averaging;
 mod bench;
 mod convert;
+mod diloco;
 mod handles;
 mod optim;
 mod post_local_sgd;
@@ -35,6 +36,7 @@ use crate::error::{Error, Result};
 
 pub use averaging::{HierarchicalModelAveragerJs, PeriodicModelAveragerJs};
 pub use bench::StepBench;
+pub use diloco::DiLoCoJs;
 pub use optim::{AdamJs, AdamWJs, SgdJs};
 pub use post_local_sgd::{PostLocalSgdOptimizerJs, PostLocalSgdStateJs};
 pub use replicas::ReplicasJs;
