@@ -4,7 +4,7 @@
 //! itself (with `DISTOPT_MPI_WORKER` set) and checks what the ranks report:
 //!
 //! - golden replays: every case of the multi-process kinds (periodic_averager,
-//!   hierarchical_averager, post_local_sgd, zero_trajectory) at its own world size W (2, 3, 4
+//!   hierarchical_averager, post_local_sgd, zero_trajectory, diloco) at its own world size W (2, 3, 4
 //!   and 8), and the dp_sgd_step cases with one rank per replica (`sgd_step_in`), one rank per
 //!   process, each rank checking its own results against the case, on the CPU backend and on
 //!   the GPU backend;
@@ -37,7 +37,8 @@ use distopt::{Backend, CpuBackend, Tensor, sgd_step_in_blocking};
 
 const WORKER: &str = "DISTOPT_MPI_WORKER";
 const BACKEND: &str = "DISTOPT_MPI_BACKEND";
-const KINDS: [&str; 5] = [
+const KINDS: [&str; 6] = [
+    "diloco",
     "dp_sgd_step",
     "periodic_averager",
     "hierarchical_averager",
@@ -112,6 +113,7 @@ fn golden_worker(world: &Arc<MpiWorld>) -> Result<(), String> {
                 runners::averagers::run(&backend, &case, &factory)
             }
             "post_local_sgd" => runners::post_local_sgd::run(&backend, &case, &factory),
+            "diloco" => runners::diloco::run(&backend, &case, &factory),
             "dp_sgd_step" => dp_sgd_step(world, backend.as_ref(), &case),
             _ => runners::zero::run_with_world(&backend, &case, &factory),
         };
