@@ -9,6 +9,12 @@
 //! in backup arenas on the backend, laid out like the parameters (on the device with the GPU
 //! backend); a sync is one pseudo-gradient dispatch and one all-reduce per storage format, the
 //! outer step, and one device copy back into the backup.
+//!
+//! *Streaming DiLoCo* (Douillard et al., "Streaming DiLoCo with overlapping communication",
+//! 2025) splits the parameters into fragments that sync on a staggered schedule: with `F`
+//! fragments and `H = sync_every`, fragment `f` syncs after local step `(f+1)·H/F` (mod `H`)
+//! of every period, so each parameter still syncs once per `H` inner steps while the traffic
+//! is spread over the period. One fragment is plain DiLoCo.
 
 use std::sync::Arc;
 
@@ -52,8 +58,14 @@ pub struct DiLoCo {
     outer: Box<dyn LocalOptimizer>,
     world: Arc<dyn Communicator>,
     sync_every: u64,
+    /// Inner steps since the start of the current period, in `0..sync_every`.
     local_step: u64,
-    /// Per replica group (storage format), every local rank's parameters at the last sync.
+    /// The global parameter indices of each fragment (every parameter in exactly one).
+    fragments: Vec<Vec<usize>>,
+    /// Fragment `f` syncs when `local_step` becomes `offsets[f]`.
+    offsets: Vec<u64>,
+    /// Per replica group (storage format), every local rank's parameters at their fragment's
+    /// last sync.
     backups: Vec<Arena>,
     ranks: usize,
     params: usize,
@@ -86,7 +98,24 @@ impl DiLoCo {
         sync_every: i64,
         world: Arc<dyn Communicator>,
     ) -> Result<DiLoCo> {
+        let all = (0..replicas.len()).collect();
+        Self::streaming(replicas, inner, outer, sync_every, vec![all], world)
+    }
+
+    /// Streaming DiLoCo: as [`DiLoCo::new`], with the parameters split into `fragments`
+    /// (global parameter indices; every parameter in exactly one) that sync on a staggered
+    /// schedule (see the module documentation). A `ValueError` for a list that is not such a
+    /// partition, or when `sync_every` is smaller than the number of fragments.
+    pub fn streaming(
+        replicas: &Replicas,
+        inner: Box<dyn LocalOptimizer>,
+        outer: Box<dyn LocalOptimizer>,
+        sync_every: i64,
+        fragments: Vec<Vec<usize>>,
+        world: Arc<dyn Communicator>,
+    ) -> Result<DiLoCo> {
         Self::check_arguments(replicas, sync_every, world.as_ref())?;
+        check_fragments(replicas.len(), &fragments, sync_every as u64)?;
         let backend = replicas.backend().clone();
         let mut backups = Vec::with_capacity(replicas.groups.len());
         for group in &replicas.groups {
@@ -94,12 +123,17 @@ impl DiLoCo {
             copy_ranks(backend.as_ref(), &group.params, &mut backup)?;
             backups.push(backup);
         }
+        let h = sync_every as u64;
+        let count = fragments.len() as u64;
+        let offsets = (0..count).map(|f| (f + 1) * h / count % h).collect();
         Ok(DiLoCo {
             inner,
             outer,
             world,
-            sync_every: sync_every as u64,
+            sync_every: h,
             local_step: 0,
+            fragments,
+            offsets,
             backups,
             ranks: replicas.ranks(),
             params: replicas.len(),
@@ -145,9 +179,21 @@ impl DiLoCo {
         self.sync_every
     }
 
-    /// Inner steps taken since the last sync.
+    /// Inner steps since the start of the current period (for plain DiLoCo: since the last
+    /// sync), in `0..sync_every`.
     pub fn local_step(&self) -> u64 {
         self.local_step
+    }
+
+    /// The fragments' global parameter indices.
+    pub fn fragments(&self) -> &[Vec<usize>] {
+        &self.fragments
+    }
+
+    /// For each fragment, the value of [`DiLoCo::local_step`] at which it syncs (right after
+    /// the inner step that brings the counter there).
+    pub fn sync_schedule(&self) -> &[u64] {
+        &self.offsets
     }
 
     /// The inner optimizer's `zero_grad(set_to_none=True)`.
@@ -155,40 +201,76 @@ impl DiLoCo {
         self.inner.zero_grad(replicas);
     }
 
-    /// One inner step on every rank (parameters without a gradient skipped), then a sync when
-    /// `sync_every` inner steps have passed since the last one. Returns whether it synced.
+    /// One inner step on every rank (parameters without a gradient skipped), then a sync of
+    /// the fragment due at this step, if any (for plain DiLoCo: every `sync_every` inner
+    /// steps). Returns whether it synced.
     pub fn step(&mut self, replicas: &mut Replicas) -> Result<bool> {
-        check_same_model(replicas, self.ranks, self.params)?;
-        self.inner.step(replicas)?;
-        self.local_step += 1;
-        if self.local_step >= self.sync_every {
-            self.sync(replicas)?;
-            return Ok(true);
-        }
-        Ok(false)
+        Ok(!self.step_fragments(replicas)?.is_empty())
     }
 
-    /// The outer step, now: every parameter's gradient becomes the world's mean of
-    /// `backup - params` (computed and summed in the parameter's dtype), the parameters go back
-    /// to the backup, the outer optimizer steps, the result becomes the new backup, and the
-    /// gradients are cleared (`set_to_none`). Resets the local step counter.
+    /// [`DiLoCo::step`], returning the fragments that synced.
+    pub fn step_fragments(&mut self, replicas: &mut Replicas) -> Result<Vec<usize>> {
+        check_same_model(replicas, self.ranks, self.params)?;
+        self.inner.step(replicas)?;
+        self.local_step = (self.local_step + 1) % self.sync_every;
+        let due: Vec<usize> = (0..self.fragments.len())
+            .filter(|&f| self.offsets[f] == self.local_step)
+            .collect();
+        for &f in &due {
+            self.sync_fragment(replicas, f)?;
+        }
+        Ok(due)
+    }
+
+    /// The outer step now, for every fragment, and a new period from here.
     pub fn sync(&mut self, replicas: &mut Replicas) -> Result<()> {
         check_same_model(replicas, self.ranks, self.params)?;
+        for f in 0..self.fragments.len() {
+            self.sync_fragment(replicas, f)?;
+        }
+        self.local_step = 0;
+        Ok(())
+    }
+
+    /// Fragment `f`'s outer step: each of its parameters' gradient becomes the world's mean of
+    /// `backup - params` (computed and summed in the parameter's dtype), its parameters go
+    /// back to the backup, the outer optimizer steps them (the other parameters have no
+    /// gradient, so it skips them), the result becomes their new backup, and every gradient
+    /// is cleared (`set_to_none`).
+    fn sync_fragment(&mut self, replicas: &mut Replicas, f: usize) -> Result<()> {
+        let mut member = vec![false; self.params];
+        for &j in &self.fragments[f] {
+            member[j] = true;
+        }
         let backend = replicas.backend().clone();
         let groups = Subgroups::world(self.world.world_size());
-        let bytes: Vec<u64> = replicas
+        let plans: Vec<(Vec<bool>, u64)> = replicas
             .groups
             .iter()
             .map(|g| {
-                g.members
+                let active: Vec<bool> = g.members.iter().map(|&j| member[j]).collect();
+                let bytes = g
+                    .members
                     .iter()
+                    .filter(|&&j| member[j])
                     .map(|&j| (replicas.numel(j) * replicas.dtype(j).size_bytes()) as u64)
-                    .sum()
+                    .sum();
+                (active, bytes)
             })
             .collect();
-        for ((group, backup), bytes) in replicas.groups.iter_mut().zip(&self.backups).zip(bytes) {
-            backend.pseudo_gradient(&mut group.params, backup, &mut group.grads)?;
-            let active = vec![true; group.members.len()];
+        for ((group, backup), (active, bytes)) in
+            replicas.groups.iter_mut().zip(&self.backups).zip(&plans)
+        {
+            if !active.contains(&true) {
+                continue;
+            }
+            backend.pseudo_gradient(
+                &mut group.params,
+                backup,
+                &mut group.grads,
+                &group.starts,
+                active,
+            )?;
             // The reference all-reduces each pseudo-gradient in its own dtype.
             self.world.all_reduce_mean(
                 backend.as_ref(),
@@ -196,21 +278,45 @@ impl DiLoCo {
                 groups,
                 group.format,
                 &group.starts,
-                &active,
-                bytes,
+                active,
+                *bytes,
             )?;
         }
         for rank in 0..self.ranks {
-            for j in 0..self.params {
-                replicas.set_has_grad(rank, j, true);
+            for (j, &m) in member.iter().enumerate() {
+                replicas.set_has_grad(rank, j, m);
             }
         }
         self.outer.step(replicas)?;
-        for (group, backup) in replicas.groups.iter().zip(&mut self.backups) {
-            copy_ranks(backend.as_ref(), &group.params, backup)?;
+        for ((group, backup), (active, _)) in
+            replicas.groups.iter().zip(&mut self.backups).zip(&plans)
+        {
+            let regions: Vec<CopyRegion> = (0..self.ranks)
+                .flat_map(|rank| {
+                    group
+                        .members
+                        .iter()
+                        .zip(active)
+                        .filter(|(_, a)| **a)
+                        .map(move |(&j, _)| (rank, j))
+                })
+                .map(|(rank, j)| {
+                    let slot = &replicas.slots[j];
+                    CopyRegion {
+                        src_rank: rank,
+                        src_offset: slot.offset,
+                        dst_rank: rank,
+                        dst_offset: slot.offset,
+                        len: slot.numel,
+                    }
+                })
+                .filter(|r| r.len > 0)
+                .collect();
+            if !regions.is_empty() {
+                backend.copy_regions(&group.params, backup, &regions)?;
+            }
         }
         self.outer.zero_grad(replicas);
-        self.local_step = 0;
         Ok(())
     }
 
@@ -270,6 +376,12 @@ impl DiLoCo {
                 state_dict["local_step"]
             ))
         })?;
+        if local_step >= self.sync_every {
+            return Err(Error::value(format!(
+                "\"local_step\" ({local_step}) must be smaller than sync_every ({})",
+                self.sync_every
+            )));
+        }
         let original = field("original_parameters")?
             .as_array()
             .ok_or_else(|| Error::value("\"original_parameters\" must be a list of tensors"))?;
@@ -304,4 +416,52 @@ impl DiLoCo {
         self.local_step = local_step;
         Ok(())
     }
+}
+
+/// A `ValueError` unless `fragments` is a partition of `0..params` into non-empty fragments,
+/// no more of them than `sync_every`.
+fn check_fragments(params: usize, fragments: &[Vec<usize>], sync_every: u64) -> Result<()> {
+    if fragments.is_empty() || fragments.iter().any(Vec::is_empty) {
+        return Err(Error::value(
+            "fragments must be a non-empty list of non-empty lists of parameter indices",
+        ));
+    }
+    if fragments.len() as u64 > sync_every {
+        return Err(Error::value(format!(
+            "sync_every ({sync_every}) must be at least the number of fragments ({})",
+            fragments.len()
+        )));
+    }
+    let mut seen = vec![false; params];
+    for &j in fragments.iter().flatten() {
+        if j >= params {
+            return Err(Error::new(
+                crate::ErrorKind::IndexError,
+                format!("parameter index {j} out of range for {params} parameters"),
+            ));
+        }
+        if std::mem::replace(&mut seen[j], true) {
+            return Err(Error::value(format!(
+                "parameter {j} appears in more than one fragment"
+            )));
+        }
+    }
+    if let Some(j) = seen.iter().position(|s| !s) {
+        return Err(Error::value(format!("parameter {j} is in no fragment")));
+    }
+    Ok(())
+}
+
+/// `params` parameters split into `count` fragments of consecutive parameters (as a model
+/// splits into runs of layers), their sizes differing by at most one. A `ValueError` when
+/// `count` is 0 or exceeds `params`.
+pub fn split_fragments(params: usize, count: usize) -> Result<Vec<Vec<usize>>> {
+    if count == 0 || count > params {
+        return Err(Error::value(format!(
+            "cannot split {params} parameters into {count} non-empty fragments"
+        )));
+    }
+    Ok((0..count)
+        .map(|f| (f * params / count..(f + 1) * params / count).collect())
+        .collect())
 }

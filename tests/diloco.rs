@@ -13,6 +13,7 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use distopt::backend::gpu::GpuOptions;
+use distopt::backend::kernels::ParamStarts;
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::diloco::DiLoCo;
 use distopt::optim::{self, LocalOptimizer, option_map};
@@ -142,8 +143,23 @@ fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
                 let mut grads = backend
                     .create_arena(format, ranks, rank_len, chunk_len)
                     .unwrap();
+                // Parameters of 1 to 4 slots of 64 elements; some of them not synced.
+                let mut starts = Vec::new();
+                let mut next = 0;
+                while next < rank_len {
+                    starts.push(next as u32);
+                    next = (next + 64 * (1 + rng.next_u64() as usize % 4)).min(rank_len);
+                }
+                let mut active: Vec<bool> = starts
+                    .iter()
+                    .map(|_| !rng.next_u64().is_multiple_of(3))
+                    .collect();
+                active[0] = true;
+                let param_of = |i: usize| starts.iter().rposition(|&s| s as usize <= i).unwrap();
+                let starts = ParamStarts(starts.clone());
                 let mut p_values = Vec::new();
                 let mut o_values = Vec::new();
+                let mut g_values = Vec::new();
                 for rank in 0..ranks {
                     let p = rounded(
                         dtype,
@@ -163,19 +179,18 @@ fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
                     let o = rounded(dtype, &o);
                     params.write(rank, 0, &encode(format, &p)).unwrap();
                     backup.write(rank, 0, &encode(format, &o)).unwrap();
-                    // Stale gradient values that the kernel must overwrite.
-                    grads
-                        .write(
-                            rank,
-                            0,
-                            &encode(format, &rounded(dtype, &vec![5.0; rank_len])),
-                        )
-                        .unwrap();
+                    // Stale gradient values that the kernel must overwrite where active.
+                    let g = rounded(
+                        dtype,
+                        &(0..rank_len).map(|_| rng.value()).collect::<Vec<_>>(),
+                    );
+                    grads.write(rank, 0, &encode(format, &g)).unwrap();
                     p_values.push(p);
                     o_values.push(o);
+                    g_values.push(g);
                 }
                 backend
-                    .pseudo_gradient(&mut params, &backup, &mut grads)
+                    .pseudo_gradient(&mut params, &backup, &mut grads, &starts, &active)
                     .unwrap();
                 let what = format!("{label} {format:?} {ranks}x{rank_len} (chunk {chunk_len})");
                 let p_words = pollster::block_on(params.read_all()).unwrap();
@@ -201,6 +216,15 @@ fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
                         .collect();
                     let want_g = rounded(dtype, &diff);
                     for i in 0..rank_len {
+                        if !active[param_of(i)] {
+                            // Not synced: all three arenas untouched.
+                            assert!(
+                                same_bits(got_g[i], g_values[rank][i])
+                                    && same_bits(got_p[i], p_values[rank][i]),
+                                "{what}: element {i} of rank {rank}, an inactive parameter, changed"
+                            );
+                            continue;
+                        }
                         assert!(
                             same_bits(got_g[i], want_g[i]),
                             "{what}: grad[{rank}][{i}] = {} - {} gave {}, expected {}",

@@ -327,11 +327,19 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     }
 
     /// DiLoCo's pseudo-gradient over three arenas of one layout (see
-    /// [`kernels::pseudo_gradient_reference`]): for every rank and element,
-    /// `grads = round(backup - params)` in the parameters' precision, then `params = backup`,
-    /// one dispatch per chunk. The default runs the plain-Rust reference on host arenas.
-    fn pseudo_gradient(&self, params: &mut Arena, backup: &Arena, grads: &mut Arena) -> Result<()> {
-        kernels::pseudo_gradient_reference(params, backup, grads)
+    /// [`kernels::pseudo_gradient_reference`]): for every rank and every element of the
+    /// parameters flagged in `active`, `grads = round(backup - params)` in the parameters'
+    /// precision, then `params = backup`, one dispatch per chunk. The default runs the
+    /// plain-Rust reference on host arenas.
+    fn pseudo_gradient(
+        &self,
+        params: &mut Arena,
+        backup: &Arena,
+        grads: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        kernels::pseudo_gradient_reference(params, backup, grads, starts, active)
     }
 
     /// Copies many element ranges from `src` to `dst` (arenas of the same format) as one

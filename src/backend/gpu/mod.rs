@@ -121,14 +121,6 @@ struct StepUniforms {
     _pad: [u32; 2],
 }
 
-/// The uniforms of `shaders/pseudo_gradient.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct PseudoGradientUniforms {
-    octets: u32,
-    _pad: [u32; 3],
-}
-
 impl GpuBackend {
     /// Opens the best adapter wgpu finds (high performance preferred) with default options.
     /// A `RuntimeError` when there is none (in a browser: when WebGPU is unavailable).
@@ -242,7 +234,7 @@ impl GpuBackend {
                 &device,
                 "pseudo_gradient",
                 shaders::PSEUDO_GRADIENT,
-                &[Uniform, Read, ReadWrite, ReadWrite],
+                &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
                 &["FORMAT"],
             ),
         };
@@ -447,52 +439,20 @@ impl Backend for GpuBackend {
         self.average_on_device(arena, group_size, arith, starts, active)
     }
 
-    fn pseudo_gradient(&self, params: &mut Arena, backup: &Arena, grads: &mut Arena) -> Result<()> {
+    fn pseudo_gradient(
+        &self,
+        params: &mut Arena,
+        backup: &Arena,
+        grads: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
         if matches!(params.storage, ArenaStorage::Host(_)) {
-            return self.host.pseudo_gradient(params, backup, grads);
+            return self
+                .host
+                .pseudo_gradient(params, backup, grads, starts, active);
         }
-        for other in [backup, &*grads] {
-            if other.format() != params.format()
-                || other.ranks() != params.ranks()
-                || other.rank_len() != params.rank_len()
-                || other.chunk_len() != params.chunk_len()
-            {
-                return Err(Error::value(format!(
-                    "pseudo_gradient: arenas do not match ({params:?} vs {other:?})"
-                )));
-            }
-        }
-        let format = params.format();
-        let ranks = params.ranks();
-        let kernel = &self.kernels.pseudo_gradient;
-        let pipeline = kernel.pipeline(&self.shared, &[format.shader_code()]);
-        let (p, o, g) = (self.gpu(params)?, self.gpu(backup)?, self.gpu(grads)?);
-        let device = &self.shared.device;
-        let mut encoder = device.create_command_encoder(&Default::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&pipeline);
-            for ((pc, oc), gc) in p.chunks.iter().zip(&o.chunks).zip(&g.chunks) {
-                // A chunk is every rank's `len` elements back to back: one flat run of
-                // eight-element groups (whole 64-element slots per rank).
-                let uniforms = PseudoGradientUniforms {
-                    octets: (ranks * pc.len / 8) as u32,
-                    _pad: [0; 3],
-                };
-                let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("pseudo_gradient uniforms"),
-                    contents: bytemuck::bytes_of(&uniforms),
-                    usage: wgpu::BufferUsages::UNIFORM,
-                });
-                let bind_group =
-                    kernel.bind(device, &[&uniform, &oc.buffer, &pc.buffer, &gc.buffer]);
-                pass.set_bind_group(0, &bind_group, &[]);
-                let (x, y) = self.grid(ranks * pc.len / 8);
-                pass.dispatch_workgroups(x, y, 1);
-            }
-        }
-        self.shared.queue.submit([encoder.finish()]);
-        self.shared.take_uncaptured()
+        self.pseudo_gradient_on_device(params, backup, grads, starts, active)
     }
 
     fn copy_regions(

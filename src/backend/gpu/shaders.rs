@@ -42,6 +42,8 @@ pub const AVERAGE: &str = concat!(
 pub const PSEUDO_GRADIENT: &str = concat!(
     include_str!("../../../shaders/packing.wgsl"),
     "\n",
+    include_str!("../../../shaders/param_table.wgsl"),
+    "\n",
     include_str!("../../../shaders/pseudo_gradient.wgsl")
 );
 
