@@ -533,3 +533,216 @@ fn bad_arguments_and_state_dicts_are_typed_errors() {
     assert_eq!(err.kind(), ErrorKind::IndexError);
     diloco.load_state_dict(&mut replicas, 0, &good).unwrap();
 }
+
+/// A streaming run's parameters after every step, and the fragments each step synced.
+type Trajectory = (Vec<Vec<Vec<Vec<u64>>>>, Vec<Vec<usize>>);
+
+fn run_streaming(
+    backend: &Arc<dyn Backend>,
+    fragments: Option<Vec<Vec<usize>>>,
+    outer: Value,
+    world: Arc<dyn Communicator>,
+) -> Trajectory {
+    let mut replicas = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
+    let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05, "momentum": 0.9}));
+    let outer = optimizer(&replicas, "SGD", outer);
+    let mut diloco = match fragments {
+        Some(f) => DiLoCo::streaming(&replicas, inner, outer, SYNC_EVERY, f, world).unwrap(),
+        None => DiLoCo::new(&replicas, inner, outer, SYNC_EVERY, world).unwrap(),
+    };
+    let mut params = Vec::new();
+    let mut synced = Vec::new();
+    for g in all_grads() {
+        diloco.zero_grad(&mut replicas);
+        for (rank, g) in g.iter().enumerate() {
+            replicas.set_grads(rank, g).unwrap();
+        }
+        synced.push(diloco.step_fragments(&mut replicas).unwrap());
+        params.push(param_bits(&replicas));
+    }
+    (params, synced)
+}
+
+fn world() -> Arc<dyn Communicator> {
+    Arc::new(SimulatedWorld::new(WORLD).unwrap())
+}
+
+#[test]
+fn streaming_with_one_fragment_is_plain_diloco_bit_for_bit() {
+    let outer = json!({"lr": 0.7, "momentum": 0.9, "nesterov": true});
+    for (label, backend) in backends().into_iter().take(2) {
+        let plain = run_streaming(&backend, None, outer.clone(), world());
+        let one = distopt::diloco::split_fragments(shapes().len(), 1).unwrap();
+        let streaming = run_streaming(&backend, Some(one), outer.clone(), world());
+        assert_eq!(plain.1[2], [0], "{label}");
+        assert_eq!(plain, streaming, "{label}");
+    }
+}
+
+#[test]
+fn streaming_fragments_sync_staggered_each_parameter_once_per_period() {
+    const H: i64 = 6;
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let params = initial_params();
+    let per_rank_bytes: u64 = params
+        .iter()
+        .map(|t| (t.numel() * t.dtype().size_bytes()) as u64)
+        .sum();
+    let fragments = distopt::diloco::split_fragments(params.len(), 3).unwrap();
+    assert_eq!(fragments, [vec![0], vec![1, 2], vec![3, 4]]);
+    let world = Arc::new(SimulatedWorld::new(WORLD).unwrap());
+    let mut replicas = Replicas::replicate(backend, WORLD, &params).unwrap();
+    let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05}));
+    let outer = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+    let mut diloco =
+        DiLoCo::streaming(&replicas, inner, outer, H, fragments.clone(), world.clone()).unwrap();
+    assert_eq!(diloco.sync_schedule(), [2, 4, 0]);
+    let mut rng = Rng(5);
+    for period in 0..3 {
+        let mut synced_params = Vec::new();
+        for step in 1..=H as u64 {
+            diloco.zero_grad(&mut replicas);
+            for rank in 0..WORLD {
+                let grads: Vec<Option<Tensor>> = params
+                    .iter()
+                    .map(|t| {
+                        let values: Vec<f64> = (0..t.numel()).map(|_| rng.unit()).collect();
+                        Some(Tensor::from_f64(t.dtype(), t.shape(), &values).unwrap())
+                    })
+                    .collect();
+                replicas.set_grads(rank, &grads).unwrap();
+            }
+            let synced = diloco.step_fragments(&mut replicas).unwrap();
+            let expected: Vec<usize> = match step {
+                2 => vec![0],
+                4 => vec![1],
+                6 => vec![2],
+                _ => vec![],
+            };
+            assert_eq!(synced, expected, "period {period}, step {step}");
+            let now = param_bits(&replicas);
+            for (j, _) in params.iter().enumerate() {
+                // A parameter just synced is the same on every rank; one that has taken an
+                // inner step since its last sync differs between ranks.
+                let same = now.iter().all(|rank| rank[j] == now[0][j]);
+                let just_synced = synced.iter().any(|&f| fragments[f].contains(&j));
+                assert_eq!(same, just_synced, "period {period}, step {step}, param {j}");
+            }
+            synced_params.extend(synced.iter().flat_map(|&f| fragments[f].clone()));
+        }
+        synced_params.sort_unstable();
+        assert_eq!(synced_params, [0, 1, 2, 3, 4], "period {period}");
+        // Over a period, the all-reduces moved one whole model per rank (ring: 2·(W−1)/W).
+        let stats = world.stats();
+        let per_format: u64 = stats.all_reduce_bytes_by_group_size.values().sum();
+        let expected = 2 * (WORLD as u64 - 1) * per_rank_bytes / WORLD as u64;
+        assert!(
+            per_format.abs_diff(expected) <= 4,
+            "period {period}: {per_format} bytes, a whole model is {expected}"
+        );
+        world.reset_stats();
+    }
+    let err = DiLoCo::streaming(
+        &replicas,
+        optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+        optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+        2,
+        fragments.clone(),
+        world.clone(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.message(),
+        "sync_every (2) must be at least the number of fragments (3)"
+    );
+    for (bad, text) in [
+        (
+            vec![vec![0, 1], vec![1, 2, 3, 4]],
+            "parameter 1 appears in more than one fragment",
+        ),
+        (
+            vec![vec![0, 1], vec![2, 3]],
+            "parameter 4 is in no fragment",
+        ),
+        (vec![vec![0, 1, 2, 3, 4], vec![]], "non-empty lists"),
+    ] {
+        let err = DiLoCo::streaming(
+            &replicas,
+            optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+            optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+            H,
+            bad,
+            world.clone(),
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueError);
+        assert!(err.message().contains(text), "{}", err.message());
+    }
+}
+
+#[test]
+fn a_streaming_sync_with_outer_sgd_lr_1_averages_the_fragment_like_model_averaging() {
+    // Outer SGD(lr=1) sets a fragment to backup − mean(backup − params_r): the ranks' mean,
+    // within rounding. The same run with PeriodicModelAverager-style averaging of that
+    // fragment at the same steps (distopt::averaging::average_parameters) must agree.
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let world = Arc::new(SimulatedWorld::new(4).unwrap());
+    let shapes = [vec![7usize], vec![3, 3], vec![], vec![5]];
+    let mut rng = Rng(99);
+    let params: Vec<Tensor> = shapes
+        .iter()
+        .map(|s| {
+            let n = s.iter().product();
+            Tensor::from_f32(s, (0..n).map(|_| rng.unit() as f32).collect()).unwrap()
+        })
+        .collect();
+    let fragments = vec![vec![0, 2], vec![1, 3]];
+    let mut a = Replicas::replicate(backend.clone(), 4, &params).unwrap();
+    let mut b = Replicas::replicate(backend, 4, &params).unwrap();
+    let inner = optimizer(&a, "SGD", json!({"lr": 0.1}));
+    let outer = optimizer(&a, "SGD", json!({"lr": 1.0}));
+    let mut diloco =
+        DiLoCo::streaming(&a, inner, outer, 4, fragments.clone(), world.clone()).unwrap();
+    let mut plain_inner = optimizer(&b, "SGD", json!({"lr": 0.1}));
+    for _ in 0..12 {
+        diloco.zero_grad(&mut a);
+        b.zero_grad();
+        for rank in 0..4 {
+            let grads: Vec<Option<Tensor>> = params
+                .iter()
+                .map(|t| {
+                    let values = (0..t.numel()).map(|_| rng.unit() as f32).collect();
+                    Some(Tensor::from_f32(t.shape(), values).unwrap())
+                })
+                .collect();
+            a.set_grads(rank, &grads).unwrap();
+            b.set_grads(rank, &grads).unwrap();
+        }
+        let synced = diloco.step_fragments(&mut a).unwrap();
+        plain_inner.step(&mut b).unwrap();
+        for &f in &synced {
+            distopt::averaging::average_parameters(
+                world.as_ref(),
+                &mut b,
+                distopt::comm::Subgroups::world(4),
+                Some(&fragments[f]),
+            )
+            .unwrap();
+        }
+        let (pa, pb) = (
+            a.all_params_blocking().unwrap(),
+            b.all_params_blocking().unwrap(),
+        );
+        for rank in 0..4 {
+            for j in 0..params.len() {
+                let (x, y) = (
+                    pa[rank][j].values_f64().unwrap(),
+                    pb[rank][j].values_f64().unwrap(),
+                );
+                for (x, y) in x.iter().zip(&y) {
+                    assert!((x - y).abs() <= 1e-6 * (1.0 + y.abs()), "{x} vs {y}");
+                }
+            }
+        }
+    }
+}
