@@ -746,3 +746,106 @@ fn a_streaming_sync_with_outer_sgd_lr_1_averages_the_fragment_like_model_averagi
         }
     }
 }
+
+#[test]
+fn the_trainer_runs_diloco_meeting_only_at_syncs() {
+    use distopt::train::{Algorithm, SyntheticTask, TaskConfig, TrainConfig, Trainer};
+    let ranks = 4;
+    let task = Arc::new(SyntheticTask::new(TaskConfig::default(), ranks).unwrap());
+    let model_bytes: u64 = task
+        .param_shapes()
+        .iter()
+        .map(|s| 4 * s.iter().product::<usize>() as u64)
+        .sum();
+    for (label, backend) in backends().into_iter().take(2) {
+        let config = TrainConfig {
+            algorithm: Algorithm::DiLoCo {
+                sync_every: 5,
+                fragments: 1,
+            },
+            ..TrainConfig::default()
+        };
+        let mut trainer = Trainer::new(backend, task.clone(), config).unwrap();
+        let initial = trainer.evaluate_blocking().unwrap().mean_model_loss;
+        for step in 1..=40u64 {
+            let report = trainer.step_blocking().unwrap();
+            assert_eq!(report.gradients_reduced, None, "{label} step {step}");
+            let synced = step.is_multiple_of(5);
+            assert_eq!(
+                report.averaged,
+                synced.then_some(ranks),
+                "{label} step {step}"
+            );
+            // After a sync every replica holds the same parameters; between syncs they drift.
+            assert_eq!(report.divergence == 0.0, synced, "{label} step {step}");
+            // One ring all-reduce of the whole model per sync, nothing else.
+            let syncs = step / 5;
+            assert_eq!(
+                report.bytes_communicated_per_rank,
+                syncs * 2 * (ranks as u64 - 1) * model_bytes / ranks as u64,
+                "{label} step {step}"
+            );
+        }
+        let trained = trainer.evaluate_blocking().unwrap();
+        assert!(
+            trained.mean_model_loss < 0.5 * initial,
+            "{label}: loss {initial} -> {}",
+            trained.mean_model_loss
+        );
+    }
+}
+
+#[test]
+fn distopt_train_algorithm_diloco_reports_its_syncs() {
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_distopt"))
+            .args([
+                "train",
+                "--algorithm",
+                "diloco",
+                "--backend",
+                "cpu",
+                "--ranks",
+                "4",
+                "--steps",
+                "24",
+                "--json",
+            ])
+            .args(extra)
+            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, stdout, stderr) = run(&["--period", "6"]);
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let result = &report["results"][0];
+    assert_eq!(result["algorithm"], "diloco", "{report}");
+    assert_eq!(result["steps_averaged"], 4);
+    assert_eq!(
+        result["settings"],
+        json!({"kind": "diloco", "sync_every": 6, "fragments": 1})
+    );
+    let (ok, stdout, stderr) = run(&["--period", "6", "--fragments", "3"]);
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    // Streaming: a fragment syncs every 2 steps.
+    assert_eq!(report["results"][0]["steps_averaged"], 12);
+    assert!(
+        report["results"][0]["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("Streaming DiLoCo (3 fragments")
+    );
+    let (ok, _, stderr) = run(&["--period", "2", "--fragments", "3"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("sync_every (2) must be at least the number of fragments (3)"),
+        "{stderr}"
+    );
+}
