@@ -562,6 +562,54 @@ export class PostLocalSGDState {
   free(): void;
 }
 
+/** A `DiLoCo` state dict (one rank's). */
+export interface DiLoCoStateDict {
+  /** The inner optimizer's `state_dict()`. */
+  inner_optimizer: StateDict;
+  /** The outer optimizer's `state_dict()`. */
+  outer_optimizer: StateDict;
+  /** Inner steps since the last sync. */
+  local_step: number;
+  /** The parameters at the last sync, one tensor per parameter. */
+  original_parameters: Tensor[];
+}
+
+/** A `DiLoCo` state dict as `loadStateDict` accepts it (tensors in any `TensorInput` form). */
+export interface DiLoCoStateDictInput {
+  inner_optimizer: StateDictInput;
+  outer_optimizer: StateDictInput;
+  local_step: number;
+  original_parameters: readonly TensorInput[];
+}
+
+/**
+ * DiLoCo (torchft's): `inner` steps every rank; every `syncEvery` inner steps the ranks'
+ * pseudo-gradients (parameters at the last sync minus the current ones, in each parameter's
+ * dtype) are averaged over `world`, the parameters return to the last sync's, and `outer` steps
+ * with that gradient. Both optimizers must be built over the same `Replicas` (one rank per rank
+ * of `world`); they move into the DiLoCo (their objects still report their state, but step
+ * only through it).
+ */
+export class DiLoCo {
+  /** A ValueError when `syncEvery < 1`, or the replicas' ranks differ from the world's. */
+  constructor(inner: AnyLocalOptimizer, outer: AnyLocalOptimizer, syncEvery: number, world: World);
+  /** One inner step on every rank, then a sync when due. Returns whether it synced. */
+  step(): boolean;
+  /** The outer step now, whatever the local step counter says. */
+  sync(): void;
+  /** `zero_grad(set_to_none=True)` on every rank. */
+  zeroGrad(): void;
+  /** Inner steps since the last sync. */
+  readonly localStep: number;
+  /** Inner steps between syncs. */
+  readonly syncEvery: number;
+  /** Rank `rank`'s state: both optimizers, the local step counter, the last sync's parameters. */
+  stateDict(rank: number): Promise<DiLoCoStateDict>;
+  /** Loads rank `rank`'s state saved by `stateDict` (the model's parameters are restored apart). */
+  loadStateDict(rank: number, stateDict: DiLoCoStateDictInput): void;
+  free(): void;
+}
+
 // ---------------------------------------------------------------------------------------------
 // ZeRO: optimizer state sharded over the ranks
 // ---------------------------------------------------------------------------------------------

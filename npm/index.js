@@ -9,6 +9,7 @@ export {
   AdamW,
   AutogradContext,
   DistributedDataParallel,
+  DiLoCo,
   DistributedOptimizer,
   HierarchicalModelAverager,
   Join,

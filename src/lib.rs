@@ -30,6 +30,7 @@ pub mod averaging;
 pub mod backend;
 pub mod comm;
 pub mod ddp;
+pub mod diloco;
 pub mod dtype;
 pub mod error;
 pub mod join;

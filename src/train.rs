@@ -11,7 +11,8 @@
 //! the host, writes the gradients with [`Replicas::set_grads`], synchronizes them with the
 //! post-local-SGD hook ([`PostLocalSgdState`]) and runs the local [`Sgd`] step — plain, for
 //! synchronous SGD, or wrapped in a [`PostLocalSgdOptimizer`] with a periodic or hierarchical
-//! model averager. Communication goes through a [`Communicator`]: a [`SimulatedWorld`] holding
+//! model averager, or as the inner optimizer of a [`DiLoCo`] (plain or streaming).
+//! Communication goes through a [`Communicator`]: a [`SimulatedWorld`] holding
 //! every rank ([`Trainer::new`]), or one rank per process over MPI ([`Trainer::with_world`]),
 //! where each process trains its own shard and the reports (losses, divergence, evaluation)
 //! are gathered so that every process sees the whole world's.
@@ -40,6 +41,7 @@ use serde::{Deserialize, Serialize};
 use crate::averaging::{HierarchicalModelAverager, PeriodicModelAverager};
 use crate::backend::Backend;
 use crate::comm::{CommStats, Communicator, SimulatedWorld};
+use crate::diloco::{DiLoCo, split_fragments};
 use crate::error::{Error, Result};
 use crate::optim::{LocalOptimizer, Sgd, SgdOptions};
 use crate::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
@@ -489,7 +491,21 @@ pub enum Algorithm {
     /// the momentum of only the parameters it owns and broadcasts them after its update. The
     /// replicas never differ; the optimizer state per rank shrinks to about 1/R.
     Zero,
+    /// DiLoCo: local SGD steps (no gradient all-reduce), and every `sync_every` steps the
+    /// world's mean pseudo-gradient applied by the outer optimizer of the paper
+    /// (SGD, lr 0.7, Nesterov momentum 0.9); with `fragments` > 1, Streaming DiLoCo: the
+    /// parameters split into that many runs, syncing on a staggered schedule.
+    #[serde(rename = "diloco")]
+    DiLoCo {
+        /// Inner steps between a fragment's syncs (≥ 1, ≥ `fragments`).
+        sync_every: u64,
+        /// Fragments (1: plain DiLoCo).
+        fragments: usize,
+    },
 }
+
+/// The outer optimizer of the DiLoCo paper, `(lr, momentum)`: SGD with Nesterov momentum.
+pub const DILOCO_OUTER: (f64, f64) = (0.7, 0.9);
 
 impl Algorithm {
     /// `sync`, `periodic`, `hierarchical` or `zero`.
@@ -499,6 +515,7 @@ impl Algorithm {
             Algorithm::PostLocalPeriodic { .. } => "periodic",
             Algorithm::PostLocalHierarchical { .. } => "hierarchical",
             Algorithm::Zero => "zero",
+            Algorithm::DiLoCo { .. } => "diloco",
         }
     }
 
@@ -509,6 +526,21 @@ impl Algorithm {
             Algorithm::SyncSgd => "synchronous SGD".into(),
             Algorithm::Zero => {
                 "ZeRO: synchronous SGD, optimizer state sharded over the ranks".into()
+            }
+            Algorithm::DiLoCo {
+                sync_every,
+                fragments,
+            } => {
+                let (lr, momentum) = DILOCO_OUTER;
+                let streaming = if *fragments > 1 {
+                    format!("Streaming DiLoCo ({fragments} fragments")
+                } else {
+                    "DiLoCo (".to_string()
+                };
+                let sep = if *fragments > 1 { ", " } else { "" };
+                format!(
+                    "{streaming}{sep}sync every {sync_every} steps; outer SGD lr {lr}, Nesterov momentum {momentum})"
+                )
             }
             Algorithm::PostLocalPeriodic { period, warmup } => {
                 format!("post-local SGD, periodic averaging (period {period}, warm-up {warmup})")
@@ -619,6 +651,7 @@ enum Driver {
     Sync(Sgd),
     PostLocal(PostLocalSgdOptimizer),
     Zero(Box<ZeroRedundancyOptimizer>),
+    DiLoCo(Box<DiLoCo>),
 }
 
 /// R replicas of the [`SyntheticTask`]'s model, trained one step at a time.
@@ -720,6 +753,34 @@ impl Trainer {
                     Driver::Zero(Box::new(zero)),
                 )
             }
+            Algorithm::DiLoCo {
+                sync_every,
+                fragments,
+            } => {
+                let (lr, momentum) = DILOCO_OUTER;
+                let outer = Sgd::new(
+                    &replicas,
+                    SgdOptions {
+                        lr,
+                        momentum,
+                        nesterov: true,
+                        ..SgdOptions::default()
+                    },
+                )?;
+                let diloco = DiLoCo::streaming(
+                    &replicas,
+                    Box::new(sgd),
+                    Box::new(outer),
+                    to_i64(*sync_every, "sync_every")?,
+                    split_fragments(replicas.len(), *fragments)?,
+                    comm.clone(),
+                )?;
+                (
+                    // Never any gradient all-reduce: the ranks meet only at syncs.
+                    PostLocalSgdState::new(comm, None, 0, false)?,
+                    Driver::DiLoCo(Box::new(diloco)),
+                )
+            }
             Algorithm::PostLocalPeriodic { period, warmup } => {
                 let averager = PeriodicModelAverager::new(
                     to_i64(*period, "period")?,
@@ -802,6 +863,11 @@ impl Trainer {
             }
             Driver::PostLocal(opt) => {
                 vec![vec![opt.optim().state_bytes_per_rank() as f64]; self.replicas.ranks()]
+            }
+            Driver::DiLoCo(diloco) => {
+                let bytes =
+                    diloco.inner().state_bytes_per_rank() + diloco.outer().state_bytes_per_rank();
+                vec![vec![bytes as f64]; self.replicas.ranks()]
             }
             Driver::Zero(zero) => zero
                 .state_bytes_per_rank()
@@ -953,6 +1019,9 @@ impl Trainer {
                 zero.step(&mut self.replicas)?;
                 None
             }
+            Driver::DiLoCo(diloco) => diloco
+                .step(&mut self.replicas)?
+                .then_some(self.world.world_size()),
         };
         self.steps += 1;
         let divergence = divergence(self.host_params().await?);

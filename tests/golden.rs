@@ -88,6 +88,7 @@ fn run_case(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
         }
         "post_local_sgd" => runners::post_local_sgd::run(backend, case, &runners::simulated_world),
         "distributed_optimizer" => runners::distributed_optimizer::run(backend, case),
+        "diloco" => runners::diloco::run(backend, case, &runners::simulated_world),
         "zero_partition" | "zero_trajectory" | "zero_errors" | "zero_join" => {
             runners::zero::run(backend, case)
         }

@@ -4,11 +4,11 @@
 //! itself (with `DISTOPT_MPI_WORKER` set) and checks what the ranks report:
 //!
 //! - golden replays: every case of the multi-process kinds (periodic_averager,
-//!   hierarchical_averager, post_local_sgd, zero_trajectory, zero_errors, zero_join) at its own
-//!   world size W (2, 3, 4 and 8), and the dp_sgd_step cases with one rank per replica
-//!   (`sgd_step_in`), one rank per process, each rank checking its own results against the
-//!   case (zero_join: a rank out of inputs runs the join context's shadow iterations until the
-//!   others finish), on the CPU backend and on the GPU backend (the step's arithmetic seen
+//!   hierarchical_averager, post_local_sgd, zero_trajectory, zero_errors, zero_join, diloco)
+//!   at its own world size W (2, 3, 4 and 8), and the dp_sgd_step cases with one rank per
+//!   replica (`sgd_step_in`), one rank per process, each rank checking its own results against
+//!   the case (zero_join: a rank out of inputs runs the join context's shadow iterations until
+//!   the others finish), on the CPU backend and on the GPU backend (the step's arithmetic seen
 //!   running in that backend's kernel, on its own arenas); a part that cannot run with one
 //!   rank per process (a ZeRO reload into another world size) is counted and printed as
 //!   skipped, never as passed;
@@ -46,7 +46,8 @@ use distopt::{
 
 const WORKER: &str = "DISTOPT_MPI_WORKER";
 const BACKEND: &str = "DISTOPT_MPI_BACKEND";
-const KINDS: [&str; 7] = [
+const KINDS: [&str; 8] = [
+    "diloco",
     "dp_sgd_step",
     "periodic_averager",
     "hierarchical_averager",
@@ -128,6 +129,7 @@ fn golden_worker(world: &Arc<MpiWorld>) -> Result<(), String> {
                 runners::averagers::run(&backend, &case, &factory)
             }
             "post_local_sgd" => runners::post_local_sgd::run(&backend, &case, &factory),
+            "diloco" => runners::diloco::run(&backend, &case, &factory),
             "dp_sgd_step" => dp_sgd_step(world, &recording, &case),
             _ => runners::zero::run_with_world(&backend, &case, &factory),
         };

@@ -380,6 +380,22 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         kernels::scaled_sum_reference(arena, arith, starts, reduced, scales, present)
     }
 
+    /// DiLoCo's pseudo-gradient over three arenas of one layout (see
+    /// [`kernels::pseudo_gradient_reference`]): for every rank and every element of the
+    /// parameters flagged in `active`, `grads = round(backup - params)` in the parameters'
+    /// precision, then `params = backup`, one dispatch per chunk. The default runs the
+    /// plain-Rust reference on host arenas.
+    fn pseudo_gradient(
+        &self,
+        params: &mut Arena,
+        backup: &Arena,
+        grads: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        kernels::pseudo_gradient_reference(params, backup, grads, starts, active)
+    }
+
     /// Copies many element ranges from `src` to `dst` (arenas of the same format) as one
     /// batch. The default works on host arenas.
     fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()> {

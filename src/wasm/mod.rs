@@ -15,6 +15,7 @@
 mod averaging;
 mod bench;
 mod convert;
+mod diloco;
 mod handles;
 mod join;
 mod optim;
@@ -36,6 +37,7 @@ use crate::error::{Error, RankErrors, Result};
 
 pub use averaging::{HierarchicalModelAveragerJs, PeriodicModelAveragerJs};
 pub use bench::StepBench;
+pub use diloco::DiLoCoJs;
 pub use join::{DistributedDataParallelJs, JoinJs};
 pub use optim::{AdamJs, AdamWJs, SgdJs};
 pub use post_local_sgd::{PostLocalSgdOptimizerJs, PostLocalSgdStateJs};

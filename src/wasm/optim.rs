@@ -10,6 +10,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::{json_from_js, json_to_js, rank_arg};
+use super::diloco::DiLoCoCore;
 use super::handles::Registry;
 use super::post_local_sgd::PostLocalCore;
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
@@ -17,13 +18,29 @@ use super::{JsResult, busy, js};
 use crate::error::{Error, Result};
 use crate::optim::{self, LocalOptimizer, OptionMap};
 
-/// Where an optimizer is: its own, or moved into a `PostLocalSGDOptimizer` (which then steps
-/// it; the JS object still reads its state).
+/// Where an optimizer is: its own, or moved into a `PostLocalSGDOptimizer` or a `DiLoCo`
+/// (which then steps it; the JS object still reads its state).
 pub(crate) enum OptimSlot {
     Own(Box<dyn LocalOptimizer>),
     Wrapped(Rc<PostLocalCore>),
-    /// Only while being moved into a `PostLocalSGDOptimizer`.
+    /// The inner or outer optimizer of a `DiLoCo`.
+    InDiLoCo(Rc<DiLoCoCore>, DiLoCoRole),
+    /// Only while being moved into a `PostLocalSGDOptimizer` or a `DiLoCo`.
     Moving,
+}
+
+/// Which of a `DiLoCo`'s optimizers an optimizer object is.
+#[derive(Clone, Copy)]
+pub(crate) enum DiLoCoRole {
+    Inner,
+    Outer,
+}
+
+fn in_diloco(diloco: &crate::diloco::DiLoCo, role: DiLoCoRole) -> &dyn LocalOptimizer {
+    match role {
+        DiLoCoRole::Inner => diloco.inner(),
+        DiLoCoRole::Outer => diloco.outer(),
+    }
 }
 
 /// What the `SGD`, `Adam` and `AdamW` classes share.
@@ -137,6 +154,10 @@ impl OptimizerCore {
                 let post = post.opt.try_borrow().map_err(|_| busy("optimizer"))?;
                 Ok(f(post.optim()))
             }
+            OptimSlot::InDiLoCo(core, role) => {
+                let diloco = core.diloco.try_borrow().map_err(|_| busy("optimizer"))?;
+                Ok(f(in_diloco(&diloco, *role)))
+            }
             OptimSlot::Moving => Err(busy("optimizer")),
         }
     }
@@ -147,6 +168,10 @@ impl OptimizerCore {
         match &mut *slot {
             OptimSlot::Own(o) => f(o.as_mut()),
             OptimSlot::Wrapped(_) => Err(self.wrapped_error()),
+            OptimSlot::InDiLoCo(..) => Err(Error::runtime(format!(
+                "this {} belongs to a DiLoCo: step and load it through that",
+                self.name
+            ))),
             OptimSlot::Moving => Err(busy("optimizer")),
         }
     }
@@ -157,9 +182,13 @@ impl OptimizerCore {
         match std::mem::replace(&mut *slot, OptimSlot::Moving) {
             OptimSlot::Own(o) => Ok(o),
             other => {
+                let owner = match other {
+                    OptimSlot::InDiLoCo(..) => "DiLoCo",
+                    _ => "PostLocalSGDOptimizer",
+                };
                 *slot = other;
                 Err(Error::value(format!(
-                    "this {} already belongs to a PostLocalSGDOptimizer",
+                    "this {} already belongs to a {owner}",
                     self.name
                 )))
             }
@@ -233,6 +262,10 @@ impl OptimizerCore {
             OptimSlot::Wrapped(post) => {
                 let post = post.opt.try_borrow().map_err(|_| busy("optimizer"))?;
                 post.optim().state_dict(&replicas, rank).await
+            }
+            OptimSlot::InDiLoCo(core, role) => {
+                let diloco = core.diloco.try_borrow().map_err(|_| busy("optimizer"))?;
+                in_diloco(&diloco, *role).state_dict(&replicas, rank).await
             }
             OptimSlot::Moving => Err(busy("optimizer")),
         }

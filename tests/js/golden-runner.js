@@ -11,6 +11,7 @@ export const KINDS = [
   'hierarchical_averager',
   'local_optimizer',
   'post_local_sgd',
+  'diloco',
   'zero_partition',
   'zero_trajectory',
   'zero_errors',
@@ -352,6 +353,42 @@ async function postLocalSgd(api, c) {
     exact = compareJson(api, c, sd, expected.state_dict_per_rank[r], `state_dict_per_rank[${r}]`) && exact;
     if (r === 0) exact = compareJson(api, c, sd, expected.state_dict_rank0, 'state_dict_rank0') && exact;
   }
+  return exact;
+}
+
+/** diloco: inner steps per rank, every sync_every steps the outer step with the mean pseudo-gradient. */
+async function diloco(api, c) {
+  const { input, expected } = c;
+  const world = new api.World(input.world_size);
+  const replicas = api.Replicas.replicate(input.world_size, input.initial_params);
+  // The reference passes foreach=False to both torch.optim optimizers.
+  const spec = (s) => ({ name: s.name, options: { foreach: false, ...s.options } });
+  const inner = makeOptimizer(api, replicas, spec(input.inner_optimizer));
+  const outer = makeOptimizer(api, replicas, spec(input.outer_optimizer));
+  const opt = new api.DiLoCo(inner, outer, input.sync_every, world);
+  if (expected.params_after_step.length !== input.grads.length) fail('params_after_step: step count');
+  if (expected.inner_state_dicts.length !== input.world_size) fail('inner_state_dicts: rank count');
+  let exact = true;
+  const syncedAt = [];
+  for (let t = 0; t < input.grads.length; t++) {
+    opt.zeroGrad();
+    for (let r = 0; r < input.world_size; r++) replicas.setGrads(r, input.grads[t][r]);
+    if (opt.step()) syncedAt.push(t);
+    const params = await replicas.params();
+    params.forEach((p, r) => {
+      exact = compareTensorList(api, c, p, expected.params_after_step[t][r], `params_after_step[${t}][${r}]`) && exact;
+    });
+  }
+  sameOrFail(syncedAt, expected.synced_at_steps, 'synced_at_steps');
+  for (let r = 0; r < input.world_size; r++) {
+    const sd = await opt.stateDict(r);
+    exact = compareJson(api, c, sd.inner_optimizer, expected.inner_state_dicts[r], `inner_state_dicts[${r}]`) && exact;
+    exact = compareJson(api, c, sd.outer_optimizer, expected.outer_state_dict, `outer_state_dict (rank ${r})`) && exact;
+  }
+  // The optimizer objects report their state from inside the DiLoCo.
+  exact = compareJson(api, c, await outer.stateDict(0), expected.outer_state_dict, 'outer.stateDict(0)') && exact;
+  exact = compareJson(api, c, await inner.stateDict(0), expected.inner_state_dicts[0], 'inner.stateDict(0)') && exact;
+  opt.free();
   return exact;
 }
 
@@ -826,6 +863,7 @@ const RUNNERS = {
   hierarchical_averager: averager,
   local_optimizer: localOptimizer,
   post_local_sgd: postLocalSgd,
+  diloco,
   zero_partition: zeroPartition,
   zero_trajectory: zeroTrajectory,
   zero_errors: zeroErrors,

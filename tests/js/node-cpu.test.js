@@ -328,6 +328,56 @@ test('every misuse throws the named Error it should, never a trap', async (t) =>
   assert.deepEqual([...out.meanGradients[0].data], [3, 5]);
 });
 
+test('DiLoCo takes both optimizers, syncs every syncEvery steps, and refuses bad arguments keeping them', async () => {
+  const { DiLoCo, World, Replicas, SGD } = api;
+  const r = Replicas.replicate(2, [[1, 2]]);
+  const w = new World(2);
+  const inner = new SGD(r, { lr: 0.5 });
+  const outer = new SGD(r, { lr: 1 });
+  const refused = [
+    [() => new DiLoCo(inner, outer, 0, w), 'ValueError', 'sync_every must be a positive integer, got 0'],
+    [() => new DiLoCo(inner, outer, 1, new World(3)), 'ValueError', 'the replicas hold 2 ranks'],
+    [() => new DiLoCo(inner, inner, 1, w), 'ValueError', 'two different optimizers'],
+    [() => new DiLoCo(inner, new SGD(Replicas.replicate(2, [[1, 2]])), 1, w), 'ValueError', 'the same Replicas'],
+  ];
+  for (const [f, name, text] of refused) {
+    const error = await thrown(f);
+    assert.equal(error.name, name, error.message);
+    assert.ok(error.message.includes(text), error.message);
+  }
+  // Still their own: they step.
+  inner.step();
+  outer.step();
+  const diloco = new DiLoCo(inner, outer, 2, w);
+  assert.equal(diloco.syncEvery, 2);
+  let error = await thrown(() => inner.step());
+  assert.equal(error.name, 'RuntimeError');
+  assert.match(error.message, /belongs to a DiLoCo/);
+  error = await thrown(() => new DiLoCo(inner, outer, 2, w));
+  assert.match(error.message, /already belongs to a DiLoCo/);
+  const grads = () => {
+    diloco.zeroGrad();
+    r.setGrads(0, [[2, 4]]);
+    r.setGrads(1, [[4, 6]]);
+  };
+  grads();
+  assert.equal(diloco.step(), false);
+  assert.equal(diloco.localStep, 1);
+  const [[a], [b]] = await r.params();
+  assert.deepEqual([...a.data, ...b.data], [0, 0, -1, -1]);
+  grads();
+  assert.equal(diloco.step(), true);
+  // Pseudo-gradients [2, 4] and [4, 6]: their mean [3, 5], applied with lr 1 to [1, 2].
+  for (const [p] of await r.params()) assert.deepEqual([...p.data], [-2, -3]);
+  assert.equal(diloco.localStep, 0);
+  const saved = await diloco.stateDict(1);
+  assert.equal(saved.local_step, 0);
+  assert.deepEqual([...saved.original_parameters[0].data], [-2, -3]);
+  assert.deepEqual((await outer.stateDict(0)).param_groups[0].lr, 1);
+  diloco.loadStateDict(1, saved);
+  diloco.free();
+});
+
 test('errors carry the Python class and PyTorch text', async () => {
   const { sgdStep, World, Replicas, SGD, Adam, PeriodicModelAverager, HierarchicalModelAverager } = api;
   const cases = [

@@ -1,6 +1,7 @@
 //! Per-kind golden runners, shared helpers for reading case inputs and comparing results.
 
 pub mod averagers;
+pub mod diloco;
 pub mod distributed_optimizer;
 pub mod optimizers;
 pub mod post_local_sgd;

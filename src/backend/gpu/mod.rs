@@ -99,6 +99,7 @@ struct Kernels {
     average: Kernel,
     scaled_sum: Kernel,
     copy: Kernel,
+    pseudo_gradient: Kernel,
 }
 
 impl std::fmt::Debug for GpuBackend {
@@ -245,6 +246,13 @@ impl GpuBackend {
                 &[Uniform, Read, ReadWrite],
                 &[],
             ),
+            pseudo_gradient: Kernel::new(
+                &device,
+                "pseudo_gradient",
+                shaders::PSEUDO_GRADIENT,
+                &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
+                &["FORMAT"],
+            ),
         };
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("distopt placeholder"),
@@ -342,6 +350,7 @@ impl GpuBackend {
             + k.adam.cached()
             + k.average.cached()
             + k.scaled_sum.cached()
+            + k.pseudo_gradient.cached()
     }
 }
 
@@ -507,6 +516,22 @@ impl Backend for GpuBackend {
                 .scaled_sum(arena, arith, starts, reduced, scales, present);
         }
         self.scaled_sum_on_device(arena, arith, starts, reduced, scales, present)
+    }
+
+    fn pseudo_gradient(
+        &self,
+        params: &mut Arena,
+        backup: &Arena,
+        grads: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        if matches!(params.storage, ArenaStorage::Host(_)) {
+            return self
+                .host
+                .pseudo_gradient(params, backup, grads, starts, active);
+        }
+        self.pseudo_gradient_on_device(params, backup, grads, starts, active)
     }
 
     fn copy_regions(

@@ -1,4 +1,5 @@
-//! Dispatch of the per-parameter kernels (SGD, Adam/AdamW, group averaging) on the device.
+//! Dispatch of the per-parameter kernels (SGD, Adam/AdamW, group averaging, DiLoCo's
+//! pseudo-gradient) on the device.
 
 use wgpu::util::DeviceExt;
 
@@ -318,6 +319,52 @@ impl GpuBackend {
                 kernel.bind(
                     device,
                     &[uniform, &starts_buffer, &flags_buffer, &a.chunks[c].buffer],
+                )
+            },
+        )
+    }
+    pub(crate) fn pseudo_gradient_on_device(
+        &self,
+        params: &mut Arena,
+        backup: &Arena,
+        grads: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        let entries = params.ranks() * starts.0.len();
+        check_geometry("pseudo_gradient backup", params, backup, starts, entries)?;
+        check_geometry("pseudo_gradient grads", params, grads, starts, entries)?;
+        if active.len() != starts.0.len() {
+            return Err(Error::value(format!(
+                "pseudo_gradient: {} flags for {} parameters",
+                active.len(),
+                starts.0.len()
+            )));
+        }
+        let flags: Vec<u32> = active.iter().map(|&a| u32::from(a)).collect();
+        let starts_buffer = self.param_table_buffer(starts, params.rank_len());
+        let flags_buffer = self.storage_buffer("distopt pseudo_gradient flags", &flags);
+        let kernel = &self.kernels.pseudo_gradient;
+        let pipeline = kernel.pipeline(&self.shared, &[params.format().shader_code()]);
+        let (p, o, g) = (self.gpu(params)?, self.gpu(backup)?, self.gpu(grads)?);
+        let device = &self.shared.device;
+        self.dispatch_chunks(
+            &pipeline,
+            params,
+            params.ranks(),
+            starts.0.len(),
+            0,
+            &|c, uniform| {
+                kernel.bind(
+                    device,
+                    &[
+                        uniform,
+                        &starts_buffer,
+                        &flags_buffer,
+                        &o.chunks[c].buffer,
+                        &p.chunks[c].buffer,
+                        &g.chunks[c].buffer,
+                    ],
                 )
             },
         )

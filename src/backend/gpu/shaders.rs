@@ -47,6 +47,15 @@ pub const SCALED_SUM: &str = concat!(
     include_str!("../../../shaders/scaled_sum.wgsl")
 );
 
+/// DiLoCo's pseudo-gradient (`shaders/pseudo_gradient.wgsl`).
+pub const PSEUDO_GRADIENT: &str = concat!(
+    include_str!("../../../shaders/packing.wgsl"),
+    "\n",
+    include_str!("../../../shaders/param_table.wgsl"),
+    "\n",
+    include_str!("../../../shaders/pseudo_gradient.wgsl")
+);
+
 /// The shader-copy roofline the benchmarks compare kernels with (`shaders/copy.wgsl`).
 pub const COPY: &str = concat!(
     include_str!("../../../shaders/packing.wgsl"),
@@ -62,6 +71,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("adam", ADAM),
     ("average", AVERAGE),
     ("scaled_sum", SCALED_SUM),
+    ("pseudo_gradient", PSEUDO_GRADIENT),
 ];
 
 #[cfg(test)]

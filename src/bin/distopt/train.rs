@@ -121,6 +121,10 @@ impl Options {
             Some(t) => parse("--warmup", &t, count)?,
             None => 20,
         };
+        let fragments: usize = match take("--fragments")? {
+            Some(t) => parse("--fragments", &t, count)?,
+            None => 1,
+        };
         let algorithm = take("--algorithm")?.unwrap_or_else(|| "all".into());
         let choice = BackendChoice::parse(&take("--backend")?.unwrap_or_else(|| "auto".into()))?;
         let seed: u64 = match take("--seed")? {
@@ -161,10 +165,14 @@ impl Options {
             "periodic" => vec![periodic],
             "hierarchical" => vec![hierarchical],
             "zero" => vec![Algorithm::Zero],
+            "diloco" => vec![Algorithm::DiLoCo {
+                sync_every: period,
+                fragments,
+            }],
             "all" => vec![Algorithm::SyncSgd, periodic, hierarchical, Algorithm::Zero],
             other => {
                 return Err(Error::value(format!(
-                    "unknown algorithm '{other}': expected sync, periodic, hierarchical, zero or all"
+                    "unknown algorithm '{other}': expected sync, periodic, hierarchical, zero, diloco or all"
                 )));
             }
         };

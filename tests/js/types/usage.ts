@@ -6,6 +6,7 @@ import init, {
   AdamW,
   AutogradContext,
   DistributedDataParallel,
+  DiLoCo,
   DistributedOptimizer,
   HierarchicalModelAverager,
   Join,
@@ -140,6 +141,19 @@ export async function tour(): Promise<void> {
   postLocal.loadStateDict(0, saved);
   postLocal.zeroGrad();
   console.log(averagedOver, step, postLocal.averagerStep);
+
+  const inner = new AdamW(replicas, { lr: 0.02 });
+  const outer = new SGD(replicas, { lr: 0.7, momentum: 0.9, nesterov: true });
+  const diloco = new DiLoCo(inner, outer, 3, world);
+  diloco.zeroGrad();
+  const synced: boolean = diloco.step();
+  const checkpoint = await diloco.stateDict(0);
+  const localStep: number = checkpoint.local_step;
+  diloco.loadStateDict(0, checkpoint);
+  diloco.sync();
+  // @ts-expect-error: syncEvery is a number
+  new DiLoCo(inner, outer, '3', world);
+  console.log(synced, localStep, diloco.localStep, diloco.syncEvery, checkpoint.original_parameters[0].dtype);
 
   const stats: CommStats = world.stats();
   console.log(stats.totalBytes, stats.allReduceBytesByGroupSize['4'], world.groupOf(3, 2));

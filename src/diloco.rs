@@ -1,0 +1,467 @@
+//! DiLoCo (Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language
+//! Models", 2023) as torchft's `DiLoCo` runs it: every rank takes `sync_every` inner optimizer
+//! steps on its own, then the ranks all-reduce the *pseudo-gradient* (the parameters at the
+//! last sync minus the current ones, averaged over the world), reset the parameters to the
+//! last sync's values and take one outer optimizer step with that gradient.
+//!
+//! Inner and outer optimizer are any [`LocalOptimizer`] built over the same [`Replicas`] (as
+//! torchft builds both over the model's parameters). The parameters at the last sync are kept
+//! in backup arenas on the backend, laid out like the parameters (on the device with the GPU
+//! backend); a sync is one pseudo-gradient dispatch and one all-reduce per storage format, the
+//! outer step, and one device copy back into the backup.
+//!
+//! *Streaming DiLoCo* (Douillard et al., "Streaming DiLoCo with overlapping communication",
+//! 2025) splits the parameters into fragments that sync on a staggered schedule: with `F`
+//! fragments and `H = sync_every`, fragment `f` syncs after local step `(f+1)·H/F` (mod `H`)
+//! of every period, so each parameter still syncs once per `H` inner steps while the traffic
+//! is spread over the period. One fragment is plain DiLoCo.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::backend::{Arena, Backend, CopyRegion};
+use crate::comm::{Communicator, Subgroups};
+use crate::error::{Error, Result};
+use crate::json::{tensor_from_json, tensor_to_json};
+use crate::optim::{LocalOptimizer, check_same_model, read_state, write_state};
+use crate::replicas::Replicas;
+
+/// DiLoCo: inner steps on every rank, and every `sync_every` of them an outer step with the
+/// world's mean pseudo-gradient.
+///
+/// ```
+/// use std::sync::Arc;
+/// use distopt::comm::SimulatedWorld;
+/// use distopt::diloco::DiLoCo;
+/// use distopt::optim::{self, option_map};
+/// use distopt::replicas::Replicas;
+/// use distopt::{CpuBackend, Tensor};
+/// let world = Arc::new(SimulatedWorld::new(2).unwrap());
+/// let w = Tensor::from_f32(&[1], vec![1.0]).unwrap();
+/// let mut model = Replicas::replicate(Arc::new(CpuBackend::new()), 2, &[w]).unwrap();
+/// let sgd = |lr: f64| {
+///     let options = option_map(&serde_json::json!({"lr": lr})).unwrap();
+///     optim::create("SGD", &model, vec![(vec![0], Default::default())], &options).unwrap()
+/// };
+/// let (inner, outer) = (sgd(0.5), sgd(1.0));
+/// let mut diloco = DiLoCo::new(&model, inner, outer, 1, world).unwrap();
+/// for (rank, g) in [(0, 2.0), (1, 4.0)] {
+///     model.set_grads(rank, &[Some(Tensor::from_f32(&[1], vec![g]).unwrap())]).unwrap();
+/// }
+/// assert!(diloco.step(&mut model).unwrap()); // synced: both ranks at the mean, 1 - 0.5·3
+/// assert_eq!(model.param_blocking(1, 0).unwrap().values_f64().unwrap(), vec![-0.5]);
+/// ```
+#[derive(Debug)]
+pub struct DiLoCo {
+    inner: Box<dyn LocalOptimizer>,
+    outer: Box<dyn LocalOptimizer>,
+    world: Arc<dyn Communicator>,
+    sync_every: u64,
+    /// Inner steps since the start of the current period, in `0..sync_every`.
+    local_step: u64,
+    /// The global parameter indices of each fragment (every parameter in exactly one).
+    fragments: Vec<Vec<usize>>,
+    /// Fragment `f` syncs when `local_step` becomes `offsets[f]`.
+    offsets: Vec<u64>,
+    /// Per replica group (storage format), every local rank's parameters at their fragment's
+    /// last sync.
+    backups: Vec<Arena>,
+    ranks: usize,
+    params: usize,
+}
+
+/// Copies every rank of `src` into `dst` (arenas of one layout) on the backend: device to
+/// device on a GPU, host to host for host arenas.
+fn copy_ranks(backend: &dyn Backend, src: &Arena, dst: &mut Arena) -> Result<()> {
+    let regions: Vec<CopyRegion> = (0..src.ranks())
+        .map(|rank| CopyRegion {
+            src_rank: rank,
+            src_offset: 0,
+            dst_rank: rank,
+            dst_offset: 0,
+            len: src.rank_len(),
+        })
+        .collect();
+    backend.copy_regions(src, dst, &regions)
+}
+
+impl DiLoCo {
+    /// Wraps an inner and an outer optimizer built over `replicas` (this process's ranks of
+    /// `world`), syncing every `sync_every` inner steps. The current parameters become the
+    /// first sync point. A `ValueError` when `sync_every < 1` or when `replicas` does not hold
+    /// the world's local ranks.
+    pub fn new(
+        replicas: &Replicas,
+        inner: Box<dyn LocalOptimizer>,
+        outer: Box<dyn LocalOptimizer>,
+        sync_every: i64,
+        world: Arc<dyn Communicator>,
+    ) -> Result<DiLoCo> {
+        let all = (0..replicas.len()).collect();
+        Self::streaming(replicas, inner, outer, sync_every, vec![all], world)
+    }
+
+    /// Streaming DiLoCo: as [`DiLoCo::new`], with the parameters split into `fragments`
+    /// (global parameter indices; every parameter in exactly one) that sync on a staggered
+    /// schedule (see the module documentation). A `ValueError` for a list that is not such a
+    /// partition, or when `sync_every` is smaller than the number of fragments.
+    pub fn streaming(
+        replicas: &Replicas,
+        inner: Box<dyn LocalOptimizer>,
+        outer: Box<dyn LocalOptimizer>,
+        sync_every: i64,
+        fragments: Vec<Vec<usize>>,
+        world: Arc<dyn Communicator>,
+    ) -> Result<DiLoCo> {
+        Self::check_arguments(replicas, sync_every, world.as_ref())?;
+        check_fragments(replicas.len(), &fragments, sync_every as u64)?;
+        let backend = replicas.backend().clone();
+        let mut backups = Vec::with_capacity(replicas.groups.len());
+        for group in &replicas.groups {
+            let mut backup = group.state_arena(backend.as_ref(), replicas.ranks())?;
+            copy_ranks(backend.as_ref(), &group.params, &mut backup)?;
+            backups.push(backup);
+        }
+        let h = sync_every as u64;
+        let count = fragments.len() as u64;
+        let offsets = (0..count).map(|f| (f + 1) * h / count % h).collect();
+        Ok(DiLoCo {
+            inner,
+            outer,
+            world,
+            sync_every: h,
+            local_step: 0,
+            fragments,
+            offsets,
+            backups,
+            ranks: replicas.ranks(),
+            params: replicas.len(),
+        })
+    }
+
+    /// The checks [`DiLoCo::new`] makes before it builds anything: `sync_every >= 1`, and
+    /// `replicas` holds `world`'s local ranks. A front end that must keep the optimizers when
+    /// construction fails calls it before handing them over.
+    pub fn check_arguments(
+        replicas: &Replicas,
+        sync_every: i64,
+        world: &dyn Communicator,
+    ) -> Result<()> {
+        if sync_every < 1 {
+            return Err(Error::value(format!(
+                "sync_every must be a positive integer, got {sync_every}"
+            )));
+        }
+        let local = world.local_ranks().len();
+        if replicas.ranks() != local {
+            return Err(Error::value(format!(
+                "the replicas hold {} ranks, this process holds {local} ranks of a world of {}",
+                replicas.ranks(),
+                world.world_size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The inner optimizer.
+    pub fn inner(&self) -> &dyn LocalOptimizer {
+        self.inner.as_ref()
+    }
+
+    /// The outer optimizer.
+    pub fn outer(&self) -> &dyn LocalOptimizer {
+        self.outer.as_ref()
+    }
+
+    /// Inner steps between syncs.
+    pub fn sync_every(&self) -> u64 {
+        self.sync_every
+    }
+
+    /// Inner steps since the start of the current period (for plain DiLoCo: since the last
+    /// sync), in `0..sync_every`.
+    pub fn local_step(&self) -> u64 {
+        self.local_step
+    }
+
+    /// The fragments' global parameter indices.
+    pub fn fragments(&self) -> &[Vec<usize>] {
+        &self.fragments
+    }
+
+    /// For each fragment, the value of [`DiLoCo::local_step`] at which it syncs (right after
+    /// the inner step that brings the counter there).
+    pub fn sync_schedule(&self) -> &[u64] {
+        &self.offsets
+    }
+
+    /// The inner optimizer's `zero_grad(set_to_none=True)`.
+    pub fn zero_grad(&self, replicas: &mut Replicas) {
+        self.inner.zero_grad(replicas);
+    }
+
+    /// One inner step on every rank (parameters without a gradient skipped), then a sync of
+    /// the fragment due at this step, if any (for plain DiLoCo: every `sync_every` inner
+    /// steps). Returns whether it synced.
+    pub fn step(&mut self, replicas: &mut Replicas) -> Result<bool> {
+        Ok(!self.step_fragments(replicas)?.is_empty())
+    }
+
+    /// [`DiLoCo::step`], returning the fragments that synced.
+    pub fn step_fragments(&mut self, replicas: &mut Replicas) -> Result<Vec<usize>> {
+        check_same_model(replicas, self.ranks, self.params)?;
+        self.inner.step(replicas)?;
+        self.local_step = (self.local_step + 1) % self.sync_every;
+        let due: Vec<usize> = (0..self.fragments.len())
+            .filter(|&f| self.offsets[f] == self.local_step)
+            .collect();
+        for &f in &due {
+            self.sync_fragment(replicas, f)?;
+        }
+        Ok(due)
+    }
+
+    /// The outer step now, for every fragment, and a new period from here.
+    pub fn sync(&mut self, replicas: &mut Replicas) -> Result<()> {
+        check_same_model(replicas, self.ranks, self.params)?;
+        for f in 0..self.fragments.len() {
+            self.sync_fragment(replicas, f)?;
+        }
+        self.local_step = 0;
+        Ok(())
+    }
+
+    /// Fragment `f`'s outer step: each of its parameters' gradient becomes the world's mean of
+    /// `backup - params` (computed and summed in the parameter's dtype), its parameters go
+    /// back to the backup, the outer optimizer steps them (the other parameters have no
+    /// gradient, so it skips them), the result becomes their new backup, and every gradient
+    /// is cleared (`set_to_none`).
+    fn sync_fragment(&mut self, replicas: &mut Replicas, f: usize) -> Result<()> {
+        let mut member = vec![false; self.params];
+        for &j in &self.fragments[f] {
+            member[j] = true;
+        }
+        let backend = replicas.backend().clone();
+        let groups = Subgroups::world(self.world.world_size());
+        let plans: Vec<(Vec<bool>, u64)> = replicas
+            .groups
+            .iter()
+            .map(|g| {
+                let active: Vec<bool> = g.members.iter().map(|&j| member[j]).collect();
+                let bytes = g
+                    .members
+                    .iter()
+                    .filter(|&&j| member[j])
+                    .map(|&j| (replicas.numel(j) * replicas.dtype(j).size_bytes()) as u64)
+                    .sum();
+                (active, bytes)
+            })
+            .collect();
+        for ((group, backup), (active, bytes)) in
+            replicas.groups.iter_mut().zip(&self.backups).zip(&plans)
+        {
+            if !active.contains(&true) {
+                continue;
+            }
+            backend.pseudo_gradient(
+                &mut group.params,
+                backup,
+                &mut group.grads,
+                &group.starts,
+                active,
+            )?;
+            // The reference all-reduces each pseudo-gradient in its own dtype.
+            self.world.all_reduce_mean(
+                backend.as_ref(),
+                &mut group.grads,
+                groups,
+                group.format,
+                &group.starts,
+                active,
+                *bytes,
+            )?;
+        }
+        for rank in 0..self.ranks {
+            for (j, &m) in member.iter().enumerate() {
+                replicas.set_has_grad(rank, j, m);
+            }
+        }
+        self.outer.step(replicas)?;
+        for ((group, backup), (active, _)) in
+            replicas.groups.iter().zip(&mut self.backups).zip(&plans)
+        {
+            let regions: Vec<CopyRegion> = (0..self.ranks)
+                .flat_map(|rank| {
+                    group
+                        .members
+                        .iter()
+                        .zip(active)
+                        .filter(|(_, a)| **a)
+                        .map(move |(&j, _)| (rank, j))
+                })
+                .map(|(rank, j)| {
+                    let slot = &replicas.slots[j];
+                    CopyRegion {
+                        src_rank: rank,
+                        src_offset: slot.offset,
+                        dst_rank: rank,
+                        dst_offset: slot.offset,
+                        len: slot.numel,
+                    }
+                })
+                .filter(|r| r.len > 0)
+                .collect();
+            if !regions.is_empty() {
+                backend.copy_regions(&group.params, backup, &regions)?;
+            }
+        }
+        self.outer.zero_grad(replicas);
+        Ok(())
+    }
+
+    /// Rank `rank`'s (a local index) state: `{"inner_optimizer", "outer_optimizer",
+    /// "local_step", "original_parameters"}` — both optimizers' `state_dict()`s, the inner
+    /// steps since the last sync, and the parameters at the last sync, so that a run resumes
+    /// exactly where it stopped (the model's current parameters are saved separately, as with
+    /// any optimizer).
+    pub async fn state_dict(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
+        check_same_model(replicas, self.ranks, self.params)?;
+        let inner = self.inner.state_dict(replicas, rank).await?;
+        let outer = self.outer.state_dict(replicas, rank).await?;
+        let mut original = Vec::with_capacity(self.params);
+        for j in 0..self.params {
+            let backup = &self.backups[replicas.slots[j].group];
+            let tensor = read_state(backup, replicas, rank, j).await?;
+            original.push(tensor_to_json(&tensor).await?);
+        }
+        Ok(json!({
+            "inner_optimizer": inner,
+            "outer_optimizer": outer,
+            "local_step": self.local_step,
+            "original_parameters": original,
+        }))
+    }
+
+    /// Blocking [`DiLoCo::state_dict`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn state_dict_blocking(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
+        pollster::block_on(self.state_dict(replicas, rank))
+    }
+
+    /// Loads rank `rank`'s (a local index) state saved by [`DiLoCo::state_dict`]: both
+    /// optimizers, the local step counter and the parameters at the last sync.
+    pub fn load_state_dict(
+        &mut self,
+        replicas: &mut Replicas,
+        rank: usize,
+        state_dict: &Value,
+    ) -> Result<()> {
+        check_same_model(replicas, self.ranks, self.params)?;
+        if rank >= self.ranks {
+            return Err(Error::new(
+                crate::ErrorKind::IndexError,
+                format!("rank {rank} out of range for {} ranks", self.ranks),
+            ));
+        }
+        let field = |key: &str| {
+            state_dict
+                .get(key)
+                .ok_or_else(|| Error::value(format!("DiLoCo state dict has no \"{key}\"")))
+        };
+        let (inner, outer) = (field("inner_optimizer")?, field("outer_optimizer")?);
+        let local_step = field("local_step")?.as_u64().ok_or_else(|| {
+            Error::value(format!(
+                "\"local_step\" must be a non-negative integer, got {}",
+                state_dict["local_step"]
+            ))
+        })?;
+        if local_step >= self.sync_every {
+            return Err(Error::value(format!(
+                "\"local_step\" ({local_step}) must be smaller than sync_every ({})",
+                self.sync_every
+            )));
+        }
+        let original = field("original_parameters")?
+            .as_array()
+            .ok_or_else(|| Error::value("\"original_parameters\" must be a list of tensors"))?;
+        if original.len() != self.params {
+            return Err(Error::value(format!(
+                "\"original_parameters\" has {} tensors, the model has {} parameters",
+                original.len(),
+                self.params
+            )));
+        }
+        let mut tensors = Vec::with_capacity(original.len());
+        for (j, value) in original.iter().enumerate() {
+            let tensor = tensor_from_json(value, &format!("original_parameters[{j}]"))?;
+            let slot = &replicas.slots[j];
+            if tensor.dtype() != slot.dtype || tensor.shape() != slot.shape.as_slice() {
+                return Err(Error::value(format!(
+                    "original_parameters[{j}] is {} {}, the parameter is {} {}",
+                    tensor.dtype(),
+                    crate::tensor::format_shape(tensor.shape()),
+                    slot.dtype,
+                    crate::tensor::format_shape(&slot.shape)
+                )));
+            }
+            tensors.push(tensor);
+        }
+        self.inner.load_state_dict(replicas, rank, inner)?;
+        self.outer.load_state_dict(replicas, rank, outer)?;
+        for (j, tensor) in tensors.iter().enumerate() {
+            let slot = &replicas.slots[j];
+            write_state(&mut self.backups[slot.group], slot, rank, tensor)?;
+        }
+        self.local_step = local_step;
+        Ok(())
+    }
+}
+
+/// A `ValueError` unless `fragments` is a partition of `0..params` into non-empty fragments,
+/// no more of them than `sync_every`.
+fn check_fragments(params: usize, fragments: &[Vec<usize>], sync_every: u64) -> Result<()> {
+    if fragments.is_empty() || fragments.iter().any(Vec::is_empty) {
+        return Err(Error::value(
+            "fragments must be a non-empty list of non-empty lists of parameter indices",
+        ));
+    }
+    if fragments.len() as u64 > sync_every {
+        return Err(Error::value(format!(
+            "sync_every ({sync_every}) must be at least the number of fragments ({})",
+            fragments.len()
+        )));
+    }
+    let mut seen = vec![false; params];
+    for &j in fragments.iter().flatten() {
+        if j >= params {
+            return Err(Error::new(
+                crate::ErrorKind::IndexError,
+                format!("parameter index {j} out of range for {params} parameters"),
+            ));
+        }
+        if std::mem::replace(&mut seen[j], true) {
+            return Err(Error::value(format!(
+                "parameter {j} appears in more than one fragment"
+            )));
+        }
+    }
+    if let Some(j) = seen.iter().position(|s| !s) {
+        return Err(Error::value(format!("parameter {j} is in no fragment")));
+    }
+    Ok(())
+}
+
+/// `params` parameters split into `count` fragments of consecutive parameters (as a model
+/// splits into runs of layers), their sizes differing by at most one. A `ValueError` when
+/// `count` is 0 or exceeds `params`.
+pub fn split_fragments(params: usize, count: usize) -> Result<Vec<Vec<usize>>> {
+    if count == 0 || count > params {
+        return Err(Error::value(format!(
+            "cannot split {params} parameters into {count} non-empty fragments"
+        )));
+    }
+    Ok((0..count)
+        .map(|f| (f * params / count..(f + 1) * params / count).collect())
+        .collect())
+}

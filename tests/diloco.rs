@@ -1,0 +1,851 @@
+//! DiLoCo beyond the golden cases (which `tests/golden.rs` replays):
+//!
+//! * the pseudo-gradient kernel on every backend (CPU, GPU, GPU with chunked arenas and a 2-D
+//!   grid) against a scalar reference written here, bit for bit, every storage format,
+//!   special values included;
+//! * a run saved and resumed at every step (mid-interval and right after a sync) into a
+//!   fresh model, fresh optimizers and a fresh `DiLoCo` gives the bits of the straight run;
+//! * a sync's all-reduce traffic in `CommStats`;
+//! * typed errors for bad arguments and bad state dicts.
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+
+use distopt::backend::gpu::GpuOptions;
+use distopt::backend::kernels::ParamStarts;
+use distopt::comm::{Communicator, SimulatedWorld};
+use distopt::diloco::DiLoCo;
+use distopt::optim::{self, LocalOptimizer, option_map};
+use distopt::replicas::Replicas;
+use distopt::{Backend, CpuBackend, DType, ErrorKind, StorageFormat, Tensor};
+use serde_json::{Value, json};
+
+/// SplitMix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[-1, 1)`.
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    }
+    /// A value for the pseudo-gradient kernel: mostly ordinary values over many binades, and
+    /// NaN, ±inf, ±0, subnormal-sized and huge values.
+    fn value(&mut self) -> f64 {
+        match self.next_u64() % 16 {
+            0 => f64::NAN,
+            1 => f64::INFINITY,
+            2 => f64::NEG_INFINITY,
+            3 => 0.0,
+            4 => -0.0,
+            5 => self.unit() * 1e-40,
+            6 => self.unit() * 6e-6,
+            7 => self.unit() * 3e38,
+            _ => self.unit() * 2f64.powi((self.next_u64() % 40) as i32 - 20),
+        }
+    }
+}
+
+fn gpu() -> Option<Arc<dyn Backend>> {
+    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
+    GPU.get_or_init(common::gpu_backend).clone()
+}
+
+/// 4 KiB bindings and one workgroup per dimension: arenas of more than a few hundred elements
+/// are chunked and their chunks' dispatches spill into y.
+fn gpu_tiny() -> Option<Arc<dyn Backend>> {
+    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        common::gpu_backend_with_options(GpuOptions {
+            max_binding_bytes: 4096,
+            max_workgroups_per_dimension: 1,
+        })
+    })
+    .clone()
+}
+
+fn backends() -> Vec<(&'static str, Arc<dyn Backend>)> {
+    let mut out: Vec<(&'static str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
+    if let Some(gpu) = gpu() {
+        out.push(("gpu", gpu));
+    }
+    if let Some(gpu) = gpu_tiny() {
+        out.push(("gpu-chunked", gpu));
+    }
+    out
+}
+
+fn dtype_of(format: StorageFormat) -> DType {
+    match format {
+        StorageFormat::F32 => DType::Float32,
+        StorageFormat::F16 => DType::Float16,
+        StorageFormat::BF16 => DType::BFloat16,
+        StorageFormat::F64 => DType::Float64,
+    }
+}
+
+/// `values` rounded to `dtype` (once), as exact f64s.
+fn rounded(dtype: DType, values: &[f64]) -> Vec<f64> {
+    Tensor::from_f64(dtype, &[values.len()], values)
+        .unwrap()
+        .values_f64()
+        .unwrap()
+}
+
+fn encode(format: StorageFormat, values: &[f64]) -> Vec<u32> {
+    let mut words = vec![0u32; format.words_for(values.len())];
+    for (i, &v) in values.iter().enumerate() {
+        if format == StorageFormat::F64 {
+            format.store_f64(&mut words, i, v);
+        } else {
+            // Exact: every value is already one of the format's.
+            format.store(&mut words, i, v as f32);
+        }
+    }
+    words
+}
+
+fn decode(format: StorageFormat, words: &[u32], len: usize) -> Vec<f64> {
+    (0..len).map(|i| format.load_f64(words, i)).collect()
+}
+
+fn same_bits(a: f64, b: f64) -> bool {
+    (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
+}
+
+#[test]
+fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
+    let mut rng = Rng(7);
+    let formats = [
+        StorageFormat::F32,
+        StorageFormat::F16,
+        StorageFormat::BF16,
+        StorageFormat::F64,
+    ];
+    for (label, backend) in backends() {
+        for format in formats {
+            let dtype = dtype_of(format);
+            for (ranks, rank_len) in [(1usize, 64usize), (3, 192), (2, 1024), (4, 704)] {
+                let chunk_len = backend.chunk_len(rank_len, ranks);
+                let mut params = backend
+                    .create_arena(format, ranks, rank_len, chunk_len)
+                    .unwrap();
+                let mut backup = backend
+                    .create_arena(format, ranks, rank_len, chunk_len)
+                    .unwrap();
+                let mut grads = backend
+                    .create_arena(format, ranks, rank_len, chunk_len)
+                    .unwrap();
+                // Parameters of 1 to 4 slots of 64 elements; some of them not synced.
+                let mut starts = Vec::new();
+                let mut next = 0;
+                while next < rank_len {
+                    starts.push(next as u32);
+                    next = (next + 64 * (1 + rng.next_u64() as usize % 4)).min(rank_len);
+                }
+                let mut active: Vec<bool> = starts
+                    .iter()
+                    .map(|_| !rng.next_u64().is_multiple_of(3))
+                    .collect();
+                active[0] = true;
+                let param_of = |i: usize| starts.iter().rposition(|&s| s as usize <= i).unwrap();
+                let starts = ParamStarts(starts.clone());
+                let mut p_values = Vec::new();
+                let mut o_values = Vec::new();
+                let mut g_values = Vec::new();
+                for rank in 0..ranks {
+                    let p = rounded(
+                        dtype,
+                        &(0..rank_len).map(|_| rng.value()).collect::<Vec<_>>(),
+                    );
+                    // Backups near the parameters (small differences, cancellation) or anywhere.
+                    let o: Vec<f64> = p
+                        .iter()
+                        .map(|&x| {
+                            if rng.next_u64().is_multiple_of(2) {
+                                x * (1.0 + rng.unit() * 1e-3)
+                            } else {
+                                rng.value()
+                            }
+                        })
+                        .collect();
+                    let o = rounded(dtype, &o);
+                    params.write(rank, 0, &encode(format, &p)).unwrap();
+                    backup.write(rank, 0, &encode(format, &o)).unwrap();
+                    // Stale gradient values that the kernel must overwrite where active.
+                    let g = rounded(
+                        dtype,
+                        &(0..rank_len).map(|_| rng.value()).collect::<Vec<_>>(),
+                    );
+                    grads.write(rank, 0, &encode(format, &g)).unwrap();
+                    p_values.push(p);
+                    o_values.push(o);
+                    g_values.push(g);
+                }
+                backend
+                    .pseudo_gradient(&mut params, &backup, &mut grads, &starts, &active)
+                    .unwrap();
+                let what = format!("{label} {format:?} {ranks}x{rank_len} (chunk {chunk_len})");
+                let p_words = pollster::block_on(params.read_all()).unwrap();
+                let g_words = pollster::block_on(grads.read_all()).unwrap();
+                let rank_words = format.words_for(rank_len);
+                for rank in 0..ranks {
+                    let got_p = decode(
+                        format,
+                        &p_words[rank * rank_words..(rank + 1) * rank_words],
+                        rank_len,
+                    );
+                    let got_g = decode(
+                        format,
+                        &g_words[rank * rank_words..(rank + 1) * rank_words],
+                        rank_len,
+                    );
+                    // The reference: one correctly rounded subtraction in the dtype (f64
+                    // difference, rounded once).
+                    let diff: Vec<f64> = o_values[rank]
+                        .iter()
+                        .zip(&p_values[rank])
+                        .map(|(o, p)| o - p)
+                        .collect();
+                    let want_g = rounded(dtype, &diff);
+                    for i in 0..rank_len {
+                        if !active[param_of(i)] {
+                            // Not synced: all three arenas untouched.
+                            assert!(
+                                same_bits(got_g[i], g_values[rank][i])
+                                    && same_bits(got_p[i], p_values[rank][i]),
+                                "{what}: element {i} of rank {rank}, an inactive parameter, changed"
+                            );
+                            continue;
+                        }
+                        assert!(
+                            same_bits(got_g[i], want_g[i]),
+                            "{what}: grad[{rank}][{i}] = {} - {} gave {}, expected {}",
+                            o_values[rank][i],
+                            p_values[rank][i],
+                            got_g[i],
+                            want_g[i]
+                        );
+                        assert!(
+                            same_bits(got_p[i], o_values[rank][i]),
+                            "{what}: param[{rank}][{i}] = {}, expected the backup {}",
+                            got_p[i],
+                            o_values[rank][i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+const WORLD: usize = 3;
+const STEPS: usize = 7;
+const SYNC_EVERY: i64 = 3;
+
+fn shapes() -> Vec<(DType, Vec<usize>)> {
+    vec![
+        (DType::Float32, vec![5]),
+        (DType::BFloat16, vec![3, 2]),
+        (DType::Float32, vec![]),
+        (DType::Float16, vec![4]),
+        (DType::Float64, vec![2]),
+    ]
+}
+
+fn initial_params() -> Vec<Tensor> {
+    let mut rng = Rng(11);
+    shapes()
+        .iter()
+        .map(|(dtype, shape)| {
+            let n = shape.iter().product();
+            Tensor::from_f64(
+                *dtype,
+                shape,
+                &(0..n).map(|_| rng.unit()).collect::<Vec<_>>(),
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
+/// `grads[t][rank][j]`, some missing.
+fn all_grads() -> Vec<Vec<Vec<Option<Tensor>>>> {
+    let mut rng = Rng(23);
+    (0..STEPS)
+        .map(|t| {
+            (0..WORLD)
+                .map(|rank| {
+                    shapes()
+                        .iter()
+                        .enumerate()
+                        .map(|(j, (dtype, shape))| {
+                            let n: usize = shape.iter().product();
+                            let values: Vec<f64> = (0..n).map(|_| rng.unit()).collect();
+                            ((t + rank + j) % 4 != 0)
+                                .then(|| Tensor::from_f64(*dtype, shape, &values).unwrap())
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn optimizer(replicas: &Replicas, name: &str, options: Value) -> Box<dyn LocalOptimizer> {
+    let options = option_map(&options).unwrap();
+    optim::create(
+        name,
+        replicas,
+        vec![((0..replicas.len()).collect(), Default::default())],
+        &options,
+    )
+    .unwrap()
+}
+
+fn fresh(backend: &Arc<dyn Backend>, per_rank: &[Vec<Tensor>]) -> (Replicas, DiLoCo) {
+    let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(WORLD).unwrap());
+    let replicas = Replicas::new(backend.clone(), per_rank).unwrap();
+    let inner = optimizer(
+        &replicas,
+        "AdamW",
+        json!({"lr": 0.02, "betas": [0.9, 0.95], "weight_decay": 0.1, "amsgrad": true}),
+    );
+    let outer = optimizer(
+        &replicas,
+        "SGD",
+        json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
+    );
+    let diloco = DiLoCo::new(&replicas, inner, outer, SYNC_EVERY, world).unwrap();
+    (replicas, diloco)
+}
+
+fn step(replicas: &mut Replicas, diloco: &mut DiLoCo, grads: &[Vec<Option<Tensor>>]) -> bool {
+    diloco.zero_grad(replicas);
+    for (rank, g) in grads.iter().enumerate() {
+        replicas.set_grads(rank, g).unwrap();
+    }
+    diloco.step(replicas).unwrap()
+}
+
+/// Every rank's parameters as (dtype, bits) per element.
+fn param_bits(replicas: &Replicas) -> Vec<Vec<Vec<u64>>> {
+    replicas
+        .all_params_blocking()
+        .unwrap()
+        .iter()
+        .map(|rank| {
+            rank.iter()
+                .map(|t| {
+                    t.values_f64()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_resumed_from_a_state_dict_at_any_step_has_the_straight_runs_bits() {
+    let grads = all_grads();
+    for (label, backend) in backends().into_iter().take(2) {
+        let (mut replicas, mut diloco) = fresh(&backend, &vec![initial_params(); WORLD]);
+        let mut straight = Vec::new();
+        let mut synced = Vec::new();
+        for (t, g) in grads.iter().enumerate() {
+            if step(&mut replicas, &mut diloco, g) {
+                synced.push(t);
+            }
+            straight.push(param_bits(&replicas));
+        }
+        assert_eq!(synced, [2, 5], "{label}");
+        // Between syncs the ranks drift apart; right after one they agree.
+        assert_ne!(straight[3][0], straight[3][1], "{label}");
+        assert_eq!(straight[5][0], straight[5][2], "{label}");
+        let final_states: Vec<Value> = (0..WORLD)
+            .map(|r| diloco.state_dict_blocking(&replicas, r).unwrap())
+            .collect();
+        for stop in 1..STEPS {
+            let (mut replicas, mut diloco) = fresh(&backend, &vec![initial_params(); WORLD]);
+            for g in &grads[..stop] {
+                step(&mut replicas, &mut diloco, g);
+            }
+            let saved: Vec<Value> = (0..WORLD)
+                .map(|r| diloco.state_dict_blocking(&replicas, r).unwrap())
+                .collect();
+            assert_eq!(
+                saved[0]["local_step"],
+                json!(stop as i64 % SYNC_EVERY),
+                "{label} stop {stop}"
+            );
+            // The model's parameters are saved apart from the optimizer, as in PyTorch.
+            let params = replicas.all_params_blocking().unwrap();
+            drop((replicas, diloco));
+            let (mut replicas, mut diloco) = fresh(&backend, &params);
+            for (rank, sd) in saved.iter().enumerate() {
+                // Through text, as a checkpoint file would carry it.
+                let sd: Value = serde_json::from_str(&sd.to_string()).unwrap();
+                diloco.load_state_dict(&mut replicas, rank, &sd).unwrap();
+            }
+            assert_eq!(diloco.local_step(), stop as u64 % SYNC_EVERY as u64);
+            for (t, g) in grads.iter().enumerate().skip(stop) {
+                step(&mut replicas, &mut diloco, g);
+                assert_eq!(
+                    param_bits(&replicas),
+                    straight[t],
+                    "{label}: resumed after step {stop}, params after step {t}"
+                );
+            }
+            for (rank, want) in final_states.iter().enumerate() {
+                assert_eq!(
+                    &diloco.state_dict_blocking(&replicas, rank).unwrap(),
+                    want,
+                    "{label}: resumed after step {stop}, final state dict of rank {rank}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_sync_all_reduces_every_parameter_once_in_its_dtype() {
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let world = Arc::new(SimulatedWorld::new(4).unwrap());
+    let params = vec![
+        Tensor::from_f32(&[10], vec![1.0; 10]).unwrap(),
+        Tensor::from_f64(DType::BFloat16, &[6], &[2.0; 6]).unwrap(),
+    ];
+    let mut replicas = Replicas::replicate(backend, 4, &params).unwrap();
+    let inner = optimizer(&replicas, "SGD", json!({"lr": 0.5}));
+    let outer = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+    let mut diloco = DiLoCo::new(&replicas, inner, outer, 2, world.clone()).unwrap();
+    let grads = |rank: usize| {
+        vec![
+            Some(Tensor::from_f32(&[10], vec![rank as f32; 10]).unwrap()),
+            None,
+        ]
+    };
+    let per_step: Vec<Vec<Option<Tensor>>> = (0..4).map(grads).collect();
+    assert!(!step(&mut replicas, &mut diloco, &per_step));
+    assert_eq!(world.stats().collectives, 0);
+    assert!(step(&mut replicas, &mut diloco, &per_step));
+    let stats = world.stats();
+    // One ring all-reduce per storage format over the 4 ranks: 2·3/4 of 40 and of 12 bytes.
+    assert_eq!(stats.collectives, 2);
+    assert_eq!(
+        stats.all_reduce_bytes_by_group_size.get(&4).copied(),
+        Some(60 + 18)
+    );
+    assert_eq!(stats.broadcast_bytes + stats.gather_bytes, 0);
+    // Outer SGD with lr 1 lands on the mean: 1 - 0.5·2·mean(0, 1, 2, 3) = -0.5; the
+    // parameter without gradients never moved.
+    for rank in 0..4 {
+        assert_eq!(
+            replicas
+                .param_blocking(rank, 0)
+                .unwrap()
+                .values_f64()
+                .unwrap(),
+            vec![-0.5; 10]
+        );
+        assert_eq!(
+            replicas
+                .param_blocking(rank, 1)
+                .unwrap()
+                .values_f64()
+                .unwrap(),
+            vec![2.0; 6]
+        );
+        // The outer step cleared the gradients.
+        assert!(!replicas.has_grad(rank, 0) && !replicas.has_grad(rank, 1));
+    }
+}
+
+#[test]
+fn bad_arguments_and_state_dicts_are_typed_errors() {
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(2).unwrap());
+    let w = Tensor::from_f32(&[3], vec![1.0, 2.0, 3.0]).unwrap();
+    let mut replicas = Replicas::replicate(backend.clone(), 2, std::slice::from_ref(&w)).unwrap();
+    let sgd = |r: &Replicas| optimizer(r, "SGD", json!({"lr": 0.1}));
+    for bad in [0, -1] {
+        let err = DiLoCo::new(
+            &replicas,
+            sgd(&replicas),
+            sgd(&replicas),
+            bad,
+            world.clone(),
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueError);
+        assert_eq!(
+            err.message(),
+            format!("sync_every must be a positive integer, got {bad}")
+        );
+    }
+    let three = Replicas::replicate(backend.clone(), 3, std::slice::from_ref(&w)).unwrap();
+    let err = DiLoCo::new(&three, sgd(&three), sgd(&three), 2, world.clone()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ValueError);
+    assert!(err.message().contains("3 ranks"), "{}", err.message());
+
+    let mut diloco =
+        DiLoCo::new(&replicas, sgd(&replicas), sgd(&replicas), 2, world.clone()).unwrap();
+    let mut other = Replicas::replicate(backend, 2, &[w.clone(), w]).unwrap();
+    let err = diloco.step(&mut other).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ValueError);
+
+    let good = diloco.state_dict_blocking(&replicas, 1).unwrap();
+    assert_eq!(good["local_step"], json!(0));
+    assert_eq!(
+        good["original_parameters"][0]["data"],
+        json!([1.0, 2.0, 3.0])
+    );
+    let mut without_step = good.clone();
+    without_step.as_object_mut().unwrap().remove("local_step");
+    let mut wrong_shape = good.clone();
+    wrong_shape["original_parameters"][0] =
+        json!({"dtype": "float32", "shape": [2], "data": [1.0, 2.0]});
+    let mut wrong_count = good.clone();
+    wrong_count["original_parameters"] = json!([]);
+    let mut negative = good.clone();
+    negative["local_step"] = json!(-1);
+    for (sd, text) in [
+        (&without_step, "has no \"local_step\""),
+        (&wrong_shape, "original_parameters[0] is float32 [2]"),
+        (&wrong_count, "has 0 tensors, the model has 1 parameters"),
+        (&negative, "\"local_step\" must be a non-negative integer"),
+    ] {
+        let err = diloco.load_state_dict(&mut replicas, 0, sd).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueError, "{}", err.message());
+        assert!(err.message().contains(text), "{}", err.message());
+    }
+    let err = diloco.load_state_dict(&mut replicas, 2, &good).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::IndexError);
+    diloco.load_state_dict(&mut replicas, 0, &good).unwrap();
+}
+
+/// A streaming run's parameters after every step, and the fragments each step synced.
+type Trajectory = (Vec<Vec<Vec<Vec<u64>>>>, Vec<Vec<usize>>);
+
+fn run_streaming(
+    backend: &Arc<dyn Backend>,
+    fragments: Option<Vec<Vec<usize>>>,
+    outer: Value,
+    world: Arc<dyn Communicator>,
+) -> Trajectory {
+    let mut replicas = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
+    let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05, "momentum": 0.9}));
+    let outer = optimizer(&replicas, "SGD", outer);
+    let mut diloco = match fragments {
+        Some(f) => DiLoCo::streaming(&replicas, inner, outer, SYNC_EVERY, f, world).unwrap(),
+        None => DiLoCo::new(&replicas, inner, outer, SYNC_EVERY, world).unwrap(),
+    };
+    let mut params = Vec::new();
+    let mut synced = Vec::new();
+    for g in all_grads() {
+        diloco.zero_grad(&mut replicas);
+        for (rank, g) in g.iter().enumerate() {
+            replicas.set_grads(rank, g).unwrap();
+        }
+        synced.push(diloco.step_fragments(&mut replicas).unwrap());
+        params.push(param_bits(&replicas));
+    }
+    (params, synced)
+}
+
+fn world() -> Arc<dyn Communicator> {
+    Arc::new(SimulatedWorld::new(WORLD).unwrap())
+}
+
+#[test]
+fn streaming_with_one_fragment_is_plain_diloco_bit_for_bit() {
+    let outer = json!({"lr": 0.7, "momentum": 0.9, "nesterov": true});
+    for (label, backend) in backends().into_iter().take(2) {
+        let plain = run_streaming(&backend, None, outer.clone(), world());
+        let one = distopt::diloco::split_fragments(shapes().len(), 1).unwrap();
+        let streaming = run_streaming(&backend, Some(one), outer.clone(), world());
+        assert_eq!(plain.1[2], [0], "{label}");
+        assert_eq!(plain, streaming, "{label}");
+    }
+}
+
+#[test]
+fn streaming_fragments_sync_staggered_each_parameter_once_per_period() {
+    const H: i64 = 6;
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let params = initial_params();
+    let per_rank_bytes: u64 = params
+        .iter()
+        .map(|t| (t.numel() * t.dtype().size_bytes()) as u64)
+        .sum();
+    let fragments = distopt::diloco::split_fragments(params.len(), 3).unwrap();
+    assert_eq!(fragments, [vec![0], vec![1, 2], vec![3, 4]]);
+    let world = Arc::new(SimulatedWorld::new(WORLD).unwrap());
+    let mut replicas = Replicas::replicate(backend, WORLD, &params).unwrap();
+    let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05}));
+    let outer = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+    let mut diloco =
+        DiLoCo::streaming(&replicas, inner, outer, H, fragments.clone(), world.clone()).unwrap();
+    assert_eq!(diloco.sync_schedule(), [2, 4, 0]);
+    let mut rng = Rng(5);
+    for period in 0..3 {
+        let mut synced_params = Vec::new();
+        for step in 1..=H as u64 {
+            diloco.zero_grad(&mut replicas);
+            for rank in 0..WORLD {
+                let grads: Vec<Option<Tensor>> = params
+                    .iter()
+                    .map(|t| {
+                        let values: Vec<f64> = (0..t.numel()).map(|_| rng.unit()).collect();
+                        Some(Tensor::from_f64(t.dtype(), t.shape(), &values).unwrap())
+                    })
+                    .collect();
+                replicas.set_grads(rank, &grads).unwrap();
+            }
+            let synced = diloco.step_fragments(&mut replicas).unwrap();
+            let expected: Vec<usize> = match step {
+                2 => vec![0],
+                4 => vec![1],
+                6 => vec![2],
+                _ => vec![],
+            };
+            assert_eq!(synced, expected, "period {period}, step {step}");
+            let now = param_bits(&replicas);
+            for (j, _) in params.iter().enumerate() {
+                // A parameter just synced is the same on every rank; one that has taken an
+                // inner step since its last sync differs between ranks.
+                let same = now.iter().all(|rank| rank[j] == now[0][j]);
+                let just_synced = synced.iter().any(|&f| fragments[f].contains(&j));
+                assert_eq!(same, just_synced, "period {period}, step {step}, param {j}");
+            }
+            synced_params.extend(synced.iter().flat_map(|&f| fragments[f].clone()));
+        }
+        synced_params.sort_unstable();
+        assert_eq!(synced_params, [0, 1, 2, 3, 4], "period {period}");
+        // Over a period, the all-reduces moved one whole model per rank (ring: 2·(W−1)/W).
+        let stats = world.stats();
+        let per_format: u64 = stats.all_reduce_bytes_by_group_size.values().sum();
+        let expected = 2 * (WORLD as u64 - 1) * per_rank_bytes / WORLD as u64;
+        assert!(
+            per_format.abs_diff(expected) <= 4,
+            "period {period}: {per_format} bytes, a whole model is {expected}"
+        );
+        world.reset_stats();
+    }
+    let err = DiLoCo::streaming(
+        &replicas,
+        optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+        optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+        2,
+        fragments.clone(),
+        world.clone(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.message(),
+        "sync_every (2) must be at least the number of fragments (3)"
+    );
+    for (bad, text) in [
+        (
+            vec![vec![0, 1], vec![1, 2, 3, 4]],
+            "parameter 1 appears in more than one fragment",
+        ),
+        (
+            vec![vec![0, 1], vec![2, 3]],
+            "parameter 4 is in no fragment",
+        ),
+        (vec![vec![0, 1, 2, 3, 4], vec![]], "non-empty lists"),
+    ] {
+        let err = DiLoCo::streaming(
+            &replicas,
+            optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+            optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+            H,
+            bad,
+            world.clone(),
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueError);
+        assert!(err.message().contains(text), "{}", err.message());
+    }
+}
+
+#[test]
+fn a_streaming_sync_with_outer_sgd_lr_1_averages_the_fragment_like_model_averaging() {
+    // Outer SGD(lr=1) sets a fragment to backup − mean(backup − params_r): the ranks' mean,
+    // within rounding. The same run with PeriodicModelAverager-style averaging of that
+    // fragment at the same steps (distopt::averaging::average_parameters) must agree.
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let world = Arc::new(SimulatedWorld::new(4).unwrap());
+    let shapes = [vec![7usize], vec![3, 3], vec![], vec![5]];
+    let mut rng = Rng(99);
+    let params: Vec<Tensor> = shapes
+        .iter()
+        .map(|s| {
+            let n = s.iter().product();
+            Tensor::from_f32(s, (0..n).map(|_| rng.unit() as f32).collect()).unwrap()
+        })
+        .collect();
+    let fragments = vec![vec![0, 2], vec![1, 3]];
+    let mut a = Replicas::replicate(backend.clone(), 4, &params).unwrap();
+    let mut b = Replicas::replicate(backend, 4, &params).unwrap();
+    let inner = optimizer(&a, "SGD", json!({"lr": 0.1}));
+    let outer = optimizer(&a, "SGD", json!({"lr": 1.0}));
+    let mut diloco =
+        DiLoCo::streaming(&a, inner, outer, 4, fragments.clone(), world.clone()).unwrap();
+    let mut plain_inner = optimizer(&b, "SGD", json!({"lr": 0.1}));
+    for _ in 0..12 {
+        diloco.zero_grad(&mut a);
+        b.zero_grad();
+        for rank in 0..4 {
+            let grads: Vec<Option<Tensor>> = params
+                .iter()
+                .map(|t| {
+                    let values = (0..t.numel()).map(|_| rng.unit() as f32).collect();
+                    Some(Tensor::from_f32(t.shape(), values).unwrap())
+                })
+                .collect();
+            a.set_grads(rank, &grads).unwrap();
+            b.set_grads(rank, &grads).unwrap();
+        }
+        let synced = diloco.step_fragments(&mut a).unwrap();
+        plain_inner.step(&mut b).unwrap();
+        for &f in &synced {
+            distopt::averaging::average_parameters(
+                world.as_ref(),
+                &mut b,
+                distopt::comm::Subgroups::world(4),
+                Some(&fragments[f]),
+            )
+            .unwrap();
+        }
+        let (pa, pb) = (
+            a.all_params_blocking().unwrap(),
+            b.all_params_blocking().unwrap(),
+        );
+        for rank in 0..4 {
+            for j in 0..params.len() {
+                let (x, y) = (
+                    pa[rank][j].values_f64().unwrap(),
+                    pb[rank][j].values_f64().unwrap(),
+                );
+                for (x, y) in x.iter().zip(&y) {
+                    assert!((x - y).abs() <= 1e-6 * (1.0 + y.abs()), "{x} vs {y}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_trainer_runs_diloco_meeting_only_at_syncs() {
+    use distopt::train::{Algorithm, SyntheticTask, TaskConfig, TrainConfig, Trainer};
+    let ranks = 4;
+    let task = Arc::new(SyntheticTask::new(TaskConfig::default(), ranks).unwrap());
+    let model_bytes: u64 = task
+        .param_shapes()
+        .iter()
+        .map(|s| 4 * s.iter().product::<usize>() as u64)
+        .sum();
+    for (label, backend) in backends().into_iter().take(2) {
+        let config = TrainConfig {
+            algorithm: Algorithm::DiLoCo {
+                sync_every: 5,
+                fragments: 1,
+            },
+            ..TrainConfig::default()
+        };
+        let mut trainer = Trainer::new(backend, task.clone(), config).unwrap();
+        let initial = trainer.evaluate_blocking().unwrap().mean_model_loss;
+        for step in 1..=40u64 {
+            let report = trainer.step_blocking().unwrap();
+            assert_eq!(report.gradients_reduced, None, "{label} step {step}");
+            let synced = step.is_multiple_of(5);
+            assert_eq!(
+                report.averaged,
+                synced.then_some(ranks),
+                "{label} step {step}"
+            );
+            // After a sync every replica holds the same parameters; between syncs they drift.
+            assert_eq!(report.divergence == 0.0, synced, "{label} step {step}");
+            // One ring all-reduce of the whole model per sync, nothing else.
+            let syncs = step / 5;
+            assert_eq!(
+                report.bytes_communicated_per_rank,
+                syncs * 2 * (ranks as u64 - 1) * model_bytes / ranks as u64,
+                "{label} step {step}"
+            );
+        }
+        let trained = trainer.evaluate_blocking().unwrap();
+        assert!(
+            trained.mean_model_loss < 0.5 * initial,
+            "{label}: loss {initial} -> {}",
+            trained.mean_model_loss
+        );
+    }
+}
+
+#[test]
+fn distopt_train_algorithm_diloco_reports_its_syncs() {
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_distopt"))
+            .args([
+                "train",
+                "--algorithm",
+                "diloco",
+                "--backend",
+                "cpu",
+                "--ranks",
+                "4",
+                "--steps",
+                "24",
+                "--json",
+            ])
+            .args(extra)
+            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, stdout, stderr) = run(&["--period", "6"]);
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let result = &report["results"][0];
+    assert_eq!(result["algorithm"], "diloco", "{report}");
+    assert_eq!(result["steps_averaged"], 4);
+    assert_eq!(
+        result["settings"],
+        json!({"kind": "diloco", "sync_every": 6, "fragments": 1})
+    );
+    let (ok, stdout, stderr) = run(&["--period", "6", "--fragments", "3"]);
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    // Streaming: a fragment syncs every 2 steps.
+    assert_eq!(report["results"][0]["steps_averaged"], 12);
+    assert!(
+        report["results"][0]["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("Streaming DiLoCo (3 fragments")
+    );
+    let (ok, _, stderr) = run(&["--period", "2", "--fragments", "3"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("sync_every (2) must be at least the number of fragments (3)"),
+        "{stderr}"
+    );
+}
