@@ -8,7 +8,7 @@ use js_sys::Promise;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use super::convert::{integer, json_from_js, json_to_js, rank_index};
+use super::convert::{integer_arg, json_from_js, json_to_js, rank_arg};
 use super::optim::{DiLoCoRole, OptimSlot, optimizer_of};
 use super::replicas::{SharedReplicas, borrow, borrow_mut};
 use super::world::{communicator, world_of};
@@ -56,10 +56,10 @@ impl DiLoCoJs {
     pub fn new(
         inner: JsValue,
         outer: JsValue,
-        sync_every: f64,
+        sync_every: JsValue,
         world: JsValue,
     ) -> JsResult<DiLoCoJs> {
-        let sync_every = js(integer(sync_every, "syncEvery"))?;
+        let sync_every = js(integer_arg(&sync_every, "syncEvery"))?;
         let world = js(world_of(&world))?;
         let inner_core = js(optimizer_of(&inner))?;
         let outer_core = js(optimizer_of(&outer))?;
@@ -150,8 +150,8 @@ impl DiLoCoJs {
     /// Rank `rank`'s state (a promise): `{inner_optimizer, outer_optimizer, local_step,
     /// original_parameters}`.
     #[wasm_bindgen(js_name = stateDict)]
-    pub fn state_dict(&self, rank: f64) -> JsResult<Promise> {
-        let rank = js(rank_index(rank, js(borrow(&self.core.replicas))?.ranks()))?;
+    pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
+        let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
         let core = self.core.clone();
         Ok(future_to_promise(async move {
             js(state_dict_json(&core, rank)
@@ -163,11 +163,11 @@ impl DiLoCoJs {
     /// Loads rank `rank`'s state saved by `stateDict`: both optimizers, the local step counter
     /// and the parameters at the last sync.
     #[wasm_bindgen(js_name = loadStateDict)]
-    pub fn load_state_dict(&self, rank: f64, state_dict: JsValue) -> JsResult<()> {
+    pub fn load_state_dict(&self, rank: JsValue, state_dict: JsValue) -> JsResult<()> {
         let state_dict = js(json_from_js(&state_dict, "stateDict"))?;
         let mut diloco = js(self.diloco_mut())?;
         let mut replicas = js(borrow_mut(&self.core.replicas))?;
-        let rank = js(rank_index(rank, replicas.ranks()))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
         js(diloco.load_state_dict(&mut replicas, rank, &state_dict))
     }
 }
