@@ -165,22 +165,29 @@ fn split_optional<'a>(
     }
 }
 
-/// Runs `f` compiled for AVX2 when the host has it (the same IEEE operations, wider vectors),
-/// otherwise for the baseline target.
-#[inline(always)]
-pub(super) fn with_best_isa<R>(f: impl FnOnce() -> R) -> R {
+/// One part's work, compiled for the best vector extension the host has by [`run_best`]. The
+/// implementations mark `run` `#[inline(always)]`, so that the whole loop nest is compiled
+/// inside the AVX2 function (a closure would be a separate function LLVM may not inline).
+pub(super) trait PartWork {
+    fn run(self);
+}
+
+/// Runs `work` compiled for AVX2 when the host has it (the same IEEE operations, wider
+/// vectors), otherwise for the baseline target.
+pub(super) fn run_best<W: PartWork>(work: W) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]
-        fn avx2<R>(f: impl FnOnce() -> R) -> R {
-            f()
+        fn avx2<W: PartWork>(work: W) {
+            work.run()
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the host supports AVX2 (checked just above).
-            return unsafe { avx2(f) };
+            unsafe { avx2(work) };
+            return;
         }
     }
-    f()
+    work.run()
 }
 
 /// Rounding a tensor operation's float32 result to the storage format.
@@ -373,21 +380,42 @@ pub(crate) fn sgd(
         .zip(b)
         .map(|(((segments, p), g), b)| (segments, p, g, b))
         .collect();
-    run_parts(work, |(segments, p, g, mut b)| {
-        with_best_isa(|| {
-            for seg in &segments {
-                let s = &scalars[seg.entry];
-                let needs_buffer = s.momentum != 0.0;
-                let mut empty: [u32; 0] = [];
-                let b: &mut [u32] = match (&mut b, needs_buffer) {
-                    (Some(b), true) => b,
-                    _ => &mut empty,
-                };
-                sgd_segment(format, s, seg, p, g, b);
-            }
+    run_parts(work, |(segments, p, g, b)| {
+        run_best(SgdPart {
+            format,
+            scalars,
+            segments,
+            p,
+            g,
+            b,
         })
     });
     Ok(())
+}
+
+/// One part of an SGD step.
+struct SgdPart<'a> {
+    format: StorageFormat,
+    scalars: &'a [SgdScalars],
+    segments: Vec<Segment>,
+    p: &'a mut [u32],
+    g: &'a [u32],
+    b: Option<&'a mut [u32]>,
+}
+
+impl PartWork for SgdPart<'_> {
+    #[inline(always)]
+    fn run(mut self) {
+        for seg in &self.segments {
+            let s = &self.scalars[seg.entry];
+            let mut empty: [u32; 0] = [];
+            let b: &mut [u32] = match (&mut self.b, s.momentum != 0.0) {
+                (Some(b), true) => b,
+                _ => &mut empty,
+            };
+            sgd_segment(self.format, s, seg, self.p, self.g, b);
+        }
+    }
 }
 
 #[inline(always)]
@@ -434,7 +462,12 @@ fn sgd_half<H: HalfFormat + Copy>(
     let mut fg = [0f32; HALF_BLOCK];
     let mut fb = [0f32; HALF_BLOCK];
     let has_buffer = !b.is_empty();
-    half_blocks(seg, |at, n| {
+    // A plain loop, not a closure: the body must be compiled inside `run_best`'s AVX2
+    // function, and a closure would be a separate function LLVM may not inline.
+    let end = seg.first + seg.len;
+    let mut at = seg.first;
+    while at < end {
+        let n = HALF_BLOCK.min(end - at);
         decode::<H>(p, at, &mut fp[..n]);
         decode::<H>(g, at, &mut fg[..n]);
         if has_buffer {
@@ -446,7 +479,8 @@ fn sgd_half<H: HalfFormat + Copy>(
         if has_buffer {
             encode::<H>(&fb[..n], b, at);
         }
-    });
+        at += n;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -633,20 +667,43 @@ pub(crate) fn adam(
         .zip(x)
         .map(|(((((segments, p), g), m), v), x)| (segments, p, g, m, v, x))
         .collect();
-    run_parts(work, |(segments, p, g, m, v, mut x)| {
-        with_best_isa(|| {
-            for seg in &segments {
-                let s = &scalars[seg.entry];
-                let mut empty: [u32; 0] = [];
-                let x: &mut [u32] = match (&mut x, s.amsgrad) {
-                    (Some(x), true) => x,
-                    _ => &mut empty,
-                };
-                adam_segment(format, s, seg, [&mut *p, &mut *m, &mut *v, x], g);
-            }
+    run_parts(work, |(segments, p, g, m, v, x)| {
+        run_best(AdamPart {
+            format,
+            scalars,
+            segments,
+            arrays: [p, m, v],
+            g,
+            x,
         })
     });
     Ok(())
+}
+
+/// One part of an Adam step: parameters, first and second moments, gradients, maxima.
+struct AdamPart<'a> {
+    format: StorageFormat,
+    scalars: &'a [AdamScalars],
+    segments: Vec<Segment>,
+    arrays: [&'a mut [u32]; 3],
+    g: &'a [u32],
+    x: Option<&'a mut [u32]>,
+}
+
+impl PartWork for AdamPart<'_> {
+    #[inline(always)]
+    fn run(mut self) {
+        let [p, m, v] = self.arrays;
+        for seg in &self.segments {
+            let s = &self.scalars[seg.entry];
+            let mut empty: [u32; 0] = [];
+            let x: &mut [u32] = match (&mut self.x, s.amsgrad) {
+                (Some(x), true) => x,
+                _ => &mut empty,
+            };
+            adam_segment(self.format, s, seg, [&mut *p, &mut *m, &mut *v, x], self.g);
+        }
+    }
 }
 
 #[inline(always)]
@@ -695,7 +752,12 @@ fn adam_half<H: HalfFormat + Copy>(
     let rnd = To::<H>(std::marker::PhantomData);
     let mut buf = [[0f32; HALF_BLOCK]; 5];
     let has_max = !x.is_empty();
-    half_blocks(seg, |at, n| {
+    // A plain loop, not a closure: the body must be compiled inside `run_best`'s AVX2
+    // function, and a closure would be a separate function LLVM may not inline.
+    let end = seg.first + seg.len;
+    let mut at = seg.first;
+    while at < end {
+        let n = HALF_BLOCK.min(end - at);
         let [fp, fg, fm, fv, fx] = &mut buf;
         decode::<H>(p, at, &mut fp[..n]);
         decode::<H>(g, at, &mut fg[..n]);
@@ -718,35 +780,25 @@ fn adam_half<H: HalfFormat + Copy>(
         if has_max {
             encode::<H>(&fx[..n], x, at);
         }
-    });
+        at += n;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // 16-bit blocks.
 
-/// Calls `f(first, n)` for the segment's blocks of at most [`HALF_BLOCK`] elements (`first` is
-/// even: a segment starts on a slot).
-#[inline(always)]
-fn half_blocks(seg: &Segment, mut f: impl FnMut(usize, usize)) {
-    let mut at = seg.first;
-    let end = seg.first + seg.len;
-    while at < end {
-        let n = HALF_BLOCK.min(end - at);
-        f(at, n);
-        at += n;
-    }
-}
-
 /// Decodes elements `first..first + out.len()` (`first` even) of a packed 16-bit slice.
 #[inline(always)]
 fn decode<H: HalfFormat>(words: &[u32], first: usize, out: &mut [f32]) {
     let n = out.len();
-    let src = &words[first / 2..(first + n).div_ceil(2)];
-    for (pair, &w) in out.chunks_mut(2).zip(src) {
+    let pairs = n / 2;
+    let src = &words[first / 2..first / 2 + n.div_ceil(2)];
+    for (pair, &w) in out.chunks_exact_mut(2).zip(&src[..pairs]) {
         pair[0] = H::decode(w & 0xffff);
-        if let Some(hi) = pair.get_mut(1) {
-            *hi = H::decode(w >> 16);
-        }
+        pair[1] = H::decode(w >> 16);
+    }
+    if n % 2 == 1 {
+        out[n - 1] = H::decode(src[pairs] & 0xffff);
     }
 }
 
@@ -814,35 +866,53 @@ pub(crate) fn average(
     }
     let divisor = group_size as f32;
     let work: Vec<_> = plan.parts.into_iter().zip(per_part).collect();
-    run_parts(work, |(segments, mut rows)| {
-        with_best_isa(|| {
-            const BLOCK: usize = 1024;
-            let mut acc = [0f32; BLOCK];
-            for seg in &segments {
-                let mut first = seg.first;
-                let end = seg.first + seg.len;
-                while first < end {
-                    let n = BLOCK.min(end - first);
-                    for group in rows.chunks_mut(group_size) {
-                        let acc = &mut acc[..n];
-                        for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
-                            *a = x / divisor;
-                        }
-                        for row in &group[1..] {
-                            for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
-                                *a += x / divisor;
-                            }
-                        }
-                        for row in group.iter_mut() {
-                            row[first..first + n].copy_from_slice(acc);
-                        }
-                    }
-                    first += n;
-                }
-            }
+    run_parts(work, |(segments, rows)| {
+        run_best(AveragePart {
+            segments,
+            rows,
+            group_size,
+            divisor,
         })
     });
     Ok(())
+}
+
+/// One part of an averaging step: every rank's slice of the part's element range.
+struct AveragePart<'a> {
+    segments: Vec<Segment>,
+    rows: Vec<&'a mut [f32]>,
+    group_size: usize,
+    divisor: f32,
+}
+
+impl PartWork for AveragePart<'_> {
+    #[inline(always)]
+    fn run(mut self) {
+        const BLOCK: usize = 1024;
+        let mut acc = [0f32; BLOCK];
+        for seg in &self.segments {
+            let mut first = seg.first;
+            let end = seg.first + seg.len;
+            while first < end {
+                let n = BLOCK.min(end - first);
+                for group in self.rows.chunks_mut(self.group_size) {
+                    let acc = &mut acc[..n];
+                    for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
+                        *a = x / self.divisor;
+                    }
+                    for row in &group[1..] {
+                        for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
+                            *a += x / self.divisor;
+                        }
+                    }
+                    for row in group.iter_mut() {
+                        row[first..first + n].copy_from_slice(acc);
+                    }
+                }
+                first += n;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

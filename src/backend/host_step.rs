@@ -13,6 +13,7 @@ use std::mem::MaybeUninit;
 use half::{bf16, f16};
 
 use super::cpu::{BFloat16, Binary16, HalfFormat, run_parts};
+use super::cpu_optim::{PartWork, run_best};
 use super::host_words::prefer_huge_pages;
 use crate::tensor::HostData;
 
@@ -176,8 +177,12 @@ fn step_param<T: Element>(
         }
         let divisor = ranks as f32;
         run_parts(work, |part| {
-            super::cpu_optim::with_best_isa(|| {
-                step_part(part, param, grads, divisor, lr);
+            run_best(StepPart {
+                part,
+                param,
+                grads,
+                divisor,
+                lr,
             })
         });
     }
@@ -190,6 +195,22 @@ fn step_param<T: Element>(
         }
     }
     (mean, updated)
+}
+
+/// One part's step, compiled for the best vector extension ([`run_best`]).
+struct StepPart<'a, 'g, T> {
+    part: Part<'a, T>,
+    param: &'a [T],
+    grads: &'a [Option<&'g HostData>],
+    divisor: f32,
+    lr: f32,
+}
+
+impl<T: Element> PartWork for StepPart<'_, '_, T> {
+    #[inline(always)]
+    fn run(self) {
+        step_part(self.part, self.param, self.grads, self.divisor, self.lr);
+    }
 }
 
 #[inline(always)]

@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use super::cpu::run_parts;
-use super::cpu_optim::with_best_isa;
+use super::cpu_optim::{PartWork, run_best};
 use super::host_words::HostWords;
 use crate::error::{Error, Result};
 
@@ -111,10 +111,21 @@ pub fn same_traffic(
         }
     }
     let mask = black_box(0u32);
-    run_parts(work, |mut part| {
-        with_best_isa(|| stream(&mut part, mask));
-    });
+    run_parts(work, |part| run_best(Stream { part, mask }));
     Ok(())
+}
+
+/// One part's stream, compiled for the best vector extension ([`run_best`]).
+struct Stream<'a> {
+    part: Part<'a>,
+    mask: u32,
+}
+
+impl PartWork for Stream<'_> {
+    #[inline(always)]
+    fn run(mut self) {
+        stream(&mut self.part, self.mask);
+    }
 }
 
 /// `words` cut at `bounds`.

@@ -25,6 +25,8 @@ struct Config {
     elements: usize,
     params: Vec<usize>,
     repeats: usize,
+    /// The parameters' dtype (`bench optim --dtype`; float32 elsewhere).
+    dtype: distopt::DType,
     backend: Arc<dyn Backend>,
     /// The same adapter opened as a `GpuBackend` when the backend is a GPU (its rooflines).
     gpu: Option<distopt::GpuBackend>,
@@ -69,6 +71,20 @@ impl Config {
         let choice = BackendChoice::parse(
             &take_option(args, "--backend")?.unwrap_or_else(|| "auto".into()),
         )?;
+        let dtype = match take_option(args, "--dtype")? {
+            None => distopt::DType::Float32,
+            Some(name) => match distopt::DType::parse(&name)? {
+                d @ (distopt::DType::Float32
+                | distopt::DType::BFloat16
+                | distopt::DType::Float16) => d,
+                other => {
+                    return Err(Error::value(format!(
+                        "--dtype must be float32, bfloat16 or float16, got {}",
+                        other.name()
+                    )));
+                }
+            },
+        };
         let json = take_flag(args, "--json");
         if let Some(unknown) = args.first() {
             return Err(Error::value(format!("unknown argument {unknown}")));
@@ -85,6 +101,7 @@ impl Config {
             elements,
             params,
             repeats,
+            dtype,
             backend: selection.backend,
             reason: selection.reason,
             json,
@@ -119,6 +136,17 @@ fn model(
     elements: usize,
     params: usize,
 ) -> Result<Replicas, Error> {
+    model_of(backend, distopt::DType::Float32, ranks, elements, params)
+}
+
+/// [`model`] with parameters and gradients of `dtype`.
+fn model_of(
+    backend: &Arc<dyn Backend>,
+    dtype: distopt::DType,
+    ranks: usize,
+    elements: usize,
+    params: usize,
+) -> Result<Replicas, Error> {
     let params = params.min(elements).max(1);
     let sizes: Vec<usize> = (0..params)
         .map(|p| elements / params + usize::from(p < elements % params))
@@ -127,12 +155,13 @@ fn model(
         .iter()
         .enumerate()
         .map(|(p, &n)| {
-            Tensor::from_f32(&[n], (0..n).map(|i| ((i + p) % 97) as f32 * 0.01).collect())
+            let values: Vec<f64> = (0..n).map(|i| ((i + p) % 97) as f64 * 0.01).collect();
+            Tensor::from_f64(dtype, &[n], &values)
         })
         .collect::<Result<_, _>>()?;
     let grads: Vec<Option<Tensor>> = sizes
         .iter()
-        .map(|&n| Tensor::from_f32(&[n], vec![0.001; n]).map(Some))
+        .map(|&n| Tensor::from_f64(dtype, &[n], &vec![0.001; n]).map(Some))
         .collect::<Result<_, _>>()?;
     let mut replicas = Replicas::replicate(backend.clone(), ranks, &values)?;
     for rank in 0..ranks {
@@ -216,15 +245,17 @@ fn print(config: &Config, title: &str, rows: &[Row], copy: f64, copy_bytes: f64,
             .collect();
         println!(
             "{}",
-            json!({"bench": title, "backend": config.backend.info().name, "ranks": config.ranks,
+            json!({"bench": title, "backend": config.backend.info().name, "ranks": config.ranks, "dtype": config.dtype.name(),
                    "elements": config.elements, "copy_ms": copy * 1e3, "copy_gbps": copy_gbps,
                    "rows": rows, "extra": extra})
         );
         return;
     }
     println!(
-        "distopt bench {title}: R = {}, N = {} float32 elements per rank",
-        config.ranks, config.elements
+        "distopt bench {title}: R = {}, N = {} {} elements per rank",
+        config.ranks,
+        config.elements,
+        config.dtype.name()
     );
     println!(
         "backend: {} ({})",
@@ -313,9 +344,16 @@ pub fn optim(args: &[String]) -> Result<(), Error> {
     let mut args = args.to_vec();
     let config = Config::parse(&mut args, 8, 1 << 22)?;
     let mut rows = Vec::new();
-    let base = (config.ranks * config.elements * 4) as f64;
+    let element_bytes = config.dtype.storage().element_bytes();
+    let base = (config.ranks * config.elements * element_bytes) as f64;
     for &params in &config.params {
-        let mut replicas = model(&config.backend, config.ranks, config.elements, params)?;
+        let mut replicas = model_of(
+            &config.backend,
+            config.dtype,
+            config.ranks,
+            config.elements,
+            params,
+        )?;
         let mut sgd = Sgd::new(
             &replicas,
             SgdOptions {
@@ -329,7 +367,10 @@ pub fn optim(args: &[String]) -> Result<(), Error> {
             sgd.step(&mut replicas)
         })?;
         // Reads parameters, gradients, buffers; writes parameters, buffers.
-        let words = config.ranks * config.elements;
+        let words = config
+            .dtype
+            .storage()
+            .words_for(config.ranks * config.elements);
         let sgd_traffic = Traffic {
             read: 1,
             update: 2,
@@ -361,7 +402,9 @@ pub fn optim(args: &[String]) -> Result<(), Error> {
             roofline: roofline_seconds(&config, adam_traffic, words)?,
         });
     }
-    let copy = copy_seconds(&config, config.ranks, config.elements)?;
+    // The copy moves the same bytes: a float32 arena of the parameters' size.
+    let copy_elements = (config.elements * element_bytes).div_ceil(4);
+    let copy = copy_seconds(&config, config.ranks, copy_elements)?;
     print(&config, "optim", &rows, copy, 2.0 * base, Value::Null);
     Ok(())
 }
