@@ -920,12 +920,19 @@ export interface TrainerSettings {
   /** R, the number of ranks (and shards). */
   ranks: number;
   /**
-   * Synchronous SGD (default), post-local SGD with periodic or hierarchical averaging, or ZeRO
-   * (synchronous SGD whose momentum is sharded over the ranks by a ZeroRedundancyOptimizer).
+   * Synchronous SGD (default), post-local SGD with periodic or hierarchical averaging, ZeRO
+   * (synchronous SGD whose momentum is sharded over the ranks by a ZeroRedundancyOptimizer), or
+   * DiLoCo (local SGD steps, and every `period` steps the mean pseudo-gradient applied by an
+   * outer SGD with lr 0.7 and Nesterov momentum 0.9).
    */
-  algorithm?: 'sync' | 'periodic' | 'hierarchical' | 'zero';
-  /** Averaging period; for `hierarchical`, the world-level period of the default hierarchy (default 8). */
+  algorithm?: 'sync' | 'periodic' | 'hierarchical' | 'zero' | 'diloco';
+  /**
+   * Averaging period; for `hierarchical`, the world-level period of the default hierarchy; for
+   * `diloco`, the inner steps between syncs (`sync_every`) (default 8).
+   */
   period?: number;
+  /** `diloco`: fragments of Streaming DiLoCo, syncing staggered (default 1: plain DiLoCo; at most `period`). */
+  fragments?: number;
   /** Warm-up steps of synchronous SGD before local SGD (default 0). */
   warmup?: number;
   /** `hierarchical`: `[[period, groupSize], …]` (default `Trainer.defaultHierarchy(period, ranks)`). */
@@ -984,7 +991,7 @@ export class Trainer {
   /** The default hierarchy for `ranks` ranks with world-level period `period`. */
   static defaultHierarchy(period: number, ranks: number): Array<[number, number]>;
   readonly ranks: number;
-  readonly algorithm: 'sync' | 'periodic' | 'hierarchical' | 'zero';
+  readonly algorithm: 'sync' | 'periodic' | 'hierarchical' | 'zero' | 'diloco';
   /** The algorithm in words, with its settings. */
   readonly description: string;
   /** Steps completed. */

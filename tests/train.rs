@@ -285,7 +285,10 @@ fn cli_train_json() {
         .iter()
         .map(|r| r["algorithm"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["sync", "periodic", "hierarchical", "zero"]);
+    assert_eq!(
+        names,
+        ["sync", "periodic", "hierarchical", "zero", "diloco"]
+    );
     for r in results {
         let curve = r["mean_loss_per_step"].as_array().unwrap();
         assert_eq!(curve.len(), 40);
@@ -296,6 +299,16 @@ fn cli_train_json() {
     assert_eq!(results[0]["divergence"], 0.0);
     let bytes = |i: usize| results[i]["bytes_communicated_per_rank"].as_u64().unwrap();
     assert!(bytes(0) > bytes(1));
+    // DiLoCo (period 4 = sync_every, one fragment): no gradient all-reduce, one all-reduce of
+    // the pseudo-gradients (the size of the model, as sync SGD's gradients) every 4 steps of 40,
+    // so a quarter of sync SGD's bytes; and each sync leaves the replicas on one model.
+    let diloco = &results[4];
+    assert!(
+        diloco["description"].as_str().unwrap().contains("DiLoCo"),
+        "{diloco}"
+    );
+    assert_eq!(bytes(4) * 4, bytes(0), "{diloco}");
+    assert_eq!(diloco["divergence"], 0.0, "{diloco}");
 }
 
 #[test]
@@ -329,6 +342,8 @@ fn cli_train_table_and_errors() {
         &["train", "--lr", "fast"],
         &["train", "--lr", "-1"],
         &["train", "--period", "0"],
+        &["train", "--algorithm", "diloco", "--fragments", "0"],
+        &["train", "--fragments", "9"],
         &["train", "--ranks", "3", "--samples", "2"],
         &["train", "--heterogeneity", "2"],
         &["train", "--frobnicate"],

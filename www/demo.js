@@ -1,5 +1,5 @@
 // The distopt demo: R simulated ranks train a small perceptron with synchronous SGD,
-// post-local SGD (periodic or hierarchical model averaging) or ZeRO, step by step, through the npm
+// post-local SGD (periodic or hierarchical model averaging), ZeRO or DiLoCo, step by step, through the npm
 // package's `Trainer`; the plots show each rank's loss, how far the replicas drift apart and
 // what the collectives would have sent.
 
@@ -26,6 +26,7 @@ const ui = {
   ranks: $('ranks'),
   period: $('period'),
   warmup: $('warmup'),
+  fragments: $('fragments'),
   lr: $('lr'),
   skew: $('skew'),
   backend: $('backend'),
@@ -50,8 +51,13 @@ function rankColor(rank, ranks) {
   return `hsl(${(205 + (rank * 360) / ranks) % 360} 78% 66%)`;
 }
 
+/** DiLoCo's fragments, at most the period (every fragment syncs once a period). */
+function fragments() {
+  return Math.min(Number(ui.fragments.value), Number(ui.period.value));
+}
+
 function settings() {
-  return {
+  const s = {
     ranks: Number(ui.ranks.value),
     algorithm: ui.algorithm.value,
     period: Number(ui.period.value),
@@ -59,11 +65,16 @@ function settings() {
     lr: Number(ui.lr.value),
     task: { heterogeneity: Number(ui.skew.value) },
   };
+  if (s.algorithm === 'diloco') s.fragments = fragments();
+  return s;
 }
 
 function shortName(s) {
   if (s.algorithm === 'sync') return `sync SGD · R=${s.ranks}`;
   if (s.algorithm === 'zero') return `ZeRO · R=${s.ranks}`;
+  if (s.algorithm === 'diloco') {
+    return `${s.fragments > 1 ? 'streaming ' : ''}DiLoCo · R=${s.ranks} · H=${s.period}${s.fragments > 1 ? ` · F=${s.fragments}` : ''}`;
+  }
   return `${s.algorithm} · R=${s.ranks} · P=${s.period}`;
 }
 
@@ -86,6 +97,12 @@ function updateHelp() {
     text = `Every step the ranks <b>all-reduce their gradients</b> (the DDP hook), so all ${s.ranks} replicas stay identical: divergence stays 0 and every step costs a full ring all-reduce.`;
   } else if (s.algorithm === 'zero') {
     text = `Synchronous SGD (gradients <b>all-reduced</b> every step, replicas identical) with a <code>ZeroRedundancyOptimizer</code>: each rank keeps the <b>momentum of only the parameters it owns</b> (whole parameters, assigned largest first to the least-loaded rank, so with fewer parameters than ranks some own none), updates them, and <b>broadcasts</b> them to the other ranks, so it sends more than plain synchronous SGD.`;
+  } else if (s.algorithm === 'diloco') {
+    const streaming =
+      s.fragments > 1
+        ? ` <b>Streaming</b>: the model is split into <b>${s.fragments} fragments</b> that sync on a staggered schedule, so each sync sends only a fragment.`
+        : '';
+    text = `Each rank takes <b>${s.period} local SGD steps</b> on its own shard with no gradient all-reduce; then the ranks all-reduce their <b>pseudo-gradients</b> (how far each moved from the last synced model) and an <b>outer SGD</b> (lr 0.7, Nesterov momentum 0.9) applies the mean, leaving every replica on the same model.${streaming}`;
   } else if (s.algorithm === 'periodic') {
     text = `<b>${s.warmup}</b> warm-up steps of synchronous SGD, then each rank steps on its own shard and the models are <b>averaged over all ranks every ${s.period} steps</b> (<code>PeriodicModelAverager</code>).`;
   } else {
@@ -100,6 +117,7 @@ function updateOutputs() {
   $('ranks-value').textContent = ui.ranks.value;
   $('period-value').textContent = ui.period.value;
   $('warmup-value').textContent = ui.warmup.value;
+  $('fragments-value').textContent = String(fragments());
   $('lr-value').textContent = Number(ui.lr.value).toFixed(2);
   $('skew-value').textContent = Number(ui.skew.value).toFixed(2);
 }
@@ -146,9 +164,11 @@ function newRun() {
   if (run && run.history.length >= 10) {
     ghosts.unshift({
       label: run.label,
+      name: run.name,
       loss: run.meanLoss,
       bytes: run.bytes,
       divergence: run.divergence,
+      accuracy: run.accuracyAt,
     });
     ghosts = ghosts.slice(0, GHOST_COLORS.length);
     demo.ghosts = ghosts;
@@ -158,6 +178,7 @@ function newRun() {
   trainer = new Trainer(s);
   run = {
     label: shortName(s),
+    name: shortName(s).split(' · ')[0],
     description: trainer.description,
     history: [],
     lossPerRank: Array.from({ length: s.ranks }, () => []),
@@ -166,6 +187,7 @@ function newRun() {
     bytes: [],
     marks: [],
     accuracy: null,
+    accuracyAt: [],
     stepTimes: [],
   };
   demo.history = run.history;
@@ -218,20 +240,25 @@ function updateStats() {
 function renderRuns() {
   const body = $('runs');
   const at = Math.max(run.history.length - 1, 0);
-  const row = (label, loss, divergence, bytes, steps, color, cls) => {
+  const row = (label, loss, accuracy, divergence, bytes, steps, color, cls) => {
     const i = Math.min(at, steps - 1);
     const perStep = i >= 0 ? bytes[i] / (i + 1) : NaN;
     const cell = (v, f) => (i >= 0 && Number.isFinite(v) ? f(v) : '–');
+    // The last evaluation at or before step i + 1.
+    const evaluated = accuracy.filter(([step]) => step <= i + 1).at(-1);
     return `<tr class="${cls}"><td><span class="swatch" style="border-color:${color}"></span>${label}</td>
       <td>${Math.max(0, Math.min(at + 1, steps))}</td>
       <td>${cell(loss[i], (v) => v.toFixed(3))}</td>
+      <td>${evaluated ? `${(100 * evaluated[1]).toFixed(1)}%` : '–'}</td>
       <td>${cell(divergence[i], (v) => v.toFixed(3))}</td>
       <td>${cell(bytes[i], formatBytes)}</td>
       <td>${cell(perStep, formatBytes)}</td></tr>`;
   };
   body.innerHTML = [
-    row(run.label, run.meanLoss, run.divergence, run.bytes, run.history.length, '#f3f6fa', 'current'),
-    ...ghosts.map((g, k) => row(g.label, g.loss, g.divergence, g.bytes, g.loss.length, GHOST_COLORS[k], 'ghost')),
+    row(run.label, run.meanLoss, run.accuracyAt, run.divergence, run.bytes, run.history.length, '#f3f6fa', 'current'),
+    ...ghosts.map((g, k) =>
+      row(g.label, g.loss, g.accuracy, g.divergence, g.bytes, g.loss.length, GHOST_COLORS[k], 'ghost'),
+    ),
   ].join('');
 }
 
@@ -243,9 +270,9 @@ function draw() {
     xMax,
     series: [
       ...run.lossPerRank.map((values, r) => ({ values, color: rankColor(r, ranks), width: 1.2, alpha: 0.75 })),
-      { values: run.meanLoss, color: '#f3f6fa', width: 2.4 },
+      { values: run.meanLoss, color: '#f3f6fa', width: 2.4, label: run.name },
     ],
-    ghosts: ghosts.map((g, i) => ({ values: g.loss, color: GHOST_COLORS[i] })),
+    ghosts: ghosts.map((g, i) => ({ values: g.loss, color: GHOST_COLORS[i], label: g.name })),
   });
   charts.divergence.draw({
     xMax,
@@ -254,8 +281,8 @@ function draw() {
   });
   charts.bytes.draw({
     xMax,
-    series: [{ values: run.bytes, color: '#7aa2ff', width: 2 }],
-    ghosts: ghosts.map((g, i) => ({ values: g.bytes, color: GHOST_COLORS[i] })),
+    series: [{ values: run.bytes, color: '#7aa2ff', width: 2, label: run.name }],
+    ghosts: ghosts.map((g, i) => ({ values: g.bytes, color: GHOST_COLORS[i], label: g.name })),
   });
   demo.framesDrawn++;
 }
@@ -280,6 +307,7 @@ async function loop(token) {
         const evaluation = await trainer.evaluate();
         if (token !== run) return;
         run.accuracy = evaluation.meanModelAccuracy;
+        run.accuracyAt.push([run.history.length, evaluation.meanModelAccuracy]);
       }
       updateStats();
       draw();
@@ -359,7 +387,7 @@ async function main() {
   showAdapter(info, backend);
   $('version').textContent = version();
   newRun();
-  for (const input of [ui.ranks, ui.period, ui.warmup, ui.lr, ui.skew]) {
+  for (const input of [ui.ranks, ui.period, ui.warmup, ui.fragments, ui.lr, ui.skew]) {
     input.addEventListener('input', () => {
       updateOutputs();
       updateHelp();

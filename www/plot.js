@@ -60,7 +60,10 @@ export class LineChart {
     this.ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   }
 
-  /** series: [{values: number[], color, width?, alpha?}]; ghosts: [{values, color, label}]. */
+  /**
+   * series: [{values: number[], color, width?, alpha?, label?}]; ghosts: [{values, color, label?}].
+   * A label is written at the end of its line.
+   */
   draw({ series = [], ghosts = [], marks = [], xMax = 1 }) {
     const { ctx, width: W, height: H, options } = this;
     const style = getComputedStyle(this.canvas);
@@ -149,6 +152,33 @@ export class LineChart {
     };
     for (const g of ghosts) line(g.values, g.color, 1.5, 0.55, [5, 4]);
     for (const s of series) line(s.values, s.color, s.width || 1.5, s.alpha ?? 1, null);
+
+    // End labels: at each labelled line's last point, nudged apart vertically.
+    ctx.save();
+    ctx.font = '600 11px ui-sans-serif, system-ui, sans-serif';
+    ctx.textBaseline = 'bottom';
+    const taken = [];
+    for (const s of [...series, ...ghosts]) {
+      if (!s.label) continue;
+      let i = s.values.length - 1;
+      while (i >= 0 && !Number.isFinite(s.values[i])) i--;
+      if (i < 0) continue;
+      const x = X(i);
+      let y = Math.max(pad.top + 12, Y(s.values[i]) - 3);
+      while (taken.some((t) => Math.abs(t.y - y) < 12 && Math.abs(t.x - x) < 90)) y -= 12;
+      if (y < pad.top + 12) y = Math.max(pad.top + 12, Y(s.values[i]) + 15);
+      taken.push({ x, y });
+      ctx.textAlign = x > pad.left + pw - 90 ? 'right' : 'left';
+      const tx = ctx.textAlign === 'right' ? x - 2 : x + 4;
+      // A halo of the plot's background keeps the label legible over the lines.
+      ctx.lineWidth = 3;
+      ctx.lineJoin = 'round';
+      ctx.strokeStyle = 'rgba(21, 27, 36, 0.85)';
+      ctx.strokeText(s.label, tx, y);
+      ctx.fillStyle = s.color;
+      ctx.fillText(s.label, tx, y);
+    }
+    ctx.restore();
 
     // Frame.
     ctx.strokeStyle = grid;

@@ -18,10 +18,11 @@ use crate::train::{
 };
 
 /// Settings a `new Trainer({...})` accepts.
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 12] = [
     "ranks",
     "algorithm",
     "period",
+    "fragments",
     "warmup",
     "levels",
     "subgroupSize",
@@ -74,15 +75,15 @@ fn get_f64(map: &serde_json::Map<String, Value>, key: &str, default: f64) -> Res
     }
 }
 
-/// The algorithm named by `algorithm` (`"sync"`, `"periodic"`, `"hierarchical"`, `"zero"`) with its
-/// settings.
+/// The algorithm named by `algorithm` (`"sync"`, `"periodic"`, `"hierarchical"`, `"zero"`,
+/// `"diloco"`) with its settings (DiLoCo syncs every `period` steps, over `fragments` fragments).
 fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algorithm> {
     let name = match map.get("algorithm") {
         None | Some(Value::Null) => "sync",
         Some(Value::String(s)) => s.as_str(),
         Some(other) => {
             return Err(Error::type_error(format!(
-                "'algorithm' must be \"sync\", \"periodic\", \"hierarchical\" or \"zero\", got {other}"
+                "'algorithm' must be \"sync\", \"periodic\", \"hierarchical\", \"zero\" or \"diloco\", got {other}"
             )));
         }
     };
@@ -91,6 +92,10 @@ fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algor
     Ok(match name {
         "sync" | "sync_sgd" => Algorithm::SyncSgd,
         "zero" => Algorithm::Zero,
+        "diloco" => Algorithm::DiLoCo {
+            sync_every: period,
+            fragments: get_usize(map, "fragments", 1)?,
+        },
         "periodic" | "post_local_periodic" => Algorithm::PostLocalPeriodic { period, warmup },
         "hierarchical" | "post_local_hierarchical" => {
             let levels = match map.get("levels") {
@@ -125,7 +130,7 @@ fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algor
         }
         other => {
             return Err(Error::value(format!(
-                "unknown algorithm '{other}': expected sync, periodic, hierarchical or zero"
+                "unknown algorithm '{other}': expected sync, periodic, hierarchical, zero or diloco"
             )));
         }
     })
@@ -197,7 +202,7 @@ fn evaluation_to_js(evaluation: &Evaluation) -> Object {
 
 /// R simulated ranks training a small perceptron on a synthetic classification task split
 /// into one skewed shard per rank, with synchronous SGD or post-local SGD (periodic or
-/// hierarchical model averaging) or ZeRO, step by step.
+/// hierarchical model averaging) or ZeRO or DiLoCo, step by step.
 #[wasm_bindgen(js_name = Trainer)]
 pub struct TrainerJs {
     inner: Rc<RefCell<Trainer>>,
@@ -214,9 +219,10 @@ impl TrainerJs {
 
 #[wasm_bindgen(js_class = Trainer)]
 impl TrainerJs {
-    /// `{ranks, algorithm: "sync" | "periodic" | "hierarchical", period, warmup, levels,
-    /// subgroupSize, lr, momentum, batchSize, seed, task: {features, hidden, classes, samples,
-    /// heterogeneity, seed}}`; everything but `ranks` has a default.
+    /// `{ranks, algorithm: "sync" | "periodic" | "hierarchical" | "zero" | "diloco", period,
+    /// fragments, warmup, levels, subgroupSize, lr, momentum, batchSize, seed, task: {features,
+    /// hidden, classes, samples, heterogeneity, seed}}`; everything but `ranks` has a default.
+    /// DiLoCo syncs every `period` steps; `fragments` > 1 makes it Streaming DiLoCo.
     #[wasm_bindgen(constructor)]
     pub fn new(settings: JsValue) -> JsResult<TrainerJs> {
         js(Self::build(&settings))
@@ -276,7 +282,7 @@ impl TrainerJs {
         self.ranks as f64
     }
 
-    /// `"sync"`, `"periodic"` or `"hierarchical"`.
+    /// `"sync"`, `"periodic"`, `"hierarchical"`, `"zero"` or `"diloco"`.
     #[wasm_bindgen(getter)]
     pub fn algorithm(&self) -> String {
         self.algorithm.into()

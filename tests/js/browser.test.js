@@ -149,7 +149,7 @@ describe('Chromium WebGPU', () => {
 });
 
 describe('demo', () => {
-  test('runs on the WebGPU adapter: plots update, the loss falls, post-local SGD sends less', async () => {
+  test('runs on the WebGPU adapter: plots update, the loss falls, post-local SGD and DiLoCo send less', async () => {
     const page = await openPage('/');
     await page.waitForFunction(() => window.demo && window.demo.ready === true, null, { timeout: 60_000 });
     // Auto: SwiftShader is a software adapter, so the CPU backend is chosen, and the page says why.
@@ -173,7 +173,6 @@ describe('demo', () => {
     await page.waitForFunction(() => window.demo.ghosts.length === 1 && window.demo.history.length >= 80, null, {
       timeout: 120_000,
     });
-    await page.click('#start'); // pause
     const history = await page.evaluate(() => window.demo.history);
     const mean = (h) => h.reduce((s, x) => s + x.meanLoss, 0) / h.length;
     const [first, last] = [mean(history.slice(0, 5)), mean(history.slice(-5))];
@@ -191,9 +190,42 @@ describe('demo', () => {
       history[n].bytesCommunicatedPerRank < sync[n].bytesCommunicatedPerRank,
       'post-local SGD sends fewer bytes than synchronous SGD',
     );
+    // DiLoCo last: synchronous SGD and post-local SGD stay on the plots and in the runs table.
+    await page.selectOption('#algorithm', 'diloco');
+    await page.waitForFunction(() => window.demo.ghosts.length === 2 && window.demo.history.length >= 100, null, {
+      timeout: 120_000,
+    });
+    await page.click('#start'); // pause
+    const diloco = await page.evaluate(() => window.demo.history);
+    const period = Number(await page.locator('#period').inputValue());
+    const m = Math.min(sync.length, diloco.length) - 1;
+    const [dFirst, dLast] = [mean(diloco.slice(0, 5)), mean(diloco.slice(-5))];
+    const help = await page.locator('#algorithm-help').innerText();
+    const rows = await page.locator('#runs tr').allInnerTexts();
+    console.log(
+      `demo: DiLoCo (sync every ${period}) ${diloco.length} steps, loss ${dFirst.toFixed(3)} -> ${dLast.toFixed(3)}, ` +
+        `${diloco[m].bytesCommunicatedPerRank} bytes/rank at step ${m + 1} against sync SGD's ${sync[m].bytesCommunicatedPerRank}; ` +
+        `runs table: ${rows.map((r) => r.replace(/\s+/g, ' ')).join(' | ')}`,
+    );
+    assert.match(help, /pseudo-gradients/);
+    assert.ok(dLast < dFirst * 0.8, `DiLoCo's loss should fall: ${dFirst} -> ${dLast}`);
+    assert.ok(
+      diloco.every((h) => (h.averaged === null) === (h.step % period !== 0)),
+      'DiLoCo syncs exactly every period steps',
+    );
+    assert.ok(diloco.every((h) => h.averaged === null || h.divergence === 0), 'each sync leaves one model');
+    assert.ok(diloco.some((h) => h.divergence > 0), 'the replicas drift between syncs');
+    assert.ok(
+      diloco[m].bytesCommunicatedPerRank * 2 < sync[m].bytesCommunicatedPerRank,
+      `DiLoCo sends far fewer bytes than synchronous SGD: ${diloco[m].bytesCommunicatedPerRank} vs ${sync[m].bytesCommunicatedPerRank}`,
+    );
     const drawn = await page.evaluate(() => window.demo.framesDrawn);
     assert.ok(drawn >= 10, `the plots redraw while training (${drawn} frames)`);
-    assert.equal(await page.locator('#runs tr').count(), 2, 'the runs table lists both runs');
+    assert.equal(rows.length, 3, 'the runs table lists all three runs');
+    assert.match(rows[0], /DiLoCo/);
+    assert.match(rows[1], /periodic/);
+    assert.match(rows[2], /sync SGD/);
+    assert.match(rows[0], /\d+\.\d%/, 'the DiLoCo row shows the mean model\'s accuracy');
     await page.screenshot({ path: path.join(SCREENSHOTS, 'demo.png'), fullPage: true });
     await page.close();
   });

@@ -250,16 +250,16 @@ test('every misuse throws the named Error it should, never a trap', async (t) =>
     }],
     ['new Trainer({ ranks: 2, algorithm: x })', (x) => new Trainer({ ranks: 2, algorithm: x }), {
       'undefined null': OK, // the default algorithm
-      0: T(`'algorithm' must be "sync", "periodic", "hierarchical" or "zero", got 0`),
-      '-1': T(`'algorithm' must be "sync", "periodic", "hierarchical" or "zero", got -1`),
-      2.5: T(`'algorithm' must be "sync", "periodic", "hierarchical" or "zero", got 2.5`),
-      NaN: V("unknown algorithm 'nan': expected sync, periodic, hierarchical or zero"),
-      '"x"': V("unknown algorithm 'x': expected sync, periodic, hierarchical or zero"),
-      '{}': T(`'algorithm' must be "sync", "periodic", "hierarchical" or "zero", got {}`),
-      '[]': T(`'algorithm' must be "sync", "periodic", "hierarchical" or "zero", got []`),
-      '[[]]': T(`'algorithm' must be "sync", "periodic", "hierarchical" or "zero", got [[]]`),
-      '[[null]]': T(`'algorithm' must be "sync", "periodic", "hierarchical" or "zero", got [[null]]`),
-      '{data:"x"}': T(`'algorithm' must be "sync", "periodic", "hierarchical" or "zero", got {"data":"x"}`),
+      0: T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got 0`),
+      '-1': T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got -1`),
+      2.5: T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got 2.5`),
+      NaN: V("unknown algorithm 'nan': expected sync, periodic, hierarchical, zero or diloco"),
+      '"x"': V("unknown algorithm 'x': expected sync, periodic, hierarchical, zero or diloco"),
+      '{}': T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got {}`),
+      '[]': T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got []`),
+      '[[]]': T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got [[]]`),
+      '[[null]]': T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got [[null]]`),
+      '{data:"x"}': T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got {"data":"x"}`),
       ...objectConversion('settings.algorithm'),
     }],
     ['tensor(x, [2], [1, 2])', (x) => tensor(x, [2], [1, 2]), {
@@ -677,6 +677,56 @@ test('the trainer learns on the CPU fallback', async () => {
   const error = await thrown(() => new api.Trainer({ ranks: 4, bogus: 1 }));
   assert.equal(error.name, 'TypeError');
   trainer.free();
+});
+
+test('the trainer runs DiLoCo: local steps, an outer step every period, a quarter of the bytes', async () => {
+  const sync = new api.Trainer({ ranks: 4, algorithm: 'sync', task: { samples: 1024 } });
+  const diloco = new api.Trainer({ ranks: 4, algorithm: 'diloco', period: 4, task: { samples: 1024 } });
+  assert.equal(diloco.algorithm, 'diloco');
+  assert.match(diloco.description, /^DiLoCo \(sync every 4 steps/);
+  const syncReports = [];
+  const reports = [];
+  for (let i = 0; i < 40; i++) {
+    syncReports.push(await sync.step());
+    reports.push(await diloco.step());
+  }
+  for (const r of reports) {
+    // No gradient all-reduce; every 4th step the outer step leaves one model on every rank.
+    assert.equal(r.gradientsReduced, null, `step ${r.step}`);
+    assert.equal(r.averaged, r.step % 4 === 0 ? 4 : null, `step ${r.step}`);
+    if (r.step % 4 === 0) assert.equal(r.divergence, 0, `step ${r.step}`);
+    else if (r.step > 1) assert.ok(r.divergence > 0, `step ${r.step}: the replicas drift between syncs`);
+  }
+  // One all-reduce of the pseudo-gradients (the model's size) per 4 steps against sync SGD's
+  // gradient all-reduce every step.
+  assert.ok(reports[0].bytesCommunicatedPerRank === 0);
+  assert.equal(reports[39].bytesCommunicatedPerRank * 4, syncReports[39].bytesCommunicatedPerRank);
+  const mean = (h) => h.reduce((a, r) => a + r.meanLoss, 0) / h.length;
+  assert.ok(mean(reports.slice(-4)) < 0.6 * mean(reports.slice(0, 4)), `${mean(reports.slice(0, 4))} -> ${mean(reports.slice(-4))}`);
+  const evaluation = await diloco.evaluate();
+  assert.ok(evaluation.meanModelAccuracy > 0.5, String(evaluation.meanModelAccuracy));
+  // Streaming DiLoCo: 2 fragments syncing staggered, each every 4 steps.
+  const streaming = new api.Trainer({ ranks: 4, algorithm: 'diloco', period: 4, fragments: 2, task: { samples: 1024 } });
+  assert.match(streaming.description, /^Streaming DiLoCo \(2 fragments/);
+  const synced = [];
+  for (let i = 0; i < 8; i++) {
+    const r = await streaming.step();
+    if (r.averaged !== null) synced.push(r.step);
+  }
+  assert.equal(synced.length, 4, `fragment syncs at steps ${synced}`);
+  for (const [settings, name, text] of [
+    [{ fragments: 0 }, 'ValueError', 'into 0 non-empty fragments'],
+    [{ fragments: 5 }, 'ValueError', 'into 5 non-empty fragments'],
+    [{ fragments: 'x' }, 'TypeError', "'fragments' must be a non-negative integer"],
+    [{ period: 0 }, 'ValueError', ''],
+  ]) {
+    const e = await thrown(() => new api.Trainer({ ranks: 4, algorithm: 'diloco', period: 4, ...settings }));
+    assert.equal(e.name, name, `${JSON.stringify(settings)}: ${e.message}`);
+    assert.ok(e.message.includes(text), e.message);
+  }
+  sync.free();
+  diloco.free();
+  streaming.free();
 });
 
 test('the trainer runs ZeRO: synchronous SGD with sharded optimizer state', async () => {

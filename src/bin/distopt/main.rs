@@ -56,10 +56,10 @@ const USAGE: &str = "usage:
       R simulated ranks train a small MLP on a synthetic data set split across them (each
       shard skewed towards one class) with synchronous SGD, post-local SGD averaging the
       parameters every P steps, and hierarchical averaging (every P/2^k steps over R/2^k
-      ranks), the last two after K warm-up steps of synchronous SGD, and ZeRO (synchronous SGD
-      with the optimizer state sharded over the ranks); diloco (not in all): local steps,
-      every P steps the outer SGD (lr 0.7, Nesterov 0.9) on the mean pseudo-gradient, with
-      --fragments F > 1 Streaming DiLoCo (F fragments syncing staggered); prints final loss,
+      ranks), the last two after K warm-up steps of synchronous SGD, ZeRO (synchronous SGD
+      with the optimizer state sharded over the ranks), and DiLoCo (local steps, every P
+      steps the outer SGD (lr 0.7, Nesterov 0.9) on the mean pseudo-gradient; with
+      --fragments F > 1 Streaming DiLoCo, F fragments syncing staggered); prints final loss,
       divergence between replicas, bytes communicated per rank and time per step (a
       progress bar on stderr when it is a terminal). Defaults: R 8, S 200, X 0.05, M 0.9,
       B 32, P 8, K 20, all, N 4096, H 0.8, SEED 0, backend auto. --json prints one JSON

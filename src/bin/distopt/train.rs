@@ -160,16 +160,23 @@ impl Options {
             warmup,
             subgroup_size: None,
         };
+        let diloco = Algorithm::DiLoCo {
+            sync_every: period,
+            fragments,
+        };
         let algorithms = match algorithm.as_str() {
             "sync" => vec![Algorithm::SyncSgd],
             "periodic" => vec![periodic],
             "hierarchical" => vec![hierarchical],
             "zero" => vec![Algorithm::Zero],
-            "diloco" => vec![Algorithm::DiLoCo {
-                sync_every: period,
-                fragments,
-            }],
-            "all" => vec![Algorithm::SyncSgd, periodic, hierarchical, Algorithm::Zero],
+            "diloco" => vec![diloco],
+            "all" => vec![
+                Algorithm::SyncSgd,
+                periodic,
+                hierarchical,
+                Algorithm::Zero,
+                diloco,
+            ],
             other => {
                 return Err(Error::value(format!(
                     "unknown algorithm '{other}': expected sync, periodic, hierarchical, zero, diloco or all"

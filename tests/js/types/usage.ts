@@ -251,6 +251,12 @@ export async function tour(): Promise<void> {
   const shardBytes: number[] = (await zeroTrainer.step()).optimizerStateBytesPerRank;
   console.log(shardBytes, zeroTrainer.optimizerStateBytesPerRank());
   zeroTrainer.free();
+  const dilocoTrainer = new Trainer({ ranks: 4, algorithm: 'diloco', period: 8, fragments: 2 });
+  const dilocoName: 'sync' | 'periodic' | 'hierarchical' | 'zero' | 'diloco' = dilocoTrainer.algorithm;
+  console.log(dilocoName, (await dilocoTrainer.step()).bytesCommunicatedPerRank);
+  dilocoTrainer.free();
+  // @ts-expect-error: fragments is a number
+  new Trainer({ ranks: 4, algorithm: 'diloco', fragments: '2' });
   const levels: Array<[number, number]> = Trainer.defaultHierarchy(8, 8);
   const report: StepReport = await trainer.step();
   const lossPerRank: Float64Array = report.lossPerRank;
