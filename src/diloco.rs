@@ -68,6 +68,34 @@ impl Compression {
         }
     }
 
+    /// The compression of a front end's DiLoCo options object (`{"compress": "bf16"}`; `null`
+    /// or a missing key: none). A `TypeError` for an options value that is not an object, an
+    /// unknown option or a `compress` that is not a string; a `ValueError` for an unknown
+    /// format.
+    pub fn from_options(options: &Value) -> Result<Compression> {
+        let map = match options {
+            Value::Null => return Ok(Compression::None),
+            Value::Object(map) => map,
+            other => {
+                return Err(Error::type_error(format!(
+                    "DiLoCo options must be an object, got {other}"
+                )));
+            }
+        };
+        if let Some(key) = map.keys().find(|k| k.as_str() != "compress") {
+            return Err(Error::type_error(format!(
+                "DiLoCo got an unexpected keyword argument '{key}'"
+            )));
+        }
+        match map.get("compress") {
+            None | Some(Value::Null) => Ok(Compression::None),
+            Some(Value::String(name)) => Compression::parse(name),
+            Some(other) => Err(Error::type_error(format!(
+                "compress must be a string ('none', 'bf16' or 'f16'), got {other}"
+            ))),
+        }
+    }
+
     /// The canonical name: `"none"`, `"bf16"` or `"f16"`.
     pub fn name(self) -> &'static str {
         match self {
