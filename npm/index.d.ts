@@ -590,9 +590,30 @@ export interface DiLoCoStateDictInput {
  * of `world`); they move into the DiLoCo (their objects still report their state, but step
  * only through it).
  */
+/** `DiLoCo` options. */
+export interface DiLoCoOptions {
+  /**
+   * Send the pseudo-gradients in bfloat16 or float16 (OpenDiLoCo's compressed all-reduce):
+   * each rank's pseudo-gradient rounded to it, averaged in it (every quotient and addition
+   * rounded), converted back to each parameter's dtype. Default `'none'`.
+   */
+  compress?: 'none' | 'bf16' | 'f16';
+}
+
 export class DiLoCo {
-  /** A ValueError when `syncEvery < 1`, or the replicas' ranks differ from the world's. */
-  constructor(inner: AnyLocalOptimizer, outer: AnyLocalOptimizer, syncEvery: number, world: World);
+  /**
+   * A ValueError when `syncEvery < 1`, the replicas' ranks differ from the world's, or
+   * `options.compress` is not a known format; a TypeError for an unknown option.
+   */
+  constructor(
+    inner: AnyLocalOptimizer,
+    outer: AnyLocalOptimizer,
+    syncEvery: number,
+    world: World,
+    options?: DiLoCoOptions,
+  );
+  /** The pseudo-gradients' wire precision. */
+  readonly compress: 'none' | 'bf16' | 'f16';
   /** One inner step on every rank, then a sync when due. Returns whether it synced. */
   step(): boolean;
   /** The outer step now, whatever the local step counter says. */

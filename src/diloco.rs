@@ -20,12 +20,105 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::backend::{Arena, Backend, CopyRegion};
+use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
 use crate::comm::{Communicator, Subgroups};
+use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
 use crate::optim::{LocalOptimizer, check_same_model, read_state, write_state};
 use crate::replicas::Replicas;
+
+/// The precision DiLoCo sends its pseudo-gradients in (OpenDiLoCo's compressed all-reduce).
+///
+/// With a 16-bit wire format, each rank's pseudo-gradient (computed in the parameter's dtype)
+/// is rounded to the wire format (round to nearest even, as c10 does), the mean over the world
+/// is computed *in the wire format* as gloo's all-reduce of a 16-bit tensor does: each value
+/// divided by the world size and rounded, then summed with every addition rounded to the wire
+/// format (in rank order when one process holds the world, in the transport's order over MPI,
+/// whose 16-bit all-reduce rounds every addition the same way), and the mean is converted back
+/// to the parameter's dtype before the outer step (exactly for float32/float64 parameters;
+/// between bfloat16 and float16 it rounds once, to nearest even). `CommStats` counts the all-reduce
+/// at the wire format's element size. Parameters already in the wire format are unchanged by
+/// the conversions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum Compression {
+    /// Pseudo-gradients travel in each parameter's own dtype (the reference behaviour).
+    #[default]
+    #[serde(rename = "none")]
+    None,
+    /// bfloat16 on the wire.
+    #[serde(rename = "bf16")]
+    BFloat16,
+    /// IEEE float16 on the wire.
+    #[serde(rename = "f16")]
+    Float16,
+}
+
+impl Compression {
+    /// Parses `"none"`, `"bf16"`/`"bfloat16"` or `"f16"`/`"fp16"`/`"float16"`; a `ValueError`
+    /// naming the accepted values otherwise.
+    pub fn parse(name: &str) -> Result<Compression> {
+        match name {
+            "none" => Ok(Compression::None),
+            "bf16" | "bfloat16" => Ok(Compression::BFloat16),
+            "f16" | "fp16" | "float16" => Ok(Compression::Float16),
+            other => Err(Error::value(format!(
+                "compression must be one of 'none', 'bf16', 'f16', got '{other}'"
+            ))),
+        }
+    }
+
+    /// The compression of a front end's DiLoCo options object (`{"compress": "bf16"}`; `null`
+    /// or a missing key: none). A `TypeError` for an options value that is not an object, an
+    /// unknown option or a `compress` that is not a string; a `ValueError` for an unknown
+    /// format.
+    pub fn from_options(options: &Value) -> Result<Compression> {
+        let map = match options {
+            Value::Null => return Ok(Compression::None),
+            Value::Object(map) => map,
+            other => {
+                return Err(Error::type_error(format!(
+                    "DiLoCo options must be an object, got {other}"
+                )));
+            }
+        };
+        if let Some(key) = map.keys().find(|k| k.as_str() != "compress") {
+            return Err(Error::type_error(format!(
+                "DiLoCo got an unexpected keyword argument '{key}'"
+            )));
+        }
+        match map.get("compress") {
+            None | Some(Value::Null) => Ok(Compression::None),
+            Some(Value::String(name)) => Compression::parse(name),
+            Some(other) => Err(Error::type_error(format!(
+                "compress must be a string ('none', 'bf16' or 'f16'), got {other}"
+            ))),
+        }
+    }
+
+    /// The canonical name: `"none"`, `"bf16"` or `"f16"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::BFloat16 => "bf16",
+            Compression::Float16 => "f16",
+        }
+    }
+
+    /// Whether this is [`Compression::None`].
+    pub fn is_none(&self) -> bool {
+        *self == Compression::None
+    }
+
+    /// The wire storage format, `None` without compression.
+    pub fn wire_format(self) -> Option<StorageFormat> {
+        match self {
+            Compression::None => None,
+            Compression::BFloat16 => Some(StorageFormat::BF16),
+            Compression::Float16 => Some(StorageFormat::F16),
+        }
+    }
+}
 
 /// DiLoCo: inner steps on every rank, and every `sync_every` of them an outer step with the
 /// world's mean pseudo-gradient.
@@ -67,6 +160,11 @@ pub struct DiLoCo {
     /// Per replica group (storage format), every local rank's parameters at their fragment's
     /// last sync.
     backups: Vec<Arena>,
+    /// The pseudo-gradients' wire precision.
+    compression: Compression,
+    /// Per replica group, the wire-format arena of the compressed all-reduce (created on the
+    /// first compressed sync of a group whose format differs from the wire format).
+    wire: Vec<Option<Arena>>,
     ranks: usize,
     params: usize,
 }
@@ -134,7 +232,9 @@ impl DiLoCo {
             local_step: 0,
             fragments,
             offsets,
+            wire: backups.iter().map(|_| None).collect(),
             backups,
+            compression: Compression::None,
             ranks: replicas.ranks(),
             params: replicas.len(),
         })
@@ -162,6 +262,23 @@ impl DiLoCo {
             )));
         }
         Ok(())
+    }
+
+    /// Sends the pseudo-gradients in `compression`'s wire format from the next sync on (see
+    /// [`Compression`]); every rank must choose the same.
+    pub fn set_compression(&mut self, compression: Compression) {
+        self.compression = compression;
+    }
+
+    /// [`DiLoCo::set_compression`], by value.
+    pub fn with_compression(mut self, compression: Compression) -> DiLoCo {
+        self.set_compression(compression);
+        self
+    }
+
+    /// The pseudo-gradients' wire precision.
+    pub fn compression(&self) -> Compression {
+        self.compression
     }
 
     /// The inner optimizer.
@@ -244,6 +361,7 @@ impl DiLoCo {
         }
         let backend = replicas.backend().clone();
         let groups = Subgroups::world(self.world.world_size());
+        let wire = self.compression.wire_format();
         let plans: Vec<(Vec<bool>, u64)> = replicas
             .groups
             .iter()
@@ -253,13 +371,21 @@ impl DiLoCo {
                     .members
                     .iter()
                     .filter(|&&j| member[j])
-                    .map(|&j| (replicas.numel(j) * replicas.dtype(j).size_bytes()) as u64)
+                    .map(|&j| {
+                        let size =
+                            wire.map_or(replicas.dtype(j).size_bytes(), |w| w.element_bytes());
+                        (replicas.numel(j) * size) as u64
+                    })
                     .sum();
                 (active, bytes)
             })
             .collect();
-        for ((group, backup), (active, bytes)) in
-            replicas.groups.iter_mut().zip(&self.backups).zip(&plans)
+        for (((group, backup), (active, bytes)), wire_arena) in replicas
+            .groups
+            .iter_mut()
+            .zip(&self.backups)
+            .zip(&plans)
+            .zip(&mut self.wire)
         {
             if !active.contains(&true) {
                 continue;
@@ -271,6 +397,36 @@ impl DiLoCo {
                 &group.starts,
                 active,
             )?;
+            if let Some(wire) = wire.filter(|&w| w != group.format) {
+                // Compressed: round to the wire format, average in it, widen back.
+                if wire_arena.is_none() {
+                    // A host group (float64 on a GPU backend) gets a host wire arena.
+                    let maker: &dyn Backend = if group.params.is_on_device() {
+                        backend.as_ref()
+                    } else {
+                        &CpuBackend::with_threads(1)
+                    };
+                    *wire_arena = Some(maker.create_arena(
+                        wire,
+                        group.params.ranks(),
+                        group.rank_len,
+                        group.chunk_len,
+                    )?);
+                }
+                let arena = wire_arena.as_mut().expect("created above");
+                backend.convert(&group.grads, arena, &group.starts, active)?;
+                self.world.all_reduce_mean(
+                    backend.as_ref(),
+                    arena,
+                    groups,
+                    wire,
+                    &group.starts,
+                    active,
+                    *bytes,
+                )?;
+                backend.convert(arena, &mut group.grads, &group.starts, active)?;
+                continue;
+            }
             // The reference all-reduces each pseudo-gradient in its own dtype.
             self.world.all_reduce_mean(
                 backend.as_ref(),

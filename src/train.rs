@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use crate::averaging::{HierarchicalModelAverager, PeriodicModelAverager};
 use crate::backend::Backend;
 use crate::comm::{CommStats, Communicator, SimulatedWorld};
-use crate::diloco::{DiLoCo, split_fragments};
+use crate::diloco::{Compression, DiLoCo, split_fragments};
 use crate::error::{Error, Result};
 use crate::optim::{LocalOptimizer, Sgd, SgdOptions};
 use crate::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
@@ -501,6 +501,9 @@ pub enum Algorithm {
         sync_every: u64,
         /// Fragments (1: plain DiLoCo).
         fragments: usize,
+        /// The pseudo-gradients' wire precision (absent from the settings when none).
+        #[serde(default, skip_serializing_if = "Compression::is_none")]
+        compress: Compression,
     },
 }
 
@@ -530,8 +533,13 @@ impl Algorithm {
             Algorithm::DiLoCo {
                 sync_every,
                 fragments,
+                compress,
             } => {
                 let (lr, momentum) = DILOCO_OUTER;
+                let wire = match compress {
+                    Compression::None => String::new(),
+                    c => format!("; pseudo-gradients in {}", c.name()),
+                };
                 let streaming = if *fragments > 1 {
                     format!("Streaming DiLoCo ({fragments} fragments")
                 } else {
@@ -539,7 +547,7 @@ impl Algorithm {
                 };
                 let sep = if *fragments > 1 { ", " } else { "" };
                 format!(
-                    "{streaming}{sep}sync every {sync_every} steps; outer SGD lr {lr}, Nesterov momentum {momentum})"
+                    "{streaming}{sep}sync every {sync_every} steps; outer SGD lr {lr}, Nesterov momentum {momentum}{wire})"
                 )
             }
             Algorithm::PostLocalPeriodic { period, warmup } => {
@@ -756,6 +764,7 @@ impl Trainer {
             Algorithm::DiLoCo {
                 sync_every,
                 fragments,
+                compress,
             } => {
                 let (lr, momentum) = DILOCO_OUTER;
                 let outer = Sgd::new(
@@ -774,7 +783,8 @@ impl Trainer {
                     to_i64(*sync_every, "sync_every")?,
                     split_fragments(replicas.len(), *fragments)?,
                     comm.clone(),
-                )?;
+                )?
+                .with_compression(*compress);
                 (
                     // Never any gradient all-reduce: the ranks meet only at syncs.
                     PostLocalSgdState::new(comm, None, 0, false)?,

@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use distopt::backend::gpu::GpuOptions;
 use distopt::backend::kernels::ParamStarts;
 use distopt::comm::{Communicator, SimulatedWorld};
-use distopt::diloco::DiLoCo;
+use distopt::diloco::{Compression, DiLoCo};
 use distopt::optim::{self, LocalOptimizer, option_map};
 use distopt::replicas::Replicas;
 use distopt::{Backend, CpuBackend, DType, ErrorKind, StorageFormat, Tensor};
@@ -762,6 +762,7 @@ fn the_trainer_runs_diloco_meeting_only_at_syncs() {
             algorithm: Algorithm::DiLoCo {
                 sync_every: 5,
                 fragments: 1,
+                compress: Default::default(),
             },
             ..TrainConfig::default()
         };
@@ -846,6 +847,363 @@ fn distopt_train_algorithm_diloco_reports_its_syncs() {
     assert!(!ok);
     assert!(
         stderr.contains("sync_every (2) must be at least the number of fragments (3)"),
+        "{stderr}"
+    );
+}
+
+/// The parameters of the compression tests: every dtype, sizes spanning several chunks of
+/// the tiny-binding GPU backend.
+fn compression_params(rng: &mut Rng) -> Vec<Tensor> {
+    [
+        (DType::Float32, 700usize),
+        (DType::BFloat16, 300),
+        (DType::Float16, 260),
+        (DType::Float64, 70),
+        (DType::Float32, 3),
+    ]
+    .iter()
+    .map(|&(dtype, n)| {
+        let values: Vec<f64> = (0..n).map(|_| rng.unit()).collect();
+        Tensor::from_f64(dtype, &[n], &values).unwrap()
+    })
+    .collect()
+}
+
+/// A gradient for the inner step: magnitudes over many binades, a few beyond float16's range
+/// (their float16 pseudo-gradients overflow to ±inf on the wire), a few tiny (float16
+/// subnormals).
+fn compression_grad(rng: &mut Rng, like: &Tensor) -> Tensor {
+    let n = like.shape().iter().product::<usize>();
+    let values: Vec<f64> = (0..n)
+        .map(|i| match i % 37 {
+            0 if like.dtype() != DType::Float16 => rng.unit() * 2e5,
+            1 => rng.unit() * 1e-6,
+            _ => rng.unit() * 2f64.powi((rng.next_u64() % 24) as i32 - 14),
+        })
+        .collect();
+    Tensor::from_f64(like.dtype(), like.shape(), &values).unwrap()
+}
+
+/// `value` rounded once to `format` (c10's round to nearest even), as an exact f64.
+fn round_to(format: StorageFormat, value: f64) -> f64 {
+    let mut words = [0u32; 2];
+    format.store_f64(&mut words, 0, value);
+    format.load_f64(&words, 0)
+}
+
+/// The world's mean of `values` (one per rank) as the compressed all-reduce is documented
+/// to compute it, written out on the host: each value divided by the world size and rounded
+/// to the wire format, then summed in rank order, every addition rounded to the wire format.
+fn wire_mean(wire: StorageFormat, values: &[f64]) -> f64 {
+    let w = values.len() as f64;
+    let quotient = |v: f64| round_to(wire, ((v as f32) / (w as f32)) as f64);
+    values[1..].iter().fold(quotient(values[0]), |acc, &v| {
+        round_to(wire, (acc as f32 + quotient(v) as f32) as f64)
+    })
+}
+
+/// The initial parameters, `before[rank][j]` (the parameters before the sync), `after[j]`
+/// (rank 0's after it; every rank agrees) and the `DiLoCo`.
+type OneSync = (Vec<Tensor>, Vec<Vec<Vec<f64>>>, Vec<Vec<f64>>, DiLoCo);
+
+/// One sync with outer SGD lr 1 (parameters land on `backup - mean`): every rank's
+/// parameters before the sync and after it.
+fn one_compressed_sync(backend: &Arc<dyn Backend>, compression: Compression) -> OneSync {
+    let mut rng = Rng(97);
+    let initial = compression_params(&mut rng);
+    let mut replicas = Replicas::replicate(backend.clone(), WORLD, &initial).unwrap();
+    let inner = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+    let outer = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+    let mut diloco = DiLoCo::new(&replicas, inner, outer, 2, world())
+        .unwrap()
+        .with_compression(compression);
+    let grads: Vec<Vec<Option<Tensor>>> = (0..WORLD)
+        .map(|_| {
+            initial
+                .iter()
+                .map(|p| Some(compression_grad(&mut rng, p)))
+                .collect()
+        })
+        .collect();
+    assert!(!step(&mut replicas, &mut diloco, &grads));
+    let before: Vec<Vec<Vec<f64>>> = replicas
+        .all_params_blocking()
+        .unwrap()
+        .iter()
+        .map(|rank| rank.iter().map(|t| t.values_f64().unwrap()).collect())
+        .collect();
+    let none = vec![vec![None; initial.len()]; WORLD];
+    assert!(step(&mut replicas, &mut diloco, &none));
+    let after: Vec<Vec<f64>> = (0..initial.len())
+        .map(|j| {
+            let p0 = replicas.param_blocking(0, j).unwrap().values_f64().unwrap();
+            for rank in 1..WORLD {
+                let p = replicas
+                    .param_blocking(rank, j)
+                    .unwrap()
+                    .values_f64()
+                    .unwrap();
+                assert!(
+                    p.iter().zip(&p0).all(|(a, b)| same_bits(*a, *b)),
+                    "param {j}: ranks disagree after a sync"
+                );
+            }
+            p0
+        })
+        .collect();
+    (initial, before, after, diloco)
+}
+
+#[test]
+fn a_compressed_sync_is_the_host_computation_of_its_rounding_rule_on_every_backend() {
+    for compression in [Compression::BFloat16, Compression::Float16] {
+        let wire = compression.wire_format().unwrap();
+        for (label, backend) in backends() {
+            let (initial, before, after, diloco) = one_compressed_sync(&backend, compression);
+            assert_eq!(diloco.compression(), compression);
+            let mut changed_by_compression = 0;
+            for (j, p) in initial.iter().enumerate() {
+                let format = p.dtype().storage();
+                let p0 = p.values_f64().unwrap();
+                for (i, &o) in p0.iter().enumerate() {
+                    // The pseudo-gradient in the parameter's dtype (f32 arithmetic for the
+                    // 32- and 16-bit formats, f64 for float64), then onto the wire.
+                    let pseudo: Vec<f64> = (0..WORLD)
+                        .map(|r| {
+                            let x = before[r][j][i];
+                            let d = if format == StorageFormat::F64 {
+                                o - x
+                            } else {
+                                (o as f32 - x as f32) as f64
+                            };
+                            round_to(wire, round_to(format, d))
+                        })
+                        .collect();
+                    // Back in the parameter's dtype: exact for float32/float64, rounded
+                    // between bfloat16 and float16.
+                    let mean = round_to(format, wire_mean(wire, &pseudo));
+                    // Outer SGD lr 1: backup - mean in the format.
+                    let want = if format == StorageFormat::F64 {
+                        o - mean
+                    } else {
+                        round_to(format, (o as f32 - mean as f32) as f64)
+                    };
+                    let got = after[j][i];
+                    assert!(
+                        same_bits(got, want),
+                        "{label} {compression:?}: param {j} ({:?}) element {i}: got {got}, want {want} (pseudo {pseudo:?})",
+                        p.dtype()
+                    );
+                    // Within the wire format's rounding of the exact mean (finite cases).
+                    let exact: f64 =
+                        (0..WORLD).map(|r| o - before[r][j][i]).sum::<f64>() / WORLD as f64;
+                    let ulp_of = |f: StorageFormat| match f {
+                        StorageFormat::BF16 => 2f64.powi(-8),
+                        StorageFormat::F16 => 2f64.powi(-11),
+                        _ => 0.0,
+                    };
+                    let ulp = ulp_of(wire).max(ulp_of(format));
+                    // Each of the W quotients and W - 1 additions rounds by at most half an
+                    // ulp of the largest magnitude involved; so does the final parameter.
+                    let scale = (0..WORLD)
+                        .map(|r| (o - before[r][j][i]).abs())
+                        .fold(o.abs().max(got.abs()), f64::max);
+                    if got.is_finite() && scale < 1e4 {
+                        let err = ((o - got) - exact).abs();
+                        assert!(
+                            // float16 subnormals: an absolute floor of a few 2^-24.
+                            err <= 2.0 * WORLD as f64 * ulp * scale + 2f64.powi(-21),
+                            "{label} {compression:?}: param {j} element {i}: mean {} vs exact {exact}",
+                            o - got
+                        );
+                    }
+                    if format != wire && !same_bits(round_to(format, o - exact), got) {
+                        changed_by_compression += 1;
+                    }
+                }
+            }
+            // The compression is real: many float32/float64 results differ from the exact mean's.
+            assert!(
+                changed_by_compression > 100,
+                "{label} {compression:?}: {changed_by_compression}"
+            );
+        }
+    }
+}
+
+#[test]
+fn compression_off_is_bit_identical_and_a_wire_format_equal_to_the_dtype_changes_nothing() {
+    for (label, backend) in backends().into_iter().take(2) {
+        let default = one_compressed_sync(&backend, Compression::None);
+        let bf16 = one_compressed_sync(&backend, Compression::BFloat16);
+        // The bfloat16 parameter (index 1) is sent as it is either way; the others are not.
+        assert_eq!(default.2[1], bf16.2[1], "{label}");
+        assert_ne!(default.2[0], bf16.2[0], "{label}");
+        // Compression::None takes the uncompressed path: the reference all-reduce in each
+        // parameter's dtype, bit for bit (the trajectory of a run that never set it).
+        let outer = json!({"lr": 0.7, "momentum": 0.9, "nesterov": true});
+        let plain = run_streaming(&backend, None, outer.clone(), world());
+        let mut replicas = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
+        let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05, "momentum": 0.9}));
+        let outer_opt = optimizer(&replicas, "SGD", outer);
+        let mut diloco = DiLoCo::new(&replicas, inner, outer_opt, SYNC_EVERY, world()).unwrap();
+        diloco.set_compression(Compression::BFloat16);
+        diloco.set_compression(Compression::None);
+        let mut params = Vec::new();
+        for g in all_grads() {
+            diloco.zero_grad(&mut replicas);
+            for (rank, g) in g.iter().enumerate() {
+                replicas.set_grads(rank, g).unwrap();
+            }
+            diloco.step_fragments(&mut replicas).unwrap();
+            params.push(param_bits(&replicas));
+        }
+        assert_eq!(plain.0, params, "{label}");
+    }
+}
+
+#[test]
+fn comm_stats_count_two_bytes_per_element_when_compressed() {
+    for (compression, expected) in [
+        // 2·3/4 of 10·4, 6·2 and 4·8 bytes: each format in its own dtype.
+        (Compression::None, 60 + 18 + 48),
+        // 2·3/4 of 10·2, 6·2 and 4·2 bytes.
+        (Compression::BFloat16, 30 + 18 + 12),
+        (Compression::Float16, 30 + 18 + 12),
+    ] {
+        for (label, backend) in backends().into_iter().take(2) {
+            let world = Arc::new(SimulatedWorld::new(4).unwrap());
+            let params = vec![
+                Tensor::from_f32(&[10], vec![1.0; 10]).unwrap(),
+                Tensor::from_f64(DType::BFloat16, &[6], &[2.0; 6]).unwrap(),
+                Tensor::from_f64(DType::Float64, &[4], &[3.0; 4]).unwrap(),
+            ];
+            let mut replicas = Replicas::replicate(backend, 4, &params).unwrap();
+            let inner = optimizer(&replicas, "SGD", json!({"lr": 0.5}));
+            let outer = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+            let mut diloco = DiLoCo::new(&replicas, inner, outer, 1, world.clone())
+                .unwrap()
+                .with_compression(compression);
+            let grads: Vec<Vec<Option<Tensor>>> = (0..4)
+                .map(|rank| {
+                    params
+                        .iter()
+                        .map(|p| {
+                            let n = p.shape()[0];
+                            Some(Tensor::from_f64(p.dtype(), &[n], &vec![rank as f64; n]).unwrap())
+                        })
+                        .collect()
+                })
+                .collect();
+            assert!(step(&mut replicas, &mut diloco, &grads));
+            let stats = world.stats();
+            assert_eq!(stats.collectives, 3, "{label} {compression:?}");
+            assert_eq!(
+                stats.all_reduce_bytes_by_group_size.get(&4).copied(),
+                Some(expected),
+                "{label} {compression:?}"
+            );
+            // 1 - 0.5·mean(0, 1, 2, 3) = 0.25 exactly in every wire format.
+            assert_eq!(
+                replicas.param_blocking(3, 0).unwrap().values_f64().unwrap(),
+                vec![0.25; 10],
+                "{label} {compression:?}"
+            );
+            assert_eq!(
+                replicas.param_blocking(2, 2).unwrap().values_f64().unwrap(),
+                vec![2.25; 4],
+                "{label} {compression:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_trainer_converges_with_compressed_pseudo_gradients() {
+    use distopt::train::{Algorithm, SyntheticTask, TaskConfig, TrainConfig, Trainer};
+    let ranks = 4;
+    let task = Arc::new(SyntheticTask::new(TaskConfig::default(), ranks).unwrap());
+    let model_elements: u64 = task
+        .param_shapes()
+        .iter()
+        .map(|s| s.iter().product::<usize>() as u64)
+        .sum();
+    for compress in [Compression::BFloat16, Compression::Float16] {
+        for (label, backend) in backends().into_iter().take(2) {
+            let config = TrainConfig {
+                algorithm: Algorithm::DiLoCo {
+                    sync_every: 5,
+                    fragments: 1,
+                    compress,
+                },
+                ..TrainConfig::default()
+            };
+            let mut trainer = Trainer::new(backend, task.clone(), config).unwrap();
+            let initial = trainer.evaluate_blocking().unwrap().mean_model_loss;
+            let mut report = None;
+            for _ in 0..40 {
+                report = Some(trainer.step_blocking().unwrap());
+            }
+            // Eight syncs of the float32 model at 2 bytes per element.
+            assert_eq!(
+                report.unwrap().bytes_communicated_per_rank,
+                8 * 2 * (ranks as u64 - 1) * 2 * model_elements / ranks as u64,
+                "{label} {compress:?}"
+            );
+            let trained = trainer.evaluate_blocking().unwrap().mean_model_loss;
+            assert!(
+                trained < 0.5 * initial,
+                "{label} {compress:?}: loss {initial} -> {trained}"
+            );
+        }
+    }
+}
+
+#[test]
+fn distopt_train_compress_sends_half_the_bytes() {
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_distopt"))
+            .args(["train", "--backend", "cpu", "--ranks", "4", "--steps", "12"])
+            .args(["--period", "6", "--json"])
+            .args(extra)
+            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            stderr,
+        )
+    };
+    let bytes = |stdout: &str| {
+        let report: Value = serde_json::from_str(stdout).unwrap();
+        report["results"][0]["bytes_communicated_per_rank"]
+            .as_u64()
+            .unwrap()
+    };
+    let (ok, plain, stderr) = run(&["--algorithm", "diloco"]);
+    assert!(ok, "{stderr}");
+    for wire in ["bf16", "f16"] {
+        let (ok, stdout, stderr) = run(&["--algorithm", "diloco", "--compress", wire]);
+        assert!(ok, "{stderr}");
+        assert_eq!(2 * bytes(&stdout), bytes(&plain), "{stdout}");
+        let report: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(
+            report["results"][0]["settings"]["compress"], wire,
+            "{report}"
+        );
+    }
+    let (ok, _, stderr) = run(&["--algorithm", "diloco", "--compress", "int3"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--compress must be bf16, f16 or none, got 'int3'"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = run(&["--algorithm", "sync", "--compress", "bf16"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--compress applies to --algorithm diloco only"),
         "{stderr}"
     );
 }

@@ -396,6 +396,20 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         kernels::pseudo_gradient_reference(params, backup, grads, starts, active)
     }
 
+    /// Converts the parameters flagged in `active` of every rank of `src` into `dst`, an arena
+    /// of the same ranks, layout and chunking in another storage format (see
+    /// [`kernels::convert_reference`]), one dispatch per chunk. The default runs the reference
+    /// on host arenas.
+    fn convert(
+        &self,
+        src: &Arena,
+        dst: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        kernels::convert_reference(src, dst, starts, active)
+    }
+
     /// Copies many element ranges from `src` to `dst` (arenas of the same format) as one
     /// batch. The default works on host arenas.
     fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()> {

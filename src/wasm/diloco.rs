@@ -13,7 +13,7 @@ use super::optim::{DiLoCoRole, OptimSlot, optimizer_of};
 use super::replicas::{SharedReplicas, borrow, borrow_mut};
 use super::world::{communicator, world_of};
 use super::{JsResult, busy, js};
-use crate::diloco::DiLoCo;
+use crate::diloco::{Compression, DiLoCo};
 use crate::error::{Error, Result};
 
 /// A `DiLoCo` and the replicas its optimizers were made over.
@@ -22,10 +22,12 @@ pub(crate) struct DiLoCoCore {
     pub(crate) diloco: RefCell<DiLoCo>,
 }
 
-/// `DiLoCo(inner, outer, syncEvery, world)`: `inner` (an `SGD`, `Adam` or `AdamW`) steps every
-/// rank; every `syncEvery` steps the ranks' pseudo-gradients (parameters at the last sync minus
-/// the current ones) are averaged over `world`, the parameters go back to the last sync's, and
-/// `outer` (built over the same `Replicas`) steps with that gradient.
+/// `DiLoCo(inner, outer, syncEvery, world, options?)`: `inner` (an `SGD`, `Adam` or `AdamW`)
+/// steps every rank; every `syncEvery` steps the ranks' pseudo-gradients (parameters at the
+/// last sync minus the current ones) are averaged over `world`, the parameters go back to the
+/// last sync's, and `outer` (built over the same `Replicas`) steps with that gradient.
+/// `options.compress` (`'bf16'`, `'f16'` or `'none'`, the default) sends the pseudo-gradients
+/// in that precision (averaged in it, then converted back to each parameter's dtype).
 ///
 /// Both optimizers move into it, as `PostLocalSGDOptimizer` takes its optimizer: afterwards
 /// they still report their state (`stateDict`, `paramGroups`) but step only through this
@@ -58,8 +60,11 @@ impl DiLoCoJs {
         outer: JsValue,
         sync_every: JsValue,
         world: JsValue,
+        options: JsValue,
     ) -> JsResult<DiLoCoJs> {
         let sync_every = js(integer_arg(&sync_every, "syncEvery"))?;
+        let compression = js(json_from_js(&options, "options")
+            .and_then(|options| Compression::from_options(&options)))?;
         let world = js(world_of(&world))?;
         let inner_core = js(optimizer_of(&inner))?;
         let outer_core = js(optimizer_of(&outer))?;
@@ -94,7 +99,7 @@ impl DiLoCoJs {
             )
         });
         let diloco = match built {
-            Ok(d) => d,
+            Ok(d) => d.with_compression(compression),
             Err(err) => {
                 // Arguments were checked above: only allocating the backups can fail here
                 // (device out of memory), and the optimizers went down with the constructor.
@@ -139,6 +144,12 @@ impl DiLoCoJs {
     #[wasm_bindgen(getter, js_name = localStep)]
     pub fn local_step(&self) -> JsResult<f64> {
         Ok(js(self.diloco())?.local_step() as f64)
+    }
+
+    /// The pseudo-gradients' wire precision: `'none'`, `'bf16'` or `'f16'`.
+    #[wasm_bindgen(getter)]
+    pub fn compress(&self) -> JsResult<String> {
+        Ok(js(self.diloco())?.compression().name().to_string())
     }
 
     /// Inner steps between syncs.

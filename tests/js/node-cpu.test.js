@@ -378,6 +378,54 @@ test('DiLoCo takes both optimizers, syncs every syncEvery steps, and refuses bad
   diloco.free();
 });
 
+test('DiLoCo compress sends bfloat16 pseudo-gradients, counted at 2 bytes, and refuses bad options keeping the optimizers', async () => {
+  const { DiLoCo, World, Replicas, SGD } = api;
+  const run = async (options) => {
+    const r = Replicas.replicate(2, [[1, 2]]);
+    const w = new World(2);
+    const diloco = new DiLoCo(new SGD(r, { lr: 1 }), new SGD(r, { lr: 1 }), 1, w, options);
+    diloco.zeroGrad();
+    r.setGrads(0, [[1 + 2 ** -10, 0.5]]);
+    r.setGrads(1, [[3, 0.25]]);
+    assert.equal(diloco.step(), true);
+    const params = (await r.params()).map(([p]) => [...p.data]);
+    return { params, bytes: w.stats().allReduceBytesByGroupSize['2'], compress: diloco.compress };
+  };
+  // Uncompressed: mean(1 + 2^-10, 3) = 2 + 2^-11; in bfloat16 1 + 2^-10 rounds to 1, mean 2.
+  const plain = await run(undefined);
+  assert.equal(plain.compress, 'none');
+  assert.deepEqual(plain.params, [[-1 - 2 ** -11, 1.625], [-1 - 2 ** -11, 1.625]]);
+  assert.equal(plain.bytes, 8);
+  const bf16 = await run({ compress: 'bf16' });
+  assert.equal(bf16.compress, 'bf16');
+  assert.deepEqual(bf16.params, [[-1, 1.625], [-1, 1.625]]);
+  assert.equal(bf16.bytes, 4);
+  // float16 keeps 1 + 2^-10 and its half exactly, but the sum 2 + 2^-11 rounds to 2 (float16's
+  // spacing at 2 is 2^-9): the mean is computed in the wire format.
+  const f16 = await run({ compress: 'f16' });
+  assert.equal(f16.compress, 'f16');
+  assert.deepEqual(f16.params, [[-1, 1.625], [-1, 1.625]]);
+  assert.equal(f16.bytes, 4);
+  const r = Replicas.replicate(2, [[1, 2]]);
+  const w = new World(2);
+  const inner = new SGD(r, { lr: 0.5 });
+  const outer = new SGD(r, { lr: 1 });
+  const refused = [
+    [{ compress: 'int8' }, 'ValueError', "compression must be one of 'none', 'bf16', 'f16', got 'int8'"],
+    [{ compress: 16 }, 'TypeError', 'compress must be a string'],
+    [{ compres: 'bf16' }, 'TypeError', "DiLoCo got an unexpected keyword argument 'compres'"],
+    ['bf16', 'TypeError', 'DiLoCo options must be an object'],
+  ];
+  for (const [options, name, text] of refused) {
+    const error = await thrown(() => new DiLoCo(inner, outer, 1, w, options));
+    assert.equal(error.name, name, error.message);
+    assert.ok(error.message.includes(text), error.message);
+  }
+  // Still their own.
+  inner.step();
+  outer.step();
+});
+
 test('errors carry the Python class and PyTorch text', async () => {
   const { sgdStep, World, Replicas, SGD, Adam, PeriodicModelAverager, HierarchicalModelAverager } = api;
   const cases = [

@@ -100,6 +100,7 @@ struct Kernels {
     scaled_sum: Kernel,
     copy: Kernel,
     pseudo_gradient: Kernel,
+    convert: Kernel,
 }
 
 impl std::fmt::Debug for GpuBackend {
@@ -253,6 +254,13 @@ impl GpuBackend {
                 &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
                 &["FORMAT"],
             ),
+            convert: Kernel::new(
+                &device,
+                "convert",
+                shaders::CONVERT,
+                &[Uniform, Read, Read, Read, ReadWrite],
+                &["SRC_FORMAT", "DST_FORMAT"],
+            ),
         };
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("distopt placeholder"),
@@ -351,6 +359,7 @@ impl GpuBackend {
             + k.average.cached()
             + k.scaled_sum.cached()
             + k.pseudo_gradient.cached()
+            + k.convert.cached()
     }
 }
 
@@ -532,6 +541,21 @@ impl Backend for GpuBackend {
                 .pseudo_gradient(params, backup, grads, starts, active);
         }
         self.pseudo_gradient_on_device(params, backup, grads, starts, active)
+    }
+
+    fn convert(
+        &self,
+        src: &Arena,
+        dst: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        if matches!(src.storage, ArenaStorage::Host(_))
+            || matches!(dst.storage, ArenaStorage::Host(_))
+        {
+            return self.host.convert(src, dst, starts, active);
+        }
+        self.convert_on_device(src, dst, starts, active)
     }
 
     fn copy_regions(

@@ -372,6 +372,55 @@ impl GpuBackend {
 }
 
 impl GpuBackend {
+    pub(crate) fn convert_on_device(
+        &self,
+        src: &Arena,
+        dst: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        crate::backend::kernels::check_convert(src, dst, starts, active)?;
+        if src.chunk_len() != dst.chunk_len() {
+            return Err(Error::value(format!(
+                "convert: arenas do not match ({src:?} vs {dst:?})"
+            )));
+        }
+        if starts.0.is_empty() {
+            return Ok(());
+        }
+        let flags: Vec<u32> = active.iter().map(|&a| u32::from(a)).collect();
+        let starts_buffer = self.param_table_buffer(starts, src.rank_len());
+        let flags_buffer = self.storage_buffer("distopt convert flags", &flags);
+        let kernel = &self.kernels.convert;
+        let pipeline = kernel.pipeline(
+            &self.shared,
+            &[src.format().shader_code(), dst.format().shader_code()],
+        );
+        let (s, d) = (self.gpu(src)?, self.gpu(dst)?);
+        let device = &self.shared.device;
+        self.dispatch_chunks(
+            &pipeline,
+            src,
+            src.ranks(),
+            starts.0.len(),
+            0,
+            &|c, uniform| {
+                kernel.bind(
+                    device,
+                    &[
+                        uniform,
+                        &starts_buffer,
+                        &flags_buffer,
+                        &s.chunks[c].buffer,
+                        &d.chunks[c].buffer,
+                    ],
+                )
+            },
+        )
+    }
+}
+
+impl GpuBackend {
     pub(crate) fn scaled_sum_on_device(
         &self,
         arena: &mut Arena,

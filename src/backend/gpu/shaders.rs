@@ -56,6 +56,15 @@ pub const PSEUDO_GRADIENT: &str = concat!(
     include_str!("../../../shaders/pseudo_gradient.wgsl")
 );
 
+/// Storage-format conversion (`shaders/convert.wgsl`).
+pub const CONVERT: &str = concat!(
+    include_str!("../../../shaders/packing.wgsl"),
+    "\n",
+    include_str!("../../../shaders/param_table.wgsl"),
+    "\n",
+    include_str!("../../../shaders/convert.wgsl")
+);
+
 /// The shader-copy roofline the benchmarks compare kernels with (`shaders/copy.wgsl`).
 pub const COPY: &str = concat!(
     include_str!("../../../shaders/packing.wgsl"),
@@ -72,6 +81,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("average", AVERAGE),
     ("scaled_sum", SCALED_SUM),
     ("pseudo_gradient", PSEUDO_GRADIENT),
+    ("convert", CONVERT),
 ];
 
 #[cfg(test)]

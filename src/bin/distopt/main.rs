@@ -51,7 +51,7 @@ const USAGE: &str = "usage:
       size, over the same model (default 100 parameters, 2^24 elements).
   distopt train [--ranks R] [--steps S] [--lr X] [--momentum M] [--batch B] [--period P]
                 [--warmup K] [--algorithm sync|periodic|hierarchical|zero|diloco|all]
-                [--fragments F] [--samples N]
+                [--fragments F] [--compress bf16|f16] [--samples N]
                 [--heterogeneity H] [--backend auto|gpu|cpu] [--seed SEED] [--json]
       R simulated ranks train a small MLP on a synthetic data set split across them (each
       shard skewed towards one class) with synchronous SGD, post-local SGD averaging the
@@ -59,7 +59,8 @@ const USAGE: &str = "usage:
       ranks), the last two after K warm-up steps of synchronous SGD, ZeRO (synchronous SGD
       with the optimizer state sharded over the ranks), and DiLoCo (local steps, every P
       steps the outer SGD (lr 0.7, Nesterov 0.9) on the mean pseudo-gradient; with
-      --fragments F > 1 Streaming DiLoCo, F fragments syncing staggered); prints final loss,
+      --fragments F > 1 Streaming DiLoCo, F fragments syncing staggered; with --compress
+      bf16|f16 (diloco only) the pseudo-gradients all-reduced in that format); prints final loss,
       divergence between replicas, bytes communicated per rank and time per step (a
       progress bar on stderr when it is a terminal). Defaults: R 8, S 200, X 0.05, M 0.9,
       B 32, P 8, K 20, all, N 4096, H 0.8, SEED 0, backend auto. --json prints one JSON

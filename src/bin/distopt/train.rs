@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use distopt::backend::{BackendChoice, Selection, select_backend_blocking};
 use distopt::comm::Communicator;
+use distopt::diloco::Compression;
 use distopt::train::{Algorithm, Evaluation, SyntheticTask, TaskConfig, TrainConfig, Trainer};
 use distopt::{Error, warnings};
 use serde_json::{Value, json};
@@ -125,6 +126,12 @@ impl Options {
             Some(t) => parse("--fragments", &t, count)?,
             None => 1,
         };
+        let compress = match take("--compress")? {
+            Some(t) => Compression::parse(&t).map_err(|_| {
+                Error::value(format!("--compress must be bf16, f16 or none, got '{t}'"))
+            })?,
+            None => Compression::None,
+        };
         let algorithm = take("--algorithm")?.unwrap_or_else(|| "all".into());
         let choice = BackendChoice::parse(&take("--backend")?.unwrap_or_else(|| "auto".into()))?;
         let seed: u64 = match take("--seed")? {
@@ -160,9 +167,15 @@ impl Options {
             warmup,
             subgroup_size: None,
         };
+        if !compress.is_none() && algorithm != "diloco" {
+            return Err(Error::value(
+                "--compress applies to --algorithm diloco only",
+            ));
+        }
         let diloco = Algorithm::DiLoCo {
             sync_every: period,
             fragments,
+            compress,
         };
         let algorithms = match algorithm.as_str() {
             "sync" => vec![Algorithm::SyncSgd],

@@ -153,7 +153,10 @@ export async function tour(): Promise<void> {
   diloco.sync();
   // @ts-expect-error: syncEvery is a number
   new DiLoCo(inner, outer, '3', world);
-  console.log(synced, localStep, diloco.localStep, diloco.syncEvery, checkpoint.original_parameters[0].dtype);
+  const compressed: 'none' | 'bf16' | 'f16' = new DiLoCo(inner, outer, 3, world, { compress: 'bf16' }).compress;
+  // @ts-expect-error: only bf16, f16 or none
+  new DiLoCo(inner, outer, 3, world, { compress: 'int8' });
+  console.log(synced, localStep, diloco.localStep, diloco.syncEvery, compressed, checkpoint.original_parameters[0].dtype);
 
   const stats: CommStats = world.stats();
   console.log(stats.totalBytes, stats.allReduceBytesByGroupSize['4'], world.groupOf(3, 2));
