@@ -954,6 +954,8 @@ export interface TrainerSettings {
   period?: number;
   /** `diloco`: fragments of Streaming DiLoCo, syncing staggered (default 1: plain DiLoCo; at most `period`). */
   fragments?: number;
+  /** `diloco`: the pseudo-gradients' wire format (default `'none'`: each parameter's own dtype). */
+  compress?: 'none' | 'bf16' | 'f16';
   /** Warm-up steps of synchronous SGD before local SGD (default 0). */
   warmup?: number;
   /** `hierarchical`: `[[period, groupSize], …]` (default `Trainer.defaultHierarchy(period, ranks)`). */

@@ -12,17 +12,19 @@ use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::{count_arg, json_from_js, rank_arg, set, tensors_to_js};
 use super::{JsResult, busy, current_backend, js};
+use crate::diloco::Compression;
 use crate::error::{Error, Result};
 use crate::train::{
     Algorithm, Evaluation, StepReport, SyntheticTask, TaskConfig, TrainConfig, Trainer,
 };
 
 /// Settings a `new Trainer({...})` accepts.
-const KEYS: [&str; 12] = [
+const KEYS: [&str; 13] = [
     "ranks",
     "algorithm",
     "period",
     "fragments",
+    "compress",
     "warmup",
     "levels",
     "subgroupSize",
@@ -89,12 +91,26 @@ fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algor
     };
     let period = get_u64(map, "period", 8)?;
     let warmup = get_u64(map, "warmup", 0)?;
+    if name != "diloco" && map.get("compress").is_some_and(|v| !v.is_null()) {
+        return Err(Error::value(
+            "'compress' applies to algorithm 'diloco' only",
+        ));
+    }
     Ok(match name {
         "sync" | "sync_sgd" => Algorithm::SyncSgd,
         "zero" => Algorithm::Zero,
         "diloco" => Algorithm::DiLoCo {
             sync_every: period,
             fragments: get_usize(map, "fragments", 1)?,
+            compress: match map.get("compress") {
+                None | Some(Value::Null) => Compression::None,
+                Some(Value::String(name)) => Compression::parse(name)?,
+                Some(other) => {
+                    return Err(Error::type_error(format!(
+                        "'compress' must be 'none', 'bf16' or 'f16', got {other}"
+                    )));
+                }
+            },
         },
         "periodic" | "post_local_periodic" => Algorithm::PostLocalPeriodic { period, warmup },
         "hierarchical" | "post_local_hierarchical" => {
