@@ -120,8 +120,9 @@ fn plan(
     Some(Plan { bounds, parts: out })
 }
 
-/// Splits `words` (the flat arena) into the parts' word ranges.
-fn split_words<'a>(
+/// Splits `words` (the flat arena) into the parts' word ranges (`bounds` are element
+/// indices, slot-aligned).
+pub(super) fn split_words<'a>(
     mut words: &'a mut [u32],
     format: StorageFormat,
     bounds: &[usize],

@@ -6,8 +6,9 @@
 use std::hint::black_box;
 
 use super::cpu::run_parts;
-use super::cpu_optim::{PartWork, run_best};
+use super::cpu_optim::{PartWork, run_best, split_words};
 use super::host_words::HostWords;
+use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
 /// Scratch arrays laid out as the CPU backend lays out arenas (staggered, huge pages), on
@@ -101,12 +102,18 @@ pub fn same_traffic(
         }
     }
     for a in update.iter_mut() {
-        for (k, head) in split(a, &bounds).into_iter().enumerate() {
+        for (k, head) in split_words(a, StorageFormat::F32, &bounds)
+            .into_iter()
+            .enumerate()
+        {
             work[k].update.push(head);
         }
     }
     for a in write.iter_mut() {
-        for (k, head) in split(a, &bounds).into_iter().enumerate() {
+        for (k, head) in split_words(a, StorageFormat::F32, &bounds)
+            .into_iter()
+            .enumerate()
+        {
             work[k].write.push(head);
         }
     }
@@ -126,18 +133,6 @@ impl PartWork for Stream<'_> {
     fn run(mut self) {
         stream(&mut self.part, self.mask);
     }
-}
-
-/// `words` cut at `bounds`.
-fn split<'a>(words: &'a mut [u32], bounds: &[usize]) -> Vec<&'a mut [u32]> {
-    let mut rest = words;
-    let mut out = Vec::with_capacity(bounds.len());
-    for w in bounds.windows(2) {
-        let (head, tail) = std::mem::take(&mut rest).split_at_mut(w[1] - w[0]);
-        rest = tail;
-        out.push(head);
-    }
-    out
 }
 
 #[inline(always)]
