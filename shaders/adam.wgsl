@@ -101,12 +101,8 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
 }
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) workgroup: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) local_index: u32,
-) {
-    let at = place(workgroup, groups, local_index);
+fn main(id: Invocation) {
+    let at = place(id);
     if (!at.valid) {
         return;
     }

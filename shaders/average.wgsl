@@ -21,12 +21,8 @@ fn quotient(rank: u32, octet: u32, divisor: f32) -> Eight {
 }
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) workgroup: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) local_index: u32,
-) {
-    let at = place(workgroup, groups, local_index);
+fn main(id: Invocation) {
+    let at = place(id);
     if (!at.valid) {
         return;
     }

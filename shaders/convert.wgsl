@@ -21,12 +21,8 @@ override DST_FORMAT: u32 = 2u;
 @group(0) @binding(4) var<storage, read_write> dst: array<vec4<u32>>;
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) workgroup: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) local_index: u32,
-) {
-    let at = place(workgroup, groups, local_index);
+fn main(id: Invocation) {
+    let at = place(id);
     if (!at.valid) {
         return;
     }

@@ -40,8 +40,8 @@ struct Place {
     param: u32,
 }
 
-fn place(workgroup: vec3<u32>, groups: vec3<u32>, local_index: u32) -> Place {
-    let index = pair_index(workgroup, groups, local_index);
+fn place(id: Invocation) -> Place {
+    let index = pair_index(id);
     if (index >= geometry.octets * geometry.ranks) {
         return Place(false, 0u, 0u, 0u);
     }

@@ -20,12 +20,8 @@ override FORMAT: u32 = 0u;
 @group(0) @binding(5) var<storage, read_write> grads: array<vec4<u32>>;
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) workgroup: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) local_index: u32,
-) {
-    let at = place(workgroup, groups, local_index);
+fn main(id: Invocation) {
+    let at = place(id);
     if (!at.valid) {
         return;
     }

@@ -66,12 +66,8 @@ fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> arr
 }
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) workgroup: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) local_index: u32,
-) {
-    let at = place(workgroup, groups, local_index);
+fn main(id: Invocation) {
+    let at = place(id);
     if (!at.valid) {
         return;
     }
