@@ -76,4 +76,4 @@ node -e '
 (cd "$OUT" && rm -f distopt-*.tgz && npm pack ./package --silent >/dev/null)
 TARBALL="$(ls "$OUT"/distopt-*.tgz)"
 echo "build-npm: distopt_wasm_bg.wasm: $(size_line "$PKG/wasm/distopt_wasm_bg.wasm")"
-echo "build-npm: package $TARBALL"
+echo "build-npm: package $TARBALL ($(stat -c %s "$TARBALL") bytes)"

@@ -1,7 +1,8 @@
 // The README's "Install" and "Use it with your model" JavaScript examples, run as written:
 // each ```js block of those sections is saved as a file of a fresh Node project that installed
 // the packed tarball (offline), run with Node, and its output checked. (Their Rust blocks run
-// as doctests: src/lib.rs includes the README.)
+// as doctests: src/lib.rs includes the README.) The package's own README (npm/README.md, what a
+// registry shows) is run the same way.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -16,11 +17,11 @@ const OUT = path.join(ROOT, 'target/npm');
 let work;
 
 /** The fenced blocks of `lang` in the README section titled `title` (up to the next `## `). */
-export function readmeBlocks(title, lang) {
-  const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
-  const start = readme.indexOf(`\n## ${title}\n`);
+export function readmeBlocks(title, lang, file = 'README.md') {
+  const readme = fs.readFileSync(path.join(ROOT, file), 'utf8');
+  const start = title === null ? 0 : readme.indexOf(`\n## ${title}\n`);
   assert.ok(start >= 0, `the README has a section "${title}"`);
-  const end = readme.indexOf('\n## ', start + 1);
+  const end = readme.indexOf('\n## ', start + 1); // the opening (title null) ends at the first section
   const section = readme.slice(start, end < 0 ? undefined : end);
   const blocks = [...section.matchAll(new RegExp('^```' + lang + '\\n([\\s\\S]*?)^```$', 'gm'))].map((m) => m[1]);
   assert.ok(blocks.length > 0, `the section "${title}" has a ${lang} example`);
@@ -64,4 +65,13 @@ test('README "Use it with your model": the model trains across 4 ranks as writte
   const [, w0, w1, b] = out.match(/^w = \[([-\d.]+),([-\d.]+)\], b = ([-\d.]+)$/m).map(Number);
   assert.ok(Math.abs(w0 - 3) < 0.05 && Math.abs(w1 + 2) < 0.05 && Math.abs(b - 1) < 0.05, `w = [${w0}, ${w1}], b = ${b}`);
   assert.match(out, /^sent per rank: [1-9]\d* bytes$/m);
+});
+
+test('the package README (npm/README.md): its examples run as written', () => {
+  const [first] = readmeBlocks(null, 'js', 'npm/README.md');
+  run('npm-readme-1.mjs', `${first}\nconsole.log(JSON.stringify(Array.from(updatedReplicas[1][0].data)));\n`).match(/\[0\.699999988079071,1\.5\]/) ||
+    assert.fail('the first example computes the step');
+  const [training] = readmeBlocks('Training, step by step', 'js', 'npm/README.md');
+  const out = run('npm-readme-2.mjs', training);
+  assert.match(out, /Float32Array/);
 });
