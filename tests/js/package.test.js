@@ -8,7 +8,8 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
+import net from 'node:net';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -84,21 +85,41 @@ test('the tarball holds the package and nothing else', () => {
 
 async function runInChromium(dir, page) {
   const { server, url } = await serve({ port: 0, mounts: [['/', dir]] });
+  try {
+    return await runPage(new URL(page, url).href);
+  } finally {
+    server.close();
+  }
+}
+
+/** Opens `href` in Chromium and returns the JSON the page leaves in `document.body.dataset.result`. */
+async function runPage(href) {
   const browser = await launch();
   try {
     const tab = await browser.newPage();
     const errors = [];
     tab.on('pageerror', (e) => errors.push(e.message));
     tab.on('console', (m) => m.type() === 'error' && errors.push(m.text()));
-    await tab.goto(new URL(page, url).href);
+    await tab.goto(href);
     await tab.waitForFunction(() => document.body.dataset.result, null, { timeout: 60_000 });
     const result = JSON.parse(await tab.evaluate(() => document.body.dataset.result));
     assert.deepEqual(errors.filter((e) => !e.includes('favicon')), []);
     return result;
   } finally {
     await browser.close();
-    server.close();
   }
+}
+
+/** A free loopback port. */
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const probe = net.createServer();
+    probe.on('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address();
+      probe.close(() => resolve(port));
+    });
+  });
 }
 
 function checkSeedExample(result, kind) {
@@ -124,7 +145,7 @@ test('a fresh page installs the tarball and imports it through an import map', a
   checkSeedExample(result, 'cpu');
 });
 
-test('a fresh Vite project installs the tarball offline, type-checks and builds', async () => {
+test('a fresh Vite project installs the tarball offline, type-checks, builds, and runs on the dev server', async () => {
   const dir = path.join(work, 'vite-app');
   fs.mkdirSync(path.join(dir, 'src'), { recursive: true });
   fs.writeFileSync(
@@ -160,7 +181,10 @@ test('a fresh Vite project installs the tarball offline, type-checks and builds'
       include: ['src'],
     }),
   );
-  fs.writeFileSync(path.join(dir, 'vite.config.js'), "export default { build: { target: 'es2022' } };\n");
+  fs.writeFileSync(
+    path.join(dir, 'vite.config.js'),
+    "export default { build: { target: 'es2022' }, optimizeDeps: { exclude: ['distopt'] } };\n",
+  );
   npm(['install'], dir);
   // The installed typings resolve through the package's `exports` and `types`.
   execFileSync(process.execPath, [path.join(HERE, 'node_modules/typescript/bin/tsc'), '-p', dir], { stdio: 'inherit' });
@@ -172,6 +196,32 @@ test('a fresh Vite project installs the tarball offline, type-checks and builds'
   console.log(`vite build: ${assets.join(', ')}`);
   assert.ok(assets.some((f) => f.endsWith('.wasm')), 'the .wasm is emitted as an asset');
   checkSeedExample(await runInChromium(path.join(dir, 'dist'), '/index.html'), 'gpu');
+
+  // The dev server, as the docs configure it (the package excluded from pre-bundling).
+  const port = await freePort();
+  const dev = spawn(process.execPath, [VITE, '--host', '127.0.0.1', '--port', String(port), '--strictPort'], {
+    cwd: dir,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  try {
+    let log = '';
+    await new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`vite dev server did not start:\n${log}`)), 60_000);
+      const onData = (chunk) => {
+        log += chunk;
+        if (log.includes(`:${port}`)) {
+          clearTimeout(timer);
+          resolve();
+        }
+      };
+      dev.stdout.on('data', onData);
+      dev.stderr.on('data', onData);
+      dev.on('exit', (code) => reject(new Error(`vite dev server exited (${code}):\n${log}`)));
+    });
+    checkSeedExample(await runPage(`http://127.0.0.1:${port}/`), 'gpu');
+  } finally {
+    dev.kill();
+  }
 });
 
 
