@@ -525,7 +525,7 @@ test('ZeroRedundancyOptimizer: sharded state, consolidation, named errors', asyn
   await zero.consolidateStateDict(1);
   error = await thrown(() => zero.stateDict(0));
   assert.equal(error.name, 'RuntimeError');
-  const sd = zero.stateDict(1);
+  const sd = await zero.stateDict(1);
   assert.deepEqual(Object.keys(sd.state).sort(), ['0', '1', '2']);
   zero.loadStateDict(sd);
   zero.setRequiresGrad(1, false);
@@ -810,4 +810,29 @@ test('the trainer runs ZeRO: synchronous SGD with sharded optimizer state', asyn
   assert.ok(z.optimizerStateBytesPerRank.every((b) => b < full[0]), `${z.optimizerStateBytesPerRank} vs ${full}`);
   sync.free();
   zero.free();
+});
+
+test('ZeRO and DistributedOptimizer take the optimizer class as a value, as PyTorch does; ZeRO stateDict is a promise', async () => {
+  const { World, Replicas, Adam, AdamW, SGD, ZeroRedundancyOptimizer, RpcWorld, DistributedOptimizer, takeWarnings } = api;
+  const world = new World(2);
+  const replicas = Replicas.replicate(2, [[1, 2, 3], [4, 5]]);
+  const byClass = new ZeroRedundancyOptimizer(world, replicas, null, Adam, { lr: 0.1 });
+  assert.equal(byClass.optimizer, 'Adam');
+  for (let r = 0; r < 2; r++) replicas.setGrads(r, [[1, 1, 1], [1, 1]]);
+  byClass.step();
+  await byClass.consolidateStateDict(0);
+  const pending = byClass.stateDict(0);
+  assert.ok(pending instanceof Promise, 'stateDict returns a promise');
+  const sd = await pending;
+  assert.equal(sd.param_groups[0].lr, 0.1);
+  assert.ok(sd.state['0'].exp_avg, 'Adam state');
+  await assert.rejects(byClass.stateDict(1), { name: 'RuntimeError' });
+  assert.equal(new ZeroRedundancyOptimizer(world, replicas, null, SGD, { lr: 0.1 }).optimizer, 'SGD');
+  // Another class is refused as its name is: PyTorch's error.
+  assert.throws(() => new ZeroRedundancyOptimizer(world, replicas, null, World), (e) => e.rankErrors?.length === 2 || e.name === 'ValueError');
+  const rpc = new RpcWorld(['worker0']);
+  const w = rpc.remote('worker0', [1, 2]);
+  const dopt = new DistributedOptimizer(rpc, AdamW, [w], { lr: 0.1 });
+  assert.deepEqual(dopt.localOptimizers().map((o) => o.owner), ['worker0']);
+  takeWarnings();
 });
