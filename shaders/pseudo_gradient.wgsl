@@ -25,13 +25,13 @@ fn main(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) local_index: u32,
 ) {
-    let index = pair_index(workgroup, groups, local_index);
-    if (index >= geometry.octets * geometry.ranks) {
+    let at = place(workgroup, groups, local_index);
+    if (!at.valid) {
         return;
     }
-    let rank = index / geometry.octets;
-    let octet = index % geometry.octets;
-    let j = find_param(8u * (geometry.first_octet + octet), geometry.params);
+    let rank = at.lane;
+    let octet = at.octet;
+    let j = at.param;
     if (synced[j] == 0u) {
         return;
     }
