@@ -990,6 +990,49 @@ export interface TaskSettings {
   seed?: number;
 }
 
+/**
+ * A labelled data set for `task.dataset`: `labels.length` samples of `features.length /
+ * labels.length` values each (row-major), labels in `0..classes`. `Trainer.parseDigits`
+ * returns one.
+ */
+export interface DatasetInput {
+  features: Float32Array | Float64Array | Uint8Array | ArrayLike<number>;
+  labels: Uint8Array | Uint16Array | Int32Array | ArrayLike<number>;
+  classes: number;
+  /** Shown in `taskName` (default `'dataset'`). */
+  name?: string;
+  /** Values per sample; checked against `features.length / labels.length` when given. */
+  featureCount?: number;
+}
+
+/** What `Trainer.parseDigits` reads from `www/data/digits.bin`. */
+export interface Digits extends DatasetInput {
+  name: 'digits';
+  /** 1,797 × 64 pixels scaled to [0, 1]. */
+  features: Float32Array;
+  /** 1,797 labels, 0..9. */
+  labels: Uint8Array;
+  classes: 10;
+  featureCount: 64;
+}
+
+/**
+ * A real data set, split into a held-out test set and one non-IID training shard per rank (a
+ * `heterogeneity` share of the samples sorted by label, the rest placed at random, cut into R
+ * contiguous shards).
+ */
+export interface DatasetTaskSettings {
+  dataset: DatasetInput;
+  /** Hidden units of the two-layer perceptron (default 32). */
+  hidden?: number;
+  /** Share of the samples held out for `evaluate()`, in [0, 1) (default 0.2). */
+  testFraction?: number;
+  /** 0: IID shards … 1: shards sorted by label (default 0.9). */
+  heterogeneity?: number;
+  /** Seed of the split and the initial parameters (default 0). */
+  seed?: number;
+}
+
 export interface TrainerSettings {
   /** R, the number of ranks (and shards). */
   ranks: number;
@@ -1023,7 +1066,8 @@ export interface TrainerSettings {
   batchSize?: number;
   /** Seed of the mini-batch sampling (default 0). */
   seed?: number;
-  task?: TaskSettings;
+  /** The synthetic task (default), or a real data set with a held-out split. */
+  task?: TaskSettings | DatasetTaskSettings;
 }
 
 /** What one `Trainer.step()` did. */
@@ -1048,7 +1092,7 @@ export interface StepReport {
   optimizerStateBytesPerRank: number[];
 }
 
-/** The replicas' quality on the whole data set. */
+/** The replicas' quality on the evaluation samples: a data set's held-out split, or every shard of the synthetic task. */
 export interface Evaluation {
   /** Loss of the mean of the replicas' parameters. */
   meanModelLoss: number;
@@ -1056,14 +1100,30 @@ export interface Evaluation {
   meanModelAccuracy: number;
   /** Each replica's own loss. */
   lossPerRank: Float64Array;
+  /** Whether the samples are held out (no rank trains on them). */
+  heldOut: boolean;
+  /** Samples measured. */
+  samples: number;
 }
 
 /**
- * R simulated ranks training a two-layer perceptron on a synthetic task, one step at a time,
- * through distopt's replicas, gradient hook, SGD and averagers.
+ * R simulated ranks training a two-layer perceptron on a synthetic task or a real data set
+ * (`task.dataset`, e.g. the digits from `Trainer.parseDigits`), one step at a time, through
+ * distopt's replicas, gradient hook, SGD and averagers.
  */
 export class Trainer {
   constructor(settings: TrainerSettings);
+  /**
+   * Reads the UCI hand-written digits file (`www/data/digits.bin` of the repository: CC BY 4.0,
+   * E. Alpaydin and C. Kaynak) into a data set for `task.dataset`.
+   */
+  static parseDigits(bytes: ArrayBuffer | Uint8Array): Digits;
+  /** `'synthetic'` or the data set's name. */
+  readonly taskName: string;
+  /** The data, its split and the model, in words. */
+  readonly taskDescription: string;
+  /** Whether `evaluate()` measures held-out samples. */
+  readonly heldOut: boolean;
   /** The default hierarchy for `ranks` ranks with world-level period `period`. */
   static defaultHierarchy(period: number, ranks: number): Array<[number, number]>;
   readonly ranks: number;
@@ -1082,7 +1142,7 @@ export class Trainer {
   optimizerStateBytesPerRank(): number[];
   /** One step on every rank. */
   step(): Promise<StepReport>;
-  /** The loss of every replica and of their mean on the whole data set. */
+  /** The loss of every replica and of their mean (and its accuracy) on the evaluation samples. */
   evaluate(): Promise<Evaluation>;
   /** Every rank's parameters. */
   params(): Promise<Tensor[][]>;
