@@ -31,6 +31,7 @@ use mpi::traits::Communicator as _;
 use mpi::traits::*;
 
 use super::{BroadcastRegion, CommStats, Communicator, Subgroups};
+use crate::backend::gpu::GpuArena;
 use crate::backend::kernels::{ParamStarts, host_words, host_words_mut};
 use crate::backend::{Arena, ArenaStorage, Backend};
 use crate::dtype::StorageFormat;
@@ -303,6 +304,37 @@ fn with_rank_words(
     arena.write(0, span.start, &words)
 }
 
+/// The float32 mean over `comm` of elements `run` of a mapped device arena's one rank (lavapipe,
+/// SwiftShader: device memory that is host memory), without a copy of the arena: the
+/// quotients are read from the mapped buffer straight into `send`, and MPI sums them straight
+/// into the buffer mapped for writing. `None`, before any MPI call, when the arena cannot be
+/// read in place (not mapped, the run spans two chunk buffers): the caller stages a copy. Once
+/// the quotients are read, the collective is always made; should the buffer then fail to map
+/// for writing, the sum goes to a host vector written back the portable way.
+fn all_reduce_mean_mapped_f32(
+    gpu: &GpuArena,
+    comm: &SimpleCommunicator,
+    send: &mut [f32],
+    run: &Range<usize>,
+    divisor: f32,
+) -> Option<()> {
+    gpu.read_in_place(0, run.start, run.len(), |words| {
+        for (s, &w) in send.iter_mut().zip(words) {
+            *s = f32::from_bits(w) / divisor;
+        }
+    })?;
+    let reduced = gpu.overwrite_in_place(0, run.start, run.len(), |words| {
+        let values: &mut [f32] = bytemuck::cast_slice_mut(words);
+        comm.all_reduce_into(&send[..], values, SystemOperation::sum());
+    });
+    if reduced.is_none() {
+        let mut sum = vec![0f32; send.len()];
+        comm.all_reduce_into(&send[..], &mut sum[..], SystemOperation::sum());
+        gpu.write(0, run.start, bytemuck::cast_slice(&sum));
+    }
+    Some(())
+}
+
 /// Reads the words of rank `rank`, elements `offset..offset + len`, of any arena.
 fn read_words(arena: &Arena, rank: usize, offset: usize, len: usize) -> Result<Vec<u32>> {
     if matches!(arena.storage, ArenaStorage::Host(_)) {
@@ -422,6 +454,18 @@ impl Communicator for MpiWorld {
         let mpi = &mut *guard;
         let (mut send, mut recv) = (std::mem::take(&mut mpi.send), std::mem::take(&mut mpi.recv));
         let comm = mpi.group(g, self.rank, self.size)?;
+        if let (ArenaStorage::Gpu(gpu), StorageFormat::F32, StorageFormat::F32, [run]) =
+            (&arena.storage, format, arith, &runs[..])
+        {
+            // A mapped device arena: reduced in place, as a host arena is.
+            let send_f32: &mut [f32] = scratch(&mut send, total);
+            if let Some(()) = all_reduce_mean_mapped_f32(gpu, comm, send_f32, run, g as f32) {
+                (mpi.send, mpi.recv) = (send, recv);
+                drop(guard);
+                self.record(|s| s.add_all_reduce(g, bytes_per_rank));
+                return Ok(());
+            }
+        }
         let result = with_rank_words(arena, span, |words, base| {
             let at = |run: &Range<usize>| run.start - base..run.end - base;
             match (format, arith) {
