@@ -11,11 +11,12 @@
 // GB/s count the same nominal bytes for both: (2R + 2)·N·4 for the step (what distopt's
 // `bench step` counts), 7·R·N·4 for Adam (what PyTorch's peer and `bench optim` count).
 //
-// The step's peer is written two ways: the gradients stacked in one [R, N] tensor reduced by
-// tf.mean(G, 0) ('mean'), or R tensors summed by tf.addN ('addN'); `variants` picks them.
+// The step's peer is written three ways: the gradients stacked in one [R, N] tensor reduced by
+// tf.mean(G, 0) ('mean'), R tensors summed by one tf.addN ('addN'), or summed pairwise by
+// R − 1 tf.add ('add'); `variants` picks them.
 //
 // window.runBench({ranks, log2n, repeats, variants}) resolves to {env, rows}; the page runs
-// itself with its query parameters (?R=8&N=20&repeats=5&variants=mean,addN) unless ?run=0.
+// itself with its query parameters (?R=8&N=20&repeats=5&variants=mean,addN,add) unless ?run=0.
 
 import init, * as distopt from '/pkg/index.js';
 
@@ -120,10 +121,16 @@ function tfStep(variant, params, grads) {
     // As a TF.js user writes it with the gradients stacked: one tensor, tf.mean over axis 0.
     G = [tf.tensor2d(flat(grads), [ranks, n])];
     mean = () => tf.mean(G[0], 0);
-  } else {
+  } else if (variant === 'addN') {
     // The gradients as R tensors summed by one addN.
     G = grads.map((g) => tf.tensor1d(g));
     mean = () => tf.div(tf.addN(G), ranks);
+  } else if (variant === 'add') {
+    // The gradients as R tensors summed pairwise (R − 1 tf.add).
+    G = grads.map((g) => tf.tensor1d(g));
+    mean = () => tf.div(G.reduce((a, b) => tf.add(a, b)), ranks);
+  } else {
+    throw new Error(`unknown step variant ${variant}`);
   }
   return {
     step: async () => {
@@ -328,7 +335,7 @@ function show(row) {
 let initialized = null;
 
 /** Runs every comparison; resolves to {env, rows}. */
-async function runBench({ ranks = 8, log2n = 20, repeats = 5, variants = ['mean', 'addN'] } = {}) {
+async function runBench({ ranks = 8, log2n = 20, repeats = 5, variants = ['mean', 'addN', 'add'] } = {}) {
   const n = 2 ** log2n;
   initialized ??= init({ backend: 'cpu' });
   await initialized;
@@ -410,7 +417,7 @@ if (query.get('run') !== '0') {
     ranks: Number(query.get('R') ?? 8),
     log2n: Number(query.get('N') ?? 20),
     repeats: Number(query.get('repeats') ?? 5),
-    variants: (query.get('variants') ?? 'mean,addN').split(','),
+    variants: (query.get('variants') ?? 'mean,addN,add').split(','),
   }).then(
     () => log('done'),
     (e) => log(`failed: ${e.stack ?? e}`),

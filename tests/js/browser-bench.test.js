@@ -5,7 +5,7 @@
 //
 // Small by default (R = 4, N = 2^14, 2 timed steps) so that tests/run-js stays fast;
 // DISTOPT_BENCH_R, DISTOPT_BENCH_LOG2N, DISTOPT_BENCH_REPEATS and DISTOPT_BENCH_VARIANTS
-// (the step's TF.js formulations, 'mean,addN') override it.
+// (the step's TF.js formulations, 'mean,addN,add') override it.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -19,7 +19,7 @@ import { HERE, PACKAGE, ROOT } from './helpers.js';
 const RANKS = Number(process.env.DISTOPT_BENCH_R ?? 4);
 const LOG2N = Number(process.env.DISTOPT_BENCH_LOG2N ?? 14);
 const REPEATS = Number(process.env.DISTOPT_BENCH_REPEATS ?? 2);
-const VARIANTS = (process.env.DISTOPT_BENCH_VARIANTS ?? 'mean,addN').split(',');
+const VARIANTS = (process.env.DISTOPT_BENCH_VARIANTS ?? 'mean,addN,add').split(',');
 const TFJS = path.join(HERE, 'node_modules/@tensorflow');
 
 let server;
