@@ -305,12 +305,10 @@ fn with_rank_words(
 }
 
 /// The float32 mean over `comm` of elements `run` of a mapped device arena's one rank (lavapipe,
-/// SwiftShader: device memory that is host memory), without a copy of the arena: the
-/// quotients are read from the mapped buffer straight into `send`, and MPI sums them straight
-/// into the buffer mapped for writing. `None`, before any MPI call, when the arena cannot be
-/// read in place (not mapped, the run spans two chunk buffers): the caller stages a copy. Once
-/// the quotients are read, the collective is always made; should the buffer then fail to map
-/// for writing, the sum goes to a host vector written back the portable way.
+/// SwiftShader: device memory that is host memory), in place, as a host arena's: the buffer is
+/// mapped once, the quotients are read from it into `send`, and MPI sums them straight back
+/// into it. No copy of the arena is made. `None`, before any MPI call, when the arena cannot be
+/// mapped in place (not mapped, the run spans two chunk buffers): the caller stages a copy.
 fn all_reduce_mean_mapped_f32(
     gpu: &GpuArena,
     comm: &SimpleCommunicator,
@@ -318,21 +316,13 @@ fn all_reduce_mean_mapped_f32(
     run: &Range<usize>,
     divisor: f32,
 ) -> Option<()> {
-    gpu.read_in_place(0, run.start, run.len(), |words| {
-        for (s, &w) in send.iter_mut().zip(words) {
-            *s = f32::from_bits(w) / divisor;
-        }
-    })?;
-    let reduced = gpu.overwrite_in_place(0, run.start, run.len(), |words| {
+    gpu.update_in_place(0, run.start, run.len(), |words| {
         let values: &mut [f32] = bytemuck::cast_slice_mut(words);
+        for (s, &x) in send.iter_mut().zip(values.iter()) {
+            *s = x / divisor;
+        }
         comm.all_reduce_into(&send[..], values, SystemOperation::sum());
-    });
-    if reduced.is_none() {
-        let mut sum = vec![0f32; send.len()];
-        comm.all_reduce_into(&send[..], &mut sum[..], SystemOperation::sum());
-        gpu.write(0, run.start, bytemuck::cast_slice(&sum));
-    }
-    Some(())
+    })
 }
 
 /// Reads the words of rank `rank`, elements `offset..offset + len`, of any arena.

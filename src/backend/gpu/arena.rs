@@ -324,37 +324,19 @@ impl GpuArena {
         Some((run, self.map_lock.lock().unwrap_or_else(|e| e.into_inner())))
     }
 
-    /// Runs `work` on rank `rank`'s words `first_word..first_word + words` read in place from
-    /// the mapped chunk buffer: no copy is made. `None` (without calling `work`) when the
+    /// Runs `work` on rank `rank`'s words `first_word..first_word + words`, mapped in place
+    /// for reading and writing: `work` finds the buffer's contents there and what it leaves is
+    /// the buffer's new contents. No copy is made. `None` (without calling `work`) when the
     /// arena is not mapped, the words span two chunk buffers, or the mapping fails; the caller
-    /// then reads a copy (`read_range`).
+    /// then reads and writes a copy (`read_range`, `write`).
+    ///
+    /// A write mapping is used for both: wgpu maps the buffer's own memory and zeroes only
+    /// what was never initialized, and arenas are mapped only on CPU-side adapters
+    /// (`use_mapped`), whose memory is coherent host memory, so the mapping shows the
+    /// current contents (wgpu invalidates caches only for read mappings, which coherent
+    /// memory does not need).
     #[cfg(all(not(target_arch = "wasm32"), feature = "mpi"))]
-    pub(crate) fn read_in_place<R>(
-        &self,
-        rank: usize,
-        first_word: usize,
-        words: usize,
-        work: impl FnOnce(&[u32]) -> R,
-    ) -> Option<R> {
-        let (run, _guard) = self.single_run(rank, first_word, words)?;
-        let ranges = self.map_runs(&[run], wgpu::MapMode::Read)?;
-        let (start, end, skip) = ranges[0];
-        let out = run.0.get_mapped_range(start..end).ok().and_then(|view| {
-            bytemuck::try_cast_slice::<u8, u32>(&view[skip..skip + words * 4])
-                .ok()
-                .map(work)
-        });
-        run.0.unmap();
-        out
-    }
-
-    /// Runs `work` on rank `rank`'s words `first_word..first_word + words` mapped in place
-    /// for writing: `work` must write every word (what it finds there is unspecified; the
-    /// mapping does not read the device's contents back). `None` (without calling `work`)
-    /// when the arena is not mapped, the words span two chunk buffers, or the mapping fails;
-    /// the caller then writes a copy (`write`).
-    #[cfg(all(not(target_arch = "wasm32"), feature = "mpi"))]
-    pub(crate) fn overwrite_in_place<R>(
+    pub(crate) fn update_in_place<R>(
         &self,
         rank: usize,
         first_word: usize,
