@@ -200,9 +200,9 @@ async fn read_arena(
     elements: usize,
 ) -> Result<Vec<u32>> {
     let guard = arenas.try_borrow().map_err(|_| busy("StepBench"))?;
-    let arena = match which {
-        Some("params") => &guard.params,
-        Some("grads") => &guard.grads,
+    let arena = match which.unwrap_or("") {
+        "params" => &guard.params,
+        "grads" => &guard.grads,
         other => {
             return Err(Error::value(format!(
                 "StepBench.read reads \"params\" or \"grads\", not {other:?}"
