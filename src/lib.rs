@@ -28,6 +28,7 @@
 
 pub mod averaging;
 pub mod backend;
+pub mod budget;
 pub mod comm;
 pub mod ddp;
 pub mod diloco;
@@ -44,8 +45,6 @@ pub mod step;
 pub mod tensor;
 pub mod train;
 pub mod warnings;
-#[cfg(target_arch = "wasm32")]
-pub mod wasm;
 pub mod zero;
 
 #[cfg(not(target_arch = "wasm32"))]
