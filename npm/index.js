@@ -28,6 +28,7 @@ export {
   recordedWarnings,
   selectBackend,
   sgdStep,
+  synchronize,
   takeWarnings,
   tensor,
   tensorValues,
