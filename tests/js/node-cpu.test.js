@@ -892,6 +892,7 @@ test('ZeRO and DistributedOptimizer take the optimizer class as a value, as PyTo
   const dopt = new DistributedOptimizer(rpc, AdamW, [w], { lr: 0.1 });
   assert.deepEqual(dopt.localOptimizers().map((o) => o.owner), ['worker0']);
   takeWarnings();
+});
 
 test('StepBench.read hands out the step\'s tensors and its answer; synchronize() resolves', async () => {
   const { StepBench, synchronize } = api;
