@@ -6,7 +6,6 @@
 //! options, times the steps, draws the progress bar and prints the comparison.
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,25 +16,24 @@ use distopt::train::{Algorithm, Evaluation, SyntheticTask, TaskConfig, TrainConf
 use distopt::{Error, warnings};
 use serde_json::{Value, json};
 
-use crate::{USAGE, take_flag, take_option};
+use crate::args::{TrainArgs, TrainTask};
 
 /// Steps whose training loss the table's "train loss" averages (the last ones).
 const SMOOTHING_STEPS: usize = 10;
-/// Characters of the progress bar.
-const BAR_WIDTH: usize = 30;
 
 /// `distopt train ARGS` in a simulated world.
-pub fn run(args: &[String]) -> Result<(), Error> {
+pub fn run(args: TrainArgs) -> Result<(), Error> {
     run_in(args, None)
 }
 
 /// `distopt train ARGS`, in `world` when given (one rank per process under `mpirun`: the same
 /// flags, `--ranks` defaulting to the world size; the first rank prints the report).
-pub fn run_in(args: &[String], world: Option<Arc<dyn Communicator>>) -> Result<(), Error> {
+pub fn run_in(args: TrainArgs, world: Option<Arc<dyn Communicator>>) -> Result<(), Error> {
+    let ranks_given = args.ranks.is_some();
     let mut options = Options::from_args(args)?;
     if let Some(world) = &world {
         let size = world.world_size();
-        if args.iter().any(|a| a == "--ranks") && options.ranks != size {
+        if ranks_given && options.ranks != size {
             return Err(Error::value(format!(
                 "--ranks {} contradicts the world of {size} processes: drop --ranks or start {} processes",
                 options.ranks, options.ranks
@@ -46,7 +44,9 @@ pub fn run_in(args: &[String], world: Option<Arc<dyn Communicator>>) -> Result<(
         options.processes = Some(size);
     }
     let selection = select_backend_blocking(options.choice)?;
-    let task = Arc::new(SyntheticTask::new(options.task.clone(), options.ranks)?);
+    let task = match options.task_kind {
+        TrainTask::Synthetic => Arc::new(SyntheticTask::new(options.task.clone(), options.ranks)?),
+    };
     let mut results = Vec::with_capacity(options.algorithms.len());
     for algorithm in &options.algorithms {
         results.push(train_one(
@@ -70,6 +70,8 @@ pub fn run_in(args: &[String], world: Option<Arc<dyn Communicator>>) -> Result<(
 
 /// The command line, parsed.
 struct Options {
+    /// The data set (`--task`).
+    task_kind: TrainTask,
     ranks: usize,
     /// Processes of an MPI world (one rank each), when run under `mpirun`.
     processes: Option<usize>,
@@ -83,75 +85,32 @@ struct Options {
     json: bool,
 }
 
-fn parse<T: std::str::FromStr>(name: &str, text: &str, what: &str) -> Result<T, Error> {
-    text.trim()
-        .parse()
-        .map_err(|_| Error::value(format!("{name}: expected {what}, got '{text}'")))
-}
-
 impl Options {
-    fn from_args(args: &[String]) -> Result<Options, Error> {
-        let mut args = args.to_vec();
-        let mut take = |name: &str| take_option(&mut args, name);
-        let count = "a non-negative integer";
-        let ranks: usize = match take("--ranks")? {
-            Some(t) => parse("--ranks", &t, count)?,
-            None => 8,
-        };
-        let steps: u64 = match take("--steps")? {
-            Some(t) => parse("--steps", &t, count)?,
-            None => 200,
-        };
-        let lr: f64 = match take("--lr")? {
-            Some(t) => parse("--lr", &t, "a number")?,
-            None => TrainConfig::default().lr,
-        };
-        let momentum: f64 = match take("--momentum")? {
-            Some(t) => parse("--momentum", &t, "a number")?,
-            None => TrainConfig::default().momentum,
-        };
-        let batch_size: usize = match take("--batch")? {
-            Some(t) => parse("--batch", &t, count)?,
-            None => TrainConfig::default().batch_size,
-        };
-        let period: u64 = match take("--period")? {
-            Some(t) => parse("--period", &t, count)?,
-            None => 8,
-        };
-        let warmup: u64 = match take("--warmup")? {
-            Some(t) => parse("--warmup", &t, count)?,
-            None => 20,
-        };
-        let fragments: usize = match take("--fragments")? {
-            Some(t) => parse("--fragments", &t, count)?,
-            None => 1,
-        };
-        let compress = match take("--compress")? {
-            Some(t) => Compression::parse(&t).map_err(|_| {
+    fn from_args(args: TrainArgs) -> Result<Options, Error> {
+        let train_defaults = TrainConfig::default();
+        let task_defaults = TaskConfig::default();
+        let ranks = args.ranks.unwrap_or(8);
+        let (steps, period, warmup, fragments, seed) = (
+            args.steps,
+            args.period,
+            args.warmup,
+            args.fragments,
+            args.seed,
+        );
+        let lr = args.lr.unwrap_or(train_defaults.lr);
+        let momentum = args.momentum.unwrap_or(train_defaults.momentum);
+        let batch_size = args.batch.unwrap_or(train_defaults.batch_size);
+        let samples = args.samples.unwrap_or(task_defaults.samples);
+        let heterogeneity = args.heterogeneity.unwrap_or(task_defaults.heterogeneity);
+        let compress = match &args.compress {
+            Some(t) => Compression::parse(t).map_err(|_| {
                 Error::value(format!("--compress must be bf16, f16 or none, got '{t}'"))
             })?,
             None => Compression::None,
         };
-        let algorithm = take("--algorithm")?.unwrap_or_else(|| "all".into());
-        let choice = BackendChoice::parse(&take("--backend")?.unwrap_or_else(|| "auto".into()))?;
-        let seed: u64 = match take("--seed")? {
-            Some(t) => parse("--seed", &t, count)?,
-            None => 0,
-        };
-        let samples: usize = match take("--samples")? {
-            Some(t) => parse("--samples", &t, count)?,
-            None => TaskConfig::default().samples,
-        };
-        let heterogeneity: f64 = match take("--heterogeneity")? {
-            Some(t) => parse("--heterogeneity", &t, "a number in [0, 1]")?,
-            None => TaskConfig::default().heterogeneity,
-        };
-        let json = take_flag(&mut args, "--json");
-        if let Some(unknown) = args.first() {
-            return Err(Error::value(format!(
-                "train: unexpected argument {unknown}\n{USAGE}"
-            )));
-        }
+        let algorithm = args.algorithm;
+        let choice = args.backend;
+        let json = args.json;
         if ranks == 0 {
             return Err(Error::value("--ranks must be at least 1"));
         }
@@ -197,6 +156,7 @@ impl Options {
             }
         };
         Ok(Options {
+            task_kind: args.task,
             ranks,
             processes: None,
             steps,
@@ -282,8 +242,7 @@ fn train_one(
         eprintln!("distopt: warning: {warning}");
     }
     let initial = trainer.evaluate_blocking()?;
-    let mut bar = Progress::new(algorithm.name(), options.steps);
-    bar.enabled &= first_rank;
+    let mut bar = Progress::new(algorithm.name(), options.steps, first_rank);
     let mut mean_loss = Vec::new();
     let mut divergence = Vec::new();
     let mut steps_averaged = 0;
@@ -322,23 +281,18 @@ fn train_one(
     })
 }
 
-/// A one-line progress bar on stderr, drawn only when stderr is a terminal.
+/// The training progress bar (stderr, only on a terminal): steps, steps per second, the time
+/// left and the smoothed loss.
 struct Progress {
-    label: String,
-    total: u64,
-    enabled: bool,
+    bar: indicatif::ProgressBar,
     smoothed: Option<f64>,
-    drawn: bool,
 }
 
 impl Progress {
-    fn new(label: &str, total: u64) -> Progress {
+    fn new(label: &str, total: u64, enabled: bool) -> Progress {
         Progress {
-            label: label.to_string(),
-            total,
-            enabled: std::io::stderr().is_terminal(),
+            bar: crate::progress::bar(label, total, "steps", enabled),
             smoothed: None,
-            drawn: false,
         }
     }
 
@@ -348,30 +302,12 @@ impl Progress {
             None => loss,
         };
         self.smoothed = Some(smoothed);
-        // About 200 redraws per run at most.
-        let every = (self.total / 200).max(1);
-        if !self.enabled || (!step.is_multiple_of(every) && step != self.total) {
-            return;
-        }
-        let filled = (step as u128 * BAR_WIDTH as u128 / self.total.max(1) as u128) as usize;
-        let bar: String = (0..BAR_WIDTH)
-            .map(|i| if i < filled { '#' } else { '.' })
-            .collect();
-        let mut err = std::io::stderr().lock();
-        let _ = write!(
-            err,
-            "\r{:<12} [{bar}] {step}/{} loss {smoothed:.3}   ",
-            self.label, self.total
-        );
-        let _ = err.flush();
-        self.drawn = true;
+        self.bar.set_message(format!("loss {smoothed:.3}"));
+        self.bar.set_position(step);
     }
 
     fn finish(&mut self) {
-        if self.drawn {
-            eprintln!();
-            self.drawn = false;
-        }
+        self.bar.finish();
     }
 }
 
