@@ -16,9 +16,9 @@ use super::convert::{
 use super::handles::Registry;
 use super::world::world_of;
 use super::{JsResult, busy, current_backend, js};
-use crate::error::Result;
-use crate::replicas::Replicas;
-use crate::tensor::Tensor;
+use distopt::error::Result;
+use distopt::replicas::Replicas;
+use distopt::tensor::Tensor;
 
 /// Replicas shared by the JS object and the optimizers made over it.
 pub(crate) type SharedReplicas = Rc<RefCell<Replicas>>;
@@ -42,14 +42,14 @@ fn check_size(ranks: usize, params: &[Tensor]) -> Result<()> {
     let per_rank: u64 = params
         .iter()
         .map(|p| {
-            let padded = p.numel().div_ceil(crate::backend::PARAM_ALIGN_ELEMENTS)
-                * crate::backend::PARAM_ALIGN_ELEMENTS;
+            let padded = p.numel().div_ceil(distopt::backend::PARAM_ALIGN_ELEMENTS)
+                * distopt::backend::PARAM_ALIGN_ELEMENTS;
             padded as u64 * p.dtype().storage().element_bytes() as u64
         })
         .sum();
     let total = per_rank.saturating_mul(ranks as u64).saturating_mul(2);
     if total > MAX_REPLICA_BYTES {
-        return Err(crate::error::Error::runtime(format!(
+        return Err(distopt::error::Error::runtime(format!(
             "out of memory: {ranks} replicas of these parameters need {total} bytes of parameters and gradients, more than the {MAX_REPLICA_BYTES} a WebAssembly module can spare"
         )));
     }

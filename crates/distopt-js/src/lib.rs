@@ -12,6 +12,9 @@
 //! optimizers) live in `Rc<RefCell<…>>`: a call that would need an object that a pending read
 //! still holds is a `RuntimeError`, never a panic.
 
+// The bindings exist for wasm32 only; on other targets this crate is empty.
+#![cfg(target_arch = "wasm32")]
+
 mod averaging;
 mod bench;
 mod convert;
@@ -32,8 +35,8 @@ use std::sync::Arc;
 use js_sys::{Array, Object};
 use wasm_bindgen::prelude::*;
 
-use crate::backend::{Backend, BackendChoice, BackendInfo, select_backend};
-use crate::error::{Error, RankErrors, Result};
+use distopt::backend::{Backend, BackendChoice, BackendInfo, select_backend};
+use distopt::error::{Error, RankErrors, Result};
 
 pub use averaging::{HierarchicalModelAveragerJs, PeriodicModelAveragerJs};
 pub use bench::StepBench;
@@ -152,8 +155,8 @@ pub fn start() {
 pub(crate) fn backend_info_to_js(info: &BackendInfo) -> Object {
     let obj = Object::new();
     let kind = match info.kind {
-        crate::backend::BackendKind::Gpu => "gpu",
-        crate::backend::BackendKind::Cpu => "cpu",
+        distopt::backend::BackendKind::Gpu => "gpu",
+        distopt::backend::BackendKind::Cpu => "cpu",
     };
     convert::set(&obj, "kind", kind);
     convert::set(&obj, "name", info.name.as_str());
@@ -223,7 +226,7 @@ pub async fn sgd_step(
         &learning_rate,
     ))?;
     let backend = js(current_backend())?;
-    let output = js(crate::step::sgd_step(
+    let output = js(distopt::step::sgd_step(
         backend.as_ref(),
         &request.parameter_replicas,
         &request.gradient_replicas,
@@ -252,7 +255,7 @@ pub async fn sgd_step(
 /// oldest first. Each is also printed with `console.warn` when it is emitted.
 #[wasm_bindgen(js_name = takeWarnings)]
 pub fn take_warnings() -> Vec<String> {
-    crate::warnings::take()
+    distopt::warnings::take()
 }
 
 /// The warnings recorded since the last `takeWarnings()`, without removing them, with how
@@ -262,7 +265,7 @@ pub fn take_warnings() -> Vec<String> {
 /// when it is not tied to ranks).
 #[wasm_bindgen(js_name = recordedWarnings)]
 pub fn recorded_warnings() -> Array {
-    crate::warnings::recorded_records()
+    distopt::warnings::recorded_records()
         .into_iter()
         .map(|w| {
             let obj = Object::new();
