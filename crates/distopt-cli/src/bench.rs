@@ -16,41 +16,28 @@ use distopt::{
 use half::{bf16, f16};
 use serde_json::{Value, json};
 
-use crate::{USAGE, take_flag, take_option};
+use crate::args::{Bench, BenchStepArgs};
 
 /// The step's learning rate: small, so that repeated steps keep the parameters finite.
 const LEARNING_RATE: f32 = 1e-3;
 
-/// `distopt bench ARGS`.
-pub fn run(args: &[String]) -> Result<(), Error> {
-    let mut args = args.to_vec();
-    match args.first().map(String::as_str) {
-        Some("step") => {
-            args.remove(0);
-        }
-        Some("average") => return crate::bench_algorithms::average(&args[1..]),
-        Some("optim") => return crate::bench_algorithms::optim(&args[1..]),
-        Some("zero") => return crate::bench_algorithms::zero(&args[1..]),
-        Some("all") => return crate::bench_all::run(&args[1..]),
-        Some("comm") => {
+/// `distopt bench …`.
+pub fn run(which: Bench) -> Result<(), Error> {
+    let args = match which {
+        Bench::Step(args) => args,
+        Bench::Average(args) => return crate::bench_algorithms::average(args),
+        Bench::Optim(args) => return crate::bench_algorithms::optim(args),
+        Bench::Zero(args) => return crate::bench_algorithms::zero(args),
+        Bench::All(args) => return crate::bench_all::run(args),
+        Bench::Comm(_) => {
             return Err(Error::value(if cfg!(feature = "mpi") {
                 "bench comm measures MPI: run it under `mpirun -np W distopt bench comm`"
             } else {
                 "bench comm needs the `mpi` feature: cargo build --release --features mpi, then `mpirun -np W distopt bench comm`"
             }));
         }
-        Some(other) => {
-            return Err(Error::value(format!(
-                "unknown benchmark '{other}': expected step, average, optim, zero or all\n{USAGE}"
-            )));
-        }
-        None => {
-            return Err(Error::value(format!(
-                "expected a benchmark: step, average, optim, zero or all\n{USAGE}"
-            )));
-        }
-    }
-    let config = Config::from_args(&mut args)?;
+    };
+    let config = Config::from_args(args)?;
     let report = bench_step(&config)?;
     if config.json {
         println!("{}", report.to_json());
@@ -70,48 +57,23 @@ struct Config {
 }
 
 impl Config {
-    fn from_args(args: &mut Vec<String>) -> Result<Config, Error> {
-        let ranks = match take_option(args, "--ranks")? {
-            Some(text) => parse_count("--ranks", &text)?,
-            None => 4,
-        };
-        let elements = match take_option(args, "--elements")? {
-            Some(text) => parse_count("--elements", &text)?,
-            None => 1 << 22,
-        };
-        let dtype = match take_option(args, "--dtype")? {
-            Some(text) => DType::parse(&text)?,
-            None => DType::Float32,
-        };
-        if dtype == DType::Float64 {
+    fn from_args(args: BenchStepArgs) -> Result<Config, Error> {
+        if args.dtype == DType::Float64 {
             return Err(Error::value(
                 "bench step: --dtype must be float32, float16 or bfloat16 (the step computes float64 \
                  parameters in float32 storage)",
             ));
         }
-        let choice = BackendChoice::parse(
-            &take_option(args, "--backend")?.unwrap_or_else(|| "auto".into()),
-        )?;
-        let repeats = match take_option(args, "--repeats")? {
-            Some(text) => parse_count("--repeats", &text)?,
-            None => 10,
-        };
-        let json = take_flag(args, "--json");
-        if let Some(unknown) = args.first() {
-            return Err(Error::value(format!(
-                "bench step: unexpected argument {unknown}\n{USAGE}"
-            )));
-        }
-        if ranks > u32::MAX as usize {
+        if args.ranks > u32::MAX as usize {
             return Err(Error::value("--ranks is too large"));
         }
         Ok(Config {
-            ranks,
-            elements,
-            dtype,
-            choice,
-            repeats,
-            json,
+            ranks: args.ranks,
+            elements: args.elements,
+            dtype: args.dtype,
+            choice: args.backend,
+            repeats: args.repeats,
+            json: args.json,
         })
     }
 
@@ -122,36 +84,6 @@ impl Config {
     fn element_bytes(&self) -> usize {
         self.format().element_bytes()
     }
-}
-
-/// A positive count: `4194304`, `2^22` or `1<<22`.
-pub(crate) fn parse_count(name: &str, text: &str) -> Result<usize, Error> {
-    let bad = || {
-        Error::value(format!(
-            "{name}: expected a positive integer such as 4194304 or 2^22, got '{text}'"
-        ))
-    };
-    let int = |s: &str| {
-        s.trim()
-            .replace('_', "")
-            .parse::<usize>()
-            .map_err(|_| bad())
-    };
-    let value = if let Some((base, exp)) = text.split_once('^') {
-        let exp = u32::try_from(int(exp)?).map_err(|_| bad())?;
-        int(base)?.checked_pow(exp).ok_or_else(bad)?
-    } else if let Some((base, shift)) = text.split_once("<<") {
-        let shift = u32::try_from(int(shift)?).map_err(|_| bad())?;
-        int(base)?
-            .checked_mul(1usize.checked_shl(shift).ok_or_else(bad)?)
-            .ok_or_else(bad)?
-    } else {
-        int(text)?
-    };
-    if value == 0 {
-        return Err(bad());
-    }
-    Ok(value)
 }
 
 /// One timed row: the median time, or why it was not measured.
@@ -410,35 +342,23 @@ fn time_memcpy(config: &Config, bytes: usize) -> Result<Row, Error> {
     })
 }
 
-/// Refuses sizes whose one-shot rows would not fit in the memory the host has available
-/// (natively the allocator aborts the process instead of failing).
+/// Refuses sizes whose rows would not fit the memory budget ([`distopt::budget`]) before
+/// anything is allocated: a clear error instead of an abort or the machine swapping.
 fn check_memory(ranks: usize, n: usize, elem: usize) -> Result<(), Error> {
     // The host tensors (2R·N), the one-shot step's arenas ((2R+1)·N), its packing images and
     // host copies, and its outputs (R+3)·N: about (5R+6)·N elements at the peak.
-    let needed = (5 * ranks as u128 + 6) * n as u128 * elem as u128;
-    let available = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|line| line.strip_prefix("MemAvailable:"))
-                .and_then(|rest| {
-                    rest.trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u128>()
-                        .ok()
-                })
-        })
-        .map(|kib| kib * 1024);
-    let limit = available.unwrap_or(u128::from(u64::MAX));
-    if needed > limit {
-        return Err(Error::value(format!(
-            "bench step: R = {ranks}, N = {n} needs about {:.1} GB of memory, {:.1} GB is available",
-            needed as f64 / 1e9,
-            limit as f64 / 1e9
-        )));
-    }
-    Ok(())
+    let what = format!("bench step with R = {ranks}, N = {n}");
+    let needed = ranks
+        .checked_mul(5)
+        .and_then(|r| r.checked_add(6))
+        .and_then(|r| r.checked_mul(n))
+        .and_then(|x| x.checked_mul(elem))
+        .ok_or_else(|| {
+            Error::runtime(format!(
+                "not enough memory for {what}: the sizes overflow the address space"
+            ))
+        })?;
+    distopt::budget::check(needed, &what)
 }
 
 fn bench_step(config: &Config) -> Result<Report, Error> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use distopt::averaging::average_parameters;
-use distopt::backend::{BackendChoice, select_backend_blocking};
+use distopt::backend::select_backend_blocking;
 use distopt::comm::{Communicator, SimulatedWorld, Subgroups};
 use distopt::optim::{Adam, AdamOptions, LocalOptimizer, OptionMap, Sgd, SgdOptions};
 use distopt::replicas::Replicas;
@@ -18,7 +18,7 @@ use distopt::zero::{ZeroOptions, ZeroRedundancyOptimizer};
 use distopt::{Backend, Error, StorageFormat, Tensor};
 use serde_json::{Value, json};
 
-use crate::{take_flag, take_option};
+use crate::args::{AlgorithmBenchArgs, ZeroBenchArgs};
 
 struct Config {
     ranks: usize,
@@ -34,62 +34,69 @@ struct Config {
     json: bool,
 }
 
-fn count(name: &str, text: &str) -> Result<usize, Error> {
-    let value = match text.split_once('^') {
-        Some((base, exp)) => base
-            .parse::<usize>()
-            .ok()
-            .zip(exp.parse::<u32>().ok())
-            .and_then(|(b, e)| b.checked_pow(e)),
-        None => text.parse().ok(),
-    };
-    value.filter(|&v| v > 0).ok_or_else(|| {
-        Error::value(format!(
-            "{name} must be a positive integer or a power like 2^22, got {text:?}"
-        ))
-    })
+/// Host memory one model of `ranks` × `elements` float32 elements in `params` parameters needs,
+/// with `arenas` arenas of its size (parameters, gradients, optimizer state, the copy rows):
+/// checked against the memory budget ([`distopt::budget`]) before anything is allocated, so
+/// that absurd sizes are a clear error instead of an abort or the machine swapping.
+fn check_size(
+    bench: &str,
+    ranks: usize,
+    elements: usize,
+    params: &[usize],
+    arenas: usize,
+) -> Result<(), Error> {
+    for &p in params {
+        let p = p.min(elements);
+        let what = format!("bench {bench} with R = {ranks}, N = {elements}, P = {p}");
+        let overflow = || {
+            Error::runtime(format!(
+                "not enough memory for {what}: the sizes overflow the address space"
+            ))
+        };
+        // Each parameter starts on a 64-element slot; the host tensors the model is built
+        // from (f64 values, float32 tensors, gradients) and each parameter's bookkeeping.
+        let padded = p
+            .checked_mul(distopt::backend::PARAM_ALIGN_ELEMENTS)
+            .and_then(|pad| pad.checked_add(elements))
+            .ok_or_else(overflow)?;
+        let bytes = ranks
+            .checked_mul(padded)
+            .and_then(|x| x.checked_mul(4 * arenas))
+            .and_then(|x| x.checked_add(elements.checked_mul(24)?))
+            .and_then(|x| x.checked_add(p.checked_mul(512)?))
+            .ok_or_else(overflow)?;
+        distopt::budget::check(bytes, &what)?;
+    }
+    Ok(())
 }
 
 impl Config {
-    fn parse(
-        args: &mut Vec<String>,
-        default_ranks: usize,
-        default_elements: usize,
+    /// The configuration of `bench NAME` from its flags, with that benchmark's defaults, after
+    /// a size check of `arenas` arenas of the model's size.
+    fn from_args(
+        name: &str,
+        args: AlgorithmBenchArgs,
+        defaults: (usize, usize, &[usize]),
+        arenas: usize,
     ) -> Result<Config, Error> {
-        let ranks =
-            take_option(args, "--ranks")?.map_or(Ok(default_ranks), |t| count("--ranks", &t))?;
-        let elements = take_option(args, "--elements")?
-            .map_or(Ok(default_elements), |t| count("--elements", &t))?;
-        let params = match take_option(args, "--params")? {
-            Some(text) => text
-                .split(',')
-                .map(|p| count("--params", p.trim()))
-                .collect::<Result<Vec<_>, _>>()?,
-            None => vec![1, 1000],
-        };
-        let repeats = take_option(args, "--repeats")?.map_or(Ok(7), |t| count("--repeats", &t))?;
-        let choice = BackendChoice::parse(
-            &take_option(args, "--backend")?.unwrap_or_else(|| "auto".into()),
-        )?;
-        let dtype = match take_option(args, "--dtype")? {
+        let (default_ranks, default_elements, default_params) = defaults;
+        let ranks = args.ranks.unwrap_or(default_ranks);
+        let elements = args.elements.unwrap_or(default_elements);
+        let params = args.params.unwrap_or_else(|| default_params.to_vec());
+        let dtype = match args.dtype {
             None => distopt::DType::Float32,
-            Some(name) => match distopt::DType::parse(&name)? {
-                d @ (distopt::DType::Float32
-                | distopt::DType::BFloat16
-                | distopt::DType::Float16) => d,
-                other => {
-                    return Err(Error::value(format!(
-                        "--dtype must be float32, bfloat16 or float16, got {}",
-                        other.name()
-                    )));
-                }
-            },
+            Some(
+                d @ (distopt::DType::Float32 | distopt::DType::BFloat16 | distopt::DType::Float16),
+            ) => d,
+            Some(other) => {
+                return Err(Error::value(format!(
+                    "--dtype must be float32, bfloat16 or float16, got {}",
+                    other.name()
+                )));
+            }
         };
-        let json = take_flag(args, "--json");
-        if let Some(unknown) = args.first() {
-            return Err(Error::value(format!("unknown argument {unknown}")));
-        }
-        let selection = select_backend_blocking(choice)?;
+        check_size(name, ranks, elements, &params, arenas)?;
+        let selection = select_backend_blocking(args.backend)?;
         let gpu = if selection.backend.info().kind == distopt::BackendKind::Gpu {
             distopt::GpuBackend::new_blocking().ok()
         } else {
@@ -100,11 +107,11 @@ impl Config {
             ranks,
             elements,
             params,
-            repeats,
+            repeats: args.repeats,
             dtype,
             backend: selection.backend,
             reason: selection.reason,
-            json,
+            json: args.json,
         })
     }
 }
@@ -300,9 +307,9 @@ fn print(config: &Config, title: &str, rows: &[Row], copy: f64, copy_bytes: f64,
 }
 
 /// `distopt bench average`: all-reduce-mean of every parameter over the world.
-pub fn average(args: &[String]) -> Result<(), Error> {
-    let mut args = args.to_vec();
-    let config = Config::parse(&mut args, 8, 1 << 22)?;
+pub fn average(args: AlgorithmBenchArgs) -> Result<(), Error> {
+    // Parameters, gradients and the two copy arenas.
+    let config = Config::from_args("average", args, (8, 1 << 22, &[1, 1000]), 4)?;
     let world = SimulatedWorld::new(config.ranks)?;
     let mut rows = Vec::new();
     for &params in &config.params {
@@ -340,9 +347,9 @@ pub fn average(args: &[String]) -> Result<(), Error> {
 }
 
 /// `distopt bench optim`: one SGD-momentum and one Adam step on every rank.
-pub fn optim(args: &[String]) -> Result<(), Error> {
-    let mut args = args.to_vec();
-    let config = Config::parse(&mut args, 8, 1 << 22)?;
+pub fn optim(args: AlgorithmBenchArgs) -> Result<(), Error> {
+    // Parameters, gradients, momentum, Adam's two moments and the two copy arenas.
+    let config = Config::from_args("optim", args, (8, 1 << 22, &[1, 1000]), 7)?;
     let mut rows = Vec::new();
     let element_bytes = config.dtype.storage().element_bytes();
     let base = (config.ranks * config.elements * element_bytes) as f64;
@@ -411,19 +418,14 @@ pub fn optim(args: &[String]) -> Result<(), Error> {
 
 /// `distopt bench zero`: a ZeRO Adam step and the optimizer state per rank for W = 1, 2, 4, 8
 /// over the same model.
-pub fn zero(args: &[String]) -> Result<(), Error> {
-    let mut args = args.to_vec();
-    let worlds = match take_option(&mut args, "--worlds")? {
-        Some(text) => text
-            .split(',')
-            .map(|w| count("--worlds", w.trim()))
-            .collect::<Result<Vec<_>, _>>()?,
-        None => vec![1, 2, 4, 8],
-    };
-    if !args.iter().any(|a| a == "--params") {
-        args.extend(["--params".to_string(), "100".to_string()]);
-    }
-    let config = Config::parse(&mut args, 1, 1 << 24)?;
+pub fn zero(args: ZeroBenchArgs) -> Result<(), Error> {
+    let worlds = args.worlds;
+    let largest = worlds.iter().copied().max().unwrap_or(1);
+    // Sized for the largest world: its parameters, gradients and Adam's two moments (--ranks
+    // plays no other part in bench zero).
+    let mut common = args.common;
+    common.ranks = Some(common.ranks.unwrap_or(1).max(largest));
+    let config = Config::from_args("zero", common, (1, 1 << 24, &[100]), 4)?;
     let params = config.params.first().copied().unwrap_or(100);
     let mut results = Vec::new();
     for &w in &worlds {

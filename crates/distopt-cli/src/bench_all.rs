@@ -11,7 +11,7 @@ use std::process::Command;
 use distopt::Error;
 use serde_json::{Value, json};
 
-use crate::{take_flag, take_option};
+use crate::args::BenchAllArgs;
 
 /// The step configurations of the report: R, N, dtype.
 const STEPS: [(usize, &str, &str); 8] = [
@@ -90,17 +90,13 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Value {
 }
 
 /// `distopt bench all [--backend B] [--torch PYTHON] [--repeats K] [--json]`.
-pub fn run(args: &[String]) -> Result<(), Error> {
-    let mut args = args.to_vec();
-    let backend = take_option(&mut args, "--backend")?.unwrap_or_else(|| "cpu".into());
-    let torch = take_option(&mut args, "--torch")?.map(PathBuf::from);
-    let repeats = take_option(&mut args, "--repeats")?.unwrap_or_else(|| "7".into());
-    let json_out = take_flag(&mut args, "--json");
-    if let Some(unknown) = args.first() {
-        return Err(Error::value(format!(
-            "bench all: unknown argument {unknown}"
-        )));
-    }
+pub fn run(args: BenchAllArgs) -> Result<(), Error> {
+    let backend = args.backend;
+    let torch = args.torch;
+    let repeats = args.repeats.to_string();
+    let json_out = args.json;
+    // The step's rows, optim's two and average's one: a child process each.
+    let progress = crate::progress::bar("bench all", STEPS.len() as u64 + 3, "runs", true);
     let peers = peers_dir();
     let mut steps = Vec::new();
     for (ranks, n, dtype) in STEPS {
@@ -119,6 +115,7 @@ pub fn run(args: &[String]) -> Result<(), Error> {
             "--repeats",
             &repeats,
         ])?;
+        progress.inc(1);
         let peer = match &torch {
             Some(python) => {
                 let peer_args = [
@@ -158,6 +155,7 @@ pub fn run(args: &[String]) -> Result<(), Error> {
             "--repeats",
             &repeats,
         ])?;
+        progress.inc(1);
         let peer = match &torch {
             Some(python) => Some(run_peer(
                 python,
@@ -196,6 +194,8 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         "--repeats",
         &repeats,
     ])?;
+    progress.inc(1);
+    progress.finish_and_clear();
     let report = json!({
         "report": "distopt bench all",
         "backend": backend,

@@ -8,38 +8,17 @@ use std::time::{Duration, Instant};
 use distopt::Error;
 use distopt::backend::PARAM_ALIGN_ELEMENTS;
 use distopt::backend::kernels::ParamStarts;
-use distopt::backend::{Arena, BackendChoice, select_backend_blocking};
+use distopt::backend::{Arena, select_backend_blocking};
 use distopt::comm::{Communicator, MpiWorld, Subgroups, all_gather_f64};
 use distopt::dtype::StorageFormat;
 use serde_json::json;
 
-use crate::{USAGE, take_flag, take_option};
+use crate::args::BenchCommArgs;
 
 /// `distopt bench comm ARGS` on every rank of `world`; the first rank prints.
-pub fn run(args: &[String], world: &Arc<MpiWorld>) -> Result<(), Error> {
-    let mut args = args.to_vec();
-    let elements = match take_option(&mut args, "--elements")? {
-        Some(t) => crate::bench::parse_count("--elements", &t)?,
-        None => 1 << 22,
-    };
-    let repeats: usize = match take_option(&mut args, "--repeats")? {
-        Some(t) => t.parse().ok().filter(|&k| k > 0).ok_or_else(|| {
-            Error::value(format!("--repeats: expected a positive integer, got '{t}'"))
-        })?,
-        None => 30,
-    };
-    let choice = BackendChoice::parse(
-        &take_option(&mut args, "--backend")?.unwrap_or_else(|| "cpu".into()),
-    )?;
-    let as_json = take_flag(&mut args, "--json");
-    if let Some(unknown) = args.first() {
-        return Err(Error::value(format!(
-            "bench comm: unexpected argument {unknown}\n{USAGE}"
-        )));
-    }
-    if elements == 0 {
-        return Err(Error::value("--elements must be at least 1"));
-    }
+pub fn run(args: BenchCommArgs, world: &Arc<MpiWorld>) -> Result<(), Error> {
+    let (elements, repeats, choice, as_json) =
+        (args.elements, args.repeats, args.backend, args.json);
     let selection = select_backend_blocking(choice)?;
     let backend = selection.backend.clone();
     let size = world.world_size();

@@ -6,36 +6,37 @@
 //! options, times the steps, draws the progress bar and prints the comparison.
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distopt::backend::{BackendChoice, Selection, select_backend_blocking};
 use distopt::comm::Communicator;
 use distopt::diloco::Compression;
-use distopt::train::{Algorithm, Evaluation, SyntheticTask, TaskConfig, TrainConfig, Trainer};
+use distopt::train::{
+    Algorithm, Dataset, DatasetConfig, DatasetTask, Evaluation, SyntheticTask, Task, TaskConfig,
+    TrainConfig, Trainer,
+};
 use distopt::{Error, warnings};
 use serde_json::{Value, json};
 
-use crate::{USAGE, take_flag, take_option};
+use crate::args::{TrainArgs, TrainTask};
 
 /// Steps whose training loss the table's "train loss" averages (the last ones).
 const SMOOTHING_STEPS: usize = 10;
-/// Characters of the progress bar.
-const BAR_WIDTH: usize = 30;
 
 /// `distopt train ARGS` in a simulated world.
-pub fn run(args: &[String]) -> Result<(), Error> {
+pub fn run(args: TrainArgs) -> Result<(), Error> {
     run_in(args, None)
 }
 
 /// `distopt train ARGS`, in `world` when given (one rank per process under `mpirun`: the same
 /// flags, `--ranks` defaulting to the world size; the first rank prints the report).
-pub fn run_in(args: &[String], world: Option<Arc<dyn Communicator>>) -> Result<(), Error> {
+pub fn run_in(args: TrainArgs, world: Option<Arc<dyn Communicator>>) -> Result<(), Error> {
+    let ranks_given = args.ranks.is_some();
     let mut options = Options::from_args(args)?;
     if let Some(world) = &world {
         let size = world.world_size();
-        if args.iter().any(|a| a == "--ranks") && options.ranks != size {
+        if ranks_given && options.ranks != size {
             return Err(Error::value(format!(
                 "--ranks {} contradicts the world of {size} processes: drop --ranks or start {} processes",
                 options.ranks, options.ranks
@@ -46,7 +47,14 @@ pub fn run_in(args: &[String], world: Option<Arc<dyn Communicator>>) -> Result<(
         options.processes = Some(size);
     }
     let selection = select_backend_blocking(options.choice)?;
-    let task = Arc::new(SyntheticTask::new(options.task.clone(), options.ranks)?);
+    let task: Arc<dyn Task> = match options.task_kind {
+        TrainTask::Synthetic => Arc::new(SyntheticTask::new(options.task.clone(), options.ranks)?),
+        TrainTask::Digits => Arc::new(DatasetTask::new(
+            &Dataset::digits()?,
+            options.dataset.clone(),
+            options.ranks,
+        )?),
+    };
     let mut results = Vec::with_capacity(options.algorithms.len());
     for algorithm in &options.algorithms {
         results.push(train_one(
@@ -61,15 +69,22 @@ pub fn run_in(args: &[String], world: Option<Arc<dyn Communicator>>) -> Result<(
         return Ok(());
     }
     if options.json {
-        println!("{}", to_json(&options, &selection, &task, &results));
+        println!("{}", to_json(&options, &selection, task.as_ref(), &results));
     } else {
-        print!("{}", to_table(&options, &selection, &task, &results));
+        print!(
+            "{}",
+            to_table(&options, &selection, task.as_ref(), &results)
+        );
     }
     Ok(())
 }
 
 /// The command line, parsed.
 struct Options {
+    /// The data set (`--task`).
+    task_kind: TrainTask,
+    /// The digits task's settings (`--task digits`).
+    dataset: DatasetConfig,
     ranks: usize,
     /// Processes of an MPI world (one rank each), when run under `mpirun`.
     processes: Option<usize>,
@@ -83,75 +98,37 @@ struct Options {
     json: bool,
 }
 
-fn parse<T: std::str::FromStr>(name: &str, text: &str, what: &str) -> Result<T, Error> {
-    text.trim()
-        .parse()
-        .map_err(|_| Error::value(format!("{name}: expected {what}, got '{text}'")))
-}
-
 impl Options {
-    fn from_args(args: &[String]) -> Result<Options, Error> {
-        let mut args = args.to_vec();
-        let mut take = |name: &str| take_option(&mut args, name);
-        let count = "a non-negative integer";
-        let ranks: usize = match take("--ranks")? {
-            Some(t) => parse("--ranks", &t, count)?,
-            None => 8,
-        };
-        let steps: u64 = match take("--steps")? {
-            Some(t) => parse("--steps", &t, count)?,
-            None => 200,
-        };
-        let lr: f64 = match take("--lr")? {
-            Some(t) => parse("--lr", &t, "a number")?,
-            None => TrainConfig::default().lr,
-        };
-        let momentum: f64 = match take("--momentum")? {
-            Some(t) => parse("--momentum", &t, "a number")?,
-            None => TrainConfig::default().momentum,
-        };
-        let batch_size: usize = match take("--batch")? {
-            Some(t) => parse("--batch", &t, count)?,
-            None => TrainConfig::default().batch_size,
-        };
-        let period: u64 = match take("--period")? {
-            Some(t) => parse("--period", &t, count)?,
-            None => 8,
-        };
-        let warmup: u64 = match take("--warmup")? {
-            Some(t) => parse("--warmup", &t, count)?,
-            None => 20,
-        };
-        let fragments: usize = match take("--fragments")? {
-            Some(t) => parse("--fragments", &t, count)?,
-            None => 1,
-        };
-        let compress = match take("--compress")? {
-            Some(t) => Compression::parse(&t).map_err(|_| {
+    fn from_args(args: TrainArgs) -> Result<Options, Error> {
+        let train_defaults = TrainConfig::default();
+        let task_defaults = TaskConfig::default();
+        let ranks = args.ranks.unwrap_or(8);
+        let (steps, period, warmup, fragments, seed) = (
+            args.steps,
+            args.period,
+            args.warmup,
+            args.fragments,
+            args.seed,
+        );
+        let lr = args.lr.unwrap_or(train_defaults.lr);
+        let momentum = args.momentum.unwrap_or(train_defaults.momentum);
+        let batch_size = args.batch.unwrap_or(train_defaults.batch_size);
+        if args.task == TrainTask::Digits && args.samples.is_some() {
+            return Err(Error::value(
+                "--samples sets the synthetic task's size; the digits are 1,797 images",
+            ));
+        }
+        let samples = args.samples.unwrap_or(task_defaults.samples);
+        let heterogeneity = args.heterogeneity.unwrap_or(task_defaults.heterogeneity);
+        let compress = match &args.compress {
+            Some(t) => Compression::parse(t).map_err(|_| {
                 Error::value(format!("--compress must be bf16, f16 or none, got '{t}'"))
             })?,
             None => Compression::None,
         };
-        let algorithm = take("--algorithm")?.unwrap_or_else(|| "all".into());
-        let choice = BackendChoice::parse(&take("--backend")?.unwrap_or_else(|| "auto".into()))?;
-        let seed: u64 = match take("--seed")? {
-            Some(t) => parse("--seed", &t, count)?,
-            None => 0,
-        };
-        let samples: usize = match take("--samples")? {
-            Some(t) => parse("--samples", &t, count)?,
-            None => TaskConfig::default().samples,
-        };
-        let heterogeneity: f64 = match take("--heterogeneity")? {
-            Some(t) => parse("--heterogeneity", &t, "a number in [0, 1]")?,
-            None => TaskConfig::default().heterogeneity,
-        };
-        let json = take_flag(&mut args, "--json");
-        if let Some(unknown) = args.first() {
-            return Err(Error::value(format!(
-                "train: unexpected argument {unknown}\n{USAGE}"
-            )));
-        }
+        let algorithm = args.algorithm;
+        let choice = args.backend;
+        let json = args.json;
         if ranks == 0 {
             return Err(Error::value("--ranks must be at least 1"));
         }
@@ -197,6 +174,14 @@ impl Options {
             }
         };
         Ok(Options {
+            task_kind: args.task,
+            dataset: DatasetConfig {
+                heterogeneity: args
+                    .heterogeneity
+                    .unwrap_or(DatasetConfig::default().heterogeneity),
+                seed,
+                ..DatasetConfig::default()
+            },
             ranks,
             processes: None,
             steps,
@@ -263,7 +248,7 @@ impl RunResult {
 
 fn train_one(
     selection: &Selection,
-    task: &Arc<SyntheticTask>,
+    task: &Arc<dyn Task>,
     options: &Options,
     algorithm: Algorithm,
     world: Option<Arc<dyn Communicator>>,
@@ -282,8 +267,7 @@ fn train_one(
         eprintln!("distopt: warning: {warning}");
     }
     let initial = trainer.evaluate_blocking()?;
-    let mut bar = Progress::new(algorithm.name(), options.steps);
-    bar.enabled &= first_rank;
+    let mut bar = Progress::new(algorithm.name(), options.steps, first_rank);
     let mut mean_loss = Vec::new();
     let mut divergence = Vec::new();
     let mut steps_averaged = 0;
@@ -322,23 +306,18 @@ fn train_one(
     })
 }
 
-/// A one-line progress bar on stderr, drawn only when stderr is a terminal.
+/// The training progress bar (stderr, only on a terminal): steps, steps per second, the time
+/// left and the smoothed loss.
 struct Progress {
-    label: String,
-    total: u64,
-    enabled: bool,
+    bar: indicatif::ProgressBar,
     smoothed: Option<f64>,
-    drawn: bool,
 }
 
 impl Progress {
-    fn new(label: &str, total: u64) -> Progress {
+    fn new(label: &str, total: u64, enabled: bool) -> Progress {
         Progress {
-            label: label.to_string(),
-            total,
-            enabled: std::io::stderr().is_terminal(),
+            bar: crate::progress::bar(label, total, "steps", enabled),
             smoothed: None,
-            drawn: false,
         }
     }
 
@@ -348,30 +327,12 @@ impl Progress {
             None => loss,
         };
         self.smoothed = Some(smoothed);
-        // About 200 redraws per run at most.
-        let every = (self.total / 200).max(1);
-        if !self.enabled || (!step.is_multiple_of(every) && step != self.total) {
-            return;
-        }
-        let filled = (step as u128 * BAR_WIDTH as u128 / self.total.max(1) as u128) as usize;
-        let bar: String = (0..BAR_WIDTH)
-            .map(|i| if i < filled { '#' } else { '.' })
-            .collect();
-        let mut err = std::io::stderr().lock();
-        let _ = write!(
-            err,
-            "\r{:<12} [{bar}] {step}/{} loss {smoothed:.3}   ",
-            self.label, self.total
-        );
-        let _ = err.flush();
-        self.drawn = true;
+        self.bar.set_message(format!("loss {smoothed:.3}"));
+        self.bar.set_position(step);
     }
 
     fn finish(&mut self) {
-        if self.drawn {
-            eprintln!();
-            self.drawn = false;
-        }
+        self.bar.finish();
     }
 }
 
@@ -390,35 +351,25 @@ fn human_bytes(bytes: u64) -> String {
     format!("{value:.2} {}", UNITS[unit])
 }
 
-fn describe_task(task: &SyntheticTask) -> String {
-    let c = task.config();
+fn describe_task(task: &dyn Task) -> String {
+    let classes = task.classes();
+    let samples: usize = (0..task.ranks()).map(|r| task.shard_len(r)).sum();
+    // A rank's "own" class is the one it holds most of: the skew of a non-IID split.
     let dominant: usize = (0..task.ranks())
-        .map(|r| {
-            task.class_counts(r)
-                .get(r % c.classes)
-                .copied()
-                .unwrap_or(0)
-        })
+        .map(|r| task.class_counts(r).into_iter().max().unwrap_or(0))
         .sum();
     format!(
-        "MLP {}-{}-{} ({} parameters) on {} samples of {} Gaussian-cluster classes, {} per rank; \
-         {:.0}% of a rank's samples are of its own class (heterogeneity {})",
-        c.features,
-        c.hidden,
-        c.classes,
+        "{} ({} parameters); {:.0}% of a rank's samples are of its most common class (of {classes})",
+        task.describe(),
         task.num_params(),
-        c.samples,
-        c.classes,
-        task.shard_len(0),
-        100.0 * dominant as f64 / c.samples as f64,
-        c.heterogeneity
+        100.0 * dominant as f64 / samples.max(1) as f64,
     )
 }
 
 fn to_table(
     options: &Options,
     selection: &Selection,
-    task: &SyntheticTask,
+    task: &dyn Task,
     results: &[RunResult],
 ) -> String {
     let info = selection.backend.info();
@@ -509,14 +460,21 @@ fn to_table(
     }
     out += &format!(
         "\ntrain loss   mean over ranks of the mini-batch loss, last {SMOOTHING_STEPS} steps\n\
-         model loss   loss and accuracy of the mean of the replicas on all {} samples\n\
+         model loss   loss and accuracy of the mean of the replicas on {}\n\
          divergence   largest L2 distance of a replica from that mean, after the last step\n\
          sent/rank    bytes each rank sent: all-reduces (a ring all-reduce over g ranks \
          sends 2(g-1)/g of the tensor) and, for zero, the owners' broadcasts\n\
          world-level  the part of them sent in all-reduces over all {} ranks\n\
          ms/step      wall time of a step: host gradients, upload, all-reduces, SGD, readback\n\
          averaged     steps that averaged the parameters\n\n",
-        task.config().samples,
+        results.first().map_or_else(String::new, |r| {
+            let e = &r.initial;
+            if e.held_out {
+                format!("the {} held-out samples", e.samples)
+            } else {
+                format!("all {} samples", e.samples)
+            }
+        }),
         options.ranks
     );
     for r in results {
@@ -528,7 +486,7 @@ fn to_table(
 fn to_json(
     options: &Options,
     selection: &Selection,
-    task: &SyntheticTask,
+    task: &dyn Task,
     results: &[RunResult],
 ) -> Value {
     let info = selection.backend.info();
@@ -571,7 +529,12 @@ fn to_json(
             "reason": selection.reason,
         },
         "task": {
-            "config": serde_json::to_value(task.config()).unwrap_or(Value::Null),
+            "name": task.name(),
+            "description": task.describe(),
+            "config": match options.task_kind {
+                TrainTask::Synthetic => serde_json::to_value(&options.task).unwrap_or(Value::Null),
+                TrainTask::Digits => serde_json::to_value(&options.dataset).unwrap_or(Value::Null),
+            },
             "parameters": task.num_params(),
             "samples_per_rank": (0..task.ranks()).map(|r| task.shard_len(r)).collect::<Vec<_>>(),
         },

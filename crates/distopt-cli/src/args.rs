@@ -1,0 +1,359 @@
+//! The command line's grammar (clap, derive): every subcommand, flag and default, and the help
+//! texts. The subcommands' own files turn these into their configurations and check what
+//! depends on more than one flag (those mistakes are `ValueError`s, exit 1); a mistake of the
+//! grammar itself (an unknown flag, a missing or malformed value, a flag given twice, an extra
+//! argument) is a usage error: one line and a hint on stderr, exit 2.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use distopt::DType;
+use distopt::backend::BackendChoice;
+
+/// The most timed repetitions a benchmark takes (each keeps one sample in memory).
+pub const MAX_REPEATS: usize = 1_000_000;
+
+const OVERVIEW: &str = "\
+Commands at a glance:
+  distopt step [FILE|-] [--backend auto|gpu|cpu]   one data-parallel SGD step from JSON
+  distopt info [--json]                            the adapter and backend chosen, and why
+  distopt bench step|average|optim|zero|all …      the benchmarks of docs/performance.md
+  distopt train [--algorithm …] [--json] …         local SGD, ZeRO and DiLoCo compared
+  mpirun -np W distopt train|bench comm …          (feature mpi) one rank per process
+
+Run 'distopt <COMMAND> --help' for a command's flags. Errors name Python's exception
+classes (distopt: ValueError: …) and exit 1; usage errors exit 2.";
+
+/// `distopt`: PyTorch's data-parallel optimizer family on any GPU (wgpu) or the host's cores.
+#[derive(Debug, Parser)]
+#[command(
+    name = "distopt",
+    version,
+    about = "PyTorch's data-parallel optimizers (SGD, Adam, post-local SGD, ZeRO, DiLoCo) on any GPU or the CPU",
+    after_help = OVERVIEW,
+    propagate_version = true,
+    subcommand_required = true
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One data-parallel SGD step from JSON.
+    ///
+    /// Reads {"parameter_replicas", "gradient_replicas", "learning_rate"} (stdin when FILE is
+    /// - or absent) and prints {"mean_gradients", "updated_replicas"}.
+    Step(StepArgs),
+    /// The GPU adapter found and which backend --backend auto picks, with the reason.
+    ///
+    /// Prints the adapter's name, API, device type and limits, the backend `auto` picks and
+    /// why, and the memory budget; --json prints the same as one JSON object.
+    Info(InfoArgs),
+    /// The benchmarks: the step, averaging, optimizers and ZeRO against the copies of the
+    /// same bytes.
+    Bench(BenchArgs),
+    /// R simulated ranks train a small model with every algorithm, compared.
+    ///
+    /// R ranks train a small MLP on a data set split across them (each shard skewed towards
+    /// one class) with synchronous SGD, post-local SGD averaging every P steps, hierarchical
+    /// averaging (every P/2^k steps over R/2^k ranks), the last two after K warm-up steps of
+    /// synchronous SGD, ZeRO, and DiLoCo (local steps; every P steps the outer Nesterov SGD on
+    /// the mean pseudo-gradient; --fragments F > 1: Streaming DiLoCo; --compress: the
+    /// pseudo-gradients all-reduced in bf16/f16). Prints final loss, divergence between
+    /// replicas, bytes communicated per rank and time per step, with a progress bar on stderr
+    /// when it is a terminal. Under `mpirun -np W` (a build with the `mpi` feature) each
+    /// process is one rank: the same flags, --ranks defaults to W, the first rank prints.
+    Train(TrainArgs),
+}
+
+/// `distopt step`.
+#[derive(Debug, Args)]
+pub struct StepArgs {
+    /// The request's JSON file; - or absent: stdin.
+    #[arg(value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// The backend: auto (a real GPU when there is one, else the CPU), gpu or cpu.
+    #[arg(long, value_name = "auto|gpu|cpu", default_value = "auto", value_parser = backend)]
+    pub backend: BackendChoice,
+}
+
+/// `distopt info`.
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `distopt bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Which benchmark.
+    #[command(subcommand)]
+    pub which: Bench,
+}
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+#[command(subcommand_required = true)]
+pub enum Bench {
+    /// The step resident on the GPU, one-shot from host tensors and on the CPU backend.
+    ///
+    /// Times the step against the adapter's buffer copy and a host memcpy of the same bytes
+    /// (median ms and GB/s of (2R+2)·N·element bytes). --backend auto and gpu use any adapter
+    /// wgpu finds (software ones included); cpu skips the GPU rows.
+    Step(BenchStepArgs),
+    /// One all-reduce-mean over the world, resident, against the backend's copy.
+    Average(AlgorithmBenchArgs),
+    /// One SGD-momentum and one Adam step, resident, against the backend's copy.
+    Optim(AlgorithmBenchArgs),
+    /// A ZeroRedundancyOptimizer Adam step and the optimizer state per rank for each world
+    /// size, over the same model.
+    Zero(ZeroBenchArgs),
+    /// Every benchmark of docs/performance.md as one report.
+    ///
+    /// The step (R 4 and 8, N 2^20 and 2^22, float32 and float16), optim and average, each
+    /// with its same-traffic roofline; with --torch, PyTorch doing the same work in the same
+    /// run (bench/peers/*.py) and the ratios.
+    All(BenchAllArgs),
+    /// (feature mpi, under mpirun) all-reduce-mean through distopt's MPI world against a raw
+    /// MPI_Allreduce of the same bytes.
+    Comm(BenchCommArgs),
+}
+
+/// `distopt bench step`.
+#[derive(Debug, Args)]
+pub struct BenchStepArgs {
+    /// Ranks R.
+    #[arg(long, value_name = "R", default_value = "4", value_parser = count)]
+    pub ranks: usize,
+    /// Elements N per rank: an integer, 2^k or 1<<k.
+    #[arg(long, value_name = "N", default_value = "2^22", value_parser = count)]
+    pub elements: usize,
+    /// Element type: float32, float16 or bfloat16.
+    #[arg(long, value_name = "DTYPE", default_value = "float32", value_parser = dtype)]
+    pub dtype: DType,
+    /// The backend: auto, gpu or cpu (cpu skips the GPU rows).
+    #[arg(long, value_name = "auto|gpu|cpu", default_value = "auto", value_parser = backend)]
+    pub backend: BackendChoice,
+    /// Timed repetitions per row (the median is reported).
+    #[arg(long, value_name = "K", default_value = "10", value_parser = repeats)]
+    pub repeats: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `distopt bench average|optim`, and the shared part of `bench zero`.
+#[derive(Debug, Args)]
+pub struct AlgorithmBenchArgs {
+    /// Ranks R (default 8; bench zero: 1).
+    #[arg(long, value_name = "R", value_parser = count)]
+    pub ranks: Option<usize>,
+    /// float32 elements N per rank (default 2^22; bench zero: 2^24).
+    #[arg(long, value_name = "N", value_parser = count)]
+    pub elements: Option<usize>,
+    /// Parameter counts to split N into, comma-separated (default 1,1000; bench zero: 100).
+    #[arg(long, value_name = "P1,P2,…", value_delimiter = ',', value_parser = count)]
+    pub params: Option<Vec<usize>>,
+    /// Timed repetitions per row (the median is reported).
+    #[arg(long, value_name = "K", default_value = "7", value_parser = repeats)]
+    pub repeats: usize,
+    /// The backend: auto, gpu or cpu.
+    #[arg(long, value_name = "auto|gpu|cpu", default_value = "auto", value_parser = backend)]
+    pub backend: BackendChoice,
+    /// The parameters' element type (bench optim): float32, bfloat16 or float16.
+    #[arg(long, value_name = "DTYPE", value_parser = dtype)]
+    pub dtype: Option<DType>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `distopt bench zero`.
+#[derive(Debug, Args)]
+pub struct ZeroBenchArgs {
+    /// World sizes, comma-separated.
+    #[arg(long, value_name = "W1,W2,…", value_delimiter = ',', default_value = "1,2,4,8", value_parser = count)]
+    pub worlds: Vec<usize>,
+    /// The model and timing flags.
+    #[command(flatten)]
+    pub common: AlgorithmBenchArgs,
+}
+
+/// `distopt bench all`.
+#[derive(Debug, Args)]
+pub struct BenchAllArgs {
+    /// The backend: auto, gpu or cpu.
+    #[arg(long, value_name = "auto|gpu|cpu", default_value = "cpu", value_parser = backend_name)]
+    pub backend: String,
+    /// A Python with PyTorch: runs the peers (bench/peers/*.py) in the same run.
+    #[arg(long, value_name = "PYTHON")]
+    pub torch: Option<PathBuf>,
+    /// Timed repetitions per row.
+    #[arg(long, value_name = "K", default_value = "7", value_parser = repeats)]
+    pub repeats: usize,
+    /// Print one JSON report instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `distopt bench comm`.
+#[derive(Debug, Args)]
+pub struct BenchCommArgs {
+    /// float32 elements N per rank.
+    #[arg(long, value_name = "N", default_value = "2^22", value_parser = count)]
+    pub elements: usize,
+    /// Timed repetitions.
+    #[arg(long, value_name = "K", default_value = "30", value_parser = repeats)]
+    pub repeats: usize,
+    /// The backend: auto, gpu or cpu.
+    #[arg(long, value_name = "auto|gpu|cpu", default_value = "cpu", value_parser = backend)]
+    pub backend: BackendChoice,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The data a `train` run learns. Adding a task is one variant here and one arm where the
+/// task is built (`train.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TrainTask {
+    /// Gaussian clusters, each rank's shard skewed towards one class (--samples,
+    /// --heterogeneity).
+    Synthetic,
+    /// The UCI hand-written digits (1,797 8×8 images, 10 classes; CC BY 4.0): a held-out
+    /// fifth, the rest split across the ranks non-IID (--heterogeneity: the share sorted by
+    /// label).
+    Digits,
+}
+
+/// `distopt train`.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// The data set.
+    #[arg(long, value_enum, default_value_t = TrainTask::Synthetic)]
+    pub task: TrainTask,
+    /// Ranks R (default 8; under mpirun: the number of processes).
+    #[arg(long, value_name = "R")]
+    pub ranks: Option<usize>,
+    /// Training steps S.
+    #[arg(long, value_name = "S", default_value_t = 200)]
+    pub steps: u64,
+    /// Learning rate (default 0.05).
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub lr: Option<f64>,
+    /// SGD momentum (default 0.9).
+    #[arg(long, value_name = "M", allow_negative_numbers = true)]
+    pub momentum: Option<f64>,
+    /// Batch size per rank (default 32).
+    #[arg(long, value_name = "B")]
+    pub batch: Option<usize>,
+    /// Averaging period P (post-local SGD), DiLoCo's sync interval.
+    #[arg(long, value_name = "P", default_value_t = 8)]
+    pub period: u64,
+    /// Warm-up steps K of synchronous SGD before post-local SGD starts.
+    #[arg(long, value_name = "K", default_value_t = 20)]
+    pub warmup: u64,
+    /// sync, periodic, hierarchical, zero, diloco or all.
+    #[arg(long, value_name = "ALGORITHM", default_value = "all")]
+    pub algorithm: String,
+    /// DiLoCo's fragments F (F > 1: Streaming DiLoCo).
+    #[arg(long, value_name = "F", default_value_t = 1)]
+    pub fragments: usize,
+    /// DiLoCo's pseudo-gradients on the wire: bf16, f16 or none (--algorithm diloco only).
+    #[arg(long, value_name = "bf16|f16")]
+    pub compress: Option<String>,
+    /// Samples of the synthetic task (default 4096).
+    #[arg(long, value_name = "N")]
+    pub samples: Option<usize>,
+    /// How skewed each rank's shard is, in [0, 1] (default 0.8).
+    #[arg(long, value_name = "H", allow_negative_numbers = true)]
+    pub heterogeneity: Option<f64>,
+    /// The backend: auto, gpu or cpu.
+    #[arg(long, value_name = "auto|gpu|cpu", default_value = "auto", value_parser = backend)]
+    pub backend: BackendChoice,
+    /// The seed of the data and the model.
+    #[arg(long, value_name = "SEED", default_value_t = 0)]
+    pub seed: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--backend`: the library's parser and its message.
+fn backend(text: &str) -> Result<BackendChoice, String> {
+    BackendChoice::parse(text).map_err(|e| e.message().to_string())
+}
+
+/// `--backend` passed on as text (bench all runs itself), checked here.
+fn backend_name(text: &str) -> Result<String, String> {
+    backend(text).map(|_| text.to_string())
+}
+
+/// `--dtype`.
+fn dtype(text: &str) -> Result<DType, String> {
+    DType::parse(text).map_err(|e| e.message().to_string())
+}
+
+/// A positive count: `4194304`, `2^22` or `1<<22` (`_` separators allowed).
+pub fn count(text: &str) -> Result<usize, String> {
+    let bad = || format!("expected a positive integer such as 4194304 or 2^22, got '{text}'");
+    let int = |s: &str| {
+        s.trim()
+            .replace('_', "")
+            .parse::<usize>()
+            .map_err(|_| bad())
+    };
+    let value = if let Some((base, exp)) = text.split_once('^') {
+        let exp = u32::try_from(int(exp)?).map_err(|_| bad())?;
+        int(base)?.checked_pow(exp).ok_or_else(bad)?
+    } else if let Some((base, shift)) = text.split_once("<<") {
+        let shift = u32::try_from(int(shift)?).map_err(|_| bad())?;
+        int(base)?
+            .checked_mul(1usize.checked_shl(shift).ok_or_else(bad)?)
+            .ok_or_else(bad)?
+    } else {
+        int(text)?
+    };
+    if value == 0 {
+        return Err(bad());
+    }
+    Ok(value)
+}
+
+/// `--repeats`: a count of at most [`MAX_REPEATS`].
+fn repeats(text: &str) -> Result<usize, String> {
+    let k = count(text)?;
+    if k > MAX_REPEATS {
+        return Err(format!("at most {MAX_REPEATS} repetitions, got {k}"));
+    }
+    Ok(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grammar_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn counts_read_powers_and_shifts() {
+        assert_eq!(count("2^22"), Ok(1 << 22));
+        assert_eq!(count("1<<10"), Ok(1024));
+        assert_eq!(count("4_096"), Ok(4096));
+        for bad in ["0", "-1", "1e9", "2^99", "x"] {
+            assert!(count(bad).is_err(), "{bad}");
+        }
+        assert!(repeats("1000001").is_err());
+        assert_eq!(repeats("1000000"), Ok(MAX_REPEATS));
+    }
+}
