@@ -291,3 +291,13 @@ pub async fn step_output_to_json(output: &StepOutput) -> Result<Value> {
     object.insert("updated_replicas".into(), Value::Array(replicas));
     Ok(Value::Object(object))
 }
+
+/// A JSON value's text for an error message, at most 64 characters (a user's 10 MB value is
+/// not echoed back whole).
+pub(crate) fn clip_json(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(64) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text,
+    }
+}
