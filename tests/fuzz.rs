@@ -472,7 +472,7 @@ fn post_local_sgd_and_diloco_state_dicts() {
 fn golden_case_reader() {
     let texts: Vec<(std::path::PathBuf, String)> = common::load_cases()
         .into_iter()
-        .filter(|c| std::fs::metadata(&c.path).map_or(false, |m| m.len() < 20_000))
+        .filter(|c| std::fs::metadata(&c.path).is_ok_and(|m| m.len() < 20_000))
         .map(|c| {
             let text = std::fs::read_to_string(&c.path).unwrap();
             (c.path, text)

@@ -425,7 +425,8 @@ fn a_state_dict_of_another_optimizer_class_is_refused_and_nothing_changes() {
 fn a_malformed_state_dict_changes_nothing() {
     let (mut replicas, mut adam) = stepped_state("Adam", 2);
     let good = state(adam.as_ref(), &replicas, 1);
-    let mutations: Vec<(Box<dyn Fn(&mut Value)>, ErrorKind, &str)> = vec![
+    type Mutation = Box<dyn Fn(&mut Value)>;
+    let mutations: Vec<(Mutation, ErrorKind, &str)> = vec![
         (
             // Parameter 0's state is fine; parameter 2's exp_avg_sq is missing.
             Box::new(|sd: &mut Value| {
