@@ -28,6 +28,7 @@
 
 pub mod averaging;
 pub mod backend;
+pub mod budget;
 pub mod comm;
 pub mod ddp;
 pub mod diloco;
@@ -39,13 +40,12 @@ pub mod optim;
 pub mod post_local_sgd;
 pub mod pyfmt;
 pub mod replicas;
+pub mod rng;
 pub mod rpc;
 pub mod step;
 pub mod tensor;
 pub mod train;
 pub mod warnings;
-#[cfg(target_arch = "wasm32")]
-pub mod wasm;
 pub mod zero;
 
 #[cfg(not(target_arch = "wasm32"))]

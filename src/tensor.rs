@@ -84,8 +84,12 @@ impl HostData {
 
     /// Writes these values in `format` into `words`, starting at element 0. Float64 is
     /// rounded to float32 (nearest even) and float16/bfloat16 values are converted to float32
-    /// exactly when the format is wider than the dtype. `words` must be long enough.
-    pub(crate) fn encode_into(&self, format: StorageFormat, words: &mut [u32]) {
+    /// exactly when the format is wider than the dtype.
+    ///
+    /// # Panics
+    ///
+    /// If `words` is shorter than `format.words_for(self.len())`.
+    pub fn encode_into(&self, format: StorageFormat, words: &mut [u32]) {
         match (self, format) {
             (HostData::Float32(v), StorageFormat::F32) => {
                 words[..v.len()].copy_from_slice(bytemuck::cast_slice(v))
@@ -259,7 +263,24 @@ impl Tensor {
     }
 
     /// A host tensor of `dtype` from `f64` values (rounded to nearest even).
+    ///
+    /// # Errors
+    /// A `ValueError` when `data` does not hold `product(shape)` elements; a `RuntimeError`
+    /// when the converted values do not fit the memory budget ([`crate::budget`]).
     pub fn from_f64(dtype: DType, shape: &[usize], data: &[f64]) -> Result<Tensor> {
+        let numel = numel_of(shape)?;
+        if data.len() != numel {
+            return Err(Error::value(format!(
+                "data has {} elements but shape {} needs {numel}",
+                data.len(),
+                format_shape(shape)
+            )));
+        }
+        let what = format!("a {} tensor of shape {}", dtype.name(), format_shape(shape));
+        crate::budget::check(
+            crate::budget::bytes_of(numel, dtype.size_bytes(), &what)?,
+            &what,
+        )?;
         Tensor::new(shape, HostData::from_f64(dtype, data))
     }
 

@@ -319,6 +319,38 @@ impl Backend for Recording {
     ) -> distopt::Result<()> {
         self.inner.average(arena, group_size, arith, starts, active)
     }
+    fn scaled_sum(
+        &self,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+    ) -> distopt::Result<()> {
+        self.inner
+            .scaled_sum(arena, arith, starts, reduced, scales, present)
+    }
+    fn pseudo_gradient(
+        &self,
+        params: &mut Arena,
+        backup: &Arena,
+        grads: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> distopt::Result<()> {
+        self.inner
+            .pseudo_gradient(params, backup, grads, starts, active)
+    }
+    fn convert(
+        &self,
+        src: &Arena,
+        dst: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> distopt::Result<()> {
+        self.inner.convert(src, dst, starts, active)
+    }
     fn copy_regions(
         &self,
         src: &Arena,
@@ -523,7 +555,7 @@ fn mpirun_distopt(size: usize, args: &[&str], deadline: Duration) -> Result<Job,
     let mut command = Command::new("mpirun");
     command
         .args(["-np", &size.to_string(), "--oversubscribe"])
-        .arg(env!("CARGO_BIN_EXE_distopt"))
+        .arg(common::distopt_exe())
         .args(args);
     run_job(command, deadline)
 }
@@ -589,7 +621,7 @@ fn command_line(failures: &mut Vec<String>) {
         "cpu",
         "--json",
     ];
-    let simulated = Command::new(env!("CARGO_BIN_EXE_distopt"))
+    let simulated = Command::new(common::distopt_exe())
         .args(flags)
         .args(["--ranks", "4"])
         .output()
@@ -634,7 +666,7 @@ fn command_line(failures: &mut Vec<String>) {
         "cpu",
         "--json",
     ];
-    let simulated = Command::new(env!("CARGO_BIN_EXE_distopt"))
+    let simulated = Command::new(common::distopt_exe())
         .args(diloco)
         .args(["--ranks", "4"])
         .output()

@@ -1,0 +1,300 @@
+//! `PeriodicModelAverager` and `HierarchicalModelAverager`.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use js_sys::Array;
+use wasm_bindgen::JsCast;
+use wasm_bindgen::prelude::*;
+
+use super::convert::{count_arg, index_list, integer, optional_integer_arg};
+use super::handles::Registry;
+use super::post_local_sgd::PostLocalCore;
+use super::replicas::{borrow_mut, replicas_of};
+use super::world::{communicator, subgroups, world_of};
+use super::{JsResult, busy, js};
+use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
+use distopt::error::{Error, Result};
+
+/// Where an averager is: its own, or moved into a `PostLocalSGDOptimizer`.
+pub(crate) enum AveragerSlot {
+    Own(Box<dyn ModelAverager>),
+    Wrapped(Rc<PostLocalCore>),
+    /// Only while being moved into a `PostLocalSGDOptimizer`.
+    Moving,
+}
+
+/// What both averager classes share.
+pub(crate) struct AveragerCore {
+    id: Cell<u32>,
+    name: &'static str,
+    slot: RefCell<AveragerSlot>,
+}
+
+thread_local! {
+    /// Live averagers, so that `new PostLocalSGDOptimizer(…, averager)` finds the Rust object
+    /// behind either JS class.
+    static AVERAGERS: Registry<AveragerCore> = const { Registry::new() };
+}
+
+/// The averager behind a JS `PeriodicModelAverager` or `HierarchicalModelAverager`.
+pub(crate) fn averager_of(value: &JsValue) -> Result<Rc<AveragerCore>> {
+    AVERAGERS.with(|r| {
+        r.resolve(
+            value,
+            "__distoptAveragerId",
+            "averager must be a PeriodicModelAverager or HierarchicalModelAverager object",
+        )
+    })
+}
+
+impl AveragerCore {
+    fn new(name: &'static str, averager: Box<dyn ModelAverager>) -> Rc<AveragerCore> {
+        let core = Rc::new(AveragerCore {
+            id: Cell::new(0),
+            name,
+            slot: RefCell::new(AveragerSlot::Own(averager)),
+        });
+        core.id.set(AVERAGERS.with(|r| r.register(&core)));
+        core
+    }
+
+    fn wrapped_error(&self) -> Error {
+        Error::runtime(format!(
+            "this {} belongs to a PostLocalSGDOptimizer: it averages through that optimizer's step()",
+            self.name
+        ))
+    }
+
+    fn step(&self) -> Result<u64> {
+        let slot = self.slot.try_borrow().map_err(|_| busy("averager"))?;
+        match &*slot {
+            AveragerSlot::Own(a) => Ok(a.step()),
+            AveragerSlot::Wrapped(post) => Ok(post
+                .opt
+                .try_borrow()
+                .map_err(|_| busy("averager"))?
+                .averager()
+                .step()),
+            AveragerSlot::Moving => Err(busy("averager")),
+        }
+    }
+
+    fn write<T>(&self, f: impl FnOnce(&mut dyn ModelAverager) -> Result<T>) -> Result<T> {
+        let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("averager"))?;
+        match &mut *slot {
+            AveragerSlot::Own(a) => f(a.as_mut()),
+            AveragerSlot::Wrapped(_) => Err(self.wrapped_error()),
+            AveragerSlot::Moving => Err(busy("averager")),
+        }
+    }
+
+    /// Takes the averager out to wrap it; `install` puts the wrapper's handle back.
+    pub(crate) fn take(&self) -> Result<Box<dyn ModelAverager>> {
+        let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("averager"))?;
+        match std::mem::replace(&mut *slot, AveragerSlot::Moving) {
+            AveragerSlot::Own(a) => Ok(a),
+            other => {
+                *slot = other;
+                Err(Error::value(format!(
+                    "this {} already belongs to a PostLocalSGDOptimizer",
+                    self.name
+                )))
+            }
+        }
+    }
+
+    pub(crate) fn install(&self, slot: AveragerSlot) {
+        if let Ok(mut s) = self.slot.try_borrow_mut() {
+            *s = slot;
+        }
+    }
+
+    fn average_parameters(&self, replicas: &JsValue, params: &JsValue) -> Result<JsValue> {
+        let shared = replicas_of(replicas)?;
+        let params = if params.is_undefined() || params.is_null() {
+            None
+        } else {
+            Some(index_list(params, "params")?)
+        };
+        let mut replicas = borrow_mut(&shared)?;
+        let used = self.write(|a| a.average_parameters(&mut replicas, params.as_deref()))?;
+        Ok(used.map_or(JsValue::NULL, |g| JsValue::from_f64(g as f64)))
+    }
+
+    fn set_step(&self, step: &JsValue) -> Result<()> {
+        let step = count_arg(step, "step")? as u64;
+        self.write(|a| {
+            a.set_step(step);
+            Ok(())
+        })
+    }
+}
+
+/// `PeriodicModelAverager(period, warmup_steps)`: averages the parameters that have a
+/// gradient every `period` steps after `warmupSteps` warm-up steps, over the world (or within
+/// each group of `groupSize` contiguous ranks).
+#[wasm_bindgen(js_name = PeriodicModelAverager)]
+pub struct PeriodicModelAveragerJs {
+    core: Rc<AveragerCore>,
+    period: u64,
+    warmup_steps: u64,
+}
+
+#[wasm_bindgen(js_class = PeriodicModelAverager)]
+impl PeriodicModelAveragerJs {
+    /// `period` (default 1) and `warmupSteps` (default 0) as PyTorch checks them (warm-up
+    /// first); a period of 1 warns as PyTorch does.
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        period: JsValue,
+        warmup_steps: JsValue,
+        world: JsValue,
+        group_size: JsValue,
+    ) -> JsResult<PeriodicModelAveragerJs> {
+        let world = js(world_of(&world))?;
+        let period = js(optional_integer_arg(&period, "period"))?.unwrap_or(1);
+        let warmup = js(optional_integer_arg(&warmup_steps, "warmupSteps"))?.unwrap_or(0);
+        let group = js(subgroups(&world, &group_size))?;
+        let averager = js(PeriodicModelAverager::with_group(
+            period,
+            warmup,
+            communicator(&world),
+            group,
+        ))?;
+        Ok(PeriodicModelAveragerJs {
+            period: averager.period(),
+            warmup_steps: averager.warmup_steps(),
+            core: AveragerCore::new("PeriodicModelAverager", Box::new(averager)),
+        })
+    }
+
+    /// Identifies the averager to `PostLocalSGDOptimizer` (internal).
+    #[wasm_bindgen(getter, js_name = __distoptAveragerId)]
+    pub fn id(&self) -> u32 {
+        self.core.id.get()
+    }
+
+    /// The averaging period.
+    #[wasm_bindgen(getter)]
+    pub fn period(&self) -> f64 {
+        self.period as f64
+    }
+
+    /// The warm-up steps.
+    #[wasm_bindgen(getter, js_name = warmupSteps)]
+    pub fn warmup_steps(&self) -> f64 {
+        self.warmup_steps as f64
+    }
+
+    /// The step counter: calls of `averageParameters` so far.
+    #[wasm_bindgen(getter)]
+    pub fn step(&self) -> JsResult<f64> {
+        Ok(js(self.core.step())? as f64)
+    }
+
+    /// Sets the step counter.
+    #[wasm_bindgen(setter)]
+    pub fn set_step(&self, step: JsValue) -> JsResult<()> {
+        js(self.core.set_step(&step))
+    }
+
+    /// `average_parameters(params)`: averages, if the schedule says so, the parameters listed
+    /// in `params` (all when omitted) that have a gradient on rank 0; advances the counter.
+    /// Returns the group size used, or `null` when this step did not average.
+    #[wasm_bindgen(js_name = averageParameters)]
+    pub fn average_parameters(&self, replicas: JsValue, params: JsValue) -> JsResult<JsValue> {
+        js(self.core.average_parameters(&replicas, &params))
+    }
+}
+
+/// `(period, group size)` pairs in insertion order from an array of pairs or a `Map`.
+fn period_group_sizes(value: &JsValue) -> Result<Vec<(i64, i64)>> {
+    let pairs: Array = if let Some(map) = value.dyn_ref::<js_sys::Map>() {
+        js_sys::Array::from(&map.entries().into())
+    } else if Array::is_array(value) {
+        value.clone().unchecked_into()
+    } else {
+        return Err(Error::type_error(
+            "periodGroupSizeDict must be an array of [period, groupSize] pairs or a Map (a plain object would lose the insertion order, which matters)",
+        ));
+    };
+    pairs
+        .iter()
+        .enumerate()
+        .map(|(i, pair)| {
+            let what = format!("periodGroupSizeDict[{i}]");
+            let items = super::convert::array(&pair, &what)?;
+            if items.length() != 2 {
+                return Err(Error::type_error(format!(
+                    "{what} must be a [period, groupSize] pair"
+                )));
+            }
+            let number = |v: JsValue, name: &str| {
+                v.as_f64()
+                    .ok_or_else(|| Error::type_error(format!("{what}: {name} must be an integer")))
+                    .and_then(|x| integer(x, &format!("{what}: {name}")))
+            };
+            Ok((
+                number(items.get(0), "period")?,
+                number(items.get(1), "groupSize")?,
+            ))
+        })
+        .collect()
+}
+
+/// `HierarchicalModelAverager(period_group_size_dict, warmup_steps)`: several periods, each
+/// averaging within contiguous groups of its size; the periods are searched from the last
+/// inserted to the first, and the first that divides the step picks the group.
+#[wasm_bindgen(js_name = HierarchicalModelAverager)]
+pub struct HierarchicalModelAveragerJs {
+    core: Rc<AveragerCore>,
+}
+
+#[wasm_bindgen(js_class = HierarchicalModelAverager)]
+impl HierarchicalModelAveragerJs {
+    /// `periodGroupSizeDict` as `[[period, groupSize], …]` (or a `Map`) in insertion order;
+    /// `warmupSteps` defaults to 0. PyTorch's checks, errors and warnings, in its order.
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        period_group_size_dict: JsValue,
+        warmup_steps: JsValue,
+        world: JsValue,
+    ) -> JsResult<HierarchicalModelAveragerJs> {
+        let world = js(world_of(&world))?;
+        let dict = js(period_group_sizes(&period_group_size_dict))?;
+        let warmup = js(optional_integer_arg(&warmup_steps, "warmupSteps"))?.unwrap_or(0);
+        let averager = js(HierarchicalModelAverager::new(
+            &dict,
+            warmup,
+            communicator(&world),
+        ))?;
+        Ok(HierarchicalModelAveragerJs {
+            core: AveragerCore::new("HierarchicalModelAverager", Box::new(averager)),
+        })
+    }
+
+    /// Identifies the averager to `PostLocalSGDOptimizer` (internal).
+    #[wasm_bindgen(getter, js_name = __distoptAveragerId)]
+    pub fn id(&self) -> u32 {
+        self.core.id.get()
+    }
+
+    /// The step counter: calls of `averageParameters` so far.
+    #[wasm_bindgen(getter)]
+    pub fn step(&self) -> JsResult<f64> {
+        Ok(js(self.core.step())? as f64)
+    }
+
+    /// Sets the step counter.
+    #[wasm_bindgen(setter)]
+    pub fn set_step(&self, step: JsValue) -> JsResult<()> {
+        js(self.core.set_step(&step))
+    }
+
+    /// As `PeriodicModelAverager.averageParameters`: returns the group size used, or `null`.
+    #[wasm_bindgen(js_name = averageParameters)]
+    pub fn average_parameters(&self, replicas: JsValue, params: JsValue) -> JsResult<JsValue> {
+        js(self.core.average_parameters(&replicas, &params))
+    }
+}

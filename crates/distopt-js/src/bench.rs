@@ -1,0 +1,166 @@
+//! `StepBench`: the data-parallel SGD step resident on the backend, for timing from JS (the
+//! browser's counterpart of the resident row of `distopt bench step`).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use js_sys::Promise;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use super::convert::count_arg;
+use super::{busy, current_backend, js};
+use distopt::backend::{Arena, Backend, layout_params};
+use distopt::dtype::DType;
+use distopt::error::{Error, Result};
+use distopt::tensor::HostData;
+
+/// The learning rate of the timed steps (any value does).
+const LEARNING_RATE: f32 = 1e-3;
+
+struct Arenas {
+    params: Arena,
+    grads: Arena,
+    means: Arena,
+}
+
+/// R ranks' parameters and gradients of N elements resident on the backend; each `run()` is
+/// one fused step (mean of the gradients + SGD update, every rank) followed by a wait for the
+/// device, so that JS can time it. Each step moves `bytes` bytes: R gradient and R parameter
+/// rows read and written, and the means.
+#[wasm_bindgen]
+pub struct StepBench {
+    backend: Arc<dyn Backend>,
+    arenas: Rc<RefCell<Arenas>>,
+    ranks: usize,
+    elements: usize,
+    dtype: DType,
+}
+
+/// Deterministic values in [-1, 1) (xorshift64*), different per `seed`.
+fn values(seed: u64, n: usize) -> Vec<f64> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            let bits = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
+            bits as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
+
+impl StepBench {
+    fn build(ranks: usize, elements: usize, dtype: DType) -> Result<StepBench> {
+        if ranks == 0 || elements == 0 {
+            return Err(Error::value(
+                "StepBench needs at least one rank and one element",
+            ));
+        }
+        if dtype == DType::Float64 {
+            return Err(Error::value(
+                "StepBench times float32, float16 or bfloat16 (float64 runs as float32 in the step)",
+            ));
+        }
+        ranks
+            .checked_mul(elements)
+            .filter(|&n| n <= 1 << 28)
+            .ok_or_else(|| Error::value("StepBench: ranks × elements is too large"))?;
+        let backend = current_backend()?;
+        let format = dtype.storage();
+        let (_, rank_len) = layout_params(&[elements]);
+        let chunk_len = backend.chunk_len(rank_len, ranks);
+        let mut params = backend.create_arena(format, ranks, rank_len, chunk_len)?;
+        let mut grads = backend.create_arena(format, ranks, rank_len, chunk_len)?;
+        let means = backend.create_arena(format, 1, rank_len, chunk_len)?;
+        let pack = |seed: u64| {
+            let mut words = vec![0u32; format.words_for(rank_len)];
+            HostData::from_f64(dtype, &values(seed, elements)).encode_into(format, &mut words);
+            words
+        };
+        let words = pack(0);
+        for rank in 0..ranks {
+            params.write(rank, 0, &words)?;
+        }
+        for rank in 0..ranks {
+            grads.write(rank, 0, &pack(rank as u64 + 1))?;
+        }
+        Ok(StepBench {
+            backend,
+            arenas: Rc::new(RefCell::new(Arenas {
+                params,
+                grads,
+                means,
+            })),
+            ranks,
+            elements,
+            dtype,
+        })
+    }
+}
+
+#[wasm_bindgen]
+impl StepBench {
+    /// Fills the arenas (parameters from seed 0, rank r's gradients from seed r + 1) on the
+    /// current backend and waits until they are on the device. `dtype` defaults to float32.
+    pub fn create(ranks: JsValue, elements: JsValue, dtype: JsValue) -> Promise {
+        let ranks = count_arg(&ranks, "ranks");
+        let elements = count_arg(&elements, "elements");
+        let dtype = super::convert::optional_string(&dtype, "dtype");
+        future_to_promise(async move {
+            let ranks = js(ranks)?;
+            let elements = js(elements)?;
+            let dtype = js(dtype)?;
+            let dtype = js(DType::parse(dtype.as_deref().unwrap_or("float32")))?;
+            let bench = js(StepBench::build(ranks, elements, dtype))?;
+            js(bench.backend.synchronize().await)?;
+            Ok(bench.into())
+        })
+    }
+
+    /// One resident step, resolved when the device has finished it.
+    pub fn run(&self) -> Promise {
+        let (arenas, backend) = (self.arenas.clone(), self.backend.clone());
+        future_to_promise(async move {
+            {
+                let mut guard = js(arenas.try_borrow_mut().map_err(|_| busy("StepBench")))?;
+                let a = &mut *guard;
+                js(backend.dp_sgd_step(&mut a.params, &a.grads, &mut a.means, LEARNING_RATE))?;
+            }
+            js(backend.synchronize().await)?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
+    /// Bytes one step moves: `(2R + 2) · N · element size`.
+    #[wasm_bindgen(getter)]
+    pub fn bytes(&self) -> f64 {
+        ((2 * self.ranks + 2) * self.elements * self.dtype.size_bytes()) as f64
+    }
+
+    /// R.
+    #[wasm_bindgen(getter)]
+    pub fn ranks(&self) -> f64 {
+        self.ranks as f64
+    }
+
+    /// N.
+    #[wasm_bindgen(getter)]
+    pub fn elements(&self) -> f64 {
+        self.elements as f64
+    }
+
+    /// The dtype timed.
+    #[wasm_bindgen(getter)]
+    pub fn dtype(&self) -> String {
+        self.dtype.name().into()
+    }
+
+    /// The backend the arenas live on.
+    #[wasm_bindgen(getter)]
+    pub fn backend(&self) -> js_sys::Object {
+        super::backend_info_to_js(self.backend.info())
+    }
+}

@@ -1,0 +1,294 @@
+//! `DistributedDataParallel` (the gradient all-reduce) and `Join` (uneven inputs) over a
+//! simulated `World`, run in lock-step: see `join` in the library.
+
+use std::cell::{RefCell, RefMut};
+use std::rc::Rc;
+
+use js_sys::Array;
+use serde_json::Value;
+use wasm_bindgen::prelude::*;
+
+use super::convert::json_from_js;
+use super::handles::Registry;
+use super::replicas::{SharedReplicas, borrow_mut, replicas_of};
+use super::world::{communicator, world_of};
+use super::zero::{ZeroHandle, zero_of};
+use super::{JsResult, busy, js, js_ranks};
+use distopt::ddp::DistributedDataParallel;
+use distopt::error::{Error, Result};
+use distopt::join::{Join, JoinOptions, Joinable};
+use distopt::zero::ZeroRedundancyOptimizer;
+
+/// What the registry tracks: the DDP module and the replicas it wraps.
+pub(crate) struct DdpHandle {
+    ddp: RefCell<DistributedDataParallel>,
+    replicas: SharedReplicas,
+}
+
+thread_local! {
+    static DDPS: Registry<DdpHandle> = const { Registry::new() };
+}
+
+/// `torch.nn.parallel.DistributedDataParallel`'s gradient synchronization over the ranks of a
+/// `World`, with the model held by a `Replicas` (one replica per rank).
+#[wasm_bindgen(js_name = DistributedDataParallel)]
+pub struct DistributedDataParallelJs {
+    inner: Rc<DdpHandle>,
+    id: u32,
+}
+
+impl DdpHandle {
+    fn ddp(&self) -> Result<RefMut<'_, DistributedDataParallel>> {
+        self.ddp
+            .try_borrow_mut()
+            .map_err(|_| busy("DistributedDataParallel"))
+    }
+}
+
+#[wasm_bindgen(js_class = DistributedDataParallel)]
+impl DistributedDataParallelJs {
+    /// Wraps `replicas` (one rank per replica of `world`) and broadcasts rank 0's parameters
+    /// to every rank, as DDP's constructor does.
+    #[wasm_bindgen(constructor)]
+    pub fn new(world: JsValue, replicas: JsValue) -> JsResult<DistributedDataParallelJs> {
+        let world = js(world_of(&world))?;
+        let shared = js(replicas_of(&replicas))?;
+        let ddp = {
+            let mut replicas = js(borrow_mut(&shared))?;
+            js(DistributedDataParallel::new(
+                communicator(&world),
+                &mut replicas,
+            ))?
+        };
+        let inner = Rc::new(DdpHandle {
+            ddp: RefCell::new(ddp),
+            replicas: shared,
+        });
+        let id = DDPS.with(|r| r.register(&inner));
+        Ok(DistributedDataParallelJs { inner, id })
+    }
+
+    /// Identifies the module to the functions it is passed to (internal).
+    #[wasm_bindgen(getter, js_name = __distoptDdpId)]
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The backward pass's gradient all-reduce, once every rank's local gradients are set:
+    /// every rank with inputs gets `Σ_r fl(G_r · fl(1/D))` (see the documentation); in a
+    /// `Join`, ranks that joined contribute zeros and keep their own gradients. A failure
+    /// carries every rank's error (`rankErrors`).
+    #[wasm_bindgen(js_name = synchronizeGradients)]
+    pub fn synchronize_gradients(&self) -> JsResult<()> {
+        let mut ddp = js(self.inner.ddp())?;
+        let mut replicas = js(borrow_mut(&self.inner.replicas))?;
+        js_ranks(ddp.synchronize_gradients(&mut replicas))
+    }
+}
+
+/// A participant of a `Join`.
+enum Participant {
+    Ddp(Rc<DdpHandle>),
+    Zero(Rc<ZeroHandle>),
+}
+
+impl Participant {
+    fn replicas(&self) -> &SharedReplicas {
+        match self {
+            Participant::Ddp(h) => &h.replicas,
+            Participant::Zero(h) => &h.replicas,
+        }
+    }
+}
+
+/// The borrowed joinables of a `Join`, in order.
+enum Borrowed<'a> {
+    Ddp(RefMut<'a, DistributedDataParallel>),
+    Zero(RefMut<'a, ZeroRedundancyOptimizer>),
+}
+
+fn borrow_all(participants: &[Participant]) -> Result<Vec<Borrowed<'_>>> {
+    participants
+        .iter()
+        .map(|p| match p {
+            Participant::Ddp(h) => h.ddp().map(Borrowed::Ddp),
+            Participant::Zero(h) => h
+                .zero
+                .try_borrow_mut()
+                .map(Borrowed::Zero)
+                .map_err(|_| busy("optimizer")),
+        })
+        .collect()
+}
+
+fn as_joinables<'a>(borrowed: &'a mut [Borrowed<'_>]) -> Vec<&'a mut dyn Joinable> {
+    borrowed
+        .iter_mut()
+        .map(|b| match b {
+            Borrowed::Ddp(d) => &mut **d as &mut dyn Joinable,
+            Borrowed::Zero(z) => &mut **z as &mut dyn Joinable,
+        })
+        .collect()
+}
+
+/// `{enable, throwOnEarlyTermination, divideByInitialWorldSize}` (PyTorch's defaults: `true`,
+/// `false`, `true`).
+fn join_options(value: &JsValue) -> Result<JoinOptions> {
+    let mut options = JoinOptions::default();
+    let map = match json_from_js(value, "options")? {
+        Value::Null => return Ok(options),
+        Value::Object(map) => map,
+        _ => {
+            return Err(Error::type_error(
+                "options must be an object {enable, throwOnEarlyTermination, divideByInitialWorldSize}",
+            ));
+        }
+    };
+    for (key, value) in &map {
+        let flag = match value {
+            Value::Bool(b) => *b,
+            _ => {
+                return Err(Error::type_error(format!(
+                    "options.{key} must be a boolean"
+                )));
+            }
+        };
+        match key.as_str() {
+            "enable" => options.enable = flag,
+            "throwOnEarlyTermination" => options.throw_on_early_termination = flag,
+            "divideByInitialWorldSize" => options.divide_by_initial_world_size = flag,
+            other => {
+                return Err(Error::type_error(format!(
+                    "unknown Join option '{other}': expected enable, throwOnEarlyTermination or divideByInitialWorldSize"
+                )));
+            }
+        }
+    }
+    Ok(options)
+}
+
+/// `torch.distributed.algorithms.Join` over `DistributedDataParallel` and
+/// `ZeroRedundancyOptimizer` objects, in lock-step: each global iteration starts with
+/// `iteration(hasInput)`; then the joinables' calls (`ddp.synchronizeGradients()`,
+/// `zero.step()`) run the joined ranks' hooks with the active ranks' collectives; `exit()`
+/// ends the context (the post-hooks: DDP broadcasts the final model from the last joiner).
+#[wasm_bindgen(js_name = Join)]
+pub struct JoinJs {
+    join: RefCell<Join>,
+    participants: Vec<Participant>,
+}
+
+#[wasm_bindgen(js_class = Join)]
+impl JoinJs {
+    /// `Join(joinables, enable, throw_on_early_termination, divide_by_initial_world_size=…)`:
+    /// `joinables` is an array of `DistributedDataParallel` and `ZeroRedundancyOptimizer`
+    /// objects over the same `Replicas` (DDP first, as PyTorch needs); `options`:
+    /// `{enable, throwOnEarlyTermination, divideByInitialWorldSize}`.
+    #[wasm_bindgen(constructor)]
+    pub fn new(joinables: JsValue, options: JsValue) -> JsResult<JoinJs> {
+        js(Self::build(&joinables, &options))
+    }
+
+    fn build(joinables: &JsValue, options: &JsValue) -> Result<JoinJs> {
+        let options = join_options(options)?;
+        if !Array::is_array(joinables) {
+            return Err(Error::type_error(
+                "joinables must be an array of DistributedDataParallel and ZeroRedundancyOptimizer objects",
+            ));
+        }
+        let items: &Array = joinables.unchecked_ref();
+        let participants = items
+            .iter()
+            .enumerate()
+            .map(|(k, item)| {
+                if let Some(zero) = zero_of(&item) {
+                    return Ok(Participant::Zero(zero));
+                }
+                DDPS.with(|r| {
+                    r.resolve(
+                        &item,
+                        "__distoptDdpId",
+                        &format!(
+                            "joinables[{k}] must be a DistributedDataParallel or a ZeroRedundancyOptimizer"
+                        ),
+                    )
+                })
+                .map(Participant::Ddp)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(first) = participants.first() {
+            if participants
+                .iter()
+                .any(|p| !Rc::ptr_eq(p.replicas(), first.replicas()))
+            {
+                return Err(Error::value(
+                    "the joinables of a Join must share one Replicas (the model they train)",
+                ));
+            }
+        }
+        let join = {
+            let mut borrowed = borrow_all(&participants)?;
+            Join::new(&mut as_joinables(&mut borrowed), options)?
+        };
+        Ok(JoinJs {
+            join: RefCell::new(join),
+            participants,
+        })
+    }
+
+    fn join(&self) -> Result<RefMut<'_, Join>> {
+        self.join.try_borrow_mut().map_err(|_| busy("Join"))
+    }
+
+    /// The start of a global iteration: `hasInput[r]` says whether rank `r` still has an
+    /// input. A rank without one joins for good.
+    pub fn iteration(&self, has_input: JsValue) -> JsResult<()> {
+        let flags = match js(json_from_js(&has_input, "hasInput"))? {
+            Value::Array(items) if items.iter().all(Value::is_boolean) => items
+                .iter()
+                .map(|v| v.as_bool().unwrap_or(false))
+                .collect::<Vec<bool>>(),
+            _ => {
+                return Err(super::js_error(Error::type_error(
+                    "hasInput must be an array of booleans, one per rank",
+                )));
+            }
+        };
+        js(js(self.join())?.iteration(&flags))
+    }
+
+    /// The end of the context: the post-hooks of every joinable (with
+    /// `throwOnEarlyTermination`, the errors of ranks still shadowing; each rank's in
+    /// `rankErrors`).
+    pub fn exit(&self) -> JsResult<()> {
+        let mut join = js(self.join())?;
+        let mut borrowed = js(borrow_all(&self.participants))?;
+        let shared = self
+            .participants
+            .first()
+            .map(|p| p.replicas().clone())
+            .ok_or_else(|| super::js_error(Error::value("a Join has joinables")))?;
+        let mut replicas = js(borrow_mut(&shared))?;
+        js_ranks(join.exit(&mut as_joinables(&mut borrowed), &mut replicas))
+    }
+
+    /// Per rank: whether it has joined.
+    #[wasm_bindgen(getter)]
+    pub fn joined(&self) -> JsResult<Vec<JsValue>> {
+        Ok(js(self.join())?
+            .joined()
+            .into_iter()
+            .map(JsValue::from_bool)
+            .collect())
+    }
+
+    /// Per rank: the shadow iterations it has run since it joined.
+    #[wasm_bindgen(js_name = shadowIterations)]
+    pub fn shadow_iterations(&self) -> JsResult<Array> {
+        Ok(js(self.join())?
+            .shadow_iterations()
+            .into_iter()
+            .map(|n| JsValue::from_f64(n as f64))
+            .collect())
+    }
+}

@@ -1,0 +1,386 @@
+//! `SGD`, `Adam` and `AdamW`: local optimizers over every rank of a `Replicas`, bound to it at
+//! construction as PyTorch's optimizers are bound to their parameters.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use js_sys::{Array, Promise};
+use serde_json::Value;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use super::convert::{json_from_js, json_to_js, rank_arg};
+use super::diloco::DiLoCoCore;
+use super::handles::Registry;
+use super::post_local_sgd::PostLocalCore;
+use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
+use super::{JsResult, busy, js};
+use distopt::error::{Error, Result};
+use distopt::optim::{self, LocalOptimizer, OptionMap};
+
+/// Where an optimizer is: its own, or moved into a `PostLocalSGDOptimizer` or a `DiLoCo`
+/// (which then steps it; the JS object still reads its state).
+pub(crate) enum OptimSlot {
+    Own(Box<dyn LocalOptimizer>),
+    Wrapped(Rc<PostLocalCore>),
+    /// The inner or outer optimizer of a `DiLoCo`.
+    InDiLoCo(Rc<DiLoCoCore>, DiLoCoRole),
+    /// Only while being moved into a `PostLocalSGDOptimizer` or a `DiLoCo`.
+    Moving,
+}
+
+/// Which of a `DiLoCo`'s optimizers an optimizer object is.
+#[derive(Clone, Copy)]
+pub(crate) enum DiLoCoRole {
+    Inner,
+    Outer,
+}
+
+fn in_diloco(diloco: &distopt::diloco::DiLoCo, role: DiLoCoRole) -> &dyn LocalOptimizer {
+    match role {
+        DiLoCoRole::Inner => diloco.inner(),
+        DiLoCoRole::Outer => diloco.outer(),
+    }
+}
+
+/// What the `SGD`, `Adam` and `AdamW` classes share.
+pub(crate) struct OptimizerCore {
+    pub(crate) id: std::cell::Cell<u32>,
+    pub(crate) name: &'static str,
+    pub(crate) replicas: SharedReplicas,
+    pub(crate) slot: RefCell<OptimSlot>,
+}
+
+thread_local! {
+    /// Live optimizers, so that `new PostLocalSGDOptimizer(optim, …)` finds the Rust object
+    /// behind any of the three JS classes.
+    static OPTIMIZERS: Registry<OptimizerCore> = const { Registry::new() };
+}
+
+/// The optimizer behind a JS `SGD`, `Adam` or `AdamW` object.
+pub(crate) fn optimizer_of(value: &JsValue) -> Result<Rc<OptimizerCore>> {
+    OPTIMIZERS.with(|r| {
+        r.resolve(
+            value,
+            "__distoptOptimizerId",
+            "optim must be an SGD, Adam or AdamW object",
+        )
+    })
+}
+
+/// Parses PyTorch-style parameter groups: `[{params: [j, …], <option>: value, …}, …]`.
+pub(crate) fn param_groups(value: &JsValue, params: usize) -> Result<Vec<(Vec<usize>, OptionMap)>> {
+    if value.is_undefined() || value.is_null() {
+        return Ok(vec![((0..params).collect(), OptionMap::new())]);
+    }
+    let Value::Array(groups) = json_from_js(value, "paramGroups")? else {
+        return Err(Error::type_error(
+            "paramGroups must be an array of {params: [...], ...options} objects",
+        ));
+    };
+    groups
+        .into_iter()
+        .enumerate()
+        .map(|(k, group)| group_from_json(group, &format!("paramGroups[{k}]")))
+        .collect()
+}
+
+pub(crate) fn group_from_json(group: Value, what: &str) -> Result<(Vec<usize>, OptionMap)> {
+    let Value::Object(mut options) = group else {
+        return Err(Error::type_error(format!(
+            "{what} must be an object {{params: [...], ...options}}"
+        )));
+    };
+    let indices = match options.remove("params") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_u64().and_then(|i| usize::try_from(i).ok()))
+            .collect::<Option<Vec<usize>>>(),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        Error::type_error(format!(
+            "{what}.params must be an array of parameter indices"
+        ))
+    })?;
+    Ok((indices, options))
+}
+
+/// Options as an `OptionMap` (`undefined` and `null`: none).
+pub(crate) fn options(value: &JsValue) -> Result<OptionMap> {
+    optim::option_map(&json_from_js(value, "options")?)
+}
+
+impl OptimizerCore {
+    fn create(
+        name: &'static str,
+        replicas: &JsValue,
+        options_value: &JsValue,
+        groups: &JsValue,
+    ) -> Result<Rc<OptimizerCore>> {
+        let shared = replicas_of(replicas)?;
+        let optim = {
+            let replicas = borrow(&shared)?;
+            let groups = param_groups(groups, replicas.len())?;
+            if groups.is_empty() {
+                // PyTorch: `SGD([])`.
+                return Err(Error::value("optimizer got an empty parameter list"));
+            }
+            optim::create(name, &replicas, groups, &options(options_value)?)?
+        };
+        let core = Rc::new(OptimizerCore {
+            id: std::cell::Cell::new(0),
+            name,
+            replicas: shared,
+            slot: RefCell::new(OptimSlot::Own(optim)),
+        });
+        core.id.set(OPTIMIZERS.with(|r| r.register(&core)));
+        Ok(core)
+    }
+
+    fn wrapped_error(&self) -> Error {
+        Error::runtime(format!(
+            "this {} belongs to a PostLocalSGDOptimizer: step, load and extend it through that",
+            self.name
+        ))
+    }
+
+    /// Runs `f` on the optimizer, wherever it is.
+    fn read<T>(&self, f: impl FnOnce(&dyn LocalOptimizer) -> T) -> Result<T> {
+        let slot = self.slot.try_borrow().map_err(|_| busy("optimizer"))?;
+        match &*slot {
+            OptimSlot::Own(o) => Ok(f(o.as_ref())),
+            OptimSlot::Wrapped(post) => {
+                let post = post.opt.try_borrow().map_err(|_| busy("optimizer"))?;
+                Ok(f(post.optim()))
+            }
+            OptimSlot::InDiLoCo(core, role) => {
+                let diloco = core.diloco.try_borrow().map_err(|_| busy("optimizer"))?;
+                Ok(f(in_diloco(&diloco, *role)))
+            }
+            OptimSlot::Moving => Err(busy("optimizer")),
+        }
+    }
+
+    /// Runs `f` on the optimizer it owns (an error once it is wrapped).
+    fn write<T>(&self, f: impl FnOnce(&mut dyn LocalOptimizer) -> Result<T>) -> Result<T> {
+        let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("optimizer"))?;
+        match &mut *slot {
+            OptimSlot::Own(o) => f(o.as_mut()),
+            OptimSlot::Wrapped(_) => Err(self.wrapped_error()),
+            OptimSlot::InDiLoCo(..) => Err(Error::runtime(format!(
+                "this {} belongs to a DiLoCo: step and load it through that",
+                self.name
+            ))),
+            OptimSlot::Moving => Err(busy("optimizer")),
+        }
+    }
+
+    /// Takes the optimizer out to wrap it; `install` puts the wrapper's handle back.
+    pub(crate) fn take(&self) -> Result<Box<dyn LocalOptimizer>> {
+        let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("optimizer"))?;
+        match std::mem::replace(&mut *slot, OptimSlot::Moving) {
+            OptimSlot::Own(o) => Ok(o),
+            other => {
+                let owner = match other {
+                    OptimSlot::InDiLoCo(..) => "DiLoCo",
+                    _ => "PostLocalSGDOptimizer",
+                };
+                *slot = other;
+                Err(Error::value(format!(
+                    "this {} already belongs to a {owner}",
+                    self.name
+                )))
+            }
+        }
+    }
+
+    pub(crate) fn install(&self, slot: OptimSlot) {
+        if let Ok(mut s) = self.slot.try_borrow_mut() {
+            *s = slot;
+        }
+    }
+
+    fn step(&self) -> Result<()> {
+        self.write(|o| {
+            let mut replicas = borrow_mut(&self.replicas)?;
+            o.step(&mut replicas)
+        })
+    }
+
+    fn zero_grad(&self) -> Result<()> {
+        borrow_mut(&self.replicas)?.zero_grad();
+        Ok(())
+    }
+
+    fn param_groups(&self) -> Result<Array> {
+        self.read(|o| {
+            o.param_groups()
+                .into_iter()
+                .map(|g| {
+                    g.into_iter()
+                        .map(|j| JsValue::from_f64(j as f64))
+                        .collect::<Array>()
+                })
+                .collect()
+        })
+    }
+
+    fn add_param_group(&self, group: &JsValue) -> Result<()> {
+        let (params, options) = group_from_json(json_from_js(group, "group")?, "group")?;
+        self.write(|o| o.add_param_group(params, &options))
+    }
+
+    fn load_state_dict(&self, rank: &JsValue, state_dict: &JsValue) -> Result<()> {
+        let state_dict = json_from_js(state_dict, "stateDict")?;
+        self.write(|o| {
+            let mut replicas = borrow_mut(&self.replicas)?;
+            let rank = rank_arg(rank, replicas.ranks())?;
+            o.load_state_dict(&mut replicas, rank, &state_dict)
+        })
+    }
+
+    fn state_dict(self: &Rc<Self>, rank: &JsValue) -> Result<Promise> {
+        let rank = rank_arg(rank, borrow(&self.replicas)?.ranks())?;
+        let core = self.clone();
+        Ok(future_to_promise(async move {
+            js(core
+                .state_dict_json(rank)
+                .await
+                .and_then(|sd| json_to_js(&sd)))
+        }))
+    }
+
+    /// Holds the optimizer and the replicas across the readback on purpose: a change made
+    /// meanwhile is refused (`busy`) instead of racing the read.
+    #[allow(clippy::await_holding_refcell_ref)]
+    async fn state_dict_json(&self, rank: usize) -> Result<Value> {
+        let slot = self.slot.try_borrow().map_err(|_| busy("optimizer"))?;
+        let replicas = borrow(&self.replicas)?;
+        match &*slot {
+            OptimSlot::Own(o) => o.state_dict(&replicas, rank).await,
+            OptimSlot::Wrapped(post) => {
+                let post = post.opt.try_borrow().map_err(|_| busy("optimizer"))?;
+                post.optim().state_dict(&replicas, rank).await
+            }
+            OptimSlot::InDiLoCo(core, role) => {
+                let diloco = core.diloco.try_borrow().map_err(|_| busy("optimizer"))?;
+                in_diloco(&diloco, *role).state_dict(&replicas, rank).await
+            }
+            OptimSlot::Moving => Err(busy("optimizer")),
+        }
+    }
+}
+
+/// Generates one optimizer class: the same surface over the named `torch.optim` algorithm.
+macro_rules! optimizer_class {
+    ($ty:ident, $js:ident, $name:literal, $doc:literal) => {
+        #[doc = $doc]
+        #[wasm_bindgen(js_name = $js)]
+        pub struct $ty {
+            pub(crate) core: Rc<OptimizerCore>,
+        }
+
+        #[wasm_bindgen(js_class = $js)]
+        impl $ty {
+            /// An optimizer over every rank of `replicas`. `options` are PyTorch's keyword
+            /// arguments (`lr`, `momentum`, `betas`, `weight_decay`, …; an unknown name is a
+            /// `TypeError`); `paramGroups`, when given, are `[{params: [j, …], …options}]`
+            /// with per-group options over `options`.
+            #[wasm_bindgen(constructor)]
+            pub fn new(
+                replicas: JsValue,
+                options: JsValue,
+                param_groups: JsValue,
+            ) -> JsResult<$ty> {
+                Ok($ty {
+                    core: js(OptimizerCore::create(
+                        $name,
+                        &replicas,
+                        &options,
+                        &param_groups,
+                    ))?,
+                })
+            }
+
+            /// `"SGD"`, `"Adam"` or `"AdamW"`.
+            #[wasm_bindgen(getter)]
+            pub fn name(&self) -> String {
+                self.core.name.into()
+            }
+
+            /// Identifies the optimizer to `PostLocalSGDOptimizer` (internal).
+            #[wasm_bindgen(getter, js_name = __distoptOptimizerId)]
+            pub fn id(&self) -> u32 {
+                self.core.id.get()
+            }
+
+            /// One step on every rank: each parameter with a gradient on a rank is updated
+            /// from it; the others are skipped, their state untouched.
+            pub fn step(&self) -> JsResult<()> {
+                js(self.core.step())
+            }
+
+            /// `zero_grad(set_to_none=True)` on every rank.
+            #[wasm_bindgen(js_name = zeroGrad)]
+            pub fn zero_grad(&self) -> JsResult<()> {
+                js(self.core.zero_grad())
+            }
+
+            /// The parameter indices of each parameter group.
+            #[wasm_bindgen(js_name = paramGroups)]
+            pub fn param_groups(&self) -> JsResult<Array> {
+                js(self.core.param_groups())
+            }
+
+            /// Adds `{params: [j, …], …options}` as a new parameter group.
+            #[wasm_bindgen(js_name = addParamGroup)]
+            pub fn add_param_group(&self, group: JsValue) -> JsResult<()> {
+                js(self.core.add_param_group(&group))
+            }
+
+            /// Rank `rank`'s `state_dict()`: a promise of `{state, param_groups}` in
+            /// PyTorch's layout, its tensors with typed-array data.
+            #[wasm_bindgen(js_name = stateDict)]
+            pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
+                js(self.core.state_dict(&rank))
+            }
+
+            /// `load_state_dict(stateDict)` on rank `rank`.
+            #[wasm_bindgen(js_name = loadStateDict)]
+            pub fn load_state_dict(&self, rank: JsValue, state_dict: JsValue) -> JsResult<()> {
+                js(self.core.load_state_dict(&rank, &state_dict))
+            }
+        }
+    };
+}
+
+optimizer_class!(
+    SgdJs,
+    SGD,
+    "SGD",
+    "`torch.optim.SGD` on every rank of a `Replicas` (momentum, dampening, Nesterov, weight decay, maximize)."
+);
+optimizer_class!(
+    AdamJs,
+    Adam,
+    "Adam",
+    "`torch.optim.Adam` on every rank of a `Replicas` (AMSGrad, weight decay, maximize)."
+);
+optimizer_class!(
+    AdamWJs,
+    AdamW,
+    "AdamW",
+    "`torch.optim.AdamW` (decoupled weight decay, default 1e-2) on every rank of a `Replicas`."
+);
+
+/// The local optimizer class an argument names, as ZeRO and `DistributedOptimizer` take it:
+/// the class itself (`SGD`, `Adam`, `AdamW` as exported, i.e. a function of that name, as
+/// PyTorch takes `torch.optim.Adam`) or its name as a string. `None` for `undefined`/`null`;
+/// another name reaches the algorithm, which refuses it with PyTorch's error.
+pub(crate) fn optimizer_class(value: &JsValue, what: &str) -> Result<Option<String>> {
+    if let Some(class) = value.dyn_ref::<js_sys::Function>() {
+        return Ok(Some(String::from(class.name())));
+    }
+    super::convert::optional_string(value, what)
+}

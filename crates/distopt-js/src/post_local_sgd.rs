@@ -1,0 +1,191 @@
+//! `PostLocalSGDOptimizer` and `PostLocalSGDState` (the post-local-SGD gradient hook).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use js_sys::Promise;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use super::averaging::{AveragerSlot, averager_of};
+use super::convert::{count_arg, json_from_js, json_to_js, optional_integer_arg, rank_arg};
+use super::optim::{OptimSlot, optimizer_of};
+use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
+use super::world::{communicator, world_of};
+use super::{JsResult, busy, js};
+use distopt::error::Result;
+use distopt::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
+
+/// A `PostLocalSGDOptimizer` and the replicas its optimizer was made over.
+pub(crate) struct PostLocalCore {
+    pub(crate) replicas: SharedReplicas,
+    pub(crate) opt: RefCell<PostLocalSgdOptimizer>,
+}
+
+/// `PostLocalSGDOptimizer(optim, averager)`: the local optimizer's step on every rank, then
+/// the averager's `average_parameters` over the optimizer's parameters.
+///
+/// The optimizer and the averager move into it, as PyTorch's wrapper owns them: afterwards
+/// they still report their state (`stateDict`, `paramGroups`, `step`) but step only through
+/// this object.
+#[wasm_bindgen(js_name = PostLocalSGDOptimizer)]
+pub struct PostLocalSgdOptimizerJs {
+    core: Rc<PostLocalCore>,
+}
+
+impl PostLocalSgdOptimizerJs {
+    fn opt_mut(&self) -> Result<std::cell::RefMut<'_, PostLocalSgdOptimizer>> {
+        self.core
+            .opt
+            .try_borrow_mut()
+            .map_err(|_| busy("PostLocalSGDOptimizer"))
+    }
+}
+
+#[wasm_bindgen(js_class = PostLocalSGDOptimizer)]
+impl PostLocalSgdOptimizerJs {
+    /// Wraps `optim` (an `SGD`, `Adam` or `AdamW`) and `averager` (a `PeriodicModelAverager`
+    /// or `HierarchicalModelAverager`).
+    #[wasm_bindgen(constructor)]
+    pub fn new(optim: JsValue, averager: JsValue) -> JsResult<PostLocalSgdOptimizerJs> {
+        let optim_core = js(optimizer_of(&optim))?;
+        let averager_core = js(averager_of(&averager))?;
+        let local = js(optim_core.take())?;
+        let averaging = match averager_core.take() {
+            Ok(a) => a,
+            Err(err) => {
+                optim_core.install(OptimSlot::Own(local));
+                return Err(super::js_error(err));
+            }
+        };
+        let core = Rc::new(PostLocalCore {
+            replicas: optim_core.replicas.clone(),
+            opt: RefCell::new(PostLocalSgdOptimizer::new(local, averaging)),
+        });
+        optim_core.install(OptimSlot::Wrapped(core.clone()));
+        averager_core.install(AveragerSlot::Wrapped(core.clone()));
+        Ok(PostLocalSgdOptimizerJs { core })
+    }
+
+    /// `step()`: the local step on every rank, then model averaging if the schedule says
+    /// so. Returns the averaging group size, or `null` when this step did not average.
+    pub fn step(&self) -> JsResult<JsValue> {
+        let mut opt = js(self.opt_mut())?;
+        let mut replicas = js(borrow_mut(&self.core.replicas))?;
+        let used = js(opt.step(&mut replicas))?;
+        Ok(used.map_or(JsValue::NULL, |g| JsValue::from_f64(g as f64)))
+    }
+
+    /// `zero_grad()` on every rank.
+    #[wasm_bindgen(js_name = zeroGrad)]
+    pub fn zero_grad(&self) -> JsResult<()> {
+        let opt = js(self.opt_mut())?;
+        let mut replicas = js(borrow_mut(&self.core.replicas))?;
+        opt.zero_grad(&mut replicas);
+        Ok(())
+    }
+
+    /// The averager's step counter.
+    #[wasm_bindgen(getter, js_name = averagerStep)]
+    pub fn averager_step(&self) -> JsResult<f64> {
+        let opt = js(self
+            .core
+            .opt
+            .try_borrow()
+            .map_err(|_| busy("PostLocalSGDOptimizer")))?;
+        Ok(opt.averager().step() as f64)
+    }
+
+    /// Rank `rank`'s `state_dict()`: the local optimizer's, plus `step`, the averager's
+    /// counter (a promise).
+    #[wasm_bindgen(js_name = stateDict)]
+    pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
+        let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
+        let core = self.core.clone();
+        Ok(future_to_promise(async move {
+            js(state_dict_json(&core, rank)
+                .await
+                .and_then(|sd| json_to_js(&sd)))
+        }))
+    }
+
+    /// `load_state_dict(stateDict)` on rank `rank`: the optimizer's state and the averager's
+    /// counter (a missing `step` warns and sets it to 0, as PyTorch does).
+    #[wasm_bindgen(js_name = loadStateDict)]
+    pub fn load_state_dict(&self, rank: JsValue, state_dict: JsValue) -> JsResult<()> {
+        let state_dict = js(json_from_js(&state_dict, "stateDict"))?;
+        let mut opt = js(self.opt_mut())?;
+        let mut replicas = js(borrow_mut(&self.core.replicas))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
+        js(opt.load_state_dict(&mut replicas, rank, &state_dict))
+    }
+}
+
+/// Holds the optimizer and the replicas across the readback on purpose: a change made
+/// meanwhile is refused (`busy`) instead of racing the read.
+#[allow(clippy::await_holding_refcell_ref)]
+async fn state_dict_json(core: &PostLocalCore, rank: usize) -> Result<serde_json::Value> {
+    let opt = core
+        .opt
+        .try_borrow()
+        .map_err(|_| busy("PostLocalSGDOptimizer"))?;
+    let replicas = borrow(&core.replicas)?;
+    opt.state_dict(&replicas, rank).await
+}
+
+/// `PostLocalSGDState` with `post_localSGD_hook`: the gradients are all-reduced (mean) over
+/// the world for the first `startLocalSGDIter` iterations, then within subgroups of
+/// `subgroupSize` ranks (or not at all when `postLocalGradientAllreduce` is false).
+#[wasm_bindgen(js_name = PostLocalSGDState)]
+pub struct PostLocalSgdStateJs {
+    inner: RefCell<PostLocalSgdState>,
+}
+
+#[wasm_bindgen(js_class = PostLocalSGDState)]
+impl PostLocalSgdStateJs {
+    /// `subgroupSize` `null`/`undefined`: the whole world (PyTorch's default, one subgroup
+    /// per machine, is the world here); `postLocalGradientAllreduce` defaults to true.
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        world: JsValue,
+        subgroup_size: JsValue,
+        start_local_sgd_iter: JsValue,
+        post_local_gradient_allreduce: Option<bool>,
+    ) -> JsResult<PostLocalSgdStateJs> {
+        let world = js(world_of(&world))?;
+        let subgroup = js(optional_integer_arg(&subgroup_size, "subgroupSize"))?;
+        let start = js(count_arg(&start_local_sgd_iter, "startLocalSGDIter"))? as u64;
+        Ok(PostLocalSgdStateJs {
+            inner: RefCell::new(js(PostLocalSgdState::new(
+                communicator(&world),
+                subgroup,
+                start,
+                post_local_gradient_allreduce.unwrap_or(true),
+            ))?),
+        })
+    }
+
+    /// Iterations seen so far (PyTorch stops counting once local SGD starts).
+    #[wasm_bindgen(getter)]
+    pub fn iter(&self) -> JsResult<f64> {
+        let state = js(self
+            .inner
+            .try_borrow()
+            .map_err(|_| busy("PostLocalSGDState")))?;
+        Ok(state.iter() as f64)
+    }
+
+    /// The hook, run after every rank's backward pass (after `setGrads`): averages the
+    /// gradients in place. Returns the group size used, or `null`.
+    #[wasm_bindgen(js_name = synchronizeGradients)]
+    pub fn synchronize_gradients(&self, replicas: JsValue) -> JsResult<JsValue> {
+        let replicas = js(replicas_of(&replicas))?;
+        let mut state = js(self
+            .inner
+            .try_borrow_mut()
+            .map_err(|_| busy("PostLocalSGDState")))?;
+        let mut replicas = js(borrow_mut(&replicas))?;
+        let used = js(state.synchronize_gradients(&mut replicas))?;
+        Ok(used.map_or(JsValue::NULL, |g| JsValue::from_f64(g as f64)))
+    }
+}

@@ -1,0 +1,314 @@
+//! `Replicas`: R ranks' copies of a model's parameters and their gradients, resident on the
+//! backend.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use js_sys::{Array, Promise};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use super::convert::{
+    count_arg, optional_tensor_from_js, optional_tensors_from_js, optional_tensors_to_js,
+    param_arg, per_rank_tensors_from_js, rank_arg, tensor_from_js, tensor_to_js, tensors_from_js,
+    tensors_to_js,
+};
+use super::handles::Registry;
+use super::world::world_of;
+use super::{JsResult, busy, current_backend, js};
+use distopt::error::Result;
+use distopt::replicas::Replicas;
+use distopt::tensor::Tensor;
+
+/// Replicas shared by the JS object and the optimizers made over it.
+pub(crate) type SharedReplicas = Rc<RefCell<Replicas>>;
+
+/// Borrows shared replicas for a change, or reports them busy.
+pub(crate) fn borrow_mut(replicas: &SharedReplicas) -> Result<std::cell::RefMut<'_, Replicas>> {
+    replicas.try_borrow_mut().map_err(|_| busy("replicas"))
+}
+
+/// Borrows shared replicas for a read, or reports them busy.
+pub(crate) fn borrow(replicas: &SharedReplicas) -> Result<std::cell::Ref<'_, Replicas>> {
+    replicas.try_borrow().map_err(|_| busy("replicas"))
+}
+
+/// Largest parameter + gradient arenas a `Replicas` may allocate: a 32-bit WebAssembly module
+/// holds at most 4 GiB, and an allocation that fails there aborts instead of reporting.
+const MAX_REPLICA_BYTES: u64 = 1 << 30;
+
+/// Refuses replicas whose arenas could not be allocated, before trying.
+fn check_size(ranks: usize, params: &[Tensor]) -> Result<()> {
+    let per_rank: u64 = params
+        .iter()
+        .map(|p| {
+            let padded = p.numel().div_ceil(distopt::backend::PARAM_ALIGN_ELEMENTS)
+                * distopt::backend::PARAM_ALIGN_ELEMENTS;
+            padded as u64 * p.dtype().storage().element_bytes() as u64
+        })
+        .sum();
+    let total = per_rank.saturating_mul(ranks as u64).saturating_mul(2);
+    if total > MAX_REPLICA_BYTES {
+        return Err(distopt::error::Error::runtime(format!(
+            "out of memory: {ranks} replicas of these parameters need {total} bytes of parameters and gradients, more than the {MAX_REPLICA_BYTES} a WebAssembly module can spare"
+        )));
+    }
+    Ok(())
+}
+
+/// R ranks' replicas of a list of parameters, and their gradients, resident on the backend
+/// chosen at `init()`: every parameter of one dtype, for every rank, in one arena.
+#[wasm_bindgen(js_name = Replicas)]
+pub struct ReplicasJs {
+    inner: SharedReplicas,
+    id: u32,
+}
+
+thread_local! {
+    static REPLICAS: Registry<RefCell<Replicas>> = const { Registry::new() };
+}
+
+/// The replicas behind a JS `Replicas` argument.
+pub(crate) fn replicas_of(value: &JsValue) -> Result<SharedReplicas> {
+    REPLICAS.with(|r| {
+        r.resolve(
+            value,
+            "__distoptReplicasId",
+            "replicas must be a Replicas object",
+        )
+    })
+}
+
+impl ReplicasJs {
+    fn wrap(replicas: Replicas) -> ReplicasJs {
+        let inner = Rc::new(RefCell::new(replicas));
+        let id = REPLICAS.with(|r| r.register(&inner));
+        ReplicasJs { inner, id }
+    }
+}
+
+#[wasm_bindgen(js_class = Replicas)]
+impl ReplicasJs {
+    /// Replicas from each rank's own parameters: `perRank[r][j]`. Every rank must hold the
+    /// same number of parameters with the same shapes and dtypes.
+    #[wasm_bindgen(constructor)]
+    pub fn new(per_rank: JsValue) -> JsResult<ReplicasJs> {
+        let per_rank = js(per_rank_tensors_from_js(&per_rank, "perRank"))?;
+        if let Some(first) = per_rank.first() {
+            js(check_size(per_rank.len(), first))?;
+        }
+        let backend = js(current_backend())?;
+        Ok(ReplicasJs::wrap(js(Replicas::new(backend, &per_rank))?))
+    }
+
+    /// `ranks` identical replicas of `params`.
+    pub fn replicate(ranks: JsValue, params: JsValue) -> JsResult<ReplicasJs> {
+        let ranks = js(count_arg(&ranks, "ranks"))?;
+        let params = js(tensors_from_js(&params, "params"))?;
+        js(check_size(ranks, &params))?;
+        let backend = js(current_backend())?;
+        Ok(ReplicasJs::wrap(js(Replicas::replicate(
+            backend, ranks, &params,
+        ))?))
+    }
+
+    /// Identifies the replicas to the functions they are passed to (internal).
+    #[wasm_bindgen(getter, js_name = __distoptReplicasId)]
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Number of ranks.
+    #[wasm_bindgen(getter)]
+    pub fn ranks(&self) -> JsResult<f64> {
+        Ok(js(borrow(&self.inner))?.ranks() as f64)
+    }
+
+    /// Number of parameters per rank.
+    #[wasm_bindgen(getter)]
+    pub fn length(&self) -> JsResult<f64> {
+        Ok(js(borrow(&self.inner))?.len() as f64)
+    }
+
+    /// Bytes of one rank's parameters.
+    #[wasm_bindgen(getter, js_name = bytesPerRank)]
+    pub fn bytes_per_rank(&self) -> JsResult<f64> {
+        Ok(js(borrow(&self.inner))?.bytes_per_rank() as f64)
+    }
+
+    /// The backend the replicas live on (as `backendInfo()` describes it).
+    #[wasm_bindgen(getter)]
+    pub fn backend(&self) -> JsResult<js_sys::Object> {
+        let replicas = js(borrow(&self.inner))?;
+        Ok(super::backend_info_to_js(replicas.backend().info()))
+    }
+
+    /// Parameter `j`'s shape.
+    pub fn shape(&self, j: JsValue) -> JsResult<Vec<f64>> {
+        let replicas = js(borrow(&self.inner))?;
+        let j = js(param_arg(&j, replicas.len()))?;
+        Ok(replicas.shape(j).iter().map(|&d| d as f64).collect())
+    }
+
+    /// Parameter `j`'s dtype name.
+    pub fn dtype(&self, j: JsValue) -> JsResult<String> {
+        let replicas = js(borrow(&self.inner))?;
+        let j = js(param_arg(&j, replicas.len()))?;
+        Ok(replicas.dtype(j).name().into())
+    }
+
+    /// Parameter `j`'s element count.
+    pub fn numel(&self, j: JsValue) -> JsResult<f64> {
+        let replicas = js(borrow(&self.inner))?;
+        let j = js(param_arg(&j, replicas.len()))?;
+        Ok(replicas.numel(j) as f64)
+    }
+
+    /// Overwrites every parameter of rank `rank`.
+    #[wasm_bindgen(js_name = setParams)]
+    pub fn set_params(&self, rank: JsValue, params: JsValue) -> JsResult<()> {
+        let mut replicas = js(borrow_mut(&self.inner))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
+        let params = js(tensors_from_js(&params, "params"))?;
+        js(replicas.set_params(rank, &params))
+    }
+
+    /// Overwrites parameter `j` of rank `rank`.
+    #[wasm_bindgen(js_name = setParam)]
+    pub fn set_param(&self, rank: JsValue, j: JsValue, value: JsValue) -> JsResult<()> {
+        let mut replicas = js(borrow_mut(&self.inner))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
+        let j = js(param_arg(&j, replicas.len()))?;
+        let value = js(tensor_from_js(&value, "value"))?;
+        js(replicas.set_param(rank, j, &value))
+    }
+
+    /// Sets every gradient of rank `rank` (`null`: no gradient, as `p.grad = None`).
+    #[wasm_bindgen(js_name = setGrads)]
+    pub fn set_grads(&self, rank: JsValue, grads: JsValue) -> JsResult<()> {
+        let mut replicas = js(borrow_mut(&self.inner))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
+        let grads = js(optional_tensors_from_js(&grads, "grads"))?;
+        js(replicas.set_grads(rank, &grads))
+    }
+
+    /// Sets gradient `j` of rank `rank` (`null` removes it).
+    #[wasm_bindgen(js_name = setGrad)]
+    pub fn set_grad(&self, rank: JsValue, j: JsValue, grad: JsValue) -> JsResult<()> {
+        let mut replicas = js(borrow_mut(&self.inner))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
+        let j = js(param_arg(&j, replicas.len()))?;
+        let grad = js(optional_tensor_from_js(&grad, "grad"))?;
+        // Host-only work behind an async signature: it completes at once.
+        js(super::convert::now(replicas.set_grad(rank, j, grad.as_ref())).and_then(|r| r))
+    }
+
+    /// `zero_grad(set_to_none=True)` on every rank.
+    #[wasm_bindgen(js_name = zeroGrad)]
+    pub fn zero_grad(&self) -> JsResult<()> {
+        js(borrow_mut(&self.inner))?.zero_grad();
+        Ok(())
+    }
+
+    /// Whether rank `rank` has a gradient for parameter `j`.
+    #[wasm_bindgen(js_name = hasGrad)]
+    pub fn has_grad(&self, rank: JsValue, j: JsValue) -> JsResult<bool> {
+        let replicas = js(borrow(&self.inner))?;
+        let rank = js(rank_arg(&rank, replicas.ranks()))?;
+        let j = js(param_arg(&j, replicas.len()))?;
+        Ok(replicas.has_grad(rank, j))
+    }
+
+    /// Copies rank `root`'s parameters to every other rank over `world` (as
+    /// `DistributedDataParallel` does at construction).
+    #[wasm_bindgen(js_name = broadcastParams)]
+    pub fn broadcast_params(&self, world: JsValue, root: JsValue) -> JsResult<()> {
+        let world = js(world_of(&world))?;
+        let mut replicas = js(borrow_mut(&self.inner))?;
+        let root = if root.is_undefined() || root.is_null() {
+            0
+        } else {
+            js(rank_arg(&root, replicas.ranks()))?
+        };
+        js(replicas.broadcast_params(world.as_ref(), root))
+    }
+
+    /// Parameter `j` of rank `rank`, read back: a promise of a tensor.
+    pub fn param(&self, rank: JsValue, j: JsValue) -> JsResult<Promise> {
+        let (rank, j) = self.rank_and_param(rank, j)?;
+        let inner = self.inner.clone();
+        Ok(future_to_promise(async move {
+            let tensor = js(read_param(&inner, rank, j).await)?;
+            js(tensor_to_js(&tensor))
+        }))
+    }
+
+    /// Gradient `j` of rank `rank`: a promise of a tensor, or of `null` when it has none.
+    pub fn grad(&self, rank: JsValue, j: JsValue) -> JsResult<Promise> {
+        let (rank, j) = self.rank_and_param(rank, j)?;
+        let inner = self.inner.clone();
+        Ok(future_to_promise(async move {
+            match js(read_grad(&inner, rank, j).await)? {
+                Some(t) => js(tensor_to_js(&t)),
+                None => Ok(JsValue::NULL),
+            }
+        }))
+    }
+
+    /// Every parameter of every rank (`[rank][param]`), one readback per arena.
+    pub fn params(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let out = Array::new();
+            for rank in &js(read_params(&inner).await)? {
+                out.push(&js(tensors_to_js(rank))?.into());
+            }
+            Ok(out.into())
+        })
+    }
+
+    /// Every gradient of every rank (`[rank][param]`, `null` where absent).
+    pub fn grads(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let out = Array::new();
+            for rank in &js(read_grads(&inner).await)? {
+                out.push(&js(optional_tensors_to_js(rank))?.into());
+            }
+            Ok(out.into())
+        })
+    }
+}
+
+impl ReplicasJs {
+    fn rank_and_param(&self, rank: JsValue, j: JsValue) -> JsResult<(usize, usize)> {
+        let replicas = js(borrow(&self.inner))?;
+        Ok((
+            js(rank_arg(&rank, replicas.ranks()))?,
+            js(param_arg(&j, replicas.len()))?,
+        ))
+    }
+}
+
+// The readers hold a shared borrow across the readback on purpose: a change made meanwhile is
+// refused (`busy`) instead of racing the read.
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn read_param(inner: &SharedReplicas, rank: usize, j: usize) -> Result<Tensor> {
+    borrow(inner)?.param(rank, j).await
+}
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn read_grad(inner: &SharedReplicas, rank: usize, j: usize) -> Result<Option<Tensor>> {
+    borrow(inner)?.grad(rank, j).await
+}
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn read_params(inner: &SharedReplicas) -> Result<Vec<Vec<Tensor>>> {
+    borrow(inner)?.all_params().await
+}
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn read_grads(inner: &SharedReplicas) -> Result<Vec<Vec<Option<Tensor>>>> {
+    borrow(inner)?.all_grads().await
+}

@@ -1,0 +1,578 @@
+//! `Trainer`: the data-parallel training run of `distopt::train` (the synthetic task, or a data
+//! set given from JS such as the digits `Trainer.parseDigits` reads), stepped from JS (the
+//! browser demo's engine).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use js_sys::{Array, Float32Array, Float64Array, Object, Promise, Reflect, Uint8Array};
+use serde_json::Value;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use super::convert::{count_arg, json_from_js, rank_arg, set, tensors_to_js};
+use super::{JsResult, busy, current_backend, js};
+use distopt::diloco::Compression;
+use distopt::error::{Error, Result};
+use distopt::train::{
+    Algorithm, Dataset, DatasetConfig, DatasetTask, Evaluation, StepReport, SyntheticTask, Task,
+    TaskConfig, TrainConfig, Trainer,
+};
+
+/// Settings a `new Trainer({...})` accepts.
+const KEYS: [&str; 13] = [
+    "ranks",
+    "algorithm",
+    "period",
+    "fragments",
+    "compress",
+    "warmup",
+    "levels",
+    "subgroupSize",
+    "lr",
+    "momentum",
+    "batchSize",
+    "seed",
+    "task",
+];
+/// Settings of `task` with a `dataset`.
+const DATASET_TASK_KEYS: [&str; 5] = ["dataset", "hidden", "testFraction", "heterogeneity", "seed"];
+/// Settings of `task.dataset`.
+const DATASET_KEYS: [&str; 5] = ["features", "labels", "classes", "name", "featureCount"];
+/// Settings of the synthetic `task`.
+const TASK_KEYS: [&str; 6] = [
+    "features",
+    "hidden",
+    "classes",
+    "samples",
+    "heterogeneity",
+    "seed",
+];
+
+fn unknown_key(map: &serde_json::Map<String, Value>, known: &[&str], what: &str) -> Result<()> {
+    match map.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(key) => Err(Error::type_error(format!(
+            "{what} got an unexpected setting '{key}' (known: {})",
+            known.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn get_u64(map: &serde_json::Map<String, Value>, key: &str, default: u64) -> Result<u64> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v.as_u64().ok_or_else(|| {
+            Error::type_error(format!("'{key}' must be a non-negative integer, got {v}"))
+        }),
+    }
+}
+
+fn get_usize(map: &serde_json::Map<String, Value>, key: &str, default: usize) -> Result<usize> {
+    usize::try_from(get_u64(map, key, default as u64)?)
+        .map_err(|_| Error::value(format!("'{key}' is too large")))
+}
+
+fn get_f64(map: &serde_json::Map<String, Value>, key: &str, default: f64) -> Result<f64> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| Error::type_error(format!("'{key}' must be a number, got {v}"))),
+    }
+}
+
+/// The algorithm named by `algorithm` (`"sync"`, `"periodic"`, `"hierarchical"`, `"zero"`,
+/// `"diloco"`) with its settings (DiLoCo syncs every `period` steps, over `fragments` fragments).
+fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algorithm> {
+    let name = match map.get("algorithm") {
+        None | Some(Value::Null) => "sync",
+        Some(Value::String(s)) => s.as_str(),
+        Some(other) => {
+            return Err(Error::type_error(format!(
+                "'algorithm' must be \"sync\", \"periodic\", \"hierarchical\", \"zero\" or \"diloco\", got {other}"
+            )));
+        }
+    };
+    let period = get_u64(map, "period", 8)?;
+    let warmup = get_u64(map, "warmup", 0)?;
+    if name != "diloco" && map.get("compress").is_some_and(|v| !v.is_null()) {
+        return Err(Error::value(
+            "'compress' applies to algorithm 'diloco' only",
+        ));
+    }
+    Ok(match name {
+        "sync" | "sync_sgd" => Algorithm::SyncSgd,
+        "zero" => Algorithm::Zero,
+        "diloco" => Algorithm::DiLoCo {
+            sync_every: period,
+            fragments: get_usize(map, "fragments", 1)?,
+            compress: match map.get("compress") {
+                None | Some(Value::Null) => Compression::None,
+                Some(Value::String(name)) => Compression::parse(name)?,
+                Some(other) => {
+                    return Err(Error::type_error(format!(
+                        "'compress' must be 'none', 'bf16' or 'f16', got {other}"
+                    )));
+                }
+            },
+        },
+        "periodic" | "post_local_periodic" => Algorithm::PostLocalPeriodic { period, warmup },
+        "hierarchical" | "post_local_hierarchical" => {
+            let levels = match map.get("levels") {
+                None | Some(Value::Null) => Algorithm::default_hierarchy(period, ranks),
+                Some(Value::Array(pairs)) => pairs
+                    .iter()
+                    .map(|pair| {
+                        let p = pair.as_array().filter(|p| p.len() == 2);
+                        p.and_then(|p| Some((p[0].as_u64()?, usize::try_from(p[1].as_u64()?).ok()?)))
+                            .ok_or_else(|| {
+                                Error::type_error(format!(
+                                    "'levels' must be [period, groupSize] pairs of non-negative integers, got {pair}"
+                                ))
+                            })
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+                Some(other) => {
+                    return Err(Error::type_error(format!(
+                        "'levels' must be an array of [period, groupSize] pairs, got {other}"
+                    )));
+                }
+            };
+            let subgroup_size = match map.get("subgroupSize") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(get_usize(map, "subgroupSize", 0)?),
+            };
+            Algorithm::PostLocalHierarchical {
+                levels,
+                warmup,
+                subgroup_size,
+            }
+        }
+        other => {
+            return Err(Error::value(format!(
+                "unknown algorithm '{other}': expected sync, periodic, hierarchical, zero or diloco"
+            )));
+        }
+    })
+}
+
+fn task_config(value: Option<&Value>) -> Result<TaskConfig> {
+    let defaults = TaskConfig::default();
+    let map = match value {
+        None | Some(Value::Null) => return Ok(defaults),
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            return Err(Error::type_error(format!(
+                "'task' must be an object, got {other}"
+            )));
+        }
+    };
+    unknown_key(map, &TASK_KEYS, "task")?;
+    Ok(TaskConfig {
+        features: get_usize(map, "features", defaults.features)?,
+        hidden: get_usize(map, "hidden", defaults.hidden)?,
+        classes: get_usize(map, "classes", defaults.classes)?,
+        samples: get_usize(map, "samples", defaults.samples)?,
+        heterogeneity: get_f64(map, "heterogeneity", defaults.heterogeneity)?,
+        seed: get_u64(map, "seed", defaults.seed)?,
+    })
+}
+
+/// The dataset task's settings (`task` holds a `dataset`), or `None` for the synthetic task.
+/// The features and labels are read from the JS values themselves (typed arrays or arrays),
+/// not from their JSON form.
+fn dataset_task(
+    settings: &JsValue,
+    map: &serde_json::Map<String, Value>,
+    ranks: usize,
+) -> Result<Option<DatasetTask>> {
+    let Some(Value::Object(task)) = map.get("task") else {
+        return Ok(None);
+    };
+    if task.get("dataset").is_none_or(Value::is_null) {
+        return Ok(None);
+    }
+    unknown_key(task, &DATASET_TASK_KEYS, "task (with a dataset)")?;
+    let Some(Value::Object(dataset)) = task.get("dataset") else {
+        return Err(Error::type_error(
+            "'task.dataset' must be an object {features, labels, classes, name, featureCount}",
+        ));
+    };
+    unknown_key(dataset, &DATASET_KEYS, "task.dataset")?;
+    let get = |object: &JsValue, key: &str| {
+        Reflect::get(object, &JsValue::from_str(key))
+            .map_err(|_| Error::type_error(format!("cannot read '{key}' of the settings")))
+    };
+    let js_dataset = get(&get(settings, "task")?, "dataset")?;
+    let numbers = |key: &str| -> Result<Vec<f64>> {
+        let value = get(&js_dataset, key)?;
+        if !(Array::is_array(&value) || js_sys::ArrayBuffer::is_view(&value))
+            || value.is_instance_of::<js_sys::DataView>()
+        {
+            return Err(Error::type_error(format!(
+                "'task.dataset.{key}' must be a typed array or an array of numbers"
+            )));
+        }
+        if value.is_instance_of::<js_sys::BigInt64Array>()
+            || value.is_instance_of::<js_sys::BigUint64Array>()
+        {
+            return Err(Error::type_error(format!(
+                "'task.dataset.{key}' must hold numbers, not BigInts"
+            )));
+        }
+        // Float64Array's constructor copies any typed array or array, converting each value.
+        Ok(Float64Array::new(&value).to_vec())
+    };
+    let features = numbers("features")?;
+    let labels = numbers("labels")?;
+    let classes = match dataset.get("classes") {
+        Some(Value::Number(n)) => n.as_u64().and_then(|c| usize::try_from(c).ok()),
+        _ => None,
+    }
+    .ok_or_else(|| Error::type_error("'task.dataset.classes' must be a non-negative integer"))?;
+    let name = match dataset.get("name") {
+        None | Some(Value::Null) => "dataset".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(Error::type_error(format!(
+                "'task.dataset.name' must be a string, got {other}"
+            )));
+        }
+    };
+    let labels = labels
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            if l >= 0.0 && l.fract() == 0.0 && l <= u32::MAX as f64 {
+                Ok(l as usize)
+            } else {
+                Err(Error::value(format!(
+                    "label {i} is {l}: labels must be integers in 0..classes"
+                )))
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if labels.is_empty() || features.len() % labels.len() != 0 {
+        return Err(Error::value(format!(
+            "'task.dataset.features' holds {} values, not a whole number of rows for {} labels",
+            features.len(),
+            labels.len()
+        )));
+    }
+    let width = features.len() / labels.len();
+    if let Some(count) = dataset.get("featureCount").filter(|v| !v.is_null()) {
+        if count.as_u64() != Some(width as u64) {
+            return Err(Error::value(format!(
+                "'task.dataset.featureCount' is {count}, but {} values for {} labels are {width} per sample",
+                features.len(),
+                labels.len()
+            )));
+        }
+    }
+    let dataset = Dataset::new(name, width, classes, features, labels)?;
+    let defaults = DatasetConfig::default();
+    let config = DatasetConfig {
+        hidden: get_usize(task, "hidden", defaults.hidden)?,
+        test_fraction: get_f64(task, "testFraction", defaults.test_fraction)?,
+        heterogeneity: get_f64(task, "heterogeneity", defaults.heterogeneity)?,
+        seed: get_u64(task, "seed", defaults.seed)?,
+    };
+    DatasetTask::new(&dataset, config, ranks).map(Some)
+}
+
+fn bytes_to_js(bytes: &[u64]) -> Array {
+    bytes.iter().map(|&b| JsValue::from_f64(b as f64)).collect()
+}
+
+fn report_to_js(report: &StepReport) -> Object {
+    let obj = Object::new();
+    let optional = |g: Option<usize>| g.map_or(JsValue::NULL, |g| JsValue::from_f64(g as f64));
+    set(&obj, "step", report.step as f64);
+    set(
+        &obj,
+        "lossPerRank",
+        Float64Array::from(report.loss_per_rank.as_slice()),
+    );
+    set(&obj, "meanLoss", report.mean_loss);
+    set(&obj, "divergence", report.divergence);
+    set(
+        &obj,
+        "bytesCommunicatedPerRank",
+        report.bytes_communicated_per_rank as f64,
+    );
+    set(&obj, "gradientsReduced", optional(report.gradients_reduced));
+    set(&obj, "averaged", optional(report.averaged));
+    set(
+        &obj,
+        "optimizerStateBytesPerRank",
+        bytes_to_js(&report.optimizer_state_bytes_per_rank),
+    );
+    obj
+}
+
+fn evaluation_to_js(evaluation: &Evaluation) -> Object {
+    let obj = Object::new();
+    set(&obj, "meanModelLoss", evaluation.mean_model_loss);
+    set(&obj, "meanModelAccuracy", evaluation.mean_model_accuracy);
+    set(
+        &obj,
+        "lossPerRank",
+        Float64Array::from(evaluation.loss_per_rank.as_slice()),
+    );
+    set(&obj, "heldOut", evaluation.held_out);
+    set(&obj, "samples", evaluation.samples as f64);
+    obj
+}
+
+/// R simulated ranks training a small perceptron on a classification task (synthetic, or a
+/// data set given from JS with a held-out split) split into one skewed shard per rank, with synchronous SGD or post-local SGD (periodic or
+/// hierarchical model averaging) or ZeRO or DiLoCo, step by step.
+#[wasm_bindgen(js_name = Trainer)]
+pub struct TrainerJs {
+    inner: Rc<RefCell<Trainer>>,
+    ranks: usize,
+    description: String,
+    algorithm: &'static str,
+    task: Arc<dyn Task>,
+}
+
+impl TrainerJs {
+    fn borrow(&self) -> Result<std::cell::Ref<'_, Trainer>> {
+        self.inner.try_borrow().map_err(|_| busy("trainer"))
+    }
+}
+
+#[wasm_bindgen(js_class = Trainer)]
+impl TrainerJs {
+    /// `{ranks, algorithm: "sync" | "periodic" | "hierarchical" | "zero" | "diloco", period,
+    /// fragments, warmup, levels, subgroupSize, lr, momentum, batchSize, seed, task: {features,
+    /// hidden, classes, samples, heterogeneity, seed}}`; everything but `ranks` has a default.
+    /// DiLoCo syncs every `period` steps; `fragments` > 1 makes it Streaming DiLoCo. A real data
+    /// set: `task: {dataset: {features, labels, classes, name}, hidden, testFraction,
+    /// heterogeneity, seed}` (`features`: row-major, `labels.length` rows; e.g. what
+    /// `Trainer.parseDigits` returns), split into a held-out test set and non-IID shards
+    /// sorted by label.
+    #[wasm_bindgen(constructor)]
+    pub fn new(settings: JsValue) -> JsResult<TrainerJs> {
+        js(Self::build(&settings))
+    }
+
+    fn build(settings: &JsValue) -> Result<TrainerJs> {
+        let Value::Object(map) = json_from_js(settings, "settings")? else {
+            return Err(Error::type_error(
+                "Trainer needs a settings object: {ranks, algorithm, …}",
+            ));
+        };
+        unknown_key(&map, &KEYS, "Trainer")?;
+        let ranks = match map.get("ranks") {
+            Some(_) => get_usize(&map, "ranks", 0)?,
+            None => return Err(Error::type_error("Trainer settings need 'ranks'")),
+        };
+        let defaults = TrainConfig::default();
+        let config = TrainConfig {
+            algorithm: algorithm(&map, ranks)?,
+            lr: get_f64(&map, "lr", defaults.lr)?,
+            momentum: get_f64(&map, "momentum", defaults.momentum)?,
+            batch_size: get_usize(&map, "batchSize", defaults.batch_size)?,
+            seed: get_u64(&map, "seed", defaults.seed)?,
+        };
+        let task: Arc<dyn Task> = match dataset_task(settings, &map, ranks)? {
+            Some(task) => Arc::new(task),
+            None => Arc::new(SyntheticTask::new(task_config(map.get("task"))?, ranks)?),
+        };
+        let description = config.algorithm.describe();
+        let name = config.algorithm.name();
+        let trainer = Trainer::new(current_backend()?, task.clone(), config)?;
+        Ok(TrainerJs {
+            inner: Rc::new(RefCell::new(trainer)),
+            ranks,
+            description,
+            algorithm: name,
+            task,
+        })
+    }
+
+    /// The default hierarchy for `ranks` ranks whose world-level period is `period`:
+    /// `[[period, groupSize], …]` (8 ranks, period 8: `[[2, 2], [4, 4], [8, 8]]`).
+    #[wasm_bindgen(js_name = defaultHierarchy)]
+    pub fn default_hierarchy(period: JsValue, ranks: JsValue) -> JsResult<Array> {
+        let period = js(count_arg(&period, "period"))? as u64;
+        let ranks = js(count_arg(&ranks, "ranks"))?;
+        Ok(Algorithm::default_hierarchy(period, ranks)
+            .into_iter()
+            .map(|(p, g)| {
+                let pair = Array::new();
+                pair.push(&JsValue::from_f64(p as f64));
+                pair.push(&JsValue::from_f64(g as f64));
+                JsValue::from(pair)
+            })
+            .collect())
+    }
+
+    /// Reads the UCI hand-written digits file of the demo (`www/data/digits.bin`, an
+    /// `ArrayBuffer` or `Uint8Array`) into a data set for `task.dataset`: `{name: "digits",
+    /// features: Float32Array (1,797 × 64 pixels scaled to [0, 1]), labels: Uint8Array,
+    /// classes: 10, featureCount: 64}`.
+    #[wasm_bindgen(js_name = parseDigits)]
+    pub fn parse_digits(bytes: JsValue) -> JsResult<Object> {
+        let bytes = if bytes.is_instance_of::<Uint8Array>() {
+            bytes.unchecked_into::<Uint8Array>().to_vec()
+        } else if bytes.is_instance_of::<js_sys::ArrayBuffer>() {
+            Uint8Array::new(&bytes).to_vec()
+        } else {
+            return js(Err(Error::type_error(
+                "Trainer.parseDigits takes the file's bytes: an ArrayBuffer or a Uint8Array",
+            )));
+        };
+        let dataset = js(Dataset::from_digits_bin(&bytes))?;
+        let features: Vec<f32> = (0..dataset.len())
+            .flat_map(|i| {
+                dataset
+                    .sample(i)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|&x| x as f32)
+            })
+            .collect();
+        let labels: Vec<u8> = dataset.labels().iter().map(|&l| l as u8).collect();
+        let obj = Object::new();
+        set(&obj, "name", dataset.name());
+        set(&obj, "features", Float32Array::from(features.as_slice()));
+        set(&obj, "labels", Uint8Array::from(labels.as_slice()));
+        set(&obj, "classes", dataset.classes() as f64);
+        set(&obj, "featureCount", dataset.features() as f64);
+        Ok(obj)
+    }
+
+    /// The task's name: `"synthetic"` or the data set's (`"digits"`).
+    #[wasm_bindgen(getter, js_name = taskName)]
+    pub fn task_name(&self) -> String {
+        self.task.name().into()
+    }
+
+    /// The task in words: the data, its split and the model.
+    #[wasm_bindgen(getter, js_name = taskDescription)]
+    pub fn task_description(&self) -> String {
+        self.task.describe()
+    }
+
+    /// Whether `evaluate()` measures held-out samples (a data set's test split).
+    #[wasm_bindgen(getter, js_name = heldOut)]
+    pub fn held_out(&self) -> bool {
+        self.task.held_out()
+    }
+
+    /// R.
+    #[wasm_bindgen(getter)]
+    pub fn ranks(&self) -> f64 {
+        self.ranks as f64
+    }
+
+    /// `"sync"`, `"periodic"`, `"hierarchical"`, `"zero"` or `"diloco"`.
+    #[wasm_bindgen(getter)]
+    pub fn algorithm(&self) -> String {
+        self.algorithm.into()
+    }
+
+    /// The algorithm in words, with its settings.
+    #[wasm_bindgen(getter)]
+    pub fn description(&self) -> String {
+        self.description.clone()
+    }
+
+    /// Steps completed.
+    #[wasm_bindgen(getter)]
+    pub fn steps(&self) -> JsResult<f64> {
+        Ok(js(self.borrow())?.steps() as f64)
+    }
+
+    /// Scalar parameters of one replica.
+    #[wasm_bindgen(getter, js_name = numParams)]
+    pub fn num_params(&self) -> JsResult<f64> {
+        Ok(js(self.borrow())?.task().num_params() as f64)
+    }
+
+    /// How many samples of each class rank `rank`'s shard holds.
+    #[wasm_bindgen(js_name = classCounts)]
+    pub fn class_counts(&self, rank: JsValue) -> JsResult<Vec<f64>> {
+        let trainer = js(self.borrow())?;
+        let rank = js(rank_arg(&rank, self.ranks))?;
+        Ok(trainer
+            .task()
+            .class_counts(rank)
+            .into_iter()
+            .map(|c| c as f64)
+            .collect())
+    }
+
+    /// Bytes communicated so far, per rank, by kind (as `World.stats()`).
+    #[wasm_bindgen(js_name = commStats)]
+    pub fn comm_stats(&self) -> JsResult<Object> {
+        Ok(super::world::stats_to_js(&js(self.borrow())?.comm_stats()))
+    }
+
+    /// Bytes of optimizer state each rank holds (the whole model's momentum for a local SGD,
+    /// the rank's shard for ZeRO).
+    #[wasm_bindgen(js_name = optimizerStateBytesPerRank)]
+    pub fn optimizer_state_bytes_per_rank(&self) -> JsResult<Array> {
+        Ok(bytes_to_js(
+            &js(self.borrow())?.optimizer_state_bytes_per_rank(),
+        ))
+    }
+
+    /// One step on every rank: a promise of `{step, lossPerRank, meanLoss, divergence,
+    /// bytesCommunicatedPerRank, gradientsReduced, averaged, optimizerStateBytesPerRank}`.
+    pub fn step(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let report = js(step(&inner).await)?;
+            Ok(report_to_js(&report).into())
+        })
+    }
+
+    /// The loss of every replica, and of their mean, on the task's evaluation samples (the
+    /// held-out split of a data set; every shard of the synthetic task): a promise of
+    /// `{meanModelLoss, meanModelAccuracy, lossPerRank, heldOut, samples}`.
+    pub fn evaluate(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let evaluation = js(evaluate(&inner).await)?;
+            Ok(evaluation_to_js(&evaluation).into())
+        })
+    }
+
+    /// Every rank's parameters (`[rank][param]`).
+    pub fn params(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let params = js(params(&inner).await)?;
+            let out = Array::new();
+            for rank in &params {
+                out.push(&js(tensors_to_js(rank))?.into());
+            }
+            Ok(out.into())
+        })
+    }
+}
+
+// The trainer is held across its readbacks on purpose: a second call meanwhile is refused
+// (`busy`) instead of interleaving two steps.
+#[allow(clippy::await_holding_refcell_ref)]
+async fn step(inner: &RefCell<Trainer>) -> Result<StepReport> {
+    let mut trainer = inner.try_borrow_mut().map_err(|_| busy("trainer"))?;
+    trainer.step().await
+}
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn evaluate(inner: &RefCell<Trainer>) -> Result<Evaluation> {
+    let mut trainer = inner.try_borrow_mut().map_err(|_| busy("trainer"))?;
+    trainer.evaluate().await
+}
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn params(inner: &RefCell<Trainer>) -> Result<Vec<Vec<distopt::Tensor>>> {
+    let trainer = inner.try_borrow().map_err(|_| busy("trainer"))?;
+    trainer.replicas().all_params().await
+}

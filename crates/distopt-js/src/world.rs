@@ -1,0 +1,110 @@
+//! `World`: a simulated world of R ranks and the bytes its collectives would have moved.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use js_sys::Object;
+use wasm_bindgen::prelude::*;
+
+use super::convert::{count_arg, optional_integer_arg, rank_arg, set};
+use super::handles::Registry;
+use super::{JsResult, js};
+use distopt::comm::{CommStats, Communicator, SimulatedWorld, Subgroups, new_subgroups};
+use distopt::error::Result;
+
+/// A world of R ranks simulated on one device (`SimulatedWorld`), with its communication
+/// statistics. Averagers and the post-local-SGD gradient hook run their collectives on it.
+#[wasm_bindgen(js_name = World)]
+pub struct WorldJs {
+    inner: Rc<WorldHandle>,
+    id: u32,
+}
+
+/// What the registry tracks: the world shared with everything made over it.
+pub(crate) struct WorldHandle(Arc<SimulatedWorld>);
+
+thread_local! {
+    static WORLDS: Registry<WorldHandle> = const { Registry::new() };
+}
+
+/// The world behind a JS `World` argument.
+pub(crate) fn world_of(value: &JsValue) -> Result<Arc<SimulatedWorld>> {
+    WORLDS
+        .with(|r| r.resolve(value, "__distoptWorldId", "world must be a World"))
+        .map(|w| Arc::clone(&w.0))
+}
+
+/// The world as the library's communicator.
+pub(crate) fn communicator(world: &Arc<SimulatedWorld>) -> Arc<dyn Communicator> {
+    world.clone()
+}
+
+/// The partition into groups of `group_size` ranks (`undefined`/`null`: the whole world),
+/// with `new_subgroups`'s errors.
+pub(crate) fn subgroups(world: &SimulatedWorld, group_size: &JsValue) -> Result<Subgroups> {
+    let size = world.world_size();
+    match optional_integer_arg(group_size, "groupSize")? {
+        None => Ok(Subgroups::world(size)),
+        Some(g) => new_subgroups(size, g),
+    }
+}
+
+/// `CommStats` as `{allReduceBytesByGroupSize, broadcastBytes, gatherBytes, collectives,
+/// totalBytes}` (bytes per rank).
+pub(crate) fn stats_to_js(stats: &CommStats) -> Object {
+    let by_group = Object::new();
+    for (size, bytes) in &stats.all_reduce_bytes_by_group_size {
+        set(&by_group, &size.to_string(), *bytes as f64);
+    }
+    let obj = Object::new();
+    set(&obj, "allReduceBytesByGroupSize", by_group);
+    set(&obj, "broadcastBytes", stats.broadcast_bytes as f64);
+    set(&obj, "gatherBytes", stats.gather_bytes as f64);
+    set(&obj, "collectives", stats.collectives as f64);
+    set(&obj, "totalBytes", stats.total_bytes() as f64);
+    obj
+}
+
+#[wasm_bindgen(js_class = World)]
+impl WorldJs {
+    /// A world of `size` ranks (at least one).
+    #[wasm_bindgen(constructor)]
+    pub fn new(size: JsValue) -> JsResult<WorldJs> {
+        let size = js(count_arg(&size, "size"))?;
+        let inner = Rc::new(WorldHandle(Arc::new(js(SimulatedWorld::new(size))?)));
+        let id = WORLDS.with(|r| r.register(&inner));
+        Ok(WorldJs { inner, id })
+    }
+
+    /// Identifies the world to the functions it is passed to (internal).
+    #[wasm_bindgen(getter, js_name = __distoptWorldId)]
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Ranks in the world.
+    #[wasm_bindgen(getter)]
+    pub fn size(&self) -> f64 {
+        self.inner.0.world_size() as f64
+    }
+
+    /// Bytes the collectives so far would have sent per rank, by kind.
+    pub fn stats(&self) -> Object {
+        stats_to_js(&self.inner.0.stats())
+    }
+
+    /// Clears the statistics.
+    #[wasm_bindgen(js_name = resetStats)]
+    pub fn reset_stats(&self) {
+        self.inner.0.reset_stats();
+    }
+
+    /// The ranks of the group of `groupSize` contiguous ranks (`new_subgroups`) that `rank`
+    /// belongs to, with PyTorch's errors for a group size that does not divide the world.
+    #[wasm_bindgen(js_name = groupOf)]
+    pub fn group_of(&self, rank: JsValue, group_size: JsValue) -> JsResult<Vec<f64>> {
+        let rank = js(rank_arg(&rank, self.inner.0.world_size()))?;
+        let groups = js(subgroups(&self.inner.0, &group_size))?;
+        Ok(groups.group_of(rank).map(|r| r as f64).collect())
+    }
+}

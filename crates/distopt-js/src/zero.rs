@@ -1,0 +1,586 @@
+//! `ZeroRedundancyOptimizer`: optimizer state sharded over the ranks of a `World`, bound to a
+//! `Replicas` at construction.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use js_sys::{Array, Promise};
+use serde_json::Value;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use super::convert::{json_from_js, json_to_js, param_index, rank_index};
+use super::handles::Registry;
+use super::optim::{group_from_json, options};
+use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
+use super::world::{communicator, world_of};
+use super::{JsResult, busy, js, js_ranks};
+use distopt::dtype::DType;
+use distopt::error::{Error, ErrorKind, RankErrors, Result};
+use distopt::optim::OptionMap;
+use distopt::replicas::Replicas;
+use distopt::zero::args::{ParamItem, ParamsArg, TensorArg};
+use distopt::zero::{Partition, ZeroOptions, ZeroRedundancyOptimizer};
+
+pub(crate) type SharedZero = Rc<RefCell<ZeroRedundancyOptimizer>>;
+
+/// `torch.distributed.optim.ZeroRedundancyOptimizer` over a simulated `World`: each rank's
+/// local optimizer (`SGD`, `Adam` or `AdamW`) keeps state only for the parameters it owns;
+/// after each step the owners broadcast their updated parameters to every rank.
+#[wasm_bindgen(js_name = ZeroRedundancyOptimizer)]
+pub struct ZeroRedundancyOptimizerJs {
+    inner: Rc<ZeroHandle>,
+    name: String,
+    id: u32,
+}
+
+/// What the registry tracks: the optimizer and the replicas it was built for.
+pub(crate) struct ZeroHandle {
+    pub(crate) zero: SharedZero,
+    pub(crate) replicas: SharedReplicas,
+}
+
+thread_local! {
+    static ZEROS: Registry<ZeroHandle> = const { Registry::new() };
+}
+
+/// The optimizer behind a JS `ZeroRedundancyOptimizer` argument, if it is one.
+pub(crate) fn zero_of(value: &JsValue) -> Option<Rc<ZeroHandle>> {
+    ZEROS
+        .with(|r| r.resolve(value, "__distoptZeroId", "a ZeroRedundancyOptimizer"))
+        .ok()
+}
+
+/// One item of `params` before the replica indices are resolved.
+enum Item {
+    /// An integer: a replica parameter index (maybe out of range).
+    Index(i64),
+    /// A tensor that is not one of the replicas' parameters: `{dtype, shape, device?,
+    /// layout?, leaf?}` (or a tensor with data).
+    Described(TensorArg),
+    /// A parameter group: `{params: [...], ...options}` (`params` may be missing).
+    Group(Option<Vec<Item>>, OptionMap),
+    /// Anything else, by its Python type name.
+    Other(String),
+}
+
+/// Python's name of a JSON value's type.
+fn python_type(value: &Value) -> String {
+    match value {
+        Value::Null => "NoneType",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "int",
+        Value::Number(_) => "float",
+        Value::String(_) => "str",
+        Value::Array(_) => "list",
+        Value::Object(_) => "dict",
+    }
+    .into()
+}
+
+/// Turns `params` (as JSON) into items; descriptions get ids after the replicas' parameters.
+struct ParamsReader<'a> {
+    replicas: &'a Replicas,
+    described: usize,
+}
+
+impl ParamsReader<'_> {
+    fn description(&mut self, map: &serde_json::Map<String, Value>) -> Result<TensorArg> {
+        let dtype = DType::parse(map["dtype"].as_str().unwrap_or_default())?;
+        self.described += 1;
+        Ok(TensorArg {
+            id: self.replicas.len() + self.described - 1,
+            dtype,
+            meta: map.get("device").and_then(Value::as_str) == Some("meta"),
+            sparse: map.get("layout").and_then(Value::as_str) == Some("sparse_coo"),
+            leaf: map.get("leaf").and_then(Value::as_bool).unwrap_or(true),
+        })
+    }
+
+    fn item(&mut self, value: &Value) -> Result<Item> {
+        Ok(match value {
+            Value::Number(n) if n.is_i64() || n.is_u64() => {
+                Item::Index(n.as_i64().unwrap_or(i64::MAX))
+            }
+            Value::Object(map) if map.contains_key("dtype") => {
+                Item::Described(self.description(map)?)
+            }
+            Value::Object(map) => {
+                let mut options = map.clone();
+                let params = match options.remove("params") {
+                    None => None,
+                    Some(Value::Array(items)) => Some(
+                        items
+                            .iter()
+                            .map(|v| self.item(v))
+                            .collect::<Result<Vec<_>>>()?,
+                    ),
+                    Some(other) => Some(vec![self.item(&other)?]),
+                };
+                Item::Group(params, options)
+            }
+            other => Item::Other(python_type(other)),
+        })
+    }
+
+    fn tensor(&self, index: i64) -> Option<TensorArg> {
+        let j = usize::try_from(index)
+            .ok()
+            .filter(|&j| j < self.replicas.len())?;
+        Some(TensorArg {
+            id: j,
+            dtype: self.replicas.dtype(j),
+            meta: false,
+            sparse: false,
+            leaf: true,
+        })
+    }
+
+    /// A group's tensor; anything else is PyTorch's `add_param_group` TypeError.
+    fn group_tensor(&self, item: Item) -> Result<TensorArg> {
+        match item {
+            Item::Index(i) => self.tensor(i).ok_or_else(|| out_of_range(i, self.replicas)),
+            Item::Described(t) => Ok(t),
+            Item::Group(..) => Err(Error::type_error(
+                "optimizer can only optimize Tensors, but one of the params is dict",
+            )),
+            Item::Other(name) => Err(Error::type_error(format!(
+                "optimizer can only optimize Tensors, but one of the params is {name}"
+            ))),
+        }
+    }
+
+    fn list_item(&self, item: Item) -> Result<ParamItem> {
+        Ok(match item {
+            Item::Index(i) => match self.tensor(i) {
+                Some(t) => ParamItem::Tensor(t),
+                None => ParamItem::Other("int".into()),
+            },
+            Item::Described(t) => ParamItem::Tensor(t),
+            Item::Group(params, options) => ParamItem::Group {
+                params: params
+                    .map(|items| {
+                        items
+                            .into_iter()
+                            .map(|i| self.group_tensor(i))
+                            .collect::<Result<Vec<_>>>()
+                    })
+                    .transpose()?,
+                options,
+            },
+            Item::Other(name) => ParamItem::Other(name),
+        })
+    }
+}
+
+fn out_of_range(index: i64, replicas: &Replicas) -> Error {
+    Error::new(
+        ErrorKind::IndexError,
+        format!(
+            "parameter index {index} out of range for {} parameters",
+            replicas.len()
+        ),
+    )
+}
+
+/// The `params` argument as PyTorch's ZeRO sees it: `undefined`/`null` (every parameter),
+/// or a list of replica parameter indices and of tensor descriptions, or of groups
+/// `{params: [...], ...options}`; any other value reaches PyTorch's checks as what it is in
+/// Python (a number is an `int` or a `float`, a lone `{dtype, shape}` a single tensor). A
+/// list of the right form with an index out of range is an `IndexError`.
+fn params_arg(value: &JsValue, replicas: &Replicas) -> Result<ParamsArg> {
+    let json = json_from_js(value, "params")?;
+    let mut reader = ParamsReader {
+        replicas,
+        described: 0,
+    };
+    let items = match json {
+        Value::Null => {
+            return Ok(ParamsArg::List(
+                (0..replicas.len() as i64)
+                    .filter_map(|j| reader.tensor(j).map(ParamItem::Tensor))
+                    .collect(),
+            ));
+        }
+        Value::Array(items) => items
+            .iter()
+            .map(|v| reader.item(v))
+            .collect::<Result<Vec<_>>>()?,
+        Value::Object(map) if map.contains_key("dtype") => {
+            return Ok(ParamsArg::Tensor(reader.description(&map)?));
+        }
+        // Iterating a dict yields its keys (strings); a string yields strings.
+        Value::Object(map) => map.keys().map(|_| Item::Other("str".into())).collect(),
+        Value::String(text) => text.chars().map(|_| Item::Other("str".into())).collect(),
+        other => return Ok(ParamsArg::NotIterable(python_type(&other))),
+    };
+    let tensors = items
+        .iter()
+        .all(|i| matches!(i, Item::Index(_) | Item::Described(_)));
+    let groups = items.iter().all(|i| matches!(i, Item::Group(..)));
+    if !tensors && !groups {
+        // PyTorch rejects the form before it looks into any group.
+        return Ok(ParamsArg::List(
+            items
+                .into_iter()
+                .map(|i| match i {
+                    Item::Group(_, options) => ParamItem::Group {
+                        params: Some(Vec::new()),
+                        options,
+                    },
+                    other => reader
+                        .list_item(other)
+                        .unwrap_or(ParamItem::Other("int".into())),
+                })
+                .collect(),
+        ));
+    }
+    if let Some(&Item::Index(i)) = items
+        .iter()
+        .find(|i| matches!(i, Item::Index(i) if reader.tensor(*i).is_none()))
+    {
+        // Of the right form: an index out of range is an IndexError.
+        return Err(out_of_range(i, replicas));
+    }
+    Ok(ParamsArg::List(
+        items
+            .into_iter()
+            .map(|i| reader.list_item(i))
+            .collect::<Result<Vec<_>>>()?,
+    ))
+}
+
+/// `{parametersAsBucketView, overlapWithDdp}` (both default `false`).
+fn zero_options(value: &JsValue) -> Result<ZeroOptions> {
+    let map = match json_from_js(value, "zeroOptions")? {
+        Value::Null => return Ok(ZeroOptions::default()),
+        Value::Object(map) => map,
+        _ => {
+            return Err(Error::type_error(
+                "zeroOptions must be an object {parametersAsBucketView, overlapWithDdp}",
+            ));
+        }
+    };
+    let mut options = ZeroOptions::default();
+    for (key, value) in &map {
+        let flag = match value {
+            Value::Bool(b) => *b,
+            Value::Null => false,
+            _ => {
+                return Err(Error::type_error(format!(
+                    "zeroOptions.{key} must be a boolean"
+                )));
+            }
+        };
+        match key.as_str() {
+            "parametersAsBucketView" => options.parameters_as_bucket_view = flag,
+            "overlapWithDdp" => options.overlap_with_ddp = flag,
+            other => {
+                return Err(Error::type_error(format!(
+                    "unknown ZeroRedundancyOptimizer option '{other}': expected parametersAsBucketView or overlapWithDdp"
+                )));
+            }
+        }
+    }
+    Ok(options)
+}
+
+fn indices_to_js(indices: &[usize]) -> Array {
+    indices
+        .iter()
+        .map(|&i| JsValue::from_f64(i as f64))
+        .collect()
+}
+
+fn nested_to_js(lists: &[Vec<usize>]) -> Array {
+    lists
+        .iter()
+        .map(|l| JsValue::from(indices_to_js(l)))
+        .collect()
+}
+
+impl ZeroRedundancyOptimizerJs {
+    fn zero(&self) -> Result<std::cell::Ref<'_, ZeroRedundancyOptimizer>> {
+        self.inner.zero.try_borrow().map_err(|_| busy("optimizer"))
+    }
+
+    fn zero_mut(&self) -> Result<std::cell::RefMut<'_, ZeroRedundancyOptimizer>> {
+        self.inner
+            .zero
+            .try_borrow_mut()
+            .map_err(|_| busy("optimizer"))
+    }
+
+    fn partition_field(&self, f: impl FnOnce(&Partition) -> JsValue) -> JsResult<JsValue> {
+        let zero = js(self.zero())?;
+        Ok(zero.partition().map_or(JsValue::NULL, f))
+    }
+}
+
+#[wasm_bindgen(js_class = ZeroRedundancyOptimizer)]
+impl ZeroRedundancyOptimizerJs {
+    /// ZeRO over `world` (one rank per replica) and `replicas`. `params`: `null` (every
+    /// parameter), parameter indices, or groups `[{params: [j, …], …options}]`; `optimizer`:
+    /// `"SGD"`, `"Adam"` or `"AdamW"` with `options` (PyTorch's keyword arguments);
+    /// `zeroOptions`: `{parametersAsBucketView, overlapWithDdp}`.
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        world: JsValue,
+        replicas: JsValue,
+        params: JsValue,
+        optimizer: JsValue,
+        options_value: JsValue,
+        zero_options_value: JsValue,
+    ) -> JsResult<ZeroRedundancyOptimizerJs> {
+        Self::build(
+            &world,
+            &replicas,
+            &params,
+            &optimizer,
+            &options_value,
+            &zero_options_value,
+        )
+    }
+
+    fn build(
+        world: &JsValue,
+        replicas: &JsValue,
+        params: &JsValue,
+        optimizer: &JsValue,
+        options_value: &JsValue,
+        zero_options_value: &JsValue,
+    ) -> JsResult<ZeroRedundancyOptimizerJs> {
+        let world = js(world_of(world))?;
+        let shared = js(replicas_of(replicas))?;
+        let name = js(super::optim::optimizer_class(optimizer, "optimizer"))?.ok_or_else(|| {
+            super::js_error(Error::type_error(
+                "optimizer must be \"SGD\", \"Adam\" or \"AdamW\"",
+            ))
+        })?;
+        let defaults = js(options(options_value))?;
+        let zero_options = js(zero_options(zero_options_value))?;
+        let local = communicator(&world).local_ranks();
+        let zero = {
+            let replicas = js(borrow(&shared))?;
+            // From here on every rank runs the constructor: its failures are every rank's.
+            let params = js_ranks(
+                params_arg(params, &replicas).map_err(|e| RankErrors::all(local.clone(), e)),
+            )?;
+            let len = replicas.len();
+            js_ranks(ZeroRedundancyOptimizer::from_params(
+                communicator(&world),
+                &replicas,
+                &params,
+                &|t: &TensorArg| (t.id < len && !t.meta && !t.sparse).then_some(t.id),
+                &name,
+                &defaults,
+                zero_options,
+            ))?
+        };
+        let zero = Rc::new(RefCell::new(zero));
+        let inner = Rc::new(ZeroHandle {
+            zero: zero.clone(),
+            replicas: shared.clone(),
+        });
+        let id = ZEROS.with(|r| r.register(&inner));
+        Ok(ZeroRedundancyOptimizerJs { inner, name, id })
+    }
+
+    /// Identifies the optimizer to the functions it is passed to (internal).
+    #[wasm_bindgen(getter, js_name = __distoptZeroId)]
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The local optimizer class: `"SGD"`, `"Adam"` or `"AdamW"`.
+    #[wasm_bindgen(getter)]
+    pub fn optimizer(&self) -> String {
+        self.name.clone()
+    }
+
+    /// One step: every rank updates the parameters it owns from its own gradients, then the
+    /// owners broadcast them to every rank. In a `Join`, the ranks that joined run ZeRO's join
+    /// hook (the same step). A failure carries every rank's error (`rankErrors`).
+    pub fn step(&self) -> JsResult<()> {
+        let mut zero = js(self.zero_mut())?;
+        let mut replicas = js(borrow_mut(&self.inner.replicas))?;
+        js_ranks(zero.step_on_ranks(&mut replicas))
+    }
+
+    /// `zero_grad(set_to_none=True)` on every rank.
+    #[wasm_bindgen(js_name = zeroGrad)]
+    pub fn zero_grad(&self) -> JsResult<()> {
+        let zero = js(self.zero())?;
+        let mut replicas = js(borrow_mut(&self.inner.replicas))?;
+        zero.zero_grad(&mut replicas);
+        Ok(())
+    }
+
+    /// Sets `requires_grad` of parameter `j` (with `parametersAsBucketView`, frozen
+    /// parameters leave the buckets at the next step).
+    #[wasm_bindgen(js_name = setRequiresGrad)]
+    pub fn set_requires_grad(&self, j: f64, requires_grad: JsValue) -> JsResult<()> {
+        let len = js(borrow(&self.inner.replicas))?.len();
+        let j = js(param_index(j, len))?;
+        let flag = requires_grad
+            .as_bool()
+            .ok_or_else(|| super::js_error(Error::type_error("requiresGrad must be a boolean")))?;
+        js(self.zero_mut())?.set_requires_grad(j, flag);
+        Ok(())
+    }
+
+    /// The parameter indices of each parameter group.
+    #[wasm_bindgen(js_name = paramGroups)]
+    pub fn param_groups(&self) -> JsResult<Array> {
+        Ok(nested_to_js(&js(self.zero())?.param_groups()))
+    }
+
+    /// Adds `{params: [j, …], …options}` as a new parameter group (the partition is
+    /// recomputed; earlier parameters keep their ranks and their state): a promise, rejected
+    /// with every rank's error (`rankErrors`).
+    #[wasm_bindgen(js_name = addParamGroup)]
+    pub fn add_param_group(&self, group: JsValue) -> JsResult<Promise> {
+        let (params, options) =
+            js(json_from_js(&group, "group").and_then(|g| group_from_json(g, "group")))?;
+        let (zero, replicas) = (self.inner.zero.clone(), self.inner.replicas.clone());
+        Ok(future_to_promise(async move {
+            add_param_group(&zero, &replicas, params, &options).await?;
+            Ok(JsValue::UNDEFINED)
+        }))
+    }
+
+    /// Gathers every rank's shard of the state on rank `to` (a `to` outside the world keeps
+    /// it nowhere, as in PyTorch): a promise, rejected with every rank's error (`rankErrors`).
+    #[wasm_bindgen(js_name = consolidateStateDict)]
+    pub fn consolidate_state_dict(&self, to: Option<f64>) -> JsResult<Promise> {
+        let to = js(super::convert::integer(to.unwrap_or(0.0), "to"))?;
+        let (zero, replicas) = (self.inner.zero.clone(), self.inner.replicas.clone());
+        Ok(future_to_promise(async move {
+            consolidate(&zero, &replicas, to).await?;
+            Ok(JsValue::UNDEFINED)
+        }))
+    }
+
+    /// `state_dict()` as seen on rank `rank`: a promise of the consolidated state dict on the
+    /// rank it was consolidated to (rejected with a `RuntimeError` elsewhere). A promise, as
+    /// every optimizer's `stateDict` is; a bad `rank` throws at once, as there.
+    #[wasm_bindgen(js_name = stateDict)]
+    pub fn state_dict(&self, rank: f64) -> JsResult<Promise> {
+        let zero = js(self.zero())?;
+        let ranks = js(borrow(&self.inner.replicas))?.ranks();
+        let rank = js(rank_index(rank, ranks))?;
+        Ok(match zero.state_dict(rank).and_then(|sd| json_to_js(&sd)) {
+            Ok(state_dict) => Promise::resolve(&state_dict),
+            Err(error) => Promise::reject(&super::js_error(error)),
+        })
+    }
+
+    /// `load_state_dict(stateDict)` on every rank: each keeps the state of the parameters it
+    /// owns (whatever world size the dict was saved with). A failure carries every rank's
+    /// error (`rankErrors`).
+    #[wasm_bindgen(js_name = loadStateDict)]
+    pub fn load_state_dict(&self, state_dict: JsValue) -> JsResult<()> {
+        let state_dict = js(json_from_js(&state_dict, "stateDict"))?;
+        let mut zero = js(self.zero_mut())?;
+        let replicas = js(borrow(&self.inner.replicas))?;
+        js_ranks(zero.load_state_dict_on_ranks(&replicas, &state_dict))
+    }
+
+    /// Per rank: its local optimizer's parameter groups, each as the global indices of its
+    /// parameters (`zero.optim.param_groups` read on that rank), or `null` before the
+    /// optimizer is initialized (`overlapWithDdp`).
+    #[wasm_bindgen(js_name = localOptimizerParamGroups)]
+    pub fn local_optimizer_param_groups(&self) -> JsResult<JsValue> {
+        Ok(js(self.zero())?
+            .local_optimizer_param_groups()
+            .map_or(JsValue::NULL, |ranks| {
+                ranks
+                    .iter()
+                    .map(|groups| JsValue::from(nested_to_js(groups)))
+                    .collect::<Array>()
+                    .into()
+            }))
+    }
+
+    /// The owner of each parameter of the replicas (by replica index), or `null` for one this
+    /// optimizer does not hold (a parameter passed twice goes to its last owner, as
+    /// PyTorch's `_param_to_rank`).
+    #[wasm_bindgen(js_name = rankOfReplicaParam)]
+    pub fn rank_of_replica_param(&self) -> JsResult<Array> {
+        let zero = js(self.zero())?;
+        let replicas = js(borrow(&self.inner.replicas))?;
+        Ok(zero
+            .rank_of_replica_param(&replicas)
+            .into_iter()
+            .map(|r| r.map_or(JsValue::NULL, |r| JsValue::from_f64(r as f64)))
+            .collect())
+    }
+
+    /// The owner of each parameter (global index: the groups' parameters in order), or
+    /// `null` before the optimizer is initialized (`overlapWithDdp`).
+    #[wasm_bindgen(getter, js_name = rankOfParam)]
+    pub fn rank_of_param(&self) -> JsResult<JsValue> {
+        self.partition_field(|p| indices_to_js(&p.rank_of_param).into())
+    }
+
+    /// The global indices each rank owns, or `null` before initialization.
+    #[wasm_bindgen(getter, js_name = paramsPerRank)]
+    pub fn params_per_rank(&self) -> JsResult<JsValue> {
+        self.partition_field(|p| nested_to_js(&p.params_per_rank).into())
+    }
+
+    /// The global indices each rank owns, split by parameter group, or `null`.
+    #[wasm_bindgen(getter, js_name = paramsPerRankPerGroup)]
+    pub fn params_per_rank_per_group(&self) -> JsResult<JsValue> {
+        self.partition_field(|p| {
+            p.params_per_rank_per_group
+                .iter()
+                .map(|groups| JsValue::from(nested_to_js(groups)))
+                .collect::<Array>()
+                .into()
+        })
+    }
+
+    /// Elements each rank owns, or `null` before initialization.
+    #[wasm_bindgen(getter, js_name = numelPerRank)]
+    pub fn numel_per_rank(&self) -> JsResult<JsValue> {
+        self.partition_field(|p| indices_to_js(&p.numel_per_rank).into())
+    }
+
+    /// Per rank: how many parameters have optimizer state.
+    #[wasm_bindgen(js_name = localStateSizes)]
+    pub fn local_state_sizes(&self) -> JsResult<Array> {
+        Ok(indices_to_js(&js(self.zero())?.local_state_sizes()))
+    }
+
+    /// Per rank: bytes of optimizer state allocated (its shard only).
+    #[wasm_bindgen(js_name = stateBytesPerRank)]
+    pub fn state_bytes_per_rank(&self) -> JsResult<Array> {
+        Ok(indices_to_js(&js(self.zero())?.state_bytes_per_rank()))
+    }
+}
+
+// These hold the optimizer and the replicas across the reads on purpose: a change made
+// meanwhile is refused (`busy`) instead of racing them.
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn add_param_group(
+    zero: &SharedZero,
+    replicas: &SharedReplicas,
+    params: Vec<usize>,
+    options: &OptionMap,
+) -> JsResult<()> {
+    let mut zero = js(zero.try_borrow_mut().map_err(|_| busy("optimizer")))?;
+    let replicas = js(borrow(replicas))?;
+    js_ranks(
+        zero.add_param_group_on_ranks(&replicas, params, options)
+            .await,
+    )
+}
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn consolidate(zero: &SharedZero, replicas: &SharedReplicas, to: i64) -> JsResult<()> {
+    let mut zero = js(zero.try_borrow_mut().map_err(|_| busy("optimizer")))?;
+    let replicas = js(borrow(replicas))?;
+    js_ranks(zero.consolidate_state_dict_on_ranks(&replicas, to).await)
+}
