@@ -563,6 +563,9 @@ impl DiLoCo {
             }
             tensors.push(tensor);
         }
+        // Both optimizers check their parts before either changes.
+        self.inner.check_state_dict(replicas, rank, inner)?;
+        self.outer.check_state_dict(replicas, rank, outer)?;
         self.inner.load_state_dict(replicas, rank, inner)?;
         self.outer.load_state_dict(replicas, rank, outer)?;
         for (j, tensor) in tensors.iter().enumerate() {

@@ -164,3 +164,13 @@ pub fn number_to_json(x: f64) -> Value {
         Value::from(x)
     }
 }
+
+/// A JSON value's text for an error message, at most 64 characters (a user's 10 MB value is
+/// not echoed back whole).
+pub(crate) fn clip_json(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(64) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text,
+    }
+}

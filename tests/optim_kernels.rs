@@ -9,7 +9,7 @@ use std::sync::Arc;
 use distopt::averaging::average_parameters;
 use distopt::backend::gpu::GpuOptions;
 use distopt::comm::SimulatedWorld;
-use distopt::optim::{Adam, AdamOptions, LocalOptimizer, Sgd, SgdOptions};
+use distopt::optim::{Adam, AdamWOptions, LocalOptimizer, Sgd, SgdOptions};
 use distopt::replicas::Replicas;
 use distopt::{Backend, CpuBackend, DType, Tensor};
 
@@ -85,13 +85,11 @@ fn run(gpu: Arc<dyn Backend>, label: &str) {
     for dtype in [DType::Float32, DType::Float16, DType::BFloat16] {
         let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
         let (mut g, mut c) = (model(gpu.clone(), dtype, 1), model(cpu.clone(), dtype, 1));
-        let options = SgdOptions {
-            lr: 0.1,
-            momentum: 0.9,
-            weight_decay: 0.01,
-            nesterov: true,
-            ..Default::default()
-        };
+        let options = SgdOptions::default()
+            .with_lr(0.1)
+            .with_momentum(0.9)
+            .with_weight_decay(0.01)
+            .with_nesterov(true);
         let (mut sg, mut sc) = (
             Sgd::new(&g, options.clone()).unwrap(),
             Sgd::new(&c, options).unwrap(),
@@ -101,15 +99,13 @@ fn run(gpu: Arc<dyn Backend>, label: &str) {
             sc.step(&mut c).unwrap();
         }
         assert_close(&g, &c, &format!("{label} SGD {dtype}"));
-        let adam = AdamOptions {
-            lr: 0.01,
-            weight_decay: 0.1,
-            amsgrad: true,
-            ..AdamOptions::defaults(true)
-        };
+        let adam = AdamWOptions::default()
+            .with_lr(0.01)
+            .with_weight_decay(0.1)
+            .with_amsgrad(true);
         let (mut ag, mut ac) = (
-            Adam::new(&g, adam.clone(), true).unwrap(),
-            Adam::new(&c, adam, true).unwrap(),
+            Adam::adamw(&g, adam.clone()).unwrap(),
+            Adam::adamw(&c, adam).unwrap(),
         );
         for _ in 0..3 {
             ag.step(&mut g).unwrap();

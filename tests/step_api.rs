@@ -941,7 +941,7 @@ fn optimizers_refuse_replicas_they_were_not_built_for() {
         sgd.step(&mut big).unwrap_err().kind(),
         distopt::ErrorKind::ValueError
     );
-    let mut adam = Adam::new(&small, AdamOptions::defaults(false), false).unwrap();
+    let mut adam = Adam::new(&small, AdamOptions::default()).unwrap();
     assert!(adam.step(&mut big).is_err());
     assert!(pollster::block_on(adam.state_dict(&small, 5)).is_err());
     let world = Arc::new(SimulatedWorld::new(2).unwrap());

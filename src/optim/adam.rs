@@ -1,12 +1,11 @@
-//! `torch.optim.Adam` and `torch.optim.AdamW`.
+//! `torch.optim.Adam` and `torch.optim.AdamW`: their options and their math; the shell
+//! ([`super::Optimizer`]) does the rest.
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
-use super::options::{self, OptionMap};
-use super::{
-    LocalOptimizer, apply_loaded_options, check_groups, check_loaded_groups, check_same_model,
-    local_indices, param_groups_json, read_state, write_state,
-};
+use super::options::{self, GroupOptions, OptionMap};
+use super::shell::{Algorithm, Optimizer, Shell, all_params, parse_state_tensor, write_words};
+use super::{OptimizerKind, read_state};
 use crate::backend::kernels::{AdamArenas, AdamScalars};
 use crate::backend::{Arena, BoxFuture};
 use crate::error::{Error, Result};
@@ -15,8 +14,11 @@ use crate::pyfmt::float_repr;
 use crate::replicas::Replicas;
 use crate::tensor::Tensor;
 
-/// Adam's hyper-parameters, with PyTorch's defaults (AdamW: `weight_decay` 1e-2).
+/// Adam's hyper-parameters, with `torch.optim.Adam`'s defaults. Build them with
+/// `AdamOptions::default().with_lr(..)…` (the struct may gain fields). For `AdamW` use
+/// [`AdamWOptions`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct AdamOptions {
     /// Learning rate (default 1e-3).
     pub lr: f64,
@@ -24,7 +26,43 @@ pub struct AdamOptions {
     pub betas: (f64, f64),
     /// Added to the denominator (default 1e-8).
     pub eps: f64,
-    /// Weight decay (Adam: L2 penalty, default 0; AdamW: decoupled, default 1e-2).
+    /// Weight decay (default 0): an L2 penalty, or decoupled (AdamW's) with
+    /// `decoupled_weight_decay`.
+    pub weight_decay: f64,
+    /// AMSGrad variant (default false).
+    pub amsgrad: bool,
+    /// Maximize the objective (default false).
+    pub maximize: bool,
+    /// Decoupled weight decay, as AdamW (default false; always true in an `AdamW`).
+    pub decoupled_weight_decay: bool,
+}
+
+impl Default for AdamOptions {
+    fn default() -> Self {
+        AdamOptions {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            amsgrad: false,
+            maximize: false,
+            decoupled_weight_decay: false,
+        }
+    }
+}
+
+/// AdamW's hyper-parameters, with `torch.optim.AdamW`'s defaults (`weight_decay` 1e-2). The
+/// weight decay is always decoupled: there is nothing to disagree with.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct AdamWOptions {
+    /// Learning rate (default 1e-3).
+    pub lr: f64,
+    /// Coefficients of the running averages (default (0.9, 0.999)).
+    pub betas: (f64, f64),
+    /// Added to the denominator (default 1e-8).
+    pub eps: f64,
+    /// Decoupled weight decay (default 1e-2).
     pub weight_decay: f64,
     /// AMSGrad variant (default false).
     pub amsgrad: bool,
@@ -32,28 +70,131 @@ pub struct AdamOptions {
     pub maximize: bool,
 }
 
-impl AdamOptions {
-    /// PyTorch's defaults for Adam (`decoupled == false`) or AdamW.
-    pub fn defaults(decoupled: bool) -> AdamOptions {
-        AdamOptions {
+impl Default for AdamWOptions {
+    fn default() -> Self {
+        AdamWOptions {
             lr: 1e-3,
             betas: (0.9, 0.999),
             eps: 1e-8,
-            weight_decay: if decoupled { 1e-2 } else { 0.0 },
+            weight_decay: 1e-2,
             amsgrad: false,
             maximize: false,
         }
     }
+}
 
-    fn to_map(&self) -> OptionMap {
+macro_rules! adam_builders {
+    ($ty:ty) => {
+        impl $ty {
+            /// With learning rate `lr`.
+            pub fn with_lr(mut self, lr: f64) -> Self {
+                self.lr = lr;
+                self
+            }
+
+            /// With running-average coefficients `betas`.
+            pub fn with_betas(mut self, betas: (f64, f64)) -> Self {
+                self.betas = betas;
+                self
+            }
+
+            /// With denominator term `eps`.
+            pub fn with_eps(mut self, eps: f64) -> Self {
+                self.eps = eps;
+                self
+            }
+
+            /// With weight decay `weight_decay`.
+            pub fn with_weight_decay(mut self, weight_decay: f64) -> Self {
+                self.weight_decay = weight_decay;
+                self
+            }
+
+            /// With or without AMSGrad.
+            pub fn with_amsgrad(mut self, amsgrad: bool) -> Self {
+                self.amsgrad = amsgrad;
+                self
+            }
+
+            /// Maximizing or minimizing.
+            pub fn with_maximize(mut self, maximize: bool) -> Self {
+                self.maximize = maximize;
+                self
+            }
+        }
+    };
+}
+
+adam_builders!(AdamOptions);
+adam_builders!(AdamWOptions);
+
+impl AdamOptions {
+    /// With or without decoupled weight decay (`Adam(decoupled_weight_decay=True)`).
+    pub fn with_decoupled_weight_decay(mut self, decoupled: bool) -> Self {
+        self.decoupled_weight_decay = decoupled;
+        self
+    }
+
+    /// The options by PyTorch's keyword names.
+    pub fn to_map(&self) -> OptionMap {
         options::map(&[
-            ("lr", json!(self.lr)),
-            ("betas", json!([self.betas.0, self.betas.1])),
-            ("eps", json!(self.eps)),
-            ("weight_decay", json!(self.weight_decay)),
+            ("lr", options::float_json(self.lr)),
+            (
+                "betas",
+                Value::Array(vec![
+                    options::float_json(self.betas.0),
+                    options::float_json(self.betas.1),
+                ]),
+            ),
+            ("eps", options::float_json(self.eps)),
+            ("weight_decay", options::float_json(self.weight_decay)),
             ("amsgrad", json!(self.amsgrad)),
             ("maximize", json!(self.maximize)),
+            ("decoupled_weight_decay", json!(self.decoupled_weight_decay)),
         ])
+    }
+}
+
+impl AdamWOptions {
+    /// The options by PyTorch's keyword names (AdamW's constructor takes no
+    /// `decoupled_weight_decay`).
+    pub fn to_map(&self) -> OptionMap {
+        let mut map = AdamOptions::from(self.clone()).to_map();
+        map.remove("decoupled_weight_decay");
+        map
+    }
+}
+
+impl From<AdamWOptions> for AdamOptions {
+    fn from(o: AdamWOptions) -> AdamOptions {
+        AdamOptions {
+            lr: o.lr,
+            betas: o.betas,
+            eps: o.eps,
+            weight_decay: o.weight_decay,
+            amsgrad: o.amsgrad,
+            maximize: o.maximize,
+            decoupled_weight_decay: true,
+        }
+    }
+}
+
+impl GroupOptions for AdamOptions {
+    fn defaults(kind: OptimizerKind) -> OptionMap {
+        let mut map = if kind == OptimizerKind::AdamW {
+            AdamOptions::from(AdamWOptions::default()).to_map()
+        } else {
+            AdamOptions::default().to_map()
+        };
+        for (key, value) in [
+            ("foreach", Value::Null),
+            ("capturable", json!(false)),
+            ("differentiable", json!(false)),
+            ("fused", Value::Null),
+        ] {
+            map.insert(key.into(), value);
+        }
+        map
     }
 
     fn from_map(map: &OptionMap) -> Result<AdamOptions> {
@@ -64,10 +205,11 @@ impl AdamOptions {
             weight_decay: options::number(map, "weight_decay")?,
             amsgrad: options::flag(map, "amsgrad")?,
             maximize: options::flag(map, "maximize")?,
+            decoupled_weight_decay: options::flag(map, "decoupled_weight_decay")?,
         })
     }
 
-    /// PyTorch's constructor checks, in its order.
+    /// PyTorch's constructor checks (`not 0.0 <= x`, so NaN is refused), in its order.
     fn validate(&self) -> Result<()> {
         if !at_least_zero(self.lr) {
             return Err(Error::value(format!(
@@ -104,21 +246,7 @@ fn at_least_zero(x: f64) -> bool {
     x >= 0.0
 }
 
-fn defaults(decoupled: bool) -> OptionMap {
-    let mut map = AdamOptions::defaults(decoupled).to_map();
-    for (key, value) in [
-        ("foreach", Value::Null),
-        ("capturable", json!(false)),
-        ("differentiable", json!(false)),
-        ("fused", Value::Null),
-        ("decoupled_weight_decay", json!(decoupled)),
-    ] {
-        map.insert(key.into(), value);
-    }
-    map
-}
-
-/// The state arenas of one replica group.
+/// The state arenas of one storage format.
 #[derive(Debug)]
 struct Moments {
     exp_avg: Arena,
@@ -126,77 +254,89 @@ struct Moments {
     max_exp_avg_sq: Option<Arena>,
 }
 
-/// `torch.optim.Adam` (or `AdamW`, with decoupled weight decay) on every rank of a
-/// [`Replicas`]. The bias corrections of each (rank, parameter) follow its own step count, which
-/// advances only on steps where it had a gradient.
+/// Adam's math: the moments per storage format, created on first use. The shell's counter of
+/// a (rank, parameter) is its step count, which advances only on steps where it had a
+/// gradient; the bias corrections follow it.
 #[derive(Debug)]
-pub struct Adam {
-    decoupled: bool,
-    groups: Vec<(Vec<usize>, OptionMap)>,
-    defaults: OptionMap,
-    ranks: usize,
+pub struct AdamAlgorithm {
     moments: Vec<Option<Moments>>,
-    /// `steps[rank * params + j]`: completed steps of parameter j on that rank (0: no state).
-    steps: Vec<u64>,
 }
 
-impl Adam {
-    /// Adam (`decoupled == false`) or AdamW over every parameter of `replicas`.
-    pub fn new(replicas: &Replicas, options: AdamOptions, decoupled: bool) -> Result<Adam> {
-        let mut defaults = defaults(decoupled);
-        defaults.extend(options.to_map());
+/// One parameter's loaded Adam state, encoded.
+#[derive(Debug)]
+pub struct AdamLoaded {
+    step: u64,
+    exp_avg: Vec<u32>,
+    exp_avg_sq: Vec<u32>,
+    max_exp_avg_sq: Option<Vec<u32>>,
+}
+
+/// `torch.optim.Adam` or `torch.optim.AdamW` on every rank of a [`Replicas`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use distopt::{CpuBackend, Tensor};
+/// use distopt::optim::{Adam, AdamWOptions, LocalOptimizer, OptimizerKind};
+/// use distopt::replicas::Replicas;
+/// let w = Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap();
+/// let model = Replicas::replicate(Arc::new(CpuBackend::new()), 1, &[w]).unwrap();
+/// let adamw = Adam::adamw(&model, AdamWOptions::default().with_lr(0.1)).unwrap();
+/// assert_eq!(adamw.kind(), OptimizerKind::AdamW);
+/// assert_eq!(adamw.groups()[0].options().weight_decay, 1e-2);
+/// ```
+pub type Adam = Optimizer<AdamAlgorithm>;
+
+impl Optimizer<AdamAlgorithm> {
+    /// `torch.optim.Adam` over every parameter of `replicas`.
+    ///
+    /// # Errors
+    /// PyTorch's `ValueError`s for invalid options or an empty parameter list.
+    pub fn new(replicas: &Replicas, options: AdamOptions) -> Result<Adam> {
         Adam::from_options(
+            OptimizerKind::Adam,
             replicas,
-            vec![((0..replicas.len()).collect(), OptionMap::new())],
-            &defaults,
-            decoupled,
+            all_params(replicas),
+            &options.to_map(),
         )
     }
 
-    /// Adam/AdamW over parameter groups, each with its own options over `defaults`.
+    /// `torch.optim.AdamW` over every parameter of `replicas`.
+    ///
+    /// # Errors
+    /// PyTorch's `ValueError`s for invalid options or an empty parameter list.
+    pub fn adamw(replicas: &Replicas, options: AdamWOptions) -> Result<Adam> {
+        Adam::from_options(
+            OptimizerKind::AdamW,
+            replicas,
+            all_params(replicas),
+            &options.to_map(),
+        )
+    }
+
+    /// Adam or AdamW (`kind`) over parameter groups, each with its own options over
+    /// `defaults` (PyTorch's keyword names).
+    ///
+    /// # Errors
+    /// A `ValueError` for a `kind` other than Adam or AdamW; otherwise as
+    /// [`Optimizer::with_groups`].
     pub fn from_options(
+        kind: OptimizerKind,
         replicas: &Replicas,
         groups: Vec<(Vec<usize>, OptionMap)>,
         defaults: &OptionMap,
-        decoupled: bool,
     ) -> Result<Adam> {
-        let class = if decoupled { "AdamW" } else { "Adam" };
-        let defaults = options::merge(class, &self::defaults(decoupled), defaults)?;
-        AdamOptions::from_map(&defaults)?.validate()?;
-        let mut merged = Vec::with_capacity(groups.len());
-        for (params, given) in groups {
-            let map = options::merge(class, &defaults, &given)?;
-            AdamOptions::from_map(&map)?;
-            merged.push((params, map));
+        if !matches!(kind, OptimizerKind::Adam | OptimizerKind::AdamW) {
+            return Err(Error::value(format!("{kind} is not Adam or AdamW")));
         }
-        let indices: Vec<Vec<usize>> = merged.iter().map(|(p, _)| p.clone()).collect();
-        check_groups(replicas, &indices)?;
-        Ok(Adam {
-            decoupled,
-            groups: merged,
-            defaults,
-            ranks: replicas.ranks(),
-            moments: (0..replicas.groups.len()).map(|_| None).collect(),
-            steps: vec![0; replicas.ranks() * replicas.len()],
-        })
+        Optimizer::with_groups(kind, replicas, groups, defaults)
     }
+}
 
-    fn moment_bytes(&self) -> usize {
-        self.moments
-            .iter()
-            .flatten()
-            .map(|m| {
-                let per_rank = |a: &Arena| a.bytes() / a.ranks().max(1);
-                per_rank(&m.exp_avg)
-                    + per_rank(&m.exp_avg_sq)
-                    + m.max_exp_avg_sq.as_ref().map_or(0, per_rank)
-            })
-            .sum()
-    }
-
+impl AdamAlgorithm {
     fn ensure_moments(
         &mut self,
         replicas: &Replicas,
+        ranks: usize,
         group: usize,
         amsgrad: bool,
     ) -> Result<&mut Moments> {
@@ -204,56 +344,55 @@ impl Adam {
         let layout = &replicas.groups[group];
         if self.moments[group].is_none() {
             self.moments[group] = Some(Moments {
-                exp_avg: layout.state_arena(backend.as_ref(), self.ranks)?,
-                exp_avg_sq: layout.state_arena(backend.as_ref(), self.ranks)?,
+                exp_avg: layout.state_arena(backend.as_ref(), ranks)?,
+                exp_avg_sq: layout.state_arena(backend.as_ref(), ranks)?,
                 max_exp_avg_sq: None,
             });
         }
         let moments = self.moments[group].as_mut().expect("created above");
         if amsgrad && moments.max_exp_avg_sq.is_none() {
-            moments.max_exp_avg_sq = Some(layout.state_arena(backend.as_ref(), self.ranks)?);
+            moments.max_exp_avg_sq = Some(layout.state_arena(backend.as_ref(), ranks)?);
         }
         Ok(moments)
     }
 }
 
-impl LocalOptimizer for Adam {
-    fn name(&self) -> &'static str {
-        if self.decoupled { "AdamW" } else { "Adam" }
+impl Algorithm for AdamAlgorithm {
+    type Options = AdamOptions;
+    type Loaded = AdamLoaded;
+
+    fn empty(formats: usize) -> Self {
+        AdamAlgorithm {
+            moments: (0..formats).map(|_| None).collect(),
+        }
     }
 
-    fn step(&mut self, replicas: &mut Replicas) -> Result<()> {
-        check_same_model(replicas, self.ranks, self.steps.len() / self.ranks.max(1))?;
-        let count = replicas.len();
-        let mut options_of: Vec<Option<AdamOptions>> = vec![None; count];
-        for (params, map) in &self.groups {
-            let options = AdamOptions::from_map(map)?;
-            for &j in params {
-                options_of[j] = Some(options.clone());
-            }
-        }
+    fn step(&mut self, shell: &mut Shell<AdamOptions>, replicas: &mut Replicas) -> Result<()> {
+        let ranks = shell.ranks();
         let mut tables = Vec::with_capacity(replicas.groups.len());
         for group in &replicas.groups {
             let members = group.members.len();
-            let mut scalars = vec![AdamScalars::default(); self.ranks * members];
+            let mut scalars = vec![AdamScalars::default(); ranks * members];
             let mut amsgrad = false;
-            for rank in 0..self.ranks {
+            for rank in 0..ranks {
                 for (k, &j) in group.members.iter().enumerate() {
-                    let Some(o) = &options_of[j] else { continue };
-                    let active = replicas.has_grad(rank, j);
-                    if !active {
+                    let Some(o) = shell.options_of(j) else {
+                        continue;
+                    };
+                    if !replicas.has_grad(rank, j) {
                         continue;
                     }
-                    let step = (self.steps[rank * count + j] + 1) as f64;
+                    let step = (shell.count(rank, j) + 1) as f64;
                     let (beta1, beta2) = o.betas;
                     let bias_correction1 = 1.0 - beta1.powf(step);
                     let bias_correction2 = 1.0 - beta2.powf(step);
+                    let decoupled = o.decoupled_weight_decay;
                     scalars[rank * members + k] = AdamScalars {
-                        active,
+                        active: true,
                         maximize: o.maximize,
                         amsgrad: o.amsgrad,
-                        decoupled: self.decoupled && o.weight_decay != 0.0,
-                        weight_decay: if self.decoupled { 0.0 } else { o.weight_decay },
+                        decoupled: decoupled && o.weight_decay != 0.0,
+                        weight_decay: if decoupled { 0.0 } else { o.weight_decay },
                         decay_factor: 1.0 - o.lr * o.weight_decay,
                         one_minus_beta1: 1.0 - beta1,
                         beta2,
@@ -272,7 +411,7 @@ impl LocalOptimizer for Adam {
             if !scalars.iter().any(|s| s.active) {
                 continue;
             }
-            self.ensure_moments(replicas, g, amsgrad)?;
+            self.ensure_moments(replicas, ranks, g, amsgrad)?;
             let moments = self.moments[g].as_mut().expect("ensured");
             let group = &mut replicas.groups[g];
             backend.adam(
@@ -287,10 +426,10 @@ impl LocalOptimizer for Adam {
                 &scalars,
             )?;
             let members = group.members.len();
-            for rank in 0..self.ranks {
+            for rank in 0..ranks {
                 for (k, &j) in group.members.iter().enumerate() {
                     if scalars[rank * members + k].active {
-                        self.steps[rank * count + j] += 1;
+                        shell.set_count(rank, j, shell.count(rank, j) + 1);
                     }
                 }
             }
@@ -299,148 +438,121 @@ impl LocalOptimizer for Adam {
     }
 
     fn state_bytes_per_rank(&self) -> usize {
-        self.moment_bytes()
-    }
-
-    fn state_len(&self, rank: usize) -> usize {
-        let count = self.steps.len() / self.ranks.max(1);
-        self.steps[rank * count..(rank + 1) * count]
+        self.moments
             .iter()
-            .filter(|s| **s > 0)
-            .count()
+            .flatten()
+            .map(|m| {
+                let per_rank = |a: &Arena| a.bytes() / a.ranks().max(1);
+                per_rank(&m.exp_avg)
+                    + per_rank(&m.exp_avg_sq)
+                    + m.max_exp_avg_sq.as_ref().map_or(0, per_rank)
+            })
+            .sum()
     }
 
-    fn group_options(&self) -> Vec<OptionMap> {
-        self.groups.iter().map(|(_, m)| m.clone()).collect()
-    }
-
-    fn param_groups(&self) -> Vec<Vec<usize>> {
-        self.groups.iter().map(|(p, _)| p.clone()).collect()
-    }
-
-    fn add_param_group(&mut self, params: Vec<usize>, given: &OptionMap) -> Result<()> {
-        let map = options::merge(self.name(), &self.defaults, given)?;
-        AdamOptions::from_map(&map)?;
-        self.groups.push((params, map));
-        Ok(())
-    }
-
-    fn state_dict<'a>(
+    fn state_entry<'a>(
         &'a self,
+        shell: &'a Shell<AdamOptions>,
         replicas: &'a Replicas,
         rank: usize,
-    ) -> BoxFuture<'a, Result<Value>> {
+        j: usize,
+    ) -> BoxFuture<'a, Result<Option<Map<String, Value>>>> {
         Box::pin(async move {
-            check_same_model(replicas, self.ranks, self.steps.len() / self.ranks.max(1))?;
-            if rank >= self.ranks {
-                return Err(Error::new(
-                    crate::ErrorKind::IndexError,
-                    format!("rank {rank} out of range for {} ranks", self.ranks),
-                ));
-            }
-            let groups = self.param_groups();
-            let amsgrad_of = |j: usize| {
-                self.groups
-                    .iter()
-                    .find(|(p, _)| p.contains(&j))
-                    .is_some_and(|(_, m)| options::flag(m, "amsgrad").unwrap_or(false))
+            let Some(moments) = &self.moments[replicas.slots[j].group] else {
+                return Ok(None);
             };
-            let mut state = serde_json::Map::new();
-            for (k, &j) in groups.iter().flatten().enumerate() {
-                let steps = self.steps[rank * replicas.len() + j];
-                if steps == 0 {
-                    continue;
+            let step = Tensor::from_f32(&[], vec![shell.count(rank, j) as f32])?;
+            let mut entry = Map::new();
+            entry.insert("step".into(), tensor_to_json(&step).await?);
+            let exp_avg = read_state(&moments.exp_avg, replicas, rank, j).await?;
+            entry.insert("exp_avg".into(), tensor_to_json(&exp_avg).await?);
+            let exp_avg_sq = read_state(&moments.exp_avg_sq, replicas, rank, j).await?;
+            entry.insert("exp_avg_sq".into(), tensor_to_json(&exp_avg_sq).await?);
+            if shell.options_of(j).is_some_and(|o| o.amsgrad) {
+                if let Some(max) = &moments.max_exp_avg_sq {
+                    let max = read_state(max, replicas, rank, j).await?;
+                    entry.insert("max_exp_avg_sq".into(), tensor_to_json(&max).await?);
                 }
-                let slot = &replicas.slots[j];
-                let Some(moments) = &self.moments[slot.group] else {
-                    continue;
-                };
-                let step = Tensor::from_f32(&[], vec![steps as f32])?;
-                let mut entry = serde_json::Map::new();
-                entry.insert("step".into(), tensor_to_json(&step).await?);
-                let exp_avg = read_state(&moments.exp_avg, replicas, rank, j).await?;
-                entry.insert("exp_avg".into(), tensor_to_json(&exp_avg).await?);
-                let exp_avg_sq = read_state(&moments.exp_avg_sq, replicas, rank, j).await?;
-                entry.insert("exp_avg_sq".into(), tensor_to_json(&exp_avg_sq).await?);
-                if amsgrad_of(j) {
-                    if let Some(max) = &moments.max_exp_avg_sq {
-                        let max = read_state(max, replicas, rank, j).await?;
-                        entry.insert("max_exp_avg_sq".into(), tensor_to_json(&max).await?);
-                    }
-                }
-                state.insert(k.to_string(), Value::Object(entry));
             }
-            Ok(json!({"state": state, "param_groups": param_groups_json(&self.groups)}))
+            Ok(Some(entry))
         })
     }
 
-    fn load_state_dict(
+    fn parse_entry(
+        replicas: &Replicas,
+        j: usize,
+        local: usize,
+        entry: &Value,
+    ) -> Result<AdamLoaded> {
+        let what = |key: &str| format!("{key} of parameter {local}");
+        let step = match entry.get("step") {
+            Some(Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
+            Some(tensor) => tensor_from_json(tensor, &what("step"))?
+                .values_f64()?
+                .first()
+                .copied()
+                .unwrap_or(f64::NAN),
+            None => {
+                return Err(Error::value(format!(
+                    "state of parameter {local} has no \"step\""
+                )));
+            }
+        };
+        if !(step >= 0.0 && step <= u64::MAX as f64) {
+            return Err(Error::value(format!(
+                "state of parameter {local} has an invalid step {}",
+                float_repr(step)
+            )));
+        }
+        let tensor = |key: &str| {
+            let value = entry.get(key).ok_or_else(|| {
+                Error::value(format!("state of parameter {local} has no \"{key}\""))
+            })?;
+            parse_state_tensor(replicas, j, value, &what(key))
+        };
+        let exp_avg = tensor("exp_avg")?;
+        let exp_avg_sq = tensor("exp_avg_sq")?;
+        let max_exp_avg_sq = match entry.get("max_exp_avg_sq") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(tensor("max_exp_avg_sq")?),
+        };
+        Ok(AdamLoaded {
+            step: step as u64,
+            exp_avg,
+            exp_avg_sq,
+            max_exp_avg_sq,
+        })
+    }
+
+    fn commit_entry(
         &mut self,
-        replicas: &mut Replicas,
+        shell: &mut Shell<AdamOptions>,
+        replicas: &Replicas,
         rank: usize,
-        state_dict: &Value,
+        j: usize,
+        loaded: Option<AdamLoaded>,
     ) -> Result<()> {
-        check_same_model(replicas, self.ranks, self.steps.len() / self.ranks.max(1))?;
-        if rank >= self.ranks {
-            return Err(Error::new(
-                crate::ErrorKind::IndexError,
-                format!("rank {rank} out of range for {} ranks", self.ranks),
-            ));
+        let Some(loaded) = loaded else {
+            shell.set_count(rank, j, 0);
+            return Ok(());
+        };
+        let g = replicas.slots[j].group;
+        let moments =
+            self.ensure_moments(replicas, shell.ranks(), g, loaded.max_exp_avg_sq.is_some())?;
+        write_words(&mut moments.exp_avg, replicas, rank, j, &loaded.exp_avg)?;
+        write_words(
+            &mut moments.exp_avg_sq,
+            replicas,
+            rank,
+            j,
+            &loaded.exp_avg_sq,
+        )?;
+        if let (Some(words), Some(arena)) =
+            (&loaded.max_exp_avg_sq, moments.max_exp_avg_sq.as_mut())
+        {
+            write_words(arena, replicas, rank, j, words)?;
         }
-        let groups = self.param_groups();
-        let saved = check_loaded_groups(&groups, state_dict)?;
-        let locals = local_indices(&groups, replicas.len());
-        let state = state_dict
-            .get("state")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        let count = replicas.len();
-        for (j, local) in locals.iter().enumerate() {
-            let Some(local) = local else { continue };
-            let Some(entry) = state.get(&local.to_string()) else {
-                self.steps[rank * count + j] = 0;
-                continue;
-            };
-            let what = |key: &str| format!("{key} of parameter {local}");
-            let step = match entry.get("step") {
-                Some(Value::Number(n)) => n.as_f64().unwrap_or(0.0),
-                Some(tensor) => tensor_from_json(tensor, &what("step"))?
-                    .values_f64()?
-                    .first()
-                    .copied()
-                    .unwrap_or(0.0),
-                None => {
-                    return Err(Error::value(format!(
-                        "state of parameter {local} has no \"step\""
-                    )));
-                }
-            };
-            let slot = replicas.slots[j].clone();
-            let has_max = entry.get("max_exp_avg_sq").is_some_and(|v| !v.is_null());
-            let moments = self.ensure_moments(replicas, slot.group, has_max)?;
-            for (key, arena) in [
-                ("exp_avg", &mut moments.exp_avg),
-                ("exp_avg_sq", &mut moments.exp_avg_sq),
-            ] {
-                let value = entry.get(key).ok_or_else(|| {
-                    Error::value(format!("state of parameter {local} has no \"{key}\""))
-                })?;
-                write_state(arena, &slot, rank, &tensor_from_json(value, &what(key))?)?;
-            }
-            if has_max {
-                let value = &entry["max_exp_avg_sq"];
-                let arena = moments.max_exp_avg_sq.as_mut().expect("ensured");
-                write_state(
-                    arena,
-                    &slot,
-                    rank,
-                    &tensor_from_json(value, &what("max_exp_avg_sq"))?,
-                )?;
-            }
-            self.steps[rank * count + j] = step as u64;
-        }
-        apply_loaded_options(&mut self.groups, saved);
+        shell.set_count(rank, j, loaded.step);
         Ok(())
     }
 }

@@ -6,12 +6,16 @@
 //! state dicts are per rank.
 
 mod adam;
+mod kind;
 mod options;
 mod sgd;
+mod shell;
 
-pub use adam::{Adam, AdamOptions};
-pub use options::{OptionMap, option_map};
-pub use sgd::{Sgd, SgdOptions};
+pub use adam::{Adam, AdamAlgorithm, AdamLoaded, AdamOptions, AdamWOptions};
+pub use kind::OptimizerKind;
+pub use options::{GroupOptions, OptionMap, option_map};
+pub use sgd::{Sgd, SgdAlgorithm, SgdOptions};
+pub use shell::{Algorithm, DUPLICATE_WARNING, Optimizer, ParamGroup, Shell};
 
 use serde_json::Value;
 
@@ -23,6 +27,9 @@ use crate::replicas::Replicas;
 pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// `"SGD"`, `"Adam"` or `"AdamW"`.
     fn name(&self) -> &'static str;
+
+    /// The optimizer's class.
+    fn kind(&self) -> OptimizerKind;
 
     /// One step on every rank: each parameter with a gradient on a rank is updated from it;
     /// parameters without one are skipped, their state untouched.
@@ -44,7 +51,19 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
         rank: usize,
     ) -> BoxFuture<'a, Result<Value>>;
 
-    /// `optimizer.load_state_dict(state_dict)` on rank `rank`.
+    /// Checks that [`LocalOptimizer::load_state_dict`] would accept `state_dict`, changing
+    /// nothing (so that a caller loading several optimizers can refuse before any changes).
+    ///
+    /// # Errors
+    /// The error `load_state_dict` would give.
+    fn check_state_dict(&self, replicas: &Replicas, rank: usize, state_dict: &Value) -> Result<()>;
+
+    /// `optimizer.load_state_dict(state_dict)` on rank `rank`. Transactional: a refused state
+    /// dict (PyTorch's `ValueError` for other group counts or sizes, the state dict of
+    /// another optimizer class, a malformed entry) leaves the optimizer as it was.
+    ///
+    /// # Errors
+    /// A `ValueError` or `TypeError` naming what does not fit.
     fn load_state_dict(
         &mut self,
         replicas: &mut Replicas,
@@ -64,24 +83,47 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
     }
 }
 
-/// Builds the optimizer named `name` (`"SGD"`, `"Adam"`, `"AdamW"`) over `groups` of global
-/// parameter indices, each with its own options over `defaults`.
+/// Builds the optimizer named `name` (`"SGD"`, `"Adam"`, `"AdamW"`: PyTorch's class names)
+/// over `groups` of global parameter indices, each with its own options over `defaults`.
+///
+/// # Errors
+/// A `ValueError` for an unknown name; otherwise as [`build`].
 pub fn create(
     name: &str,
     replicas: &Replicas,
     groups: Vec<(Vec<usize>, OptionMap)>,
     defaults: &OptionMap,
 ) -> Result<Box<dyn LocalOptimizer>> {
-    Ok(match name {
-        "SGD" => Box::new(Sgd::from_options(replicas, groups, defaults)?),
-        "Adam" => Box::new(Adam::from_options(replicas, groups, defaults, false)?),
-        "AdamW" => Box::new(Adam::from_options(replicas, groups, defaults, true)?),
-        other => {
-            return Err(Error::value(format!(
-                "unknown optimizer '{other}': expected SGD, Adam or AdamW"
-            )));
+    build(name.parse()?, replicas, groups, defaults)
+}
+
+/// Builds an optimizer of class `kind` over `groups` of global parameter indices, each with
+/// its own options over `defaults` (PyTorch's keyword names, parsed here once).
+///
+/// # Errors
+/// PyTorch's: a `TypeError` for an unknown keyword, a `ValueError` for an invalid
+/// hyper-parameter, an empty parameter list or a parameter in two groups; an `IndexError` for
+/// an index outside the replicas.
+pub fn build(
+    kind: OptimizerKind,
+    replicas: &Replicas,
+    groups: Vec<(Vec<usize>, OptionMap)>,
+    defaults: &OptionMap,
+) -> Result<Box<dyn LocalOptimizer>> {
+    Ok(match kind {
+        OptimizerKind::Sgd => Box::new(Sgd::from_options(replicas, groups, defaults)?),
+        OptimizerKind::Adam | OptimizerKind::AdamW => {
+            Box::new(Adam::from_options(kind, replicas, groups, defaults)?)
         }
     })
+}
+
+/// The complete defaults of `kind` (`optimizer.defaults`).
+pub fn defaults_of(kind: OptimizerKind) -> OptionMap {
+    match kind {
+        OptimizerKind::Sgd => SgdOptions::defaults(kind),
+        OptimizerKind::Adam | OptimizerKind::AdamW => AdamOptions::defaults(kind),
+    }
 }
 
 /// A `ValueError` unless `replicas` has the ranks and parameters an optimizer was built for.
@@ -94,41 +136,6 @@ pub(crate) fn check_same_model(replicas: &Replicas, ranks: usize, params: usize)
         )));
     }
     Ok(())
-}
-
-/// Checks that every index of `groups` names a parameter of `replicas` and appears once.
-pub(crate) fn check_groups(replicas: &Replicas, groups: &[Vec<usize>]) -> Result<()> {
-    let mut seen = vec![false; replicas.len()];
-    for group in groups {
-        for &j in group {
-            if j >= replicas.len() {
-                return Err(Error::new(
-                    crate::ErrorKind::IndexError,
-                    format!(
-                        "parameter index {j} out of range for {} parameters",
-                        replicas.len()
-                    ),
-                ));
-            }
-            if seen[j] {
-                return Err(Error::value(
-                    "some parameters appear in more than one parameter group",
-                ));
-            }
-            seen[j] = true;
-        }
-    }
-    Ok(())
-}
-
-/// The optimizer-local index of each global parameter (its position in the groups' order),
-/// as PyTorch numbers `state_dict()["state"]`.
-pub(crate) fn local_indices(groups: &[Vec<usize>], params: usize) -> Vec<Option<usize>> {
-    let mut out = vec![None; params];
-    for (k, &j) in groups.iter().flatten().enumerate() {
-        out[j] = Some(k);
-    }
-    out
 }
 
 /// Rank `rank`'s slice of parameter `j` in a state arena (laid out like the parameters).
@@ -167,60 +174,4 @@ pub(crate) fn write_state(
     let mut words = vec![0u32; arena.format().words_for(slot.numel)];
     data.encode_into(arena.format(), &mut words);
     arena.write(rank, slot.offset, &words)
-}
-
-/// `state_dict()["param_groups"]`: every group's options plus `params`, the optimizer-local
-/// indices (numbered across the groups in order).
-pub(crate) fn param_groups_json(groups: &[(Vec<usize>, OptionMap)]) -> Vec<Value> {
-    let mut next = 0;
-    groups
-        .iter()
-        .map(|(params, options)| {
-            let mut group = options.clone();
-            group.insert(
-                "params".into(),
-                Value::from((next..next + params.len()).collect::<Vec<_>>()),
-            );
-            next += params.len();
-            Value::Object(group)
-        })
-        .collect()
-}
-
-/// `load_state_dict`: the saved groups' hyper-parameters replace ours (the parameters stay).
-pub(crate) fn apply_loaded_options(groups: &mut [(Vec<usize>, OptionMap)], saved: Vec<Value>) {
-    for ((_, options), saved) in groups.iter_mut().zip(saved) {
-        if let Value::Object(saved) = saved {
-            for (key, value) in saved {
-                if key != "params" {
-                    options.insert(key, value);
-                }
-            }
-        }
-    }
-}
-
-/// Validates that a loaded state dict's groups match ours, as PyTorch does.
-pub(crate) fn check_loaded_groups(ours: &[Vec<usize>], state_dict: &Value) -> Result<Vec<Value>> {
-    let groups = state_dict
-        .get("param_groups")
-        .and_then(Value::as_array)
-        .ok_or_else(|| Error::value("state dict has no \"param_groups\" list"))?;
-    if groups.len() != ours.len() {
-        return Err(Error::value(
-            "loaded state dict has a different number of parameter groups",
-        ));
-    }
-    for (group, mine) in groups.iter().zip(ours) {
-        let len = group
-            .get("params")
-            .and_then(Value::as_array)
-            .map_or(0, Vec::len);
-        if len != mine.len() {
-            return Err(Error::value(
-                "loaded state dict contains a parameter group that doesn't match the size of optimizer's group",
-            ));
-        }
-    }
-    Ok(groups.clone())
 }

@@ -3,7 +3,28 @@
 
 use serde_json::{Map, Value};
 
+use super::OptimizerKind;
 use crate::error::{Error, Result};
+
+/// The typed hyper-parameters of one parameter group of an optimizer: parsed once from an
+/// [`OptionMap`] (at construction, `add_param_group` and `load_state_dict`), read by every step.
+pub trait GroupOptions: Clone + std::fmt::Debug + crate::backend::MaybeSendSync + 'static {
+    /// The complete defaults of `kind` as PyTorch's `optimizer.defaults` lists them
+    /// (`foreach`, `fused`, … included).
+    fn defaults(kind: OptimizerKind) -> OptionMap;
+
+    /// Reads the options from a complete map.
+    ///
+    /// # Errors
+    /// A `TypeError` for an option of the wrong type, a `ValueError` for a missing one.
+    fn from_map(map: &OptionMap) -> Result<Self>;
+
+    /// PyTorch's constructor checks of the defaults, in its order and with its texts.
+    ///
+    /// # Errors
+    /// The `ValueError` PyTorch raises (`Invalid learning rate: -0.1`, …).
+    fn validate(&self) -> Result<()>;
+}
 
 /// Hyper-parameters by PyTorch's keyword names (`lr`, `momentum`, `betas`, …).
 pub type OptionMap = Map<String, Value>;
@@ -36,17 +57,39 @@ pub(crate) fn merge(class: &str, defaults: &OptionMap, given: &OptionMap) -> Res
     Ok(merged)
 }
 
+/// A float option: a JSON number, or `"nan"`, `"inf"`, `"-inf"` (how distopt writes
+/// non-finite floats in JSON; see [`crate::json::number_to_json`]), or a boolean (Python's
+/// `True == 1`).
 pub(crate) fn number(options: &OptionMap, key: &str) -> Result<f64> {
     match options.get(key) {
-        Some(Value::Number(n)) => n
-            .as_f64()
-            .ok_or_else(|| Error::type_error(format!("option '{key}' must be a number"))),
         Some(Value::Bool(b)) => Ok(f64::from(u8::from(*b))),
-        Some(other) => Err(Error::type_error(format!(
-            "option '{key}' must be a number, got {other}"
-        ))),
+        Some(value) => float(value).ok_or_else(|| {
+            Error::type_error(format!(
+                "option '{key}' must be a number, got {}",
+                crate::json::clip_json(value)
+            ))
+        }),
         None => Err(Error::value(format!("option '{key}' is missing"))),
     }
+}
+
+/// A JSON number or a non-finite float's string.
+fn float(value: &Value) -> Option<f64> {
+    match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => match s.as_str() {
+            "nan" => Some(f64::NAN),
+            "inf" => Some(f64::INFINITY),
+            "-inf" => Some(f64::NEG_INFINITY),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A float as an option's JSON value (non-finite floats as strings).
+pub(crate) fn float_json(x: f64) -> Value {
+    crate::json::number_to_json(x)
 }
 
 pub(crate) fn flag(options: &OptionMap, key: &str) -> Result<bool> {
@@ -55,7 +98,8 @@ pub(crate) fn flag(options: &OptionMap, key: &str) -> Result<bool> {
         Some(Value::Null) | None => Ok(false),
         Some(Value::Number(n)) => Ok(n.as_f64().is_some_and(|x| x != 0.0)),
         Some(other) => Err(Error::type_error(format!(
-            "option '{key}' must be a boolean, got {other}"
+            "option '{key}' must be a boolean, got {}",
+            crate::json::clip_json(other)
         ))),
     }
 }
@@ -67,7 +111,7 @@ pub(crate) fn pair(options: &OptionMap, key: &str) -> Result<(f64, f64)> {
         .filter(|a| a.len() == 2)
         .ok_or_else(|| Error::type_error(format!("option '{key}' must be a pair of numbers")))?;
     let get = |v: &Value| {
-        v.as_f64()
+        float(v)
             .ok_or_else(|| Error::type_error(format!("option '{key}' must be a pair of numbers")))
     };
     Ok((get(&items[0])?, get(&items[1])?))

@@ -1,21 +1,21 @@
-//! `torch.optim.SGD`.
+//! `torch.optim.SGD`: its options and its math; the shell ([`super::Optimizer`]) does the rest.
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
-use super::options::{self, OptionMap};
-use super::{
-    LocalOptimizer, apply_loaded_options, check_groups, check_loaded_groups, check_same_model,
-    local_indices, param_groups_json, read_state, write_state,
-};
+use super::options::{self, GroupOptions, OptionMap};
+use super::shell::{Algorithm, Optimizer, Shell, all_params, parse_state_tensor, write_words};
+use super::{OptimizerKind, read_state};
 use crate::backend::kernels::SgdScalars;
 use crate::backend::{Arena, BoxFuture};
 use crate::error::{Error, Result};
-use crate::json::{tensor_from_json, tensor_to_json};
+use crate::json::tensor_to_json;
 use crate::pyfmt::float_repr;
 use crate::replicas::Replicas;
 
-/// SGD's hyper-parameters, with PyTorch's defaults.
+/// SGD's hyper-parameters, with PyTorch's defaults. Build them with
+/// `SgdOptions::default().with_lr(..)…` (the struct may gain fields).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct SgdOptions {
     /// Learning rate (default 1e-3).
     pub lr: f64,
@@ -45,15 +45,62 @@ impl Default for SgdOptions {
 }
 
 impl SgdOptions {
-    fn to_map(&self) -> OptionMap {
+    /// With learning rate `lr`.
+    pub fn with_lr(mut self, lr: f64) -> Self {
+        self.lr = lr;
+        self
+    }
+
+    /// With momentum factor `momentum`.
+    pub fn with_momentum(mut self, momentum: f64) -> Self {
+        self.momentum = momentum;
+        self
+    }
+
+    /// With dampening `dampening`.
+    pub fn with_dampening(mut self, dampening: f64) -> Self {
+        self.dampening = dampening;
+        self
+    }
+
+    /// With L2 penalty `weight_decay`.
+    pub fn with_weight_decay(mut self, weight_decay: f64) -> Self {
+        self.weight_decay = weight_decay;
+        self
+    }
+
+    /// With or without Nesterov momentum.
+    pub fn with_nesterov(mut self, nesterov: bool) -> Self {
+        self.nesterov = nesterov;
+        self
+    }
+
+    /// Maximizing or minimizing.
+    pub fn with_maximize(mut self, maximize: bool) -> Self {
+        self.maximize = maximize;
+        self
+    }
+
+    /// The options by PyTorch's keyword names.
+    pub fn to_map(&self) -> OptionMap {
         options::map(&[
-            ("lr", json!(self.lr)),
-            ("momentum", json!(self.momentum)),
-            ("dampening", json!(self.dampening)),
-            ("weight_decay", json!(self.weight_decay)),
+            ("lr", options::float_json(self.lr)),
+            ("momentum", options::float_json(self.momentum)),
+            ("dampening", options::float_json(self.dampening)),
+            ("weight_decay", options::float_json(self.weight_decay)),
             ("nesterov", json!(self.nesterov)),
             ("maximize", json!(self.maximize)),
         ])
+    }
+}
+
+impl GroupOptions for SgdOptions {
+    fn defaults(_kind: OptimizerKind) -> OptionMap {
+        let mut map = SgdOptions::default().to_map();
+        map.insert("foreach".into(), Value::Null);
+        map.insert("differentiable".into(), json!(false));
+        map.insert("fused".into(), Value::Null);
+        map
     }
 
     fn from_map(map: &OptionMap) -> Result<SgdOptions> {
@@ -67,7 +114,8 @@ impl SgdOptions {
         })
     }
 
-    /// PyTorch's constructor checks, in its order.
+    /// PyTorch's constructor checks, in its order. Like PyTorch's (`lr < 0.0`), they let NaN
+    /// through.
     fn validate(&self) -> Result<()> {
         if self.lr < 0.0 {
             return Err(Error::value(format!(
@@ -96,12 +144,11 @@ impl SgdOptions {
     }
 }
 
-fn defaults() -> OptionMap {
-    let mut map = SgdOptions::default().to_map();
-    map.insert("foreach".into(), Value::Null);
-    map.insert("differentiable".into(), json!(false));
-    map.insert("fused".into(), Value::Null);
-    map
+/// SGD's math: one momentum arena per storage format, created on first use. The shell's
+/// counter of a (rank, parameter) is 1 when it has a momentum buffer.
+#[derive(Debug)]
+pub struct SgdAlgorithm {
+    momentum: Vec<Option<Arena>>,
 }
 
 /// `torch.optim.SGD` on every rank of a [`Replicas`].
@@ -113,110 +160,65 @@ fn defaults() -> OptionMap {
 /// use distopt::replicas::Replicas;
 /// let w = Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap();
 /// let mut model = Replicas::replicate(Arc::new(CpuBackend::new()), 1, &[w]).unwrap();
-/// let mut sgd = Sgd::new(&model, SgdOptions { lr: 0.5, ..Default::default() }).unwrap();
+/// let mut sgd = Sgd::new(&model, SgdOptions::default().with_lr(0.5)).unwrap();
 /// model.set_grads(0, &[Some(Tensor::from_f32(&[2], vec![1.0, 1.0]).unwrap())]).unwrap();
 /// sgd.step(&mut model).unwrap();
 /// assert_eq!(model.param_blocking(0, 0).unwrap().values_f64().unwrap(), vec![0.5, 1.5]);
-/// assert!(Sgd::new(&model, SgdOptions { lr: -0.1, ..Default::default() }).is_err());
+/// assert!(Sgd::new(&model, SgdOptions::default().with_lr(-0.1)).is_err());
 /// ```
-#[derive(Debug)]
-pub struct Sgd {
-    groups: Vec<(Vec<usize>, OptionMap)>,
-    defaults: OptionMap,
-    ranks: usize,
-    /// One momentum arena per replica group, created on first use.
-    momentum: Vec<Option<Arena>>,
-    /// `has_buffer[rank * params + j]`.
-    has_buffer: Vec<bool>,
-}
+pub type Sgd = Optimizer<SgdAlgorithm>;
 
-impl Sgd {
+impl Optimizer<SgdAlgorithm> {
     /// SGD over every parameter of `replicas`.
+    ///
+    /// # Errors
+    /// PyTorch's `ValueError`s for invalid options or an empty parameter list.
     pub fn new(replicas: &Replicas, options: SgdOptions) -> Result<Sgd> {
-        let mut defaults = defaults();
-        defaults.extend(options.to_map());
-        Sgd::from_options(
-            replicas,
-            vec![((0..replicas.len()).collect(), OptionMap::new())],
-            &defaults,
-        )
+        Sgd::from_options(replicas, all_params(replicas), &options.to_map())
     }
 
     /// SGD over parameter groups, each with its own options over `defaults` (PyTorch's
     /// keyword names; unknown names are a `TypeError`).
+    ///
+    /// # Errors
+    /// As [`Optimizer::with_groups`].
     pub fn from_options(
         replicas: &Replicas,
         groups: Vec<(Vec<usize>, OptionMap)>,
         defaults: &OptionMap,
     ) -> Result<Sgd> {
-        let defaults = options::merge("SGD", &self::defaults(), defaults)?;
-        SgdOptions::from_map(&defaults)?.validate()?;
-        let mut merged = Vec::with_capacity(groups.len());
-        for (params, given) in groups {
-            let map = options::merge("SGD", &defaults, &given)?;
-            SgdOptions::from_map(&map)?;
-            merged.push((params, map));
-        }
-        let indices: Vec<Vec<usize>> = merged.iter().map(|(p, _)| p.clone()).collect();
-        check_groups(replicas, &indices)?;
-        Ok(Sgd {
-            groups: merged,
-            defaults,
-            ranks: replicas.ranks(),
-            momentum: (0..replicas.groups.len()).map(|_| None).collect(),
-            has_buffer: vec![false; replicas.ranks() * replicas.len()],
-        })
-    }
-
-    /// The options of each parameter group.
-    pub fn group_options(&self) -> Result<Vec<SgdOptions>> {
-        self.groups
-            .iter()
-            .map(|(_, m)| SgdOptions::from_map(m))
-            .collect()
-    }
-
-    fn momentum_bytes(&self) -> usize {
-        self.momentum
-            .iter()
-            .flatten()
-            .map(|a| a.bytes() / a.ranks().max(1))
-            .sum()
+        Optimizer::with_groups(OptimizerKind::Sgd, replicas, groups, defaults)
     }
 }
 
-impl LocalOptimizer for Sgd {
-    fn name(&self) -> &'static str {
-        "SGD"
+impl Algorithm for SgdAlgorithm {
+    type Options = SgdOptions;
+    /// The encoded momentum buffer (`None`: PyTorch's `momentum_buffer: None`).
+    type Loaded = Option<Vec<u32>>;
+
+    fn empty(formats: usize) -> Self {
+        SgdAlgorithm {
+            momentum: (0..formats).map(|_| None).collect(),
+        }
     }
 
-    fn step(&mut self, replicas: &mut Replicas) -> Result<()> {
-        check_same_model(
-            replicas,
-            self.ranks,
-            self.has_buffer.len() / self.ranks.max(1),
-        )?;
-        let count = replicas.len();
-        let mut options_of: Vec<Option<SgdOptions>> = vec![None; count];
-        for (params, map) in &self.groups {
-            let options = SgdOptions::from_map(map)?;
-            for &j in params {
-                options_of[j] = Some(options.clone());
-            }
-        }
-        // One table per replica group: the settings of every (rank, parameter).
+    fn step(&mut self, shell: &mut Shell<SgdOptions>, replicas: &mut Replicas) -> Result<()> {
+        let ranks = shell.ranks();
+        // One table per storage format: the settings of every (rank, parameter).
         let mut tables = Vec::with_capacity(replicas.groups.len());
         for group in &replicas.groups {
             let members = group.members.len();
-            let mut scalars = vec![SgdScalars::default(); self.ranks * members];
+            let mut scalars = vec![SgdScalars::default(); ranks * members];
             let mut needs_momentum = false;
-            for rank in 0..self.ranks {
+            for rank in 0..ranks {
                 for (k, &j) in group.members.iter().enumerate() {
-                    let Some(o) = &options_of[j] else { continue };
+                    let Some(o) = shell.options_of(j) else {
+                        continue;
+                    };
                     let active = replicas.has_grad(rank, j);
                     scalars[rank * members + k] = SgdScalars {
                         active,
-                        first_step: !self.has_buffer[rank * count + j],
+                        first_step: shell.count(rank, j) == 0,
                         nesterov: o.nesterov,
                         maximize: o.maximize,
                         lr: o.lr,
@@ -237,7 +239,7 @@ impl LocalOptimizer for Sgd {
                 continue;
             }
             if needs_momentum && self.momentum[g].is_none() {
-                self.momentum[g] = Some(group.state_arena(backend.as_ref(), self.ranks)?);
+                self.momentum[g] = Some(group.state_arena(backend.as_ref(), ranks)?);
             }
             backend.sgd(
                 &mut group.params,
@@ -247,11 +249,11 @@ impl LocalOptimizer for Sgd {
                 &scalars,
             )?;
             let members = group.members.len();
-            for rank in 0..self.ranks {
+            for rank in 0..ranks {
                 for (k, &j) in group.members.iter().enumerate() {
                     let s = &scalars[rank * members + k];
                     if s.active && s.momentum != 0.0 {
-                        self.has_buffer[rank * count + j] = true;
+                        shell.set_count(rank, j, 1);
                     }
                 }
             }
@@ -260,118 +262,70 @@ impl LocalOptimizer for Sgd {
     }
 
     fn state_bytes_per_rank(&self) -> usize {
-        self.momentum_bytes()
-    }
-
-    fn state_len(&self, rank: usize) -> usize {
-        let count = self.has_buffer.len() / self.ranks.max(1);
-        self.has_buffer[rank * count..(rank + 1) * count]
+        self.momentum
             .iter()
-            .filter(|b| **b)
-            .count()
+            .flatten()
+            .map(|a| a.bytes() / a.ranks().max(1))
+            .sum()
     }
 
-    fn group_options(&self) -> Vec<OptionMap> {
-        self.groups.iter().map(|(_, m)| m.clone()).collect()
-    }
-
-    fn param_groups(&self) -> Vec<Vec<usize>> {
-        self.groups.iter().map(|(p, _)| p.clone()).collect()
-    }
-
-    fn add_param_group(&mut self, params: Vec<usize>, given: &OptionMap) -> Result<()> {
-        let map = options::merge("SGD", &self.defaults, given)?;
-        SgdOptions::from_map(&map)?;
-        self.groups.push((params, map));
-        Ok(())
-    }
-
-    fn state_dict<'a>(
+    fn state_entry<'a>(
         &'a self,
+        _shell: &'a Shell<SgdOptions>,
         replicas: &'a Replicas,
         rank: usize,
-    ) -> BoxFuture<'a, Result<Value>> {
+        j: usize,
+    ) -> BoxFuture<'a, Result<Option<Map<String, Value>>>> {
         Box::pin(async move {
-            check_same_model(
-                replicas,
-                self.ranks,
-                self.has_buffer.len() / self.ranks.max(1),
-            )?;
-            if rank >= self.ranks {
-                return Err(Error::new(
-                    crate::ErrorKind::IndexError,
-                    format!("rank {rank} out of range for {} ranks", self.ranks),
-                ));
-            }
-            let groups = self.param_groups();
-            let mut state = serde_json::Map::new();
-            for (k, &j) in groups.iter().flatten().enumerate() {
-                if !self.has_buffer[rank * replicas.len() + j] {
-                    continue;
-                }
-                let slot = &replicas.slots[j];
-                let Some(arena) = &self.momentum[slot.group] else {
-                    continue;
-                };
-                let tensor = read_state(arena, replicas, rank, j).await?;
-                state.insert(
-                    k.to_string(),
-                    json!({"momentum_buffer": tensor_to_json(&tensor).await?}),
-                );
-            }
-            Ok(json!({"state": state, "param_groups": param_groups_json(&self.groups)}))
+            let Some(arena) = &self.momentum[replicas.slots[j].group] else {
+                return Ok(None);
+            };
+            let tensor = read_state(arena, replicas, rank, j).await?;
+            let mut entry = Map::new();
+            entry.insert("momentum_buffer".into(), tensor_to_json(&tensor).await?);
+            Ok(Some(entry))
         })
     }
 
-    fn load_state_dict(
+    fn parse_entry(
+        replicas: &Replicas,
+        j: usize,
+        local: usize,
+        entry: &Value,
+    ) -> Result<Option<Vec<u32>>> {
+        match entry.get("momentum_buffer") {
+            // PyTorch keeps `momentum_buffer: None` (momentum 0); no buffer either way.
+            Some(Value::Null) | None => Ok(None),
+            Some(buffer) => parse_state_tensor(
+                replicas,
+                j,
+                buffer,
+                &format!("momentum_buffer of parameter {local}"),
+            )
+            .map(Some),
+        }
+    }
+
+    fn commit_entry(
         &mut self,
-        replicas: &mut Replicas,
+        shell: &mut Shell<SgdOptions>,
+        replicas: &Replicas,
         rank: usize,
-        state_dict: &Value,
+        j: usize,
+        loaded: Option<Option<Vec<u32>>>,
     ) -> Result<()> {
-        check_same_model(
-            replicas,
-            self.ranks,
-            self.has_buffer.len() / self.ranks.max(1),
-        )?;
-        if rank >= self.ranks {
-            return Err(Error::new(
-                crate::ErrorKind::IndexError,
-                format!("rank {rank} out of range for {} ranks", self.ranks),
-            ));
+        let Some(words) = loaded.flatten() else {
+            shell.set_count(rank, j, 0);
+            return Ok(());
+        };
+        let g = replicas.slots[j].group;
+        if self.momentum[g].is_none() {
+            self.momentum[g] =
+                Some(replicas.groups[g].state_arena(replicas.backend().as_ref(), shell.ranks())?);
         }
-        let groups = self.param_groups();
-        let saved = check_loaded_groups(&groups, state_dict)?;
-        let locals = local_indices(&groups, replicas.len());
-        let state = state_dict
-            .get("state")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        for (j, local) in locals.iter().enumerate() {
-            let Some(local) = local else { continue };
-            let count = replicas.len();
-            match state
-                .get(&local.to_string())
-                .and_then(|s| s.get("momentum_buffer"))
-            {
-                Some(Value::Null) | None => self.has_buffer[rank * count + j] = false,
-                Some(buffer) => {
-                    let tensor =
-                        tensor_from_json(buffer, &format!("momentum_buffer of parameter {local}"))?;
-                    let slot = replicas.slots[j].clone();
-                    let group = &replicas.groups[slot.group];
-                    if self.momentum[slot.group].is_none() {
-                        self.momentum[slot.group] =
-                            Some(group.state_arena(replicas.backend().as_ref(), self.ranks)?);
-                    }
-                    let arena = self.momentum[slot.group].as_mut().expect("created above");
-                    write_state(arena, &slot, rank, &tensor)?;
-                    self.has_buffer[rank * count + j] = true;
-                }
-            }
-        }
-        apply_loaded_options(&mut self.groups, saved);
+        let arena = self.momentum[g].as_mut().expect("created above");
+        write_words(arena, replicas, rank, j, &words)?;
+        shell.set_count(rank, j, 1);
         Ok(())
     }
 }

@@ -7,7 +7,7 @@ use super::context::ContextId;
 use super::worker::WorkerState;
 use super::{RRef, RpcFuture, RpcWorld};
 use crate::error::{Error, Result};
-use crate::optim::{self, LocalOptimizer, OptionMap};
+use crate::optim::{self, LocalOptimizer, OptimizerKind, OptionMap};
 use crate::replicas::Replicas;
 
 /// Which local optimizer each owner runs.
@@ -24,15 +24,6 @@ pub enum LocalOptimizerKind {
 
 /// The deprecation warning each owner emits when it creates a functional optimizer.
 pub const FUNCTIONAL_WARNING: &str = "`TorchScript` support for functional optimizers is deprecated and will be removed in a future PyTorch release. Consider using the `torch.compile` optimizer instead.";
-
-fn class_path(name: &str) -> &'static str {
-    match name {
-        "SGD" => "torch.optim.sgd.SGD",
-        "Adam" => "torch.optim.adam.Adam",
-        "AdamW" => "torch.optim.adamw.AdamW",
-        _ => "torch.optim.Optimizer",
-    }
-}
 
 /// The local optimizer of one owner, living on that worker.
 pub(crate) struct OwnerOptimizer {
@@ -124,16 +115,12 @@ impl DistributedOptimizer {
         options: &OptionMap,
         kind: LocalOptimizerKind,
     ) -> Result<DistributedOptimizer> {
-        if !matches!(name, "SGD" | "Adam" | "AdamW") {
-            return Err(Error::value(format!(
-                "unknown optimizer '{name}': expected SGD, Adam or AdamW"
-            )));
-        }
+        let class: OptimizerKind = name.parse()?;
         if kind == LocalOptimizerKind::TorchOptim {
             // A `logger.warning` in PyTorch.
             crate::warnings::emit(crate::warnings::Warning::logged(format!(
                 "Creating the optimizer <class '{}'> without a functional optimizer, this might result in slow computation time in multithreading environment(i.e. Distributed Model Parallel training on CPU) due to the Python's Global Interpreter Lock (GIL). Please file an issue if you need a functional optimizer for this optimizer. ",
-                class_path(name)
+                class.class_path()
             )));
         }
         let mut owners: Vec<LocalOptimizerInfo> = Vec::new();
@@ -150,7 +137,7 @@ impl DistributedOptimizer {
         let mut futures = Vec::new();
         for (k, info) in owners.iter().enumerate() {
             let ids: Vec<u64> = info.param_indices.iter().map(|&i| params[i].id).collect();
-            let (name, options) = (name.to_string(), options.clone());
+            let options = options.clone();
             let optimizer_id = k as u64;
             let driver_thread = info.owner == super::DRIVER;
             if driver_thread && kind == LocalOptimizerKind::Functional {
@@ -172,8 +159,8 @@ impl DistributedOptimizer {
                     .map(|&id| state.value(id).cloned())
                     .collect::<Result<_>>()?;
                 let replicas = Replicas::replicate(state.backend().clone(), 1, &values)?;
-                let optim = optim::create(
-                    &name,
+                let optim = optim::build(
+                    class,
                     &replicas,
                     vec![((0..ids.len()).collect(), OptionMap::new())],
                     &options,

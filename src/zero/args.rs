@@ -69,7 +69,7 @@ pub enum ParamsArg {
 }
 
 /// The message of a duplicate parameter within one group.
-pub const DUPLICATE_WARNING: &str = "optimizer contains a parameter group with duplicate parameters; in future, this will cause an error; see github.com/pytorch/pytorch/issues/40967 for more information";
+pub use crate::optim::DUPLICATE_WARNING;
 
 /// Runs PyTorch's checks and returns the parameter groups as tensor ids with their options.
 pub fn validate(params: &ParamsArg) -> Result<Vec<(Vec<TensorArg>, OptionMap)>> {

@@ -17,17 +17,17 @@ use crate::backend::{Backend, CopyRegion, layout_params};
 use crate::comm::{BroadcastRegion, Communicator, local_index};
 use crate::error::{Error, ErrorKind, RankErrors, Result};
 use crate::join::{JoinConfig, notify_join_context};
-use crate::optim::{self, LocalOptimizer, OptionMap};
+use crate::optim::{self, LocalOptimizer, OptimizerKind, OptionMap};
 use crate::replicas::Replicas;
 use crate::warnings::{self, Warning};
 use args::{ParamsArg, TensorArg};
 
 /// The optimizer classes ZeRO knows by name, with PyTorch's class repr.
 fn class_repr(name: &str) -> String {
+    if let Ok(kind) = name.parse::<OptimizerKind>() {
+        return format!("<class '{}'>", kind.class_path());
+    }
     let path = match name {
-        "SGD" => "torch.optim.sgd.SGD",
-        "Adam" => "torch.optim.adam.Adam",
-        "AdamW" => "torch.optim.adamw.AdamW",
         "NAdam" => "torch.optim.nadam.NAdam",
         "RAdam" => "torch.optim.radam.RAdam",
         "Adagrad" => "torch.optim.adagrad.Adagrad",
@@ -94,7 +94,8 @@ pub struct ZeroRedundancyOptimizer {
     world: Arc<dyn Communicator>,
     /// The backend of the replicas it was built for (the join device).
     backend: Arc<dyn Backend>,
-    optimizer: String,
+    /// The local optimizers' class.
+    optimizer: OptimizerKind,
     defaults: OptionMap,
     options: ZeroOptions,
     /// Global parameter groups: replica indices and each group's full options.
@@ -130,6 +131,23 @@ impl ZeroRedundancyOptimizer {
     ) -> Result<Self> {
         let local = world.local_ranks();
         warnings::with_ranks(local, || {
+            // `Optimizer.add_param_group`'s checks, group by group, as `from_params` makes
+            // them through `args::validate`.
+            let mut seen: Vec<usize> = Vec::new();
+            for (params, _) in &groups {
+                let mut unique = params.clone();
+                unique.sort_unstable();
+                unique.dedup();
+                if unique.len() != params.len() {
+                    warnings::warn(optim::DUPLICATE_WARNING);
+                }
+                if unique.iter().any(|j| seen.contains(j)) {
+                    return Err(Error::value(
+                        "some parameters appear in more than one parameter group",
+                    ));
+                }
+                seen.extend(unique);
+            }
             Self::construct(world, replicas, groups, optimizer, defaults, options)
         })
     }
@@ -251,18 +269,22 @@ impl ZeroRedundancyOptimizer {
                 class_repr(optimizer)
             )));
         }
-        if options.overlap_with_ddp && !functional && !matches!(optimizer, "SGD" | "Adam" | "AdamW")
-        {
+        if options.overlap_with_ddp && !functional && optimizer.parse::<OptimizerKind>().is_err() {
             return Err(Error::value(format!(
                 "Using `ddp_with_overlap=True` requires using a functional optimizer, but there is no supported functional optimizer equivalent for {}",
                 class_repr(optimizer)
             )));
         }
+        // The local optimizer's class (a functional optimizer computes as its class does).
+        let kind: OptimizerKind = optimizer
+            .strip_prefix("_Functional")
+            .unwrap_or(optimizer)
+            .parse()?;
         let global: Vec<usize> = groups.iter().flat_map(|(g, _)| g.iter().copied()).collect();
         let mut zero = ZeroRedundancyOptimizer {
             world,
             backend: replicas.backend().clone(),
-            optimizer: optimizer.to_string(),
+            optimizer: kind,
             defaults: defaults.clone(),
             options,
             groups,
@@ -368,8 +390,8 @@ impl ZeroRedundancyOptimizer {
                 {
                     // Same leading parameters: migrate the old optimizer's state.
                     let old_groups = old.optim.param_groups().len();
-                    let mut optim = optim::create(
-                        &self.optimizer,
+                    let mut optim = optim::build(
+                        self.optimizer,
                         &params,
                         local_groups[..old_groups]
                             .iter()
@@ -389,8 +411,8 @@ impl ZeroRedundancyOptimizer {
                     });
                     continue;
                 }
-                _ => optim::create(
-                    &self.optimizer,
+                _ => optim::build(
+                    self.optimizer,
                     &params,
                     local_groups
                         .iter()
@@ -842,8 +864,10 @@ impl ZeroRedundancyOptimizer {
                 ));
             }
         }
-        // The saved hyper-parameters replace ours.
-        for ((_, map), saved) in self.groups.iter_mut().zip(groups) {
+        // The saved hyper-parameters replace ours. Every local optimizer checks its part
+        // before any of them (or ZeRO's groups) changes.
+        let mut new_groups = self.groups.clone();
+        for ((_, map), saved) in new_groups.iter_mut().zip(groups) {
             if let Some(saved) = saved.as_object() {
                 for (k, v) in saved {
                     if k != "params" {
@@ -853,7 +877,8 @@ impl ZeroRedundancyOptimizer {
             }
         }
         let local = self.world.local_ranks();
-        for (shard, owner) in self.shards.iter_mut().zip(&self.ownership[local]) {
+        let mut locals = Vec::with_capacity(self.shards.len());
+        for (shard, owner) in self.shards.iter().zip(&self.ownership[local]) {
             let order: Vec<usize> = shard.optim.param_groups().into_iter().flatten().collect();
             let mut local_state = Map::new();
             for (local_index, &k) in order.iter().enumerate() {
@@ -866,7 +891,7 @@ impl ZeroRedundancyOptimizer {
                 .optim
                 .param_groups()
                 .iter()
-                .zip(&self.groups)
+                .zip(&new_groups)
                 .map(|(params, (_, options))| {
                     let mut group = options.clone();
                     group.insert("params".into(), json!(params));
@@ -874,8 +899,13 @@ impl ZeroRedundancyOptimizer {
                 })
                 .collect();
             let local = json!({"state": local_state, "param_groups": local_groups});
+            shard.optim.check_state_dict(&shard.params, 0, &local)?;
+            locals.push(local);
+        }
+        for (shard, local) in self.shards.iter_mut().zip(locals) {
             shard.optim.load_state_dict(&mut shard.params, 0, &local)?;
         }
+        self.groups = new_groups;
         Ok(())
     }
 

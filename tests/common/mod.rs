@@ -77,49 +77,60 @@ pub fn load_golden() -> Golden {
     let mut problems = Vec::new();
     for dir in golden_dirs() {
         for path in json_files(&dir) {
-            let shown = path.display();
-            let value: Value = match std::fs::read_to_string(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
-            {
-                Ok(value) => value,
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
                 Err(e) => {
-                    problems.push(format!("{shown}: not a readable JSON case: {e}"));
+                    problems.push(format!("{}: not a readable JSON case: {e}", path.display()));
                     continue;
                 }
             };
-            let (Some(name), Some(kind)) = (value["name"].as_str(), value["kind"].as_str()) else {
-                problems.push(format!("{shown}: no \"name\" or \"kind\" string"));
-                continue;
+            let case = match parse_case(&path, &text) {
+                Ok(case) => case,
+                Err(problem) => {
+                    problems.push(problem);
+                    continue;
+                }
             };
-            let stem = path
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .unwrap_or_default();
-            if name != stem {
-                problems.push(format!(
-                    "{shown}: its name {name:?} is not its file name {stem:?} (README section 2: the file name is `name` + `.json`)"
-                ));
-                continue;
-            }
-            if let Some(first) = cases.iter().find(|c| c.name == name) {
-                if first.value != value {
+            if let Some(first) = cases.iter().find(|c| c.name == case.name) {
+                if first.value != case.value {
                     problems.push(format!(
-                        "{shown}: differs from {}, the case of the same name read first",
+                        "{}: differs from {}, the case of the same name read first",
+                        path.display(),
                         first.path.display()
                     ));
                 }
                 continue;
             }
-            cases.push(Case {
-                path,
-                name: name.to_string(),
-                kind: kind.to_string(),
-                value,
-            });
+            cases.push(case);
         }
     }
     Golden { cases, problems }
+}
+
+/// Reads one case file's text (`path` names it in messages and gives the file name its
+/// `name` must equal): the case, or what is wrong with it.
+pub fn parse_case(path: &Path, text: &str) -> Result<Case, String> {
+    let shown = path.display();
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| format!("{shown}: not a readable JSON case: {e}"))?;
+    let (Some(name), Some(kind)) = (value["name"].as_str(), value["kind"].as_str()) else {
+        return Err(format!("{shown}: no \"name\" or \"kind\" string"));
+    };
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default();
+    if name != stem {
+        return Err(format!(
+            "{shown}: its name {name:?} is not its file name {stem:?} (README section 2: the file name is `name` + `.json`)"
+        ));
+    }
+    Ok(Case {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        kind: kind.to_string(),
+        value,
+    })
 }
 
 /// Every golden case, as [`load_golden`] reads them; panics listing the files that are not

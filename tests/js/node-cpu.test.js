@@ -125,7 +125,7 @@ async function check(what, call, expected) {
 }
 
 test('every misuse throws the named Error it should, never a trap', async (t) => {
-  const { sgdStep, World, Replicas, SGD, Adam, PeriodicModelAverager, HierarchicalModelAverager } = api;
+  const { sgdStep, World, Replicas, SGD, Adam, AdamW, PeriodicModelAverager, HierarchicalModelAverager } = api;
   const { PostLocalSGDOptimizer, PostLocalSGDState, Trainer, tensor, tensorValues, StepBench, takeWarnings } = api;
   const r = Replicas.replicate(2, [[1, 2]]);
   const w = new World(2);
@@ -200,7 +200,7 @@ test('every misuse throws the named Error it should, never a trap', async (t) =>
       'undefined null': T("option 'lr' must be a number, got null"),
       '0 2.5': OK,
       '-1': V('Invalid learning rate: -1.0'),
-      NaN: T(`option 'lr' must be a number, got "nan"`),
+      NaN: OK, // PyTorch's SGD checks `lr < 0.0`, which NaN passes (its Adam refuses NaN)
       '"x"': T(`option 'lr' must be a number, got "x"`),
       '{}': T("option 'lr' must be a number, got {}"),
       '[]': T("option 'lr' must be a number, got []"),
@@ -427,12 +427,16 @@ test('DiLoCo compress sends bfloat16 pseudo-gradients, counted at 2 bytes, and r
 });
 
 test('errors carry the Python class and PyTorch text', async () => {
-  const { sgdStep, World, Replicas, SGD, Adam, PeriodicModelAverager, HierarchicalModelAverager } = api;
+  const { sgdStep, World, Replicas, SGD, Adam, AdamW, PeriodicModelAverager, HierarchicalModelAverager } = api;
   const cases = [
     [() => sgdStep([], [], 0.1), 'ValueError', 'no replicas: parameter_replicas is empty'],
     [() => new World(0), 'ValueError', 'a world needs at least one rank'],
     [() => new SGD(Replicas.replicate(1, [[1]]), { lr: -0.5 }), 'ValueError', 'Invalid learning rate: -0.5'],
     [() => new Adam(Replicas.replicate(1, [[1]]), { eps: -1e-8 }), 'ValueError', 'Invalid epsilon value: -1e-08'],
+    [() => new Adam(Replicas.replicate(1, [[1]]), { lr: NaN }), 'ValueError', 'Invalid learning rate: nan'],
+    [() => new AdamW(Replicas.replicate(1, [[1]]), { betas: [0.9, Infinity] }), 'ValueError', 'Invalid beta parameter at index 1: inf'],
+    [() => new SGD(Replicas.replicate(1, [[1]]), { momentum: -Infinity }), 'ValueError', 'Invalid momentum value: -inf'],
+    [() => new SGD(Replicas.replicate(2, [[1], [2]]), {}, [{ params: [0] }, { params: [1, 0] }]), 'ValueError', 'some parameters appear in more than one parameter group'],
     [() => new SGD(Replicas.replicate(1, [[1]]), { betas: [1, 2] }), 'TypeError', "SGD.__init__() got an unexpected keyword argument 'betas'"],
     [() => new PeriodicModelAverager(0, -1, new World(2)), 'ValueError', 'Arg ``warmup_steps`` must be a non-negative number.'],
     [() => new HierarchicalModelAverager([[2, 3]], 0, new World(4)), 'ValueError', 'must be equal to the size of arg ``process_group`` 4'],

@@ -363,11 +363,7 @@ pub fn optim(args: AlgorithmBenchArgs) -> Result<(), Error> {
         )?;
         let mut sgd = Sgd::new(
             &replicas,
-            SgdOptions {
-                lr: 1e-3,
-                momentum: 0.9,
-                ..Default::default()
-            },
+            SgdOptions::default().with_lr(1e-3).with_momentum(0.9),
         )?;
         sgd.step(&mut replicas)?; // creates the momentum buffers
         let seconds = median_seconds(config.backend.as_ref(), config.repeats, || {
@@ -390,7 +386,7 @@ pub fn optim(args: AlgorithmBenchArgs) -> Result<(), Error> {
             bytes: 5.0 * base,
             roofline: roofline_seconds(&config, sgd_traffic, words)?,
         });
-        let mut adam = Adam::new(&replicas, AdamOptions::defaults(false), false)?;
+        let mut adam = Adam::new(&replicas, AdamOptions::default())?;
         adam.step(&mut replicas)?;
         let seconds = median_seconds(config.backend.as_ref(), config.repeats, || {
             adam.step(&mut replicas)
