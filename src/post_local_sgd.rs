@@ -77,19 +77,28 @@ impl PostLocalSgdOptimizer {
         rank: usize,
         state_dict: &Value,
     ) -> Result<()> {
-        self.optim.load_state_dict(replicas, rank, state_dict)?;
-        match state_dict.get("step") {
-            Some(step) => {
-                let step = step
-                    .as_u64()
-                    .or_else(|| step.as_f64().filter(|s| *s >= 0.0).map(|s| s as u64))
+        // `"step"` is checked before anything is loaded, so that a bad one changes nothing.
+        let step = match state_dict.get("step") {
+            Some(step) => Some(
+                step.as_u64()
+                    .or_else(|| {
+                        step.as_f64()
+                            .filter(|s| {
+                                *s >= 0.0 && s.fract() == 0.0 && *s <= 9_007_199_254_740_991.0
+                            })
+                            .map(|s| s as u64)
+                    })
                     .ok_or_else(|| {
                         Error::value(format!(
                             "\"step\" must be a non-negative integer, got {step}"
                         ))
-                    })?;
-                self.averager.set_step(step);
-            }
+                    })?,
+            ),
+            None => None,
+        };
+        self.optim.load_state_dict(replicas, rank, state_dict)?;
+        match step {
+            Some(step) => self.averager.set_step(step),
             None => {
                 crate::warnings::warn(MISSING_STEP_WARNING);
                 self.averager.set_step(0);

@@ -14,6 +14,7 @@
 
 mod averaging;
 mod bench;
+mod budget;
 mod convert;
 mod diloco;
 mod handles;
@@ -59,9 +60,23 @@ pub(crate) fn current_backend() -> Result<Arc<dyn Backend>> {
         .ok_or_else(|| Error::runtime("distopt is not initialized: await init() first"))
 }
 
+/// Longest message a thrown error carries: a message that echoes a caller's huge value is cut
+/// (its start and its end kept).
+const MAX_MESSAGE_CHARS: usize = 1024;
+
 /// A library error as a JS `Error` named after its Python class.
 pub(crate) fn js_error(error: Error) -> JsValue {
-    let js = js_sys::Error::new(error.message());
+    let message = error.message();
+    let js = if message.chars().count() > MAX_MESSAGE_CHARS {
+        let head: String = message.chars().take(MAX_MESSAGE_CHARS - 100).collect();
+        let tail: String = {
+            let rev: Vec<char> = message.chars().rev().take(60).collect();
+            rev.into_iter().rev().collect()
+        };
+        js_sys::Error::new(&format!("{head} … (message cut) … {tail}"))
+    } else {
+        js_sys::Error::new(message)
+    };
     js.set_name(error.kind().name());
     js.into()
 }
@@ -102,12 +117,25 @@ pub(crate) fn busy(what: &str) -> Error {
     ))
 }
 
+// `catch`: a `console.warn` that throws (a test set-up turning warnings into failures) must
+// not unwind through Rust frames, which would leave every borrowed object busy for good.
 #[wasm_bindgen]
 extern "C" {
-    #[wasm_bindgen(js_namespace = console, js_name = warn)]
-    fn console_warn(message: &str);
-    #[wasm_bindgen(js_namespace = console, js_name = error)]
-    fn console_error(message: &str);
+    #[wasm_bindgen(catch, js_namespace = console, js_name = warn)]
+    fn console_warn_js(message: &str) -> JsResult<()>;
+    #[wasm_bindgen(catch, js_namespace = console, js_name = error)]
+    fn console_error_js(message: &str) -> JsResult<()>;
+}
+
+/// `console.warn(message)`; an exception it throws is dropped (the warning is still recorded
+/// for `takeWarnings()`).
+fn console_warn(message: &str) {
+    let _ = console_warn_js(message);
+}
+
+/// `console.error(message)`; an exception it throws is dropped.
+fn console_error(message: &str) {
+    let _ = console_error_js(message);
 }
 
 /// Forwards distopt's own warnings (PyTorch's `UserWarning`s) and errors to the console.
@@ -223,6 +251,18 @@ pub async fn sgd_step(
         &learning_rate,
     ))?;
     let backend = js(current_backend())?;
+    // The outputs: the means and (at most) one buffer per rank, as large as the inputs.
+    let input_bytes: u64 = request
+        .parameter_replicas
+        .iter()
+        .flatten()
+        .map(|t| t.numel() as u64 * t.dtype().size_bytes() as u64)
+        .sum();
+    let ranks = request.parameter_replicas.len().max(1) as u64;
+    js(budget::check(
+        "sgdStep (its means and updated replicas)",
+        input_bytes + input_bytes / ranks,
+    ))?;
     let output = js(crate::step::sgd_step(
         backend.as_ref(),
         &request.parameter_replicas,
@@ -287,6 +327,11 @@ pub fn recorded_warnings() -> Array {
 #[wasm_bindgen(js_name = tensorValues)]
 pub fn tensor_values(tensor: JsValue) -> JsResult<js_sys::Float64Array> {
     let tensor = js(convert::tensor_from_js(&tensor, "tensor"))?;
+    js(budget::check_elements(
+        "tensorValues (the values as float64)",
+        tensor.numel(),
+        8,
+    ))?;
     let values = js(tensor.values_f64())?;
     Ok(js_sys::Float64Array::from(values.as_slice()))
 }

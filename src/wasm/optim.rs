@@ -106,9 +106,71 @@ pub(crate) fn group_from_json(group: Value, what: &str) -> Result<(Vec<usize>, O
     Ok((indices, options))
 }
 
+/// Whether no parameter groups were given (the optimizer takes every parameter: PyTorch's
+/// `SGD(model.parameters())`, an empty list when the replicas hold none).
+fn groups_value_absent(value: &JsValue) -> bool {
+    value.is_undefined() || value.is_null()
+}
+
 /// Options as an `OptionMap` (`undefined` and `null`: none).
 pub(crate) fn options(value: &JsValue) -> Result<OptionMap> {
+    check_finite_options(value)?;
     optim::option_map(&json_from_js(value, "options")?)
+}
+
+/// PyTorch's `ValueError` text for a hyper-parameter that is NaN or infinite, where PyTorch
+/// has one (`Invalid learning rate: nan`), else a readable one. JSON (the options' form in the
+/// library) has no NaN, so without this check a NaN option would be reported as the string
+/// `"nan"`.
+fn check_finite_options(value: &JsValue) -> Result<()> {
+    if !value.is_object() || js_sys::Array::is_array(value) {
+        return Ok(());
+    }
+    let python = |x: f64| {
+        if x.is_nan() {
+            "nan"
+        } else if x > 0.0 {
+            "inf"
+        } else {
+            "-inf"
+        }
+    };
+    for entry in js_sys::Object::entries(value.unchecked_ref()).iter() {
+        let pair: &Array = entry.unchecked_ref();
+        let key = pair.get(0).as_string().unwrap_or_default();
+        let item = pair.get(1);
+        let invalid = |x: f64, what: String| Error::value(format!("Invalid {what}: {}", python(x)));
+        if let Some(x) = item.as_f64().filter(|x| !x.is_finite()) {
+            return Err(match key.as_str() {
+                "lr" => invalid(x, "learning rate".into()),
+                "momentum" => invalid(x, "momentum value".into()),
+                "weight_decay" => invalid(x, "weight_decay value".into()),
+                "eps" => invalid(x, "epsilon value".into()),
+                _ => Error::value(format!(
+                    "option '{}' must be a finite number, got {}",
+                    super::convert::truncated(&key),
+                    super::convert::js_number(x)
+                )),
+            });
+        }
+        if let Some(text) = item.as_string().filter(|t| t.chars().count() > 64) {
+            // No optimizer option is a long string: say so without echoing all of it.
+            return Err(Error::type_error(format!(
+                "option '{}' must be a number, got a string ({:?})",
+                super::convert::truncated(&key),
+                super::convert::truncated(&text)
+            )));
+        }
+        if key == "betas" && Array::is_array(&item) {
+            let betas: &Array = item.unchecked_ref();
+            for (i, b) in betas.iter().enumerate() {
+                if let Some(x) = b.as_f64().filter(|x| !x.is_finite()) {
+                    return Err(invalid(x, format!("beta parameter at index {i}")));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 impl OptimizerCore {
@@ -119,10 +181,11 @@ impl OptimizerCore {
         groups: &JsValue,
     ) -> Result<Rc<OptimizerCore>> {
         let shared = replicas_of(replicas)?;
+        let groups_arg = groups;
         let optim = {
             let replicas = borrow(&shared)?;
             let groups = param_groups(groups, replicas.len())?;
-            if groups.is_empty() {
+            if groups.is_empty() || (groups_value_absent(groups_arg) && replicas.is_empty()) {
                 // PyTorch: `SGD([])`.
                 return Err(Error::value("optimizer got an empty parameter list"));
             }

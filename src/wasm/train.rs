@@ -281,6 +281,16 @@ impl TrainerJs {
     pub fn default_hierarchy(period: JsValue, ranks: JsValue) -> JsResult<Array> {
         let period = js(count_arg(&period, "period"))? as u64;
         let ranks = js(count_arg(&ranks, "ranks"))?;
+        if period == 0 {
+            return Err(super::js_error(Error::value(
+                "period must be a positive integer, got 0",
+            )));
+        }
+        if ranks == 0 {
+            return Err(super::js_error(Error::value(
+                "ranks must be a positive integer, got 0",
+            )));
+        }
         Ok(Algorithm::default_hierarchy(period, ranks)
             .into_iter()
             .map(|(p, g)| {
