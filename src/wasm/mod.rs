@@ -53,11 +53,25 @@ thread_local! {
     static BACKEND: RefCell<Option<Arc<dyn Backend>>> = const { RefCell::new(None) };
 }
 
-/// The current backend, or a `RuntimeError` before `init()`.
+/// The current backend, or a `RuntimeError` before `init()` or once its GPU device is lost.
 pub(crate) fn current_backend() -> Result<Arc<dyn Backend>> {
-    BACKEND
+    let backend = BACKEND
         .with(|b| b.borrow().clone())
-        .ok_or_else(|| Error::runtime("distopt is not initialized: await init() first"))
+        .ok_or_else(|| Error::runtime("distopt is not initialized: await init() first"))?;
+    if let Some(reason) = backend.lost() {
+        return Err(crate::backend::gpu::device_lost_error(&reason));
+    }
+    Ok(backend)
+}
+
+/// Test hook: destroys the current backend's GPU device, as a driver reset would (nothing on
+/// the CPU backend). Later calls on objects made on it fail with a "device was lost"
+/// `RuntimeError`; `init()` selects a backend anew.
+#[wasm_bindgen(js_name = __distoptDestroyDeviceForTest)]
+pub fn destroy_device_for_test() {
+    if let Some(backend) = BACKEND.with(|b| b.borrow().clone()) {
+        backend.destroy_device_for_test();
+    }
 }
 
 /// Longest message a thrown error carries: a message that echoes a caller's huge value is cut

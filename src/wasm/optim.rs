@@ -140,7 +140,8 @@ fn check_finite_options(value: &JsValue) -> Result<()> {
         let key = pair.get(0).as_string().unwrap_or_default();
         let item = pair.get(1);
         let invalid = |x: f64, what: String| Error::value(format!("Invalid {what}: {}", python(x)));
-        if let Some(x) = item.as_f64().filter(|x| !x.is_finite()) {
+        // (A scalar `betas` is not a pair: the optimizer's own check reports it.)
+        if let Some(x) = item.as_f64().filter(|x| !x.is_finite() && key != "betas") {
             return Err(match key.as_str() {
                 "lr" => invalid(x, "learning rate".into()),
                 "momentum" => invalid(x, "momentum value".into()),
