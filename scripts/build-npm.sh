@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the npm package `distopt` from this crate:
-#   1. cargo build --target wasm32-unknown-unknown --profile wasm-release (size-optimized)
+# Builds the npm package `distopt` from the bindings crate crates/distopt-js:
+#   1. cargo build -p distopt-js --target wasm32-unknown-unknown --profile wasm-release (size-optimized)
 #   2. wasm-bindgen --target web (the CLI pinned to the crate's wasm-bindgen version)
 #   3. the package template npm/ (package.json, index.js, index.d.ts, README.md)
 #   4. npm pack
@@ -21,18 +21,18 @@ for arg in "$@"; do
   esac
 done
 
-# The wasm-bindgen version Cargo.toml pins (=x.y.z): the CLI must be exactly that one.
-WB_VERSION="$(sed -n 's/^wasm-bindgen = "=\([0-9.]*\)".*/\1/p' Cargo.toml | head -1)"
+# The wasm-bindgen version the bindings crate pins (=x.y.z): the CLI must be exactly that one.
+WB_VERSION="$(sed -n 's/^wasm-bindgen = "=\([0-9.]*\)".*/\1/p' crates/distopt-js/Cargo.toml | head -1)"
 if [ -z "$WB_VERSION" ]; then
-  echo "build-npm: Cargo.toml does not pin wasm-bindgen (=x.y.z)" >&2
+  echo "build-npm: crates/distopt-js/Cargo.toml does not pin wasm-bindgen (=x.y.z)" >&2
   exit 1
 fi
 scripts/install-wasm-tools.sh "$WB_VERSION"
 export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "build-npm: cargo build (wasm32, profile wasm-release)"
-cargo build --lib --locked --target wasm32-unknown-unknown --profile wasm-release
-WASM="${CARGO_TARGET_DIR:-target}/wasm32-unknown-unknown/wasm-release/distopt.wasm"
+cargo build -p distopt-js --lib --locked --target wasm32-unknown-unknown --profile wasm-release
+WASM="${CARGO_TARGET_DIR:-target}/wasm32-unknown-unknown/wasm-release/distopt_js.wasm"
 
 OUT="$ROOT/target/npm"
 PKG="$OUT/package"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building the npm package needs, when missing: the wasm32-unknown-unknown rustup
-# target and wasm-bindgen-cli at exactly the version given (default: the one Cargo.toml pins).
+# target and wasm-bindgen-cli at exactly the version given (default: the one crates/distopt-js/Cargo.toml pins).
 # Idempotent and quiet when everything is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
-VERSION="${1:-$(sed -n 's/^wasm-bindgen = "=\([0-9.]*\)".*/\1/p' Cargo.toml | head -1)}"
+VERSION="${1:-$(sed -n 's/^wasm-bindgen = "=\([0-9.]*\)".*/\1/p' crates/distopt-js/Cargo.toml | head -1)}"
 
 if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
   echo "install-wasm-tools: rustup target add wasm32-unknown-unknown"

@@ -32,80 +32,11 @@ struct AdamScalars {
 @group(0) @binding(5) var<storage, read_write> exp_avg: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> exp_avg_sq: array<vec4<u32>>;
 @group(0) @binding(7) var<storage, read_write> max_exp_avg_sq: array<vec4<u32>>;
+// The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
+// side of the contract (src/backend/gpu/contract.rs).
 
 fn r(x: vec4<f32>) -> vec4<f32> {
     return round4(FORMAT, x);
-}
-
-fn load_params(base: u32, octet: u32) -> Eight {
-    if (FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(params[base + 2u * octet]), bitcast<vec4<f32>>(params[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(FORMAT, params[base + octet]);
-}
-
-fn store_params(base: u32, octet: u32, value: Eight) {
-    if (FORMAT == FORMAT_F32) {
-        params[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
-        params[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
-    } else {
-        params[base + octet] = pack_eight(FORMAT, value);
-    }
-}
-
-fn load_grads(base: u32, octet: u32) -> Eight {
-    if (FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(grads[base + 2u * octet]), bitcast<vec4<f32>>(grads[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(FORMAT, grads[base + octet]);
-}
-
-fn load_exp_avg(base: u32, octet: u32) -> Eight {
-    if (FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(exp_avg[base + 2u * octet]), bitcast<vec4<f32>>(exp_avg[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(FORMAT, exp_avg[base + octet]);
-}
-
-fn store_exp_avg(base: u32, octet: u32, value: Eight) {
-    if (FORMAT == FORMAT_F32) {
-        exp_avg[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
-        exp_avg[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
-    } else {
-        exp_avg[base + octet] = pack_eight(FORMAT, value);
-    }
-}
-
-fn load_exp_avg_sq(base: u32, octet: u32) -> Eight {
-    if (FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(exp_avg_sq[base + 2u * octet]), bitcast<vec4<f32>>(exp_avg_sq[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(FORMAT, exp_avg_sq[base + octet]);
-}
-
-fn store_exp_avg_sq(base: u32, octet: u32, value: Eight) {
-    if (FORMAT == FORMAT_F32) {
-        exp_avg_sq[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
-        exp_avg_sq[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
-    } else {
-        exp_avg_sq[base + octet] = pack_eight(FORMAT, value);
-    }
-}
-
-fn load_max(base: u32, octet: u32) -> Eight {
-    if (FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(max_exp_avg_sq[base + 2u * octet]), bitcast<vec4<f32>>(max_exp_avg_sq[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(FORMAT, max_exp_avg_sq[base + octet]);
-}
-
-fn store_max(base: u32, octet: u32, value: Eight) {
-    if (FORMAT == FORMAT_F32) {
-        max_exp_avg_sq[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
-        max_exp_avg_sq[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
-    } else {
-        max_exp_avg_sq[base + octet] = pack_eight(FORMAT, value);
-    }
 }
 
 // Whether `a` is a NaN, from its bits: a compiler may fold `a != a` to false (llvmpipe does).
@@ -194,14 +125,14 @@ fn main(
     let amsgrad = (s.flags & AMSGRAD) != 0u;
     var old_max = Eight(vec4<f32>(0.0), vec4<f32>(0.0));
     if (amsgrad) {
-        old_max = load_max(base, octet);
+        old_max = load_max_exp_avg_sq(base, octet);
     }
     let lo = update(p.lo, g.lo, m.lo, v.lo, old_max.lo, s);
     let hi = update(p.hi, g.hi, m.hi, v.hi, old_max.hi, s);
     store_exp_avg(base, octet, Eight(lo[1], hi[1]));
     store_exp_avg_sq(base, octet, Eight(lo[2], hi[2]));
     if (amsgrad) {
-        store_max(base, octet, Eight(lo[3], hi[3]));
+        store_max_exp_avg_sq(base, octet, Eight(lo[3], hi[3]));
     }
     store_params(base, octet, Eight(lo[0], hi[0]));
 }

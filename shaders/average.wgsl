@@ -12,25 +12,11 @@ override ARITH: u32 = 0u;
 @group(0) @binding(1) var<storage, read> starts: array<u32>;
 @group(0) @binding(2) var<storage, read> averaged: array<u32>;
 @group(0) @binding(3) var<storage, read_write> arena: array<vec4<u32>>;
-
-fn load_value(base: u32, octet: u32) -> Eight {
-    if (FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(arena[base + 2u * octet]), bitcast<vec4<f32>>(arena[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(FORMAT, arena[base + octet]);
-}
-
-fn store_value(base: u32, octet: u32, value: Eight) {
-    if (FORMAT == FORMAT_F32) {
-        arena[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
-        arena[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
-    } else {
-        arena[base + octet] = pack_eight(FORMAT, value);
-    }
-}
+// The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
+// side of the contract (src/backend/gpu/contract.rs).
 
 fn quotient(rank: u32, octet: u32, divisor: f32) -> Eight {
-    let v = load_value(rank * geometry.rank_quads, octet);
+    let v = load_arena(rank * geometry.rank_quads, octet);
     return Eight(round4(ARITH, v.lo / divisor), round4(ARITH, v.hi / divisor));
 }
 
@@ -60,6 +46,6 @@ fn main(
     }
     let mean = Eight(round4(FORMAT, acc.lo), round4(FORMAT, acc.hi));
     for (var r = 0u; r < size; r = r + 1u) {
-        store_value((first + r) * geometry.rank_quads, octet, mean);
+        store_arena((first + r) * geometry.rank_quads, octet, mean);
     }
 }

@@ -28,21 +28,8 @@ struct StepUniforms {
 @group(0) @binding(1) var<storage, read> grads: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> params: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> means: array<vec4<u32>>;
-
-fn load_grad(rank: u32, octet: u32) -> Eight {
-    let base = rank * step.grad_rank_quads;
-    if (GRAD_FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(grads[base + 2u * octet]), bitcast<vec4<f32>>(grads[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(GRAD_FORMAT, grads[base + octet]);
-}
-
-fn load_param0(octet: u32) -> Eight {
-    if (PARAM_FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(params[2u * octet]), bitcast<vec4<f32>>(params[2u * octet + 1u]));
-    }
-    return unpack_eight(PARAM_FORMAT, params[octet]);
-}
+// The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
+// side of the contract (src/backend/gpu/contract.rs).
 
 @compute @workgroup_size(256)
 fn main(
@@ -57,12 +44,12 @@ fn main(
     var lo = vec4<f32>(0.0);
     var hi = vec4<f32>(0.0);
     for (var rank = 0u; rank < step.ranks; rank = rank + 1u) {
-        let g = load_grad(rank, octet);
+        let g = load_grads(rank * step.grad_rank_quads, octet);
         lo = lo + g.lo;
         hi = hi + g.hi;
     }
     let mean = Eight(round4(PARAM_FORMAT, lo / step.divisor), round4(PARAM_FORMAT, hi / step.divisor));
-    let p0 = load_param0(octet);
+    let p0 = load_params(0u, octet);
     let updated = Eight(
         round4(PARAM_FORMAT, p0.lo - step.learning_rate * mean.lo),
         round4(PARAM_FORMAT, p0.hi - step.learning_rate * mean.hi),

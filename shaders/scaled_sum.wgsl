@@ -19,28 +19,14 @@ const RECEIVES: u32 = 2u;
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
 @group(0) @binding(4) var<storage, read> table: array<u32>;
 @group(0) @binding(5) var<storage, read_write> arena: array<vec4<u32>>;
-
-fn load_value(base: u32, octet: u32) -> Eight {
-    if (FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(arena[base + 2u * octet]), bitcast<vec4<f32>>(arena[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(FORMAT, arena[base + octet]);
-}
-
-fn store_value(base: u32, octet: u32, value: Eight) {
-    if (FORMAT == FORMAT_F32) {
-        arena[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
-        arena[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
-    } else {
-        arena[base + octet] = pack_eight(FORMAT, value);
-    }
-}
+// The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
+// side of the contract (src/backend/gpu/contract.rs).
 
 fn contribution(rank: u32, j: u32, octet: u32) -> Eight {
     if ((table[rank * geometry.params + j] & CONTRIBUTES) == 0u) {
         return Eight(vec4<f32>(0.0), vec4<f32>(0.0));
     }
-    let v = load_value(rank * geometry.rank_quads, octet);
+    let v = load_arena(rank * geometry.rank_quads, octet);
     let s = scales[rank];
     return Eight(round4(ARITH, v.lo * s), round4(ARITH, v.hi * s));
 }
@@ -68,7 +54,7 @@ fn main(
     let sum = Eight(round4(FORMAT, acc.lo), round4(FORMAT, acc.hi));
     for (var r = 0u; r < ranks; r = r + 1u) {
         if ((table[r * geometry.params + j] & RECEIVES) != 0u) {
-            store_value(r * geometry.rank_quads, octet, sum);
+            store_arena(r * geometry.rank_quads, octet, sum);
         }
     }
 }

@@ -26,48 +26,11 @@ struct SgdScalars {
 @group(0) @binding(3) var<storage, read_write> params: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> grads: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> momentum: array<vec4<u32>>;
+// The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
+// side of the contract (src/backend/gpu/contract.rs).
 
 fn r(x: vec4<f32>) -> vec4<f32> {
     return round4(FORMAT, x);
-}
-
-fn load_params(base: u32, octet: u32) -> Eight {
-    if (FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(params[base + 2u * octet]), bitcast<vec4<f32>>(params[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(FORMAT, params[base + octet]);
-}
-
-fn store_params(base: u32, octet: u32, value: Eight) {
-    if (FORMAT == FORMAT_F32) {
-        params[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
-        params[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
-    } else {
-        params[base + octet] = pack_eight(FORMAT, value);
-    }
-}
-
-fn load_grads(base: u32, octet: u32) -> Eight {
-    if (FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(grads[base + 2u * octet]), bitcast<vec4<f32>>(grads[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(FORMAT, grads[base + octet]);
-}
-
-fn load_momentum(base: u32, octet: u32) -> Eight {
-    if (FORMAT == FORMAT_F32) {
-        return Eight(bitcast<vec4<f32>>(momentum[base + 2u * octet]), bitcast<vec4<f32>>(momentum[base + 2u * octet + 1u]));
-    }
-    return unpack_eight(FORMAT, momentum[base + octet]);
-}
-
-fn store_momentum(base: u32, octet: u32, value: Eight) {
-    if (FORMAT == FORMAT_F32) {
-        momentum[base + 2u * octet] = bitcast<vec4<u32>>(value.lo);
-        momentum[base + 2u * octet + 1u] = bitcast<vec4<u32>>(value.hi);
-    } else {
-        momentum[base + octet] = pack_eight(FORMAT, value);
-    }
 }
 
 // `x.add(y, alpha=alpha)` as PyTorch's CPU kernel computes it in the tensor's own type: for

@@ -38,7 +38,7 @@ pub enum StorageFormat {
 
 impl StorageFormat {
     /// The value a shader's `override` constant takes for this format.
-    pub fn shader_code(self) -> u32 {
+    pub const fn shader_code(self) -> u32 {
         match self {
             StorageFormat::F32 => 0,
             StorageFormat::F16 => 1,

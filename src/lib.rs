@@ -44,8 +44,6 @@ pub mod step;
 pub mod tensor;
 pub mod train;
 pub mod warnings;
-#[cfg(target_arch = "wasm32")]
-pub mod wasm;
 pub mod zero;
 
 #[cfg(not(target_arch = "wasm32"))]

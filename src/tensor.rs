@@ -84,8 +84,12 @@ impl HostData {
 
     /// Writes these values in `format` into `words`, starting at element 0. Float64 is
     /// rounded to float32 (nearest even) and float16/bfloat16 values are converted to float32
-    /// exactly when the format is wider than the dtype. `words` must be long enough.
-    pub(crate) fn encode_into(&self, format: StorageFormat, words: &mut [u32]) {
+    /// exactly when the format is wider than the dtype.
+    ///
+    /// # Panics
+    ///
+    /// If `words` is shorter than `format.words_for(self.len())`.
+    pub fn encode_into(&self, format: StorageFormat, words: &mut [u32]) {
         match (self, format) {
             (HostData::Float32(v), StorageFormat::F32) => {
                 words[..v.len()].copy_from_slice(bytemuck::cast_slice(v))

@@ -5,14 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::GpuShared;
-
-/// How a binding is used by the shader.
-#[derive(Clone, Copy)]
-pub(crate) enum Binding {
-    Uniform,
-    Read,
-    ReadWrite,
-}
+use super::contract::{Binding, KernelSpec};
 
 pub(crate) struct Kernel {
     name: &'static str,
@@ -25,19 +18,18 @@ pub(crate) struct Kernel {
 }
 
 impl Kernel {
-    pub(crate) fn new(
-        device: &wgpu::Device,
-        name: &'static str,
-        source: &'static str,
-        bindings: &[Binding],
-        constants: &'static [&'static str],
-    ) -> Kernel {
+    /// The kernel `spec` describes: its module (the assembled WGSL), its bind group layout
+    /// and its pipeline layout.
+    pub(crate) fn new(device: &wgpu::Device, spec: &'static KernelSpec) -> Kernel {
+        let name = spec.name;
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
+            source: wgpu::ShaderSource::Wgsl(spec.source().into()),
         });
-        let entries: Vec<wgpu::BindGroupLayoutEntry> = bindings
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = spec
+            .bindings
             .iter()
+            .map(|b| b.kind)
             .enumerate()
             .map(|(i, binding)| wgpu::BindGroupLayoutEntry {
                 binding: i as u32,
@@ -68,7 +60,7 @@ impl Kernel {
             module,
             layout,
             pipeline_layout,
-            constants,
+            constants: spec.overrides,
             pipelines: Mutex::new(HashMap::new()),
         }
     }

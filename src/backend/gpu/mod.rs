@@ -2,6 +2,7 @@
 //! once per (kernel, storage formats) and cached, arenas resident in device buffers.
 
 mod arena;
+mod contract;
 mod kernel;
 mod optim;
 pub mod shaders;
@@ -11,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
 pub(crate) use arena::GpuArena;
-use kernel::{Binding, Kernel};
+use contract::{StepUniforms, WORKGROUP_SIZE};
+use kernel::Kernel;
 
 use super::cpu::{check_same_format, check_step_arenas};
 use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
@@ -23,12 +25,8 @@ use crate::error::{Error, Result};
 /// most this size on every adapter, so the chunked path is the same everywhere.
 pub const DEFAULT_MAX_BINDING_BYTES: u64 = 128 << 20;
 
-/// Invocations per workgroup in every kernel (`WORKGROUP_SIZE` in `shaders/packing.wgsl`);
-/// each invocation handles one pair of elements.
-const WORKGROUP_SIZE: u32 = 256;
-
 /// The error of every call on a backend whose device was lost.
-pub(crate) fn device_lost_error(reason: &str) -> Error {
+pub fn device_lost_error(reason: &str) -> Error {
     Error::runtime(format!(
         "the GPU device was lost ({reason}): objects made on it cannot be used any more; select a backend again (init() in JavaScript, init({{backend: 'cpu'}}) for the CPU backend) and make them anew"
     ))
@@ -129,19 +127,6 @@ impl std::fmt::Debug for GpuBackend {
     }
 }
 
-/// The uniforms of `shaders/dp_sgd_step.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct StepUniforms {
-    octets: u32,
-    ranks: u32,
-    param_rank_quads: u32,
-    grad_rank_quads: u32,
-    learning_rate: f32,
-    divisor: f32,
-    _pad: [u32; 2],
-}
-
 impl GpuBackend {
     /// Opens the best adapter wgpu finds (high performance preferred) with default options.
     /// A `RuntimeError` when there is none (in a browser: when WebGPU is unavailable).
@@ -228,66 +213,15 @@ impl GpuBackend {
             mappable_primary_buffers: features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
             threads: 1,
         };
-        use Binding::{Read, ReadWrite, Uniform};
         let kernels = Kernels {
-            dp_sgd_step: Kernel::new(
-                &device,
-                "dp_sgd_step",
-                shaders::DP_SGD_STEP,
-                &[Uniform, Read, ReadWrite, ReadWrite],
-                &["PARAM_FORMAT", "GRAD_FORMAT"],
-            ),
-            sgd: Kernel::new(
-                &device,
-                "sgd",
-                shaders::SGD,
-                &[Uniform, Read, Read, ReadWrite, Read, ReadWrite],
-                &["FORMAT"],
-            ),
-            adam: Kernel::new(
-                &device,
-                "adam",
-                shaders::ADAM,
-                &[
-                    Uniform, Read, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite,
-                ],
-                &["FORMAT"],
-            ),
-            average: Kernel::new(
-                &device,
-                "average",
-                shaders::AVERAGE,
-                &[Uniform, Read, Read, ReadWrite],
-                &["FORMAT", "ARITH"],
-            ),
-            scaled_sum: Kernel::new(
-                &device,
-                "scaled_sum",
-                shaders::SCALED_SUM,
-                &[Uniform, Read, Read, Read, Read, ReadWrite],
-                &["FORMAT", "ARITH"],
-            ),
-            copy: Kernel::new(
-                &device,
-                "copy",
-                shaders::COPY,
-                &[Uniform, Read, ReadWrite],
-                &[],
-            ),
-            pseudo_gradient: Kernel::new(
-                &device,
-                "pseudo_gradient",
-                shaders::PSEUDO_GRADIENT,
-                &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
-                &["FORMAT"],
-            ),
-            convert: Kernel::new(
-                &device,
-                "convert",
-                shaders::CONVERT,
-                &[Uniform, Read, Read, Read, ReadWrite],
-                &["SRC_FORMAT", "DST_FORMAT"],
-            ),
+            dp_sgd_step: Kernel::new(&device, &contract::DP_SGD_STEP),
+            sgd: Kernel::new(&device, &contract::SGD),
+            adam: Kernel::new(&device, &contract::ADAM),
+            average: Kernel::new(&device, &contract::AVERAGE),
+            scaled_sum: Kernel::new(&device, &contract::SCALED_SUM),
+            copy: Kernel::new(&device, &contract::COPY),
+            pseudo_gradient: Kernel::new(&device, &contract::PSEUDO_GRADIENT),
+            convert: Kernel::new(&device, &contract::CONVERT),
         };
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("distopt placeholder"),
@@ -363,9 +297,13 @@ impl GpuBackend {
             for (a, b) in from.chunks.iter().zip(&to.chunks) {
                 // Every rank of the chunk, as one run of whole eight-element groups.
                 let octets = (a.buffer.size() / 32) as u32;
+                let uniforms = contract::CopyUniforms {
+                    octets,
+                    _pad: [0; 3],
+                };
                 let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some("copy uniforms"),
-                    contents: bytemuck::cast_slice(&[octets, 0, 0, 0]),
+                    contents: bytemuck::bytes_of(&uniforms),
                     usage: wgpu::BufferUsages::UNIFORM,
                 });
                 let bind_group = kernel.bind(device, &[&uniform, &a.buffer, &b.buffer]);

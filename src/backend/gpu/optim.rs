@@ -4,54 +4,14 @@
 use wgpu::util::DeviceExt;
 
 use super::GpuBackend;
+use super::contract::{
+    AdamScalars as AdamGpuScalars, BLOCK_ELEMENTS, Dispatch, SgdScalars as SgdGpuScalars,
+    adam_flags, scaled_sum_flags, sgd_flags,
+};
 use crate::backend::Arena;
 use crate::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
-
-/// Elements per entry of the block table (`BLOCK_ELEMENTS` in `shaders/param_table.wgsl`).
-const BLOCK_ELEMENTS: usize = 512;
-
-/// `struct Dispatch` of `shaders/param_table.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Geometry {
-    octets: u32,
-    first_octet: u32,
-    rank_quads: u32,
-    ranks: u32,
-    params: u32,
-    group_size: u32,
-    _pad: [u32; 2],
-}
-
-/// `struct SgdScalars` of `shaders/sgd.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct SgdGpuScalars {
-    flags: u32,
-    lr: f32,
-    momentum: f32,
-    one_minus_dampening: f32,
-    weight_decay: f32,
-    _pad: [u32; 3],
-}
-
-/// `struct AdamScalars` of `shaders/adam.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct AdamGpuScalars {
-    flags: u32,
-    weight_decay: f32,
-    decay_factor: f32,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    neg_step_size: f32,
-    bias_correction2_sqrt: f32,
-    eps: f32,
-    _pad: [u32; 3],
-}
 
 fn flag(on: bool, bit: u32) -> u32 {
     if on { bit } else { 0 }
@@ -113,7 +73,7 @@ impl GpuBackend {
             pass.set_pipeline(pipeline);
             let mut first_element = 0usize;
             for (c, chunk) in gpu.chunks.iter().enumerate() {
-                let geometry = Geometry {
+                let geometry = Dispatch {
                     // Chunks hold whole 64-element parameter slots: eight-element groups and
                     // whole vec4<u32> words per rank.
                     octets: (chunk.len / 8) as u32,
@@ -155,10 +115,10 @@ impl GpuBackend {
         let table: Vec<SgdGpuScalars> = scalars
             .iter()
             .map(|s| SgdGpuScalars {
-                flags: flag(s.active, 1)
-                    | flag(s.first_step, 2)
-                    | flag(s.nesterov, 4)
-                    | flag(s.maximize, 8),
+                flags: flag(s.active, sgd_flags::ACTIVE)
+                    | flag(s.first_step, sgd_flags::FIRST_STEP)
+                    | flag(s.nesterov, sgd_flags::NESTEROV)
+                    | flag(s.maximize, sgd_flags::MAXIMIZE),
                 lr: s.lr as f32,
                 momentum: s.momentum as f32,
                 one_minus_dampening: s.one_minus_dampening as f32,
@@ -221,10 +181,10 @@ impl GpuBackend {
         let table: Vec<AdamGpuScalars> = scalars
             .iter()
             .map(|s| AdamGpuScalars {
-                flags: flag(s.active, 1)
-                    | flag(s.maximize, 2)
-                    | flag(s.amsgrad, 4)
-                    | flag(s.decoupled, 8),
+                flags: flag(s.active, adam_flags::ACTIVE)
+                    | flag(s.maximize, adam_flags::MAXIMIZE)
+                    | flag(s.amsgrad, adam_flags::AMSGRAD)
+                    | flag(s.decoupled, adam_flags::DECOUPLED),
                 weight_decay: s.weight_decay as f32,
                 decay_factor: s.decay_factor as f32,
                 one_minus_beta1: s.one_minus_beta1 as f32,
@@ -448,7 +408,8 @@ impl GpuBackend {
             .map(|k| {
                 let (rank, _) = (k / params, k % params);
                 let receives = scales[rank].is_some();
-                flag(receives && present[k], 1) | flag(receives, 2)
+                flag(receives && present[k], scaled_sum_flags::CONTRIBUTES)
+                    | flag(receives, scaled_sum_flags::RECEIVES)
             })
             .collect();
         let starts_buffer = self.param_table_buffer(starts, arena.rank_len());

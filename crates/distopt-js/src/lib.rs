@@ -12,6 +12,9 @@
 //! optimizers) live in `Rc<RefCell<…>>`: a call that would need an object that a pending read
 //! still holds is a `RuntimeError`, never a panic.
 
+// The bindings exist for wasm32 only; on other targets this crate is empty.
+#![cfg(target_arch = "wasm32")]
+
 mod averaging;
 mod bench;
 mod budget;
@@ -33,8 +36,8 @@ use std::sync::Arc;
 use js_sys::{Array, Object};
 use wasm_bindgen::prelude::*;
 
-use crate::backend::{Backend, BackendChoice, BackendInfo, select_backend};
-use crate::error::{Error, RankErrors, Result};
+use distopt::backend::{Backend, BackendChoice, BackendInfo, select_backend};
+use distopt::error::{Error, RankErrors, Result};
 
 pub use averaging::{HierarchicalModelAveragerJs, PeriodicModelAveragerJs};
 pub use bench::StepBench;
@@ -59,7 +62,7 @@ pub(crate) fn current_backend() -> Result<Arc<dyn Backend>> {
         .with(|b| b.borrow().clone())
         .ok_or_else(|| Error::runtime("distopt is not initialized: await init() first"))?;
     if let Some(reason) = backend.lost() {
-        return Err(crate::backend::gpu::device_lost_error(&reason));
+        return Err(distopt::backend::gpu::device_lost_error(&reason));
     }
     Ok(backend)
 }
@@ -194,8 +197,8 @@ pub fn start() {
 pub(crate) fn backend_info_to_js(info: &BackendInfo) -> Object {
     let obj = Object::new();
     let kind = match info.kind {
-        crate::backend::BackendKind::Gpu => "gpu",
-        crate::backend::BackendKind::Cpu => "cpu",
+        distopt::backend::BackendKind::Gpu => "gpu",
+        distopt::backend::BackendKind::Cpu => "cpu",
     };
     convert::set(&obj, "kind", kind);
     convert::set(&obj, "name", info.name.as_str());
@@ -277,7 +280,7 @@ pub async fn sgd_step(
         "sgdStep (its means and updated replicas)",
         input_bytes + input_bytes / ranks,
     ))?;
-    let output = js(crate::step::sgd_step(
+    let output = js(distopt::step::sgd_step(
         backend.as_ref(),
         &request.parameter_replicas,
         &request.gradient_replicas,
@@ -306,7 +309,7 @@ pub async fn sgd_step(
 /// oldest first. Each is also printed with `console.warn` when it is emitted.
 #[wasm_bindgen(js_name = takeWarnings)]
 pub fn take_warnings() -> Vec<String> {
-    crate::warnings::take()
+    distopt::warnings::take()
 }
 
 /// The warnings recorded since the last `takeWarnings()`, without removing them, with how
@@ -316,7 +319,7 @@ pub fn take_warnings() -> Vec<String> {
 /// when it is not tied to ranks).
 #[wasm_bindgen(js_name = recordedWarnings)]
 pub fn recorded_warnings() -> Array {
-    crate::warnings::recorded_records()
+    distopt::warnings::recorded_records()
         .into_iter()
         .map(|w| {
             let obj = Object::new();

@@ -13,8 +13,8 @@ use super::optim::{OptimSlot, optimizer_of};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
 use super::world::{communicator, world_of};
 use super::{JsResult, busy, js};
-use crate::error::Result;
-use crate::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
+use distopt::error::Result;
+use distopt::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
 
 /// A `PostLocalSGDOptimizer` and the replicas its optimizer was made over.
 pub(crate) struct PostLocalCore {

@@ -15,8 +15,8 @@ use super::handles::Registry;
 use super::post_local_sgd::PostLocalCore;
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
 use super::{JsResult, busy, js};
-use crate::error::{Error, Result};
-use crate::optim::{self, LocalOptimizer, OptionMap};
+use distopt::error::{Error, Result};
+use distopt::optim::{self, LocalOptimizer, OptionMap};
 
 /// Where an optimizer is: its own, or moved into a `PostLocalSGDOptimizer` or a `DiLoCo`
 /// (which then steps it; the JS object still reads its state).
@@ -36,7 +36,7 @@ pub(crate) enum DiLoCoRole {
     Outer,
 }
 
-fn in_diloco(diloco: &crate::diloco::DiLoCo, role: DiLoCoRole) -> &dyn LocalOptimizer {
+fn in_diloco(diloco: &distopt::diloco::DiLoCo, role: DiLoCoRole) -> &dyn LocalOptimizer {
     match role {
         DiLoCoRole::Inner => diloco.inner(),
         DiLoCoRole::Outer => diloco.outer(),

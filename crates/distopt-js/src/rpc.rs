@@ -13,9 +13,9 @@ use super::convert::{array, get, optional_string, set, tensor_from_js, tensor_to
 use super::handles::Registry;
 use super::optim::options;
 use super::{JsResult, js};
-use crate::backend::CpuBackend;
-use crate::error::{Error, Result};
-use crate::rpc::{
+use distopt::backend::CpuBackend;
+use distopt::error::{Error, Result};
+use distopt::rpc::{
     AutogradContext, ContextId, DistributedOptimizer, LocalOptimizerKind, RRef, RpcWorld,
 };
 
@@ -65,14 +65,14 @@ fn context_id(value: &JsValue) -> Result<ContextId> {
 /// warning are dropped here: one copy remains when the driver owns a parameter, as in
 /// PyTorch.
 fn without_worker_warnings<T>(driver_owns: bool, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let before = crate::warnings::recorded_records().len();
+    let before = distopt::warnings::recorded_records().len();
     let level = log::max_level();
     log::set_max_level(log::LevelFilter::Off);
     let result = f();
-    let mut all = crate::warnings::take_records();
+    let mut all = distopt::warnings::take_records();
     let later = all.split_off(before.min(all.len()));
     // Put the earlier warnings back without printing them again.
-    crate::warnings::restore(all);
+    distopt::warnings::restore(all);
     log::set_max_level(level);
     let mut functional_kept = !driver_owns;
     for w in later {
@@ -85,7 +85,7 @@ fn without_worker_warnings<T>(driver_owns: bool, f: impl FnOnce() -> Result<T>) 
             }
             functional_kept = true;
         }
-        crate::warnings::emit(w);
+        distopt::warnings::emit(w);
     }
     result
 }
@@ -116,7 +116,7 @@ impl RpcWorldJs {
             .collect::<Result<Vec<String>>>();
         let names = js(names)?;
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let backend: Arc<dyn crate::Backend> = Arc::new(CpuBackend::new());
+        let backend: Arc<dyn distopt::Backend> = Arc::new(CpuBackend::new());
         #[allow(clippy::arc_with_non_send_sync)]
         let world = Arc::new(js(RpcWorld::new(&refs, backend))?);
         let inner = Rc::new(RpcWorldHandle(world));
@@ -357,7 +357,7 @@ impl DistributedOptimizerJs {
         } else {
             LocalOptimizerKind::TorchOptim
         };
-        let driver_owns = params.iter().any(|p| p.owner() == crate::rpc::DRIVER);
+        let driver_owns = params.iter().any(|p| p.owner() == distopt::rpc::DRIVER);
         let inner = without_worker_warnings(driver_owns, || {
             DistributedOptimizer::new(world.0.clone(), &name, &params, &options, kind)
         })?;

@@ -15,12 +15,12 @@ use super::optim::{group_from_json, options};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
 use super::world::{communicator, world_of};
 use super::{JsResult, busy, js, js_ranks};
-use crate::dtype::DType;
-use crate::error::{Error, ErrorKind, RankErrors, Result};
-use crate::optim::OptionMap;
-use crate::replicas::Replicas;
-use crate::zero::args::{ParamItem, ParamsArg, TensorArg};
-use crate::zero::{Partition, ZeroOptions, ZeroRedundancyOptimizer};
+use distopt::dtype::DType;
+use distopt::error::{Error, ErrorKind, RankErrors, Result};
+use distopt::optim::OptionMap;
+use distopt::replicas::Replicas;
+use distopt::zero::args::{ParamItem, ParamsArg, TensorArg};
+use distopt::zero::{Partition, ZeroOptions, ZeroRedundancyOptimizer};
 
 pub(crate) type SharedZero = Rc<RefCell<ZeroRedundancyOptimizer>>;
 

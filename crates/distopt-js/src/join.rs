@@ -14,10 +14,10 @@ use super::replicas::{SharedReplicas, borrow_mut, replicas_of};
 use super::world::{communicator, world_of};
 use super::zero::{ZeroHandle, zero_of};
 use super::{JsResult, busy, js, js_ranks};
-use crate::ddp::DistributedDataParallel;
-use crate::error::{Error, Result};
-use crate::join::{Join, JoinOptions, Joinable};
-use crate::zero::ZeroRedundancyOptimizer;
+use distopt::ddp::DistributedDataParallel;
+use distopt::error::{Error, Result};
+use distopt::join::{Join, JoinOptions, Joinable};
+use distopt::zero::ZeroRedundancyOptimizer;
 
 /// What the registry tracks: the DDP module and the replicas it wraps.
 pub(crate) struct DdpHandle {

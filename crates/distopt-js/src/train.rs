@@ -1,4 +1,4 @@
-//! `Trainer`: the synthetic data-parallel training run of `crate::train`, stepped from JS (the
+//! `Trainer`: the synthetic data-parallel training run of `distopt::train`, stepped from JS (the
 //! browser demo's engine).
 
 use std::cell::RefCell;
@@ -12,9 +12,9 @@ use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::{count_arg, json_from_js, rank_arg, set, tensors_to_js};
 use super::{JsResult, busy, current_backend, js};
-use crate::diloco::Compression;
-use crate::error::{Error, Result};
-use crate::train::{
+use distopt::diloco::Compression;
+use distopt::error::{Error, Result};
+use distopt::train::{
     Algorithm, Evaluation, StepReport, SyntheticTask, TaskConfig, TrainConfig, Trainer,
 };
 
@@ -409,7 +409,7 @@ async fn evaluate(inner: &RefCell<Trainer>) -> Result<Evaluation> {
 }
 
 #[allow(clippy::await_holding_refcell_ref)]
-async fn params(inner: &RefCell<Trainer>) -> Result<Vec<Vec<crate::Tensor>>> {
+async fn params(inner: &RefCell<Trainer>) -> Result<Vec<Vec<distopt::Tensor>>> {
     let trainer = inner.try_borrow().map_err(|_| busy("trainer"))?;
     trainer.replicas().all_params().await
 }

@@ -13,8 +13,8 @@ use super::post_local_sgd::PostLocalCore;
 use super::replicas::{borrow_mut, replicas_of};
 use super::world::{communicator, subgroups, world_of};
 use super::{JsResult, busy, js};
-use crate::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
-use crate::error::{Error, Result};
+use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
+use distopt::error::{Error, Result};
 
 /// Where an averager is: its own, or moved into a `PostLocalSGDOptimizer`.
 pub(crate) enum AveragerSlot {

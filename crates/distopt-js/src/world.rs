@@ -9,8 +9,8 @@ use wasm_bindgen::prelude::*;
 use super::convert::{count_arg, optional_integer_arg, rank_arg, set};
 use super::handles::Registry;
 use super::{JsResult, js};
-use crate::comm::{CommStats, Communicator, SimulatedWorld, Subgroups, new_subgroups};
-use crate::error::Result;
+use distopt::comm::{CommStats, Communicator, SimulatedWorld, Subgroups, new_subgroups};
+use distopt::error::Result;
 
 /// A world of R ranks simulated on one device (`SimulatedWorld`), with its communication
 /// statistics. Averagers and the post-local-SGD gradient hook run their collectives on it.

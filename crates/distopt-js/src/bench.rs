@@ -11,10 +11,10 @@ use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::count_arg;
 use super::{busy, current_backend, js};
-use crate::backend::{Arena, Backend, layout_params};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::tensor::HostData;
+use distopt::backend::{Arena, Backend, layout_params};
+use distopt::dtype::DType;
+use distopt::error::{Error, Result};
+use distopt::tensor::HostData;
 
 /// The learning rate of the timed steps (any value does).
 const LEARNING_RATE: f32 = 1e-3;

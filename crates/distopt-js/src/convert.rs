@@ -12,11 +12,11 @@ use serde_json::{Map, Value};
 use wasm_bindgen::{JsCast, JsValue};
 
 use super::budget;
-use crate::dtype::DType;
-use crate::error::{Error, ErrorKind, Result};
-use crate::json::{StepRequest, number_from_json, number_to_json, tensor_from_json};
-use crate::step::errors;
-use crate::tensor::{HostData, Tensor, format_shape, numel_of};
+use distopt::dtype::DType;
+use distopt::error::{Error, ErrorKind, Result};
+use distopt::json::{StepRequest, number_from_json, number_to_json, tensor_from_json};
+use distopt::step::errors;
+use distopt::tensor::{HostData, Tensor, format_shape, numel_of};
 
 /// Nesting deeper than this in an options object or state dict is an error, not a stack
 /// overflow (a cyclic object would otherwise recurse forever).

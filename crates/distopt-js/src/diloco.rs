@@ -13,8 +13,8 @@ use super::optim::{DiLoCoRole, OptimSlot, optimizer_of};
 use super::replicas::{SharedReplicas, borrow, borrow_mut};
 use super::world::{communicator, world_of};
 use super::{JsResult, busy, js};
-use crate::diloco::{Compression, DiLoCo};
-use crate::error::{Error, Result};
+use distopt::diloco::{Compression, DiLoCo};
+use distopt::error::{Error, Result};
 
 /// A `DiLoCo` and the replicas its optimizers were made over.
 pub(crate) struct DiLoCoCore {

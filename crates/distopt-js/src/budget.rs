@@ -9,7 +9,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::error::{Error, Result};
+use distopt::error::{Error, Result};
 
 /// Live heap bytes the module may hold: 3 GiB of the 4 GiB a 32-bit module can address,
 /// leaving room for the allocator's own overhead and short-lived copies.

@@ -11,7 +11,7 @@ use std::rc::{Rc, Weak};
 
 use wasm_bindgen::JsValue;
 
-use crate::error::{Error, Result};
+use distopt::error::{Error, Result};
 
 /// Live objects of one class, by id.
 pub(crate) struct Registry<T> {

@@ -16,10 +16,10 @@ use super::convert::{
 use super::handles::Registry;
 use super::world::world_of;
 use super::{JsResult, busy, current_backend, js, js_error};
-use crate::comm::Communicator;
-use crate::error::Result;
-use crate::replicas::Replicas;
-use crate::tensor::Tensor;
+use distopt::comm::Communicator;
+use distopt::error::Result;
+use distopt::replicas::Replicas;
+use distopt::tensor::Tensor;
 
 /// Replicas shared by the JS object and the optimizers made over it.
 pub(crate) type SharedReplicas = Rc<RefCell<Replicas>>;
@@ -41,8 +41,8 @@ fn check_size(ranks: usize, params: &[Tensor]) -> Result<()> {
     let per_rank: u64 = params
         .iter()
         .map(|p| {
-            let padded = p.numel().div_ceil(crate::backend::PARAM_ALIGN_ELEMENTS)
-                * crate::backend::PARAM_ALIGN_ELEMENTS;
+            let padded = p.numel().div_ceil(distopt::backend::PARAM_ALIGN_ELEMENTS)
+                * distopt::backend::PARAM_ALIGN_ELEMENTS;
             padded as u64 * p.dtype().storage().element_bytes() as u64
         })
         .sum();
@@ -223,7 +223,7 @@ impl ReplicasJs {
         let world = js(world_of(&world))?;
         let mut replicas = js(borrow_mut(&self.inner))?;
         if world.world_size() != replicas.ranks() {
-            return Err(js_error(crate::error::Error::value(format!(
+            return Err(js_error(distopt::error::Error::value(format!(
                 "broadcastParams: the world has {} ranks but the replicas hold {}",
                 world.world_size(),
                 replicas.ranks()
