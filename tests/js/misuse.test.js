@@ -307,6 +307,8 @@ add('non-finite option', 'new Adam(options)', 'betas[1] NaN', (f) => new d.Adam(
 add('non-finite option', 'new Adam(options)', 'eps NaN', (f) => new d.Adam(f.replicas, { lr: 0.1, eps: NaN }), 'ValueError', /^Invalid epsilon value: nan$/);
 add('non-finite option', 'new SGD(options)', 'momentum NaN', (f) => new d.SGD(f.replicas, { lr: 0.1, momentum: NaN }), 'ValueError', /^Invalid momentum value: nan$/);
 add('non-finite option', 'new ZeroRedundancyOptimizer(options)', 'lr NaN', (f) => new d.ZeroRedundancyOptimizer(f.world, f.replicas, null, 'SGD', { lr: NaN }), 'ValueError', /Invalid learning rate: nan/);
+add('non-finite option', 'new Trainer(settings)', 'lr NaN', () => new d.Trainer({ ranks: 2, lr: NaN }), 'ValueError', /^'lr' must be finite, got NaN$/);
+add('non-finite option', 'new Trainer(settings)', 'task.heterogeneity Infinity', () => new d.Trainer({ ranks: 2, task: { heterogeneity: Infinity } }), 'ValueError', /^task setting 'heterogeneity' must be finite, got Infinity$/);
 add('huge string', 'new World(size)', 'a 10 MB string', () => new d.World('y'.repeat(10_000_000)), 'TypeError', /must be an integer, got a string \("y{64}…/);
 
 // Wrong and freed receivers.

@@ -68,6 +68,30 @@ fn get_usize(map: &serde_json::Map<String, Value>, key: &str, default: usize) ->
         .map_err(|_| Error::value(format!("'{key}' is too large")))
 }
 
+/// A NaN or infinite number among the settings (or `task`'s) is reported as JS writes it:
+/// JSON, the settings' form in the library, has no NaN, so it would read as the string "nan".
+fn check_finite_settings(value: &JsValue, what: &str) -> Result<()> {
+    if !value.is_object() || Array::is_array(value) {
+        return Ok(());
+    }
+    for entry in js_sys::Object::entries(value.unchecked_ref()).iter() {
+        let pair: &Array = entry.unchecked_ref();
+        let key = pair.get(0).as_string().unwrap_or_default();
+        let item = pair.get(1);
+        if let Some(x) = item.as_f64().filter(|x| !x.is_finite()) {
+            return Err(Error::value(format!(
+                "{what}'{}' must be finite, got {}",
+                super::convert::truncated(&key),
+                super::convert::js_number(x)
+            )));
+        }
+        if key == "task" {
+            check_finite_settings(&item, "task setting ")?;
+        }
+    }
+    Ok(())
+}
+
 fn get_f64(map: &serde_json::Map<String, Value>, key: &str, default: f64) -> Result<f64> {
     match map.get(key) {
         None | Some(Value::Null) => Ok(default),
@@ -245,6 +269,7 @@ impl TrainerJs {
     }
 
     fn build(settings: &JsValue) -> Result<TrainerJs> {
+        check_finite_settings(settings, "")?;
         let Value::Object(map) = json_from_js(settings, "settings")? else {
             return Err(Error::type_error(
                 "Trainer needs a settings object: {ranks, algorithm, …}",
