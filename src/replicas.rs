@@ -301,7 +301,10 @@ impl Replicas {
             let format = self.groups[g].format;
             for (j, value) in mine {
                 let slot = &self.slots[*j];
-                let mut words = vec![0u32; format.words_for(slot.numel)];
+                let mut words = crate::budget::zeroed(
+                    format.words_for(slot.numel),
+                    "a parameter's packed words",
+                )?;
                 if let Some(t) = value {
                     t.host_data()
                         .expect("checked host")

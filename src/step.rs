@@ -323,6 +323,17 @@ fn host_step_output(
         ReplicaOutputs::Shared => 1,
         ReplicaOutputs::Separate => ranks,
     };
+    // The outputs: every parameter's mean and `copies` updated values.
+    let mut out_bytes = 0usize;
+    for input in &inputs {
+        let each = crate::budget::bytes_of(
+            input.param.len(),
+            input.param.dtype().size_bytes(),
+            "the step's outputs",
+        )?;
+        out_bytes = out_bytes.saturating_add(each.saturating_mul(copies + 1));
+    }
+    crate::budget::check(out_bytes, "the step's outputs")?;
     let Some(results) = backend.host_sgd_step(&inputs, ranks, learning_rate as f32, copies) else {
         return Ok(None);
     };
@@ -618,8 +629,15 @@ impl<'a> StepGroup<'a> {
                             fetched.host_data().expect("to_host returns a host tensor")
                         }
                     };
-                    let image =
-                        image.get_or_insert_with(|| vec![0u32; format.words_for(self.rank_len)]);
+                    if image.is_none() {
+                        image = Some(crate::budget::zeroed(
+                            format.words_for(self.rank_len),
+                            "the step's packed rank image",
+                        )?);
+                    }
+                    let Some(image) = image.as_mut() else {
+                        unreachable!("filled above")
+                    };
                     data.encode_into(format, &mut image[format.word_of(offset)..]);
                 }
             }
@@ -756,7 +774,8 @@ pub async fn to_device(backend: &dyn Backend, tensors: &[Tensor]) -> Result<Vec<
         let (offsets, rank_len) = layout_params(&numels);
         let mut arena =
             backend.create_arena(format, 1, rank_len, backend.chunk_len(rank_len, 1))?;
-        let mut image = vec![0u32; format.words_for(rank_len)];
+        let mut image =
+            crate::budget::zeroed(format.words_for(rank_len), "to_device's packed image")?;
         for (k, &i) in members.iter().enumerate() {
             let host = tensors[i].to_host().await?;
             let data = host.host_data().expect("host tensor");

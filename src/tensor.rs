@@ -263,7 +263,24 @@ impl Tensor {
     }
 
     /// A host tensor of `dtype` from `f64` values (rounded to nearest even).
+    ///
+    /// # Errors
+    /// A `ValueError` when `data` does not hold `product(shape)` elements; a `RuntimeError`
+    /// when the converted values do not fit the memory budget ([`crate::budget`]).
     pub fn from_f64(dtype: DType, shape: &[usize], data: &[f64]) -> Result<Tensor> {
+        let numel = numel_of(shape)?;
+        if data.len() != numel {
+            return Err(Error::value(format!(
+                "data has {} elements but shape {} needs {numel}",
+                data.len(),
+                format_shape(shape)
+            )));
+        }
+        let what = format!("a {} tensor of shape {}", dtype.name(), format_shape(shape));
+        crate::budget::check(
+            crate::budget::bytes_of(numel, dtype.size_bytes(), &what)?,
+            &what,
+        )?;
         Tensor::new(shape, HostData::from_f64(dtype, data))
     }
 

@@ -799,7 +799,7 @@ fn the_trainer_runs_diloco_meeting_only_at_syncs() {
 #[test]
 fn distopt_train_algorithm_diloco_reports_its_syncs() {
     let run = |extra: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_distopt"))
+        let out = std::process::Command::new(common::distopt_exe())
             .args([
                 "train",
                 "--algorithm",
@@ -1162,7 +1162,7 @@ fn the_trainer_converges_with_compressed_pseudo_gradients() {
 #[test]
 fn distopt_train_compress_sends_half_the_bytes() {
     let run = |extra: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_distopt"))
+        let out = std::process::Command::new(common::distopt_exe())
             .args(["train", "--backend", "cpu", "--ranks", "4", "--steps", "12"])
             .args(["--period", "6", "--json"])
             .args(extra)

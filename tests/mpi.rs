@@ -523,7 +523,7 @@ fn mpirun_distopt(size: usize, args: &[&str], deadline: Duration) -> Result<Job,
     let mut command = Command::new("mpirun");
     command
         .args(["-np", &size.to_string(), "--oversubscribe"])
-        .arg(env!("CARGO_BIN_EXE_distopt"))
+        .arg(common::distopt_exe())
         .args(args);
     run_job(command, deadline)
 }
@@ -589,7 +589,7 @@ fn command_line(failures: &mut Vec<String>) {
         "cpu",
         "--json",
     ];
-    let simulated = Command::new(env!("CARGO_BIN_EXE_distopt"))
+    let simulated = Command::new(common::distopt_exe())
         .args(flags)
         .args(["--ranks", "4"])
         .output()
@@ -634,7 +634,7 @@ fn command_line(failures: &mut Vec<String>) {
         "cpu",
         "--json",
     ];
-    let simulated = Command::new(env!("CARGO_BIN_EXE_distopt"))
+    let simulated = Command::new(common::distopt_exe())
         .args(diloco)
         .args(["--ranks", "4"])
         .output()

@@ -249,7 +249,7 @@ fn training_is_deterministic() {
 }
 
 fn distopt(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_distopt"))
+    Command::new(common::distopt_exe())
         .args(args)
         .output()
         .unwrap()

@@ -673,12 +673,16 @@ impl Backend for CpuBackend {
         let words = ranks
             .checked_mul(format.words_for(rank_len))
             .ok_or_else(|| Error::value("arena size overflows"))?;
+        let what = format!(
+            "a host arena of {ranks} ranks × {rank_len} {} elements",
+            format.dtype().name()
+        );
         Ok(Arena::new(
             format,
             ranks,
             rank_len,
             rank_len,
-            ArenaStorage::Host(HostWords::zeroed(words)),
+            ArenaStorage::Host(HostWords::zeroed(words, &what)?),
         ))
     }
 

@@ -25,6 +25,9 @@ pub(crate) struct HostWords {
     buf: Vec<u32>,
     start: usize,
     len: usize,
+    /// The bytes counted against the memory budget while these words live (`None` for a
+    /// vector handed over whole, which was allocated and checked elsewhere).
+    _reservation: Option<crate::budget::Reservation>,
 }
 
 impl HostWords {
@@ -32,25 +35,41 @@ impl HostWords {
     /// Linux, marked for transparent huge pages before anything touches it (as PyTorch's CPU
     /// allocator does): first touching a fresh arena then takes one fault per 2 MiB instead of
     /// one per 4 KiB, and the kernels that stream through several arrays miss the TLB less.
-    pub(crate) fn zeroed(len: usize) -> HostWords {
+    ///
+    /// The words count against the memory budget ([`crate::budget`]) for as long as they live;
+    /// a request over the budget, or one the allocator refuses, is a `RuntimeError` naming
+    /// `what`.
+    pub(crate) fn zeroed(len: usize, what: &str) -> crate::Result<HostWords> {
         let start = if len >= LARGE_WORDS {
             NEXT_STAGGER.fetch_add(1, Ordering::Relaxed) % STAGGERS * STAGGER_WORDS
         } else {
             0
         };
-        let buf = vec![0u32; start + len];
+        let total = len.saturating_add(start);
+        let reservation = crate::budget::reserve(crate::budget::bytes_of(total, 4, what)?, what)?;
+        let buf = crate::budget::allocate_zeroed::<u32>(total, what)?;
         #[cfg(all(target_os = "linux", not(target_arch = "wasm32")))]
         if len >= LARGE_WORDS {
             advise_huge_pages(buf.as_ptr() as usize, buf.len() * 4);
         }
-        HostWords { buf, start, len }
+        Ok(HostWords {
+            buf,
+            start,
+            len,
+            _reservation: Some(reservation),
+        })
     }
 }
 
 impl From<Vec<u32>> for HostWords {
     fn from(buf: Vec<u32>) -> HostWords {
         let len = buf.len();
-        HostWords { buf, start: 0, len }
+        HostWords {
+            buf,
+            start: 0,
+            len,
+            _reservation: None,
+        }
     }
 }
 
@@ -104,13 +123,18 @@ mod tests {
     #[test]
     fn large_arenas_start_at_different_offsets_within_a_page() {
         let offsets: Vec<usize> = (0..STAGGERS)
-            .map(|_| HostWords::zeroed(LARGE_WORDS).as_ptr() as usize % 4096)
+            .map(|_| {
+                HostWords::zeroed(LARGE_WORDS, "a test arena")
+                    .unwrap()
+                    .as_ptr() as usize
+                    % 4096
+            })
             .collect();
         let mut distinct = offsets.clone();
         distinct.sort_unstable();
         distinct.dedup();
         assert_eq!(distinct.len(), STAGGERS, "page offsets {offsets:?}");
-        let w = HostWords::zeroed(LARGE_WORDS);
+        let w = HostWords::zeroed(LARGE_WORDS, "a test arena").unwrap();
         assert_eq!(w.len(), LARGE_WORDS);
         assert!(w.iter().all(|&x| x == 0));
     }

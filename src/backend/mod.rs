@@ -211,7 +211,10 @@ impl Arena {
     /// Reads every rank back: `ranks * words_for(rank_len)` words, rank-major.
     pub async fn read_all(&self) -> Result<Vec<u32>> {
         match &self.storage {
-            ArenaStorage::Host(host) => Ok(host.to_vec()),
+            ArenaStorage::Host(host) => {
+                crate::budget::check(host.len().saturating_mul(4), "an arena's readback")?;
+                Ok(host.to_vec())
+            }
             ArenaStorage::Gpu(arena) => arena.read_all().await,
         }
     }

@@ -24,22 +24,32 @@ impl SameTraffic {
     /// `read` arrays loaded, `update` arrays loaded and stored, `write` arrays stored, each of
     /// `words` words (touched once here, so timing excludes first-touch faults), streamed on
     /// `threads` threads.
-    pub fn new(threads: usize, read: usize, update: usize, write: usize, words: usize) -> Self {
-        let arrays = |count: usize, fill: u32| -> Vec<HostWords> {
+    ///
+    /// # Errors
+    /// A `RuntimeError` when the arrays do not fit the memory budget ([`crate::budget`]).
+    pub fn new(
+        threads: usize,
+        read: usize,
+        update: usize,
+        write: usize,
+        words: usize,
+    ) -> Result<Self> {
+        let arrays = |count: usize, fill: u32| -> Result<Vec<HostWords>> {
             (0..count)
                 .map(|k| {
-                    let mut w = HostWords::zeroed(words);
+                    let what = format!("a roofline array of {words} words");
+                    let mut w = HostWords::zeroed(words, &what)?;
                     w.fill(fill + k as u32);
-                    w
+                    Ok(w)
                 })
                 .collect()
         };
-        SameTraffic {
+        Ok(SameTraffic {
             threads,
-            read: arrays(read, 1),
-            update: arrays(update, 101),
-            write: arrays(write, 201),
-        }
+            read: arrays(read, 1)?,
+            update: arrays(update, 101)?,
+            write: arrays(write, 201)?,
+        })
     }
 
     /// One pass of [`same_traffic`] over the arrays.
@@ -185,7 +195,7 @@ mod tests {
             assert!(update.iter().enumerate().all(|(i, &w)| w == i as u32));
             assert!(write.iter().all(|&w| w == 0), "written arrays are stored");
         }
-        let mut scratch = SameTraffic::new(2, 2, 1, 1, 4096);
+        let mut scratch = SameTraffic::new(2, 2, 1, 1, 4096).unwrap();
         scratch.run().unwrap();
     }
 

@@ -270,3 +270,53 @@ pub fn gpu_backend_with_options(
         Err(err) => panic!("no GPU adapter: {err} (set DISTOPT_ALLOW_NO_GPU=1 to skip GPU tests)"),
     }
 }
+
+/// The `distopt` binary (the command-line crate, `crates/distopt-cli`) of the profile this
+/// test was built in: `target/<profile>/distopt`. The library's own tests cannot name it with
+/// `CARGO_BIN_EXE_distopt` (that is set only for the binary's own package), so the first
+/// call builds it with the cargo that runs the tests (a no-op when it is up to date: `cargo
+/// test` at the root builds it already, but `cargo test --test X` does not) and every call
+/// returns its path.
+pub fn distopt_exe() -> PathBuf {
+    static EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        // target/<profile>/deps/<this test> → target/<profile>
+        let test = std::env::current_exe().expect("the test's own path");
+        let profile_dir = test
+            .parent()
+            .and_then(Path::parent)
+            .expect("a test runs from target/<profile>/deps");
+        let target_dir = profile_dir.parent().expect("target/<profile>");
+        let profile = profile_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("a profile folder");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = std::process::Command::new(cargo);
+        build
+            .args(["build", "--quiet", "-p", "distopt-cli", "--bin", "distopt"])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        match profile {
+            "debug" => {}
+            "release" => {
+                build.arg("--release");
+            }
+            other => {
+                build.args(["--profile", other]);
+            }
+        }
+        if cfg!(feature = "mpi") {
+            build.args(["--features", "distopt-cli/mpi"]);
+        }
+        let out = build.output().expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "building the distopt binary failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        profile_dir.join(format!("distopt{}", std::env::consts::EXE_SUFFIX))
+    })
+    .clone()
+}

@@ -2,6 +2,8 @@
 //! JSON on every backend; bad input exits non-zero with a message on stderr and nothing on
 //! stdout; `info` names the adapter and the backend `auto` picks.
 
+// The root tests' helpers (a GPU backend or a clear skip), shared with the library's tests.
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::io::Write;

@@ -359,7 +359,7 @@ fn time_roofline(config: &Config, threads: usize) -> Result<Row, Error> {
         0,
         config.ranks + 1,
         words,
-    );
+    )?;
     median(config.repeats, || {
         let start = Instant::now();
         roof.run()?;

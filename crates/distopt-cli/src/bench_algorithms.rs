@@ -226,7 +226,7 @@ fn roofline_seconds(config: &Config, traffic: Traffic, words: usize) -> Result<O
         traffic.update,
         traffic.write,
         words,
-    );
+    )?;
     median_seconds(config.backend.as_ref(), config.repeats, || roof.run()).map(Some)
 }
 
