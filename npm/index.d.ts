@@ -15,8 +15,8 @@
 // was. A method called on an object of another class, on a Proxy of one or on a freed object
 // is a `TypeError`; a call before `init()` is a `RuntimeError`. Counts, ranks and indices must
 // be integers (a string, boolean, array or `null` is a `TypeError`, unless `null` is
-// documented), flags booleans. Memory the module would need beyond its budget (3 GiB of its
-// 4 GiB; one typed array input at most 2 GiB) is a `RuntimeError` ("out of memory: …").
+// documented), flags booleans. Memory the module would need beyond its budget (2 GiB of its
+// 4 GiB, `distopt::budget`; one typed array input under 2 GiB) is a `RuntimeError` ("out of memory: …").
 // While a read of a `Replicas` (`param`, `grad`, `params`, `grads`, `stateDict`) is pending,
 // a change to it is refused ("busy" `RuntimeError`): the read resolves to the values at the
 // time of the call.

@@ -59,7 +59,7 @@ function checkUsable(what) {
 // ---------------------------------------------------------------------------------------------
 // Reading arguments
 
-/** Largest single typed array an argument may hold (the module's budget is 3 GiB in all). */
+/** Largest single typed array an argument may hold (the module's budget is 2 GiB in all). */
 const MAX_INPUT_BYTES = 2 ** 31 - 1;
 const MAX_DEPTH = 64;
 const ECHO_CHARS = 64;
@@ -189,7 +189,7 @@ function copyTypedArray(value, tag, path) {
   if (bytes > MAX_INPUT_BYTES) {
     throw readError(
       'RuntimeError',
-      `out of memory: ${path} is a ${tag} of ${bytes} bytes, more than the ${MAX_INPUT_BYTES} bytes one input may hold (the module's memory budget is 3 GiB, a 32-bit WebAssembly module holds at most 4 GiB)`,
+      `out of memory: ${path} is a ${tag} of ${bytes} bytes, more than the ${MAX_INPUT_BYTES} bytes one input may hold (the module's memory budget is 2 GiB, a 32-bit WebAssembly module holds at most 4 GiB)`,
     );
   }
   const Intrinsic = INTRINSIC_ARRAYS[tag];

@@ -1,101 +1,43 @@
-//! The module's memory budget (wasm32): a 32-bit WebAssembly module has at most 4 GiB, and an
-//! allocation that fails there aborts the module ("capacity overflow", `unreachable`) instead
-//! of reporting. So the module counts its live heap bytes (a counting global allocator over
-//! the default one) and every allocation whose size depends on the caller's input is checked
-//! first against [`BUDGET_BYTES`]: a request that would pass it is a `RuntimeError` naming the
-//! request, what is already in use and the budget, and the module stays usable. Large copies
-//! also reserve fallibly (`try_reserve_exact`), so a refused `memory.grow` is reported too.
+//! The bindings' side of the module's memory budget (`distopt::budget`, 2 GiB on wasm32 by
+//! default): a 32-bit WebAssembly module has at most 4 GiB, and an allocation that fails there
+//! aborts the module ("capacity overflow", `unreachable`) instead of reporting. The library's
+//! host arenas hold reservations for as long as they live; every copy the bindings make of a
+//! caller's input is checked here first against what is left, so that a request that would
+//! pass the budget is a `RuntimeError` naming the request and the budget, and the module stays
+//! usable. Large copies also reserve fallibly (`try_reserve_exact`), so that a refused
+//! `memory.grow` is reported too.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
+use distopt::budget;
 use distopt::error::{Error, Result};
 
-/// Live heap bytes the module may hold: 3 GiB of the 4 GiB a 32-bit module can address,
-/// leaving room for the allocator's own overhead and short-lived copies.
-pub(crate) const BUDGET_BYTES: u64 = 3 << 30;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-/// The default allocator, counting the bytes it has handed out and not yet taken back.
-struct Counting;
-
-// SAFETY: every call forwards to `System` with the caller's arguments; the counter only
-// observes sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded unchanged.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded unchanged.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: forwarded unchanged.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE.fetch_add(new_size, Ordering::Relaxed);
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
+/// `bytes` as a `usize`, or the error for a request no 32-bit module could hold.
+fn size(what: &str, bytes: u64) -> Result<usize> {
+    usize::try_from(bytes).map_err(|_| {
+        Error::runtime(format!(
+            "not enough memory for {what}: {bytes} bytes requested, more than a 32-bit WebAssembly module can address (its memory budget is {})",
+            budget::human(budget::limit())
+        ))
+    })
 }
 
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// Heap bytes the module holds now.
-pub(crate) fn live_bytes() -> u64 {
-    LIVE.load(Ordering::Relaxed) as u64
-}
-
-/// The error for a request of `bytes` for `what` that the budget refuses.
-pub(crate) fn out_of_memory(what: &str, bytes: u64) -> Error {
-    Error::runtime(format!(
-        "out of memory: {what} needs {bytes} bytes, with {} bytes already in use the module's budget of {BUDGET_BYTES} bytes would be exceeded (a 32-bit WebAssembly module holds at most 4 GiB)",
-        live_bytes()
-    ))
-}
-
-/// Checks that `bytes` more for `what` fit the budget (nothing is allocated).
+/// Checks that `bytes` more for `what` fit the module's budget now (nothing is allocated or
+/// counted).
 pub(crate) fn check(what: &str, bytes: u64) -> Result<()> {
-    if live_bytes().saturating_add(bytes) > BUDGET_BYTES {
-        return Err(out_of_memory(what, bytes));
-    }
-    Ok(())
+    budget::check(size(what, bytes)?, what)
 }
 
-/// `bytes` for `what` from an element count and an element size, checked.
+/// Counts `bytes` for `what` against the module's budget until the reservation is dropped.
+pub(crate) fn reserve(what: &str, bytes: u64) -> Result<budget::Reservation> {
+    budget::reserve(size(what, bytes)?, what)
+}
+
+/// [`check`] for `elements` elements of `element_bytes` bytes each.
 pub(crate) fn check_elements(what: &str, elements: usize, element_bytes: usize) -> Result<()> {
     check(what, (elements as u64).saturating_mul(element_bytes as u64))
 }
 
-/// An empty vector with room for `len` elements, or the budget's error (never an abort).
-pub(crate) fn vec_with_capacity<T>(what: &str, len: usize) -> Result<Vec<T>> {
-    check_elements(what, len, std::mem::size_of::<T>())?;
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| {
-        out_of_memory(
-            what,
-            (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
-        )
-    })?;
-    Ok(v)
+/// A vector of `len` default elements, checked against the budget and reserved fallibly (the
+/// budget's error, never an abort).
+pub(crate) fn zeroed<T: Clone + Default>(what: &str, len: usize) -> Result<Vec<T>> {
+    budget::zeroed(len, what)
 }

@@ -366,8 +366,7 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
             &format!("{what} ({len} float32 values)"),
             4 * len as u64 + stored(len),
         )?;
-        let mut values = budget::vec_with_capacity::<f32>(what, len)?;
-        values.resize(len, 0.0);
+        let mut values = budget::zeroed::<f32>(what, len)?;
         a.copy_to(&mut values);
         return Ok(match dtype {
             DType::Float32 => HostData::Float32(values),
@@ -384,8 +383,7 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
             &format!("{what} ({len} float64 values)"),
             8 * len as u64 + stored(len),
         )?;
-        let mut values = budget::vec_with_capacity::<f64>(what, len)?;
-        values.resize(len, 0.0);
+        let mut values = budget::zeroed::<f64>(what, len)?;
         a.copy_to(&mut values);
         return Ok(HostData::from_f64(dtype, &values));
     }
@@ -393,8 +391,7 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
         let len = a.length() as usize;
         check_len(len)?;
         budget::check(&format!("{what} ({len} 16-bit values)"), 2 * len as u64)?;
-        let mut bits = budget::vec_with_capacity::<u16>(what, len)?;
-        bits.resize(len, 0);
+        let mut bits = budget::zeroed::<u16>(what, len)?;
         a.copy_to(&mut bits);
         return match dtype {
             DType::Float16 => Ok(HostData::Float16(
@@ -424,8 +421,7 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
         )?;
         // Any other typed array: its values, converted by JS.
         let values = Float64Array::new(data);
-        let mut out = budget::vec_with_capacity::<f64>(what, len)?;
-        out.resize(values.length() as usize, 0.0);
+        let mut out = budget::zeroed::<f64>(what, values.length() as usize)?;
         values.copy_to(&mut out);
         return Ok(HostData::from_f64(dtype, &out));
     }

@@ -268,17 +268,26 @@ pub async fn sgd_step(
         &learning_rate,
     ))?;
     let backend = js(current_backend())?;
-    // The outputs: the means and (at most) one buffer per rank, as large as the inputs.
-    let input_bytes: u64 = request
-        .parameter_replicas
+    // The inputs, now copied into the module, count against its budget until the step is
+    // done; the outputs (the means and at most one buffer per rank, as large as the
+    // parameters) must fit what is left.
+    let bytes = |t: &distopt::Tensor| t.numel() as u64 * t.dtype().size_bytes() as u64;
+    let param_bytes: u64 = request.parameter_replicas.iter().flatten().map(bytes).sum();
+    let grad_bytes: u64 = request
+        .gradient_replicas
         .iter()
         .flatten()
-        .map(|t| t.numel() as u64 * t.dtype().size_bytes() as u64)
+        .flatten()
+        .map(bytes)
         .sum();
+    let _inputs = js(budget::reserve(
+        "sgdStep's inputs (copied into the module)",
+        param_bytes + grad_bytes,
+    ))?;
     let ranks = request.parameter_replicas.len().max(1) as u64;
     js(budget::check(
         "sgdStep (its means and updated replicas)",
-        input_bytes + input_bytes / ranks,
+        param_bytes + param_bytes / ranks,
     ))?;
     let output = js(distopt::step::sgd_step(
         backend.as_ref(),
