@@ -81,7 +81,11 @@ function makeFixture() {
   const rpc = new d.RpcWorld(['w0', 'w1']);
   const rref = rpc.remote('w1', new Float32Array(P0));
   const trainer = new d.Trainer({ ranks: 2, algorithm: 'sync', task: { samples: 32 } });
-  return { world, replicas, sgd, adam, adamw, periodic, hierarchical, state, zero, ddp, rpc, rref, trainer };
+  const r6 = d.Replicas.replicate(2, [new Float32Array(P0)]);
+  const diloco = new d.DiLoCo(new d.SGD(r6, { lr: 0.1 }), new d.SGD(r6, { lr: 0.7 }), 2, world);
+  const r7 = d.Replicas.replicate(2, [new Float32Array(P0)]);
+  const join = new d.Join([new d.DistributedDataParallel(world, r7)]);
+  return { world, replicas, sgd, adam, adamw, periodic, hierarchical, state, zero, ddp, rpc, rref, trainer, diloco, join, r6 };
 }
 
 let fx = makeFixture();
@@ -102,6 +106,9 @@ async function checkUsable(what) {
   assert.equal(fx.state.iter, 0, what);
   assert.deepEqual(fx.rpc.workerNames, ['driver', 'w0', 'w1'], what);
   assert.equal(fx.trainer.ranks, 2, what);
+  assert.equal(fx.diloco.syncEvery, 2, what);
+  assert.equal(fx.diloco.localStep, 0, what);
+  assert.deepEqual(fx.join.joined, [false, false], what);
   assert.equal(d.tensorValues(d.tensor('float16', [2], [1, 2]))[1], 2, what);
 }
 
@@ -189,6 +196,10 @@ const INTEGER_POSITIONS = [
   ['Trainer.classCounts(rank)', (f, v) => f.trainer.classCounts(v)],
   ['StepBench.create(ranks)', (f, v) => d.StepBench.create(v, 8)],
   ['StepBench.create(elements)', (f, v) => d.StepBench.create(1, v)],
+  ['new DiLoCo(syncEvery)', (f, v) => new d.DiLoCo(new d.SGD(f.r6, { lr: 0.1 }), new d.SGD(f.r6, { lr: 0.7 }), v, f.world)],
+  ['DiLoCo.stateDict(rank)', (f, v) => f.diloco.stateDict(v)],
+  ['new HierarchicalModelAverager(warmupSteps)', (f, v) => new d.HierarchicalModelAverager([[2, 2]], v, f.world), true],
+  ['PostLocalSGDState.synchronizeGradients → new PostLocalSGDState(startLocalSGDIter)', (f, v) => new d.PostLocalSGDState(f.world, 2, v)],
 ];
 
 for (const [entry, call, nullable] of INTEGER_POSITIONS) {
@@ -210,6 +221,31 @@ for (const [entry, call] of [
   ['World.groupOf(rank)', (f) => f.world.groupOf(2)],
 ]) {
   add('out of range', entry, 'out of range', call, 'IndexError', /out of range/);
+}
+
+// Where other entry points take a value of their own kind.
+const OTHER_POSITIONS = [
+  ['new HierarchicalModelAverager(periodGroupSizeDict[0][0])', (f, v) => new d.HierarchicalModelAverager([[v, 2]], 0, f.world), 'TypeError', /period must be an integer/],
+  ['RpcWorld.getGradients(contextId)', (f, v) => f.rpc.getGradients(v, 'w0'), 'TypeError', /context id|must be an integer/],
+  ['RpcWorld.remote(worker)', (f, v) => f.rpc.remote(v, [1]), 'TypeError', /worker must be/],
+  ['Join.iteration(hasInput[0])', (f, v) => f.join.iteration([v, true]), 'TypeError', /array of booleans|bigint cannot be converted/],
+  ['new Join(options.enable)', (f, v) => new d.Join([f.ddp], { enable: v }), 'TypeError', /options.enable must be a boolean|bigint cannot be converted/],
+  ['new DistributedOptimizer(rrefs[0])', (f, v) => new d.DistributedOptimizer(f.rpc, 'SGD', [v], { lr: 0.1 }), 'TypeError', /rrefs\[0\] must be an RRef/],
+];
+for (const [entry, call, name, fragment] of OTHER_POSITIONS) {
+  for (const [label, make] of [
+    ['the string "1"', () => '1'],
+    ['null', () => null],
+    ['1.5', () => 1.5],
+    ['NaN', () => NaN],
+    ['[]', () => []],
+    ['{}', () => ({})],
+    ['a Date', () => new Date(1)],
+    ['a bigint', () => 1n],
+  ]) {
+    if (entry.startsWith('RpcWorld.remote') && label === 'the string "1"') continue; // a worker name
+    add('typed argument', entry, label, (f) => call(f, make()), name, fragment);
+  }
 }
 
 // Booleans where flags go.
