@@ -25,6 +25,15 @@
 // Tensors
 // ---------------------------------------------------------------------------------------------
 
+// `Symbol.dispose` (TypeScript's lib `esnext.disposable`, declared here too so that the classes'
+// `[Symbol.dispose]()` type-checks with older `lib` settings; at run time every class has it
+// where the runtime defines `Symbol.dispose`).
+declare global {
+  interface SymbolConstructor {
+    readonly dispose: unique symbol;
+  }
+}
+
 /** The float dtypes distopt computes in. */
 export type DType = 'float32' | 'float16' | 'bfloat16' | 'float64';
 
@@ -224,7 +233,13 @@ export type WasmSource =
 export interface InitOptions {
   /** Which backend (default `'auto'`). `'gpu'` fails when WebGPU is unavailable. */
   backend?: BackendChoice;
-  /** The `.wasm` module, its URL or its bytes. */
+  /**
+   * Where the `.wasm` comes from (default: the file next to `index.js`, through
+   * `import.meta.url`, which bundlers rewrite to their asset): a URL or URL string (fetched; in
+   * Node a `file:` URL or a path is read from disk), its bytes (`ArrayBuffer`, `Uint8Array`), a
+   * `Response` or `fetch(url)`'s promise, a `Request`, or a compiled `WebAssembly.Module`.
+   * The module loads once: the first init() decides.
+   */
   wasm?: WasmSource;
 }
 
@@ -307,6 +322,8 @@ export class World {
   groupOf(rank: number, groupSize?: number | null): number[];
   /** Releases the world's memory (objects made with it keep what they need). */
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -361,6 +378,8 @@ export class Replicas {
   grads(): Promise<(Tensor | null)[][]>;
   /** Releases the replicas' memory (optimizers made over them keep them alive). */
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -452,6 +471,8 @@ declare abstract class LocalOptimizer<O> {
   loadStateDict(rank: number, stateDict: StateDictInput): void;
   /** Releases the optimizer's memory. */
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 /** `torch.optim.SGD` on every rank of `replicas`. */
@@ -507,6 +528,8 @@ export class PeriodicModelAverager {
    */
   averageParameters(replicas: Replicas, params?: readonly number[] | null): number | null;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 /**
@@ -530,6 +553,8 @@ export class HierarchicalModelAverager {
   /** As `PeriodicModelAverager.averageParameters`. */
   averageParameters(replicas: Replicas, params?: readonly number[] | null): number | null;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 /** Either averager. */
@@ -557,6 +582,8 @@ export class PostLocalSGDOptimizer {
   /** Loads rank `rank`'s state; without `step` it warns and sets the counter to 0. */
   loadStateDict(rank: number, stateDict: StateDictInput): void;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 /**
@@ -580,6 +607,8 @@ export class PostLocalSGDState {
   /** The hook, after every rank's backward pass: averages the gradients in place. Returns the group size, or `null`. */
   synchronizeGradients(replicas: Replicas): number | null;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 /** A `DiLoCo` state dict (one rank's). */
@@ -649,6 +678,8 @@ export class DiLoCo {
   /** Loads rank `rank`'s state saved by `stateDict` (the model's parameters are restored apart). */
   loadStateDict(rank: number, stateDict: DiLoCoStateDictInput): void;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -705,8 +736,9 @@ export class ZeroRedundancyOptimizer<N extends 'SGD' | 'Adam' | 'AdamW' = 'SGD' 
    *   parameters and groups, or holding other values, a TypeError; a number or a lone tensor
    *   description instead of a list a TypeError; an index out of range an IndexError). A
    *   failure is every rank's (`rankErrors`).
-   * @param optimizer the local optimizer class (from plain JS, another name gets PyTorch's
-   *   error, for example for `'NAdam'` or `'_FunctionalSGD'`).
+   * @param optimizer the local optimizer class, as PyTorch takes it: `SGD`, `Adam`, `AdamW`
+   *   (the classes this package exports) or their names (from plain JS, another name gets
+   *   PyTorch's error, for example for `'NAdam'` or `'_FunctionalSGD'`).
    * @param options its keyword arguments (the defaults of every group).
    */
   constructor(
@@ -717,7 +749,7 @@ export class ZeroRedundancyOptimizer<N extends 'SGD' | 'Adam' | 'AdamW' = 'SGD' 
       | readonly ZeroParamGroup<N extends 'SGD' ? SGDOptions : AdamOptions>[]
       | ZeroParam
       | null,
-    optimizer: N,
+    optimizer: N | OptimizerClass,
     options?: (N extends 'SGD' ? SGDOptions : AdamOptions) | null,
     zeroOptions?: ZeroOptions | null,
   );
@@ -743,10 +775,11 @@ export class ZeroRedundancyOptimizer<N extends 'SGD' | 'Adam' | 'AdamW' = 'SGD' 
   /** Gathers every rank's shard of the state on rank `to` (default 0; outside the world: nowhere). */
   consolidateStateDict(to?: number): Promise<void>;
   /**
-   * `state_dict()` as seen on rank `rank`: the consolidated state dict in a plain optimizer's
-   * layout. A RuntimeError unless it was consolidated to `rank`.
+   * `state_dict()` as seen on rank `rank`: a promise of the consolidated state dict in a plain
+   * optimizer's layout (a promise, as every optimizer's `stateDict` is). Rejects with a
+   * RuntimeError unless it was consolidated to `rank`; an invalid `rank` throws.
    */
-  stateDict(rank: number): StateDict;
+  stateDict(rank: number): Promise<StateDict>;
   /** `load_state_dict` on every rank: each keeps the state of what it owns (any saved world size). */
   loadStateDict(stateDict: StateDictInput): void;
   /** The owner of each parameter (global index), or `null` before initialization. */
@@ -770,6 +803,8 @@ export class ZeroRedundancyOptimizer<N extends 'SGD' | 'Adam' | 'AdamW' = 'SGD' 
   stateBytesPerRank(): number[];
   /** Releases the optimizer's memory. */
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -793,6 +828,8 @@ export class DistributedDataParallel {
   synchronizeGradients(): void;
   /** Releases the module. */
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 /** `Join`'s options (PyTorch's keyword arguments and their defaults). */
@@ -832,6 +869,8 @@ export class Join {
   shadowIterations(): number[];
   /** Releases the context. */
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -867,6 +906,8 @@ export class RpcWorld {
   /** Stops worker `name`; later calls to it and its RRefs are RuntimeErrors. */
   shutdownWorker(name: string): void;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 /** A reference to a tensor owned by a worker of an `RpcWorld`. */
@@ -879,6 +920,8 @@ export class RRef {
   /** A copy of the value, fetched from the owner. */
   toHere(): Promise<Tensor>;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 /** A distributed autograd context (`dist_autograd.context()`). */
@@ -891,6 +934,8 @@ export class AutogradContext {
   /** Ends the context and drops its gradients (idempotent; `free()` does it too). */
   release(): void;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 /** What `DistributedOptimizer` runs on each owner. */
@@ -912,6 +957,12 @@ export interface LocalOptimizerInfo {
 }
 
 /**
+ * A local optimizer class where ZeRO and `DistributedOptimizer` take one (as PyTorch takes
+ * `torch.optim.Adam`); its name (`'SGD'`, `'Adam'`, `'AdamW'`) is accepted too.
+ */
+export type OptimizerClass = typeof SGD | typeof Adam | typeof AdamW;
+
+/**
  * `torch.distributed.optim.DistributedOptimizer`: one local optimizer per worker that owns
  * parameters (in order of first appearance), stepped from a distributed autograd context's
  * gradients. No communication between owners, no averaging.
@@ -923,7 +974,7 @@ export class DistributedOptimizer<N extends 'SGD' | 'Adam' | 'AdamW' = 'SGD' | '
    */
   constructor(
     rpcWorld: RpcWorld,
-    optimizer: N,
+    optimizer: N | OptimizerClass,
     rrefs: readonly RRef[],
     options?: (N extends 'SGD' ? SGDOptions : AdamOptions) | null,
     settings?: DistributedOptimizerSettings | null,
@@ -935,6 +986,8 @@ export class DistributedOptimizer<N extends 'SGD' | 'Adam' | 'AdamW' = 'SGD' | '
   /** One step on every owner; rejects with the first owner's error (RuntimeError for a dead context). */
   step(contextId: number | AutogradContext): Promise<void>;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -954,6 +1007,49 @@ export interface TaskSettings {
   /** 0: IID shards … 1: every shard one class (default 0.8). */
   heterogeneity?: number;
   /** Seed of the data and the initial parameters (default 0). */
+  seed?: number;
+}
+
+/**
+ * A labelled data set for `task.dataset`: `labels.length` samples of `features.length /
+ * labels.length` values each (row-major), labels in `0..classes`. `Trainer.parseDigits`
+ * returns one.
+ */
+export interface DatasetInput {
+  features: Float32Array | Float64Array | Uint8Array | ArrayLike<number>;
+  labels: Uint8Array | Uint16Array | Int32Array | ArrayLike<number>;
+  classes: number;
+  /** Shown in `taskName` (default `'dataset'`). */
+  name?: string;
+  /** Values per sample; checked against `features.length / labels.length` when given. */
+  featureCount?: number;
+}
+
+/** What `Trainer.parseDigits` reads from `www/data/digits.bin`. */
+export interface Digits extends DatasetInput {
+  name: 'digits';
+  /** 1,797 × 64 pixels scaled to [0, 1]. */
+  features: Float32Array;
+  /** 1,797 labels, 0..9. */
+  labels: Uint8Array;
+  classes: 10;
+  featureCount: 64;
+}
+
+/**
+ * A real data set, split into a held-out test set and one non-IID training shard per rank (a
+ * `heterogeneity` share of the samples sorted by label, the rest placed at random, cut into R
+ * contiguous shards).
+ */
+export interface DatasetTaskSettings {
+  dataset: DatasetInput;
+  /** Hidden units of the two-layer perceptron (default 32). */
+  hidden?: number;
+  /** Share of the samples held out for `evaluate()`, in [0, 1) (default 0.2). */
+  testFraction?: number;
+  /** 0: IID shards … 1: shards sorted by label (default 0.9). */
+  heterogeneity?: number;
+  /** Seed of the split and the initial parameters (default 0). */
   seed?: number;
 }
 
@@ -990,7 +1086,8 @@ export interface TrainerSettings {
   batchSize?: number;
   /** Seed of the mini-batch sampling (default 0). */
   seed?: number;
-  task?: TaskSettings;
+  /** The synthetic task (default), or a real data set with a held-out split. */
+  task?: TaskSettings | DatasetTaskSettings;
 }
 
 /** What one `Trainer.step()` did. */
@@ -1015,7 +1112,7 @@ export interface StepReport {
   optimizerStateBytesPerRank: number[];
 }
 
-/** The replicas' quality on the whole data set. */
+/** The replicas' quality on the evaluation samples: a data set's held-out split, or every shard of the synthetic task. */
 export interface Evaluation {
   /** Loss of the mean of the replicas' parameters. */
   meanModelLoss: number;
@@ -1023,14 +1120,30 @@ export interface Evaluation {
   meanModelAccuracy: number;
   /** Each replica's own loss. */
   lossPerRank: Float64Array;
+  /** Whether the samples are held out (no rank trains on them). */
+  heldOut: boolean;
+  /** Samples measured. */
+  samples: number;
 }
 
 /**
- * R simulated ranks training a two-layer perceptron on a synthetic task, one step at a time,
- * through distopt's replicas, gradient hook, SGD and averagers.
+ * R simulated ranks training a two-layer perceptron on a synthetic task or a real data set
+ * (`task.dataset`, e.g. the digits from `Trainer.parseDigits`), one step at a time, through
+ * distopt's replicas, gradient hook, SGD and averagers.
  */
 export class Trainer {
   constructor(settings: TrainerSettings);
+  /**
+   * Reads the UCI hand-written digits file (`www/data/digits.bin` of the repository: CC BY 4.0,
+   * E. Alpaydin and C. Kaynak) into a data set for `task.dataset`.
+   */
+  static parseDigits(bytes: ArrayBuffer | Uint8Array): Digits;
+  /** `'synthetic'` or the data set's name. */
+  readonly taskName: string;
+  /** The data, its split and the model, in words. */
+  readonly taskDescription: string;
+  /** Whether `evaluate()` measures held-out samples. */
+  readonly heldOut: boolean;
   /** The default hierarchy for `ranks` ranks with world-level period `period`. */
   static defaultHierarchy(period: number, ranks: number): Array<[number, number]>;
   readonly ranks: number;
@@ -1049,11 +1162,13 @@ export class Trainer {
   optimizerStateBytesPerRank(): number[];
   /** One step on every rank. */
   step(): Promise<StepReport>;
-  /** The loss of every replica and of their mean on the whole data set. */
+  /** The loss of every replica and of their mean (and its accuracy) on the evaluation samples. */
   evaluate(): Promise<Evaluation>;
   /** Every rank's parameters. */
   params(): Promise<Tensor[][]>;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1076,4 +1191,6 @@ export class StepBench {
   readonly dtype: DType;
   readonly backend: BackendInfo;
   free(): void;
+  /** `free()`, for `using x = new …` (explicit resource management). */
+  [Symbol.dispose](): void;
 }

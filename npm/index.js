@@ -216,7 +216,20 @@ function copyTypedArray(value, tag, path) {
  */
 function plain(value, path, depth, stack) {
   if (value === null || (typeof value !== 'object' && typeof value !== 'function')) return value;
-  if (typeof value === 'function') return function callerFunction() {};
+  if (typeof value === 'function') {
+    // A class or function is passed by name only (an optimizer class: `SGD`, `Adam`, …): a
+    // fresh function of the same name, so that the module never calls or inspects the caller's.
+    let name = '';
+    try {
+      const own = Object.getOwnPropertyDescriptor(value, 'name');
+      if (own && typeof own.value === 'string') name = own.value;
+    } catch (e) {
+      readFailed(`${path}.name`, e);
+    }
+    const stand = function () {};
+    Object.defineProperty(stand, 'name', { value: name });
+    return stand;
+  }
   if (depth > MAX_DEPTH) throw readError('ValueError', `${path}: nested too deeply (or cyclic)`);
   if (stack.has(value)) throw readError('ValueError', `${path} is cyclic (it contains itself)`);
   const cls = distoptClassOf(value);
@@ -544,8 +557,54 @@ async function defaultSource() {
   const url = new URL('./wasm/distopt_wasm_bg.wasm', import.meta.url);
   if (url.protocol !== 'file:') return undefined;
   const fs = 'node:fs/promises';
-  const { readFile } = await import(/* @vite-ignore */ fs);
+  const { readFile } = await import(/* webpackIgnore: true */ /* @vite-ignore */ fs);
   return readFile(url);
+}
+
+/**
+ * The `wasm` option of init(), as wasm-bindgen's loader takes it. Accepted: a URL or a URL
+ * string (fetched; in Node a `file:` URL or a path is read from disk, as Node's fetch cannot
+ * read files), bytes (`ArrayBuffer`, a typed array or `DataView`), a `Response` or a promise of
+ * one (`fetch(url)`), a `Request`, or a compiled `WebAssembly.Module`. `undefined`: the `.wasm`
+ * next to this file. Anything else is a TypeError naming what was given.
+ */
+async function resolveWasmSource(wasm) {
+  if (wasm === undefined || wasm === null) return defaultSource();
+  if (typeof wasm === 'string' || wasm instanceof URL) {
+    if (isNode) {
+      const nodeUrl = 'node:url';
+      const { pathToFileURL } = await import(/* webpackIgnore: true */ /* @vite-ignore */ nodeUrl);
+      let url;
+      try {
+        url = new URL(wasm);
+      } catch {
+        url = pathToFileURL(String(wasm));
+      }
+      if (url.protocol === 'file:') {
+        const fs = 'node:fs/promises';
+        const { readFile } = await import(/* webpackIgnore: true */ /* @vite-ignore */ fs);
+        return readFile(url);
+      }
+      return url;
+    }
+    return wasm;
+  }
+  if (
+    wasm instanceof ArrayBuffer ||
+    ArrayBuffer.isView(wasm) ||
+    wasm instanceof WebAssembly.Module ||
+    (typeof Response === 'function' && wasm instanceof Response) ||
+    (typeof Request === 'function' && wasm instanceof Request) ||
+    typeof wasm.then === 'function'
+  ) {
+    return wasm;
+  }
+  const got = Object.prototype.toString.call(wasm).slice(8, -1);
+  const error = new TypeError(
+    `init: wasm must be a URL, a URL string, bytes (ArrayBuffer or a typed array), a Response, a Request or a WebAssembly.Module, got ${got}`,
+  );
+  error.name = 'TypeError';
+  throw error;
 }
 
 /** What the browser says about its WebGPU adapter (vendor, architecture, description). */
@@ -575,6 +634,10 @@ async function webgpuAdapterInfo() {
  * backend in use, with `reason` saying why it was chosen, and `adapterInfo` describing the
  * browser's WebGPU adapter when there is one.
  *
+ * `wasm` says where the module comes from (see resolveWasmSource): by default the `.wasm` next
+ * to this file, found through `import.meta.url` (bundlers rewrite that to their asset).
+ * The module loads once: a later init() only picks the backend again.
+ *
  * @param {{backend?: 'auto' | 'gpu' | 'cpu', wasm?: any}} [options]
  */
 export default async function init(options = {}) {
@@ -583,9 +646,10 @@ export default async function init(options = {}) {
     throw namedError('TypeError', `init: options must be an object, got ${describe(options)}`);
   }
   const { backend = 'auto' } = opts || {};
-  // The module source is used as given (a Response, a URL, bytes or a WebAssembly.Module).
+  // The module source is used as given (a URL, bytes, a Response or a WebAssembly.Module),
+  // not as the plain copy.
   const wasm = options ? options.wasm : undefined;
-  const source = wasm !== undefined ? wasm : await defaultSource();
+  const source = await resolveWasmSource(wasm);
   await loadModule(source === undefined ? undefined : { module_or_path: source });
   initialized = true;
   const info = await enter('init', () => glue.selectBackend(backend));

@@ -5,19 +5,22 @@
 #   3. the package template npm/ (package.json, index.js, index.d.ts, README.md)
 #   4. npm pack
 # Output: target/npm/package/ (the unpacked package) and target/npm/distopt-<version>.tgz.
-# wasm-opt is skipped by default (Debian's binaryen 108 breaks the module); --wasm-opt runs
-# wasm-opt -Oz from npm's binaryen (fetched by npx, ~100 MB): about 36% smaller raw, 21% gzipped.
+#   (2b. wasm-opt -Oz, by default: binaryen 132 from npm, the copy tests/js installs from its
+#        lockfile, else fetched by npx; Debian's binaryen 108 breaks the module, so not that one.
+#        --no-wasm-opt skips it.)
+# The sizes before and after wasm-opt are printed.
 #
 # Installs what a fresh machine lacks: the wasm32 rustup target and wasm-bindgen-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
-WASM_OPT=0
+WASM_OPT=1
 for arg in "$@"; do
   case "$arg" in
     --wasm-opt) WASM_OPT=1 ;;
-    *) echo "usage: scripts/build-npm.sh [--wasm-opt]" >&2; exit 2 ;;
+    --no-wasm-opt) WASM_OPT=0 ;;
+    *) echo "usage: scripts/build-npm.sh [--no-wasm-opt]" >&2; exit 2 ;;
   esac
 done
 
@@ -41,14 +44,25 @@ mkdir -p "$PKG/wasm"
 echo "build-npm: wasm-bindgen $WB_VERSION --target web"
 wasm-bindgen --target web --no-typescript --out-dir "$PKG/wasm" --out-name distopt_wasm "$WASM"
 
+size_line() {
+  echo "$(stat -c %s "$1") bytes raw, $(gzip -9 -c "$1" | wc -c) bytes gzipped (-9)"
+}
 if [ "$WASM_OPT" = 1 ]; then
-  echo "build-npm: wasm-opt -Oz (npm binaryen)"
-  npx --yes --package=binaryen@132.0.0 -- wasm-opt -Oz --enable-bulk-memory --enable-nontrapping-float-to-int \
+  BINARYEN_VERSION=132.0.0
+  WASM_OPT_BIN="$ROOT/tests/js/node_modules/binaryen/bin/wasm-opt"
+  if [ -x "$WASM_OPT_BIN" ] && [ "$(node -p 'require(process.argv[1]).version' "$ROOT/tests/js/node_modules/binaryen/package.json")" = "$BINARYEN_VERSION" ]; then
+    WASM_OPT_CMD=("$WASM_OPT_BIN")
+  else
+    WASM_OPT_CMD=(npx --yes "--package=binaryen@$BINARYEN_VERSION" -- wasm-opt)
+  fi
+  echo "build-npm: before wasm-opt: $(size_line "$PKG/wasm/distopt_wasm_bg.wasm")"
+  echo "build-npm: wasm-opt -Oz (binaryen $BINARYEN_VERSION from npm)"
+  "${WASM_OPT_CMD[@]}" -Oz --enable-bulk-memory --enable-nontrapping-float-to-int \
     --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue \
     "$PKG/wasm/distopt_wasm_bg.wasm" -o "$PKG/wasm/distopt_wasm_bg.wasm"
 fi
 
-cp npm/package.json npm/index.js npm/index.d.ts npm/README.md "$PKG/"
+cp npm/package.json npm/index.js npm/index.cjs npm/index.d.ts npm/README.md LICENSE-MIT LICENSE-APACHE "$PKG/"
 # The package version follows the crate's.
 CRATE_VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 node -e '
@@ -61,7 +75,5 @@ node -e '
 
 (cd "$OUT" && rm -f distopt-*.tgz && npm pack ./package --silent >/dev/null)
 TARBALL="$(ls "$OUT"/distopt-*.tgz)"
-RAW=$(stat -c %s "$PKG/wasm/distopt_wasm_bg.wasm")
-GZ=$(gzip -9 -c "$PKG/wasm/distopt_wasm_bg.wasm" | wc -c)
-echo "build-npm: distopt_wasm_bg.wasm: $RAW bytes raw, $GZ bytes gzipped (-9)"
-echo "build-npm: package $TARBALL"
+echo "build-npm: distopt_wasm_bg.wasm: $(size_line "$PKG/wasm/distopt_wasm_bg.wasm")"
+echo "build-npm: package $TARBALL ($(stat -c %s "$TARBALL") bytes)"

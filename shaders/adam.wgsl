@@ -101,18 +101,14 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
 }
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) workgroup: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) local_index: u32,
-) {
-    let index = pair_index(workgroup, groups, local_index);
-    if (index >= geometry.octets * geometry.ranks) {
+fn main(id: Invocation) {
+    let at = place(id);
+    if (!at.valid) {
         return;
     }
-    let rank = index / geometry.octets;
-    let octet = index % geometry.octets;
-    let j = find_param(8u * (geometry.first_octet + octet), geometry.params);
+    let rank = at.lane;
+    let octet = at.octet;
+    let j = at.param;
     let s = scalars[rank * geometry.params + j];
     if ((s.flags & ACTIVE) == 0u) {
         return;

@@ -21,18 +21,14 @@ fn quotient(rank: u32, octet: u32, divisor: f32) -> Eight {
 }
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) workgroup: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) local_index: u32,
-) {
-    let index = pair_index(workgroup, groups, local_index);
-    if (index >= geometry.octets * geometry.ranks) {
+fn main(id: Invocation) {
+    let at = place(id);
+    if (!at.valid) {
         return;
     }
-    let group = index / geometry.octets;
-    let octet = index % geometry.octets;
-    let j = find_param(8u * (geometry.first_octet + octet), geometry.params);
+    let group = at.lane;
+    let octet = at.octet;
+    let j = at.param;
     if (averaged[j] == 0u) {
         return;
     }

@@ -16,12 +16,8 @@ struct CopyUniforms {
 @group(0) @binding(2) var<storage, read_write> dst: array<vec4<u32>>;
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) workgroup: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) local_index: u32,
-) {
-    let octet = pair_index(workgroup, groups, local_index);
+fn main(id: Invocation) {
+    let octet = pair_index(id);
     if (octet >= copy.octets) {
         return;
     }

@@ -141,6 +141,14 @@ fn round4(format: u32, v: vec4<f32>) -> vec4<f32> {
 // more than 65,535 workgroups fit (the host spreads them over x and y).
 const WORKGROUP_SIZE: u32 = 256u;
 
-fn pair_index(workgroup: vec3<u32>, groups: vec3<u32>, local_index: u32) -> u32 {
-    return (workgroup.y * groups.x + workgroup.x) * WORKGROUP_SIZE + local_index;
+// The built-in values every kernel's entry point takes.
+struct Invocation {
+    @builtin(workgroup_id) workgroup: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) local_index: u32,
+}
+
+// The invocation's index in the flattened grid.
+fn pair_index(id: Invocation) -> u32 {
+    return (id.workgroup.y * id.groups.x + id.workgroup.x) * WORKGROUP_SIZE + id.local_index;
 }

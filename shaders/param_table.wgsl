@@ -28,3 +28,23 @@ fn find_param(element: u32, count: u32) -> u32 {
     }
     return j;
 }
+
+// Where one invocation of a per-parameter kernel works: the `lane`-th of `geometry.ranks` lanes
+// (ranks, or groups of ranks when averaging), its eight elements at `octet` of the chunk, and
+// the parameter `param` they belong to (parameters start at multiples of 64 elements, so the
+// eight share one). `valid` is false past the end of the grid.
+struct Place {
+    valid: bool,
+    lane: u32,
+    octet: u32,
+    param: u32,
+}
+
+fn place(id: Invocation) -> Place {
+    let index = pair_index(id);
+    if (index >= geometry.octets * geometry.ranks) {
+        return Place(false, 0u, 0u, 0u);
+    }
+    let octet = index % geometry.octets;
+    return Place(true, index / geometry.octets, octet, find_param(8u * (geometry.first_octet + octet), geometry.params));
+}

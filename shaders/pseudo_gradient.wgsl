@@ -20,18 +20,14 @@ override FORMAT: u32 = 0u;
 @group(0) @binding(5) var<storage, read_write> grads: array<vec4<u32>>;
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) workgroup: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) local_index: u32,
-) {
-    let index = pair_index(workgroup, groups, local_index);
-    if (index >= geometry.octets * geometry.ranks) {
+fn main(id: Invocation) {
+    let at = place(id);
+    if (!at.valid) {
         return;
     }
-    let rank = index / geometry.octets;
-    let octet = index % geometry.octets;
-    let j = find_param(8u * (geometry.first_octet + octet), geometry.params);
+    let rank = at.lane;
+    let octet = at.octet;
+    let j = at.param;
     if (synced[j] == 0u) {
         return;
     }

@@ -32,16 +32,14 @@ fn contribution(rank: u32, j: u32, octet: u32) -> Eight {
 }
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) workgroup: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) local_index: u32,
-) {
-    let octet = pair_index(workgroup, groups, local_index);
-    if (octet >= geometry.octets) {
+fn main(id: Invocation) {
+    // One lane (geometry.ranks = 1): every rank is summed in the loop below.
+    let at = place(id);
+    if (!at.valid) {
         return;
     }
-    let j = find_param(8u * (geometry.first_octet + octet), geometry.params);
+    let octet = at.octet;
+    let j = at.param;
     if (reduced[j] == 0u) {
         return;
     }

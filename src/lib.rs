@@ -40,6 +40,7 @@ pub mod optim;
 pub mod post_local_sgd;
 pub mod pyfmt;
 pub mod replicas;
+pub mod rng;
 pub mod rpc;
 pub mod step;
 pub mod tensor;

@@ -22,15 +22,11 @@ use distopt::{Backend, CpuBackend, DType, ErrorKind, StorageFormat, Tensor};
 use serde_json::{Value, json};
 
 /// SplitMix64.
-struct Rng(u64);
+struct Rng(distopt::rng::SplitMix64);
 
 impl Rng {
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in `[-1, 1)`.
     fn unit(&mut self) -> f64 {
@@ -122,7 +118,7 @@ fn same_bits(a: f64, b: f64) -> bool {
 
 #[test]
 fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
-    let mut rng = Rng(7);
+    let mut rng = Rng(distopt::rng::SplitMix64::from_state(7));
     let formats = [
         StorageFormat::F32,
         StorageFormat::F16,
@@ -261,7 +257,7 @@ fn shapes() -> Vec<(DType, Vec<usize>)> {
 }
 
 fn initial_params() -> Vec<Tensor> {
-    let mut rng = Rng(11);
+    let mut rng = Rng(distopt::rng::SplitMix64::from_state(11));
     shapes()
         .iter()
         .map(|(dtype, shape)| {
@@ -278,7 +274,7 @@ fn initial_params() -> Vec<Tensor> {
 
 /// `grads[t][rank][j]`, some missing.
 fn all_grads() -> Vec<Vec<Vec<Option<Tensor>>>> {
-    let mut rng = Rng(23);
+    let mut rng = Rng(distopt::rng::SplitMix64::from_state(23));
     (0..STEPS)
         .map(|t| {
             (0..WORLD)
@@ -597,7 +593,7 @@ fn streaming_fragments_sync_staggered_each_parameter_once_per_period() {
     let mut diloco =
         DiLoCo::streaming(&replicas, inner, outer, H, fragments.clone(), world.clone()).unwrap();
     assert_eq!(diloco.sync_schedule(), [2, 4, 0]);
-    let mut rng = Rng(5);
+    let mut rng = Rng(distopt::rng::SplitMix64::from_state(5));
     for period in 0..3 {
         let mut synced_params = Vec::new();
         for step in 1..=H as u64 {
@@ -688,7 +684,7 @@ fn a_streaming_sync_with_outer_sgd_lr_1_averages_the_fragment_like_model_averagi
     let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let world = Arc::new(SimulatedWorld::new(4).unwrap());
     let shapes = [vec![7usize], vec![3, 3], vec![], vec![5]];
-    let mut rng = Rng(99);
+    let mut rng = Rng(distopt::rng::SplitMix64::from_state(99));
     let params: Vec<Tensor> = shapes
         .iter()
         .map(|s| {
@@ -909,7 +905,7 @@ type OneSync = (Vec<Tensor>, Vec<Vec<Vec<f64>>>, Vec<Vec<f64>>, DiLoCo);
 /// One sync with outer SGD lr 1 (parameters land on `backup - mean`): every rank's
 /// parameters before the sync and after it.
 fn one_compressed_sync(backend: &Arc<dyn Backend>, compression: Compression) -> OneSync {
-    let mut rng = Rng(97);
+    let mut rng = Rng(distopt::rng::SplitMix64::from_state(97));
     let initial = compression_params(&mut rng);
     let mut replicas = Replicas::replicate(backend.clone(), WORLD, &initial).unwrap();
     let inner = optimizer(&replicas, "SGD", json!({"lr": 1.0}));

@@ -319,6 +319,38 @@ impl Backend for Recording {
     ) -> distopt::Result<()> {
         self.inner.average(arena, group_size, arith, starts, active)
     }
+    fn scaled_sum(
+        &self,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+    ) -> distopt::Result<()> {
+        self.inner
+            .scaled_sum(arena, arith, starts, reduced, scales, present)
+    }
+    fn pseudo_gradient(
+        &self,
+        params: &mut Arena,
+        backup: &Arena,
+        grads: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> distopt::Result<()> {
+        self.inner
+            .pseudo_gradient(params, backup, grads, starts, active)
+    }
+    fn convert(
+        &self,
+        src: &Arena,
+        dst: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> distopt::Result<()> {
+        self.inner.convert(src, dst, starts, active)
+    }
     fn copy_regions(
         &self,
         src: &Arena,

@@ -13,23 +13,23 @@ use distopt::optim::{Adam, AdamOptions, LocalOptimizer, Sgd, SgdOptions};
 use distopt::replicas::Replicas;
 use distopt::{Backend, CpuBackend, DType, Tensor};
 
-/// A deterministic pseudo-random stream (splitmix64) of values in [-1, 1).
-struct Random(u64);
+/// A deterministic pseudo-random stream (the library's splitmix64) of values in [-1, 1).
+struct Random(distopt::rng::SplitMix64);
 
 impl Random {
+    fn new(seed: u64) -> Random {
+        Random(distopt::rng::SplitMix64::from_state(seed))
+    }
+
     fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        self.0.signed_unit()
     }
 }
 
 const RANKS: usize = 4;
 
 fn model(backend: Arc<dyn Backend>, dtype: DType, seed: u64) -> Replicas {
-    let mut random = Random(seed);
+    let mut random = Random::new(seed);
     // Tiny parameters (several per 512-element block), block-sized and larger ones.
     let sizes = [1usize, 3, 64, 65, 7, 511, 512, 513, 1500, 2, 4000, 9];
     let per_rank: Vec<Vec<Tensor>> = (0..RANKS)

@@ -25,18 +25,14 @@ use half::{bf16, f16};
 // ---------------------------------------------------------------------------------------------
 // A tiny deterministic PRNG (SplitMix64).
 
-struct Rng(u64);
+struct Rng(distopt::rng::SplitMix64);
 
 impl Rng {
     fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(distopt::rng::SplitMix64::from_state(seed))
     }
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in `0..n` (n > 0).
     fn below(&mut self, n: u64) -> u64 {

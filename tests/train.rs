@@ -434,3 +434,52 @@ fn zero_matches_sync_sgd_with_sharded_state() {
     assert!(zero.comm_stats().broadcast_bytes > 0);
     assert_eq!(sync.comm_stats().broadcast_bytes, 0);
 }
+
+/// Every algorithm the trainer has learns the real hand-written digits, split non-IID over the
+/// ranks (each shard dominated by a few digits): the held-out accuracy of the mean model
+/// climbs from chance (about 10 %) to above 85 % in 150 steps (93–95 % today) of 32 samples per rank.
+#[test]
+fn every_algorithm_learns_the_digits() {
+    use distopt::diloco::Compression;
+    use distopt::train::{DatasetTask, Task};
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let task: Arc<dyn Task> = Arc::new(DatasetTask::digits(RANKS).unwrap());
+    assert!(task.held_out());
+    let mut all = algorithms();
+    all.push(Algorithm::Zero);
+    all.push(Algorithm::DiLoCo {
+        sync_every: 8,
+        fragments: 1,
+        compress: Compression::None,
+    });
+    all.push(Algorithm::DiLoCo {
+        sync_every: 8,
+        fragments: 2,
+        compress: Compression::BFloat16,
+    });
+    let mut failures = Vec::new();
+    for algorithm in all {
+        let config = TrainConfig {
+            algorithm: algorithm.clone(),
+            ..TrainConfig::default()
+        };
+        let mut trainer = Trainer::new(backend.clone(), task.clone(), config).unwrap();
+        let before = trainer.evaluate_blocking().unwrap();
+        assert_eq!(before.samples, 359);
+        assert!(before.held_out);
+        run(&mut trainer, 150);
+        let after = trainer.evaluate_blocking().unwrap();
+        eprintln!(
+            "{}: held-out accuracy {:.3} -> {:.3}, loss {:.3} -> {:.3}",
+            algorithm.describe(),
+            before.mean_model_accuracy,
+            after.mean_model_accuracy,
+            before.mean_model_loss,
+            after.mean_model_loss
+        );
+        if before.mean_model_accuracy > 0.2 || after.mean_model_accuracy < 0.85 {
+            failures.push(format!("{algorithm:?}: {before:?} -> {after:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -1,27 +1,31 @@
-// The distopt demo: R simulated ranks train a small perceptron with synchronous SGD,
-// post-local SGD (periodic or hierarchical model averaging), ZeRO or DiLoCo, step by step, through the npm
-// package's `Trainer`; the plots show each rank's loss, how far the replicas drift apart and
-// what the collectives would have sent.
+// The distopt demo: R simulated ranks train a small perceptron — on a synthetic task or on the
+// UCI hand-written digits, split non-IID over the ranks — with synchronous SGD, post-local SGD
+// (periodic or hierarchical model averaging), ZeRO or DiLoCo, step by step, through the npm
+// package's `Trainer`. The training loop runs in a Web Worker (worker.js); this page only
+// draws: uPlot charts of each rank's loss, the held-out accuracy, how far the replicas drift
+// apart and what the collectives would have sent.
 
-import init, { Trainer, selectBackend, version } from './pkg/index.js';
-import { LineChart, formatBytes } from './plot.js';
+import uPlot from './vendor/uplot/uPlot.esm.js';
+import { formatBytes } from './format.js';
 
 const $ = (id) => document.getElementById(id);
-const MAX_STEPS = 1500;
-const FRAME_BUDGET_MS = 24;
-const EVALUATE_EVERY = 25;
 const SMOOTHING = 0.12;
 
 const demo = {
   ready: false,
   history: [],
+  evaluations: [],
   framesDrawn: 0,
   info: null,
   ghosts: [],
+  worker: null,
+  /** Messages the worker has posted (the browser test checks the loop runs there). */
+  messages: 0,
 };
 window.demo = demo;
 
 const ui = {
+  task: $('task'),
   algorithm: $('algorithm'),
   ranks: $('ranks'),
   period: $('period'),
@@ -34,18 +38,22 @@ const ui = {
   reset: $('reset'),
 };
 
-const charts = {
-  loss: new LineChart($('loss-chart')),
-  divergence: new LineChart($('divergence-chart'), { yMin: 0 }),
-  bytes: new LineChart($('bytes-chart'), { yMin: 0, yFormat: formatBytes }),
-};
-
 const GHOST_COLORS = ['#c3cad6', '#8f9aab', '#66707f'];
-const CLASS_COLORS = ['#7aa2ff', '#5ee6c8', '#f5b454', '#ff7eb6', '#b18cff', '#9be15d'];
-let trainer = null;
+/** Ghost runs are told apart by dash as well as shade. */
+const GHOST_DASH = [[10, 4], [4, 4], [1, 4]];
+/** Ranks are told apart by dash pattern as well as hue. */
+const RANK_DASH = [[], [8, 4], [2, 3], [10, 3, 2, 3], [4, 4], [12, 6], [2, 6], [6, 2, 2, 2]];
+const CLASS_COLORS = ['#7aa2ff', '#5ee6c8', '#f5b454', '#ff7eb6', '#b18cff', '#9be15d', '#ff9f6e', '#6ee0ff', '#e0e36e', '#d98cff'];
+
+const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+demo.worker = worker;
 let run = null;
+let runCounter = 0;
 let ghosts = [];
 let running = false;
+let charts = null;
+let drawPending = false;
+const hierarchies = new Map();
 
 function rankColor(rank, ranks) {
   return `hsl(${(205 + (rank * 360) / ranks) % 360} 78% 66%)`;
@@ -69,29 +77,38 @@ function settings() {
   return s;
 }
 
-function shortName(s) {
-  if (s.algorithm === 'sync') return `sync SGD · R=${s.ranks}`;
-  if (s.algorithm === 'zero') return `ZeRO · R=${s.ranks}`;
+function shortName(s, task) {
+  const on = task === 'digits' ? ' · digits' : '';
+  if (s.algorithm === 'sync') return `sync SGD · R=${s.ranks}${on}`;
+  if (s.algorithm === 'zero') return `ZeRO · R=${s.ranks}${on}`;
   if (s.algorithm === 'diloco') {
-    return `${s.fragments > 1 ? 'streaming ' : ''}DiLoCo · R=${s.ranks} · H=${s.period}${s.fragments > 1 ? ` · F=${s.fragments}` : ''}`;
+    return `${s.fragments > 1 ? 'streaming ' : ''}DiLoCo · R=${s.ranks} · H=${s.period}${s.fragments > 1 ? ` · F=${s.fragments}` : ''}${on}`;
   }
-  return `${s.algorithm} · R=${s.ranks} · P=${s.period}`;
+  return `${s.algorithm} · R=${s.ranks} · P=${s.period}${on}`;
 }
 
 function describeHierarchy(levels, ranks) {
   return levels
-    .map(([period, size], i) => {
+    .map(([period, size]) => {
       const where = size === ranks ? `over all ${ranks} ranks` : `within groups of ${size}`;
-      return `${i === 0 ? 'every' : 'every'} <b>${period}</b> step${period === 1 ? '' : 's'} ${where}`;
+      return `every <b>${period}</b> step${period === 1 ? '' : 's'} ${where}`;
     })
     .join(', ');
 }
 
+/** Inapplicable controls are disabled (not only dimmed). */
+function updateApplicable() {
+  const algorithm = ui.algorithm.value;
+  for (const field of document.querySelectorAll('[data-for]')) {
+    const applies = field.dataset.for.split(' ').includes(algorithm);
+    field.classList.toggle('disabled', !applies);
+    for (const input of field.querySelectorAll('input, select')) input.disabled = !applies;
+  }
+}
+
 function updateHelp() {
   const s = settings();
-  for (const field of document.querySelectorAll('[data-for]')) {
-    field.classList.toggle('disabled', !field.dataset.for.split(' ').includes(s.algorithm));
-  }
+  updateApplicable();
   let text;
   if (s.algorithm === 'sync') {
     text = `Every step the ranks <b>all-reduce their gradients</b> (the DDP hook), so all ${s.ranks} replicas stay identical: divergence stays 0 and every step costs a full ring all-reduce.`;
@@ -106,9 +123,12 @@ function updateHelp() {
   } else if (s.algorithm === 'periodic') {
     text = `<b>${s.warmup}</b> warm-up steps of synchronous SGD, then each rank steps on its own shard and the models are <b>averaged over all ranks every ${s.period} steps</b> (<code>PeriodicModelAverager</code>).`;
   } else {
-    const levels = Trainer.defaultHierarchy(s.period, s.ranks);
-    text = `<b>${s.warmup}</b> warm-up steps of synchronous SGD, then local steps; models averaged ${describeHierarchy(levels, s.ranks)} (<code>HierarchicalModelAverager</code>, the largest matching period wins).`;
+    const key = `${s.period}/${s.ranks}`;
+    const levels = hierarchies.get(key);
+    if (!levels) worker.postMessage({ type: 'hierarchy', period: s.period, ranks: s.ranks });
+    text = `<b>${s.warmup}</b> warm-up steps of synchronous SGD, then local steps; models averaged ${levels ? describeHierarchy(levels, s.ranks) : '…'} (<code>HierarchicalModelAverager</code>, the largest matching period wins).`;
   }
+  // Trusted, fixed text (no user or error text goes through innerHTML).
   $('algorithm-help').innerHTML = text;
   $('ranks-lede').textContent = String(s.ranks);
 }
@@ -122,43 +142,194 @@ function updateOutputs() {
   $('skew-value').textContent = Number(ui.skew.value).toFixed(2);
 }
 
+function chip(color) {
+  const span = document.createElement('span');
+  span.className = 'chip';
+  span.style.background = color;
+  return span;
+}
+
 function renderShards() {
   const box = $('shards');
   box.textContent = '';
-  const ranks = trainer.ranks;
-  const classColors = CLASS_COLORS;
+  const { ranks, classCounts } = run;
   for (let r = 0; r < ranks; r++) {
-    const counts = trainer.classCounts(r);
+    const counts = classCounts[r];
     const total = counts.reduce((a, b) => a + b, 0) || 1;
     const row = document.createElement('div');
     row.className = 'shard';
     const label = document.createElement('span');
-    label.innerHTML = `<span class="chip" style="background:${rankColor(r, ranks)}"></span>${r}`;
+    label.append(chip(rankColor(r, ranks)), String(r));
     const bar = document.createElement('div');
     bar.className = 'bar';
-    bar.title = `rank ${r}: ${counts.map((c, k) => `class ${k}: ${c}`).join(', ')}`;
+    bar.setAttribute('role', 'img');
+    const words = `rank ${r}: ${counts.map((c, k) => `${run.taskName === 'digits' ? 'digit' : 'class'} ${k}: ${c}`).join(', ')}`;
+    bar.title = words;
+    bar.setAttribute('aria-label', words);
     counts.forEach((c, k) => {
       const seg = document.createElement('span');
       seg.style.width = `${(100 * c) / total}%`;
-      seg.style.background = classColors[k % classColors.length];
+      seg.style.background = CLASS_COLORS[k % CLASS_COLORS.length];
       bar.appendChild(seg);
     });
     row.append(label, bar);
     box.appendChild(row);
   }
-  const classes = trainer.classCounts(0).length;
-  $('class-legend').innerHTML = Array.from(
-    { length: classes },
-    (_, k) => `<span class="chip" style="background:${classColors[k % classColors.length]}"></span>class ${k}`,
-  ).join(' ');
-  const legend = $('legend');
+  const legend = $('class-legend');
   legend.textContent = '';
-  for (let r = 0; r < ranks; r++) {
-    const item = document.createElement('span');
-    item.innerHTML = `<span class="chip" style="background:${rankColor(r, ranks)}"></span>r${r}`;
-    legend.appendChild(item);
+  const classes = classCounts[0].length;
+  for (let k = 0; k < classes; k++) {
+    legend.append(chip(CLASS_COLORS[k % CLASS_COLORS.length]), `${k} `);
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Charts (uPlot): hover values in the legend, axis titles, ranks by hue and dash.
+
+const AXIS = { stroke: '#aab3c2', grid: { stroke: 'rgba(255,255,255,0.07)' }, ticks: { stroke: 'rgba(255,255,255,0.15)' } };
+
+function axes(xLabel, yLabel, yValues) {
+  return [
+    { ...AXIS, label: xLabel },
+    { ...AXIS, label: yLabel, size: 64, ...(yValues ? { values: (u, ticks) => ticks.map(yValues) } : {}) },
+  ];
+}
+
+function chartSize(el) {
+  const width = Math.max(240, el.clientWidth || 600);
+  return { width, height: el.classList.contains('tall') ? 280 : 220 };
+}
+
+function makeChart(el, label, series, axesSpec, scales = {}) {
+  el.textContent = '';
+  const u = new uPlot(
+    {
+      ...chartSize(el),
+      series: [{ label: 'step' }, ...series],
+      axes: axesSpec,
+      scales: { x: { time: false }, ...scales },
+      legend: { live: true },
+      cursor: { drag: { x: false, y: false } },
+    },
+    [[]],
+    el,
+  );
+  const canvas = u.root.querySelector('canvas');
+  canvas.setAttribute('role', 'img');
+  canvas.setAttribute('aria-label', label);
+  return u;
+}
+
+const fixed = (digits) => (u, v) => (v == null ? '–' : v.toFixed(digits));
+const percent = (u, v) => (v == null ? '–' : `${(100 * v).toFixed(1)}%`);
+const bytesValue = (u, v) => (v == null ? '–' : formatBytes(v));
+
+function ghostSeries(g, i, value) {
+  return { label: g.label, stroke: GHOST_COLORS[i], dash: GHOST_DASH[i], width: 1.5, value, points: { show: false } };
+}
+
+function buildCharts() {
+  const ranks = run.ranks;
+  const acc = run.heldOut ? 'held-out accuracy' : 'accuracy on all shards';
+  charts = {
+    loss: makeChart(
+      $('loss-chart'),
+      `Training loss per rank and mean, by step, for ${run.label}; earlier runs dashed in grey`,
+      [
+        ...Array.from({ length: ranks }, (_, r) => ({
+          label: `rank ${r}`,
+          stroke: rankColor(r, ranks),
+          dash: RANK_DASH[r % RANK_DASH.length],
+          width: 1.2,
+          value: fixed(3),
+          points: { show: false },
+        })),
+        { label: 'mean', stroke: '#f3f6fa', width: 2.6, value: fixed(3), points: { show: false } },
+        ...ghosts.map((g, i) => ghostSeries(g, i, fixed(3))),
+      ],
+      axes('step', 'loss (smoothed)'),
+    ),
+    accuracy: makeChart(
+      $('accuracy-chart'),
+      `Mean model's ${acc}, by step, for ${run.label}; earlier runs dashed in grey`,
+      [
+        { label: run.label, stroke: '#f5b454', width: 2.2, value: percent, points: { show: true, size: 6 } },
+        ...ghosts.map((g, i) => ({ ...ghostSeries(g, i, percent), points: { show: true, size: 4 } })),
+      ],
+      axes('step', acc, (v) => `${Math.round(100 * v)}%`),
+      { y: { range: [0, 1] } },
+    ),
+    divergence: makeChart(
+      $('divergence-chart'),
+      `Largest distance of a replica from the mean of the replicas, by step, for ${run.label}; dots mark model averaging or a DiLoCo sync`,
+      [
+        { label: 'divergence', stroke: '#5ee6c8', width: 1.8, value: fixed(3), points: { show: false } },
+        {
+          label: 'averaged / synced',
+          stroke: '#ff7eb6',
+          width: 0,
+          paths: () => null,
+          points: { show: true, size: 7, fill: '#ff7eb6' },
+          value: (u, v) => (v == null ? '–' : 'yes'),
+        },
+      ],
+      axes('step', '‖θᵣ − θ̄‖'),
+    ),
+    bytes: makeChart(
+      $('bytes-chart'),
+      `Bytes sent per rank, cumulative, by step, for ${run.label}; earlier runs dashed in grey`,
+      [
+        { label: run.label, stroke: '#7aa2ff', width: 2, value: bytesValue, points: { show: false } },
+        ...ghosts.map((g, i) => ghostSeries(g, i, bytesValue)),
+      ],
+      axes('step', 'bytes sent per rank', (v) => formatBytes(v)),
+    ),
+  };
+  demo.charts = charts;
+}
+
+function padded(values, n) {
+  const out = new Array(n).fill(null);
+  for (let i = 0; i < Math.min(n, values.length); i++) out[i] = values[i];
+  return out;
+}
+
+/** The evaluations of a run on the grid `steps` (null where it has none). */
+function onGrid(evaluations, steps) {
+  const at = new Map(evaluations.map((e) => [e.step, e.accuracy]));
+  return steps.map((s) => (at.has(s) ? at.get(s) : null));
+}
+
+function draw() {
+  drawPending = false;
+  if (!charts) return;
+  renderRuns();
+  const n = Math.max(run.history.length, ...ghosts.map((g) => g.loss.length), 1);
+  const xs = Array.from({ length: n }, (_, i) => i + 1);
+  charts.loss.setData([
+    xs,
+    ...run.lossPerRank.map((v) => padded(v, n)),
+    padded(run.meanLoss, n),
+    ...ghosts.map((g) => padded(g.loss, n)),
+  ]);
+  const marks = padded([], n);
+  for (const i of run.marks) marks[i] = run.divergence[i];
+  charts.divergence.setData([xs, padded(run.divergence, n), marks]);
+  charts.bytes.setData([xs, padded(run.bytes, n), ...ghosts.map((g) => padded(g.bytes, n))]);
+  const steps = [...new Set([...run.evaluations, ...ghosts.flatMap((g) => g.evaluations)].map((e) => e.step))].sort((a, b) => a - b);
+  charts.accuracy.setData([steps, onGrid(run.evaluations, steps), ...ghosts.map((g) => onGrid(g.evaluations, steps))]);
+  demo.framesDrawn++;
+}
+
+function scheduleDraw() {
+  if (drawPending) return;
+  drawPending = true;
+  if (document.hidden) setTimeout(draw, 50);
+  else requestAnimationFrame(draw);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runs
 
 function newRun() {
   if (run && run.history.length >= 10) {
@@ -168,34 +339,59 @@ function newRun() {
       loss: run.meanLoss,
       bytes: run.bytes,
       divergence: run.divergence,
-      accuracy: run.accuracyAt,
+      evaluations: run.evaluations,
     });
     ghosts = ghosts.slice(0, GHOST_COLORS.length);
     demo.ghosts = ghosts;
   }
-  if (trainer) trainer.free();
   const s = settings();
-  trainer = new Trainer(s);
+  const task = ui.task.value;
+  const id = ++runCounter;
   run = {
-    label: shortName(s),
-    name: shortName(s).split(' · ')[0],
-    description: trainer.description,
+    id,
+    ready: false,
+    task,
+    label: shortName(s, task),
+    name: shortName(s, task).split(' · ')[0],
     history: [],
     lossPerRank: Array.from({ length: s.ranks }, () => []),
     meanLoss: [],
     divergence: [],
     bytes: [],
     marks: [],
-    accuracy: null,
-    accuracyAt: [],
+    evaluations: [],
     stepTimes: [],
+    ranks: s.ranks,
   };
   demo.history = run.history;
-  renderShards();
+  demo.evaluations = run.evaluations;
   updateHelp();
+  worker.postMessage({ type: 'new', id, settings: s, task });
+}
+
+/** The worker has built the run's trainer. */
+function onRun(message) {
+  if (!run || message.id !== run.id) return;
+  Object.assign(run, {
+    ready: true,
+    ranks: message.ranks,
+    description: message.description,
+    taskName: message.taskName,
+    heldOut: message.heldOut,
+    classCounts: message.classCounts,
+    stateBytes: message.stateBytes,
+  });
+  run.evaluations.push(message.evaluation);
+  $('footer-run').textContent = `${message.description} · ${message.taskDescription}`;
+  $('accuracy-title').textContent = message.heldOut
+    ? `Held-out accuracy of the mean model (${message.evaluation.samples} digits no rank trains on)`
+    : 'Accuracy of the mean model (all shards)';
+  $('stat-accuracy-label').textContent = message.heldOut ? 'Held-out accuracy' : 'Accuracy of the mean model';
+  renderShards();
+  buildCharts();
   updateStats();
-  $('footer-run').textContent = run.description;
   draw();
+  if (running) worker.postMessage({ type: 'start', id: run.id });
 }
 
 function smoothed(series, value) {
@@ -214,9 +410,17 @@ function record(report) {
   if (run.stepTimes.length > 120) run.stepTimes.shift();
 }
 
+function onSteps(message) {
+  if (!run || message.id !== run.id) return;
+  for (const report of message.reports) record(report);
+  if (message.evaluation) run.evaluations.push(message.evaluation);
+  updateStats();
+  scheduleDraw();
+}
+
 /** Optimizer state per rank: one size, or the range over the ranks (ZeRO's shards differ). */
 function formatStateBytes(perRank) {
-  if (!perRank.length || perRank.every((b) => b === 0)) return '–';
+  if (!perRank || !perRank.length || perRank.every((b) => b === 0)) return '–';
   const lo = Math.min(...perRank);
   const hi = Math.max(...perRank);
   return lo === hi ? formatBytes(hi) : `${formatBytes(lo)}–${formatBytes(hi)}`;
@@ -225,12 +429,13 @@ function formatStateBytes(perRank) {
 function updateStats() {
   const h = run.history;
   const last = h[h.length - 1];
+  const evaluated = run.evaluations.at(-1);
   $('stat-step').textContent = String(h.length);
   $('stat-loss').textContent = last ? run.meanLoss[run.meanLoss.length - 1].toFixed(3) : '–';
   $('stat-divergence').textContent = last ? last.divergence.toFixed(3) : '–';
   $('stat-bytes').textContent = last ? formatBytes(last.bytesCommunicatedPerRank) : '–';
-  $('stat-state').textContent = formatStateBytes(last ? last.optimizerStateBytesPerRank : trainer.optimizerStateBytesPerRank());
-  $('stat-accuracy').textContent = run.accuracy === null ? '–' : `${(100 * run.accuracy).toFixed(1)}%`;
+  $('stat-state').textContent = formatStateBytes(last ? last.optimizerStateBytesPerRank : run.stateBytes);
+  $('stat-accuracy').textContent = evaluated && h.length ? `${(100 * evaluated.accuracy).toFixed(1)}%` : '–';
   const t = run.stepTimes;
   const speed = t.length > 1 ? ((t.length - 1) * 1000) / (t[t.length - 1] - t[0]) : NaN;
   $('stat-speed').textContent = Number.isFinite(speed) && running ? speed.toFixed(speed < 10 ? 1 : 0) : '–';
@@ -240,152 +445,127 @@ function updateStats() {
 function renderRuns() {
   const body = $('runs');
   const at = Math.max(run.history.length - 1, 0);
-  const row = (label, loss, accuracy, divergence, bytes, steps, color, cls) => {
+  const row = (label, loss, evaluations, divergence, bytes, steps, color, cls) => {
     const i = Math.min(at, steps - 1);
     const perStep = i >= 0 ? bytes[i] / (i + 1) : NaN;
     const cell = (v, f) => (i >= 0 && Number.isFinite(v) ? f(v) : '–');
-    // The last evaluation at or before step i + 1.
-    const evaluated = accuracy.filter(([step]) => step <= i + 1).at(-1);
-    return `<tr class="${cls}"><td><span class="swatch" style="border-color:${color}"></span>${label}</td>
-      <td>${Math.max(0, Math.min(at + 1, steps))}</td>
-      <td>${cell(loss[i], (v) => v.toFixed(3))}</td>
-      <td>${evaluated ? `${(100 * evaluated[1]).toFixed(1)}%` : '–'}</td>
-      <td>${cell(divergence[i], (v) => v.toFixed(3))}</td>
-      <td>${cell(bytes[i], formatBytes)}</td>
-      <td>${cell(perStep, formatBytes)}</td></tr>`;
+    // The last evaluation at or before step i + 1 (after the first step).
+    const evaluated = evaluations.filter((e) => e.step > 0 && e.step <= i + 1).at(-1);
+    const tr = document.createElement('tr');
+    tr.className = cls;
+    const name = document.createElement('td');
+    const swatch = document.createElement('span');
+    swatch.className = 'swatch';
+    swatch.style.borderColor = color;
+    name.append(swatch, label);
+    const values = [
+      String(Math.max(0, Math.min(at + 1, steps))),
+      cell(loss[i], (v) => v.toFixed(3)),
+      evaluated ? `${(100 * evaluated.accuracy).toFixed(1)}%` : '–',
+      cell(divergence[i], (v) => v.toFixed(3)),
+      cell(bytes[i], formatBytes),
+      cell(perStep, formatBytes),
+    ];
+    tr.append(name, ...values.map((v) => Object.assign(document.createElement('td'), { textContent: v })));
+    return tr;
   };
-  body.innerHTML = [
-    row(run.label, run.meanLoss, run.accuracyAt, run.divergence, run.bytes, run.history.length, '#f3f6fa', 'current'),
-    ...ghosts.map((g, k) =>
-      row(g.label, g.loss, g.accuracy, g.divergence, g.bytes, g.loss.length, GHOST_COLORS[k], 'ghost'),
-    ),
-  ].join('');
-}
-
-function draw() {
-  renderRuns();
-  const ranks = run.lossPerRank.length;
-  const xMax = Math.max(run.history.length, ...ghosts.map((g) => g.loss.length), 50);
-  charts.loss.draw({
-    xMax,
-    series: [
-      ...run.lossPerRank.map((values, r) => ({ values, color: rankColor(r, ranks), width: 1.2, alpha: 0.75 })),
-      { values: run.meanLoss, color: '#f3f6fa', width: 2.4, label: run.name },
-    ],
-    ghosts: ghosts.map((g, i) => ({ values: g.loss, color: GHOST_COLORS[i], label: g.name })),
-  });
-  charts.divergence.draw({
-    xMax,
-    series: [{ values: run.divergence, color: '#5ee6c8', width: 1.8 }],
-    marks: run.marks,
-  });
-  charts.bytes.draw({
-    xMax,
-    series: [{ values: run.bytes, color: '#7aa2ff', width: 2, label: run.name }],
-    ghosts: ghosts.map((g, i) => ({ values: g.bytes, color: GHOST_COLORS[i], label: g.name })),
-  });
-  demo.framesDrawn++;
-}
-
-function nextFrame() {
-  return new Promise((resolve) => {
-    if (document.hidden) setTimeout(resolve, 0);
-    else requestAnimationFrame(() => resolve());
-  });
-}
-
-async function loop(token) {
-  try {
-    while (running && token === run) {
-      const frameStart = performance.now();
-      do {
-        const report = await trainer.step();
-        if (token !== run) return;
-        record(report);
-      } while (running && performance.now() - frameStart < FRAME_BUDGET_MS && run.history.length < MAX_STEPS);
-      if (run.history.length % EVALUATE_EVERY < 4 || run.history.length >= MAX_STEPS) {
-        const evaluation = await trainer.evaluate();
-        if (token !== run) return;
-        run.accuracy = evaluation.meanModelAccuracy;
-        run.accuracyAt.push([run.history.length, evaluation.meanModelAccuracy]);
-      }
-      updateStats();
-      draw();
-      if (run.history.length >= MAX_STEPS) setRunning(false);
-      await nextFrame();
-    }
-  } catch (error) {
-    setRunning(false);
-    showError(error);
-  }
+  body.replaceChildren(
+    row(run.label, run.meanLoss, run.evaluations, run.divergence, run.bytes, run.history.length, '#f3f6fa', 'current'),
+    ...ghosts.map((g, k) => row(g.label, g.loss, g.evaluations, g.divergence, g.bytes, g.loss.length, GHOST_COLORS[k], 'ghost')),
+  );
 }
 
 function setRunning(on) {
   running = on;
   ui.start.textContent = on ? 'Pause' : run && run.history.length ? 'Resume' : 'Start';
-  if (on) loop(run);
-  else if (run) updateStats();
+  ui.start.setAttribute('aria-pressed', String(on));
+  if (on && run && run.ready) worker.postMessage({ type: 'start', id: run.id });
+  if (!on) worker.postMessage({ type: 'pause' });
+  if (run && run.ready) updateStats();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The adapter line (announced: aria-live) and errors (as text, never innerHTML).
+
+function setAdapterLine(kind, strong, rest, sub) {
+  const text = $('adapter').querySelector('.text');
+  const b = document.createElement('b');
+  b.textContent = strong;
+  const parts = [b, rest];
+  if (sub) {
+    const s = document.createElement('span');
+    s.className = 'sub';
+    s.textContent = sub;
+    parts.push(s);
+  }
+  text.replaceChildren(...parts);
+  $('adapter').className = `adapter ${kind}`;
 }
 
 function showError(error) {
-  const box = $('adapter');
-  box.className = 'adapter error';
-  box.querySelector('.text').innerHTML = `<b>${error.name || 'Error'}</b>: ${error.message}`;
-  console.error(error);
+  setAdapterLine('error', error.name || 'Error', `: ${error.message}`);
+  console.error(`${error.name || 'Error'}: ${error.message}`);
 }
 
 function showAdapter(info, choice) {
   const box = $('adapter');
   box.dataset.kind = info.kind;
-  box.className = `adapter ${info.kind}`;
-  const text = box.querySelector('.text');
   const a = info.adapterInfo;
   const detail = a ? [a.vendor, a.architecture].filter(Boolean).join(' · ') : '';
   if (info.kind === 'gpu') {
-    text.innerHTML = `<b>WebGPU</b> · ${info.name}<span class="sub">${detail}${a && a.isFallbackAdapter ? ' · software (fallback) adapter' : ''}</span>`;
+    setAdapterLine('gpu', 'WebGPU', ` · ${info.name}`, `${detail}${a && a.isFallbackAdapter ? ' · software (fallback) adapter' : ''}`);
   } else if (choice === 'cpu') {
-    text.innerHTML = `<b>CPU backend</b> · as selected<span class="sub">distopt's plain-Rust backend, compiled to WebAssembly, on one thread</span>`;
+    setAdapterLine('cpu', 'CPU backend', ' · as selected', "distopt's plain-Rust backend, compiled to WebAssembly, on one thread (in a Web Worker)");
   } else if (a) {
-    text.innerHTML = `<b>CPU backend</b> · faster than this browser's software WebGPU adapter<span class="sub">WebGPU offers only ${a.description || detail || 'a software adapter'}${a.description && detail ? ` (${detail})` : ''}; pick “WebGPU” under Backend to use it anyway</span>`;
+    setAdapterLine(
+      'cpu',
+      'CPU backend',
+      " · faster than this browser's software WebGPU adapter",
+      `WebGPU offers only ${a.description || detail || 'a software adapter'}${a.description && detail ? ` (${detail})` : ''}; pick “WebGPU” under Backend to use it anyway`,
+    );
   } else {
-    text.innerHTML = `<b>CPU fallback</b> · WebGPU is not available in this browser<span class="sub">distopt's plain-Rust backend, compiled to WebAssembly, on one thread</span>`;
+    setAdapterLine('cpu', 'CPU fallback', ' · WebGPU is not available in this browser', "distopt's plain-Rust backend, compiled to WebAssembly, on one thread (in a Web Worker)");
   }
   box.title = info.reason;
 }
 
-async function changeBackend() {
-  const choice = ui.backend.value;
-  const wasRunning = running;
+let pendingBackend = null;
+
+function changeBackend() {
+  pendingBackend = { choice: ui.backend.value, wasRunning: running };
   running = false;
-  try {
-    const info = await selectBackend(choice);
-    info.adapterInfo = demo.info && demo.info.adapterInfo;
-    demo.info = info;
-    showAdapter(info, choice);
-    demo.backend = choice;
-  } catch (error) {
-    ui.backend.value = demo.backend;
-    showError(error);
-    setTimeout(() => showAdapter(demo.info, demo.backend), 4000);
-  }
+  worker.postMessage({ type: 'backend', choice: ui.backend.value });
+}
+
+function onBackend(info) {
+  const { choice, wasRunning } = pendingBackend || { choice: ui.backend.value, wasRunning: false };
+  pendingBackend = null;
+  info.adapterInfo = demo.info && demo.info.adapterInfo;
+  demo.info = info;
+  demo.backend = choice;
+  showAdapter(info, choice);
   restart(wasRunning);
 }
 
-async function main() {
-  updateOutputs();
-  const backend = new URLSearchParams(location.search).get('backend') || 'auto';
-  let info;
-  try {
-    info = await init({ backend });
-  } catch (error) {
-    showError(error);
+function onError(message) {
+  if (pendingBackend) {
+    ui.backend.value = demo.backend;
+    pendingBackend = null;
+    showError(message);
+    setTimeout(() => showAdapter(demo.info, demo.backend), 4000);
     return;
   }
+  running = false;
+  ui.start.textContent = 'Start';
+  showError(message);
+}
+
+function onReady(message) {
+  const { info } = message;
+  const backend = demo.backend;
   demo.info = info;
-  demo.backend = backend;
-  ui.backend.value = backend;
   showAdapter(info, backend);
-  $('version').textContent = version();
+  $('version').textContent = message.version;
   newRun();
   for (const input of [ui.ranks, ui.period, ui.warmup, ui.fragments, ui.lr, ui.skew]) {
     input.addEventListener('input', () => {
@@ -395,6 +575,7 @@ async function main() {
     input.addEventListener('change', () => restart());
   }
   ui.algorithm.addEventListener('change', () => restart());
+  ui.task.addEventListener('change', () => restart());
   ui.backend.addEventListener('change', () => changeBackend());
   ui.start.addEventListener('click', () => setRunning(!running));
   ui.reset.addEventListener('click', () => restart());
@@ -404,22 +585,65 @@ async function main() {
   window.addEventListener('resize', () => {
     clearTimeout(resizeTimer);
     resizeTimer = setTimeout(() => {
-      Object.values(charts).forEach((c) => c.resize());
-      draw();
+      if (!charts) return;
+      for (const [key, u] of Object.entries(charts)) u.setSize(chartSize($(`${key}-chart`)));
     }, 100);
   });
   demo.ready = true;
 }
 
+worker.onmessage = (event) => {
+  const message = event.data;
+  demo.messages++;
+  switch (message.type) {
+    case 'ready':
+      onReady(message);
+      break;
+    case 'backend':
+      onBackend(message.info);
+      break;
+    case 'hierarchy':
+      hierarchies.set(`${message.period}/${message.ranks}`, message.levels);
+      updateHelp();
+      break;
+    case 'run':
+      onRun(message);
+      break;
+    case 'steps':
+      onSteps(message);
+      break;
+    case 'stopped':
+      if (run && message.id === run.id && message.done) {
+        running = false;
+        ui.start.textContent = 'Start';
+        updateStats();
+      }
+      break;
+    case 'error':
+      onError(message);
+      break;
+    default:
+      break;
+  }
+};
+worker.onerror = (event) => showError({ name: 'Error', message: event.message || 'the training worker failed to start' });
+
 function restart(wasRunning = running) {
   running = false;
-  try {
-    newRun();
-  } catch (error) {
-    showError(error);
-    return;
-  }
+  worker.postMessage({ type: 'pause' });
+  newRun();
   setRunning(wasRunning);
+}
+
+function main() {
+  updateOutputs();
+  updateApplicable();
+  const params = new URLSearchParams(location.search);
+  const backend = params.get('backend') || 'auto';
+  if (params.get('task') === 'digits') ui.task.value = 'digits';
+  demo.backend = backend;
+  ui.backend.value = backend;
+  worker.postMessage({ type: 'init', backend });
 }
 
 main();

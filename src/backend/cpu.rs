@@ -14,7 +14,8 @@
 use super::host_words::HostWords;
 use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
 use super::{
-    Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, cpu_optim, host_step,
+    Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, CopyRegion,
+    check_copy_regions, cpu_optim, host_step,
 };
 use crate::dtype::{StorageFormat, f32_to_bf16_bits};
 use crate::error::{Error, Result};
@@ -810,6 +811,78 @@ impl Backend for CpuBackend {
         active: &[bool],
     ) -> Result<()> {
         cpu_optim::average(self.info.threads, arena, group_size, arith, starts, active)
+    }
+
+    fn scaled_sum(
+        &self,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+    ) -> Result<()> {
+        super::kernels::scaled_sum_reference(arena, arith, starts, reduced, scales, present)
+    }
+
+    fn pseudo_gradient(
+        &self,
+        params: &mut Arena,
+        backup: &Arena,
+        grads: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        super::kernels::pseudo_gradient_reference(params, backup, grads, starts, active)
+    }
+
+    fn convert(
+        &self,
+        src: &Arena,
+        dst: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        super::kernels::convert_reference(src, dst, starts, active)
+    }
+
+    fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()> {
+        check_copy_regions(src, dst, regions)?;
+        let format = src.format();
+        let (src_words, dst_words) = (
+            format.words_for(src.rank_len()),
+            format.words_for(dst.rank_len()),
+        );
+        let from = super::kernels::host_words(src)?;
+        let to = super::kernels::host_words_mut(dst)?;
+        for r in regions {
+            let words = format.words_for(r.len);
+            let s = r.src_rank * src_words + format.word_of(r.src_offset);
+            let d = r.dst_rank * dst_words + format.word_of(r.dst_offset);
+            to[d..d + words].copy_from_slice(&from[s..s + words]);
+        }
+        Ok(())
+    }
+
+    fn copy_between_ranks(
+        &self,
+        arena: &mut Arena,
+        from: usize,
+        to: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        arena.check_range(from, offset, len)?;
+        arena.check_range(to, offset, len)?;
+        let format = arena.format();
+        let rank_words = format.words_for(arena.rank_len());
+        let (first, words) = (format.word_of(offset), format.words_for(len));
+        let host = super::kernels::host_words_mut(arena)?;
+        host.copy_within(
+            from * rank_words + first..from * rank_words + first + words,
+            to * rank_words + first,
+        );
+        Ok(())
     }
 
     fn synchronize(&self) -> BoxFuture<'_, Result<()>> {

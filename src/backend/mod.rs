@@ -266,6 +266,10 @@ pub fn layout_params(numels: &[usize]) -> (Vec<usize>, usize) {
 /// A fused-kernel backend. Algorithms are written once against this trait; they never know
 /// whether a GPU or the host's cores run them. Arenas belong to the backend that created
 /// them; passing another backend's arena is a `RuntimeError`.
+///
+/// Every kernel is a required method, implemented by both backends: nothing falls back to a
+/// host loop behind a backend's back, and a backend that wraps another (to record or
+/// instrument calls) must forward each one.
 pub trait Backend: MaybeSendSync + fmt::Debug {
     /// What this backend runs on.
     fn info(&self) -> &BackendInfo;
@@ -340,8 +344,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     }
 
     /// `torch.optim.SGD`'s step over every rank and parameter of an arena (one dispatch per
-    /// chunk). `scalars` has one entry per (rank, parameter), rank-major. The default runs the
-    /// plain-Rust reference on host arenas.
+    /// chunk). `scalars` has one entry per (rank, parameter), rank-major.
     fn sgd(
         &self,
         params: &mut Arena,
@@ -349,9 +352,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         momentum: Option<&mut Arena>,
         starts: &ParamStarts,
         scalars: &[SgdScalars],
-    ) -> Result<()> {
-        kernels::sgd_reference(params, grads, momentum, starts, scalars)
-    }
+    ) -> Result<()>;
 
     /// `torch.optim.Adam`/`AdamW`'s step over every rank and parameter of an arena.
     fn adam(
@@ -359,9 +360,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         arenas: AdamArenas<'_>,
         starts: &ParamStarts,
         scalars: &[AdamScalars],
-    ) -> Result<()> {
-        kernels::adam_reference(arenas, starts, scalars)
-    }
+    ) -> Result<()>;
 
     /// Averages every group of `group_size` consecutive ranks of `arena` over the parameters
     /// flagged in `active` (see [`kernels::average_reference`]), all groups in one dispatch.
@@ -372,9 +371,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         arith: StorageFormat,
         starts: &ParamStarts,
         active: &[bool],
-    ) -> Result<()> {
-        kernels::average_reference(arena, group_size, arith, starts, active)
-    }
+    ) -> Result<()>;
 
     /// The data-parallel gradient all-reduce (see [`kernels::scaled_sum_reference`]): every
     /// rank with a scale contributes its values times the scale (zeros where not `present`),
@@ -388,15 +385,12 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         reduced: &[bool],
         scales: &[Option<f64>],
         present: &[bool],
-    ) -> Result<()> {
-        kernels::scaled_sum_reference(arena, arith, starts, reduced, scales, present)
-    }
+    ) -> Result<()>;
 
     /// DiLoCo's pseudo-gradient over three arenas of one layout (see
     /// [`kernels::pseudo_gradient_reference`]): for every rank and every element of the
     /// parameters flagged in `active`, `grads = round(backup - params)` in the parameters'
-    /// precision, then `params = backup`, one dispatch per chunk. The default runs the
-    /// plain-Rust reference on host arenas.
+    /// precision, then `params = backup`, one dispatch per chunk.
     fn pseudo_gradient(
         &self,
         params: &mut Arena,
@@ -404,46 +398,25 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         grads: &mut Arena,
         starts: &ParamStarts,
         active: &[bool],
-    ) -> Result<()> {
-        kernels::pseudo_gradient_reference(params, backup, grads, starts, active)
-    }
+    ) -> Result<()>;
 
     /// Converts the parameters flagged in `active` of every rank of `src` into `dst`, an arena
     /// of the same ranks, layout and chunking in another storage format (see
-    /// [`kernels::convert_reference`]), one dispatch per chunk. The default runs the reference
-    /// on host arenas.
+    /// [`kernels::convert_reference`]), one dispatch per chunk.
     fn convert(
         &self,
         src: &Arena,
         dst: &mut Arena,
         starts: &ParamStarts,
         active: &[bool],
-    ) -> Result<()> {
-        kernels::convert_reference(src, dst, starts, active)
-    }
+    ) -> Result<()>;
 
     /// Copies many element ranges from `src` to `dst` (arenas of the same format) as one
-    /// batch. The default works on host arenas.
-    fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()> {
-        check_copy_regions(src, dst, regions)?;
-        let format = src.format();
-        let (src_words, dst_words) = (
-            format.words_for(src.rank_len()),
-            format.words_for(dst.rank_len()),
-        );
-        let from = kernels::host_words(src)?;
-        let to = kernels::host_words_mut(dst)?;
-        for r in regions {
-            let words = format.words_for(r.len);
-            let s = r.src_rank * src_words + format.word_of(r.src_offset);
-            let d = r.dst_rank * dst_words + format.word_of(r.dst_offset);
-            to[d..d + words].copy_from_slice(&from[s..s + words]);
-        }
-        Ok(())
-    }
+    /// batch.
+    fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()>;
 
     /// Copies elements `offset..offset + len` (word aligned) of rank `from` to rank `to` of the
-    /// same arena. The default works on host arenas.
+    /// same arena.
     fn copy_between_ranks(
         &self,
         arena: &mut Arena,
@@ -451,19 +424,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         to: usize,
         offset: usize,
         len: usize,
-    ) -> Result<()> {
-        arena.check_range(from, offset, len)?;
-        arena.check_range(to, offset, len)?;
-        let format = arena.format();
-        let rank_words = format.words_for(arena.rank_len());
-        let (first, words) = (format.word_of(offset), format.words_for(len));
-        let host = kernels::host_words_mut(arena)?;
-        host.copy_within(
-            from * rank_words + first..from * rank_words + first + words,
-            to * rank_words + first,
-        );
-        Ok(())
-    }
+    ) -> Result<()>;
 
     /// Resolves when every operation submitted so far has finished.
     fn synchronize(&self) -> BoxFuture<'_, Result<()>>;

@@ -230,6 +230,110 @@ describe('demo', () => {
     await page.close();
   });
 
+  test('trains on the hand-written digits in a Web Worker: held-out accuracy above 80 %, page responsive', async () => {
+    const page = await openPage('/');
+    await page.waitForFunction(() => window.demo && window.demo.ready === true, null, { timeout: 60_000 });
+    await page.selectOption('#task', 'digits');
+    await page.selectOption('#algorithm', 'periodic');
+    // The shards are non-IID: each rank's shard is dominated by a few digits.
+    await page.waitForFunction(() => document.querySelectorAll('#shards .bar[aria-label*="digit 9"]').length === 8, null, {
+      timeout: 30_000,
+    });
+    const shard = await page.locator('#shards .bar').first().getAttribute('aria-label');
+    console.log(`demo digits: ${shard}`);
+    const counts = shard.match(/: (\d+)/g).map((s) => Number(s.slice(2)));
+    assert.equal(counts.length, 10);
+    const sorted = [...counts].sort((a, b) => b - a);
+    assert.ok(sorted[0] + sorted[1] + sorted[2] > 0.7 * counts.reduce((a, b) => a + b), `rank 0's shard is skewed: ${counts}`);
+    // Inapplicable controls are disabled: DiLoCo's fragments under periodic averaging.
+    assert.equal(await page.locator('#fragments').isDisabled(), true);
+    assert.equal(await page.locator('#warmup').isDisabled(), false);
+    assert.equal(await page.locator('#adapter').getAttribute('aria-live'), 'polite');
+    // A timer on the page measures the main thread's longest stall while the worker trains.
+    await page.evaluate(() => {
+      window.stalls = { last: performance.now(), max: 0 };
+      window.stallTimer = setInterval(() => {
+        const now = performance.now();
+        window.stalls.max = Math.max(window.stalls.max, now - window.stalls.last);
+        window.stalls.last = now;
+      }, 10);
+    });
+    await page.click('#start');
+    await page.waitForFunction(() => window.demo.history.length >= 20, null, { timeout: 60_000 });
+    // Responsive while training: a round trip through the page's event loop, and a click on
+    // the (disabled-state-aware) UI, answer at once.
+    const before = await page.evaluate(() => window.demo.history.length);
+    const started = Date.now();
+    const echo = await page.evaluate(() => new Promise((resolve) => setTimeout(() => resolve(document.title), 0)));
+    const roundTrip = Date.now() - started;
+    assert.match(echo, /distopt/);
+    await page.waitForFunction(
+      (target) => window.demo.evaluations.some((e) => e.step > 0 && e.accuracy >= target),
+      0.8,
+      { timeout: 180_000, polling: 250 },
+    );
+    const after = await page.evaluate(() => window.demo.history.length);
+    await page.click('#start'); // pause
+    const result = await page.evaluate(() => {
+      clearInterval(window.stallTimer);
+      return {
+        evaluations: window.demo.evaluations,
+        stall: window.stalls.max,
+        worker: window.demo.worker instanceof Worker,
+        messages: window.demo.messages,
+        steps: window.demo.history.length,
+      };
+    });
+    const first = result.evaluations[0];
+    const best = result.evaluations.reduce((a, e) => (e.accuracy > a.accuracy ? e : a));
+    console.log(
+      `demo digits: held-out accuracy ${(100 * first.accuracy).toFixed(1)}% at step 0 -> ${(100 * best.accuracy).toFixed(1)}% at step ${best.step} ` +
+        `(${best.samples} held-out digits); main thread's longest stall ${result.stall.toFixed(0)} ms, round trip ${roundTrip} ms, ` +
+        `${result.messages} worker messages`,
+    );
+    assert.ok(first.heldOut && best.heldOut && best.samples === 359, 'the accuracy is on the 359 held-out digits');
+    assert.ok(first.accuracy < 0.25, `an untrained model is near chance (10 %): ${first.accuracy}`);
+    assert.ok(best.accuracy >= 0.8, `held-out accuracy ${best.accuracy}`);
+    assert.ok(result.worker && result.messages > 5, 'the training loop runs in the Web Worker');
+    assert.ok(after > before, 'training went on while the page answered');
+    // The worker steps off the main thread: it never stalls for long (a step loop on the main
+    // thread would block it for whole batches of steps and evaluations).
+    assert.ok(result.stall < 750, `main thread stalled ${result.stall} ms`);
+    assert.match(await page.locator('#stat-accuracy-label').innerText(), /Held-out/);
+    assert.match(await page.locator('#stat-accuracy').innerText(), /\d+\.\d%/);
+    // uPlot charts: labelled canvases, axis titles, a legend with every rank.
+    const charts = await page.evaluate(() =>
+      [...document.querySelectorAll('.uplot-host')].map((host) => ({
+        id: host.id,
+        label: host.querySelector('canvas')?.getAttribute('aria-label') || '',
+        // uPlot draws the axis titles on the canvas: read them from the chart.
+        axes: window.demo.charts[host.id.replace('-chart', '')].axes.map((a) => a.label),
+        legend: [...host.querySelectorAll('.u-legend .u-label')].map((l) => l.textContent),
+      })),
+    );
+    assert.equal(charts.length, 4);
+    for (const chart of charts) assert.ok(chart.label.length > 20, `${chart.id} is labelled`);
+    const loss = charts.find((c) => c.id === 'loss-chart');
+    assert.ok(loss.legend.includes('rank 7') && loss.legend.includes('mean'), `loss legend: ${loss.legend}`);
+    assert.ok(loss.axes.includes('step') && loss.axes.includes('loss (smoothed)'), `loss axes: ${loss.axes}`);
+    const accuracy = charts.find((c) => c.id === 'accuracy-chart');
+    assert.ok(accuracy.axes.includes('held-out accuracy'), `accuracy axes: ${accuracy.axes}`);
+    // Hovering a chart shows the values in its legend.
+    await page.locator('#loss-chart').scrollIntoViewIfNeeded();
+    const box = await page.locator('#loss-chart .u-over').boundingBox();
+    await page.mouse.move(box.x + box.width * 0.4, box.y + box.height * 0.5);
+    await page.mouse.move(box.x + box.width * 0.5, box.y + box.height * 0.5, { steps: 5 });
+    await page.waitForFunction(
+      () => [...document.querySelectorAll('#loss-chart .u-legend .u-value')].some((v) => /^\d+\.\d{3}$/.test(v.textContent)),
+      null,
+      { timeout: 10_000 },
+    );
+    const hovered = await page.locator('#loss-chart .u-legend .u-value').allInnerTexts();
+    console.log(`demo digits: loss legend on hover ${hovered.join(' ')}`);
+    await page.screenshot({ path: path.join(SCREENSHOTS, 'demo-digits.png'), fullPage: true });
+    await page.close();
+  });
+
   test('runs without WebGPU on the CPU fallback and says so', async () => {
     // A browser without WebGPU: the same flags less the WebGPU switch, and the feature off.
     const noGpu = await launch(NO_WEBGPU_FLAGS);

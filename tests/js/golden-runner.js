@@ -465,7 +465,7 @@ async function zeroSteps(api, c, zero, replicas, grads, expectedParams, added) {
 
 async function zeroCheckEnd(api, c, zero, expected, what) {
   await zero.consolidateStateDict(0);
-  const exact = compareJson(api, c, zero.stateDict(0), expected.consolidated_state_dict, `${what}consolidated_state_dict`);
+  const exact = compareJson(api, c, await zero.stateDict(0), expected.consolidated_state_dict, `${what}consolidated_state_dict`);
   sameOrFail(zero.localStateSizes(), expected.local_state_sizes, `${what}local_state_sizes`);
   sameOrFail(zero.rankOfParam, expected.rank_of_param, `${what}rank_of_param`);
   if ('params_per_rank' in expected) sameOrFail(zero.paramsPerRank, expected.params_per_rank, `${what}params_per_rank`);

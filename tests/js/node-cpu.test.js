@@ -527,7 +527,7 @@ test('ZeroRedundancyOptimizer: sharded state, consolidation, named errors', asyn
   await zero.consolidateStateDict(1);
   error = await thrown(() => zero.stateDict(0));
   assert.equal(error.name, 'RuntimeError');
-  const sd = zero.stateDict(1);
+  const sd = await zero.stateDict(1);
   assert.deepEqual(Object.keys(sd.state).sort(), ['0', '1', '2']);
   zero.loadStateDict(sd);
   zero.setRequiresGrad(1, false);
@@ -729,6 +729,63 @@ test('the trainer learns on the CPU fallback', async () => {
   trainer.free();
 });
 
+test('the trainer learns the hand-written digits (task.dataset, Trainer.parseDigits): held-out accuracy, typed errors', async () => {
+  const fs = await import('node:fs');
+  const { ROOT } = await import('./helpers.js');
+  const bytes = fs.readFileSync(`${ROOT}/www/data/digits.bin`);
+  const digits = api.Trainer.parseDigits(new Uint8Array(bytes));
+  assert.equal(digits.name, 'digits');
+  assert.equal(digits.classes, 10);
+  assert.equal(digits.featureCount, 64);
+  assert.ok(digits.features instanceof Float32Array && digits.features.length === 1797 * 64);
+  assert.ok(digits.labels instanceof Uint8Array && digits.labels.length === 1797);
+  // scikit-learn's first image is a 0 whose first row is 0,0,5,13,9,1,0,0 (of 16).
+  assert.equal(digits.labels[0], 0);
+  assert.deepEqual(Array.from(digits.features.slice(0, 4)), [0, 0, 5 / 16, 13 / 16]);
+  const trainer = new api.Trainer({ ranks: 4, algorithm: 'periodic', period: 4, task: { dataset: digits } });
+  assert.equal(trainer.taskName, 'digits');
+  assert.equal(trainer.heldOut, true);
+  assert.match(trainer.taskDescription, /359 held out/);
+  // Non-IID: rank 0's shard is dominated by a few digits.
+  const counts = Array.from(trainer.classCounts(0));
+  const sorted = [...counts].sort((a, b) => b - a);
+  assert.ok(sorted[0] + sorted[1] + sorted[2] > 0.7 * counts.reduce((a, b) => a + b), String(counts));
+  const before = await trainer.evaluate();
+  for (let i = 0; i < 120; i++) await trainer.step();
+  const after = await trainer.evaluate();
+  assert.equal(after.heldOut, true);
+  assert.equal(after.samples, 359);
+  assert.ok(before.meanModelAccuracy < 0.25, String(before.meanModelAccuracy));
+  assert.ok(after.meanModelAccuracy > 0.8, `held-out accuracy ${before.meanModelAccuracy} -> ${after.meanModelAccuracy}`);
+  trainer.free();
+  // A plain-array data set works too; bad ones are named errors.
+  const tiny = { features: [0, 1, 0.1, 0.9, 1, 0, 0.9, 0.1], labels: [0, 0, 1, 1], classes: 2 };
+  const small = new api.Trainer({ ranks: 1, task: { dataset: tiny, testFraction: 0.25 } });
+  assert.equal((await small.evaluate()).samples, 1);
+  small.free();
+  const cases = [
+    [{ ...tiny, labels: [0, 0, 1, 2] }, 'ValueError', /label 2 of sample 3 is out of range for 2 classes/],
+    [{ ...tiny, labels: [0, 0.5, 1, 1] }, 'ValueError', /labels must be integers/],
+    [{ ...tiny, features: [0, 1, 2] }, 'ValueError', /not a whole number of rows/],
+    [{ ...tiny, featureCount: 3 }, 'ValueError', /featureCount/],
+    [{ ...tiny, features: 'x' }, 'TypeError', /must be a typed array or an array of numbers/],
+    [{ ...tiny, classes: -1 }, 'TypeError', /classes/],
+    [{ ...tiny, colour: 1 }, 'TypeError', /unexpected setting 'colour'/],
+  ];
+  for (const [dataset, name, message] of cases) {
+    const e = await thrown(() => new api.Trainer({ ranks: 2, task: { dataset, testFraction: 0.25 } }));
+    assert.equal(e.name, name, e.message);
+    assert.match(e.message, message);
+  }
+  const mixed = await thrown(() => new api.Trainer({ ranks: 2, task: { dataset: tiny, samples: 10 } }));
+  assert.match(mixed.message, /unexpected setting 'samples'/);
+  const notDigits = await thrown(() => api.Trainer.parseDigits(new Uint8Array([1, 2, 3])));
+  assert.equal(notDigits.name, 'ValueError');
+  assert.match(notDigits.message, /not a digits file/);
+  const notBytes = await thrown(() => api.Trainer.parseDigits('digits.bin'));
+  assert.equal(notBytes.name, 'TypeError');
+});
+
 test('the trainer runs DiLoCo: local steps, an outer step every period, a quarter of the bytes', async () => {
   const sync = new api.Trainer({ ranks: 4, algorithm: 'sync', task: { samples: 1024 } });
   const diloco = new api.Trainer({ ranks: 4, algorithm: 'diloco', period: 4, task: { samples: 1024 } });
@@ -812,4 +869,29 @@ test('the trainer runs ZeRO: synchronous SGD with sharded optimizer state', asyn
   assert.ok(z.optimizerStateBytesPerRank.every((b) => b < full[0]), `${z.optimizerStateBytesPerRank} vs ${full}`);
   sync.free();
   zero.free();
+});
+
+test('ZeRO and DistributedOptimizer take the optimizer class as a value, as PyTorch does; ZeRO stateDict is a promise', async () => {
+  const { World, Replicas, Adam, AdamW, SGD, ZeroRedundancyOptimizer, RpcWorld, DistributedOptimizer, takeWarnings } = api;
+  const world = new World(2);
+  const replicas = Replicas.replicate(2, [[1, 2, 3], [4, 5]]);
+  const byClass = new ZeroRedundancyOptimizer(world, replicas, null, Adam, { lr: 0.1 });
+  assert.equal(byClass.optimizer, 'Adam');
+  for (let r = 0; r < 2; r++) replicas.setGrads(r, [[1, 1, 1], [1, 1]]);
+  byClass.step();
+  await byClass.consolidateStateDict(0);
+  const pending = byClass.stateDict(0);
+  assert.ok(pending instanceof Promise, 'stateDict returns a promise');
+  const sd = await pending;
+  assert.equal(sd.param_groups[0].lr, 0.1);
+  assert.ok(sd.state['0'].exp_avg, 'Adam state');
+  await assert.rejects(byClass.stateDict(1), { name: 'RuntimeError' });
+  assert.equal(new ZeroRedundancyOptimizer(world, replicas, null, SGD, { lr: 0.1 }).optimizer, 'SGD');
+  // Another class is refused as its name is: PyTorch's error.
+  assert.throws(() => new ZeroRedundancyOptimizer(world, replicas, null, World), (e) => e.rankErrors?.length === 2 || e.name === 'ValueError');
+  const rpc = new RpcWorld(['worker0']);
+  const w = rpc.remote('worker0', [1, 2]);
+  const dopt = new DistributedOptimizer(rpc, AdamW, [w], { lr: 0.1 });
+  assert.deepEqual(dopt.localOptimizers().map((o) => o.owner), ['worker0']);
+  takeWarnings();
 });

@@ -437,3 +437,14 @@ optimizer_class!(
     "AdamW",
     "`torch.optim.AdamW` (decoupled weight decay, default 1e-2) on every rank of a `Replicas`."
 );
+
+/// The local optimizer class an argument names, as ZeRO and `DistributedOptimizer` take it:
+/// the class itself (`SGD`, `Adam`, `AdamW` as exported, i.e. a function of that name, as
+/// PyTorch takes `torch.optim.Adam`) or its name as a string. `None` for `undefined`/`null`;
+/// another name reaches the algorithm, which refuses it with PyTorch's error.
+pub(crate) fn optimizer_class(value: &JsValue, what: &str) -> Result<Option<String>> {
+    if let Some(class) = value.dyn_ref::<js_sys::Function>() {
+        return Ok(Some(String::from(class.name())));
+    }
+    super::convert::optional_string(value, what)
+}

@@ -329,7 +329,7 @@ impl DistributedOptimizerJs {
         settings: &JsValue,
     ) -> Result<DistributedOptimizerJs> {
         let world = rpc_world_of(rpc_world)?;
-        let name = optional_string(optimizer, "optimizer")?
+        let name = super::optim::optimizer_class(optimizer, "optimizer")?
             .ok_or_else(|| Error::type_error("optimizer must be \"SGD\", \"Adam\" or \"AdamW\""))?;
         let params = array(rrefs, "rrefs")?
             .iter()

@@ -1,11 +1,12 @@
-//! `Trainer`: the synthetic data-parallel training run of `distopt::train`, stepped from JS (the
+//! `Trainer`: the data-parallel training run of `distopt::train` (the synthetic task, or a data
+//! set given from JS such as the digits `Trainer.parseDigits` reads), stepped from JS (the
 //! browser demo's engine).
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use js_sys::{Array, Float64Array, Object, Promise};
+use js_sys::{Array, Float32Array, Float64Array, Object, Promise, Reflect, Uint8Array};
 use serde_json::Value;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -15,7 +16,8 @@ use super::{JsResult, busy, current_backend, js};
 use distopt::diloco::Compression;
 use distopt::error::{Error, Result};
 use distopt::train::{
-    Algorithm, Evaluation, StepReport, SyntheticTask, TaskConfig, TrainConfig, Trainer,
+    Algorithm, Dataset, DatasetConfig, DatasetTask, Evaluation, StepReport, SyntheticTask, Task,
+    TaskConfig, TrainConfig, Trainer,
 };
 
 /// Settings a `new Trainer({...})` accepts.
@@ -34,7 +36,11 @@ const KEYS: [&str; 13] = [
     "seed",
     "task",
 ];
-/// Settings of `task`.
+/// Settings of `task` with a `dataset`.
+const DATASET_TASK_KEYS: [&str; 5] = ["dataset", "hidden", "testFraction", "heterogeneity", "seed"];
+/// Settings of `task.dataset`.
+const DATASET_KEYS: [&str; 5] = ["features", "labels", "classes", "name", "featureCount"];
+/// Settings of the synthetic `task`.
 const TASK_KEYS: [&str; 6] = [
     "features",
     "hidden",
@@ -198,6 +204,108 @@ fn task_config(value: Option<&Value>) -> Result<TaskConfig> {
     })
 }
 
+/// The dataset task's settings (`task` holds a `dataset`), or `None` for the synthetic task.
+/// The features and labels are read from the JS values themselves (typed arrays or arrays),
+/// not from their JSON form.
+fn dataset_task(
+    settings: &JsValue,
+    map: &serde_json::Map<String, Value>,
+    ranks: usize,
+) -> Result<Option<DatasetTask>> {
+    let Some(Value::Object(task)) = map.get("task") else {
+        return Ok(None);
+    };
+    if task.get("dataset").is_none_or(Value::is_null) {
+        return Ok(None);
+    }
+    unknown_key(task, &DATASET_TASK_KEYS, "task (with a dataset)")?;
+    let Some(Value::Object(dataset)) = task.get("dataset") else {
+        return Err(Error::type_error(
+            "'task.dataset' must be an object {features, labels, classes, name, featureCount}",
+        ));
+    };
+    unknown_key(dataset, &DATASET_KEYS, "task.dataset")?;
+    let get = |object: &JsValue, key: &str| {
+        Reflect::get(object, &JsValue::from_str(key))
+            .map_err(|_| Error::type_error(format!("cannot read '{key}' of the settings")))
+    };
+    let js_dataset = get(&get(settings, "task")?, "dataset")?;
+    let numbers = |key: &str| -> Result<Vec<f64>> {
+        let value = get(&js_dataset, key)?;
+        if !(Array::is_array(&value) || js_sys::ArrayBuffer::is_view(&value))
+            || value.is_instance_of::<js_sys::DataView>()
+        {
+            return Err(Error::type_error(format!(
+                "'task.dataset.{key}' must be a typed array or an array of numbers"
+            )));
+        }
+        if value.is_instance_of::<js_sys::BigInt64Array>()
+            || value.is_instance_of::<js_sys::BigUint64Array>()
+        {
+            return Err(Error::type_error(format!(
+                "'task.dataset.{key}' must hold numbers, not BigInts"
+            )));
+        }
+        // Float64Array's constructor copies any typed array or array, converting each value.
+        Ok(Float64Array::new(&value).to_vec())
+    };
+    let features = numbers("features")?;
+    let labels = numbers("labels")?;
+    let classes = match dataset.get("classes") {
+        Some(Value::Number(n)) => n.as_u64().and_then(|c| usize::try_from(c).ok()),
+        _ => None,
+    }
+    .ok_or_else(|| Error::type_error("'task.dataset.classes' must be a non-negative integer"))?;
+    let name = match dataset.get("name") {
+        None | Some(Value::Null) => "dataset".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(Error::type_error(format!(
+                "'task.dataset.name' must be a string, got {other}"
+            )));
+        }
+    };
+    let labels = labels
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            if l >= 0.0 && l.fract() == 0.0 && l <= u32::MAX as f64 {
+                Ok(l as usize)
+            } else {
+                Err(Error::value(format!(
+                    "label {i} is {l}: labels must be integers in 0..classes"
+                )))
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if labels.is_empty() || features.len() % labels.len() != 0 {
+        return Err(Error::value(format!(
+            "'task.dataset.features' holds {} values, not a whole number of rows for {} labels",
+            features.len(),
+            labels.len()
+        )));
+    }
+    let width = features.len() / labels.len();
+    if let Some(count) = dataset.get("featureCount").filter(|v| !v.is_null()) {
+        if count.as_u64() != Some(width as u64) {
+            return Err(Error::value(format!(
+                "'task.dataset.featureCount' is {count}, but {} values for {} labels are {width} per sample",
+                features.len(),
+                labels.len()
+            )));
+        }
+    }
+    let dataset = Dataset::new(name, width, classes, features, labels)?;
+    let defaults = DatasetConfig::default();
+    let config = DatasetConfig {
+        hidden: get_usize(task, "hidden", defaults.hidden)?,
+        test_fraction: get_f64(task, "testFraction", defaults.test_fraction)?,
+        heterogeneity: get_f64(task, "heterogeneity", defaults.heterogeneity)?,
+        seed: get_u64(task, "seed", defaults.seed)?,
+    };
+    DatasetTask::new(&dataset, config, ranks).map(Some)
+}
+
 fn bytes_to_js(bytes: &[u64]) -> Array {
     bytes.iter().map(|&b| JsValue::from_f64(b as f64)).collect()
 }
@@ -237,11 +345,13 @@ fn evaluation_to_js(evaluation: &Evaluation) -> Object {
         "lossPerRank",
         Float64Array::from(evaluation.loss_per_rank.as_slice()),
     );
+    set(&obj, "heldOut", evaluation.held_out);
+    set(&obj, "samples", evaluation.samples as f64);
     obj
 }
 
-/// R simulated ranks training a small perceptron on a synthetic classification task split
-/// into one skewed shard per rank, with synchronous SGD or post-local SGD (periodic or
+/// R simulated ranks training a small perceptron on a classification task (synthetic, or a
+/// data set given from JS with a held-out split) split into one skewed shard per rank, with synchronous SGD or post-local SGD (periodic or
 /// hierarchical model averaging) or ZeRO or DiLoCo, step by step.
 #[wasm_bindgen(js_name = Trainer)]
 pub struct TrainerJs {
@@ -249,6 +359,7 @@ pub struct TrainerJs {
     ranks: usize,
     description: String,
     algorithm: &'static str,
+    task: Arc<dyn Task>,
 }
 
 impl TrainerJs {
@@ -262,7 +373,11 @@ impl TrainerJs {
     /// `{ranks, algorithm: "sync" | "periodic" | "hierarchical" | "zero" | "diloco", period,
     /// fragments, warmup, levels, subgroupSize, lr, momentum, batchSize, seed, task: {features,
     /// hidden, classes, samples, heterogeneity, seed}}`; everything but `ranks` has a default.
-    /// DiLoCo syncs every `period` steps; `fragments` > 1 makes it Streaming DiLoCo.
+    /// DiLoCo syncs every `period` steps; `fragments` > 1 makes it Streaming DiLoCo. A real data
+    /// set: `task: {dataset: {features, labels, classes, name}, hidden, testFraction,
+    /// heterogeneity, seed}` (`features`: row-major, `labels.length` rows; e.g. what
+    /// `Trainer.parseDigits` returns), split into a held-out test set and non-IID shards
+    /// sorted by label.
     #[wasm_bindgen(constructor)]
     pub fn new(settings: JsValue) -> JsResult<TrainerJs> {
         js(Self::build(&settings))
@@ -288,15 +403,19 @@ impl TrainerJs {
             batch_size: get_usize(&map, "batchSize", defaults.batch_size)?,
             seed: get_u64(&map, "seed", defaults.seed)?,
         };
-        let task = Arc::new(SyntheticTask::new(task_config(map.get("task"))?, ranks)?);
+        let task: Arc<dyn Task> = match dataset_task(settings, &map, ranks)? {
+            Some(task) => Arc::new(task),
+            None => Arc::new(SyntheticTask::new(task_config(map.get("task"))?, ranks)?),
+        };
         let description = config.algorithm.describe();
         let name = config.algorithm.name();
-        let trainer = Trainer::new(current_backend()?, task, config)?;
+        let trainer = Trainer::new(current_backend()?, task.clone(), config)?;
         Ok(TrainerJs {
             inner: Rc::new(RefCell::new(trainer)),
             ranks,
             description,
             algorithm: name,
+            task,
         })
     }
 
@@ -325,6 +444,59 @@ impl TrainerJs {
                 JsValue::from(pair)
             })
             .collect())
+    }
+
+    /// Reads the UCI hand-written digits file of the demo (`www/data/digits.bin`, an
+    /// `ArrayBuffer` or `Uint8Array`) into a data set for `task.dataset`: `{name: "digits",
+    /// features: Float32Array (1,797 × 64 pixels scaled to [0, 1]), labels: Uint8Array,
+    /// classes: 10, featureCount: 64}`.
+    #[wasm_bindgen(js_name = parseDigits)]
+    pub fn parse_digits(bytes: JsValue) -> JsResult<Object> {
+        let bytes = if bytes.is_instance_of::<Uint8Array>() {
+            bytes.unchecked_into::<Uint8Array>().to_vec()
+        } else if bytes.is_instance_of::<js_sys::ArrayBuffer>() {
+            Uint8Array::new(&bytes).to_vec()
+        } else {
+            return js(Err(Error::type_error(
+                "Trainer.parseDigits takes the file's bytes: an ArrayBuffer or a Uint8Array",
+            )));
+        };
+        let dataset = js(Dataset::from_digits_bin(&bytes))?;
+        let features: Vec<f32> = (0..dataset.len())
+            .flat_map(|i| {
+                dataset
+                    .sample(i)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|&x| x as f32)
+            })
+            .collect();
+        let labels: Vec<u8> = dataset.labels().iter().map(|&l| l as u8).collect();
+        let obj = Object::new();
+        set(&obj, "name", dataset.name());
+        set(&obj, "features", Float32Array::from(features.as_slice()));
+        set(&obj, "labels", Uint8Array::from(labels.as_slice()));
+        set(&obj, "classes", dataset.classes() as f64);
+        set(&obj, "featureCount", dataset.features() as f64);
+        Ok(obj)
+    }
+
+    /// The task's name: `"synthetic"` or the data set's (`"digits"`).
+    #[wasm_bindgen(getter, js_name = taskName)]
+    pub fn task_name(&self) -> String {
+        self.task.name().into()
+    }
+
+    /// The task in words: the data, its split and the model.
+    #[wasm_bindgen(getter, js_name = taskDescription)]
+    pub fn task_description(&self) -> String {
+        self.task.describe()
+    }
+
+    /// Whether `evaluate()` measures held-out samples (a data set's test split).
+    #[wasm_bindgen(getter, js_name = heldOut)]
+    pub fn held_out(&self) -> bool {
+        self.task.held_out()
     }
 
     /// R.
@@ -395,8 +567,9 @@ impl TrainerJs {
         })
     }
 
-    /// The loss of every replica, and of their mean, on the whole data set: a promise of
-    /// `{meanModelLoss, meanModelAccuracy, lossPerRank}`.
+    /// The loss of every replica, and of their mean, on the task's evaluation samples (the
+    /// held-out split of a data set; every shard of the synthetic task): a promise of
+    /// `{meanModelLoss, meanModelAccuracy, lossPerRank, heldOut, samples}`.
     pub fn evaluate(&self) -> Promise {
         let inner = self.inner.clone();
         future_to_promise(async move {

@@ -9,7 +9,7 @@ use serde_json::Value;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use super::convert::{json_from_js, json_to_js, optional_string};
+use super::convert::{json_from_js, json_to_js};
 use super::handles::Registry;
 use super::optim::{group_from_json, options};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
@@ -352,7 +352,7 @@ impl ZeroRedundancyOptimizerJs {
     ) -> JsResult<ZeroRedundancyOptimizerJs> {
         let world = js(world_of(world))?;
         let shared = js(replicas_of(replicas))?;
-        let name = js(optional_string(optimizer, "optimizer"))?.ok_or_else(|| {
+        let name = js(super::optim::optimizer_class(optimizer, "optimizer"))?.ok_or_else(|| {
             super::js_error(Error::type_error(
                 "optimizer must be \"SGD\", \"Adam\" or \"AdamW\"",
             ))
@@ -464,14 +464,18 @@ impl ZeroRedundancyOptimizerJs {
         }))
     }
 
-    /// `state_dict()` as seen on rank `rank`: the consolidated state dict on the rank it was
-    /// consolidated to (a `RuntimeError` elsewhere).
+    /// `state_dict()` as seen on rank `rank`: a promise of the consolidated state dict on the
+    /// rank it was consolidated to (rejected with a `RuntimeError` elsewhere). A promise, as
+    /// every optimizer's `stateDict` is; a bad `rank` throws at once, as there.
     #[wasm_bindgen(js_name = stateDict)]
-    pub fn state_dict(&self, rank: JsValue) -> JsResult<JsValue> {
+    pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
         let zero = js(self.zero())?;
         let ranks = js(borrow(&self.inner.replicas))?.ranks();
         let rank = js(super::convert::rank_arg(&rank, ranks))?;
-        js(zero.state_dict(rank).and_then(|sd| json_to_js(&sd)))
+        Ok(match zero.state_dict(rank).and_then(|sd| json_to_js(&sd)) {
+            Ok(state_dict) => Promise::resolve(&state_dict),
+            Err(error) => Promise::reject(&super::js_error(error)),
+        })
     }
 
     /// `load_state_dict(stateDict)` on every rank: each keeps the state of the parameters it

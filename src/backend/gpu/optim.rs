@@ -3,11 +3,12 @@
 
 use wgpu::util::DeviceExt;
 
-use super::GpuBackend;
 use super::contract::{
     AdamScalars as AdamGpuScalars, BLOCK_ELEMENTS, Dispatch, SgdScalars as SgdGpuScalars,
     adam_flags, scaled_sum_flags, sgd_flags,
 };
+use super::kernel::Kernel;
+use super::{GpuArena, GpuBackend};
 use crate::backend::Arena;
 use crate::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
 use crate::dtype::StorageFormat;
@@ -54,23 +55,26 @@ impl GpuBackend {
         self.storage_buffer("distopt param table", &table)
     }
 
-    /// Records one dispatch per chunk of `arena`: `bind(chunk index, geometry buffer)` returns
-    /// the bind group; `lanes` is the grid's second factor (ranks, or groups).
-    fn dispatch_chunks(
-        &self,
-        pipeline: &wgpu::ComputePipeline,
-        arena: &Arena,
-        lanes: usize,
-        params: usize,
-        group_size: usize,
-        bind: &dyn Fn(usize, &wgpu::Buffer) -> wgpu::BindGroup,
-    ) -> Result<()> {
-        let gpu = self.gpu(arena)?;
+    /// One launch of a per-parameter kernel: for every chunk of `layout`'s arenas, the
+    /// [`Dispatch`] geometry, the parameter table, `launch.tables` and each arena's chunk
+    /// (the placeholder for an absent one), bound in that order; one compute pass.
+    fn launch(&self, layout: &Arena, starts: &ParamStarts, launch: PerParam<'_>) -> Result<()> {
+        let PerParam {
+            kernel,
+            overrides,
+            lanes,
+            group_size,
+            tables,
+            arenas,
+        } = launch;
+        let gpu = self.gpu(layout)?;
+        let starts_buffer = self.param_table_buffer(starts, layout.rank_len());
+        let pipeline = kernel.pipeline(&self.shared, overrides);
         let device = &self.shared.device;
         let mut encoder = device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
-            pass.set_pipeline(pipeline);
+            pass.set_pipeline(&pipeline);
             let mut first_element = 0usize;
             for (c, chunk) in gpu.chunks.iter().enumerate() {
                 let geometry = Dispatch {
@@ -80,7 +84,7 @@ impl GpuBackend {
                     first_octet: (first_element / 8) as u32,
                     rank_quads: (chunk.rank_words / 4) as u32,
                     ranks: lanes as u32,
-                    params: params as u32,
+                    params: starts.0.len() as u32,
                     group_size: group_size as u32,
                     _pad: [0; 2],
                 };
@@ -89,8 +93,14 @@ impl GpuBackend {
                     contents: bytemuck::bytes_of(&geometry),
                     usage: wgpu::BufferUsages::UNIFORM,
                 });
-                let bind_group = bind(c, &uniform);
-                pass.set_bind_group(0, &bind_group, &[]);
+                let mut buffers: Vec<&wgpu::Buffer> = vec![&uniform, &starts_buffer];
+                buffers.extend_from_slice(tables);
+                buffers.extend(
+                    arenas
+                        .iter()
+                        .map(|a| a.map_or(&self.placeholder, |a| &a.chunks[c].buffer)),
+                );
+                pass.set_bind_group(0, &kernel.bind(device, &buffers), &[]);
                 let (x, y) = self.grid(chunk.len / 8 * lanes);
                 pass.dispatch_workgroups(x, y, 1);
                 first_element += chunk.len;
@@ -98,6 +108,17 @@ impl GpuBackend {
         }
         self.shared.queue.submit([encoder.finish()]);
         self.shared.take_uncaptured()
+    }
+
+    /// One `u32` flag per entry (1 where set), as a storage buffer.
+    fn flags_buffer(&self, label: &str, flags: &[bool]) -> wgpu::Buffer {
+        let words: Vec<u32> = flags.iter().map(|&f| u32::from(f)).collect();
+        self.storage_buffer(label, &words)
+    }
+
+    /// The arena of `arena` if it is given.
+    fn gpu_opt<'a>(&self, arena: Option<&'a Arena>) -> Result<Option<&'a GpuArena>> {
+        arena.map(|a| self.gpu(a)).transpose()
     }
 
     pub(crate) fn sgd_on_device(
@@ -126,35 +147,18 @@ impl GpuBackend {
                 _pad: [0; 3],
             })
             .collect();
-        let starts_buffer = self.param_table_buffer(starts, params.rank_len());
         let table_buffer = self.storage_buffer("distopt sgd scalars", &table);
-        let kernel = &self.kernels.sgd;
-        let pipeline = kernel.pipeline(&self.shared, &[params.format().shader_code()]);
-        let (p, g) = (self.gpu(params)?, self.gpu(grads)?);
-        let m = match &momentum {
-            Some(m) => Some(self.gpu(m)?),
-            None => None,
-        };
-        let device = &self.shared.device;
-        self.dispatch_chunks(
-            &pipeline,
+        let momentum = self.gpu_opt(momentum.as_deref())?;
+        self.launch(
             params,
-            params.ranks(),
-            starts.0.len(),
-            0,
-            &|c, uniform| {
-                let momentum_buffer = m.map_or(&self.placeholder, |m| &m.chunks[c].buffer);
-                kernel.bind(
-                    device,
-                    &[
-                        uniform,
-                        &starts_buffer,
-                        &table_buffer,
-                        &p.chunks[c].buffer,
-                        &g.chunks[c].buffer,
-                        momentum_buffer,
-                    ],
-                )
+            starts,
+            PerParam {
+                kernel: &self.kernels.sgd,
+                overrides: &[params.format().shader_code()],
+                lanes: params.ranks(),
+                group_size: 0,
+                tables: &[&table_buffer],
+                arenas: &[Some(self.gpu(params)?), Some(self.gpu(grads)?), momentum],
             },
         )
     }
@@ -196,38 +200,24 @@ impl GpuBackend {
                 _pad: [0; 3],
             })
             .collect();
-        let starts_buffer = self.param_table_buffer(starts, params.rank_len());
         let table_buffer = self.storage_buffer("distopt adam scalars", &table);
-        let kernel = &self.kernels.adam;
-        let pipeline = kernel.pipeline(&self.shared, &[params.format().shader_code()]);
-        let (p, g) = (self.gpu(params)?, self.gpu(grads)?);
-        let (m, v) = (self.gpu(exp_avg)?, self.gpu(exp_avg_sq)?);
-        let vmax = match &max_exp_avg_sq {
-            Some(x) => Some(self.gpu(x)?),
-            None => None,
-        };
-        let device = &self.shared.device;
-        self.dispatch_chunks(
-            &pipeline,
+        let arenas = [
+            Some(self.gpu(params)?),
+            Some(self.gpu(grads)?),
+            Some(self.gpu(exp_avg)?),
+            Some(self.gpu(exp_avg_sq)?),
+            self.gpu_opt(max_exp_avg_sq.as_deref())?,
+        ];
+        self.launch(
             params,
-            params.ranks(),
-            starts.0.len(),
-            0,
-            &|c, uniform| {
-                let vmax_buffer = vmax.map_or(&self.placeholder, |x| &x.chunks[c].buffer);
-                kernel.bind(
-                    device,
-                    &[
-                        uniform,
-                        &starts_buffer,
-                        &table_buffer,
-                        &p.chunks[c].buffer,
-                        &g.chunks[c].buffer,
-                        &m.chunks[c].buffer,
-                        &v.chunks[c].buffer,
-                        vmax_buffer,
-                    ],
-                )
+            starts,
+            PerParam {
+                kernel: &self.kernels.adam,
+                overrides: &[params.format().shader_code()],
+                lanes: params.ranks(),
+                group_size: 0,
+                tables: &[&table_buffer],
+                arenas: &arenas,
             },
         )
     }
@@ -259,27 +249,17 @@ impl GpuBackend {
         } else {
             arith
         };
-        let flags: Vec<u32> = active.iter().map(|&a| u32::from(a)).collect();
-        let starts_buffer = self.param_table_buffer(starts, arena.rank_len());
-        let flags_buffer = self.storage_buffer("distopt average flags", &flags);
-        let kernel = &self.kernels.average;
-        let pipeline = kernel.pipeline(
-            &self.shared,
-            &[arena.format().shader_code(), arith.shader_code()],
-        );
-        let a = self.gpu(arena)?;
-        let device = &self.shared.device;
-        self.dispatch_chunks(
-            &pipeline,
+        let flags_buffer = self.flags_buffer("distopt average flags", active);
+        self.launch(
             arena,
-            ranks / group_size,
-            starts.0.len(),
-            group_size,
-            &|c, uniform| {
-                kernel.bind(
-                    device,
-                    &[uniform, &starts_buffer, &flags_buffer, &a.chunks[c].buffer],
-                )
+            starts,
+            PerParam {
+                kernel: &self.kernels.average,
+                overrides: &[arena.format().shader_code(), arith.shader_code()],
+                lanes: ranks / group_size,
+                group_size,
+                tables: &[&flags_buffer],
+                arenas: &[Some(self.gpu(arena)?)],
             },
         )
     }
@@ -301,31 +281,21 @@ impl GpuBackend {
                 starts.0.len()
             )));
         }
-        let flags: Vec<u32> = active.iter().map(|&a| u32::from(a)).collect();
-        let starts_buffer = self.param_table_buffer(starts, params.rank_len());
-        let flags_buffer = self.storage_buffer("distopt pseudo_gradient flags", &flags);
-        let kernel = &self.kernels.pseudo_gradient;
-        let pipeline = kernel.pipeline(&self.shared, &[params.format().shader_code()]);
-        let (p, o, g) = (self.gpu(params)?, self.gpu(backup)?, self.gpu(grads)?);
-        let device = &self.shared.device;
-        self.dispatch_chunks(
-            &pipeline,
+        let flags_buffer = self.flags_buffer("distopt pseudo_gradient flags", active);
+        self.launch(
             params,
-            params.ranks(),
-            starts.0.len(),
-            0,
-            &|c, uniform| {
-                kernel.bind(
-                    device,
-                    &[
-                        uniform,
-                        &starts_buffer,
-                        &flags_buffer,
-                        &o.chunks[c].buffer,
-                        &p.chunks[c].buffer,
-                        &g.chunks[c].buffer,
-                    ],
-                )
+            starts,
+            PerParam {
+                kernel: &self.kernels.pseudo_gradient,
+                overrides: &[params.format().shader_code()],
+                lanes: params.ranks(),
+                group_size: 0,
+                tables: &[&flags_buffer],
+                arenas: &[
+                    Some(self.gpu(backup)?),
+                    Some(self.gpu(params)?),
+                    Some(self.gpu(grads)?),
+                ],
             },
         )
     }
@@ -348,33 +318,17 @@ impl GpuBackend {
         if starts.0.is_empty() {
             return Ok(());
         }
-        let flags: Vec<u32> = active.iter().map(|&a| u32::from(a)).collect();
-        let starts_buffer = self.param_table_buffer(starts, src.rank_len());
-        let flags_buffer = self.storage_buffer("distopt convert flags", &flags);
-        let kernel = &self.kernels.convert;
-        let pipeline = kernel.pipeline(
-            &self.shared,
-            &[src.format().shader_code(), dst.format().shader_code()],
-        );
-        let (s, d) = (self.gpu(src)?, self.gpu(dst)?);
-        let device = &self.shared.device;
-        self.dispatch_chunks(
-            &pipeline,
+        let flags_buffer = self.flags_buffer("distopt convert flags", active);
+        self.launch(
             src,
-            src.ranks(),
-            starts.0.len(),
-            0,
-            &|c, uniform| {
-                kernel.bind(
-                    device,
-                    &[
-                        uniform,
-                        &starts_buffer,
-                        &flags_buffer,
-                        &s.chunks[c].buffer,
-                        &d.chunks[c].buffer,
-                    ],
-                )
+            starts,
+            PerParam {
+                kernel: &self.kernels.convert,
+                overrides: &[src.format().shader_code(), dst.format().shader_code()],
+                lanes: src.ranks(),
+                group_size: 0,
+                tables: &[&flags_buffer],
+                arenas: &[Some(self.gpu(src)?), Some(self.gpu(dst)?)],
             },
         )
     }
@@ -401,7 +355,6 @@ impl GpuBackend {
             arith
         };
         let (ranks, params) = (arena.ranks(), starts.0.len());
-        let flags: Vec<u32> = reduced.iter().map(|&r| u32::from(r)).collect();
         // The scale in float32, the compute precision.
         let scale_values: Vec<f32> = scales.iter().map(|s| s.unwrap_or(0.0) as f32).collect();
         let table: Vec<u32> = (0..ranks * params)
@@ -412,31 +365,38 @@ impl GpuBackend {
                     | flag(receives, scaled_sum_flags::RECEIVES)
             })
             .collect();
-        let starts_buffer = self.param_table_buffer(starts, arena.rank_len());
-        let flags_buffer = self.storage_buffer("distopt scaled sum flags", &flags);
+        let flags_buffer = self.flags_buffer("distopt scaled sum flags", reduced);
         let scales_buffer = self.storage_buffer("distopt scaled sum scales", &scale_values);
         let table_buffer = self.storage_buffer("distopt scaled sum table", &table);
-        let kernel = &self.kernels.scaled_sum;
-        let pipeline = kernel.pipeline(
-            &self.shared,
-            &[arena.format().shader_code(), arith.shader_code()],
-        );
-        let a = self.gpu(arena)?;
-        let device = &self.shared.device;
-        self.dispatch_chunks(&pipeline, arena, 1, params, ranks, &|c, uniform| {
-            kernel.bind(
-                device,
-                &[
-                    uniform,
-                    &starts_buffer,
-                    &flags_buffer,
-                    &scales_buffer,
-                    &table_buffer,
-                    &a.chunks[c].buffer,
-                ],
-            )
-        })
+        self.launch(
+            arena,
+            starts,
+            PerParam {
+                kernel: &self.kernels.scaled_sum,
+                overrides: &[arena.format().shader_code(), arith.shader_code()],
+                // One lane: the kernel sums every rank in a loop.
+                lanes: 1,
+                group_size: ranks,
+                tables: &[&flags_buffer, &scales_buffer, &table_buffer],
+                arenas: &[Some(self.gpu(arena)?)],
+            },
+        )
     }
+}
+
+/// What [`GpuBackend::launch`] binds and how it spreads the grid.
+struct PerParam<'a> {
+    kernel: &'a Kernel,
+    /// The values of the kernel's `override` constants, in its spec's order.
+    overrides: &'a [u32],
+    /// Lanes of the grid per eight elements (ranks, or groups when averaging).
+    lanes: usize,
+    /// [`Dispatch::group_size`].
+    group_size: usize,
+    /// The storage buffers bound after the parameter table.
+    tables: &'a [&'a wgpu::Buffer],
+    /// The arenas bound after the tables, one chunk at a time.
+    arenas: &'a [Option<&'a GpuArena>],
 }
 
 fn check_geometry(

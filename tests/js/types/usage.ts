@@ -175,7 +175,15 @@ export async function tour(): Promise<void> {
   zero.setRequiresGrad(0, false);
   await zeroAll.addParamGroup({ params: [1], lr: 1e-4 });
   await zero.consolidateStateDict(0);
-  const zeroState: StateDict = zero.stateDict(0);
+  const zeroState: StateDict = await zero.stateDict(0);
+  // @ts-expect-error: stateDict is a promise on ZeRO too
+  const notAwaited: StateDict = zero.stateDict(0);
+  console.log(notAwaited);
+  // The optimizer class as a value, as PyTorch takes `torch.optim.Adam`.
+  new ZeroRedundancyOptimizer(world, replicas, null, Adam, { lr: 1e-3, betas: [0.9, 0.99] }).free();
+  new ZeroRedundancyOptimizer(world, replicas, null, SGD, { lr: 0.1, momentum: 0.9 }).free();
+  // @ts-expect-error: not an optimizer class
+  new ZeroRedundancyOptimizer(world, replicas, null, World);
   zero.loadStateDict(zeroState);
   const owners: number[] | null = zero.rankOfParam;
   const perRankParams: number[][] | null = zero.paramsPerRank;
@@ -222,6 +230,7 @@ export async function tour(): Promise<void> {
   const w1: RRef = rpc.remote('driver', { dtype: 'float32', shape: [2], data: [1, 2] });
   const owner: string = w0.owner;
   const dopt = new DistributedOptimizer(rpc, 'Adam', [w0, w1], { lr: 0.01, amsgrad: true }, { functional: false });
+  new DistributedOptimizer(rpc, AdamW, [w0], { lr: 0.01 }).free();
   // @ts-expect-error: rrefs, not tensors
   new DistributedOptimizer(rpc, 'SGD', [[1, 2]]);
   const ctx: AutogradContext = rpc.context();

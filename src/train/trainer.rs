@@ -1,43 +1,11 @@
-//! A small data-parallel training run, driven step by step through the library's real
-//! machinery: the front-end-independent core of `distopt train` and of the browser demo.
-//!
-//! A [`SyntheticTask`] is a deterministic classification problem (Gaussian clusters, a few per
-//! class) split into one shard per rank, each shard skewed towards one class so that ranks
-//! which train alone drift apart. The model is a two-layer perceptron
-//! (`features → hidden (tanh) → classes`, softmax cross-entropy) with hand-written backprop.
-//!
-//! A [`Trainer`] keeps R replicas of the model in [`Replicas`] on a backend. Each
-//! [`Trainer::step`] reads the parameters back, computes every rank's mini-batch gradient on
-//! the host, writes the gradients with [`Replicas::set_grads`], synchronizes them with the
-//! post-local-SGD hook ([`PostLocalSgdState`]) and runs the local [`Sgd`] step — plain, for
-//! synchronous SGD, or wrapped in a [`PostLocalSgdOptimizer`] with a periodic or hierarchical
-//! model averager, or as the inner optimizer of a [`DiLoCo`] (plain or streaming).
-//! Communication goes through a [`Communicator`]: a [`SimulatedWorld`] holding
-//! every rank ([`Trainer::new`]), or one rank per process over MPI ([`Trainer::with_world`]),
-//! where each process trains its own shard and the reports (losses, divergence, evaluation)
-//! are gathered so that every process sees the whole world's.
-//!
-//! Nothing here blocks or reads a clock: the core is `async` (on wasm32 a step awaits the
-//! device's readback); native callers use the `*_blocking` wrappers.
-//!
-//! ```
-//! use std::sync::Arc;
-//! use distopt::CpuBackend;
-//! use distopt::train::{Algorithm, SyntheticTask, TaskConfig, TrainConfig, Trainer};
-//! let task = Arc::new(SyntheticTask::new(TaskConfig { samples: 512, ..TaskConfig::default() }, 4).unwrap());
-//! let config = TrainConfig { algorithm: Algorithm::SyncSgd, ..TrainConfig::default() };
-//! let mut trainer = Trainer::new(Arc::new(CpuBackend::new()), task, config).unwrap();
-//! let first = trainer.step_blocking().unwrap();
-//! assert_eq!(first.step, 1);
-//! assert_eq!(first.divergence, 0.0); // synchronous SGD keeps the replicas identical
-//! assert!(first.bytes_communicated_per_rank > 0);
-//! ```
+//! The [`Trainer`]: R replicas of a [`Task`]'s model trained step by step, and the
+//! algorithms that keep them together.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::task::Task;
 use crate::averaging::{HierarchicalModelAverager, PeriodicModelAverager};
 use crate::backend::Backend;
 use crate::comm::{CommStats, Communicator, SimulatedWorld};
@@ -46,416 +14,9 @@ use crate::error::{Error, Result};
 use crate::optim::{LocalOptimizer, Sgd, SgdOptions};
 use crate::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
 use crate::replicas::Replicas;
+use crate::rng::{SplitMix64, mix};
 use crate::tensor::{HostData, Tensor};
 use crate::zero::{ZeroOptions, ZeroRedundancyOptimizer};
-
-/// Gaussian clusters per class (two make the classes not linearly separable in general).
-const CLUSTERS_PER_CLASS: usize = 2;
-/// Expected distance between two cluster centres, in units of the per-coordinate noise.
-const SEPARATION: f64 = 5.0;
-/// Largest data set (samples × features) and largest model × ranks, in elements: generous for
-/// a demo, small enough that no input makes it allocate without bound.
-const MAX_ELEMENTS: usize = 1 << 25;
-
-/// The synthetic classification problem.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct TaskConfig {
-    /// Input features (default 32).
-    pub features: usize,
-    /// Hidden units of the perceptron (default 32).
-    pub hidden: usize,
-    /// Classes (default 4).
-    pub classes: usize,
-    /// Samples in all shards together (default 4096).
-    pub samples: usize,
-    /// How strongly each shard is skewed towards its own class, in `[0, 1]`: a sample of shard
-    /// r belongs to class `r mod classes` with probability `h + (1 − h)/classes`, otherwise to
-    /// a uniformly drawn class. 0 is IID; 1 gives every shard one class (default 0.8).
-    pub heterogeneity: f64,
-    /// Seed of the data and of the initial parameters (default 0).
-    pub seed: u64,
-}
-
-impl Default for TaskConfig {
-    fn default() -> Self {
-        TaskConfig {
-            features: 32,
-            hidden: 32,
-            classes: 4,
-            samples: 4096,
-            heterogeneity: 0.8,
-            seed: 0,
-        }
-    }
-}
-
-/// A deterministic data set split into one shard per rank, and the model that learns it.
-#[derive(Debug, Clone)]
-pub struct SyntheticTask {
-    config: TaskConfig,
-    /// `samples × features`, row-major; shard r is the rows `shards[r]`.
-    inputs: Vec<f64>,
-    labels: Vec<usize>,
-    shards: Vec<Range<usize>>,
-}
-
-impl SyntheticTask {
-    /// Generates the data for `ranks` shards (each gets `samples / ranks` samples, the first
-    /// `samples % ranks` one more). Errors on an empty or oversized configuration.
-    pub fn new(config: TaskConfig, ranks: usize) -> Result<SyntheticTask> {
-        if ranks == 0 {
-            return Err(Error::value("the task needs at least one rank"));
-        }
-        if config.features == 0 || config.hidden == 0 {
-            return Err(Error::value("features and hidden units must be positive"));
-        }
-        if config.classes < 2 {
-            return Err(Error::value(format!(
-                "a classification task needs at least 2 classes, got {}",
-                config.classes
-            )));
-        }
-        if config.samples < ranks {
-            return Err(Error::value(format!(
-                "{} samples cannot fill {ranks} shards: every rank needs at least one",
-                config.samples
-            )));
-        }
-        if !(0.0..=1.0).contains(&config.heterogeneity) {
-            return Err(Error::value(format!(
-                "heterogeneity must lie in [0, 1], got {}",
-                config.heterogeneity
-            )));
-        }
-        let too_big = |what: &str| Error::value(format!("the {what} is too large for a demo"));
-        let data_len = config
-            .samples
-            .checked_mul(config.features)
-            .filter(|&n| n <= MAX_ELEMENTS)
-            .ok_or_else(|| too_big("data set (samples × features)"))?;
-        let numel = Mlp::from_config(&config)
-            .numel()
-            .filter(|&n| n <= MAX_ELEMENTS)
-            .ok_or_else(|| too_big("model"))?;
-        numel
-            .checked_mul(ranks)
-            .filter(|&n| n <= MAX_ELEMENTS)
-            .ok_or_else(|| too_big("model × ranks"))?;
-
-        let (d, c) = (config.features, config.classes);
-        let mut rng = Rng::new(config.seed, 1);
-        let scale = SEPARATION / (2.0 * d as f64).sqrt();
-        let centers: Vec<f64> = (0..c * CLUSTERS_PER_CLASS * d)
-            .map(|_| rng.normal() * scale)
-            .collect();
-        let mut inputs = Vec::with_capacity(data_len);
-        let mut labels = Vec::with_capacity(config.samples);
-        let mut shards = Vec::with_capacity(ranks);
-        let (base, extra) = (config.samples / ranks, config.samples % ranks);
-        for rank in 0..ranks {
-            let start = labels.len();
-            let len = base + usize::from(rank < extra);
-            for _ in 0..len {
-                let class = if rng.uniform() < config.heterogeneity {
-                    rank % c
-                } else {
-                    rng.below(c)
-                };
-                let cluster = class * CLUSTERS_PER_CLASS + rng.below(CLUSTERS_PER_CLASS);
-                let center = &centers[cluster * d..(cluster + 1) * d];
-                inputs.extend(center.iter().map(|&m| m + rng.normal()));
-                labels.push(class);
-            }
-            shards.push(start..labels.len());
-        }
-        Ok(SyntheticTask {
-            config,
-            inputs,
-            labels,
-            shards,
-        })
-    }
-
-    /// The configuration the data was generated from.
-    pub fn config(&self) -> &TaskConfig {
-        &self.config
-    }
-
-    /// Number of shards (ranks).
-    pub fn ranks(&self) -> usize {
-        self.shards.len()
-    }
-
-    /// Samples in rank `rank`'s shard (0 for a rank out of range).
-    pub fn shard_len(&self, rank: usize) -> usize {
-        self.shards.get(rank).map_or(0, |s| s.len())
-    }
-
-    /// How many samples of each class rank `rank`'s shard holds (empty out of range).
-    pub fn class_counts(&self, rank: usize) -> Vec<usize> {
-        let Some(shard) = self.shards.get(rank) else {
-            return Vec::new();
-        };
-        let mut counts = vec![0; self.config.classes];
-        for &label in &self.labels[shard.clone()] {
-            counts[label] += 1;
-        }
-        counts
-    }
-
-    fn mlp(&self) -> Mlp {
-        Mlp::from_config(&self.config)
-    }
-
-    /// The model's parameter shapes: `[hidden, features]`, `[hidden]`, `[classes, hidden]`,
-    /// `[classes]`.
-    pub fn param_shapes(&self) -> Vec<Vec<usize>> {
-        self.mlp().shapes()
-    }
-
-    /// Scalar parameters of one replica.
-    pub fn num_params(&self) -> usize {
-        self.mlp().numel().unwrap_or(0)
-    }
-
-    /// The deterministic initial parameters (float32): weights drawn from N(0, 1/fan_in),
-    /// biases zero.
-    pub fn initial_params(&self) -> Result<Vec<Tensor>> {
-        let mlp = self.mlp();
-        let mut rng = Rng::new(self.config.seed, 2);
-        mlp.shapes()
-            .iter()
-            .map(|shape| {
-                let values: Vec<f32> = if shape.len() == 2 {
-                    let std = 1.0 / (shape[1] as f64).sqrt();
-                    (0..shape[0] * shape[1])
-                        .map(|_| (rng.normal() * std) as f32)
-                        .collect()
-                } else {
-                    vec![0.0; shape[0]]
-                };
-                Tensor::from_f32(shape, values)
-            })
-            .collect()
-    }
-
-    /// Mean loss of `params` over rank `rank`'s samples `batch` (indices into the shard), and
-    /// its gradient (one vector per parameter).
-    pub fn loss_and_grad(
-        &self,
-        params: &[Vec<f64>],
-        rank: usize,
-        batch: &[usize],
-    ) -> Result<(f64, Vec<Vec<f64>>)> {
-        let shard = self.shard(rank)?;
-        if batch.is_empty() {
-            return Err(Error::value("an empty batch has no loss"));
-        }
-        if let Some(&bad) = batch.iter().find(|&&i| i >= shard.len()) {
-            return Err(Error::new(
-                crate::ErrorKind::IndexError,
-                format!(
-                    "sample {bad} out of range for shard {rank} of {} samples",
-                    shard.len()
-                ),
-            ));
-        }
-        let mlp = self.mlp();
-        mlp.check(params)?;
-        let mut grads: Vec<Vec<f64>> = mlp
-            .shapes()
-            .iter()
-            .map(|s| vec![0.0; s.iter().product()])
-            .collect();
-        let mut scratch = Scratch::new(&mlp);
-        let mut loss = 0.0;
-        for &i in batch {
-            let sample = shard.start + i;
-            loss += mlp
-                .sample(
-                    params,
-                    self.input(sample),
-                    self.labels[sample],
-                    &mut scratch,
-                    Some(grads.as_mut_slice()),
-                )
-                .0;
-        }
-        let n = batch.len() as f64;
-        for g in grads.iter_mut().flatten() {
-            *g /= n;
-        }
-        Ok((loss / n, grads))
-    }
-
-    /// Mean loss and accuracy of `params` over every sample of every shard.
-    pub fn evaluate(&self, params: &[Vec<f64>]) -> Result<(f64, f64)> {
-        let mlp = self.mlp();
-        mlp.check(params)?;
-        let mut scratch = Scratch::new(&mlp);
-        let (mut loss, mut correct) = (0.0, 0usize);
-        for (i, &label) in self.labels.iter().enumerate() {
-            let (l, hit) = mlp.sample(params, self.input(i), label, &mut scratch, None);
-            loss += l;
-            correct += usize::from(hit);
-        }
-        let n = self.labels.len() as f64;
-        Ok((loss / n, correct as f64 / n))
-    }
-
-    fn shard(&self, rank: usize) -> Result<Range<usize>> {
-        self.shards.get(rank).cloned().ok_or_else(|| {
-            Error::new(
-                crate::ErrorKind::IndexError,
-                format!("rank {rank} out of range for {} shards", self.shards.len()),
-            )
-        })
-    }
-
-    fn input(&self, sample: usize) -> &[f64] {
-        let d = self.config.features;
-        &self.inputs[sample * d..(sample + 1) * d]
-    }
-}
-
-/// The two-layer perceptron's dimensions.
-#[derive(Debug, Clone, Copy)]
-struct Mlp {
-    d: usize,
-    h: usize,
-    c: usize,
-}
-
-/// Per-sample activations, reused across samples.
-struct Scratch {
-    hidden: Vec<f64>,
-    logits: Vec<f64>,
-    delta_hidden: Vec<f64>,
-}
-
-impl Scratch {
-    fn new(mlp: &Mlp) -> Scratch {
-        Scratch {
-            hidden: vec![0.0; mlp.h],
-            logits: vec![0.0; mlp.c],
-            delta_hidden: vec![0.0; mlp.h],
-        }
-    }
-}
-
-impl Mlp {
-    fn from_config(config: &TaskConfig) -> Mlp {
-        Mlp {
-            d: config.features,
-            h: config.hidden,
-            c: config.classes,
-        }
-    }
-
-    fn shapes(&self) -> Vec<Vec<usize>> {
-        vec![
-            vec![self.h, self.d],
-            vec![self.h],
-            vec![self.c, self.h],
-            vec![self.c],
-        ]
-    }
-
-    fn numel(&self) -> Option<usize> {
-        let w1 = self.h.checked_mul(self.d)?;
-        let w2 = self.c.checked_mul(self.h)?;
-        w1.checked_add(self.h)?.checked_add(w2)?.checked_add(self.c)
-    }
-
-    fn check(&self, params: &[Vec<f64>]) -> Result<()> {
-        let shapes = self.shapes();
-        if params.len() != shapes.len() {
-            return Err(Error::value(format!(
-                "the model has {} parameters, {} given",
-                shapes.len(),
-                params.len()
-            )));
-        }
-        for (j, (p, shape)) in params.iter().zip(&shapes).enumerate() {
-            let numel: usize = shape.iter().product();
-            if p.len() != numel {
-                return Err(Error::value(format!(
-                    "parameter {j} has {} elements, expected {numel}",
-                    p.len()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Forward (and, with `grads`, backward — accumulated, not averaged) for one sample.
-    /// Returns the cross-entropy loss and whether the prediction was right.
-    fn sample(
-        &self,
-        params: &[Vec<f64>],
-        x: &[f64],
-        label: usize,
-        s: &mut Scratch,
-        grads: Option<&mut [Vec<f64>]>,
-    ) -> (f64, bool) {
-        let (w1, b1, w2, b2) = (&params[0], &params[1], &params[2], &params[3]);
-        let (d, h) = (self.d, self.h);
-        for (k, a) in s.hidden.iter_mut().enumerate() {
-            let row = &w1[k * d..(k + 1) * d];
-            let z: f64 = b1[k] + row.iter().zip(x).map(|(w, x)| w * x).sum::<f64>();
-            *a = z.tanh();
-        }
-        for (k, z) in s.logits.iter_mut().enumerate() {
-            let row = &w2[k * h..(k + 1) * h];
-            *z = b2[k] + row.iter().zip(&s.hidden).map(|(w, a)| w * a).sum::<f64>();
-        }
-        let max = s.logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = s.logits.iter().map(|z| (z - max).exp()).sum();
-        let log_sum = max + sum.ln();
-        let loss = log_sum - s.logits[label];
-        let predicted = s
-            .logits
-            .iter()
-            .enumerate()
-            .fold((0, f64::NEG_INFINITY), |best, (k, &z)| {
-                if z > best.1 { (k, z) } else { best }
-            })
-            .0;
-        if let Some(grads) = grads {
-            // dL/dz2 = softmax − one-hot, kept in `logits`.
-            for (k, z) in s.logits.iter_mut().enumerate() {
-                *z = (*z - log_sum).exp() - if k == label { 1.0 } else { 0.0 };
-            }
-            s.delta_hidden.fill(0.0);
-            let (gw1, rest) = grads.split_at_mut(1);
-            let (gb1, rest) = rest.split_at_mut(1);
-            let (gw2, gb2) = rest.split_at_mut(1);
-            let (gw1, gb1, gw2, gb2) = (&mut gw1[0], &mut gb1[0], &mut gw2[0], &mut gb2[0]);
-            for (k, &dz) in s.logits.iter().enumerate() {
-                gb2[k] += dz;
-                let row = &w2[k * h..(k + 1) * h];
-                let grow = &mut gw2[k * h..(k + 1) * h];
-                for ((g, (&a, &w)), dh) in grow
-                    .iter_mut()
-                    .zip(s.hidden.iter().zip(row))
-                    .zip(s.delta_hidden.iter_mut())
-                {
-                    *g += dz * a;
-                    *dh += dz * w;
-                }
-            }
-            for (k, (&a, &dh)) in s.hidden.iter().zip(&s.delta_hidden).enumerate() {
-                let dz = dh * (1.0 - a * a);
-                gb1[k] += dz;
-                for (g, &xi) in gw1[k * d..(k + 1) * d].iter_mut().zip(x) {
-                    *g += dz * xi;
-                }
-            }
-        }
-        (loss, predicted == label)
-    }
-}
 
 /// How the replicas are kept together.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -642,7 +203,9 @@ pub struct StepReport {
     pub optimizer_state_bytes_per_rank: Vec<u64>,
 }
 
-/// The model quality of the replicas on the whole data set (every shard).
+/// The model quality of the replicas on the task's evaluation samples: the held-out test
+/// split of a [`DatasetTask`](super::DatasetTask), every shard of a
+/// [`SyntheticTask`](super::SyntheticTask).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Evaluation {
     /// Loss of the mean of the replicas' parameters (the model a final world average gives).
@@ -651,6 +214,10 @@ pub struct Evaluation {
     pub mean_model_accuracy: f64,
     /// Each replica's own loss.
     pub loss_per_rank: Vec<f64>,
+    /// Whether the samples measured are held out (no rank trains on them).
+    pub held_out: bool,
+    /// Samples measured.
+    pub samples: usize,
 }
 
 /// The local step behind the gradient hook.
@@ -662,10 +229,10 @@ enum Driver {
     DiLoCo(Box<DiLoCo>),
 }
 
-/// R replicas of the [`SyntheticTask`]'s model, trained one step at a time.
+/// R replicas of a [`Task`]'s model, trained one step at a time.
 #[derive(Debug)]
 pub struct Trainer {
-    task: Arc<SyntheticTask>,
+    task: Arc<dyn Task>,
     config: TrainConfig,
     world: Arc<dyn Communicator>,
     /// The local ranks' replicas (all of them in a simulated world).
@@ -693,7 +260,7 @@ impl Trainer {
     /// not divide the world, …) are errors.
     pub fn new(
         backend: Arc<dyn Backend>,
-        task: Arc<SyntheticTask>,
+        task: Arc<dyn Task>,
         config: TrainConfig,
     ) -> Result<Trainer> {
         let world = Arc::new(SimulatedWorld::new(task.ranks())?);
@@ -705,7 +272,7 @@ impl Trainer {
     /// Every process of the world must make the same calls.
     pub fn with_world(
         backend: Arc<dyn Backend>,
-        task: Arc<SyntheticTask>,
+        task: Arc<dyn Task>,
         config: TrainConfig,
         world: Arc<dyn Communicator>,
     ) -> Result<Trainer> {
@@ -893,7 +460,7 @@ impl Trainer {
     }
 
     /// The task being learned.
-    pub fn task(&self) -> &Arc<SyntheticTask> {
+    pub fn task(&self) -> &Arc<dyn Task> {
         &self.task
     }
 
@@ -979,7 +546,7 @@ impl Trainer {
         if self.config.batch_size >= len {
             return (0..len).collect();
         }
-        let mut rng = Rng::new(self.config.seed, mix(mix(3, rank as u64), self.steps));
+        let mut rng = SplitMix64::new(self.config.seed, mix(mix(3, rank as u64), self.steps));
         (0..self.config.batch_size)
             .map(|_| rng.below(len))
             .collect()
@@ -1055,7 +622,8 @@ impl Trainer {
         pollster::block_on(self.step())
     }
 
-    /// The loss of each replica and of their mean on the whole data set.
+    /// The loss of each replica and of their mean (and the mean's accuracy) on the task's
+    /// evaluation samples ([`Task::evaluate`]: the held-out split of a data set).
     pub async fn evaluate(&mut self) -> Result<Evaluation> {
         let task = self.task.clone();
         let params = self.host_params().await?;
@@ -1068,6 +636,8 @@ impl Trainer {
             mean_model_loss,
             mean_model_accuracy,
             loss_per_rank,
+            held_out: task.held_out(),
+            samples: task.evaluation_len(),
         })
     }
 
@@ -1121,112 +691,10 @@ fn divergence(params: &[Vec<Vec<f64>>]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// SplitMix64's finalizer.
-fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b
-        .wrapping_add(0x9E37_79B9_7F4A_7C15)
-        .wrapping_mul(0xD6E8_FEB8_6659_FD93);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A small deterministic generator (SplitMix64), the same on every platform.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64, stream: u64) -> Rng {
-        Rng(mix(seed, stream))
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)`.
-    fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
-    }
-
-    /// Standard normal (Box–Muller).
-    fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.uniform();
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::{SyntheticTask, TaskConfig};
     use super::*;
-
-    /// The hand-written backprop matches central finite differences.
-    #[test]
-    fn gradient_matches_finite_differences() {
-        let config = TaskConfig {
-            features: 5,
-            hidden: 4,
-            classes: 3,
-            samples: 40,
-            ..TaskConfig::default()
-        };
-        let task = SyntheticTask::new(config, 2).unwrap();
-        let mut params: Vec<Vec<f64>> = task
-            .initial_params()
-            .unwrap()
-            .iter()
-            .map(|t| t.values_f64().unwrap())
-            .collect();
-        // Non-zero biases, so that their gradients are exercised away from the origin.
-        params[1]
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, b)| *b = 0.1 * i as f64);
-        params[3]
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, b)| *b = -0.2 * i as f64);
-        let batch = [0, 3, 7, 11];
-        let (_, grads) = task.loss_and_grad(&params, 1, &batch).unwrap();
-        let eps = 1e-6;
-        for j in 0..params.len() {
-            for i in 0..params[j].len() {
-                let mut plus = params.clone();
-                plus[j][i] += eps;
-                let mut minus = params.clone();
-                minus[j][i] -= eps;
-                let numeric = (task.loss_and_grad(&plus, 1, &batch).unwrap().0
-                    - task.loss_and_grad(&minus, 1, &batch).unwrap().0)
-                    / (2.0 * eps);
-                assert!(
-                    (numeric - grads[j][i]).abs() < 1e-6,
-                    "param {j}[{i}]: numeric {numeric}, backprop {}",
-                    grads[j][i]
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn data_is_deterministic_and_skewed() {
-        let a = SyntheticTask::new(TaskConfig::default(), 8).unwrap();
-        let b = SyntheticTask::new(TaskConfig::default(), 8).unwrap();
-        assert_eq!(a.inputs, b.inputs);
-        assert_eq!(a.labels, b.labels);
-        assert_eq!(a.shard_len(0), 512);
-        let counts = a.class_counts(5);
-        assert_eq!(counts.iter().sum::<usize>(), 512);
-        assert!(counts[1] > 400, "{counts:?}");
-    }
 
     #[test]
     fn divergence_of_identical_replicas_is_zero() {

@@ -1,0 +1,77 @@
+// The README's "Install" and "Use it with your model" JavaScript examples, run as written:
+// each ```js block of those sections is saved as a file of a fresh Node project that installed
+// the packed tarball (offline), run with Node, and its output checked. (Their Rust blocks run
+// as doctests: src/lib.rs includes the README.) The package's own README (npm/README.md, what a
+// registry shows) is run the same way.
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+import { ROOT } from './helpers.js';
+
+const OUT = path.join(ROOT, 'target/npm');
+let work;
+
+/** The fenced blocks of `lang` in the README section titled `title` (up to the next `## `). */
+export function readmeBlocks(title, lang, file = 'README.md') {
+  const readme = fs.readFileSync(path.join(ROOT, file), 'utf8');
+  const start = title === null ? 0 : readme.indexOf(`\n## ${title}\n`);
+  assert.ok(start >= 0, `the README has a section "${title}"`);
+  const end = readme.indexOf('\n## ', start + 1); // the opening (title null) ends at the first section
+  const section = readme.slice(start, end < 0 ? undefined : end);
+  const blocks = [...section.matchAll(new RegExp('^```' + lang + '\\n([\\s\\S]*?)^```$', 'gm'))].map((m) => m[1]);
+  assert.ok(blocks.length > 0, `the section "${title}" has a ${lang} example`);
+  return blocks;
+}
+
+before(() => {
+  const tarballs = fs.readdirSync(OUT).filter((f) => /^distopt-.*\.tgz$/.test(f));
+  assert.equal(tarballs.length, 1, `one packed tarball in ${OUT} (run scripts/build-npm.sh)`);
+  work = fs.mkdtempSync(path.join(os.tmpdir(), 'distopt-readme-'));
+  fs.writeFileSync(path.join(work, 'package.json'), JSON.stringify({ name: 'my-app', private: true, type: 'module' }));
+  execFileSync('npm', ['install', path.join(OUT, tarballs[0]), '--offline', '--no-audit', '--no-fund', '--loglevel=error'], {
+    cwd: work,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+});
+
+after(() => {
+  if (work) fs.rmSync(work, { recursive: true, force: true });
+});
+
+function run(name, source) {
+  fs.writeFileSync(path.join(work, name), source);
+  return execFileSync(process.execPath, [name], { cwd: work, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+}
+
+test('README "Install": the check that it loads runs as written', () => {
+  const [example] = readmeBlocks('Install', 'js');
+  const out = run('install.mjs', example);
+  assert.match(out, /^distopt on cpu: /m);
+  assert.match(out, /Float32Array\(2\) \[ 3, 5 \]/);
+});
+
+test('README "Use it with your model": the model trains across 4 ranks as written', () => {
+  const [example] = readmeBlocks('Use it with your model', 'js');
+  const out = run('use.mjs', example);
+  console.log(out.trim());
+  const losses = [...out.matchAll(/^step (\d+): loss ([\d.]+)$/gm)].map((m) => Number(m[2]));
+  assert.equal(losses.length, 5, out);
+  assert.ok(losses[4] < losses[0] / 100, `the loss falls a hundredfold: ${losses}`);
+  const [, w0, w1, b] = out.match(/^w = \[([-\d.]+),([-\d.]+)\], b = ([-\d.]+)$/m).map(Number);
+  assert.ok(Math.abs(w0 - 3) < 0.05 && Math.abs(w1 + 2) < 0.05 && Math.abs(b - 1) < 0.05, `w = [${w0}, ${w1}], b = ${b}`);
+  assert.match(out, /^sent per rank: [1-9]\d* bytes$/m);
+});
+
+test('the package README (npm/README.md): its examples run as written', () => {
+  const [first] = readmeBlocks(null, 'js', 'npm/README.md');
+  run('npm-readme-1.mjs', `${first}\nconsole.log(JSON.stringify(Array.from(updatedReplicas[1][0].data)));\n`).match(/\[0\.699999988079071,1\.5\]/) ||
+    assert.fail('the first example computes the step');
+  const [training] = readmeBlocks('Training, step by step', 'js', 'npm/README.md');
+  const out = run('npm-readme-2.mjs', training);
+  assert.match(out, /Float32Array/);
+});

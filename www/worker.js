@@ -1,0 +1,185 @@
+// The demo's training loop, off the main thread: a module worker that loads the npm package,
+// owns the Trainer and steps it, posting each frame's reports (and an evaluation every
+// EVALUATE_EVERY steps) to the page, which only draws. The page stays responsive however long
+// a step takes.
+//
+// Page → worker: {type: 'init', backend} · {type: 'backend', choice} · {type: 'hierarchy',
+//   period, ranks} · {type: 'new', id, settings, task: 'synthetic' | 'digits'} ·
+//   {type: 'start' | 'pause', id}
+// Worker → page: {type: 'ready', info, version} · {type: 'backend', info} · {type: 'hierarchy',
+//   period, ranks, levels} · {type: 'run', id, …what the trainer is} · {type: 'steps', id,
+//   reports, evaluation} · {type: 'stopped', id, done} · {type: 'error', id, name, message}
+
+import init, { Trainer, selectBackend, version } from './pkg/index.js';
+
+const MAX_STEPS = 1500;
+const BATCH_MS = 30;
+const EVALUATE_EVERY = 25;
+
+let trainer = null;
+let runId = null;
+let running = false;
+let digits = null;
+/** The step loop in flight (resolved when it has stopped). */
+let looping = Promise.resolve();
+
+function post(message) {
+  self.postMessage(message);
+}
+
+function fail(id, error) {
+  running = false;
+  post({ type: 'error', id, name: (error && error.name) || 'Error', message: String((error && error.message) || error) });
+}
+
+/** The UCI digits, fetched and parsed once. */
+async function loadDigits() {
+  if (!digits) {
+    const response = await fetch(new URL('./data/digits.bin', import.meta.url));
+    if (!response.ok) throw new Error(`could not load data/digits.bin: HTTP ${response.status}`);
+    digits = Trainer.parseDigits(await response.arrayBuffer());
+  }
+  return digits;
+}
+
+function evaluation(e) {
+  return {
+    step: trainer.steps,
+    accuracy: e.meanModelAccuracy,
+    loss: e.meanModelLoss,
+    heldOut: e.heldOut,
+    samples: e.samples,
+  };
+}
+
+async function newRun({ id, settings, task }) {
+  running = false;
+  runId = id;
+  await looping;
+  if (trainer) trainer.free();
+  trainer = null;
+  const s = { ...settings };
+  if (task === 'digits') {
+    const data = await loadDigits();
+    s.task = { dataset: data, heterogeneity: settings.task.heterogeneity };
+  }
+  if (runId !== id) return;
+  trainer = new Trainer(s);
+  const ranks = trainer.ranks;
+  post({
+    type: 'run',
+    id,
+    ranks,
+    description: trainer.description,
+    taskName: trainer.taskName,
+    taskDescription: trainer.taskDescription,
+    heldOut: trainer.heldOut,
+    classCounts: Array.from({ length: ranks }, (_, r) => Array.from(trainer.classCounts(r))),
+    stateBytes: trainer.optimizerStateBytesPerRank(),
+    evaluation: evaluation(await trainer.evaluate()),
+  });
+}
+
+async function loop(id) {
+  try {
+    while (running && runId === id) {
+      const start = performance.now();
+      const reports = [];
+      let evaluated = null;
+      do {
+        const r = await trainer.step();
+        reports.push({
+          step: r.step,
+          lossPerRank: Array.from(r.lossPerRank),
+          meanLoss: r.meanLoss,
+          divergence: r.divergence,
+          bytesCommunicatedPerRank: r.bytesCommunicatedPerRank,
+          gradientsReduced: r.gradientsReduced,
+          averaged: r.averaged,
+          optimizerStateBytesPerRank: r.optimizerStateBytesPerRank,
+        });
+        if (r.step % EVALUATE_EVERY === 0 || r.step >= MAX_STEPS) {
+          evaluated = evaluation(await trainer.evaluate());
+          break;
+        }
+      } while (running && runId === id && performance.now() - start < BATCH_MS);
+      if (runId !== id) return;
+      post({ type: 'steps', id, reports, evaluation: evaluated });
+      if (trainer.steps >= MAX_STEPS) {
+        running = false;
+        post({ type: 'stopped', id, done: true });
+        return;
+      }
+      // Let the page's messages (pause, a new run) in.
+      await new Promise((resolve) => setTimeout(resolve, 0));
+    }
+  } catch (error) {
+    fail(id, error);
+  }
+}
+
+const queue = [];
+let busy = false;
+
+/** Messages are handled one at a time, in order (a new run waits for the step in flight). */
+async function handle(message) {
+  switch (message.type) {
+    case 'init': {
+      const info = await init({ backend: message.backend });
+      post({ type: 'ready', info: plain(info), version: version() });
+      break;
+    }
+    case 'backend': {
+      running = false;
+      await looping;
+      try {
+        post({ type: 'backend', info: plain(await selectBackend(message.choice)) });
+      } catch (error) {
+        fail(null, error);
+      }
+      break;
+    }
+    case 'hierarchy':
+      post({ ...message, levels: Trainer.defaultHierarchy(message.period, message.ranks) });
+      break;
+    case 'new':
+      try {
+        await newRun(message);
+      } catch (error) {
+        fail(message.id, error);
+      }
+      break;
+    case 'start':
+      if (message.id === runId && trainer && !running) {
+        running = true;
+        looping = loop(runId);
+      }
+      break;
+    case 'pause':
+      running = false;
+      post({ type: 'stopped', id: runId, done: false });
+      break;
+    default:
+      break;
+  }
+}
+
+function plain(value) {
+  return JSON.parse(JSON.stringify(value));
+}
+
+self.onmessage = async (event) => {
+  // Pause takes effect at once (the loop checks `running` between steps).
+  if (event.data.type === 'pause') running = false;
+  queue.push(event.data);
+  if (busy) return;
+  busy = true;
+  while (queue.length) {
+    try {
+      await handle(queue.shift());
+    } catch (error) {
+      fail(null, error);
+    }
+  }
+  busy = false;
+};
