@@ -210,6 +210,39 @@ function copyTypedArray(value, tag, path) {
   }
 }
 
+const abByteLength = Object.getOwnPropertyDescriptor(ArrayBuffer.prototype, 'byteLength').get;
+const sabByteLength =
+  typeof SharedArrayBuffer === 'function'
+    ? Object.getOwnPropertyDescriptor(SharedArrayBuffer.prototype, 'byteLength').get
+    : undefined;
+
+/** A fresh copy of a genuine ArrayBuffer or SharedArrayBuffer, else undefined. */
+function arrayBufferCopy(value, path) {
+  let bytes;
+  let shared = false;
+  try {
+    bytes = abByteLength.call(value);
+  } catch {
+    if (sabByteLength === undefined) return undefined;
+    try {
+      bytes = sabByteLength.call(value);
+      shared = true;
+    } catch {
+      return undefined;
+    }
+  }
+  if (!shared && isDetached(value)) {
+    throw readError('TypeError', `${path} is an ArrayBuffer that is detached (transferred or freed): its data is gone`);
+  }
+  if (bytes > MAX_INPUT_BYTES) {
+    throw readError('RuntimeError', `out of memory: ${path} is an ArrayBuffer of ${bytes} bytes, more than the ${MAX_INPUT_BYTES} bytes one input may hold`);
+  }
+  const copy = new ArrayBuffer(bytes);
+  // A view of the caller's buffer reads it through its internal slots (no species lookup).
+  new Uint8Array(copy).set(new Uint8Array(value));
+  return copy;
+}
+
 /**
  * `value` as plain data: the caller's getters, proxies and typed arrays are read here, once,
  * and any failure names `path`.
@@ -247,6 +280,8 @@ function plain(value, path, depth, stack) {
     return copy;
   }
   if (ArrayBuffer.isView(value)) return new DataView(new ArrayBuffer(0));
+  const buffer = arrayBufferCopy(value, path);
+  if (buffer !== undefined) return buffer;
   stack.add(value);
   try {
     let isArray;

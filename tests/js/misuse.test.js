@@ -347,6 +347,16 @@ add('non-finite option', 'new Trainer(settings)', 'lr NaN', () => new d.Trainer(
 add('non-finite option', 'new Trainer(settings)', 'task.heterogeneity Infinity', () => new d.Trainer({ ranks: 2, task: { heterogeneity: Infinity } }), 'ValueError', /^task setting 'heterogeneity' must be finite, got Infinity$/);
 add('huge string', 'new World(size)', 'a 10 MB string', () => new d.World('y'.repeat(10_000_000)), 'TypeError', /must be an integer, got a string \("y{64}…/);
 
+// ArrayBuffers (Trainer.parseDigits takes the file's bytes): a detached one is named.
+function detachedBuffer() {
+  const b = new ArrayBuffer(8);
+  structuredClone(b, { transfer: [b] });
+  return b;
+}
+add('exotic value', 'Trainer.parseDigits(bytes)', 'a detached ArrayBuffer', () => d.Trainer.parseDigits(detachedBuffer()), 'TypeError', /ArrayBuffer that is detached/);
+add('exotic value', 'Trainer.parseDigits(bytes)', 'a revoked Proxy', () => d.Trainer.parseDigits(revokedProxy()), 'TypeError', /could not be read/);
+add('exotic value', 'Trainer.parseDigits(bytes)', 'an empty ArrayBuffer', () => d.Trainer.parseDigits(new ArrayBuffer(0)), 'ValueError', /./);
+
 // Wrong and freed receivers.
 const RECEIVERS = [
   ['Replicas.prototype.numel', () => d.Replicas.prototype.numel, ['replicas', 'world'], [0]],
