@@ -1179,11 +1179,19 @@ export class Trainer {
  * The data-parallel SGD step resident on the current backend (R ranks of N elements), for
  * timing: each `run()` is one fused step and a wait for the device.
  */
+/** Resolves when the current backend has finished the work queued so far (to time `step()`). */
+export function synchronize(): Promise<void>;
+
 export class StepBench {
   /** Fills the arenas and waits for the device (dtype default `'float32'`). */
   static create(ranks: number, elements: number, dtype?: 'float32' | 'float16' | 'bfloat16'): Promise<StepBench>;
   /** One step, resolved when the device has finished it. */
   run(): Promise<void>;
+  /**
+   * Rank `rank`'s parameters or gradients read back (float32 benches only), to hand a peer
+   * the same tensors and check its answer.
+   */
+  read(which: 'params' | 'grads', rank: number): Promise<Float32Array>;
   /** Bytes one step moves: (2R + 2)·N·element size. */
   readonly bytes: number;
   readonly ranks: number;

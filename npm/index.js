@@ -578,6 +578,7 @@ export function backendInfo() {
 export const recordedWarnings = guardFunction('recordedWarnings', glue.recordedWarnings);
 export const selectBackend = guardFunction('selectBackend', glue.selectBackend, { async: true });
 export const sgdStep = guardFunction('sgdStep', glue.sgdStep, { async: true });
+export const synchronize = guardFunction('synchronize', glue.synchronize, { async: true });
 export const takeWarnings = guardFunction('takeWarnings', glue.takeWarnings);
 export const tensor = guardFunction('tensor', glue.tensor);
 export const tensorValues = guardFunction('tensorValues', glue.tensorValues);

@@ -22,4 +22,10 @@ fi
 echo
 echo "demo: open the URL below in a browser. With WebGPU (Chrome or Edge 113+, Safari 26+, Firefox"
 echo "      141+ on Windows) the ranks run on the GPU; without it on distopt's CPU fallback."
-exec node scripts/serve.mjs --port "${PORT:-8080}" /=www /pkg/=target/npm/package
+# bench.html (distopt against TensorFlow.js) also needs TF.js, from the test dependencies.
+vendor=()
+if [ -d tests/js/node_modules/@tensorflow ]; then
+  vendor=(/vendor/tfjs/=tests/js/node_modules/@tensorflow)
+  echo "      The bench against TensorFlow.js: /bench.html (?R=8&N=20&repeats=5&variants=addN,add)."
+fi
+exec node scripts/serve.mjs --port "${PORT:-8080}" /=www /pkg/=target/npm/package "${vendor[@]}"

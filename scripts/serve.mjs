@@ -1,11 +1,17 @@
 #!/usr/bin/env node
 // A small static file server for the demo and the browser tests (no dependencies).
 //
-//   node scripts/serve.mjs [--port N] [--host H] MOUNT=DIR [MOUNT=DIR ...]
+//   node scripts/serve.mjs [--port N] [--host H] [--no-isolation] MOUNT=DIR [MOUNT=DIR ...]
 //
 // Each MOUNT=DIR serves DIR under the URL prefix MOUNT ("/" for the root). Prints
 // "serving http://HOST:PORT/" once listening; --port 0 picks a free port. Only loopback
 // hosts are allowed: this serves a working tree.
+//
+// Every response carries the cross-origin isolation headers (COOP `same-origin`, COEP
+// `require-corp`, CORP `same-origin`), so that pages get `crossOriginIsolated` and with it
+// SharedArrayBuffer and WebAssembly threads (TF.js's wasm backend then runs threaded; distopt's
+// CPU fallback is one thread either way: see docs/performance.md). --no-isolation leaves them
+// out, to see a page as a server without them serves it.
 
 import { createServer } from 'node:http';
 import { createReadStream, promises as fs } from 'node:fs';
@@ -30,11 +36,13 @@ const TYPES = {
 export function parseArgs(argv) {
   let host = '127.0.0.1';
   let port = 8080;
+  let isolation = true;
   const mounts = [];
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     if (arg === '--port') port = Number(argv[++i]);
     else if (arg === '--host') host = argv[++i];
+    else if (arg === '--no-isolation') isolation = false;
     else if (arg.includes('=')) {
       const [prefix, dir] = arg.split('=', 2);
       mounts.push([prefix.endsWith('/') ? prefix : prefix + '/', path.resolve(dir)]);
@@ -45,11 +53,19 @@ export function parseArgs(argv) {
   }
   // Longest prefix first, so that /pkg/ wins over /.
   mounts.sort((a, b) => b[0].length - a[0].length);
-  return { host, port, mounts };
+  return { host, port, mounts, isolation };
 }
 
-/** Starts the server; resolves to {server, url}. */
-export function serve({ host = '127.0.0.1', port = 0, mounts }) {
+/** The headers that make a page cross-origin isolated (all of this server's files are same-origin). */
+export const ISOLATION_HEADERS = {
+  'Cross-Origin-Opener-Policy': 'same-origin',
+  'Cross-Origin-Embedder-Policy': 'require-corp',
+  'Cross-Origin-Resource-Policy': 'same-origin',
+};
+
+/** Starts the server; resolves to {server, url}. `isolation` (default true) sends ISOLATION_HEADERS. */
+export function serve({ host = '127.0.0.1', port = 0, mounts, isolation = true }) {
+  const extra = isolation ? ISOLATION_HEADERS : {};
   const server = createServer(async (req, res) => {
     try {
       const url = new URL(req.url, 'http://x');
@@ -58,7 +74,7 @@ export function serve({ host = '127.0.0.1', port = 0, mounts }) {
       if (!mount) return notFound(res);
       const [prefix, dir] = mount;
       if (pathname + '/' === prefix) {
-        res.writeHead(301, { Location: prefix });
+        res.writeHead(301, { Location: prefix, ...extra });
         return res.end();
       }
       let file = path.join(dir, pathname.slice(prefix.length));
@@ -66,7 +82,7 @@ export function serve({ host = '127.0.0.1', port = 0, mounts }) {
       let stat = await fs.stat(file).catch(() => null);
       if (stat && stat.isDirectory()) {
         if (!pathname.endsWith('/')) {
-          res.writeHead(301, { Location: pathname + '/' });
+          res.writeHead(301, { Location: pathname + '/', ...extra });
           return res.end();
         }
         file = path.join(file, 'index.html');
@@ -77,6 +93,7 @@ export function serve({ host = '127.0.0.1', port = 0, mounts }) {
         'Content-Type': TYPES[path.extname(file)] || 'application/octet-stream',
         'Content-Length': stat.size,
         'Cache-Control': 'no-store',
+        ...extra,
       });
       if (req.method === 'HEAD') return res.end();
       createReadStream(file).pipe(res);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use common::{
     Case, compare_error, compare_tensor, files_per_kind, golden_dirs, gpu_backend, load_golden,
 };
-use distopt::json::step_request_from_json;
+use distopt::step::step_request_from_json;
 use distopt::{Backend, CpuBackend, sgd_step_blocking};
 
 enum Outcome {

@@ -37,8 +37,8 @@ use distopt::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars
 use distopt::backend::{BoxFuture, CopyRegion};
 use distopt::comm::Communicator;
 use distopt::comm::mpi::{MpiWorld, install_panic_hook};
-use distopt::json::step_request_from_json;
 use distopt::replicas::Replicas;
+use distopt::step::step_request_from_json;
 use distopt::{
     Arena, Backend, BackendInfo, BackendKind, CpuBackend, StorageFormat, Tensor,
     sgd_step_in_blocking,

@@ -8,9 +8,8 @@ mod common;
 
 use std::sync::Arc;
 
-use distopt::json::{
-    number_to_json, step_output_to_json, step_request_from_json, tensor_from_json, tensor_to_json,
-};
+use distopt::json::{number_to_json, tensor_from_json, tensor_to_json};
+use distopt::step::{step_output_to_json, step_request_from_json};
 use distopt::{
     Backend, CpuBackend, DType, Error, ErrorKind, HostData, StepOutput, Tensor, sgd_step_blocking,
     to_device,

@@ -31,6 +31,7 @@ use mpi::traits::Communicator as _;
 use mpi::traits::*;
 
 use super::{BroadcastRegion, CommStats, Communicator, Subgroups};
+use crate::backend::gpu::GpuArena;
 use crate::backend::kernels::{ParamStarts, host_words, host_words_mut};
 use crate::backend::{Arena, ArenaStorage, Backend};
 use crate::dtype::StorageFormat;
@@ -303,6 +304,27 @@ fn with_rank_words(
     arena.write(0, span.start, &words)
 }
 
+/// The float32 mean over `comm` of elements `run` of a mapped device arena's one rank (lavapipe,
+/// SwiftShader: device memory that is host memory), in place, as a host arena's: the buffer is
+/// mapped once, the quotients are read from it into `send`, and MPI sums them straight back
+/// into it. No copy of the arena is made. `None`, before any MPI call, when the arena cannot be
+/// mapped in place (not mapped, the run spans two chunk buffers): the caller stages a copy.
+fn all_reduce_mean_mapped_f32(
+    gpu: &GpuArena,
+    comm: &SimpleCommunicator,
+    send: &mut [f32],
+    run: &Range<usize>,
+    divisor: f32,
+) -> Option<()> {
+    gpu.update_in_place(0, run.start, run.len(), |words| {
+        let values: &mut [f32] = bytemuck::cast_slice_mut(words);
+        for (s, &x) in send.iter_mut().zip(values.iter()) {
+            *s = x / divisor;
+        }
+        comm.all_reduce_into(&send[..], values, SystemOperation::sum());
+    })
+}
+
 /// Reads the words of rank `rank`, elements `offset..offset + len`, of any arena.
 fn read_words(arena: &Arena, rank: usize, offset: usize, len: usize) -> Result<Vec<u32>> {
     if matches!(arena.storage, ArenaStorage::Host(_)) {
@@ -422,6 +444,18 @@ impl Communicator for MpiWorld {
         let mpi = &mut *guard;
         let (mut send, mut recv) = (std::mem::take(&mut mpi.send), std::mem::take(&mut mpi.recv));
         let comm = mpi.group(g, self.rank, self.size)?;
+        if let (ArenaStorage::Gpu(gpu), StorageFormat::F32, StorageFormat::F32, [run]) =
+            (&arena.storage, format, arith, &runs[..])
+        {
+            // A mapped device arena: reduced in place, as a host arena is.
+            let send_f32: &mut [f32] = scratch(&mut send, total);
+            if let Some(()) = all_reduce_mean_mapped_f32(gpu, comm, send_f32, run, g as f32) {
+                (mpi.send, mpi.recv) = (send, recv);
+                drop(guard);
+                self.record(|s| s.add_all_reduce(g, bytes_per_rank));
+                return Ok(());
+            }
+        }
         let result = with_rank_words(arena, span, |words, base| {
             let at = |run: &Range<usize>| run.start - base..run.end - base;
             match (format, arith) {

@@ -895,3 +895,31 @@ test('ZeRO and DistributedOptimizer take the optimizer class as a value, as PyTo
   assert.deepEqual(dopt.localOptimizers().map((o) => o.owner), ['worker0']);
   takeWarnings();
 });
+
+test('StepBench.read hands out the step\'s tensors and its answer; synchronize() resolves', async () => {
+  const { StepBench, synchronize } = api;
+  const bench = await StepBench.create(2, 10);
+  const before = await bench.read('params', 0);
+  const grads = [await bench.read('grads', 0), await bench.read('grads', 1)];
+  assert.ok(before instanceof Float32Array && before.length === 10);
+  assert.deepEqual(await bench.read('params', 1), before, 'the ranks start equal');
+  assert.notDeepEqual(grads[0], grads[1], 'each rank has its own gradients');
+  assert.ok(grads[0].some((g) => g !== 0));
+  await bench.run();
+  await synchronize();
+  for (const rank of [0, 1]) {
+    const after = await bench.read('params', rank);
+    for (let i = 0; i < 10; i++) {
+      const want = before[i] - Math.fround(1e-3) * ((grads[0][i] + grads[1][i]) / 2);
+      assert.ok(Math.abs(after[i] - want) <= 1e-7, `rank ${rank} element ${i}: ${after[i]} vs ${want}`);
+    }
+  }
+  const rejects = (promise, name, text) =>
+    assert.rejects(promise, (e) => e instanceof Error && e.name === name && e.message.includes(text));
+  await rejects(bench.read('means', 0), 'ValueError', 'StepBench.read reads "params" or "grads", not "means"');
+  await rejects(bench.read('params', 2), 'IndexError', 'rank 2 out of range for 2 ranks');
+  const half = await StepBench.create(1, 4, 'float16');
+  await rejects(half.read('params', 0), 'ValueError', 'StepBench.read returns float32 values; this bench times float16');
+  half.free();
+  bench.free();
+});

@@ -12,8 +12,8 @@
 use std::io::Read;
 use std::process::ExitCode;
 
+use distopt::Error;
 use distopt::backend::{BackendChoice, select_backend_blocking};
-use distopt::{Error, json};
 
 mod bench;
 mod bench_algorithms;
@@ -172,7 +172,7 @@ fn step(args: &[String]) -> Result<(), Error> {
     };
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::value(format!("invalid JSON: {e}")))?;
-    let request = json::step_request_from_json(&value)?;
+    let request = distopt::step::step_request_from_json(&value)?;
     let selection = select_backend_blocking(choice)?;
     let output = distopt::sgd_step_blocking(
         selection.backend.as_ref(),
@@ -180,7 +180,7 @@ fn step(args: &[String]) -> Result<(), Error> {
         &request.gradient_replicas,
         request.learning_rate,
     )?;
-    let json = pollster::block_on(json::step_output_to_json(&output))?;
+    let json = pollster::block_on(distopt::step::step_output_to_json(&output))?;
     println!("{json}");
     Ok(())
 }

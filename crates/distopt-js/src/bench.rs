@@ -144,6 +144,31 @@ impl StepBench {
         })
     }
 
+    /// Rank `rank`'s parameters (`"params"`) or gradients (`"grads"`) read back as a
+    /// `Float32Array` of N values (float32 benches only), so that a page can hand a peer the
+    /// same tensors and check its answer against this step's.
+    pub fn read(&self, which: JsValue, rank: JsValue) -> Promise {
+        let which = super::convert::optional_string(&which, "which");
+        let rank = super::convert::rank_arg(&rank, self.ranks);
+        let (arenas, elements, dtype) = (self.arenas.clone(), self.elements, self.dtype);
+        future_to_promise(async move {
+            let which = js(which)?;
+            let rank = js(rank)?;
+            if dtype != DType::Float32 {
+                return Err(super::js_error(Error::value(format!(
+                    "StepBench.read returns float32 values; this bench times {}",
+                    dtype.name()
+                ))));
+            }
+            let words = js(read_arena(&arenas, which.as_deref(), rank, elements).await)?;
+            let values: Vec<f32> = words[..elements]
+                .iter()
+                .map(|&w| f32::from_bits(w))
+                .collect();
+            Ok(js_sys::Float32Array::from(&values[..]).into())
+        })
+    }
+
     /// Bytes one step moves: `(2R + 2) · N · element size`.
     #[wasm_bindgen(getter)]
     pub fn bytes(&self) -> f64 {
@@ -173,4 +198,38 @@ impl StepBench {
     pub fn backend(&self) -> js_sys::Object {
         super::backend_info_to_js(self.backend.info())
     }
+}
+
+/// Reads rank `rank` of the named arena. The shared borrow is held across the read (as
+/// `Replicas` reads do): a `run()` meanwhile is a `RuntimeError` (busy), never a race.
+#[allow(clippy::await_holding_refcell_ref)]
+async fn read_arena(
+    arenas: &RefCell<Arenas>,
+    which: Option<&str>,
+    rank: usize,
+    elements: usize,
+) -> Result<Vec<u32>> {
+    let guard = arenas.try_borrow().map_err(|_| busy("StepBench"))?;
+    let arena = match which.unwrap_or("") {
+        "params" => &guard.params,
+        "grads" => &guard.grads,
+        other => {
+            return Err(Error::value(format!(
+                "StepBench.read reads \"params\" or \"grads\", not {other:?}"
+            )));
+        }
+    };
+    arena.read_range(rank, 0, elements).await
+}
+
+/// Resolves when the current backend has finished all the work queued on it so far (on the
+/// CPU backend at once): lets a page time a synchronous call such as `optimizer.step()`.
+#[wasm_bindgen]
+pub fn synchronize() -> Promise {
+    let backend = current_backend();
+    future_to_promise(async move {
+        let backend = js(backend)?;
+        js(backend.synchronize().await)?;
+        Ok(JsValue::UNDEFINED)
+    })
 }

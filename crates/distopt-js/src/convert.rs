@@ -14,7 +14,8 @@ use wasm_bindgen::{JsCast, JsValue};
 use super::budget;
 use distopt::dtype::DType;
 use distopt::error::{Error, ErrorKind, Result};
-use distopt::json::{StepRequest, number_from_json, number_to_json, tensor_from_json};
+use distopt::json::{number_from_json, number_to_json, tensor_from_json};
+use distopt::step::StepRequest;
 use distopt::step::errors;
 use distopt::tensor::{HostData, Tensor, format_shape, numel_of};
 
@@ -729,7 +730,7 @@ pub(crate) fn json_to_js(value: &Value) -> Result<JsValue> {
 }
 
 /// A `{parameter_replicas, gradient_replicas, learning_rate}` step request from JS, checked in
-/// the reference order of `json::step_request_from_json`, so that the first defect found is
+/// the reference order of `step::read_replicas`, so that the first defect found is
 /// the one reported: counts, then for each parameter and rank its dtype, shape, gradient dtype
 /// and gradient shape.
 pub(crate) fn step_request(

@@ -69,6 +69,10 @@ fn map_range(offset: u64, len: u64) -> (u64, u64, usize) {
     (start, offset + len, (offset - start) as usize)
 }
 
+/// One run of words in one chunk buffer: `(buffer, first word, words)`.
+#[cfg(all(not(target_arch = "wasm32"), feature = "mpi"))]
+type Run<'a> = (&'a wgpu::Buffer, usize, usize);
+
 /// Appends the little-endian words in `bytes` (a multiple of 4 long) to `out`.
 fn extend_words(out: &mut Vec<u32>, bytes: &[u8]) {
     match bytemuck::try_cast_slice::<u8, u32>(bytes) {
@@ -297,6 +301,72 @@ impl GpuArena {
         for span in &spans {
             span.0.unmap();
         }
+        out
+    }
+
+    /// The one mapped run holding rank `rank`'s words `first_word..first_word + words`, with
+    /// this arena's map lock held; `None` when the arena is not mapped or the words span two
+    /// chunk buffers.
+    #[cfg(all(not(target_arch = "wasm32"), feature = "mpi"))]
+    fn single_run(
+        &self,
+        rank: usize,
+        first_word: usize,
+        words: usize,
+    ) -> Option<(Run<'_>, std::sync::MutexGuard<'_, ()>)> {
+        if !self.mapped || words == 0 {
+            return None;
+        }
+        let runs = self.runs(rank, first_word, words);
+        let [run] = runs[..] else {
+            return None;
+        };
+        Some((run, self.map_lock.lock().unwrap_or_else(|e| e.into_inner())))
+    }
+
+    /// Runs `work` on rank `rank`'s words `first_word..first_word + words`, mapped in place
+    /// for reading and writing: `work` finds the buffer's contents there and what it leaves is
+    /// the buffer's new contents. No copy is made. `None` (without calling `work`) when the
+    /// arena is not mapped, the words span two chunk buffers, or the mapping fails; the caller
+    /// then reads and writes a copy (`read_range`, `write`).
+    ///
+    /// A write mapping is used for both: wgpu maps the buffer's own memory and zeroes only
+    /// what was never initialized, and arenas are mapped only on CPU-side adapters
+    /// (`use_mapped`), whose memory is coherent host memory, so the mapping shows the
+    /// current contents (wgpu invalidates caches only for read mappings, which coherent
+    /// memory does not need).
+    #[cfg(all(not(target_arch = "wasm32"), feature = "mpi"))]
+    pub(crate) fn update_in_place<R>(
+        &self,
+        rank: usize,
+        first_word: usize,
+        words: usize,
+        work: impl FnOnce(&mut [u32]) -> R,
+    ) -> Option<R> {
+        let (run, _guard) = self.single_run(rank, first_word, words)?;
+        let ranges = self.map_runs(&[run], wgpu::MapMode::Write)?;
+        let (start, end, skip) = ranges[0];
+        let out = run
+            .0
+            .get_mapped_range_mut(start..end)
+            .ok()
+            .and_then(|mut view| {
+                let mut bytes = view.slice(skip..skip + words * 4);
+                let ptr = bytes.as_raw_element_ptr().as_ptr();
+                if !ptr.cast::<u32>().is_aligned() {
+                    return None;
+                }
+                // SAFETY: `ptr` points at `words * 4` bytes of this buffer mapped for writing,
+                // 4-aligned (checked), that nothing else accesses while `view` lives (the device
+                // cannot use a mapped buffer; the map lock keeps other mappings out; `work` gets
+                // the only reference, for no longer than `view`). Arenas are mapped only on
+                // CPU-side adapters (`use_mapped`), whose mapped memory is ordinary cached host
+                // memory, initialized by wgpu (zeroed on creation), so reading it through `&mut`
+                // (which `WriteOnly` exists to forbid on write-combining memory) is sound here.
+                let words = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u32>(), words) };
+                Some(work(words))
+            });
+        run.0.unmap();
         out
     }
 

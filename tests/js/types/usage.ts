@@ -18,6 +18,7 @@ import init, {
   RpcWorld,
   SGD,
   StepBench,
+  synchronize,
   Trainer,
   World,
   ZeroRedundancyOptimizer,
@@ -280,6 +281,11 @@ export async function tour(): Promise<void> {
   const t0 = performance.now();
   await bench.run();
   console.log(bench.bytes / (performance.now() - t0) / 1e6, 'GB/s on', bench.backend.name);
+  const params0: Float32Array = await bench.read('params', 0);
+  // @ts-expect-error: only params or grads
+  await bench.read('means', 0);
+  await synchronize();
+  console.log(params0.length);
   bench.free();
   trainer.free();
   world.free();

@@ -6,6 +6,13 @@
 //! every rank (`updated_replicas`). All parameters of one storage format, for all ranks, go
 //! through one kernel dispatch.
 
+mod json;
+mod request;
+
+pub use json::{step_output_to_json, step_request_from_json};
+use request::validate_shapes;
+pub use request::{ReplicaLists, StepRequest, StepSource, errors, read_replicas, validate};
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -14,7 +21,7 @@ use crate::backend::{Arena, Backend, CopyRegion, layout_params};
 use crate::comm::Communicator;
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
-use crate::tensor::{DeviceSlice, HostData, Storage, Tensor, format_shape};
+use crate::tensor::{DeviceSlice, HostData, Storage, Tensor};
 
 /// What [`sgd_step`] returns.
 #[derive(Debug, Clone)]
@@ -25,109 +32,6 @@ pub struct StepOutput {
     /// host copies may share one buffer ([`ReplicaOutputs`]), which is invisible to the caller
     /// because tensors are immutable.
     pub updated_replicas: Vec<Vec<Tensor>>,
-}
-
-/// The error messages of the step's validation, shared by the typed API and the JSON front end
-/// so that both report the same text. Every one is a `ValueError`.
-pub mod errors {
-    use super::*;
-
-    /// `parameter_replicas` is empty.
-    pub fn no_replicas() -> Error {
-        Error::value("no replicas: parameter_replicas is empty")
-    }
-    /// `gradient_replicas` has another length than `parameter_replicas`.
-    pub fn gradient_replica_count(gradients: usize, ranks: usize) -> Error {
-        Error::value(format!(
-            "gradient replica count mismatch: {gradients} gradient replicas for {ranks} parameter replicas"
-        ))
-    }
-    /// Rank `rank` holds another number of parameters than rank 0.
-    pub fn param_count(rank: usize, count: usize, expected: usize) -> Error {
-        Error::value(format!(
-            "parameter count mismatch: rank {rank} has {count} parameters, rank 0 has {expected}"
-        ))
-    }
-    /// Rank `rank` holds another number of gradients than rank 0 has parameters.
-    pub fn gradient_count(rank: usize, count: usize, expected: usize) -> Error {
-        Error::value(format!(
-            "gradient count mismatch: rank {rank} has {count} gradients for {expected} parameters"
-        ))
-    }
-    /// Parameter or gradient of a dtype that is not float32/float16/bfloat16/float64.
-    pub fn unsupported_dtype(what: &str, dtype: &str, param: usize, rank: usize) -> Error {
-        Error::value(format!(
-            "unsupported dtype {dtype} for {what} {param} of rank {rank}: expected float32, float16, bfloat16 or float64"
-        ))
-    }
-    /// Parameter `param` of rank `rank` has another shape than rank 0's.
-    pub fn param_shape(param: usize, rank: usize, shape: &[usize], expected: &[usize]) -> Error {
-        Error::value(format!(
-            "parameter shape mismatch: parameter {param} of rank {rank} has shape {}, rank 0 has {}",
-            format_shape(shape),
-            format_shape(expected)
-        ))
-    }
-    /// Gradient `param` of rank `rank` has another shape than its parameter.
-    pub fn gradient_shape(param: usize, rank: usize, shape: &[usize], expected: &[usize]) -> Error {
-        Error::value(format!(
-            "gradient shape mismatch: gradient {param} of rank {rank} has shape {}, its parameter has shape {}",
-            format_shape(shape),
-            format_shape(expected)
-        ))
-    }
-}
-
-/// Checks the replica lists in the reference order (counts, then per parameter and rank the
-/// shapes); the first defect found is the error.
-pub fn validate(
-    parameter_replicas: &[Vec<Tensor>],
-    gradient_replicas: &[Vec<Option<Tensor>>],
-) -> Result<()> {
-    let params: Vec<Vec<&[usize]>> = parameter_replicas
-        .iter()
-        .map(|rank| rank.iter().map(Tensor::shape).collect())
-        .collect();
-    let grads: Vec<Vec<Option<&[usize]>>> = gradient_replicas
-        .iter()
-        .map(|rank| rank.iter().map(|g| g.as_ref().map(Tensor::shape)).collect())
-        .collect();
-    validate_shapes(&params, &grads)
-}
-
-/// [`validate`] on the shapes alone (`None`: a missing gradient).
-fn validate_shapes(params: &[Vec<&[usize]>], grads: &[Vec<Option<&[usize]>>]) -> Result<()> {
-    let ranks = params.len();
-    if ranks == 0 {
-        return Err(errors::no_replicas());
-    }
-    if grads.len() != ranks {
-        return Err(errors::gradient_replica_count(grads.len(), ranks));
-    }
-    let count = params[0].len();
-    for rank in 0..ranks {
-        if params[rank].len() != count {
-            return Err(errors::param_count(rank, params[rank].len(), count));
-        }
-        if grads[rank].len() != count {
-            return Err(errors::gradient_count(rank, grads[rank].len(), count));
-        }
-    }
-    for j in 0..count {
-        let shape0 = params[0][j];
-        for rank in 0..ranks {
-            let shape = params[rank][j];
-            if shape != shape0 {
-                return Err(errors::param_shape(j, rank, shape, shape0));
-            }
-            if let Some(grad) = grads[rank][j] {
-                if grad != shape {
-                    return Err(errors::gradient_shape(j, rank, grad, shape));
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// One synchronous data-parallel SGD step (see the module documentation).
