@@ -8,6 +8,18 @@
 //
 // Every function and method that fails throws (or rejects with) a `DistoptError`: a JS `Error`
 // whose `name` is the Python exception class and whose `message` is PyTorch's text.
+//
+// Arguments are read once, when the call is made: a getter or Proxy that throws, a revoked
+// Proxy, a detached ArrayBuffer or a cyclic object is a `TypeError`/`ValueError` naming the
+// argument (the caller's own exception is its `cause`), and the object called is left as it
+// was. A method called on an object of another class, on a Proxy of one or on a freed object
+// is a `TypeError`; a call before `init()` is a `RuntimeError`. Counts, ranks and indices must
+// be integers (a string, boolean, array or `null` is a `TypeError`, unless `null` is
+// documented), flags booleans. Memory the module would need beyond its budget (2 GiB of its
+// 4 GiB, `distopt::budget`; one typed array input under 2 GiB) is a `RuntimeError` ("out of memory: …").
+// While a read of a `Replicas` (`param`, `grad`, `params`, `grads`, `stateDict`) is pending,
+// a change to it is refused ("busy" `RuntimeError`): the read resolves to the values at the
+// time of the call.
 
 // ---------------------------------------------------------------------------------------------
 // Tensors
@@ -48,6 +60,8 @@ export type NestedNumbers = number | readonly NestedNumbers[];
  *
  * - `Float32Array` or `Float64Array`: values (rounded to nearest even into `dtype`);
  * - `Uint16Array`: float16 or bfloat16 *bit patterns* (`dtype` is then required);
+ * - `Float16Array` (where the runtime has it): float16 values (`dtype` defaults to `float16`;
+ *   another dtype converts the values);
  * - any other typed array: values;
  * - a plain list of numbers and `"nan"`/`"inf"`/`"-inf"` strings: values.
  *
@@ -60,8 +74,14 @@ export interface TensorLike {
   data: Float32Array | Float64Array | Uint16Array | ArrayBufferView | readonly Element[];
 }
 
-/** Anything distopt accepts where a tensor goes. */
-export type TensorInput = TensorLike | Float32Array | Float64Array | NestedNumbers;
+/**
+ * A `Float16Array` (ES2025; typed structurally so that older TypeScript libs compile). Returned
+ * float16 tensors still hold `Uint16Array` bit patterns (decode them with `tensorValues`).
+ */
+export type Float16ArrayLike = ArrayBufferView & { readonly [Symbol.toStringTag]: 'Float16Array'; readonly length: number };
+
+/** Anything distopt accepts where a tensor goes (a bare Float16Array is a 1-D float16 tensor). */
+export type TensorInput = TensorLike | Float32Array | Float64Array | Float16ArrayLike | NestedNumbers;
 
 /** A float32 tensor as distopt returns it. */
 export interface Float32Tensor {

@@ -1,39 +1,27 @@
 // distopt: PyTorch's data-parallel optimizer family on WebGPU (or a CPU fallback), compiled
-// from Rust to WebAssembly. This file loads the module and picks the backend; everything
-// else is the wasm-bindgen glue in ./wasm/ (see index.d.ts for the API).
+// from Rust to WebAssembly. This file loads the module, picks the backend, and puts a guard
+// in front of every function and method of the wasm-bindgen glue in ./wasm/ (see index.d.ts
+// for the API):
+//
+// * Arguments are read here, once, inside a guard, and handed to the module as plain data
+//   (arrays, plain objects, fresh typed arrays): a getter or Proxy that throws, a revoked
+//   Proxy, a detached ArrayBuffer or a cyclic object is a named `TypeError`/`ValueError`
+//   saying which argument and where in it, and never reaches the module half-read (an
+//   exception thrown through the module's Rust frames would leave the object "busy" for good).
+// * The receiver is checked: a method called on an object of another class, on a Proxy of a
+//   distopt object or on a freed object is a `TypeError`, not a read of another object's memory.
+// * A call before `init()` is a `RuntimeError` saying to await `init()` first.
+// * A single typed array too large for the module's memory budget is refused before it is
+//   copied (a `RuntimeError` naming its size and the budget); the module checks the rest.
+// * If the module ever traps (a bug), every later call says so instead of misbehaving.
+//
+// Float16Array inputs (where the runtime has them) are accepted as float16 data: a bare
+// Float16Array is a 1-D float16 tensor, `{data: Float16Array}` is float16 unless `dtype` says
+// otherwise. Returned float16 tensors keep their documented form (Uint16Array bit patterns).
 
-import loadModule, { selectBackend } from './wasm/distopt_wasm.js';
+import * as glue from './wasm/distopt_wasm.js';
 
-export {
-  Adam,
-  AdamW,
-  AutogradContext,
-  DistributedDataParallel,
-  DiLoCo,
-  DistributedOptimizer,
-  HierarchicalModelAverager,
-  Join,
-  PeriodicModelAverager,
-  PostLocalSGDOptimizer,
-  PostLocalSGDState,
-  RRef,
-  Replicas,
-  RpcWorld,
-  SGD,
-  StepBench,
-  Trainer,
-  World,
-  ZeroRedundancyOptimizer,
-  backendInfo,
-  recordedWarnings,
-  selectBackend,
-  sgdStep,
-  synchronize,
-  takeWarnings,
-  tensor,
-  tensorValues,
-  version,
-} from './wasm/distopt_wasm.js';
+const loadModule = glue.default;
 
 const isNode =
   typeof process === 'object' &&
@@ -41,6 +29,563 @@ const isNode =
   typeof process.versions === 'object' &&
   process.versions !== null &&
   typeof process.versions.node === 'string';
+
+// ---------------------------------------------------------------------------------------------
+// State of the module
+
+let initialized = false;
+/** The trap that made the module unusable, if any. */
+let trapped = null;
+
+function namedError(name, message, cause) {
+  const error = cause === undefined ? new Error(message) : new Error(message, { cause });
+  error.name = name;
+  return error;
+}
+
+function checkUsable(what) {
+  if (trapped !== null) {
+    throw namedError(
+      'RuntimeError',
+      `${what}: distopt's WebAssembly module trapped earlier (${trapped.message}) and cannot be used any more: load the package again in a new page, worker or process`,
+      trapped,
+    );
+  }
+  if (!initialized) {
+    throw namedError('RuntimeError', `${what}: distopt is not initialized: call (and await) init() first`);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading arguments
+
+/** Largest single typed array an argument may hold (the module's budget is 2 GiB in all). */
+const MAX_INPUT_BYTES = 2 ** 31 - 1;
+const MAX_DEPTH = 64;
+const ECHO_CHARS = 64;
+
+const TypedArray = Object.getPrototypeOf(Uint8Array);
+const taGetter = (key) => Object.getOwnPropertyDescriptor(TypedArray.prototype, key).get;
+const taTag = taGetter(Symbol.toStringTag);
+const taLength = taGetter('length');
+const taBuffer = taGetter('buffer');
+const taByteLength = taGetter('byteLength');
+const taByteOffset = taGetter('byteOffset');
+const INTRINSIC_ARRAYS = {
+  Int8Array,
+  Uint8Array,
+  Uint8ClampedArray,
+  Int16Array,
+  Uint16Array,
+  Int32Array,
+  Uint32Array,
+  Float32Array,
+  Float64Array,
+  BigInt64Array,
+  BigUint64Array,
+};
+if (typeof globalThis.Float16Array === 'function') INTRINSIC_ARRAYS.Float16Array = globalThis.Float16Array;
+
+/** A short, safe description of a value (never runs the caller's code). */
+function describe(value) {
+  if (value === null) return 'null';
+  switch (typeof value) {
+    case 'undefined':
+      return 'undefined';
+    case 'string':
+      return value.length > ECHO_CHARS
+        ? `a string (${JSON.stringify(value.slice(0, ECHO_CHARS))}… ${value.length} characters)`
+        : `a string (${JSON.stringify(value)})`;
+    case 'number':
+    case 'boolean':
+      return `a ${typeof value} (${String(value)})`;
+    case 'bigint':
+      return 'a bigint';
+    case 'symbol':
+      return 'a symbol';
+    case 'function':
+      return 'a function';
+    default:
+      return 'an object';
+  }
+}
+
+function errorText(e) {
+  if (e !== null && (typeof e === 'object' || typeof e === 'function')) {
+    let name = 'Error';
+    let message = '';
+    try {
+      name = String(e.name);
+      message = String(e.message);
+    } catch {
+      // An error whose own getters throw: keep the generic text.
+    }
+    if (message.length > 200) message = `${message.slice(0, 200)}…`;
+    return `${name}: ${message}`;
+  }
+  return describe(e);
+}
+
+class ReadError extends Error {}
+
+/** Throws the error for a read of `path` that threw `e`. */
+function readFailed(path, e) {
+  if (e instanceof ReadError) throw e;
+  const error = new ReadError(`${path} could not be read: reading it threw ${errorText(e)}`, { cause: e });
+  error.name = 'TypeError';
+  throw error;
+}
+
+function readError(name, message) {
+  const error = new ReadError(message);
+  error.name = name;
+  return error;
+}
+
+/** Instances the glue made (constructors and `__wrap`): a Proxy or a copy of one is not one. */
+const genuine = new WeakMap();
+/** The exported classes, filled in below. */
+const classes = [];
+
+function distoptClassOf(value) {
+  for (const cls of classes) {
+    let is = false;
+    try {
+      is = value instanceof cls;
+    } catch {
+      return null;
+    }
+    if (is) return cls;
+  }
+  return null;
+}
+
+/** The intrinsic typed-array class name of a genuine typed array, else undefined. */
+function typedArrayTag(value) {
+  try {
+    return taTag.call(value);
+  } catch {
+    return undefined;
+  }
+}
+
+function isDetached(buffer) {
+  try {
+    // Constructing a view over a detached buffer throws; over a live one it cannot.
+    new Uint8Array(buffer, 0, 0);
+    return false;
+  } catch {
+    return true;
+  }
+}
+
+/** A fresh intrinsic copy of a genuine typed array (or the array itself when it is plain). */
+function copyTypedArray(value, tag, path) {
+  const buffer = taBuffer.call(value);
+  if (isDetached(buffer)) {
+    throw readError('TypeError', `${path} is a ${tag} whose ArrayBuffer is detached (transferred or freed): its data is gone`);
+  }
+  const bytes = taByteLength.call(value);
+  if (bytes > MAX_INPUT_BYTES) {
+    throw readError(
+      'RuntimeError',
+      `out of memory: ${path} is a ${tag} of ${bytes} bytes, more than the ${MAX_INPUT_BYTES} bytes one input may hold (the module's memory budget is 2 GiB, a 32-bit WebAssembly module holds at most 4 GiB)`,
+    );
+  }
+  const Intrinsic = INTRINSIC_ARRAYS[tag];
+  if (tag === 'Float16Array') {
+    // The bit patterns, as distopt's float16 data is given.
+    const bits = new Uint16Array(buffer, taByteOffset.call(value), taLength.call(value));
+    return { float16: new Uint16Array(bits) };
+  }
+  // A plain intrinsic typed array is passed as it is; one with its own properties or another
+  // prototype (which the module's reads could run) is copied into a fresh one.
+  if (Object.getPrototypeOf(value) === Intrinsic.prototype && Object.getOwnPropertyDescriptor(value, 'length') === undefined) {
+    return value;
+  }
+  try {
+    return new Intrinsic(value);
+  } catch (e) {
+    throw readError('RuntimeError', `out of memory: ${path} (${bytes} bytes) could not be copied: ${errorText(e)}`);
+  }
+}
+
+const abByteLength = Object.getOwnPropertyDescriptor(ArrayBuffer.prototype, 'byteLength').get;
+const sabByteLength =
+  typeof SharedArrayBuffer === 'function'
+    ? Object.getOwnPropertyDescriptor(SharedArrayBuffer.prototype, 'byteLength').get
+    : undefined;
+
+/** A fresh copy of a genuine ArrayBuffer or SharedArrayBuffer, else undefined. */
+function arrayBufferCopy(value, path) {
+  let bytes;
+  let shared = false;
+  try {
+    bytes = abByteLength.call(value);
+  } catch {
+    if (sabByteLength === undefined) return undefined;
+    try {
+      bytes = sabByteLength.call(value);
+      shared = true;
+    } catch {
+      return undefined;
+    }
+  }
+  if (!shared && isDetached(value)) {
+    throw readError('TypeError', `${path} is an ArrayBuffer that is detached (transferred or freed): its data is gone`);
+  }
+  if (bytes > MAX_INPUT_BYTES) {
+    throw readError('RuntimeError', `out of memory: ${path} is an ArrayBuffer of ${bytes} bytes, more than the ${MAX_INPUT_BYTES} bytes one input may hold`);
+  }
+  const copy = new ArrayBuffer(bytes);
+  // A view of the caller's buffer reads it through its internal slots (no species lookup).
+  new Uint8Array(copy).set(new Uint8Array(value));
+  return copy;
+}
+
+/**
+ * `value` as plain data: the caller's getters, proxies and typed arrays are read here, once,
+ * and any failure names `path`.
+ */
+function plain(value, path, depth, stack) {
+  if (value === null || (typeof value !== 'object' && typeof value !== 'function')) return value;
+  if (typeof value === 'function') {
+    // A class or function is passed by name only (an optimizer class: `SGD`, `Adam`, …): a
+    // fresh function of the same name, so that the module never calls or inspects the caller's.
+    let name = '';
+    try {
+      const own = Object.getOwnPropertyDescriptor(value, 'name');
+      if (own && typeof own.value === 'string') name = own.value;
+    } catch (e) {
+      readFailed(`${path}.name`, e);
+    }
+    const stand = function () {};
+    Object.defineProperty(stand, 'name', { value: name });
+    return stand;
+  }
+  if (depth > MAX_DEPTH) throw readError('ValueError', `${path}: nested too deeply (or cyclic)`);
+  if (stack.has(value)) throw readError('ValueError', `${path} is cyclic (it contains itself)`);
+  const cls = distoptClassOf(value);
+  if (cls !== null) {
+    if (genuine.get(value) !== cls) {
+      throw readError('TypeError', `${path} is not a ${cls.name} made by distopt (a Proxy or a copy of one is not accepted)`);
+    }
+    if (value.__wbg_ptr === 0) throw readError('TypeError', `${path} is a ${cls.name} that was freed (free() was called)`);
+    return value;
+  }
+  const tag = typedArrayTag(value);
+  if (tag !== undefined) {
+    const copy = copyTypedArray(value, tag, path);
+    if (copy.float16 !== undefined) return { dtype: 'float16', shape: [copy.float16.length], data: copy.float16 };
+    return copy;
+  }
+  if (ArrayBuffer.isView(value)) return new DataView(new ArrayBuffer(0));
+  const buffer = arrayBufferCopy(value, path);
+  if (buffer !== undefined) return buffer;
+  stack.add(value);
+  try {
+    let isArray;
+    try {
+      isArray = Array.isArray(value);
+    } catch (e) {
+      readFailed(path, e);
+    }
+    if (isArray) {
+      let length;
+      try {
+        length = value.length;
+      } catch (e) {
+        readFailed(`${path}.length`, e);
+      }
+      if (typeof length !== 'number' || !(length >= 0)) {
+        throw readError('TypeError', `${path} is an array-like whose length is ${describe(length)}`);
+      }
+      const out = new Array(length);
+      for (let i = 0; i < length; i++) {
+        let item;
+        try {
+          item = value[i];
+        } catch (e) {
+          readFailed(`${path}[${i}]`, e);
+        }
+        out[i] = plain(item, `${path}[${i}]`, depth + 1, stack);
+      }
+      return out;
+    }
+    let isMap = false;
+    try {
+      isMap = value instanceof Map;
+    } catch (e) {
+      readFailed(path, e);
+    }
+    if (isMap) {
+      // A Map's entries, read through the intrinsic iterator.
+      const out = new Map();
+      let entries;
+      try {
+        entries = Array.from(Map.prototype.entries.call(value));
+      } catch (e) {
+        readFailed(path, e);
+      }
+      for (const [k, v] of entries) {
+        out.set(plain(k, `${path} key`, depth + 1, stack), plain(v, `${path}.get(${describe(k)})`, depth + 1, stack));
+      }
+      return out;
+    }
+    if (value instanceof Date) return {};
+    let keys;
+    try {
+      keys = Object.keys(value);
+    } catch (e) {
+      readFailed(path, e);
+    }
+    const out = {};
+    let float16Data = false;
+    for (const key of keys) {
+      let item;
+      const at = /^[A-Za-z_$][\w$]*$/.test(key) ? `${path}.${key}` : `${path}[${JSON.stringify(key.slice(0, ECHO_CHARS))}]`;
+      try {
+        item = value[key];
+      } catch (e) {
+        readFailed(at, e);
+      }
+      if (key === 'data' && typedArrayTag(item) === 'Float16Array') float16Data = true;
+      Object.defineProperty(out, key, {
+        value: plain(item, at, depth + 1, stack),
+        enumerable: true,
+        configurable: true,
+        writable: true,
+      });
+    }
+    if (float16Data) {
+      // `{data: Float16Array}`: float16 bits unless `dtype` asks for another dtype, then values.
+      const bits = out.data.data;
+      if (out.dtype === undefined || out.dtype === null || out.dtype === 'float16') {
+        out.dtype = 'float16';
+        out.data = bits;
+      } else {
+        out.data = Float32Array.from(new globalThis.Float16Array(bits.buffer, bits.byteOffset, bits.length));
+      }
+    }
+    return out;
+  } finally {
+    stack.delete(value);
+  }
+}
+
+function camel(name) {
+  return name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
+}
+
+/** The parameter names of a glue function, from its source (for messages). */
+function parameterNames(fn) {
+  try {
+    const source = Function.prototype.toString.call(fn);
+    const match = source.startsWith('class')
+      ? /\bconstructor\s*\(([^)]*)\)/.exec(source)
+      : /^[^(]*\(([^)]*)\)/.exec(source);
+    if (!match) return [];
+    return match[1]
+      .split(',')
+      .map((p) => p.trim())
+      .filter(Boolean)
+      .map(camel);
+  } catch {
+    return [];
+  }
+}
+
+/** Every argument as plain data; a failure is thrown as the named error it is. */
+function plainArguments(args, names, what) {
+  const out = new Array(args.length);
+  for (let i = 0; i < args.length; i++) {
+    const name = names[i] || `argument ${i + 1}`;
+    try {
+      out[i] = plain(args[i], name, 0, new Set());
+    } catch (e) {
+      if (e instanceof ReadError) {
+        const error = namedError(e.name, `${what}: ${e.message}`, e.cause);
+        throw error;
+      }
+      throw e;
+    }
+  }
+  return out;
+}
+
+/** Runs a call into the module; a trap marks the module unusable and is reported by name. */
+function enter(what, call) {
+  try {
+    return call();
+  } catch (e) {
+    if (e instanceof WebAssembly.RuntimeError) {
+      trapped = e;
+      throw namedError(
+        'RuntimeError',
+        `${what}: distopt's WebAssembly module trapped (${e.message}); it cannot be used any more (a bug: please report it)`,
+        e,
+      );
+    }
+    throw e;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Guarding the glue
+
+function guardFunction(name, fn, { async = false } = {}) {
+  const names = parameterNames(fn);
+  const guarded = {
+    [name](...args) {
+      try {
+        checkUsable(name);
+        const plainArgs = plainArguments(args, names, name);
+        return enter(name, () => fn.apply(undefined, plainArgs));
+      } catch (e) {
+        if (async) return Promise.reject(e);
+        throw e;
+      }
+    },
+  }[name];
+  return guarded;
+}
+
+function checkReceiver(cls, self, what) {
+  if (genuine.get(self) !== cls) {
+    const other = distoptClassOf(self);
+    const got =
+      other !== null && other !== cls
+        ? `a ${other.name}`
+        : other === cls
+          ? `a Proxy or copy of a ${cls.name}`
+          : describe(self);
+    throw namedError('TypeError', `${what} must be called on a ${cls.name}, not on ${got}`);
+  }
+  if (self.__wbg_ptr === 0) {
+    throw namedError('TypeError', `${what}: this ${cls.name} was freed (free() was called): it cannot be used any more`);
+  }
+}
+
+function guardMethod(cls, key, fn) {
+  const what = `${cls.name}.${key}`;
+  const names = parameterNames(fn);
+  return {
+    [key](...args) {
+      checkUsable(what);
+      checkReceiver(cls, this, what);
+      const plainArgs = plainArguments(args, names, what);
+      return enter(what, () => fn.apply(this, plainArgs));
+    },
+  }[key];
+}
+
+function guardClass(cls) {
+  classes.push(cls);
+  const proto = cls.prototype;
+  for (const key of Object.getOwnPropertyNames(proto)) {
+    if (key === 'constructor' || key === '__destroy_into_raw') continue;
+    const desc = Object.getOwnPropertyDescriptor(proto, key);
+    if (key === 'free') {
+      const free = desc.value;
+      desc.value = function free_() {
+        if (genuine.get(this) === cls && this.__wbg_ptr === 0) return; // freeing twice is harmless
+        checkUsable(`${cls.name}.free`);
+        checkReceiver(cls, this, `${cls.name}.free`);
+        free.call(this);
+      };
+      Object.defineProperty(proto, key, desc);
+      continue;
+    }
+    if (typeof desc.value === 'function') desc.value = guardMethod(cls, key, desc.value);
+    if (typeof desc.get === 'function') desc.get = guardMethod(cls, key, desc.get);
+    if (typeof desc.set === 'function') desc.set = guardMethod(cls, key, desc.set);
+    Object.defineProperty(proto, key, desc);
+  }
+  if (typeof Symbol.dispose === 'symbol' && typeof proto[Symbol.dispose] === 'function') {
+    proto[Symbol.dispose] = proto.free;
+  }
+  for (const key of Object.getOwnPropertyNames(cls)) {
+    const desc = Object.getOwnPropertyDescriptor(cls, key);
+    if (typeof desc.value !== 'function') continue;
+    if (key === '__wrap') {
+      const wrap = desc.value;
+      desc.value = function __wrap(ptr) {
+        const object = wrap.call(this, ptr);
+        genuine.set(object, cls);
+        return object;
+      };
+    } else if (!key.startsWith('__')) {
+      const fn = desc.value;
+      const what = `${cls.name}.${key}`;
+      const names = parameterNames(fn);
+      const returnsPromise = key === 'create';
+      desc.value = {
+        [key](...args) {
+          try {
+            checkUsable(what);
+            const plainArgs = plainArguments(args, names, what);
+            return enter(what, () => fn.apply(cls, plainArgs));
+          } catch (e) {
+            if (returnsPromise) return Promise.reject(e);
+            throw e;
+          }
+        },
+      }[key];
+    }
+    Object.defineProperty(cls, key, desc);
+  }
+  const names = parameterNames(cls);
+  return new Proxy(cls, {
+    construct(target, args, newTarget) {
+      const what = `new ${cls.name}`;
+      checkUsable(what);
+      const plainArgs = plainArguments(args, names, what);
+      const object = enter(what, () => Reflect.construct(target, plainArgs, newTarget));
+      genuine.set(object, cls);
+      return object;
+    },
+    apply() {
+      throw namedError('TypeError', `Class constructor ${cls.name} cannot be invoked without 'new'`);
+    },
+  });
+}
+
+export const Adam = guardClass(glue.Adam);
+export const AdamW = guardClass(glue.AdamW);
+export const AutogradContext = guardClass(glue.AutogradContext);
+export const DistributedDataParallel = guardClass(glue.DistributedDataParallel);
+export const DiLoCo = guardClass(glue.DiLoCo);
+export const DistributedOptimizer = guardClass(glue.DistributedOptimizer);
+export const HierarchicalModelAverager = guardClass(glue.HierarchicalModelAverager);
+export const Join = guardClass(glue.Join);
+export const PeriodicModelAverager = guardClass(glue.PeriodicModelAverager);
+export const PostLocalSGDOptimizer = guardClass(glue.PostLocalSGDOptimizer);
+export const PostLocalSGDState = guardClass(glue.PostLocalSGDState);
+export const RRef = guardClass(glue.RRef);
+export const Replicas = guardClass(glue.Replicas);
+export const RpcWorld = guardClass(glue.RpcWorld);
+export const SGD = guardClass(glue.SGD);
+export const StepBench = guardClass(glue.StepBench);
+export const Trainer = guardClass(glue.Trainer);
+export const World = guardClass(glue.World);
+export const ZeroRedundancyOptimizer = guardClass(glue.ZeroRedundancyOptimizer);
+
+/** The current backend's description, or `null` before `init()`. */
+export function backendInfo() {
+  if (!initialized || trapped !== null) return null;
+  return enter('backendInfo', () => glue.backendInfo());
+}
+export const recordedWarnings = guardFunction('recordedWarnings', glue.recordedWarnings);
+export const selectBackend = guardFunction('selectBackend', glue.selectBackend, { async: true });
+export const sgdStep = guardFunction('sgdStep', glue.sgdStep, { async: true });
+export const synchronize = guardFunction('synchronize', glue.synchronize, { async: true });
+export const takeWarnings = guardFunction('takeWarnings', glue.takeWarnings);
+export const tensor = guardFunction('tensor', glue.tensor);
+export const tensorValues = guardFunction('tensorValues', glue.tensorValues);
+export const version = guardFunction('version', glue.version);
+
+// ---------------------------------------------------------------------------------------------
+// Loading
 
 /** Node's fetch cannot read file: URLs, so there the module's bytes are read from disk. */
 async function defaultSource() {
@@ -132,10 +677,18 @@ async function webgpuAdapterInfo() {
  * @param {{backend?: 'auto' | 'gpu' | 'cpu', wasm?: any}} [options]
  */
 export default async function init(options = {}) {
-  const { backend = 'auto', wasm } = options || {};
+  const [opts] = plainArguments([options], ['options'], 'init');
+  if (opts !== undefined && opts !== null && (typeof opts !== 'object' || Array.isArray(opts))) {
+    throw namedError('TypeError', `init: options must be an object, got ${describe(options)}`);
+  }
+  const { backend = 'auto' } = opts || {};
+  // The module source is used as given (a URL, bytes, a Response or a WebAssembly.Module),
+  // not as the plain copy.
+  const wasm = options ? options.wasm : undefined;
   const source = await resolveWasmSource(wasm);
   await loadModule(source === undefined ? undefined : { module_or_path: source });
-  const info = await selectBackend(backend);
+  initialized = true;
+  const info = await enter('init', () => glue.selectBackend(backend));
   const adapterInfo = await webgpuAdapterInfo();
   if (adapterInfo) {
     info.adapterInfo = adapterInfo;

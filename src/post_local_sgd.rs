@@ -77,13 +77,15 @@ impl PostLocalSgdOptimizer {
         rank: usize,
         state_dict: &Value,
     ) -> Result<()> {
-        // The step counter is checked before the optimizer changes.
+        // `"step"` is checked before anything is loaded, so that a bad one changes nothing.
         let step = match state_dict.get("step") {
             Some(step) => Some(
                 step.as_u64()
                     .or_else(|| {
                         step.as_f64()
-                            .filter(|s| *s >= 0.0 && s.fract() == 0.0 && *s <= u64::MAX as f64)
+                            .filter(|s| {
+                                *s >= 0.0 && s.fract() == 0.0 && *s <= 9_007_199_254_740_991.0
+                            })
                             .map(|s| s as u64)
                     })
                     .ok_or_else(|| {
@@ -202,5 +204,61 @@ impl PostLocalSgdState {
             }
         }
         Ok(Some(groups.group_size()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::averaging::PeriodicModelAverager;
+    use crate::backend::CpuBackend;
+    use crate::comm::SimulatedWorld;
+    use crate::tensor::{HostData, Tensor};
+    use serde_json::json;
+
+    fn post_local(replicas: &Replicas) -> PostLocalSgdOptimizer {
+        let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(2).unwrap());
+        let optim = crate::optim::create(
+            "SGD",
+            replicas,
+            vec![(vec![0], Default::default())],
+            &json!({"lr": 0.1, "momentum": 0.9})
+                .as_object()
+                .unwrap()
+                .clone(),
+        )
+        .unwrap();
+        let averager = PeriodicModelAverager::new(2, 0, world).unwrap();
+        PostLocalSgdOptimizer::new(optim, Box::new(averager))
+    }
+
+    /// A fractional or negative `"step"` is refused before anything is loaded: neither the
+    /// averager's counter nor the local optimizer's state changes.
+    #[test]
+    fn a_bad_step_loads_nothing() {
+        let backend: Arc<dyn crate::backend::Backend> = Arc::new(CpuBackend::new());
+        let param = Tensor::new(&[2], HostData::Float32(vec![1.0, 2.0])).unwrap();
+        let mut replicas = Replicas::replicate(backend, 2, &[param]).unwrap();
+        let mut target = post_local(&replicas);
+        let before = target.state_dict_blocking(&replicas, 0).unwrap();
+        let mut incoming = before.clone();
+        incoming["param_groups"][0]["lr"] = json!(0.5);
+        for step in [json!(2.9), json!(-1), json!("3")] {
+            incoming["step"] = step.clone();
+            let error = target
+                .load_state_dict(&mut replicas, 0, &incoming)
+                .unwrap_err();
+            assert_eq!(error.kind(), crate::error::ErrorKind::ValueError);
+            assert_eq!(
+                error.message(),
+                format!("\"step\" must be a non-negative integer, got {step}")
+            );
+            assert_eq!(target.state_dict_blocking(&replicas, 0).unwrap(), before);
+        }
+        incoming["step"] = json!(3);
+        target.load_state_dict(&mut replicas, 0, &incoming).unwrap();
+        let after = target.state_dict_blocking(&replicas, 0).unwrap();
+        assert_eq!(after["step"], json!(3));
+        assert_eq!(after["param_groups"][0]["lr"], json!(0.5));
     }
 }

@@ -274,6 +274,15 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// What this backend runs on.
     fn info(&self) -> &BackendInfo;
 
+    /// Why this backend can no longer run anything (a GPU device that was lost), or `None`.
+    fn lost(&self) -> Option<String> {
+        None
+    }
+
+    /// Destroys the backend's device, as a driver reset would (a test hook for the
+    /// device-lost path; nothing on a CPU backend).
+    fn destroy_device_for_test(&self) {}
+
     /// Elements per rank per chunk for an arena of `rank_len` elements per rank and up to
     /// `ranks` ranks, so that every chunk fits in one storage binding.
     fn chunk_len(&self, rank_len: usize, ranks: usize) -> usize;

@@ -253,7 +253,8 @@ test('every misuse throws the named Error it should, never a trap', async (t) =>
       0: T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got 0`),
       '-1': T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got -1`),
       2.5: T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got 2.5`),
-      NaN: V("unknown algorithm 'nan': expected sync, periodic, hierarchical, zero or diloco"),
+      // (JSON has no NaN: it used to read as the string "nan".)
+      NaN: V("'algorithm' must be finite, got NaN"),
       '"x"': V("unknown algorithm 'x': expected sync, periodic, hierarchical, zero or diloco"),
       '{}': T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got {}`),
       '[]': T(`'algorithm' must be "sync", "periodic", "hierarchical", "zero" or "diloco", got []`),
@@ -302,13 +303,13 @@ test('every misuse throws the named Error it should, never a trap', async (t) =>
   const avg = new PeriodicModelAverager(2, 0, w);
   const huge = [{ dtype: 'float32', shape: [1 << 28], data: new Float32Array(1) }];
   const SPECIFIC = [
-    ['Replicas.replicate(1e9, [[1]])', () => Replicas.replicate(1e9, [[1]]), ['RuntimeError', 'out of memory: 1000000000 replicas of these parameters need']],
+    ['Replicas.replicate(1e9, [[1]])', () => Replicas.replicate(1e9, [[1]]), ['RuntimeError', 'not enough memory for 1000000000 replicas of these parameters (their parameters and gradients): 512000000000 bytes requested, more than a 32-bit WebAssembly module can address']],
     ['new Replicas(data shorter than its shape)', () => new Replicas([huge, huge, huge]), V('perRank[0][0]: data has 1 values but shape [268435456] needs 268435456')],
     ['StepBench.create(2^20, 2^20)', () => StepBench.create(1 << 20, 1 << 20), V('StepBench: ranks × elements is too large')],
     ['new PeriodicModelAverager(2, 0, replicas)', () => new PeriodicModelAverager(2, 0, r), T('world must be a World (and not freed)')],
     ['avg.averageParameters(world)', () => avg.averageParameters(w), T('replicas must be a Replicas object (and not freed)')],
-    ['avg.averageParameters(freed)', () => avg.averageParameters(freed), T('replicas must be a Replicas object (and not freed)')],
-    ['new SGD(freed)', () => new SGD(freed), T('replicas must be a Replicas object (and not freed)')],
+    ['avg.averageParameters(freed)', () => avg.averageParameters(freed), T('PeriodicModelAverager.averageParameters: replicas is a Replicas that was freed (free() was called)')],
+    ['new SGD(freed)', () => new SGD(freed), T('new SGD: replicas is a Replicas that was freed (free() was called)')],
     ['new SGD(world)', () => new SGD(w), T('replicas must be a Replicas object (and not freed)')],
     ['new PostLocalSGDOptimizer(averager, optimizer)', () => new PostLocalSGDOptimizer(avg, new SGD(r)), T('optim must be an SGD, Adam or AdamW object (and not freed)')],
     ['r.broadcastParams(replicas, 0)', () => r.broadcastParams(r, 0), T('world must be a World (and not freed)')],

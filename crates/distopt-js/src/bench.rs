@@ -71,6 +71,16 @@ impl StepBench {
         let backend = current_backend()?;
         let format = dtype.storage();
         let (_, rank_len) = layout_params(&[elements]);
+        // Three arenas ((2R + 1) rank slices) plus two packed images and their values, checked
+        // against the module's budget before anything is allocated (a GPU backend keeps the
+        // arenas on the device, but stages them through the module).
+        let element_bytes = dtype.size_bytes() as u64;
+        let arenas = (2 * ranks as u64 + 1) * rank_len as u64 * element_bytes;
+        let staging = 2 * rank_len as u64 * 4 + elements as u64 * 8;
+        super::budget::check(
+            &format!("StepBench.create({ranks}, {elements})"),
+            arenas + staging,
+        )?;
         let chunk_len = backend.chunk_len(rank_len, ranks);
         let mut params = backend.create_arena(format, ranks, rank_len, chunk_len)?;
         let mut grads = backend.create_arena(format, ranks, rank_len, chunk_len)?;

@@ -11,6 +11,7 @@ use js_sys::{Array, Float32Array, Float64Array, Object, Reflect, Uint16Array};
 use serde_json::{Map, Value};
 use wasm_bindgen::{JsCast, JsValue};
 
+use super::budget;
 use distopt::dtype::DType;
 use distopt::error::{Error, ErrorKind, Result};
 use distopt::json::{number_from_json, number_to_json, tensor_from_json};
@@ -50,8 +51,35 @@ pub(crate) fn set(obj: &Object, key: &str, value: impl Into<JsValue>) {
     let _ = Reflect::set(obj, &JsValue::from_str(key), &value.into());
 }
 
+/// Longest text of a caller's string echoed in a message; longer ones are cut with "…".
+const ECHO_CHARS: usize = 64;
+
+/// `s` cut to [`ECHO_CHARS`] characters (with "…" and its full length when cut), so that a
+/// huge string is never echoed back whole.
+pub(crate) fn truncated(s: &str) -> String {
+    match s.char_indices().nth(ECHO_CHARS) {
+        None => s.to_string(),
+        Some((end, _)) => format!("{}… ({} characters)", &s[..end], s.chars().count()),
+    }
+}
+
+/// A JS number as JS writes it (`NaN`, `Infinity`, `-Infinity`, `2.5`).
+pub(crate) fn js_number(x: f64) -> String {
+    if x.is_nan() {
+        "NaN".into()
+    } else if x.is_infinite() {
+        if x > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        }
+    } else {
+        format!("{x}")
+    }
+}
+
 /// How a JS value is named in messages.
-fn describe(value: &JsValue) -> String {
+pub(crate) fn describe(value: &JsValue) -> String {
     if value.is_undefined() {
         "undefined".into()
     } else if value.is_null() {
@@ -59,9 +87,9 @@ fn describe(value: &JsValue) -> String {
     } else if let Some(b) = value.as_bool() {
         format!("a boolean ({b})")
     } else if let Some(x) = value.as_f64() {
-        format!("a number ({x})")
+        format!("a number ({})", js_number(x))
     } else if let Some(s) = value.as_string() {
-        format!("a string ({s:?})")
+        format!("a string ({:?})", truncated(&s))
     } else if Array::is_array(value) {
         "an array".into()
     } else if value.is_function() {
@@ -105,11 +133,27 @@ pub(crate) fn optional_string(value: &JsValue, what: &str) -> Result<Option<Stri
         .ok_or_else(|| type_error(format!("{what} must be a string, got {}", describe(value))))
 }
 
+/// A boolean argument: `true` or `false` only (JS's truthiness would read `'no'` as true).
+pub(crate) fn bool_arg(value: &JsValue, what: &str) -> Result<bool> {
+    value
+        .as_bool()
+        .ok_or_else(|| type_error(format!("{what} must be a boolean, got {}", describe(value))))
+}
+
+/// An optional boolean argument: `undefined` and `null` are `None`.
+pub(crate) fn optional_bool_arg(value: &JsValue, what: &str) -> Result<Option<bool>> {
+    if value.is_undefined() || value.is_null() {
+        return Ok(None);
+    }
+    bool_arg(value, what).map(Some)
+}
+
 /// An integer argument (any sign), as Python's `int`.
 pub(crate) fn integer(value: f64, what: &str) -> Result<i64> {
     if !value.is_finite() || value.fract() != 0.0 || value.abs() > 9_007_199_254_740_991.0 {
         return Err(type_error(format!(
-            "{what} must be an integer, got {value}"
+            "{what} must be an integer, got {}",
+            js_number(value)
         )));
     }
     Ok(value as i64)
@@ -313,9 +357,18 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
             )))
         }
     };
+    // Every copy below is checked against the module's budget first: the input itself plus
+    // the stored form in `dtype`.
+    let stored = |len: usize| (len as u64).saturating_mul(dtype.size_bytes() as u64);
     if let Some(a) = data.dyn_ref::<Float32Array>() {
-        check_len(a.length() as usize)?;
-        let values = a.to_vec();
+        let len = a.length() as usize;
+        check_len(len)?;
+        budget::check(
+            &format!("{what} ({len} float32 values)"),
+            4 * len as u64 + stored(len),
+        )?;
+        let mut values = budget::zeroed::<f32>(what, len)?;
+        a.copy_to(&mut values);
         return Ok(match dtype {
             DType::Float32 => HostData::Float32(values),
             other => HostData::from_f64(
@@ -325,12 +378,22 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
         });
     }
     if let Some(a) = data.dyn_ref::<Float64Array>() {
-        check_len(a.length() as usize)?;
-        return Ok(HostData::from_f64(dtype, &a.to_vec()));
+        let len = a.length() as usize;
+        check_len(len)?;
+        budget::check(
+            &format!("{what} ({len} float64 values)"),
+            8 * len as u64 + stored(len),
+        )?;
+        let mut values = budget::zeroed::<f64>(what, len)?;
+        a.copy_to(&mut values);
+        return Ok(HostData::from_f64(dtype, &values));
     }
     if let Some(a) = data.dyn_ref::<Uint16Array>() {
-        check_len(a.length() as usize)?;
-        let bits = a.to_vec();
+        let len = a.length() as usize;
+        check_len(len)?;
+        budget::check(&format!("{what} ({len} 16-bit values)"), 2 * len as u64)?;
+        let mut bits = budget::zeroed::<u16>(what, len)?;
+        a.copy_to(&mut bits);
         return match dtype {
             DType::Float16 => Ok(HostData::Float16(
                 bits.into_iter().map(f16::from_bits).collect(),
@@ -351,14 +414,26 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
                 "{what}: BigInt typed arrays are not float data"
             )));
         }
+        let len = get(data, "length").as_f64().unwrap_or(0.0) as usize;
+        check_len(len)?;
+        budget::check(
+            &format!("{what} ({len} values)"),
+            8 * len as u64 + stored(len),
+        )?;
         // Any other typed array: its values, converted by JS.
         let values = Float64Array::new(data);
-        check_len(values.length() as usize)?;
-        return Ok(HostData::from_f64(dtype, &values.to_vec()));
+        let mut out = budget::zeroed::<f64>(what, values.length() as usize)?;
+        values.copy_to(&mut out);
+        return Ok(HostData::from_f64(dtype, &out));
     }
     if Array::is_array(data) {
         let items: &Array = data.unchecked_ref();
-        check_len(items.length() as usize)?;
+        let len = items.length() as usize;
+        check_len(len)?;
+        budget::check(
+            &format!("{what} ({len} values)"),
+            8 * len as u64 + stored(len),
+        )?;
         let values = items
             .iter()
             .enumerate()
@@ -715,6 +790,16 @@ pub(crate) fn step_request(
             };
             if param.shape() != expected {
                 return Err(errors::param_shape(j, rank, param.shape(), &expected));
+            }
+            if rank > 0 && param.dtype() != parameter_replicas[0][j].dtype() {
+                // The step reads rank 0's dtype for every rank (the reference's `p0j`): a
+                // replica of another dtype would come back silently converted, so the JS API
+                // refuses it as `new Replicas` does.
+                return Err(type_error(format!(
+                    "parameter {j} of rank {rank} is {}, rank 0's is {}: every rank must hold the same dtypes",
+                    param.dtype().name(),
+                    parameter_replicas[0][j].dtype().name()
+                )));
             }
             let g = grad_lists[rank].get(j as u32);
             let grad = if g.is_null() || g.is_undefined() {

@@ -17,6 +17,7 @@
 
 mod averaging;
 mod bench;
+mod budget;
 mod convert;
 mod diloco;
 mod handles;
@@ -55,16 +56,44 @@ thread_local! {
     static BACKEND: RefCell<Option<Arc<dyn Backend>>> = const { RefCell::new(None) };
 }
 
-/// The current backend, or a `RuntimeError` before `init()`.
+/// The current backend, or a `RuntimeError` before `init()` or once its GPU device is lost.
 pub(crate) fn current_backend() -> Result<Arc<dyn Backend>> {
-    BACKEND
+    let backend = BACKEND
         .with(|b| b.borrow().clone())
-        .ok_or_else(|| Error::runtime("distopt is not initialized: await init() first"))
+        .ok_or_else(|| Error::runtime("distopt is not initialized: await init() first"))?;
+    if let Some(reason) = backend.lost() {
+        return Err(distopt::backend::gpu::device_lost_error(&reason));
+    }
+    Ok(backend)
 }
+
+/// Test hook: destroys the current backend's GPU device, as a driver reset would (nothing on
+/// the CPU backend). Later calls on objects made on it fail with a "device was lost"
+/// `RuntimeError`; `init()` selects a backend anew.
+#[wasm_bindgen(js_name = __distoptDestroyDeviceForTest)]
+pub fn destroy_device_for_test() {
+    if let Some(backend) = BACKEND.with(|b| b.borrow().clone()) {
+        backend.destroy_device_for_test();
+    }
+}
+
+/// Longest message a thrown error carries: a message that echoes a caller's huge value is cut
+/// (its start and its end kept).
+const MAX_MESSAGE_CHARS: usize = 1024;
 
 /// A library error as a JS `Error` named after its Python class.
 pub(crate) fn js_error(error: Error) -> JsValue {
-    let js = js_sys::Error::new(error.message());
+    let message = error.message();
+    let js = if message.chars().count() > MAX_MESSAGE_CHARS {
+        let head: String = message.chars().take(MAX_MESSAGE_CHARS - 100).collect();
+        let tail: String = {
+            let rev: Vec<char> = message.chars().rev().take(60).collect();
+            rev.into_iter().rev().collect()
+        };
+        js_sys::Error::new(&format!("{head} … (message cut) … {tail}"))
+    } else {
+        js_sys::Error::new(message)
+    };
     js.set_name(error.kind().name());
     js.into()
 }
@@ -105,12 +134,25 @@ pub(crate) fn busy(what: &str) -> Error {
     ))
 }
 
+// `catch`: a `console.warn` that throws (a test set-up turning warnings into failures) must
+// not unwind through Rust frames, which would leave every borrowed object busy for good.
 #[wasm_bindgen]
 extern "C" {
-    #[wasm_bindgen(js_namespace = console, js_name = warn)]
-    fn console_warn(message: &str);
-    #[wasm_bindgen(js_namespace = console, js_name = error)]
-    fn console_error(message: &str);
+    #[wasm_bindgen(catch, js_namespace = console, js_name = warn)]
+    fn console_warn_js(message: &str) -> JsResult<()>;
+    #[wasm_bindgen(catch, js_namespace = console, js_name = error)]
+    fn console_error_js(message: &str) -> JsResult<()>;
+}
+
+/// `console.warn(message)`; an exception it throws is dropped (the warning is still recorded
+/// for `takeWarnings()`).
+fn console_warn(message: &str) {
+    let _ = console_warn_js(message);
+}
+
+/// `console.error(message)`; an exception it throws is dropped.
+fn console_error(message: &str) {
+    let _ = console_error_js(message);
 }
 
 /// Forwards distopt's own warnings (PyTorch's `UserWarning`s) and errors to the console.
@@ -226,6 +268,27 @@ pub async fn sgd_step(
         &learning_rate,
     ))?;
     let backend = js(current_backend())?;
+    // The inputs, now copied into the module, count against its budget until the step is
+    // done; the outputs (the means and at most one buffer per rank, as large as the
+    // parameters) must fit what is left.
+    let bytes = |t: &distopt::Tensor| t.numel() as u64 * t.dtype().size_bytes() as u64;
+    let param_bytes: u64 = request.parameter_replicas.iter().flatten().map(bytes).sum();
+    let grad_bytes: u64 = request
+        .gradient_replicas
+        .iter()
+        .flatten()
+        .flatten()
+        .map(bytes)
+        .sum();
+    let _inputs = js(budget::reserve(
+        "sgdStep's inputs (copied into the module)",
+        param_bytes + grad_bytes,
+    ))?;
+    let ranks = request.parameter_replicas.len().max(1) as u64;
+    js(budget::check(
+        "sgdStep (its means and updated replicas)",
+        param_bytes + param_bytes / ranks,
+    ))?;
     let output = js(distopt::step::sgd_step(
         backend.as_ref(),
         &request.parameter_replicas,
@@ -290,6 +353,11 @@ pub fn recorded_warnings() -> Array {
 #[wasm_bindgen(js_name = tensorValues)]
 pub fn tensor_values(tensor: JsValue) -> JsResult<js_sys::Float64Array> {
     let tensor = js(convert::tensor_from_js(&tensor, "tensor"))?;
+    js(budget::check_elements(
+        "tensorValues (the values as float64)",
+        tensor.numel(),
+        8,
+    ))?;
     let values = js(tensor.values_f64())?;
     Ok(js_sys::Float64Array::from(values.as_slice()))
 }

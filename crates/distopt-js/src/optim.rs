@@ -106,9 +106,40 @@ pub(crate) fn group_from_json(group: Value, what: &str) -> Result<(Vec<usize>, O
     Ok((indices, options))
 }
 
+/// Whether no parameter groups were given (the optimizer takes every parameter: PyTorch's
+/// `SGD(model.parameters())`, an empty list when the replicas hold none).
+fn groups_value_absent(value: &JsValue) -> bool {
+    value.is_undefined() || value.is_null()
+}
+
 /// Options as an `OptionMap` (`undefined` and `null`: none).
 pub(crate) fn options(value: &JsValue) -> Result<OptionMap> {
+    check_option_strings(value)?;
     optim::option_map(&json_from_js(value, "options")?)
+}
+
+/// Refuses an option that is a long string without echoing all of it. NaN and infinite
+/// numbers pass to the library as `"nan"`, `"inf"` and `"-inf"`, where each optimizer checks
+/// them as PyTorch does (`Invalid learning rate: nan` for Adam; SGD's `lr < 0.0` lets NaN
+/// through, as PyTorch's does).
+fn check_option_strings(value: &JsValue) -> Result<()> {
+    if !value.is_object() || js_sys::Array::is_array(value) {
+        return Ok(());
+    }
+    for entry in js_sys::Object::entries(value.unchecked_ref()).iter() {
+        let pair: &Array = entry.unchecked_ref();
+        let key = pair.get(0).as_string().unwrap_or_default();
+        let item = pair.get(1);
+        if let Some(text) = item.as_string().filter(|t| t.chars().count() > 64) {
+            // No optimizer option is a long string: say so without echoing all of it.
+            return Err(Error::type_error(format!(
+                "option '{}' must be a number, got a string ({:?})",
+                super::convert::truncated(&key),
+                super::convert::truncated(&text)
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl OptimizerCore {
@@ -119,10 +150,11 @@ impl OptimizerCore {
         groups: &JsValue,
     ) -> Result<Rc<OptimizerCore>> {
         let shared = replicas_of(replicas)?;
+        let groups_arg = groups;
         let optim = {
             let replicas = borrow(&shared)?;
             let groups = param_groups(groups, replicas.len())?;
-            if groups.is_empty() {
+            if groups.is_empty() || (groups_value_absent(groups_arg) && replicas.is_empty()) {
                 // PyTorch: `SGD([])`.
                 return Err(Error::value("optimizer got an empty parameter list"));
             }

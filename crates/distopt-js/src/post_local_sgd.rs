@@ -150,9 +150,13 @@ impl PostLocalSgdStateJs {
         world: JsValue,
         subgroup_size: JsValue,
         start_local_sgd_iter: JsValue,
-        post_local_gradient_allreduce: Option<bool>,
+        post_local_gradient_allreduce: JsValue,
     ) -> JsResult<PostLocalSgdStateJs> {
         let world = js(world_of(&world))?;
+        let post_local_gradient_allreduce = js(super::convert::optional_bool_arg(
+            &post_local_gradient_allreduce,
+            "postLocalGradientAllreduce",
+        ))?;
         let subgroup = js(optional_integer_arg(&subgroup_size, "subgroupSize"))?;
         let start = js(count_arg(&start_local_sgd_iter, "startLocalSGDIter"))? as u64;
         Ok(PostLocalSgdStateJs {

@@ -15,7 +15,8 @@ use super::convert::{
 };
 use super::handles::Registry;
 use super::world::world_of;
-use super::{JsResult, busy, current_backend, js};
+use super::{JsResult, busy, current_backend, js, js_error};
+use distopt::comm::Communicator;
 use distopt::error::Result;
 use distopt::replicas::Replicas;
 use distopt::tensor::Tensor;
@@ -33,11 +34,9 @@ pub(crate) fn borrow(replicas: &SharedReplicas) -> Result<std::cell::Ref<'_, Rep
     replicas.try_borrow().map_err(|_| busy("replicas"))
 }
 
-/// Largest parameter + gradient arenas a `Replicas` may allocate: a 32-bit WebAssembly module
-/// holds at most 4 GiB, and an allocation that fails there aborts instead of reporting.
-const MAX_REPLICA_BYTES: u64 = 1 << 30;
-
-/// Refuses replicas whose arenas could not be allocated, before trying.
+/// Refuses replicas whose arenas would pass the module's memory budget (`budget`), before
+/// trying: a 32-bit WebAssembly module holds at most 4 GiB, and an allocation that fails there
+/// aborts instead of reporting.
 fn check_size(ranks: usize, params: &[Tensor]) -> Result<()> {
     let per_rank: u64 = params
         .iter()
@@ -48,12 +47,10 @@ fn check_size(ranks: usize, params: &[Tensor]) -> Result<()> {
         })
         .sum();
     let total = per_rank.saturating_mul(ranks as u64).saturating_mul(2);
-    if total > MAX_REPLICA_BYTES {
-        return Err(distopt::error::Error::runtime(format!(
-            "out of memory: {ranks} replicas of these parameters need {total} bytes of parameters and gradients, more than the {MAX_REPLICA_BYTES} a WebAssembly module can spare"
-        )));
-    }
-    Ok(())
+    super::budget::check(
+        &format!("{ranks} replicas of these parameters (their parameters and gradients)"),
+        total,
+    )
 }
 
 /// R ranks' replicas of a list of parameters, and their gradients, resident on the backend
@@ -225,6 +222,13 @@ impl ReplicasJs {
     pub fn broadcast_params(&self, world: JsValue, root: JsValue) -> JsResult<()> {
         let world = js(world_of(&world))?;
         let mut replicas = js(borrow_mut(&self.inner))?;
+        if world.world_size() != replicas.ranks() {
+            return Err(js_error(distopt::error::Error::value(format!(
+                "broadcastParams: the world has {} ranks but the replicas hold {}",
+                world.world_size(),
+                replicas.ranks()
+            ))));
+        }
         let root = if root.is_undefined() || root.is_null() {
             0
         } else {
@@ -234,49 +238,100 @@ impl ReplicasJs {
     }
 
     /// Parameter `j` of rank `rank`, read back: a promise of a tensor.
+    ///
+    /// The replicas are held for reading from this call until the promise settles: a change
+    /// made meanwhile (`setParam`, a step, …) is refused with a "busy" `RuntimeError`, so the
+    /// promise resolves to the value the parameter had when `param` was called.
     pub fn param(&self, rank: JsValue, j: JsValue) -> JsResult<Promise> {
         let (rank, j) = self.rank_and_param(rank, j)?;
-        let inner = self.inner.clone();
+        let held = js(ReadGuard::new(&self.inner))?;
         Ok(future_to_promise(async move {
-            let tensor = js(read_param(&inner, rank, j).await)?;
+            let tensor = js(held.get().param(rank, j).await)?;
+            drop(held);
             js(tensor_to_js(&tensor))
         }))
     }
 
-    /// Gradient `j` of rank `rank`: a promise of a tensor, or of `null` when it has none.
+    /// Gradient `j` of rank `rank`: a promise of a tensor, or of `null` when it has none
+    /// (held for reading until it settles, as `param`).
     pub fn grad(&self, rank: JsValue, j: JsValue) -> JsResult<Promise> {
         let (rank, j) = self.rank_and_param(rank, j)?;
-        let inner = self.inner.clone();
+        let held = js(ReadGuard::new(&self.inner))?;
         Ok(future_to_promise(async move {
-            match js(read_grad(&inner, rank, j).await)? {
+            let grad = js(held.get().grad(rank, j).await)?;
+            drop(held);
+            match grad {
                 Some(t) => js(tensor_to_js(&t)),
                 None => Ok(JsValue::NULL),
             }
         }))
     }
 
-    /// Every parameter of every rank (`[rank][param]`), one readback per arena.
-    pub fn params(&self) -> Promise {
-        let inner = self.inner.clone();
-        future_to_promise(async move {
+    /// Every parameter of every rank (`[rank][param]`), one readback per arena (held for
+    /// reading until it settles, as `param`).
+    pub fn params(&self) -> JsResult<Promise> {
+        let held = js(ReadGuard::new(&self.inner))?;
+        Ok(future_to_promise(async move {
+            let all = js(held.get().all_params().await)?;
+            drop(held);
             let out = Array::new();
-            for rank in &js(read_params(&inner).await)? {
+            for rank in &all {
                 out.push(&js(tensors_to_js(rank))?.into());
             }
             Ok(out.into())
-        })
+        }))
     }
 
-    /// Every gradient of every rank (`[rank][param]`, `null` where absent).
-    pub fn grads(&self) -> Promise {
-        let inner = self.inner.clone();
-        future_to_promise(async move {
+    /// Every gradient of every rank (`[rank][param]`, `null` where absent; held for reading
+    /// until it settles, as `param`).
+    pub fn grads(&self) -> JsResult<Promise> {
+        let held = js(ReadGuard::new(&self.inner))?;
+        Ok(future_to_promise(async move {
+            let all = js(held.get().all_grads().await)?;
+            drop(held);
             let out = Array::new();
-            for rank in &js(read_grads(&inner).await)? {
+            for rank in &all {
                 out.push(&js(optional_tensors_to_js(rank))?.into());
             }
             Ok(out.into())
+        }))
+    }
+}
+
+/// A shared borrow of replicas taken when a read is called and released when the read's
+/// future finishes or is dropped: it owns a clone of the `Rc`, so the borrowed `RefCell`
+/// outlives the borrow.
+struct ReadGuard {
+    // Declared first: dropped before `owner`.
+    guard: Option<std::cell::Ref<'static, Replicas>>,
+    owner: SharedReplicas,
+}
+
+impl ReadGuard {
+    fn new(replicas: &SharedReplicas) -> Result<ReadGuard> {
+        let owner = replicas.clone();
+        let guard = borrow(&owner)?;
+        // SAFETY: the `RefCell` lives in the `Rc` allocation that `owner` keeps alive for as
+        // long as this guard exists, and `guard` is dropped before `owner` (field order and
+        // `Drop` below), so the reference never outlives its referent.
+        let guard: std::cell::Ref<'static, Replicas> = unsafe { std::mem::transmute(guard) };
+        Ok(ReadGuard {
+            guard: Some(guard),
+            owner,
         })
+    }
+
+    fn get(&self) -> &Replicas {
+        self.guard
+            .as_ref()
+            .expect("a read guard holds its borrow until dropped")
+    }
+}
+
+impl Drop for ReadGuard {
+    fn drop(&mut self) {
+        self.guard = None;
+        let _ = &self.owner;
     }
 }
 
@@ -288,27 +343,4 @@ impl ReplicasJs {
             js(param_arg(&j, replicas.len()))?,
         ))
     }
-}
-
-// The readers hold a shared borrow across the readback on purpose: a change made meanwhile is
-// refused (`busy`) instead of racing the read.
-
-#[allow(clippy::await_holding_refcell_ref)]
-async fn read_param(inner: &SharedReplicas, rank: usize, j: usize) -> Result<Tensor> {
-    borrow(inner)?.param(rank, j).await
-}
-
-#[allow(clippy::await_holding_refcell_ref)]
-async fn read_grad(inner: &SharedReplicas, rank: usize, j: usize) -> Result<Option<Tensor>> {
-    borrow(inner)?.grad(rank, j).await
-}
-
-#[allow(clippy::await_holding_refcell_ref)]
-async fn read_params(inner: &SharedReplicas) -> Result<Vec<Vec<Tensor>>> {
-    borrow(inner)?.all_params().await
-}
-
-#[allow(clippy::await_holding_refcell_ref)]
-async fn read_grads(inner: &SharedReplicas) -> Result<Vec<Vec<Option<Tensor>>>> {
-    borrow(inner)?.all_grads().await
 }

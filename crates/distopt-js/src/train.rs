@@ -74,6 +74,30 @@ fn get_usize(map: &serde_json::Map<String, Value>, key: &str, default: usize) ->
         .map_err(|_| Error::value(format!("'{key}' is too large")))
 }
 
+/// A NaN or infinite number among the settings (or `task`'s) is reported as JS writes it:
+/// JSON, the settings' form in the library, has no NaN, so it would read as the string "nan".
+fn check_finite_settings(value: &JsValue, what: &str) -> Result<()> {
+    if !value.is_object() || Array::is_array(value) {
+        return Ok(());
+    }
+    for entry in js_sys::Object::entries(value.unchecked_ref()).iter() {
+        let pair: &Array = entry.unchecked_ref();
+        let key = pair.get(0).as_string().unwrap_or_default();
+        let item = pair.get(1);
+        if let Some(x) = item.as_f64().filter(|x| !x.is_finite()) {
+            return Err(Error::value(format!(
+                "{what}'{}' must be finite, got {}",
+                super::convert::truncated(&key),
+                super::convert::js_number(x)
+            )));
+        }
+        if key == "task" {
+            check_finite_settings(&item, "task setting ")?;
+        }
+    }
+    Ok(())
+}
+
 fn get_f64(map: &serde_json::Map<String, Value>, key: &str, default: f64) -> Result<f64> {
     match map.get(key) {
         None | Some(Value::Null) => Ok(default),
@@ -360,6 +384,7 @@ impl TrainerJs {
     }
 
     fn build(settings: &JsValue) -> Result<TrainerJs> {
+        check_finite_settings(settings, "")?;
         let Value::Object(map) = json_from_js(settings, "settings")? else {
             return Err(Error::type_error(
                 "Trainer needs a settings object: {ranks, algorithm, …}",
@@ -400,6 +425,16 @@ impl TrainerJs {
     pub fn default_hierarchy(period: JsValue, ranks: JsValue) -> JsResult<Array> {
         let period = js(count_arg(&period, "period"))? as u64;
         let ranks = js(count_arg(&ranks, "ranks"))?;
+        if period == 0 {
+            return Err(super::js_error(Error::value(
+                "period must be a positive integer, got 0",
+            )));
+        }
+        if ranks == 0 {
+            return Err(super::js_error(Error::value(
+                "ranks must be a positive integer, got 0",
+            )));
+        }
         Ok(Algorithm::default_hierarchy(period, ranks)
             .into_iter()
             .map(|(p, g)| {

@@ -9,7 +9,7 @@ use serde_json::Value;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use super::convert::{json_from_js, json_to_js, param_index, rank_index};
+use super::convert::{json_from_js, json_to_js};
 use super::handles::Registry;
 use super::optim::{group_from_json, options};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
@@ -419,12 +419,10 @@ impl ZeroRedundancyOptimizerJs {
     /// Sets `requires_grad` of parameter `j` (with `parametersAsBucketView`, frozen
     /// parameters leave the buckets at the next step).
     #[wasm_bindgen(js_name = setRequiresGrad)]
-    pub fn set_requires_grad(&self, j: f64, requires_grad: JsValue) -> JsResult<()> {
+    pub fn set_requires_grad(&self, j: JsValue, requires_grad: JsValue) -> JsResult<()> {
         let len = js(borrow(&self.inner.replicas))?.len();
-        let j = js(param_index(j, len))?;
-        let flag = requires_grad
-            .as_bool()
-            .ok_or_else(|| super::js_error(Error::type_error("requiresGrad must be a boolean")))?;
+        let j = js(super::convert::param_arg(&j, len))?;
+        let flag = js(super::convert::bool_arg(&requires_grad, "requiresGrad"))?;
         js(self.zero_mut())?.set_requires_grad(j, flag);
         Ok(())
     }
@@ -452,8 +450,13 @@ impl ZeroRedundancyOptimizerJs {
     /// Gathers every rank's shard of the state on rank `to` (a `to` outside the world keeps
     /// it nowhere, as in PyTorch): a promise, rejected with every rank's error (`rankErrors`).
     #[wasm_bindgen(js_name = consolidateStateDict)]
-    pub fn consolidate_state_dict(&self, to: Option<f64>) -> JsResult<Promise> {
-        let to = js(super::convert::integer(to.unwrap_or(0.0), "to"))?;
+    pub fn consolidate_state_dict(&self, to: JsValue) -> JsResult<Promise> {
+        // `to` defaults to 0 when omitted (PyTorch's default); `null` is no rank.
+        let to = if to.is_undefined() {
+            0
+        } else {
+            js(super::convert::integer_arg(&to, "to"))?
+        };
         let (zero, replicas) = (self.inner.zero.clone(), self.inner.replicas.clone());
         Ok(future_to_promise(async move {
             consolidate(&zero, &replicas, to).await?;
@@ -465,10 +468,10 @@ impl ZeroRedundancyOptimizerJs {
     /// rank it was consolidated to (rejected with a `RuntimeError` elsewhere). A promise, as
     /// every optimizer's `stateDict` is; a bad `rank` throws at once, as there.
     #[wasm_bindgen(js_name = stateDict)]
-    pub fn state_dict(&self, rank: f64) -> JsResult<Promise> {
+    pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
         let zero = js(self.zero())?;
         let ranks = js(borrow(&self.inner.replicas))?.ranks();
-        let rank = js(rank_index(rank, ranks))?;
+        let rank = js(super::convert::rank_arg(&rank, ranks))?;
         Ok(match zero.state_dict(rank).and_then(|sd| json_to_js(&sd)) {
             Ok(state_dict) => Promise::resolve(&state_dict),
             Err(error) => Promise::reject(&super::js_error(error)),

@@ -392,6 +392,10 @@ impl GpuArena {
         pieces: &[(&wgpu::Buffer, usize, usize)],
         total: usize,
     ) -> Result<Vec<u32>> {
+        // A lost device would never map the staging buffer: say so instead of waiting.
+        if let Some(reason) = self.shared.lost() {
+            return Err(super::device_lost_error(&reason));
+        }
         let device = &self.shared.device;
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("distopt readback"),

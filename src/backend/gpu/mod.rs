@@ -25,17 +25,35 @@ use crate::error::{Error, Result};
 /// most this size on every adapter, so the chunked path is the same everywhere.
 pub const DEFAULT_MAX_BINDING_BYTES: u64 = 128 << 20;
 
+/// The error of every call on a backend whose device was lost.
+pub fn device_lost_error(reason: &str) -> Error {
+    Error::runtime(format!(
+        "the GPU device was lost ({reason}): objects made on it cannot be used any more; select a backend again (init() in JavaScript, init({{backend: 'cpu'}}) for the CPU backend) and make them anew"
+    ))
+}
+
 /// Device and queue, shared by the backend and every arena it creates.
 pub(crate) struct GpuShared {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     /// The first validation or out-of-memory error wgpu reported outside an error scope.
     uncaptured: Arc<Mutex<Option<String>>>,
+    /// Why the device was lost (its device-lost callback), once it is.
+    lost: Arc<Mutex<Option<String>>>,
 }
 
 impl GpuShared {
-    /// Turns an error wgpu reported asynchronously into a `RuntimeError`.
+    /// The device-lost message, once the device is lost.
+    fn lost(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Turns an error wgpu reported asynchronously into a `RuntimeError` (a lost device
+    /// first: nothing made on it can be used any more).
     fn take_uncaptured(&self) -> Result<()> {
+        if let Some(reason) = self.lost() {
+            return Err(device_lost_error(&reason));
+        }
         match self
             .uncaptured
             .lock()
@@ -164,6 +182,15 @@ impl GpuBackend {
                 slot.get_or_insert_with(|| error.to_string());
             }));
         }
+        let lost = Arc::new(Mutex::new(None));
+        {
+            let sink = lost.clone();
+            device.set_device_lost_callback(move |reason, message| {
+                log::error!("wgpu: the device was lost ({reason:?}): {message}");
+                let mut slot = sink.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert_with(|| format!("{reason:?}: {message}"));
+            });
+        }
         let adapter_info = adapter.get_info();
         let max_binding_bytes = options
             .max_binding_bytes
@@ -206,6 +233,7 @@ impl GpuBackend {
             device,
             queue,
             uncaptured,
+            lost,
         });
         shared.take_uncaptured()?;
         Ok(GpuBackend {
@@ -304,6 +332,14 @@ impl GpuBackend {
 impl Backend for GpuBackend {
     fn info(&self) -> &BackendInfo {
         &self.info
+    }
+
+    fn lost(&self) -> Option<String> {
+        self.shared.lost()
+    }
+
+    fn destroy_device_for_test(&self) {
+        self.shared.device.destroy();
     }
 
     fn chunk_len(&self, rank_len: usize, ranks: usize) -> usize {
