@@ -120,6 +120,15 @@ impl Compression {
     }
 }
 
+impl std::str::FromStr for Compression {
+    type Err = crate::error::Error;
+
+    /// As [`Compression::parse`].
+    fn from_str(name: &str) -> crate::error::Result<Compression> {
+        Compression::parse(name)
+    }
+}
+
 /// DiLoCo: inner steps on every rank, and every `sync_every` of them an outer step with the
 /// world's mean pseudo-gradient.
 ///

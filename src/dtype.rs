@@ -279,6 +279,15 @@ impl DType {
     }
 }
 
+impl std::str::FromStr for DType {
+    type Err = crate::error::Error;
+
+    /// As [`DType::parse`].
+    fn from_str(name: &str) -> crate::error::Result<DType> {
+        DType::parse(name)
+    }
+}
+
 impl std::fmt::Display for DType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

@@ -491,6 +491,15 @@ impl BackendChoice {
     }
 }
 
+impl std::str::FromStr for BackendChoice {
+    type Err = crate::error::Error;
+
+    /// As [`BackendChoice::parse`].
+    fn from_str(name: &str) -> crate::error::Result<BackendChoice> {
+        BackendChoice::parse(name)
+    }
+}
+
 /// The backend picked by [`select_backend`] and why.
 #[derive(Debug, Clone)]
 pub struct Selection {

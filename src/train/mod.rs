@@ -48,10 +48,12 @@
 //! assert!(evaluation.held_out && evaluation.samples == 359);
 //! ```
 
+mod algorithm;
 mod model;
 pub mod task;
 mod trainer;
 
+pub use algorithm::{AlgorithmName, AlgorithmSettings, DEFAULT_WARMUP};
 pub use task::{
     DIGITS_BIN, Dataset, DatasetConfig, DatasetTask, SyntheticTask, Task, TaskConfig, TaskKind,
 };

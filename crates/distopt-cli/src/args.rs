@@ -257,7 +257,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "P", default_value_t = 8)]
     pub period: u64,
     /// Warm-up steps K of synchronous SGD before post-local SGD starts.
-    #[arg(long, value_name = "K", default_value_t = 20)]
+    #[arg(long, value_name = "K", default_value_t = distopt::train::DEFAULT_WARMUP)]
     pub warmup: u64,
     /// sync, periodic, hierarchical, zero, diloco or all.
     #[arg(long, value_name = "ALGORITHM", default_value = "all")]

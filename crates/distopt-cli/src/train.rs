@@ -13,8 +13,8 @@ use distopt::backend::{BackendChoice, Selection, select_backend_blocking};
 use distopt::comm::Communicator;
 use distopt::diloco::Compression;
 use distopt::train::{
-    Algorithm, Dataset, DatasetConfig, DatasetTask, Evaluation, SyntheticTask, Task, TaskConfig,
-    TrainConfig, Trainer,
+    Algorithm, AlgorithmName, AlgorithmSettings, Dataset, DatasetConfig, DatasetTask, Evaluation,
+    SyntheticTask, Task, TaskConfig, TrainConfig, Trainer,
 };
 use distopt::{Error, warnings};
 use serde_json::{Value, json};
@@ -138,41 +138,27 @@ impl Options {
         if period == 0 {
             return Err(Error::value("--period must be at least 1"));
         }
-        let periodic = Algorithm::PostLocalPeriodic { period, warmup };
-        let hierarchical = Algorithm::PostLocalHierarchical {
-            levels: Algorithm::default_hierarchy(period, ranks),
-            warmup,
-            subgroup_size: None,
-        };
         if !compress.is_none() && algorithm != "diloco" {
             return Err(Error::value(
                 "--compress applies to --algorithm diloco only",
             ));
         }
-        let diloco = Algorithm::DiLoCo {
-            sync_every: period,
-            fragments,
-            compress,
-        };
-        let algorithms = match algorithm.as_str() {
-            "sync" => vec![Algorithm::SyncSgd],
-            "periodic" => vec![periodic],
-            "hierarchical" => vec![hierarchical],
-            "zero" => vec![Algorithm::Zero],
-            "diloco" => vec![diloco],
-            "all" => vec![
-                Algorithm::SyncSgd,
-                periodic,
-                hierarchical,
-                Algorithm::Zero,
-                diloco,
+        let mut settings = AlgorithmSettings::default();
+        settings.period = period;
+        settings.warmup = warmup;
+        settings.fragments = fragments;
+        settings.compress = compress;
+        let names = match algorithm.as_str() {
+            "all" => AlgorithmName::ALL.to_vec(),
+            name => vec![
+                name.parse::<AlgorithmName>()
+                    .map_err(|e| Error::value(format!("{}, or all", e.message())))?,
             ],
-            other => {
-                return Err(Error::value(format!(
-                    "unknown algorithm '{other}': expected sync, periodic, hierarchical, zero, diloco or all"
-                )));
-            }
         };
+        let algorithms = names
+            .into_iter()
+            .map(|name| name.build(&settings, ranks))
+            .collect::<Result<Vec<_>, Error>>()?;
         Ok(Options {
             task_kind: args.task,
             dataset: DatasetConfig {

@@ -15,8 +15,8 @@ use super::budget;
 use distopt::dtype::DType;
 use distopt::error::{Error, ErrorKind, Result};
 use distopt::json::{number_from_json, number_to_json, tensor_from_json};
-use distopt::step::StepRequest;
 use distopt::step::errors;
+use distopt::step::{StepRequest, StepSource, read_replicas};
 use distopt::tensor::{HostData, Tensor, format_shape, numel_of};
 
 /// Nesting deeper than this in an options object or state dict is an error, not a stack
@@ -729,10 +729,10 @@ pub(crate) fn json_to_js(value: &Value) -> Result<JsValue> {
     })
 }
 
-/// A `{parameter_replicas, gradient_replicas, learning_rate}` step request from JS, checked in
-/// the reference order of `step::read_replicas`, so that the first defect found is
-/// the one reported: counts, then for each parameter and rank its dtype, shape, gradient dtype
-/// and gradient shape.
+/// A `{parameter_replicas, gradient_replicas, learning_rate}` step request from JS, read and
+/// checked by the library's reader (`step::read_replicas`) in the reference order, so that the
+/// first defect found is the one the JSON and typed front ends report too: counts, then for
+/// each parameter and rank its dtype, shape, gradient dtype and gradient shape.
 pub(crate) fn step_request(
     parameter_replicas: &JsValue,
     gradient_replicas: &JsValue,
@@ -741,85 +741,78 @@ pub(crate) fn step_request(
     let params = array(parameter_replicas, "parameterReplicas")?;
     let grads = array(gradient_replicas, "gradientReplicas")?;
     let learning_rate = number(learning_rate, "learningRate")?;
-    let ranks = params.length() as usize;
-    if ranks == 0 {
-        return Err(errors::no_replicas());
-    }
-    if grads.length() as usize != ranks {
-        return Err(errors::gradient_replica_count(
-            grads.length() as usize,
-            ranks,
-        ));
-    }
-    let mut param_lists = Vec::with_capacity(ranks);
-    let mut grad_lists = Vec::with_capacity(ranks);
-    for rank in 0..ranks {
-        param_lists.push(array(
-            &params.get(rank as u32),
-            &format!("parameterReplicas[{rank}]"),
-        )?);
-        grad_lists.push(array(
-            &grads.get(rank as u32),
-            &format!("gradientReplicas[{rank}]"),
-        )?);
-    }
-    let count = param_lists[0].length() as usize;
-    for rank in 0..ranks {
-        let n = param_lists[rank].length() as usize;
-        if n != count {
-            return Err(errors::param_count(rank, n, count));
-        }
-        let n = grad_lists[rank].length() as usize;
-        if n != count {
-            return Err(errors::gradient_count(rank, n, count));
-        }
-    }
-    let mut parameter_replicas: Vec<Vec<Tensor>> =
-        (0..ranks).map(|_| Vec::with_capacity(count)).collect();
-    let mut gradient_replicas: Vec<Vec<Option<Tensor>>> =
-        (0..ranks).map(|_| Vec::with_capacity(count)).collect();
-    for j in 0..count {
-        for rank in 0..ranks {
-            let what = format!("parameter {j} of rank {rank}");
-            let param = tensor_or_dtype(&param_lists[rank].get(j as u32), &what)?
-                .map_err(|name| errors::unsupported_dtype("parameter", &name, j, rank))?;
-            let expected = if rank == 0 {
-                param.shape().to_vec()
-            } else {
-                parameter_replicas[0][j].shape().to_vec()
-            };
-            if param.shape() != expected {
-                return Err(errors::param_shape(j, rank, param.shape(), &expected));
-            }
-            if rank > 0 && param.dtype() != parameter_replicas[0][j].dtype() {
-                // The step reads rank 0's dtype for every rank (the reference's `p0j`): a
-                // replica of another dtype would come back silently converted, so the JS API
-                // refuses it as `new Replicas` does.
-                return Err(type_error(format!(
-                    "parameter {j} of rank {rank} is {}, rank 0's is {}: every rank must hold the same dtypes",
-                    param.dtype().name(),
-                    parameter_replicas[0][j].dtype().name()
-                )));
-            }
-            let g = grad_lists[rank].get(j as u32);
-            let grad = if g.is_null() || g.is_undefined() {
-                None
-            } else {
-                let what = format!("gradient {j} of rank {rank}");
-                let grad = tensor_or_dtype(&g, &what)?
-                    .map_err(|name| errors::unsupported_dtype("gradient", &name, j, rank))?;
-                if grad.shape() != param.shape() {
-                    return Err(errors::gradient_shape(j, rank, grad.shape(), param.shape()));
-                }
-                Some(grad)
-            };
-            parameter_replicas[rank].push(param);
-            gradient_replicas[rank].push(grad);
-        }
-    }
+    let (parameter_replicas, gradient_replicas) = read_replicas(&mut JsSource {
+        params,
+        grads,
+        param_lists: Vec::new(),
+        grad_lists: Vec::new(),
+        dtypes: Vec::new(),
+    })?;
     Ok(StepRequest {
         parameter_replicas,
         gradient_replicas,
         learning_rate,
     })
+}
+
+/// A request's replica lists as JS arrays.
+struct JsSource {
+    params: Array,
+    grads: Array,
+    param_lists: Vec<Array>,
+    grad_lists: Vec<Array>,
+    /// Rank 0's dtype of each parameter read so far.
+    dtypes: Vec<distopt::DType>,
+}
+
+impl StepSource for JsSource {
+    type Item = Tensor;
+    fn ranks(&mut self) -> (usize, usize) {
+        (self.params.length() as usize, self.grads.length() as usize)
+    }
+    fn counts(&mut self, rank: usize) -> Result<(usize, usize)> {
+        let params = array(
+            &self.params.get(rank as u32),
+            &format!("parameterReplicas[{rank}]"),
+        )?;
+        let grads = array(
+            &self.grads.get(rank as u32),
+            &format!("gradientReplicas[{rank}]"),
+        )?;
+        let counts = (params.length() as usize, grads.length() as usize);
+        self.param_lists.push(params);
+        self.grad_lists.push(grads);
+        Ok(counts)
+    }
+    fn param(&mut self, rank: usize, j: usize) -> Result<Tensor> {
+        let what = format!("parameter {j} of rank {rank}");
+        let param = tensor_or_dtype(&self.param_lists[rank].get(j as u32), &what)?
+            .map_err(|name| errors::unsupported_dtype("parameter", &name, j, rank))?;
+        if rank == 0 {
+            self.dtypes.push(param.dtype());
+        } else if param.dtype() != self.dtypes[j] {
+            // The step reads rank 0's dtype for every rank (the reference's `p0j`): a replica
+            // of another dtype would come back silently converted, so the JS API refuses it as
+            // `new Replicas` does.
+            return Err(type_error(format!(
+                "parameter {j} of rank {rank} is {}, rank 0's is {}: every rank must hold the same dtypes",
+                param.dtype().name(),
+                self.dtypes[j].name()
+            )));
+        }
+        Ok(param)
+    }
+    fn grad(&mut self, rank: usize, j: usize) -> Result<Option<Tensor>> {
+        let g = self.grad_lists[rank].get(j as u32);
+        if g.is_null() || g.is_undefined() {
+            return Ok(None);
+        }
+        let what = format!("gradient {j} of rank {rank}");
+        tensor_or_dtype(&g, &what)?
+            .map(Some)
+            .map_err(|name| errors::unsupported_dtype("gradient", &name, j, rank))
+    }
+    fn shape(item: &Tensor) -> &[usize] {
+        item.shape()
+    }
 }

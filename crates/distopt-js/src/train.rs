@@ -16,8 +16,8 @@ use super::{JsResult, busy, current_backend, js};
 use distopt::diloco::Compression;
 use distopt::error::{Error, Result};
 use distopt::train::{
-    Algorithm, Dataset, DatasetConfig, DatasetTask, Evaluation, StepReport, SyntheticTask, Task,
-    TaskConfig, TrainConfig, Trainer,
+    Algorithm, AlgorithmName, AlgorithmSettings, Dataset, DatasetConfig, DatasetTask, Evaluation,
+    StepReport, SyntheticTask, Task, TaskConfig, TrainConfig, Trainer,
 };
 
 /// Settings a `new Trainer({...})` accepts.
@@ -108,78 +108,59 @@ fn get_f64(map: &serde_json::Map<String, Value>, key: &str, default: f64) -> Res
 }
 
 /// The algorithm named by `algorithm` (`"sync"`, `"periodic"`, `"hierarchical"`, `"zero"`,
-/// `"diloco"`) with its settings (DiLoCo syncs every `period` steps, over `fragments` fragments).
+/// `"diloco"`; `train::AlgorithmName`) with its settings, the library's defaults where absent
+/// (`train::AlgorithmSettings`: DiLoCo syncs every `period` steps, over `fragments` fragments).
 fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algorithm> {
-    let name = match map.get("algorithm") {
-        None | Some(Value::Null) => "sync",
-        Some(Value::String(s)) => s.as_str(),
+    let name: AlgorithmName = match map.get("algorithm") {
+        None | Some(Value::Null) => AlgorithmName::Sync,
+        Some(Value::String(s)) => s.parse()?,
         Some(other) => {
             return Err(Error::type_error(format!(
                 "'algorithm' must be \"sync\", \"periodic\", \"hierarchical\", \"zero\" or \"diloco\", got {other}"
             )));
         }
     };
-    let period = get_u64(map, "period", 8)?;
-    let warmup = get_u64(map, "warmup", 0)?;
-    if name != "diloco" && map.get("compress").is_some_and(|v| !v.is_null()) {
-        return Err(Error::value(
-            "'compress' applies to algorithm 'diloco' only",
-        ));
-    }
-    Ok(match name {
-        "sync" | "sync_sgd" => Algorithm::SyncSgd,
-        "zero" => Algorithm::Zero,
-        "diloco" => Algorithm::DiLoCo {
-            sync_every: period,
-            fragments: get_usize(map, "fragments", 1)?,
-            compress: match map.get("compress") {
-                None | Some(Value::Null) => Compression::None,
-                Some(Value::String(name)) => Compression::parse(name)?,
-                Some(other) => {
-                    return Err(Error::type_error(format!(
-                        "'compress' must be 'none', 'bf16' or 'f16', got {other}"
-                    )));
-                }
-            },
-        },
-        "periodic" | "post_local_periodic" => Algorithm::PostLocalPeriodic { period, warmup },
-        "hierarchical" | "post_local_hierarchical" => {
-            let levels = match map.get("levels") {
-                None | Some(Value::Null) => Algorithm::default_hierarchy(period, ranks),
-                Some(Value::Array(pairs)) => pairs
-                    .iter()
-                    .map(|pair| {
-                        let p = pair.as_array().filter(|p| p.len() == 2);
-                        p.and_then(|p| Some((p[0].as_u64()?, usize::try_from(p[1].as_u64()?).ok()?)))
-                            .ok_or_else(|| {
-                                Error::type_error(format!(
-                                    "'levels' must be [period, groupSize] pairs of non-negative integers, got {pair}"
-                                ))
-                            })
-                    })
-                    .collect::<Result<Vec<_>>>()?,
-                Some(other) => {
-                    return Err(Error::type_error(format!(
-                        "'levels' must be an array of [period, groupSize] pairs, got {other}"
-                    )));
-                }
-            };
-            let subgroup_size = match map.get("subgroupSize") {
-                None | Some(Value::Null) => None,
-                Some(_) => Some(get_usize(map, "subgroupSize", 0)?),
-            };
-            Algorithm::PostLocalHierarchical {
-                levels,
-                warmup,
-                subgroup_size,
-            }
-        }
-        other => {
-            return Err(Error::value(format!(
-                "unknown algorithm '{other}': expected sync, periodic, hierarchical, zero or diloco"
+    let defaults = AlgorithmSettings::default();
+    let mut settings = AlgorithmSettings::default();
+    settings.period = get_u64(map, "period", defaults.period)?;
+    settings.warmup = get_u64(map, "warmup", defaults.warmup)?;
+    settings.fragments = get_usize(map, "fragments", defaults.fragments)?;
+    settings.compress = match map.get("compress") {
+        None | Some(Value::Null) => Compression::None,
+        Some(Value::String(name)) => Compression::parse(name)?,
+        Some(other) => {
+            return Err(Error::type_error(format!(
+                "'compress' must be 'none', 'bf16' or 'f16', got {other}"
             )));
         }
-    })
+    };
+    settings.levels = match map.get("levels") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(pairs)) => Some(
+            pairs
+                .iter()
+                .map(|pair| {
+                    let p = pair.as_array().filter(|p| p.len() == 2);
+                    p.and_then(|p| Some((p[0].as_u64()?, usize::try_from(p[1].as_u64()?).ok()?)))
+                        .ok_or_else(|| {
+                            Error::type_error(format!(
+                                "'levels' must be [period, groupSize] pairs of non-negative integers, got {pair}"
+                            ))
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        Some(other) => {
+            return Err(Error::type_error(format!(
+                "'levels' must be an array of [period, groupSize] pairs, got {other}"
+            )));
+        }
+    };
+    settings.subgroup_size = match map.get("subgroupSize") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(get_usize(map, "subgroupSize", 0)?),
+    };
+    name.build(&settings, ranks)
 }
 
 fn task_config(value: Option<&Value>) -> Result<TaskConfig> {
