@@ -1072,7 +1072,7 @@ export interface TrainerSettings {
   fragments?: number;
   /** `diloco`: the pseudo-gradients' wire format (default `'none'`: each parameter's own dtype). */
   compress?: 'none' | 'bf16' | 'f16';
-  /** Warm-up steps of synchronous SGD before local SGD (default 0). */
+  /** Warm-up steps of synchronous SGD before local SGD (default 20, as the command line's `--warmup`). */
   warmup?: number;
   /** `hierarchical`: `[[period, groupSize], …]` (default `Trainer.defaultHierarchy(period, ranks)`). */
   levels?: ReadonlyArray<readonly [number, number]>;
