@@ -616,6 +616,7 @@ worker.onmessage = (event) => {
       if (run && message.id === run.id && message.done) {
         running = false;
         ui.start.textContent = 'Start';
+        ui.start.setAttribute('aria-pressed', 'false');
         updateStats();
       }
       break;

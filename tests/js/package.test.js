@@ -202,6 +202,8 @@ test('a fresh Vite project installs the tarball offline, type-checks, builds, an
   const dev = spawn(process.execPath, [VITE, '--host', '127.0.0.1', '--port', String(port), '--strictPort'], {
     cwd: dir,
     stdio: ['ignore', 'pipe', 'pipe'],
+    // Plain text: a coloured banner puts escape codes between the host and the port.
+    env: { ...process.env, NO_COLOR: '1', FORCE_COLOR: '0' },
   });
   try {
     let log = '';
@@ -209,7 +211,8 @@ test('a fresh Vite project installs the tarball offline, type-checks, builds, an
       const timer = setTimeout(() => reject(new Error(`vite dev server did not start:\n${log}`)), 60_000);
       const onData = (chunk) => {
         log += chunk;
-        if (log.includes(`:${port}`)) {
+        // (Escape codes stripped too, where a terminal setting still colours the banner.)
+        if (log.replace(/\x1b\[[0-9;]*m/g, '').includes(`:${port}`)) {
           clearTimeout(timer);
           resolve();
         }
