@@ -10,7 +10,7 @@ use crate::backend::{Backend, BackendInfo};
 use crate::comm::{Communicator, all_gather_f64};
 use crate::error::{Error, RankErrors, Result};
 use crate::join::{JoinConfig, JoinHook, JoinOptions, Joinable, ProcessGroup, notify_join_context};
-use crate::replicas::Replicas;
+use crate::replicas::{Replicas, Values};
 
 /// The `ValueError` of `_find_common_rank` when no rank qualifies.
 pub const NO_COMMON_RANK: &str = "BUG! Expected rank_cond to be true for at least one process. This indicates a bug in PyTorch, please report an issue.";
@@ -114,40 +114,36 @@ impl DistributedDataParallel {
         let ranks = replicas.ranks();
         let backend = self.backend.clone();
         let present: Vec<Vec<bool>> = replicas
-            .groups
+            .buckets()
             .iter()
-            .map(|group| {
+            .map(|bucket| {
                 (0..ranks)
-                    .flat_map(|rank| {
-                        group
-                            .members
-                            .iter()
-                            .map(move |&j| (rank, j))
-                            .collect::<Vec<_>>()
-                    })
+                    .flat_map(|rank| bucket.members().iter().map(move |&j| (rank, j)))
                     .map(|(rank, j)| replicas.has_grad(rank, j))
                     .collect()
             })
             .collect();
         let bytes: Vec<u64> = replicas
-            .groups
+            .buckets()
             .iter()
-            .map(|g| {
-                g.members
+            .map(|b| {
+                b.members()
                     .iter()
                     .map(|&j| (replicas.numel(j) * replicas.dtype(j).size_bytes()) as u64)
                     .sum()
             })
             .collect();
-        for ((group, present), bytes) in replicas.groups.iter_mut().zip(present).zip(bytes) {
-            let reduced = vec![true; group.members.len()];
+        for ((bucket, present), bytes) in replicas.buckets_mut().iter_mut().zip(present).zip(bytes)
+        {
+            let reduced = vec![true; bucket.members().len()];
             // The bucket's dtype is the parameters': its products and sums round to it.
-            let arith = group.format;
+            let arith = bucket.format();
+            let (arena, starts) = bucket.arena_with_starts(Values::Grads);
             self.world.all_reduce_scaled_sum(
                 backend.as_ref(),
-                &mut group.grads,
+                arena,
                 arith,
-                &group.starts,
+                starts,
                 &reduced,
                 &scales,
                 &present,

@@ -20,13 +20,14 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
+use crate::backend::{Arena, Backend, CpuBackend};
 use crate::comm::{Communicator, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
-use crate::optim::{LocalOptimizer, check_same_model, read_state, write_state};
-use crate::replicas::Replicas;
+use crate::optim::{LocalOptimizer, check_same_model};
+use crate::replicas::{Replicas, StateArenas};
+use crate::transfer;
 
 /// The precision DiLoCo sends its pseudo-gradients in (OpenDiLoCo's compressed all-reduce).
 ///
@@ -166,31 +167,16 @@ pub struct DiLoCo {
     fragments: Vec<Vec<usize>>,
     /// Fragment `f` syncs when `local_step` becomes `offsets[f]`.
     offsets: Vec<u64>,
-    /// Per replica group (storage format), every local rank's parameters at their fragment's
-    /// last sync.
-    backups: Vec<Arena>,
+    /// Every local rank's parameters at their fragment's last sync (laid out like the
+    /// parameters, one arena per format bucket).
+    backups: StateArenas,
     /// The pseudo-gradients' wire precision.
     compression: Compression,
-    /// Per replica group, the wire-format arena of the compressed all-reduce (created on the
-    /// first compressed sync of a group whose format differs from the wire format).
+    /// Per format bucket, the wire-format arena of the compressed all-reduce (created on the
+    /// first compressed sync of a bucket whose format differs from the wire format).
     wire: Vec<Option<Arena>>,
     ranks: usize,
     params: usize,
-}
-
-/// Copies every rank of `src` into `dst` (arenas of one layout) on the backend: device to
-/// device on a GPU, host to host for host arenas.
-fn copy_ranks(backend: &dyn Backend, src: &Arena, dst: &mut Arena) -> Result<()> {
-    let regions: Vec<CopyRegion> = (0..src.ranks())
-        .map(|rank| CopyRegion {
-            src_rank: rank,
-            src_offset: 0,
-            dst_rank: rank,
-            dst_offset: 0,
-            len: src.rank_len(),
-        })
-        .collect();
-    backend.copy_regions(src, dst, &regions)
 }
 
 impl DiLoCo {
@@ -223,13 +209,7 @@ impl DiLoCo {
     ) -> Result<DiLoCo> {
         Self::check_arguments(replicas, sync_every, world.as_ref())?;
         check_fragments(replicas.len(), &fragments, sync_every as u64)?;
-        let backend = replicas.backend().clone();
-        let mut backups = Vec::with_capacity(replicas.groups.len());
-        for group in &replicas.groups {
-            let mut backup = group.state_arena(backend.as_ref(), replicas.ranks())?;
-            copy_ranks(backend.as_ref(), &group.params, &mut backup)?;
-            backups.push(backup);
-        }
+        let backups = StateArenas::copy_of_params(replicas)?;
         let h = sync_every as u64;
         let count = fragments.len() as u64;
         let offsets = (0..count).map(|f| (f + 1) * h / count % h).collect();
@@ -241,7 +221,7 @@ impl DiLoCo {
             local_step: 0,
             fragments,
             offsets,
-            wire: backups.iter().map(|_| None).collect(),
+            wire: replicas.buckets().iter().map(|_| None).collect(),
             backups,
             compression: Compression::None,
             ranks: replicas.ranks(),
@@ -369,15 +349,14 @@ impl DiLoCo {
             member[j] = true;
         }
         let backend = replicas.backend().clone();
-        let groups = Subgroups::world(self.world.world_size());
+        let subgroups = Subgroups::world(self.world.world_size());
         let wire = self.compression.wire_format();
         let plans: Vec<(Vec<bool>, u64)> = replicas
-            .groups
+            .buckets()
             .iter()
-            .map(|g| {
-                let active: Vec<bool> = g.members.iter().map(|&j| member[j]).collect();
-                let bytes = g
-                    .members
+            .map(|bucket| {
+                let bytes = bucket
+                    .members()
                     .iter()
                     .filter(|&&j| member[j])
                     .map(|&j| {
@@ -386,63 +365,54 @@ impl DiLoCo {
                         (replicas.numel(j) * size) as u64
                     })
                     .sum();
-                (active, bytes)
+                (bucket.mask(&member), bytes)
             })
             .collect();
-        for (((group, backup), (active, bytes)), wire_arena) in replicas
-            .groups
-            .iter_mut()
-            .zip(&self.backups)
-            .zip(&plans)
-            .zip(&mut self.wire)
+        for (b, (bucket, (active, bytes))) in
+            replicas.buckets_mut().iter_mut().zip(&plans).enumerate()
         {
             if !active.contains(&true) {
                 continue;
             }
-            backend.pseudo_gradient(
-                &mut group.params,
-                backup,
-                &mut group.grads,
-                &group.starts,
-                active,
-            )?;
-            if let Some(wire) = wire.filter(|&w| w != group.format) {
+            let format = bucket.format();
+            let (rank_len, chunk_len) = (bucket.rank_len(), bucket.chunk_len());
+            let (params, grads, starts) = bucket.arenas_mut();
+            let backup = self.backups.get(b).expect("every bucket has its backup");
+            backend.pseudo_gradient(params, backup, grads, starts, active)?;
+            if let Some(wire) = wire.filter(|&w| w != format) {
                 // Compressed: round to the wire format, average in it, widen back.
+                let wire_arena = &mut self.wire[b];
                 if wire_arena.is_none() {
-                    // A host group (float64 on a GPU backend) gets a host wire arena.
-                    let maker: &dyn Backend = if group.params.is_on_device() {
+                    // A host bucket (float64 on a GPU backend) gets a host wire arena.
+                    let maker: &dyn Backend = if params.is_on_device() {
                         backend.as_ref()
                     } else {
                         &CpuBackend::with_threads(1)
                     };
-                    *wire_arena = Some(maker.create_arena(
-                        wire,
-                        group.params.ranks(),
-                        group.rank_len,
-                        group.chunk_len,
-                    )?);
+                    *wire_arena =
+                        Some(maker.create_arena(wire, params.ranks(), rank_len, chunk_len)?);
                 }
                 let arena = wire_arena.as_mut().expect("created above");
-                backend.convert(&group.grads, arena, &group.starts, active)?;
+                backend.convert(grads, arena, starts, active)?;
                 self.world.all_reduce_mean(
                     backend.as_ref(),
                     arena,
-                    groups,
+                    subgroups,
                     wire,
-                    &group.starts,
+                    starts,
                     active,
                     *bytes,
                 )?;
-                backend.convert(arena, &mut group.grads, &group.starts, active)?;
+                backend.convert(arena, grads, starts, active)?;
                 continue;
             }
             // The reference all-reduces each pseudo-gradient in its own dtype.
             self.world.all_reduce_mean(
                 backend.as_ref(),
-                &mut group.grads,
-                groups,
-                group.format,
-                &group.starts,
+                grads,
+                subgroups,
+                format,
+                starts,
                 active,
                 *bytes,
             )?;
@@ -453,34 +423,7 @@ impl DiLoCo {
             }
         }
         self.outer.step(replicas)?;
-        for ((group, backup), (active, _)) in
-            replicas.groups.iter().zip(&mut self.backups).zip(&plans)
-        {
-            let regions: Vec<CopyRegion> = (0..self.ranks)
-                .flat_map(|rank| {
-                    group
-                        .members
-                        .iter()
-                        .zip(active)
-                        .filter(|(_, a)| **a)
-                        .map(move |(&j, _)| (rank, j))
-                })
-                .map(|(rank, j)| {
-                    let slot = &replicas.slots[j];
-                    CopyRegion {
-                        src_rank: rank,
-                        src_offset: slot.offset,
-                        dst_rank: rank,
-                        dst_offset: slot.offset,
-                        len: slot.numel,
-                    }
-                })
-                .filter(|r| r.len > 0)
-                .collect();
-            if !regions.is_empty() {
-                backend.copy_regions(&group.params, backup, &regions)?;
-            }
-        }
+        self.backups.copy_params(replicas, &self.fragments[f])?;
         self.outer.zero_grad(replicas);
         Ok(())
     }
@@ -496,8 +439,11 @@ impl DiLoCo {
         let outer = self.outer.state_dict(replicas, rank).await?;
         let mut original = Vec::with_capacity(self.params);
         for j in 0..self.params {
-            let backup = &self.backups[replicas.slots[j].group];
-            let tensor = read_state(backup, replicas, rank, j).await?;
+            let tensor = self
+                .backups
+                .read(replicas, rank, j)
+                .await?
+                .expect("every bucket has its backup");
             original.push(tensor_to_json(&tensor).await?);
         }
         Ok(json!({
@@ -560,26 +506,25 @@ impl DiLoCo {
         let mut tensors = Vec::with_capacity(original.len());
         for (j, value) in original.iter().enumerate() {
             let tensor = tensor_from_json(value, &format!("original_parameters[{j}]"))?;
-            let slot = &replicas.slots[j];
-            if tensor.dtype() != slot.dtype || tensor.shape() != slot.shape.as_slice() {
+            if tensor.dtype() != replicas.dtype(j) || tensor.shape() != replicas.shape(j) {
                 return Err(Error::value(format!(
                     "original_parameters[{j}] is {} {}, the parameter is {} {}",
                     tensor.dtype(),
                     crate::tensor::format_shape(tensor.shape()),
-                    slot.dtype,
-                    crate::tensor::format_shape(&slot.shape)
+                    replicas.dtype(j),
+                    crate::tensor::format_shape(replicas.shape(j))
                 )));
             }
-            tensors.push(tensor);
+            let format = replicas.buckets()[replicas.place(j).bucket].format();
+            tensors.push(transfer::encode(&tensor, format, "a loaded state tensor")?);
         }
         // Both optimizers check their parts before either changes.
         self.inner.check_state_dict(replicas, rank, inner)?;
         self.outer.check_state_dict(replicas, rank, outer)?;
         self.inner.load_state_dict(replicas, rank, inner)?;
         self.outer.load_state_dict(replicas, rank, outer)?;
-        for (j, tensor) in tensors.iter().enumerate() {
-            let slot = &replicas.slots[j];
-            write_state(&mut self.backups[slot.group], slot, rank, tensor)?;
+        for (j, words) in tensors.iter().enumerate() {
+            self.backups.write_words(replicas, rank, j, words)?;
         }
         self.local_step = local_step;
         Ok(())

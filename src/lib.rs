@@ -45,6 +45,7 @@ pub mod rpc;
 pub mod step;
 pub mod tensor;
 pub mod train;
+pub(crate) mod transfer;
 pub mod warnings;
 pub mod zero;
 

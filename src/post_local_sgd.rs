@@ -10,7 +10,7 @@ use crate::averaging::ModelAverager;
 use crate::comm::{Communicator, Subgroups, new_subgroups};
 use crate::error::{Error, Result};
 use crate::optim::LocalOptimizer;
-use crate::replicas::Replicas;
+use crate::replicas::{Replicas, Values};
 
 /// The warning of a `load_state_dict` without an averager step.
 pub const MISSING_STEP_WARNING: &str =
@@ -159,7 +159,6 @@ impl PostLocalSgdState {
         } else {
             return Ok(None);
         };
-        let backend = replicas.backend().clone();
         let ranks = replicas.ranks();
         // Which gradients exist on some rank (DDP's map of used parameters).
         let local: Vec<Vec<bool>> = (0..ranks)
@@ -170,33 +169,8 @@ impl PostLocalSgdState {
             })
             .collect();
         let has = crate::comm::any_rank(self.world.as_ref(), &local)?;
-        let bytes: Vec<u64> = replicas
-            .groups
-            .iter()
-            .map(|g| {
-                g.members
-                    .iter()
-                    .filter(|&&j| has[j])
-                    .map(|&j| (replicas.numel(j) * replicas.dtype(j).size_bytes()) as u64)
-                    .sum()
-            })
-            .collect();
-        for (group, bytes) in replicas.groups.iter_mut().zip(bytes) {
-            let active: Vec<bool> = group.members.iter().map(|&j| has[j]).collect();
-            if !active.contains(&true) {
-                continue;
-            }
-            let arith = group.format;
-            self.world.all_reduce_mean(
-                backend.as_ref(),
-                &mut group.grads,
-                groups,
-                arith,
-                &group.starts,
-                &active,
-                bytes,
-            )?;
-        }
+        // Each gradient is averaged in its own dtype.
+        replicas.all_reduce_mean(self.world.as_ref(), Values::Grads, groups, &has, None)?;
         // DDP gives every rank the reduced gradient: a rank without one now has it.
         for (j, _) in has.iter().enumerate().filter(|(_, h)| **h) {
             for rank in 0..ranks {

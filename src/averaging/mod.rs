@@ -11,7 +11,7 @@ pub use periodic::PeriodicModelAverager;
 use crate::comm::{Communicator, Subgroups};
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
-use crate::replicas::Replicas;
+use crate::replicas::{Replicas, Values};
 
 /// The common surface of the averagers (PyTorch's `ModelAverager`).
 pub trait ModelAverager: crate::backend::MaybeSendSync + std::fmt::Debug {
@@ -76,39 +76,11 @@ pub fn average_parameters(
             "torch.cat(): expected a non-empty list of Tensors",
         ));
     };
-    let backend = replicas.backend().clone();
     let mut wanted = vec![false; replicas.len()];
     for &j in &averaged {
         wanted[j] = true;
     }
-    let bytes: Vec<u64> = replicas
-        .groups
-        .iter()
-        .map(|group| {
-            let numel: usize = group
-                .members
-                .iter()
-                .filter(|&&j| wanted[j])
-                .map(|&j| replicas.numel(j))
-                .sum();
-            (numel * arith.element_bytes()) as u64
-        })
-        .collect();
-    for (group, bytes) in replicas.groups.iter_mut().zip(bytes) {
-        let active: Vec<bool> = group.members.iter().map(|&j| wanted[j]).collect();
-        if !active.contains(&true) {
-            continue;
-        }
-        world.all_reduce_mean(
-            backend.as_ref(),
-            &mut group.params,
-            groups,
-            arith,
-            &group.starts,
-            &active,
-            bytes,
-        )?;
-    }
+    replicas.all_reduce_mean(world, Values::Params, groups, &wanted, Some(arith))?;
     Ok(())
 }
 

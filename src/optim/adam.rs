@@ -3,15 +3,15 @@
 
 use serde_json::{Map, Value, json};
 
+use super::OptimizerKind;
 use super::options::{self, GroupOptions, OptionMap};
-use super::shell::{Algorithm, Optimizer, Shell, all_params, parse_state_tensor, write_words};
-use super::{OptimizerKind, read_state};
+use super::shell::{Algorithm, Optimizer, Shell, all_params, parse_state_tensor};
+use crate::backend::BoxFuture;
 use crate::backend::kernels::{AdamArenas, AdamScalars};
-use crate::backend::{Arena, BoxFuture};
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
 use crate::pyfmt::float_repr;
-use crate::replicas::Replicas;
+use crate::replicas::{Replicas, StateArenas};
 use crate::tensor::Tensor;
 
 /// Adam's hyper-parameters, with `torch.optim.Adam`'s defaults. Build them with
@@ -246,20 +246,15 @@ fn at_least_zero(x: f64) -> bool {
     x >= 0.0
 }
 
-/// The state arenas of one storage format.
-#[derive(Debug)]
-struct Moments {
-    exp_avg: Arena,
-    exp_avg_sq: Arena,
-    max_exp_avg_sq: Option<Arena>,
-}
-
-/// Adam's math: the moments per storage format, created on first use. The shell's counter of
-/// a (rank, parameter) is its step count, which advances only on steps where it had a
-/// gradient; the bias corrections follow it.
+/// Adam's math: the moments laid out like the parameters, created on first use. The shell's
+/// counter of a (rank, parameter) is its step count, which advances only on steps where it had
+/// a gradient; the bias corrections follow it.
 #[derive(Debug)]
 pub struct AdamAlgorithm {
-    moments: Vec<Option<Moments>>,
+    exp_avg: StateArenas,
+    exp_avg_sq: StateArenas,
+    /// Only for buckets with an amsgrad parameter.
+    max_exp_avg_sq: StateArenas,
 }
 
 /// One parameter's loaded Adam state, encoded.
@@ -332,50 +327,27 @@ impl Optimizer<AdamAlgorithm> {
     }
 }
 
-impl AdamAlgorithm {
-    fn ensure_moments(
-        &mut self,
-        replicas: &Replicas,
-        ranks: usize,
-        group: usize,
-        amsgrad: bool,
-    ) -> Result<&mut Moments> {
-        let backend = replicas.backend().clone();
-        let layout = &replicas.groups[group];
-        if self.moments[group].is_none() {
-            self.moments[group] = Some(Moments {
-                exp_avg: layout.state_arena(backend.as_ref(), ranks)?,
-                exp_avg_sq: layout.state_arena(backend.as_ref(), ranks)?,
-                max_exp_avg_sq: None,
-            });
-        }
-        let moments = self.moments[group].as_mut().expect("created above");
-        if amsgrad && moments.max_exp_avg_sq.is_none() {
-            moments.max_exp_avg_sq = Some(layout.state_arena(backend.as_ref(), ranks)?);
-        }
-        Ok(moments)
-    }
-}
-
 impl Algorithm for AdamAlgorithm {
     type Options = AdamOptions;
     type Loaded = AdamLoaded;
 
-    fn empty(formats: usize) -> Self {
+    fn empty(buckets: usize) -> Self {
         AdamAlgorithm {
-            moments: (0..formats).map(|_| None).collect(),
+            exp_avg: StateArenas::empty(buckets),
+            exp_avg_sq: StateArenas::empty(buckets),
+            max_exp_avg_sq: StateArenas::empty(buckets),
         }
     }
 
     fn step(&mut self, shell: &mut Shell<AdamOptions>, replicas: &mut Replicas) -> Result<()> {
         let ranks = shell.ranks();
-        let mut tables = Vec::with_capacity(replicas.groups.len());
-        for group in &replicas.groups {
-            let members = group.members.len();
+        let mut tables = Vec::with_capacity(replicas.buckets().len());
+        for bucket in replicas.buckets() {
+            let members = bucket.members().len();
             let mut scalars = vec![AdamScalars::default(); ranks * members];
             let mut amsgrad = false;
             for rank in 0..ranks {
-                for (k, &j) in group.members.iter().enumerate() {
+                for (k, &j) in bucket.members().iter().enumerate() {
                     let Some(o) = shell.options_of(j) else {
                         continue;
                     };
@@ -407,27 +379,31 @@ impl Algorithm for AdamAlgorithm {
             tables.push((scalars, amsgrad));
         }
         let backend = replicas.backend().clone();
-        for (g, (scalars, amsgrad)) in tables.into_iter().enumerate() {
+        for (b, (scalars, amsgrad)) in tables.into_iter().enumerate() {
             if !scalars.iter().any(|s| s.active) {
                 continue;
             }
-            self.ensure_moments(replicas, ranks, g, amsgrad)?;
-            let moments = self.moments[g].as_mut().expect("ensured");
-            let group = &mut replicas.groups[g];
+            self.exp_avg.ensure(replicas, b)?;
+            self.exp_avg_sq.ensure(replicas, b)?;
+            if amsgrad {
+                self.max_exp_avg_sq.ensure(replicas, b)?;
+            }
+            let bucket = &mut replicas.buckets_mut()[b];
+            let (params, grads, starts) = bucket.step_arenas();
             backend.adam(
                 AdamArenas {
-                    params: &mut group.params,
-                    grads: &group.grads,
-                    exp_avg: &mut moments.exp_avg,
-                    exp_avg_sq: &mut moments.exp_avg_sq,
-                    max_exp_avg_sq: moments.max_exp_avg_sq.as_mut(),
+                    params,
+                    grads,
+                    exp_avg: self.exp_avg.get_mut(b).expect("ensured"),
+                    exp_avg_sq: self.exp_avg_sq.get_mut(b).expect("ensured"),
+                    max_exp_avg_sq: self.max_exp_avg_sq.get_mut(b),
                 },
-                &group.starts,
+                starts,
                 &scalars,
             )?;
-            let members = group.members.len();
+            let members = bucket.members().len();
             for rank in 0..ranks {
-                for (k, &j) in group.members.iter().enumerate() {
+                for (k, &j) in bucket.members().iter().enumerate() {
                     if scalars[rank * members + k].active {
                         shell.set_count(rank, j, shell.count(rank, j) + 1);
                     }
@@ -438,16 +414,9 @@ impl Algorithm for AdamAlgorithm {
     }
 
     fn state_bytes_per_rank(&self) -> usize {
-        self.moments
-            .iter()
-            .flatten()
-            .map(|m| {
-                let per_rank = |a: &Arena| a.bytes() / a.ranks().max(1);
-                per_rank(&m.exp_avg)
-                    + per_rank(&m.exp_avg_sq)
-                    + m.max_exp_avg_sq.as_ref().map_or(0, per_rank)
-            })
-            .sum()
+        self.exp_avg.bytes_per_rank()
+            + self.exp_avg_sq.bytes_per_rank()
+            + self.max_exp_avg_sq.bytes_per_rank()
     }
 
     fn state_entry<'a>(
@@ -458,19 +427,21 @@ impl Algorithm for AdamAlgorithm {
         j: usize,
     ) -> BoxFuture<'a, Result<Option<Map<String, Value>>>> {
         Box::pin(async move {
-            let Some(moments) = &self.moments[replicas.slots[j].group] else {
+            if !self.exp_avg.holds(replicas, j) {
                 return Ok(None);
-            };
+            }
             let step = Tensor::from_f32(&[], vec![shell.count(rank, j) as f32])?;
             let mut entry = Map::new();
             entry.insert("step".into(), tensor_to_json(&step).await?);
-            let exp_avg = read_state(&moments.exp_avg, replicas, rank, j).await?;
-            entry.insert("exp_avg".into(), tensor_to_json(&exp_avg).await?);
-            let exp_avg_sq = read_state(&moments.exp_avg_sq, replicas, rank, j).await?;
-            entry.insert("exp_avg_sq".into(), tensor_to_json(&exp_avg_sq).await?);
+            for (key, state) in [("exp_avg", &self.exp_avg), ("exp_avg_sq", &self.exp_avg_sq)] {
+                let tensor = state
+                    .read(replicas, rank, j)
+                    .await?
+                    .expect("created together");
+                entry.insert(key.into(), tensor_to_json(&tensor).await?);
+            }
             if shell.options_of(j).is_some_and(|o| o.amsgrad) {
-                if let Some(max) = &moments.max_exp_avg_sq {
-                    let max = read_state(max, replicas, rank, j).await?;
+                if let Some(max) = self.max_exp_avg_sq.read(replicas, rank, j).await? {
                     entry.insert("max_exp_avg_sq".into(), tensor_to_json(&max).await?);
                 }
             }
@@ -536,21 +507,12 @@ impl Algorithm for AdamAlgorithm {
             shell.set_count(rank, j, 0);
             return Ok(());
         };
-        let g = replicas.slots[j].group;
-        let moments =
-            self.ensure_moments(replicas, shell.ranks(), g, loaded.max_exp_avg_sq.is_some())?;
-        write_words(&mut moments.exp_avg, replicas, rank, j, &loaded.exp_avg)?;
-        write_words(
-            &mut moments.exp_avg_sq,
-            replicas,
-            rank,
-            j,
-            &loaded.exp_avg_sq,
-        )?;
-        if let (Some(words), Some(arena)) =
-            (&loaded.max_exp_avg_sq, moments.max_exp_avg_sq.as_mut())
-        {
-            write_words(arena, replicas, rank, j, words)?;
+        self.exp_avg
+            .write_words(replicas, rank, j, &loaded.exp_avg)?;
+        self.exp_avg_sq
+            .write_words(replicas, rank, j, &loaded.exp_avg_sq)?;
+        if let Some(words) = &loaded.max_exp_avg_sq {
+            self.max_exp_avg_sq.write_words(replicas, rank, j, words)?;
         }
         shell.set_count(rank, j, loaded.step);
         Ok(())

@@ -2,15 +2,15 @@
 
 use serde_json::{Map, Value, json};
 
+use super::OptimizerKind;
 use super::options::{self, GroupOptions, OptionMap};
-use super::shell::{Algorithm, Optimizer, Shell, all_params, parse_state_tensor, write_words};
-use super::{OptimizerKind, read_state};
+use super::shell::{Algorithm, Optimizer, Shell, all_params, parse_state_tensor};
+use crate::backend::BoxFuture;
 use crate::backend::kernels::SgdScalars;
-use crate::backend::{Arena, BoxFuture};
 use crate::error::{Error, Result};
 use crate::json::tensor_to_json;
 use crate::pyfmt::float_repr;
-use crate::replicas::Replicas;
+use crate::replicas::{Replicas, StateArenas};
 
 /// SGD's hyper-parameters, with PyTorch's defaults. Build them with
 /// `SgdOptions::default().with_lr(..)…` (the struct may gain fields).
@@ -148,7 +148,7 @@ impl GroupOptions for SgdOptions {
 /// counter of a (rank, parameter) is 1 when it has a momentum buffer.
 #[derive(Debug)]
 pub struct SgdAlgorithm {
-    momentum: Vec<Option<Arena>>,
+    momentum: StateArenas,
 }
 
 /// `torch.optim.SGD` on every rank of a [`Replicas`].
@@ -196,22 +196,22 @@ impl Algorithm for SgdAlgorithm {
     /// The encoded momentum buffer (`None`: PyTorch's `momentum_buffer: None`).
     type Loaded = Option<Vec<u32>>;
 
-    fn empty(formats: usize) -> Self {
+    fn empty(buckets: usize) -> Self {
         SgdAlgorithm {
-            momentum: (0..formats).map(|_| None).collect(),
+            momentum: StateArenas::empty(buckets),
         }
     }
 
     fn step(&mut self, shell: &mut Shell<SgdOptions>, replicas: &mut Replicas) -> Result<()> {
         let ranks = shell.ranks();
-        // One table per storage format: the settings of every (rank, parameter).
-        let mut tables = Vec::with_capacity(replicas.groups.len());
-        for group in &replicas.groups {
-            let members = group.members.len();
+        // One table per format bucket: the settings of every (rank, parameter).
+        let mut tables = Vec::with_capacity(replicas.buckets().len());
+        for bucket in replicas.buckets() {
+            let members = bucket.members().len();
             let mut scalars = vec![SgdScalars::default(); ranks * members];
             let mut needs_momentum = false;
             for rank in 0..ranks {
-                for (k, &j) in group.members.iter().enumerate() {
+                for (k, &j) in bucket.members().iter().enumerate() {
                     let Some(o) = shell.options_of(j) else {
                         continue;
                     };
@@ -232,25 +232,19 @@ impl Algorithm for SgdAlgorithm {
             tables.push((scalars, needs_momentum));
         }
         let backend = replicas.backend().clone();
-        for ((g, group), (scalars, needs_momentum)) in
-            replicas.groups.iter_mut().enumerate().zip(tables)
-        {
+        for (b, (scalars, needs_momentum)) in tables.into_iter().enumerate() {
             if !scalars.iter().any(|s| s.active) {
                 continue;
             }
-            if needs_momentum && self.momentum[g].is_none() {
-                self.momentum[g] = Some(group.state_arena(backend.as_ref(), ranks)?);
+            if needs_momentum {
+                self.momentum.ensure(replicas, b)?;
             }
-            backend.sgd(
-                &mut group.params,
-                &group.grads,
-                self.momentum[g].as_mut(),
-                &group.starts,
-                &scalars,
-            )?;
-            let members = group.members.len();
+            let bucket = &mut replicas.buckets_mut()[b];
+            let (params, grads, starts) = bucket.step_arenas();
+            backend.sgd(params, grads, self.momentum.get_mut(b), starts, &scalars)?;
+            let members = bucket.members().len();
             for rank in 0..ranks {
-                for (k, &j) in group.members.iter().enumerate() {
+                for (k, &j) in bucket.members().iter().enumerate() {
                     let s = &scalars[rank * members + k];
                     if s.active && s.momentum != 0.0 {
                         shell.set_count(rank, j, 1);
@@ -262,11 +256,7 @@ impl Algorithm for SgdAlgorithm {
     }
 
     fn state_bytes_per_rank(&self) -> usize {
-        self.momentum
-            .iter()
-            .flatten()
-            .map(|a| a.bytes() / a.ranks().max(1))
-            .sum()
+        self.momentum.bytes_per_rank()
     }
 
     fn state_entry<'a>(
@@ -277,10 +267,9 @@ impl Algorithm for SgdAlgorithm {
         j: usize,
     ) -> BoxFuture<'a, Result<Option<Map<String, Value>>>> {
         Box::pin(async move {
-            let Some(arena) = &self.momentum[replicas.slots[j].group] else {
+            let Some(tensor) = self.momentum.read(replicas, rank, j).await? else {
                 return Ok(None);
             };
-            let tensor = read_state(arena, replicas, rank, j).await?;
             let mut entry = Map::new();
             entry.insert("momentum_buffer".into(), tensor_to_json(&tensor).await?);
             Ok(Some(entry))
@@ -318,13 +307,7 @@ impl Algorithm for SgdAlgorithm {
             shell.set_count(rank, j, 0);
             return Ok(());
         };
-        let g = replicas.slots[j].group;
-        if self.momentum[g].is_none() {
-            self.momentum[g] =
-                Some(replicas.groups[g].state_arena(replicas.backend().as_ref(), shell.ranks())?);
-        }
-        let arena = self.momentum[g].as_mut().expect("created above");
-        write_words(arena, replicas, rank, j, &words)?;
+        self.momentum.write_words(replicas, rank, j, &words)?;
         shell.set_count(rank, j, 1);
         Ok(())
     }

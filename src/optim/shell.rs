@@ -296,8 +296,8 @@ impl<O: GroupOptions> Shell<O> {
     }
 }
 
-/// An optimizer's math: its options, its state arenas (per storage-format group of the
-/// replicas, created on first use), its step, and its entries of `state_dict()["state"]`.
+/// An optimizer's math: its options, its state arenas (a [`crate::replicas::StateArenas`]
+/// per state tensor, one arena per format bucket of the replicas, created on first use), its step, and its entries of `state_dict()["state"]`.
 /// [`Optimizer`] wraps it into a [`LocalOptimizer`].
 pub trait Algorithm: MaybeSendSync + std::fmt::Debug + Sized + 'static {
     /// The typed options of one group.
@@ -305,8 +305,8 @@ pub trait Algorithm: MaybeSendSync + std::fmt::Debug + Sized + 'static {
     /// One parameter's loaded state, parsed and checked, ready to be written.
     type Loaded;
 
-    /// No state yet, for replicas with `formats` storage-format groups.
-    fn empty(formats: usize) -> Self;
+    /// No state yet, for replicas of `buckets` format buckets.
+    fn empty(buckets: usize) -> Self;
 
     /// One step on every rank (the shell has checked the replicas).
     ///
@@ -376,7 +376,7 @@ impl<A: Algorithm> Optimizer<A> {
     ) -> Result<Self> {
         Ok(Optimizer {
             shell: Shell::new(kind, replicas, groups, defaults)?,
-            algorithm: A::empty(replicas.groups.len()),
+            algorithm: A::empty(replicas.buckets().len()),
         })
     }
 
@@ -532,30 +532,13 @@ pub(crate) fn parse_state_tensor(
     what: &str,
 ) -> Result<Vec<u32>> {
     let tensor = crate::json::tensor_from_json(value, what)?;
-    let slot = &replicas.slots[j];
-    if tensor.numel() != slot.numel {
+    if tensor.numel() != replicas.numel(j) {
         return Err(Error::value(format!(
             "loaded state of shape {} does not fit a parameter of shape {}",
             crate::tensor::format_shape(tensor.shape()),
-            crate::tensor::format_shape(&slot.shape)
+            crate::tensor::format_shape(replicas.shape(j))
         )));
     }
-    let data = tensor
-        .host_data()
-        .ok_or_else(|| Error::value("loaded state must be a host tensor"))?;
-    let format = replicas.groups[slot.group].format;
-    let mut words = vec![0u32; format.words_for(slot.numel)];
-    data.encode_into(format, &mut words);
-    Ok(words)
-}
-
-/// Writes encoded state into rank `rank`'s slice of parameter `j` of a state arena.
-pub(crate) fn write_words(
-    arena: &mut crate::backend::Arena,
-    replicas: &Replicas,
-    rank: usize,
-    j: usize,
-    words: &[u32],
-) -> Result<()> {
-    arena.write(rank, replicas.slots[j].offset, words)
+    let format = replicas.buckets()[replicas.place(j).bucket].format();
+    crate::transfer::encode(&tensor, format, "loaded state")
 }

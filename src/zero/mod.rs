@@ -13,12 +13,12 @@ use serde_json::{Map, Value, json};
 
 pub use partition::{Partition, partition};
 
-use crate::backend::{Backend, CopyRegion, layout_params};
+use crate::backend::{Backend, layout_params};
 use crate::comm::{BroadcastRegion, Communicator, local_index};
 use crate::error::{Error, ErrorKind, RankErrors, Result};
 use crate::join::{JoinConfig, notify_join_context};
 use crate::optim::{self, LocalOptimizer, OptimizerKind, OptionMap};
-use crate::replicas::Replicas;
+use crate::replicas::{Replicas, Values};
 use crate::warnings::{self, Warning};
 use args::{ParamsArg, TensorArg};
 
@@ -510,7 +510,6 @@ impl ZeroRedundancyOptimizer {
                 replicas.len()
             )));
         }
-        let backend = replicas.backend().clone();
         let first = self.world.local_ranks().start;
         for (index, shard) in self.shards.iter_mut().enumerate() {
             let owned = &self.ownership[first + index].global;
@@ -518,20 +517,13 @@ impl ZeroRedundancyOptimizer {
                 continue;
             }
             // Gather this rank's own copy of its parameters and gradients into its shard.
-            let (group, shard_group) = (&replicas.groups[0], &mut shard.params.groups[0]);
-            let regions: Vec<CopyRegion> = owned
+            let pairs: Vec<(usize, usize)> = owned
                 .iter()
                 .enumerate()
-                .map(|(k, &i)| CopyRegion {
-                    src_rank: index,
-                    src_offset: replicas.slots[self.global[i]].offset,
-                    dst_rank: 0,
-                    dst_offset: shard.params.slots[k].offset,
-                    len: replicas.slots[self.global[i]].numel,
-                })
+                .map(|(k, &i)| (self.global[i], k))
                 .collect();
-            backend.copy_regions(&group.params, &mut shard_group.params, &regions)?;
-            backend.copy_regions(&group.grads, &mut shard_group.grads, &regions)?;
+            replicas.copy_to(Values::Params, index, &mut shard.params, 0, &pairs)?;
+            replicas.copy_to(Values::Grads, index, &mut shard.params, 0, &pairs)?;
             for (k, &i) in owned.iter().enumerate() {
                 let has = replicas.has_grad(index, self.global[i]);
                 shard.params.set_has_grad(0, k, has);
@@ -570,22 +562,24 @@ impl ZeroRedundancyOptimizer {
                 .enumerate()
                 .map(|(k, &i)| (k, self.global[i]))
                 .collect();
+            // Every parameter ZeRO optimizes has one dtype: they share one format bucket.
+            let Some(bucket) = owned.first().map(|&(_, j)| replicas.place(j).bucket) else {
+                continue;
+            };
             let shard = local_index(self.world.as_ref(), rank).map(|i| (i, &self.shards[i]));
-            let src = shard.and_then(|(_, shard)| shard.params.groups.first().map(|g| &g.params));
-            if let (Some((index, _)), Some(src)) = (shard, src) {
+            if let Some((index, shard)) = shard {
                 // The owner's own parameters are the ones its optimizer updated: no transfer.
-                let own: Vec<CopyRegion> = owned
-                    .iter()
-                    .map(|&(k, j)| CopyRegion {
-                        src_rank: 0,
-                        src_offset: owner.shard_offsets[k],
-                        dst_rank: index,
-                        dst_offset: replicas.slots[j].offset,
-                        len: replicas.slots[j].numel,
-                    })
-                    .collect();
-                backend.copy_regions(src, &mut replicas.groups[0].params, &own)?;
+                shard
+                    .params
+                    .copy_to(Values::Params, 0, replicas, index, &owned)?;
             }
+            let src = shard.and_then(|(_, shard)| {
+                shard
+                    .params
+                    .buckets()
+                    .first()
+                    .map(|b| b.arena(Values::Params))
+            });
             let sent: Vec<(usize, usize)> = owned
                 .into_iter()
                 .filter(|&(_, j)| {
@@ -603,14 +597,14 @@ impl ZeroRedundancyOptimizer {
                     .map(|&(k, j)| BroadcastRegion {
                         src_rank: 0,
                         src_offset: owner.shard_offsets[k],
-                        dst_offset: replicas.slots[j].offset,
-                        len: replicas.slots[j].numel,
+                        dst_offset: replicas.place(j).offset,
+                        len: replicas.numel(j),
                     })
                     .collect();
                 self.world.broadcast_regions(
                     backend.as_ref(),
                     src,
-                    &mut replicas.groups[0].params,
+                    replicas.buckets_mut()[bucket].arena_mut(Values::Params),
                     rank,
                     &regions,
                 )?;

@@ -2,44 +2,27 @@
 //! replica arenas (one per storage format, laid out `[rank][param]`), so that optimizers and
 //! collectives run over every rank and parameter of a dtype in one dispatch.
 
+mod bucket;
+mod collective;
+mod state;
+
 use std::sync::Arc;
 
-use crate::backend::kernels::ParamStarts;
-use crate::backend::{Arena, Backend, layout_params};
+pub use bucket::{FormatBucket, ParamPlace, Values};
+pub use state::StateArenas;
+
+use crate::backend::{Backend, layout_params};
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
-use crate::tensor::{HostData, Tensor, format_shape};
+use crate::tensor::{Tensor, format_shape};
+use crate::transfer;
 
-/// Where one parameter lives.
+/// One parameter: its shape, dtype and where it lives.
 #[derive(Debug, Clone)]
-pub(crate) struct ParamSlot {
-    pub(crate) shape: Vec<usize>,
-    pub(crate) dtype: DType,
-    pub(crate) numel: usize,
-    /// Index into `Replicas::groups`.
-    pub(crate) group: usize,
-    /// First element in the rank's element space of the group's arenas.
-    pub(crate) offset: usize,
-}
-
-/// The parameters of one storage format: their arenas and layout.
-#[derive(Debug)]
-pub(crate) struct ReplicaGroup {
-    pub(crate) format: StorageFormat,
-    /// Global parameter indices, in arena order.
-    pub(crate) members: Vec<usize>,
-    pub(crate) starts: ParamStarts,
-    pub(crate) rank_len: usize,
-    pub(crate) chunk_len: usize,
-    pub(crate) params: Arena,
-    pub(crate) grads: Arena,
-}
-
-impl ReplicaGroup {
-    /// A zero-filled arena of this group's layout for `ranks` ranks (optimizer state).
-    pub(crate) fn state_arena(&self, backend: &dyn Backend, ranks: usize) -> Result<Arena> {
-        backend.create_arena(self.format, ranks, self.rank_len, self.chunk_len)
-    }
+struct ParamInfo {
+    shape: Vec<usize>,
+    dtype: DType,
+    place: ParamPlace,
 }
 
 /// R ranks' replicas of a list of parameters, and their gradients, on one backend.
@@ -59,8 +42,8 @@ impl ReplicaGroup {
 pub struct Replicas {
     backend: Arc<dyn Backend>,
     ranks: usize,
-    pub(crate) slots: Vec<ParamSlot>,
-    pub(crate) groups: Vec<ReplicaGroup>,
+    params: Vec<ParamInfo>,
+    buckets: Vec<FormatBucket>,
     /// `has_grad[rank * len + j]`.
     has_grad: Vec<bool>,
 }
@@ -122,43 +105,42 @@ impl Replicas {
             templates.iter().map(|t| t.dtype().storage()).collect();
         formats.sort();
         formats.dedup();
-        let mut slots: Vec<Option<ParamSlot>> = vec![None; templates.len()];
-        let mut groups = Vec::new();
+        let mut params: Vec<Option<ParamInfo>> = vec![None; templates.len()];
+        let mut buckets = Vec::with_capacity(formats.len());
         for format in formats {
             let members: Vec<usize> = (0..templates.len())
                 .filter(|&j| templates[j].dtype().storage() == format)
                 .collect();
             let numels: Vec<usize> = members.iter().map(|&j| templates[j].numel()).collect();
             let (offsets, rank_len) = layout_params(&numels);
-            let chunk_len = backend.chunk_len(rank_len, ranks);
-            let group = groups.len();
             for (member, &j) in members.iter().enumerate() {
-                slots[j] = Some(ParamSlot {
+                params[j] = Some(ParamInfo {
                     shape: templates[j].shape().to_vec(),
                     dtype: templates[j].dtype(),
-                    numel: templates[j].numel(),
-                    group,
-                    offset: offsets[member],
+                    place: ParamPlace {
+                        bucket: buckets.len(),
+                        offset: offsets[member],
+                        numel: templates[j].numel(),
+                    },
                 });
             }
-            groups.push(ReplicaGroup {
+            buckets.push(FormatBucket::allocate(
+                backend.as_ref(),
                 format,
-                starts: ParamStarts(offsets.iter().map(|&o| o as u32).collect()),
                 members,
+                &offsets,
                 rank_len,
-                chunk_len,
-                params: backend.create_arena(format, ranks, rank_len, chunk_len)?,
-                grads: backend.create_arena(format, ranks, rank_len, chunk_len)?,
-            });
+                ranks,
+            )?);
         }
         Ok(Replicas {
             backend,
             ranks,
-            slots: slots
+            params: params
                 .into_iter()
-                .map(|s| s.expect("every parameter has a format"))
+                .map(|p| p.expect("every parameter has a format"))
                 .collect(),
-            groups,
+            buckets,
             has_grad: vec![false; ranks * templates.len()],
         })
     }
@@ -175,34 +157,49 @@ impl Replicas {
 
     /// Number of parameters per rank.
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.params.len()
     }
 
     /// Whether there are no parameters.
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.params.is_empty()
     }
 
     /// Parameter `j`'s shape.
     pub fn shape(&self, j: usize) -> &[usize] {
-        &self.slots[j].shape
+        &self.params[j].shape
     }
 
     /// Parameter `j`'s dtype.
     pub fn dtype(&self, j: usize) -> DType {
-        self.slots[j].dtype
+        self.params[j].dtype
     }
 
     /// Parameter `j`'s element count.
     pub fn numel(&self, j: usize) -> usize {
-        self.slots[j].numel
+        self.params[j].place.numel
+    }
+
+    /// Where parameter `j` lives: its format bucket and its range in a rank's row.
+    pub fn place(&self, j: usize) -> ParamPlace {
+        self.params[j].place
+    }
+
+    /// The format buckets (one per storage format of the parameters, in format order).
+    pub fn buckets(&self) -> &[FormatBucket] {
+        &self.buckets
+    }
+
+    /// The format buckets, to write (the optimizers' and collectives' kernels).
+    pub(crate) fn buckets_mut(&mut self) -> &mut [FormatBucket] {
+        &mut self.buckets
     }
 
     /// Bytes of one rank's parameters.
     pub fn bytes_per_rank(&self) -> usize {
-        self.slots
+        self.params
             .iter()
-            .map(|s| s.numel * s.dtype.size_bytes())
+            .map(|p| p.place.numel * p.dtype.size_bytes())
             .sum()
     }
 
@@ -213,12 +210,12 @@ impl Replicas {
                 format!("rank {rank} out of range for {} ranks", self.ranks),
             ));
         }
-        if j >= self.slots.len() {
+        if j >= self.params.len() {
             return Err(Error::new(
                 crate::ErrorKind::IndexError,
                 format!(
                     "parameter {j} out of range for {} parameters",
-                    self.slots.len()
+                    self.params.len()
                 ),
             ));
         }
@@ -242,8 +239,15 @@ impl Replicas {
             ));
         }
         let backend = self.backend.clone();
-        for group in &mut self.groups {
-            world.broadcast(backend.as_ref(), &mut group.params, root, 0, group.rank_len)?;
+        for bucket in &mut self.buckets {
+            let rank_len = bucket.rank_len();
+            world.broadcast(
+                backend.as_ref(),
+                bucket.arena_mut(Values::Params),
+                root,
+                0,
+                rank_len,
+            )?;
         }
         Ok(())
     }
@@ -251,36 +255,39 @@ impl Replicas {
     /// Whether rank `rank` has a gradient for parameter `j`.
     pub fn has_grad(&self, rank: usize, j: usize) -> bool {
         self.has_grad
-            .get(rank * self.slots.len() + j)
+            .get(rank * self.params.len() + j)
             .copied()
             .unwrap_or(false)
     }
 
-    /// Encodes `tensors` (global index, value) of one group into one image per rank and writes
-    /// it; `None` writes zeros.
+    /// Writes `values` (global index, value) into rank `rank`'s row of the parameters or the
+    /// gradients; `None` writes zeros. Every value is checked before anything is written.
     fn write_values(
         &mut self,
         rank: usize,
         values: &[(usize, Option<&Tensor>)],
-        grads: bool,
+        which: Values,
     ) -> Result<()> {
+        let what = match which {
+            Values::Params => "parameter",
+            Values::Grads => "gradient",
+        };
         for (j, value) in values {
             self.check(rank, *j)?;
             if let Some(t) = value {
-                let slot = &self.slots[*j];
-                let what = if grads { "gradient" } else { "parameter" };
-                if t.shape() != slot.shape.as_slice() {
+                let param = &self.params[*j];
+                if t.shape() != param.shape.as_slice() {
                     return Err(Error::value(format!(
                         "{what} {j} of rank {rank} has shape {}, expected {}",
                         format_shape(t.shape()),
-                        format_shape(&slot.shape)
+                        format_shape(&param.shape)
                     )));
                 }
-                if t.dtype() != slot.dtype {
+                if t.dtype() != param.dtype {
                     return Err(Error::type_error(format!(
                         "{what} {j} of rank {rank} has dtype {}, the parameter's is {}",
                         t.dtype(),
-                        slot.dtype
+                        param.dtype
                     )));
                 }
                 if t.is_on_device() {
@@ -290,44 +297,33 @@ impl Replicas {
                 }
             }
         }
-        for g in 0..self.groups.len() {
-            let mine: Vec<&(usize, Option<&Tensor>)> = values
-                .iter()
-                .filter(|(j, _)| self.slots[*j].group == g)
-                .collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let format = self.groups[g].format;
-            for (j, value) in mine {
-                let slot = &self.slots[*j];
-                let mut words = crate::budget::zeroed(
-                    format.words_for(slot.numel),
-                    "a parameter's packed words",
-                )?;
-                if let Some(t) = value {
-                    t.host_data()
-                        .expect("checked host")
-                        .encode_into(format, &mut words);
-                }
-                let arena = if grads {
-                    &mut self.groups[g].grads
-                } else {
-                    &mut self.groups[g].params
-                };
-                arena.write(rank, slot.offset, &words)?;
-            }
+        // Encode everything first: a refused allocation leaves the replicas as they were.
+        let what = "a parameter's packed words";
+        let mut encoded = Vec::with_capacity(values.len());
+        for &(j, value) in values {
+            let place = self.params[j].place;
+            let format = self.buckets[place.bucket].format();
+            encoded.push(match value {
+                Some(t) => transfer::encode(t, format, what)?,
+                None => crate::budget::zeroed(format.words_for(place.numel), what)?,
+            });
+        }
+        for (&(j, _), words) in values.iter().zip(encoded) {
+            let place = self.params[j].place;
+            self.buckets[place.bucket]
+                .arena_mut(which)
+                .write(rank, place.offset, &words)?;
         }
         Ok(())
     }
 
     /// Overwrites every parameter of rank `rank`.
     pub fn set_params(&mut self, rank: usize, params: &[Tensor]) -> Result<()> {
-        if params.len() != self.slots.len() {
+        if params.len() != self.params.len() {
             return Err(Error::value(format!(
                 "{} parameters given for rank {rank}, the model has {}",
                 params.len(),
-                self.slots.len()
+                self.params.len()
             )));
         }
         let values: Vec<(usize, Option<&Tensor>)> = params
@@ -335,21 +331,21 @@ impl Replicas {
             .enumerate()
             .map(|(j, t)| (j, Some(t)))
             .collect();
-        self.write_values(rank, &values, false)
+        self.write_values(rank, &values, Values::Params)
     }
 
     /// Overwrites parameter `j` of rank `rank`.
     pub fn set_param(&mut self, rank: usize, j: usize, value: &Tensor) -> Result<()> {
-        self.write_values(rank, &[(j, Some(value))], false)
+        self.write_values(rank, &[(j, Some(value))], Values::Params)
     }
 
     /// Sets every gradient of rank `rank` (`None`: no gradient, as `p.grad = None`).
     pub fn set_grads(&mut self, rank: usize, grads: &[Option<Tensor>]) -> Result<()> {
-        if grads.len() != self.slots.len() {
+        if grads.len() != self.params.len() {
             return Err(Error::value(format!(
                 "{} gradients given for rank {rank}, the model has {} parameters",
                 grads.len(),
-                self.slots.len()
+                self.params.len()
             )));
         }
         let values: Vec<(usize, Option<&Tensor>)> = grads
@@ -357,8 +353,8 @@ impl Replicas {
             .enumerate()
             .map(|(j, t)| (j, t.as_ref()))
             .collect();
-        self.write_values(rank, &values, true)?;
-        let len = self.slots.len();
+        self.write_values(rank, &values, Values::Grads)?;
+        let len = self.params.len();
         for (j, g) in grads.iter().enumerate() {
             self.has_grad[rank * len + j] = g.is_some();
         }
@@ -367,8 +363,8 @@ impl Replicas {
 
     /// Sets gradient `j` of rank `rank`.
     pub async fn set_grad(&mut self, rank: usize, j: usize, grad: Option<&Tensor>) -> Result<()> {
-        self.write_values(rank, &[(j, grad)], true)?;
-        let len = self.slots.len();
+        self.write_values(rank, &[(j, grad)], Values::Grads)?;
+        let len = self.params.len();
         self.has_grad[rank * len + j] = grad.is_some();
         Ok(())
     }
@@ -391,7 +387,7 @@ impl Replicas {
 
     /// `zero_grad(set_to_none=True)` on rank `rank` alone (the others keep their gradients).
     pub fn zero_grad_rank(&mut self, rank: usize) {
-        let len = self.slots.len();
+        let len = self.params.len();
         if rank < self.ranks {
             self.has_grad[rank * len..(rank + 1) * len].fill(false);
         }
@@ -399,25 +395,20 @@ impl Replicas {
 
     /// Marks the gradients of rank `rank` present or absent without touching their values.
     pub(crate) fn set_has_grad(&mut self, rank: usize, j: usize, present: bool) {
-        let len = self.slots.len();
+        let len = self.params.len();
         self.has_grad[rank * len + j] = present;
     }
 
-    async fn read(&self, rank: usize, j: usize, grads: bool) -> Result<Tensor> {
+    async fn read(&self, rank: usize, j: usize, which: Values) -> Result<Tensor> {
         self.check(rank, j)?;
-        let slot = &self.slots[j];
-        let group = &self.groups[slot.group];
-        let arena = if grads { &group.grads } else { &group.params };
-        let words = arena.read_range(rank, slot.offset, slot.numel).await?;
-        Tensor::new(
-            &slot.shape,
-            HostData::decode(slot.dtype, group.format, &words, slot.numel),
-        )
+        let param = &self.params[j];
+        let arena = self.buckets[param.place.bucket].arena(which);
+        transfer::read_tensor(arena, rank, param.place, &param.shape, param.dtype).await
     }
 
     /// Parameter `j` of rank `rank`, read back to the host.
     pub async fn param(&self, rank: usize, j: usize) -> Result<Tensor> {
-        self.read(rank, j, false).await
+        self.read(rank, j, Values::Params).await
     }
 
     /// Blocking [`Replicas::param`].
@@ -432,12 +423,12 @@ impl Replicas {
             self.check(rank, j)?;
             return Ok(None);
         }
-        self.read(rank, j, true).await.map(Some)
+        self.read(rank, j, Values::Grads).await.map(Some)
     }
 
     /// Every parameter of every rank (`[rank][param]`), one readback per arena.
     pub async fn all_params(&self) -> Result<Vec<Vec<Tensor>>> {
-        self.read_all(false).await.map(|all| {
+        self.read_all(Values::Params).await.map(|all| {
             all.into_iter()
                 .map(|rank| {
                     rank.into_iter()
@@ -450,26 +441,29 @@ impl Replicas {
 
     /// Every gradient of every rank (`[rank][param]`, `None` where absent).
     pub async fn all_grads(&self) -> Result<Vec<Vec<Option<Tensor>>>> {
-        self.read_all(true).await
+        self.read_all(Values::Grads).await
     }
 
-    async fn read_all(&self, grads: bool) -> Result<Vec<Vec<Option<Tensor>>>> {
-        let len = self.slots.len();
+    async fn read_all(&self, which: Values) -> Result<Vec<Vec<Option<Tensor>>>> {
+        let len = self.params.len();
         let mut out: Vec<Vec<Option<Tensor>>> = vec![vec![None; len]; self.ranks];
-        for group in &self.groups {
-            let arena = if grads { &group.grads } else { &group.params };
-            let words = arena.read_all().await?;
-            let rank_words = group.format.words_for(group.rank_len);
+        for bucket in &self.buckets {
+            let words = bucket.arena(which).read_all().await?;
             for (rank, row) in out.iter_mut().enumerate() {
-                for &j in &group.members {
-                    if grads && !self.has_grad(rank, j) {
+                for &j in bucket.members() {
+                    if which == Values::Grads && !self.has_grad(rank, j) {
                         continue;
                     }
-                    let slot = &self.slots[j];
-                    let start = rank * rank_words + group.format.word_of(slot.offset);
-                    let data =
-                        HostData::decode(slot.dtype, group.format, &words[start..], slot.numel);
-                    row[j] = Some(Tensor::new(&slot.shape, data)?);
+                    let param = &self.params[j];
+                    row[j] = Some(transfer::tensor_in_rows(
+                        &words,
+                        bucket.format(),
+                        bucket.rank_len(),
+                        rank,
+                        param.place,
+                        &param.shape,
+                        param.dtype,
+                    )?);
                 }
             }
         }

@@ -1,0 +1,108 @@
+//! Collectives and copies over a [`Replicas`]' format buckets: the masked all-reduce that
+//! averaging, post-local SGD and DiLoCo share, and the copies between replicas that ZeRO's
+//! shards make.
+
+use super::{Replicas, Values};
+use crate::backend::CopyRegion;
+use crate::comm::{Communicator, Subgroups};
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+
+impl Replicas {
+    /// All-reduce-mean of the `selected` parameters' values (`selected[j]` for every global
+    /// `j`) within every group of `subgroups`, one collective per format bucket that holds a
+    /// selected parameter. `arith` is the format the mean is computed in; `None` computes each
+    /// bucket in its own format. The bytes reported to the communicator are what the selected
+    /// elements occupy in the arithmetic format.
+    pub fn all_reduce_mean(
+        &mut self,
+        world: &dyn Communicator,
+        which: Values,
+        subgroups: Subgroups,
+        selected: &[bool],
+        arith: Option<StorageFormat>,
+    ) -> Result<()> {
+        if selected.len() != self.len() {
+            return Err(Error::value(format!(
+                "a selection of {} parameters for a model of {}",
+                selected.len(),
+                self.len()
+            )));
+        }
+        let backend = self.backend().clone();
+        let numels: Vec<usize> = (0..self.len()).map(|j| self.numel(j)).collect();
+        for bucket in self.buckets_mut() {
+            let active = bucket.mask(selected);
+            if !active.contains(&true) {
+                continue;
+            }
+            let arith = arith.unwrap_or(bucket.format());
+            let elements: usize = bucket
+                .members()
+                .iter()
+                .filter(|&&j| selected[j])
+                .map(|&j| numels[j])
+                .sum();
+            let (arena, starts) = bucket.arena_with_starts(which);
+            world.all_reduce_mean(
+                backend.as_ref(),
+                arena,
+                subgroups,
+                arith,
+                starts,
+                &active,
+                (elements * arith.element_bytes()) as u64,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Copies `pairs` `(j, k)`: this replicas' parameter `j` of rank `src_rank` into `dst`'s
+    /// parameter `k` of rank `dst_rank`, parameters or gradients, on the device. Each pair must
+    /// agree in dtype and element count.
+    pub fn copy_to(
+        &self,
+        which: Values,
+        src_rank: usize,
+        dst: &mut Replicas,
+        dst_rank: usize,
+        pairs: &[(usize, usize)],
+    ) -> Result<()> {
+        let mut by_bucket: Vec<(usize, usize, Vec<CopyRegion>)> = Vec::new();
+        for &(j, k) in pairs {
+            let (from, to) = (self.place(j), dst.place(k));
+            if self.dtype(j) != dst.dtype(k) || from.numel != to.numel {
+                return Err(Error::value(format!(
+                    "cannot copy parameter {j} ({} of {} elements) into parameter {k} ({} of {})",
+                    self.dtype(j),
+                    from.numel,
+                    dst.dtype(k),
+                    to.numel
+                )));
+            }
+            let region = CopyRegion {
+                src_rank,
+                src_offset: from.offset,
+                dst_rank,
+                dst_offset: to.offset,
+                len: from.numel,
+            };
+            match by_bucket
+                .iter_mut()
+                .find(|(a, b, _)| (*a, *b) == (from.bucket, to.bucket))
+            {
+                Some((_, _, regions)) => regions.push(region),
+                None => by_bucket.push((from.bucket, to.bucket, vec![region])),
+            }
+        }
+        let backend = self.backend().clone();
+        for (from, to, regions) in by_bucket {
+            backend.copy_regions(
+                self.buckets()[from].arena(which),
+                dst.buckets_mut()[to].arena_mut(which),
+                &regions,
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,125 @@
+//! [`StateArenas`]: per-parameter state laid out like a [`Replicas`]' parameters (an
+//! optimizer's momentum or moments, DiLoCo's copy of the parameters at the last sync), one
+//! arena per format bucket, created when first needed.
+
+use super::{Replicas, Values};
+use crate::backend::{Arena, CopyRegion};
+use crate::error::Result;
+use crate::tensor::Tensor;
+use crate::transfer;
+
+/// One arena per format bucket of a [`Replicas`], each created on first use, with the same
+/// rows and layout as the bucket's parameters.
+#[derive(Debug, Default)]
+pub struct StateArenas {
+    arenas: Vec<Option<Arena>>,
+}
+
+impl StateArenas {
+    /// No arena yet, for replicas of `buckets` format buckets.
+    pub fn empty(buckets: usize) -> StateArenas {
+        StateArenas {
+            arenas: (0..buckets).map(|_| None).collect(),
+        }
+    }
+
+    /// A copy of the replicas' current parameters, every bucket.
+    pub fn copy_of_params(replicas: &Replicas) -> Result<StateArenas> {
+        let mut state = StateArenas::empty(replicas.buckets().len());
+        for b in 0..replicas.buckets().len() {
+            state.ensure(replicas, b)?;
+        }
+        let all: Vec<usize> = (0..replicas.len()).collect();
+        state.copy_params(replicas, &all)?;
+        Ok(state)
+    }
+
+    /// Bucket `bucket`'s arena, if created.
+    pub fn get(&self, bucket: usize) -> Option<&Arena> {
+        self.arenas.get(bucket).and_then(Option::as_ref)
+    }
+
+    /// Bucket `bucket`'s arena to write, if created.
+    pub fn get_mut(&mut self, bucket: usize) -> Option<&mut Arena> {
+        self.arenas.get_mut(bucket).and_then(Option::as_mut)
+    }
+
+    /// Whether parameter `j`'s bucket has its arena.
+    pub fn holds(&self, replicas: &Replicas, j: usize) -> bool {
+        self.get(replicas.place(j).bucket).is_some()
+    }
+
+    /// Bucket `bucket`'s arena, created zero-filled if it was not.
+    pub fn ensure(&mut self, replicas: &Replicas, bucket: usize) -> Result<&mut Arena> {
+        let slot = &mut self.arenas[bucket];
+        if slot.is_none() {
+            let layout = &replicas.buckets()[bucket];
+            *slot = Some(layout.new_state_arena(replicas.backend().as_ref(), replicas.ranks())?);
+        }
+        Ok(slot.as_mut().expect("created above"))
+    }
+
+    /// Rank `rank`'s state of parameter `j`, read back as a tensor of the parameter's shape
+    /// and dtype; `None` while its bucket has no arena.
+    pub async fn read(&self, replicas: &Replicas, rank: usize, j: usize) -> Result<Option<Tensor>> {
+        let place = replicas.place(j);
+        let Some(arena) = self.get(place.bucket) else {
+            return Ok(None);
+        };
+        transfer::read_tensor(arena, rank, place, replicas.shape(j), replicas.dtype(j))
+            .await
+            .map(Some)
+    }
+
+    /// Writes encoded words (see [`transfer::encode_state`]) into rank `rank`'s state of
+    /// parameter `j`, creating the bucket's arena if needed.
+    pub(crate) fn write_words(
+        &mut self,
+        replicas: &Replicas,
+        rank: usize,
+        j: usize,
+        words: &[u32],
+    ) -> Result<()> {
+        let place = replicas.place(j);
+        self.ensure(replicas, place.bucket)?
+            .write(rank, place.offset, words)
+    }
+
+    /// Copies every rank's current parameters `params` into this state (created buckets only).
+    pub fn copy_params(&mut self, replicas: &Replicas, params: &[usize]) -> Result<()> {
+        let backend = replicas.backend().clone();
+        for (b, bucket) in replicas.buckets().iter().enumerate() {
+            let Some(arena) = self.get_mut(b) else {
+                continue;
+            };
+            let regions: Vec<CopyRegion> = (0..replicas.ranks())
+                .flat_map(|rank| {
+                    params
+                        .iter()
+                        .map(move |&j| (rank, replicas.place(j)))
+                        .filter(|(_, place)| place.bucket == b && place.numel > 0)
+                        .map(|(rank, place)| CopyRegion {
+                            src_rank: rank,
+                            src_offset: place.offset,
+                            dst_rank: rank,
+                            dst_offset: place.offset,
+                            len: place.numel,
+                        })
+                })
+                .collect();
+            if !regions.is_empty() {
+                backend.copy_regions(bucket.arena(Values::Params), arena, &regions)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of one rank's rows over every created arena.
+    pub fn bytes_per_rank(&self) -> usize {
+        self.arenas
+            .iter()
+            .flatten()
+            .map(|a| a.bytes() / a.ranks().max(1))
+            .sum()
+    }
+}

@@ -1,0 +1,63 @@
+//! Movement between host tensors and arenas: encoding a host tensor into an arena's words,
+//! writing it into one rank's row, and reading rows back as tensors. Every copy that depends on
+//! the caller's input is checked against the memory budget first.
+//!
+//! The bulk paths that never materialize a per-parameter tensor (the step from host tensors,
+//! `backend::host_step`; an arena's whole readback, `Arena::read_all`) stay with the arenas;
+//! everything that crosses one parameter at a time goes through here: `Replicas`' setters and
+//! getters, optimizer and DiLoCo state (`StateArenas`), and loaded state dicts.
+
+use crate::backend::Arena;
+use crate::dtype::{DType, StorageFormat};
+use crate::error::{Error, Result};
+use crate::replicas::ParamPlace;
+use crate::tensor::{HostData, Tensor};
+
+/// `tensor`'s values packed in `format` (a float64 tensor rounds to float32 in an F32 arena,
+/// as the arenas store it). `what` names the copy in a budget error.
+pub(crate) fn encode(tensor: &Tensor, format: StorageFormat, what: &str) -> Result<Vec<u32>> {
+    let data = tensor
+        .host_data()
+        .ok_or_else(|| Error::value(format!("{what} must be a host tensor")))?;
+    encode_data(data, format, what)
+}
+
+/// [`encode`] for host data.
+pub(crate) fn encode_data(data: &HostData, format: StorageFormat, what: &str) -> Result<Vec<u32>> {
+    let mut words = crate::budget::zeroed(format.words_for(data.len()), what)?;
+    data.encode_into(format, &mut words);
+    Ok(words)
+}
+
+/// Rank `rank`'s elements at `place` of `arena`, read back as a `dtype` tensor of `shape`.
+pub(crate) async fn read_tensor(
+    arena: &Arena,
+    rank: usize,
+    place: ParamPlace,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Tensor> {
+    let words = arena.read_range(rank, place.offset, place.numel).await?;
+    Tensor::new(
+        shape,
+        HostData::decode(dtype, arena.format(), &words, place.numel),
+    )
+}
+
+/// The tensor at `place` of rank `rank`'s row inside `words`, a whole-arena readback
+/// (`Arena::read_all`) of an arena in `format` with `rank_len` elements per row.
+pub(crate) fn tensor_in_rows(
+    words: &[u32],
+    format: StorageFormat,
+    rank_len: usize,
+    rank: usize,
+    place: ParamPlace,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Tensor> {
+    let start = rank * format.words_for(rank_len) + format.word_of(place.offset);
+    Tensor::new(
+        shape,
+        HostData::decode(dtype, format, &words[start..], place.numel),
+    )
+}

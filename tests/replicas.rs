@@ -1,0 +1,229 @@
+//! `Replicas`' public API over several storage formats: its format buckets, where each
+//! parameter lives, the masked all-reduce and the copies between replicas; and an algorithm
+//! that uses some of a model's parameters finding them in their own bucket, whatever other
+//! dtypes the model holds. Every test runs on the CPU backend and on the GPU backend.
+
+mod common;
+
+use std::sync::Arc;
+
+use distopt::comm::{SimulatedWorld, Subgroups};
+use distopt::optim::{self, OptimizerKind};
+use distopt::replicas::{Replicas, Values};
+use distopt::zero::{ZeroOptions, ZeroRedundancyOptimizer};
+use distopt::{Backend, CpuBackend, DType, StorageFormat, Tensor};
+
+fn backends() -> Vec<Arc<dyn Backend>> {
+    let mut all: Vec<Arc<dyn Backend>> = vec![Arc::new(CpuBackend::new())];
+    all.extend(common::gpu_backend());
+    all
+}
+use serde_json::json;
+
+/// Two ranks of a model whose first parameter is float32 (frozen here) and whose other two
+/// are float64; every rank has its own gradients.
+fn mixed(backend: Arc<dyn Backend>) -> Replicas {
+    let params = [
+        Tensor::from_f32(&[2], vec![10.0, 20.0]).unwrap(),
+        Tensor::from_f64(DType::Float64, &[3], &[1.0, 2.0, 3.0]).unwrap(),
+        Tensor::from_f64(DType::Float64, &[2], &[4.0, 5.0]).unwrap(),
+    ];
+    let mut m = Replicas::replicate(backend, 2, &params).unwrap();
+    for rank in 0..2 {
+        let s = rank as f64 + 1.0;
+        let grads = vec![
+            None,
+            Some(Tensor::from_f64(DType::Float64, &[3], &[s, 2.0 * s, -s]).unwrap()),
+            Some(Tensor::from_f64(DType::Float64, &[2], &[0.5 * s, 4.0]).unwrap()),
+        ];
+        m.set_grads(rank, &grads).unwrap();
+    }
+    m
+}
+
+fn values(m: &Replicas) -> Vec<Vec<Vec<f64>>> {
+    m.all_params_blocking()
+        .unwrap()
+        .into_iter()
+        .map(|rank| rank.iter().map(|t| t.values_f64().unwrap()).collect())
+        .collect()
+}
+
+#[test]
+fn zero_over_the_float64_parameters_of_a_model_that_also_holds_float32() {
+    for backend in backends() {
+        zero_over_float64(backend);
+    }
+}
+
+fn zero_over_float64(backend: Arc<dyn Backend>) {
+    let lr = optim::option_map(&json!({"lr": 0.5})).unwrap();
+
+    // The reference: every rank steps its own replica of parameters 1 and 2 with plain SGD.
+    let mut want = mixed(backend.clone());
+    let mut sgd = optim::build(
+        OptimizerKind::Sgd,
+        &want,
+        vec![(vec![1, 2], Default::default())],
+        &lr,
+    )
+    .unwrap();
+    sgd.step(&mut want).unwrap();
+
+    let mut got = mixed(backend.clone());
+    let world = Arc::new(SimulatedWorld::new(2).unwrap());
+    let mut zero = ZeroRedundancyOptimizer::new(
+        world,
+        &got,
+        vec![(vec![1, 2], Default::default())],
+        "SGD",
+        &lr,
+        ZeroOptions::default(),
+    )
+    .unwrap();
+    zero.step(&mut got).unwrap();
+
+    let got = values(&got);
+    // ZeRO gives every rank the owner's update: rank r's parameter j is the owner's.
+    assert_eq!(got[0], got[1], "the ranks agree after ZeRO's broadcast");
+    assert_eq!(
+        got[0][0],
+        vec![10.0, 20.0],
+        "the float32 parameter is untouched"
+    );
+    let want = values(&want);
+    let owner_of = |j: usize| {
+        (0..2)
+            .find(|&r| got[0][j] == want[r][j])
+            .unwrap_or_else(|| {
+                panic!(
+                    "parameter {j}: {:?} is no rank's SGD step {want:?}",
+                    got[0][j]
+                )
+            })
+    };
+    assert_ne!(owner_of(1), owner_of(2), "two parameters, two owners");
+}
+
+#[test]
+fn buckets_and_places_describe_the_layout() {
+    for backend in backends() {
+        let m = mixed(backend);
+        let formats: Vec<StorageFormat> = m.buckets().iter().map(|b| b.format()).collect();
+        assert_eq!(formats, vec![StorageFormat::F32, StorageFormat::F64]);
+        assert_eq!(m.buckets()[0].members(), &[0]);
+        assert_eq!(m.buckets()[1].members(), &[1, 2]);
+        let (p1, p2) = (m.place(1), m.place(2));
+        assert_eq!((p1.bucket, p1.offset, p1.numel), (1, 0, 3));
+        assert_eq!((p2.bucket, p2.numel), (1, 2));
+        assert!(
+            p2.offset >= 3,
+            "parameter 2 starts after parameter 1: {p2:?}"
+        );
+        for bucket in m.buckets() {
+            assert_eq!(bucket.arena(Values::Params).ranks(), 2);
+            assert!(bucket.rank_len() >= bucket.members().iter().map(|&j| m.numel(j)).sum());
+        }
+    }
+}
+
+#[test]
+fn the_masked_all_reduce_averages_only_the_selected_parameters() {
+    for backend in backends() {
+        let mut m = mixed(backend);
+        let world = SimulatedWorld::new(2).unwrap();
+        // Rank 1's parameter 2 differs; parameter 1 is not selected although it differs too.
+        m.set_param(
+            1,
+            2,
+            &Tensor::from_f64(DType::Float64, &[2], &[8.0, 1.0]).unwrap(),
+        )
+        .unwrap();
+        m.set_param(
+            1,
+            1,
+            &Tensor::from_f64(DType::Float64, &[3], &[0.0, 0.0, 0.0]).unwrap(),
+        )
+        .unwrap();
+        m.set_param(0, 0, &Tensor::from_f32(&[2], vec![2.0, 4.0]).unwrap())
+            .unwrap();
+        m.all_reduce_mean(
+            &world,
+            Values::Params,
+            Subgroups::world(2),
+            &[true, false, true],
+            None,
+        )
+        .unwrap();
+        let v = values(&m);
+        assert_eq!(v[0][2], vec![6.0, 3.0]);
+        assert_eq!(v[1][2], vec![6.0, 3.0]);
+        assert_eq!(
+            v[0][1],
+            vec![1.0, 2.0, 3.0],
+            "not selected: rank 0 keeps its own"
+        );
+        assert_eq!(
+            v[1][1],
+            vec![0.0, 0.0, 0.0],
+            "not selected: rank 1 keeps its own"
+        );
+        assert_eq!(v[0][0], vec![6.0, 12.0]);
+        assert_eq!(v[1][0], vec![6.0, 12.0]);
+        let bad = m.all_reduce_mean(&world, Values::Params, Subgroups::world(2), &[true], None);
+        assert!(
+            bad.unwrap_err()
+                .to_string()
+                .contains("a selection of 1 parameters")
+        );
+    }
+}
+
+#[test]
+fn copies_between_replicas_move_one_rank_s_values_and_check_dtypes() {
+    for backend in backends() {
+        let src = mixed(backend.clone());
+        let mut dst = Replicas::replicate(
+            backend,
+            1,
+            &[
+                Tensor::from_f64(DType::Float64, &[2], &[0.0, 0.0]).unwrap(),
+                Tensor::from_f64(DType::Float64, &[3], &[0.0, 0.0, 0.0]).unwrap(),
+            ],
+        )
+        .unwrap();
+        src.copy_to(Values::Params, 1, &mut dst, 0, &[(2, 0), (1, 1)])
+            .unwrap();
+        src.copy_to(Values::Grads, 1, &mut dst, 0, &[(2, 0)])
+            .unwrap();
+        let params = dst.all_params_blocking().unwrap();
+        assert_eq!(params[0][0].values_f64().unwrap(), vec![4.0, 5.0]);
+        assert_eq!(params[0][1].values_f64().unwrap(), vec![1.0, 2.0, 3.0]);
+        dst.set_grad_blocking(0, 0, Some(&dst.param_blocking(0, 0).unwrap()))
+            .unwrap();
+        src.copy_to(Values::Grads, 1, &mut dst, 0, &[(2, 0)])
+            .unwrap();
+        assert_eq!(
+            pollster::block_on(dst.grad(0, 0))
+                .unwrap()
+                .unwrap()
+                .values_f64()
+                .unwrap(),
+            vec![1.0, 4.0],
+            "rank 1's gradient of parameter 2"
+        );
+        let before = dst.all_params_blocking().unwrap()[0][0]
+            .values_f64()
+            .unwrap();
+        let err = src
+            .copy_to(Values::Params, 0, &mut dst, 0, &[(0, 0)])
+            .unwrap_err();
+        assert!(err.to_string().contains("cannot copy parameter 0"), "{err}");
+        assert_eq!(
+            dst.all_params_blocking().unwrap()[0][0]
+                .values_f64()
+                .unwrap(),
+            before
+        );
+    }
+}
