@@ -5,9 +5,12 @@
 //! The bulk paths that never materialize a per-parameter tensor (the step from host tensors,
 //! `backend::host_step`; an arena's whole readback, `Arena::read_all`) stay with the arenas;
 //! everything that crosses one parameter at a time goes through here: `Replicas`' setters and
-//! getters, optimizer and DiLoCo state (`StateArenas`), and loaded state dicts.
+//! getters, optimizer and DiLoCo state (`StateArenas`), loaded state dicts, and the MPI
+//! world's staging of a device arena's row for a host collective.
 
 use crate::backend::Arena;
+#[cfg(feature = "mpi")]
+use crate::backend::{ArenaStorage, kernels::host_words, kernels::host_words_mut};
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
 use crate::replicas::ParamPlace;
@@ -60,4 +63,41 @@ pub(crate) fn tensor_in_rows(
         shape,
         HostData::decode(dtype, format, &words[start..], place.numel),
     )
+}
+
+/// Runs `work` on the words of row 0 of `arena` covering elements `span` (word aligned): in
+/// place on a host arena (the whole row; `work` gets element index 0 for its first word), on a
+/// staged copy of a device arena that is written back afterwards (`work` gets `span.start`).
+#[cfg(feature = "mpi")]
+pub(crate) fn with_row_words(
+    arena: &mut Arena,
+    span: std::ops::Range<usize>,
+    work: impl FnOnce(&mut [u32], usize) -> Result<()>,
+) -> Result<()> {
+    let format = arena.format();
+    if matches!(arena.storage, ArenaStorage::Host(_)) {
+        let rank_words = format.words_for(arena.rank_len());
+        return work(&mut host_words_mut(arena)?[..rank_words], 0);
+    }
+    let mut words = pollster::block_on(arena.read_range(0, span.start, span.len()))?;
+    work(&mut words, span.start)?;
+    arena.write(0, span.start, &words)
+}
+
+/// The words of row `rank`, elements `offset..offset + len` (word aligned), of any arena,
+/// blocking on a device readback.
+#[cfg(feature = "mpi")]
+pub(crate) fn read_row_words(
+    arena: &Arena,
+    rank: usize,
+    offset: usize,
+    len: usize,
+) -> Result<Vec<u32>> {
+    if matches!(arena.storage, ArenaStorage::Host(_)) {
+        arena.check_range(rank, offset, len)?;
+        let format = arena.format();
+        let start = rank * format.words_for(arena.rank_len()) + format.word_of(offset);
+        return Ok(host_words(arena)?[start..start + format.words_for(len)].to_vec());
+    }
+    pollster::block_on(arena.read_range(rank, offset, len))
 }

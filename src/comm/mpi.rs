@@ -32,10 +32,11 @@ use mpi::traits::*;
 
 use super::{BroadcastRegion, CommStats, Communicator, Subgroups};
 use crate::backend::gpu::GpuArena;
-use crate::backend::kernels::{ParamStarts, host_words, host_words_mut};
+use crate::backend::kernels::ParamStarts;
 use crate::backend::{Arena, ArenaStorage, Backend};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
+use crate::transfer;
 
 /// How long a failing rank waits for the others to fail the same way (so that every rank
 /// reports a configuration error) before it aborts the job.
@@ -286,24 +287,6 @@ fn active_runs(starts: &ParamStarts, active: &[bool], rank_len: usize) -> Vec<Ra
     runs
 }
 
-/// Runs `work` on the words of the arena's single rank covering elements `span` (word aligned):
-/// in place on a host arena, on a staged copy of a device arena that is written back after.
-/// `work` gets the words and the element index of the first one.
-fn with_rank_words(
-    arena: &mut Arena,
-    span: Range<usize>,
-    work: impl FnOnce(&mut [u32], usize) -> Result<()>,
-) -> Result<()> {
-    let format = arena.format();
-    if matches!(arena.storage, ArenaStorage::Host(_)) {
-        let rank_words = format.words_for(arena.rank_len());
-        return work(&mut host_words_mut(arena)?[..rank_words], 0);
-    }
-    let mut words = pollster::block_on(arena.read_range(0, span.start, span.len()))?;
-    work(&mut words, span.start)?;
-    arena.write(0, span.start, &words)
-}
-
 /// The float32 mean over `comm` of elements `run` of a mapped device arena's one rank (lavapipe,
 /// SwiftShader: device memory that is host memory), in place, as a host arena's: the buffer is
 /// mapped once, the quotients are read from it into `send`, and MPI sums them straight back
@@ -323,17 +306,6 @@ fn all_reduce_mean_mapped_f32(
         }
         comm.all_reduce_into(&send[..], values, SystemOperation::sum());
     })
-}
-
-/// Reads the words of rank `rank`, elements `offset..offset + len`, of any arena.
-fn read_words(arena: &Arena, rank: usize, offset: usize, len: usize) -> Result<Vec<u32>> {
-    if matches!(arena.storage, ArenaStorage::Host(_)) {
-        arena.check_range(rank, offset, len)?;
-        let format = arena.format();
-        let start = rank * format.words_for(arena.rank_len()) + format.word_of(offset);
-        return Ok(host_words(arena)?[start..start + format.words_for(len)].to_vec());
-    }
-    pollster::block_on(arena.read_range(rank, offset, len))
 }
 
 /// float16 or bfloat16 bits, widened.
@@ -456,7 +428,7 @@ impl Communicator for MpiWorld {
                 return Ok(());
             }
         }
-        let result = with_rank_words(arena, span, |words, base| {
+        let result = transfer::with_row_words(arena, span, |words, base| {
             let at = |run: &Range<usize>| run.start - base..run.end - base;
             match (format, arith) {
                 (StorageFormat::F32, StorageFormat::F32) => {
@@ -579,7 +551,7 @@ impl Communicator for MpiWorld {
         let mpi = &mut *guard;
         let (mut send, mut recv) = (std::mem::take(&mut mpi.send), std::mem::take(&mut mpi.recv));
         let comm = &mpi.world;
-        let result = with_rank_words(arena, span, |words, base| {
+        let result = transfer::with_row_words(arena, span, |words, base| {
             let elements = runs.iter().flat_map(|run| run.start - base..run.end - base);
             let at = |k: usize| k + base;
             match arith {
@@ -675,7 +647,7 @@ impl Communicator for MpiWorld {
         self.check_root(root, "broadcast")?;
         arena.check_range(0, offset, len)?;
         let mut words = if root == self.rank {
-            read_words(arena, 0, offset, len)?
+            transfer::read_row_words(arena, 0, offset, len)?
         } else {
             vec![0u32; arena.format().words_for(len)]
         };
@@ -724,7 +696,11 @@ impl Communicator for MpiWorld {
                 let mine = regions.iter().filter(|r| r.src_rank == rank);
                 let start = mine.clone().map(|r| r.src_offset).min().unwrap_or(0);
                 let end = mine.map(|r| r.src_offset + r.len).max().unwrap_or(0);
-                staged.push((rank, start, read_words(src, rank, start, end - start)?));
+                staged.push((
+                    rank,
+                    start,
+                    transfer::read_row_words(src, rank, start, end - start)?,
+                ));
             }
             for r in regions {
                 let (_, start, span) = staged
