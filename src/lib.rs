@@ -28,6 +28,7 @@
 
 pub mod averaging;
 pub mod backend;
+pub mod bench;
 pub mod budget;
 pub mod comm;
 pub mod ddp;

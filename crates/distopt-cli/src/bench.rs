@@ -9,17 +9,13 @@
 use std::time::{Duration, Instant};
 
 use distopt::backend::{BackendChoice, layout_params};
+use distopt::bench::{self, LEARNING_RATE, ResidentStep};
 use distopt::{
-    Arena, Backend, CpuBackend, DType, Error, GpuBackend, HostData, ReplicaOutputs, StorageFormat,
-    Tensor,
+    Backend, CpuBackend, DType, Error, GpuBackend, ReplicaOutputs, StorageFormat, Tensor,
 };
-use half::{bf16, f16};
 use serde_json::{Value, json};
 
 use crate::args::{Bench, BenchStepArgs};
-
-/// The step's learning rate: small, so that repeated steps keep the parameters finite.
-const LEARNING_RATE: f32 = 1e-3;
 
 /// `distopt bench …`.
 pub fn run(which: Bench) -> Result<(), Error> {
@@ -163,77 +159,14 @@ fn median(repeats: usize, mut once: impl FnMut() -> Result<Duration, Error>) -> 
     Ok(Row::Measured { median })
 }
 
-/// Deterministic values in [-1, 1): a splitmix64 stream per seed.
-fn values(seed: u64, n: usize) -> Result<Vec<f32>, Error> {
-    let mut out = Vec::new();
-    out.try_reserve_exact(n)
-        .map_err(|_| Error::value(format!("not enough memory for {n} elements")))?;
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
-    out.extend((0..n).map(|_| {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        ((z >> 40) as f32 / (1u64 << 23) as f32) - 1.0
-    }));
-    Ok(out)
-}
-
-/// `values` as a host tensor of `dtype`.
-fn tensor(dtype: DType, values: Vec<f32>) -> Result<Tensor, Error> {
-    let n = values.len();
-    let data = match dtype {
-        DType::Float16 => HostData::Float16(values.into_iter().map(f16::from_f32).collect()),
-        DType::BFloat16 => HostData::BFloat16(values.into_iter().map(bf16::from_f32).collect()),
-        _ => HostData::Float32(values),
-    };
-    Tensor::new(&[n], data)
-}
-
-/// `values` packed in `format`, padded with zeros to `rank_len` elements.
-fn pack(format: StorageFormat, values: &[f32], rank_len: usize) -> Vec<u32> {
-    let mut words = vec![0u32; format.words_for(rank_len)];
-    for (i, &v) in values.iter().enumerate() {
-        format.store(&mut words, i, v);
-    }
-    words
-}
-
-/// The shared seeds: rank r's gradients use seed r + 1, the parameters seed 0.
-fn fill_step_arenas(
-    config: &Config,
-    rank_len: usize,
-    params: &mut Arena,
-    grads: &mut Arena,
-) -> Result<(), Error> {
-    let format = config.format();
-    let words = pack(format, &values(0, config.elements)?, rank_len);
-    for rank in 0..config.ranks {
-        params.write(rank, 0, &words)?;
-    }
-    drop(words);
-    for rank in 0..config.ranks {
-        let words = pack(format, &values(rank as u64 + 1, config.elements)?, rank_len);
-        grads.write(rank, 0, &words)?;
-    }
-    Ok(())
-}
-
-/// (a) and the CPU resident row: arenas filled once, then the step and a synchronize.
+/// (a) and the CPU resident row: the library's resident step workload, then the step and a
+/// synchronize.
 fn time_resident(config: &Config, backend: &dyn Backend) -> Result<Row, Error> {
-    let (_, rank_len) = layout_params(&[config.elements]);
-    let ranks = config.ranks;
-    let chunk_len = backend.chunk_len(rank_len, ranks);
-    let format = config.format();
-    let mut params = backend.create_arena(format, ranks, rank_len, chunk_len)?;
-    let mut grads = backend.create_arena(format, ranks, rank_len, chunk_len)?;
-    let mut means = backend.create_arena(format, 1, rank_len, chunk_len)?;
-    fill_step_arenas(config, rank_len, &mut params, &mut grads)?;
+    let mut bench = ResidentStep::new(backend, config.ranks, config.elements, config.dtype)?;
     pollster::block_on(backend.synchronize())?;
     median(config.repeats, || {
         let start = Instant::now();
-        backend.dp_sgd_step(&mut params, &grads, &mut means, LEARNING_RATE)?;
+        bench.step(backend)?;
         pollster::block_on(backend.synchronize())?;
         Ok(start.elapsed())
     })
@@ -247,12 +180,8 @@ fn time_copy(config: &Config, backend: &dyn Backend) -> Result<Row, Error> {
     let format = config.format();
     let mut src = backend.create_arena(format, ranks, rank_len, chunk_len)?;
     let mut dst = backend.create_arena(format, ranks, rank_len, chunk_len)?;
-    let words = pack(format, &values(0, config.elements)?, rank_len);
-    for rank in 0..ranks {
-        src.write(rank, 0, &words)?;
-        dst.write(rank, 0, &words)?;
-    }
-    drop(words);
+    bench::fill_rows(&mut src, config.dtype, config.elements, |_| 0, 0..ranks)?;
+    bench::fill_rows(&mut dst, config.dtype, config.elements, |_| 0, 0..ranks)?;
     pollster::block_on(backend.synchronize())?;
     median(config.repeats, || {
         let start = Instant::now();
@@ -420,11 +349,11 @@ fn bench_step(config: &Config) -> Result<Report, Error> {
 
     // Host tensors for the one-shot rows: the replicas of one parameter (every rank holds the
     // same values, as in data-parallel training) and R different gradients.
-    let param = tensor(config.dtype, values(0, n)?)?;
+    let param = bench::tensor(config.dtype, 0, n)?;
     let params: Vec<Vec<Tensor>> = (0..ranks).map(|_| vec![param.clone()]).collect();
     drop(param);
     let grads = (0..ranks)
-        .map(|r| Ok(vec![Some(tensor(config.dtype, values(r as u64 + 1, n)?)?)]))
+        .map(|r| Ok(vec![Some(bench::tensor(config.dtype, r as u64 + 1, n)?)]))
         .collect::<Result<Vec<_>, Error>>()?;
     if let Some(gpu) = &gpu {
         oneshot = time_oneshot(config, gpu, &params, &grads, ReplicaOutputs::Separate)?;
