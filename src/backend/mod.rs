@@ -3,13 +3,12 @@
 //! reference the GPU is tested against and the fallback where no adapter exists.
 
 pub mod cpu;
-mod cpu_optim;
 pub mod gpu;
-pub mod host_step;
-mod host_words;
 pub mod kernels;
 pub(crate) mod oneshot;
-pub mod roofline;
+
+use cpu::host_words;
+pub use cpu::{host_step, roofline};
 
 use std::fmt;
 use std::future::Future;

@@ -5,9 +5,9 @@
 
 use std::hint::black_box;
 
-use super::cpu::run_parts;
-use super::cpu_optim::{PartWork, run_best, split_words};
 use super::host_words::HostWords;
+use super::optim::{PartWork, run_best, split_words};
+use super::threads::run_parts;
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 

@@ -12,9 +12,10 @@ use std::mem::MaybeUninit;
 
 use half::{bf16, f16};
 
-use super::cpu::{BFloat16, Binary16, HalfFormat, run_parts};
-use super::cpu_optim::{PartWork, run_best};
+use super::half::{BFloat16, Binary16, HalfFormat};
 use super::host_words::prefer_huge_pages;
+use super::optim::{PartWork, run_best};
+use super::threads::run_parts;
 use crate::tensor::HostData;
 
 /// Elements per block: the accumulator and the rank-0 parameter block stay in L1.

@@ -1,201 +1,23 @@
-//! The plain-Rust backend: the readable reference every GPU kernel is compared with, and the
-//! fallback where no adapter exists. Kernels work block by block (so the inner loops
-//! vectorize) and split large arenas across the host's cores.
-//!
-//! The data-parallel SGD step is one fused pass over memory: per block of elements the
-//! gradients of every rank are summed into an accumulator that stays in L1, the means and the
-//! updated parameters are computed from it, and every output word is written once. When the
-//! step moves more bytes than the caches hold, the outputs are written with non-temporal
+//! The CPU backend's data-parallel SGD step: one fused pass over memory. Per block of elements
+//! the gradients of every rank are summed into an accumulator that stays in L1, the means and
+//! the updated parameters are computed from it, and every output word is written once. When
+//! the step moves more bytes than the caches hold, the outputs are written with non-temporal
 //! (streaming) stores on x86-64, which spares the read-for-ownership of every destination
 //! line: the step then costs the `(2R+2)·N` element sizes of traffic a `memcpy` of the same
-//! bytes costs. 16-bit formats are converted with exact, branch-free integer code (the same
-//! bits as the `half` crate), so those loops vectorize too.
+//! bytes costs.
 
-use super::host_words::HostWords;
-use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
-use super::{
-    Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, CopyRegion,
-    check_copy_regions, cpu_optim, host_step,
-};
-use crate::dtype::{StorageFormat, f32_to_bf16_bits};
+use super::half::{BFloat16, Binary16, HalfFormat};
+use super::threads::{BLOCK, PARALLEL_THRESHOLD, part_bounds, run_parts, split_ranks};
+use super::{host, host_mut};
+use crate::backend::Arena;
+use crate::backend::cpu::check_step_arenas;
+use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
-/// Elements handled per block: the accumulator and the packed outputs of one block stay in
-/// L1 while the gradients of every rank stream past; a multiple of every format's elements
-/// per word.
-const BLOCK: usize = 2048;
-/// Below this many elements moved, one thread is faster than spawning more.
-const PARALLEL_THRESHOLD: usize = 1 << 16;
 /// From this many bytes of traffic on, the step writes its outputs with streaming stores: the
 /// working set no longer fits in the last-level cache, so caching the outputs would only cost
 /// an extra read of every destination line.
 const STREAMING_THRESHOLD_BYTES: usize = 24 << 20;
-
-/// The plain-Rust backend.
-#[derive(Debug, Clone)]
-pub struct CpuBackend {
-    info: BackendInfo,
-}
-
-impl Default for CpuBackend {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl CpuBackend {
-    /// A backend using every core the host offers (one thread on wasm32).
-    pub fn new() -> CpuBackend {
-        Self::with_threads(default_threads())
-    }
-
-    /// A backend using `threads` worker threads (at least one).
-    pub fn with_threads(threads: usize) -> CpuBackend {
-        CpuBackend {
-            info: BackendInfo {
-                kind: BackendKind::Cpu,
-                name: "distopt CPU backend (plain Rust)".into(),
-                api: "host".into(),
-                device_type: "Cpu".into(),
-                driver: String::new(),
-                max_binding_bytes: u64::MAX,
-                max_buffer_bytes: u64::MAX,
-                max_workgroups_per_dimension: u32::MAX,
-                mappable_primary_buffers: true,
-                threads: threads.max(1),
-            },
-        }
-    }
-}
-
-fn default_threads() -> usize {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    }
-    #[cfg(target_arch = "wasm32")]
-    {
-        1
-    }
-}
-
-fn host(arena: &Arena) -> Result<&[u32]> {
-    match &arena.storage {
-        ArenaStorage::Host(words) => Ok(words),
-        ArenaStorage::Gpu(_) => Err(Error::runtime(
-            "this arena lives on a GPU device, not on the CPU backend",
-        )),
-    }
-}
-
-fn host_mut(arena: &mut Arena) -> Result<&mut [u32]> {
-    match &mut arena.storage {
-        ArenaStorage::Host(words) => Ok(words),
-        ArenaStorage::Gpu(_) => Err(Error::runtime(
-            "this arena lives on a GPU device, not on the CPU backend",
-        )),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Exact, branch-free conversions between the 16-bit formats and f32. They give the same bits
-// as `half` and `crate::dtype` for every input, NaNs included, but compile to straight-line
-// integer code, so the loops that call them vectorize.
-
-/// A 16-bit storage format, decoded from and encoded to the low half of a `u32`.
-pub(super) trait HalfFormat {
-    fn decode(bits: u32) -> f32;
-    fn encode(value: f32) -> u32;
-}
-
-/// IEEE binary16.
-#[derive(Clone, Copy)]
-pub(super) struct Binary16;
-/// bfloat16.
-#[derive(Clone, Copy)]
-pub(super) struct BFloat16;
-
-impl HalfFormat for Binary16 {
-    /// Exact; a NaN keeps its payload and becomes quiet (as `half::f16::to_f32`).
-    #[inline(always)]
-    fn decode(bits: u32) -> f32 {
-        let sign = (bits & 0x8000) << 16;
-        let magnitude = bits & 0x7fff;
-        let mantissa = bits & 0x03ff;
-        // Normal: rebias the exponent (15 -> 127).
-        let normal = (magnitude << 13) + 0x3800_0000;
-        // Zero or subnormal: mantissa · 2^-24, exact in f32.
-        let subnormal = (magnitude as f32 * 5.960_464_5e-8).to_bits();
-        // Infinity or NaN.
-        let quiet = if mantissa != 0 { 0x0040_0000 } else { 0 };
-        let special = 0x7f80_0000 | (mantissa << 13) | quiet;
-        let out = if magnitude < 0x0400 {
-            subnormal
-        } else if magnitude >= 0x7c00 {
-            special
-        } else {
-            normal
-        };
-        f32::from_bits(out | sign)
-    }
-
-    /// Round to nearest even, overflow to ±inf, subnormals kept, NaN to the signed canonical
-    /// quiet NaN: the bits of `crate::dtype::f32_to_f16_bits`.
-    #[inline(always)]
-    fn encode(value: f32) -> u32 {
-        const OVERFLOW: u32 = (127 + 16) << 23; // 65536: everything from here on is ±inf
-        const MIN_NORMAL: u32 = 113 << 23; // 2^-14
-        const DENORM_MAGIC: u32 = ((127 - 15) + (23 - 10) + 1) << 23; // 0.5
-        let bits = value.to_bits();
-        let sign = (bits >> 16) & 0x8000;
-        let magnitude = bits & 0x7fff_ffff;
-        let special = if magnitude > 0x7f80_0000 {
-            0x7e00
-        } else {
-            0x7c00
-        };
-        // Below 2^-14, adding 0.5 makes the FPU round the value to the binary16 subnormal grid
-        // (nearest even); the low bits of the sum are then the subnormal's encoding.
-        let subnormal = (f32::from_bits(magnitude) + f32::from_bits(DENORM_MAGIC))
-            .to_bits()
-            .wrapping_sub(DENORM_MAGIC);
-        // Normal: rebias and round to nearest even on the 13 dropped bits (a carry into the
-        // exponent is the right encoding, up to infinity).
-        let odd = (magnitude >> 13) & 1;
-        let normal = magnitude
-            .wrapping_sub((127 - 15) << 23)
-            .wrapping_add(0xfff + odd)
-            >> 13;
-        let half = if magnitude >= OVERFLOW {
-            special
-        } else if magnitude < MIN_NORMAL {
-            subnormal
-        } else {
-            normal
-        };
-        half | sign
-    }
-}
-
-impl HalfFormat for BFloat16 {
-    /// Exact; a NaN becomes quiet (as `half::bf16::to_f32`).
-    #[inline(always)]
-    fn decode(bits: u32) -> f32 {
-        let wide = (bits & 0xffff) << 16;
-        let quiet = if (bits & 0x7fff) > 0x7f80 {
-            0x0040_0000
-        } else {
-            0
-        };
-        f32::from_bits(wide | quiet)
-    }
-
-    /// Round to nearest even, NaN to the canonical quiet NaN.
-    #[inline(always)]
-    fn encode(value: f32) -> u32 {
-        u32::from(f32_to_bf16_bits(value))
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Stores.
@@ -250,64 +72,6 @@ fn store_fence(streaming: bool) {
         }
     }
     let _ = streaming;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Parallel splitting.
-
-/// Splits `words` (laid out `[rank][rank_words]`) into, per part, the slice of every rank that
-/// covers that part's word range. `bounds` are word offsets within a rank.
-fn split_ranks<'a>(
-    words: &'a mut [u32],
-    rank_words: usize,
-    bounds: &[usize],
-) -> Vec<Vec<&'a mut [u32]>> {
-    let parts = bounds.len().saturating_sub(1);
-    let mut out: Vec<Vec<&mut [u32]>> = (0..parts).map(|_| Vec::new()).collect();
-    if rank_words == 0 {
-        return out;
-    }
-    for rank in words.chunks_exact_mut(rank_words) {
-        let mut rest = rank;
-        for (p, slot) in out.iter_mut().enumerate() {
-            let (head, tail) = rest.split_at_mut(bounds[p + 1] - bounds[p]);
-            slot.push(head);
-            rest = tail;
-        }
-    }
-    out
-}
-
-/// Element boundaries that split `len` elements into `parts` nearly equal, block-aligned parts.
-fn part_bounds(len: usize, parts: usize) -> Vec<usize> {
-    let blocks = len.div_ceil(BLOCK);
-    let parts = parts.max(1);
-    (0..=parts)
-        .map(|p| ((blocks * p / parts) * BLOCK).min(len))
-        .collect()
-}
-
-/// Runs `work(part)` for each part: natively the last one on the calling thread, the others on
-/// scoped threads.
-pub(super) fn run_parts<T: Send>(parts: Vec<T>, work: impl Fn(T) + Sync) {
-    #[cfg(not(target_arch = "wasm32"))]
-    if parts.len() > 1 {
-        let mut parts = parts;
-        let last = parts.pop();
-        std::thread::scope(|scope| {
-            let work = &work;
-            for part in parts {
-                scope.spawn(move || work(part));
-            }
-            if let Some(part) = last {
-                work(part);
-            }
-        });
-        return;
-    }
-    for part in parts {
-        work(part);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -655,317 +419,65 @@ fn step_range_avx2(
     )
 }
 
-impl Backend for CpuBackend {
-    fn info(&self) -> &BackendInfo {
-        &self.info
-    }
-
-    fn chunk_len(&self, rank_len: usize, _ranks: usize) -> usize {
-        rank_len
-    }
-
-    fn create_arena(
-        &self,
-        format: StorageFormat,
-        ranks: usize,
-        rank_len: usize,
-        _chunk_len: usize,
-    ) -> Result<Arena> {
-        let words = ranks
-            .checked_mul(format.words_for(rank_len))
-            .ok_or_else(|| Error::value("arena size overflows"))?;
-        let what = format!(
-            "a host arena of {ranks} ranks × {rank_len} {} elements",
-            format.dtype().name()
-        );
-        Ok(Arena::new(
-            format,
-            ranks,
-            rank_len,
-            rank_len,
-            ArenaStorage::Host(HostWords::zeroed(words, &what)?),
-        ))
-    }
-
-    fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()> {
-        check_same_format(src, dst)?;
-        let from = host(src)?;
-        let to = host_mut(dst)?;
-        if from.len() != to.len() {
-            return Err(Error::value("copy_arena: arenas differ in size"));
-        }
-        if from.is_empty() {
-            return Ok(());
-        }
-        let parts = if from.len() >= PARALLEL_THRESHOLD {
-            self.info.threads
-        } else {
-            1
-        };
-        let bounds = part_bounds(from.len(), parts);
-        let pieces: Vec<(&mut [u32], &[u32])> = split_ranks(to, from.len(), &bounds)
-            .into_iter()
-            .zip(bounds.windows(2))
-            .map(|(mut d, w)| (d.pop().unwrap_or_default(), &from[w[0]..w[1]]))
-            .collect();
-        run_parts(pieces, |(d, s)| d.copy_from_slice(s));
-        Ok(())
-    }
-
-    fn dp_sgd_step_with_divisor(
-        &self,
-        params: &mut Arena,
-        grads: &Arena,
-        means: &mut Arena,
-        learning_rate: f32,
-        divisor: f32,
-    ) -> Result<()> {
-        check_step_arenas(params, grads, means, divisor)?;
-        let (param_format, grad_format) = (params.format(), grads.format());
-        let elements = params.rank_len();
-        let ranks = params.ranks();
-        if ranks == 0 {
-            return Err(Error::value("dp_sgd_step needs at least one rank"));
-        }
-        if elements == 0 {
-            return Ok(());
-        }
-        let grad_rank_words = grad_format.words_for(elements);
-        let param_rank_words = param_format.words_for(elements);
-        let grads = host(grads)?;
-        let bytes = (2 * ranks + 2)
-            .saturating_mul(elements)
-            .saturating_mul(param_format.element_bytes());
-        let kernel = StepKernel {
-            param_format,
-            grad_format,
-            param: Fast::of(param_format),
-            grad: Fast::of(grad_format),
-            divisor,
-            learning_rate,
-            streaming: bytes >= STREAMING_THRESHOLD_BYTES,
-        };
-        let parts = if elements.saturating_mul(ranks) >= PARALLEL_THRESHOLD {
-            self.info.threads.min(elements.div_ceil(BLOCK))
-        } else {
-            1
-        };
-        let bounds = part_bounds(elements, parts);
-        let word_bounds: Vec<usize> = bounds.iter().map(|&e| param_format.words_for(e)).collect();
-        let param_parts = split_ranks(host_mut(params)?, param_rank_words, &word_bounds);
-        let mean_parts = split_ranks(host_mut(means)?, param_rank_words, &word_bounds);
-        let work: Vec<_> = param_parts
-            .into_iter()
-            .zip(mean_parts)
-            .zip(bounds.windows(2))
-            .map(|((p, mut m), w)| (p, m.pop().unwrap_or_default(), w[0], w[1] - w[0]))
-            .collect();
-        run_parts(work, |(mut p, m, first, n)| {
-            step_range(&kernel, &mut p, m, grads, grad_rank_words, n, first)
-        });
-        Ok(())
-    }
-
-    fn host_sgd_step(
-        &self,
-        params: &[host_step::HostStepParam<'_>],
-        ranks: usize,
-        learning_rate: f32,
-        copies: usize,
-    ) -> Option<Vec<host_step::HostStepResult>> {
-        Some(host_step::host_step(
-            self.info.threads,
-            params,
-            ranks,
-            learning_rate,
-            copies,
-        ))
-    }
-
-    fn sgd(
-        &self,
-        params: &mut Arena,
-        grads: &Arena,
-        momentum: Option<&mut Arena>,
-        starts: &ParamStarts,
-        scalars: &[SgdScalars],
-    ) -> Result<()> {
-        cpu_optim::sgd(self.info.threads, params, grads, momentum, starts, scalars)
-    }
-
-    fn adam(
-        &self,
-        arenas: AdamArenas<'_>,
-        starts: &ParamStarts,
-        scalars: &[AdamScalars],
-    ) -> Result<()> {
-        cpu_optim::adam(self.info.threads, arenas, starts, scalars)
-    }
-
-    fn average(
-        &self,
-        arena: &mut Arena,
-        group_size: usize,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        cpu_optim::average(self.info.threads, arena, group_size, arith, starts, active)
-    }
-
-    fn scaled_sum(
-        &self,
-        arena: &mut Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-    ) -> Result<()> {
-        super::kernels::scaled_sum_reference(arena, arith, starts, reduced, scales, present)
-    }
-
-    fn pseudo_gradient(
-        &self,
-        params: &mut Arena,
-        backup: &Arena,
-        grads: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        super::kernels::pseudo_gradient_reference(params, backup, grads, starts, active)
-    }
-
-    fn convert(
-        &self,
-        src: &Arena,
-        dst: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        super::kernels::convert_reference(src, dst, starts, active)
-    }
-
-    fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()> {
-        check_copy_regions(src, dst, regions)?;
-        let format = src.format();
-        let (src_words, dst_words) = (
-            format.words_for(src.rank_len()),
-            format.words_for(dst.rank_len()),
-        );
-        let from = super::kernels::host_words(src)?;
-        let to = super::kernels::host_words_mut(dst)?;
-        for r in regions {
-            let words = format.words_for(r.len);
-            let s = r.src_rank * src_words + format.word_of(r.src_offset);
-            let d = r.dst_rank * dst_words + format.word_of(r.dst_offset);
-            to[d..d + words].copy_from_slice(&from[s..s + words]);
-        }
-        Ok(())
-    }
-
-    fn copy_between_ranks(
-        &self,
-        arena: &mut Arena,
-        from: usize,
-        to: usize,
-        offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        arena.check_range(from, offset, len)?;
-        arena.check_range(to, offset, len)?;
-        let format = arena.format();
-        let rank_words = format.words_for(arena.rank_len());
-        let (first, words) = (format.word_of(offset), format.words_for(len));
-        let host = super::kernels::host_words_mut(arena)?;
-        host.copy_within(
-            from * rank_words + first..from * rank_words + first + words,
-            to * rank_words + first,
-        );
-        Ok(())
-    }
-
-    fn synchronize(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async { Ok(()) })
-    }
-}
-
-pub(crate) fn check_same_format(src: &Arena, dst: &Arena) -> Result<()> {
-    if src.format() != dst.format() {
-        return Err(Error::value(format!(
-            "cannot copy between arenas of formats {:?} and {:?}",
-            src.format(),
-            dst.format()
-        )));
-    }
-    Ok(())
-}
-
-pub(crate) fn check_step_arenas(
-    params: &Arena,
+/// The data-parallel SGD step over whole host arenas, split across `threads` threads.
+pub(super) fn dp_sgd_step(
+    threads: usize,
+    params: &mut Arena,
     grads: &Arena,
-    means: &Arena,
+    means: &mut Arena,
+    learning_rate: f32,
     divisor: f32,
 ) -> Result<()> {
-    if !(divisor > 0.0 && divisor.is_finite()) {
-        return Err(Error::value(format!(
-            "dp_sgd_step divisor must be positive and finite, got {divisor}"
-        )));
+    check_step_arenas(params, grads, means, divisor)?;
+    let (param_format, grad_format) = (params.format(), grads.format());
+    let elements = params.rank_len();
+    let ranks = params.ranks();
+    if ranks == 0 {
+        return Err(Error::value("dp_sgd_step needs at least one rank"));
     }
-    if params.ranks() != grads.ranks()
-        || means.ranks() != 1
-        || params.rank_len() != grads.rank_len()
-        || params.rank_len() != means.rank_len()
-        || params.format() != means.format()
-        || params.chunk_len() != grads.chunk_len()
-        || params.chunk_len() != means.chunk_len()
-    {
-        return Err(Error::value(format!(
-            "dp_sgd_step arenas do not match: params {params:?}, grads {grads:?}, means {means:?}"
-        )));
+    if elements == 0 {
+        return Ok(());
     }
+    let grad_rank_words = grad_format.words_for(elements);
+    let param_rank_words = param_format.words_for(elements);
+    let grads = host(grads)?;
+    let bytes = (2 * ranks + 2)
+        .saturating_mul(elements)
+        .saturating_mul(param_format.element_bytes());
+    let kernel = StepKernel {
+        param_format,
+        grad_format,
+        param: Fast::of(param_format),
+        grad: Fast::of(grad_format),
+        divisor,
+        learning_rate,
+        streaming: bytes >= STREAMING_THRESHOLD_BYTES,
+    };
+    let parts = if elements.saturating_mul(ranks) >= PARALLEL_THRESHOLD {
+        threads.min(elements.div_ceil(BLOCK))
+    } else {
+        1
+    };
+    let bounds = part_bounds(elements, parts);
+    let word_bounds: Vec<usize> = bounds.iter().map(|&e| param_format.words_for(e)).collect();
+    let param_parts = split_ranks(host_mut(params)?, param_rank_words, &word_bounds);
+    let mean_parts = split_ranks(host_mut(means)?, param_rank_words, &word_bounds);
+    let work: Vec<_> = param_parts
+        .into_iter()
+        .zip(mean_parts)
+        .zip(bounds.windows(2))
+        .map(|((p, mut m), w)| (p, m.pop().unwrap_or_default(), w[0], w[1] - w[0]))
+        .collect();
+    run_parts(work, |(mut p, m, first, n)| {
+        step_range(&kernel, &mut p, m, grads, grad_rank_words, n, first)
+    });
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use half::{bf16, f16};
-
-    #[test]
-    fn f16_decode_matches_half_for_every_value() {
-        for h in 0..=u16::MAX {
-            let want = f16::from_bits(h).to_f32().to_bits();
-            let got = Binary16::decode(u32::from(h)).to_bits();
-            assert_eq!(got, want, "f16 bits {h:#06x}");
-        }
-    }
-
-    #[test]
-    fn bf16_decode_matches_half_for_every_value() {
-        for h in 0..=u16::MAX {
-            let want = bf16::from_bits(h).to_f32().to_bits();
-            let got = BFloat16::decode(u32::from(h)).to_bits();
-            assert_eq!(got, want, "bf16 bits {h:#06x}");
-        }
-    }
-
-    #[test]
-    fn f16_encode_matches_the_reference_on_every_rounding_case() {
-        // Every sign, exponent and top 10 mantissa bits, with the 13 dropped bits below, at
-        // and above the half-way point.
-        let lows = [
-            0u32, 1, 0x7ff, 0xfff, 0x1000, 0x1001, 0x17ff, 0x1800, 0x1fff,
-        ];
-        for high in 0..(1u32 << 19) {
-            for &low in &lows {
-                let bits = (high << 13) | low;
-                let value = f32::from_bits(bits);
-                let want = u32::from(crate::dtype::f32_to_f16_bits(value));
-                assert_eq!(Binary16::encode(value), want, "f32 bits {bits:#010x}");
-            }
-        }
-    }
+    use crate::backend::{Backend, CpuBackend};
 
     /// The step element by element, in the reference's terms.
     fn reference_step(

@@ -10,11 +10,12 @@
 //! with the same loops (rounding every tensor operation's result to the format), and encoded
 //! back. float64 arenas, and arenas whose layout is not slot-aligned, run the reference.
 
-use super::cpu::{BFloat16, Binary16, HalfFormat, run_parts};
-use super::kernels::{
+use super::half::{BFloat16, Binary16, HalfFormat};
+use super::threads::run_parts;
+use crate::backend::kernels::{
     self, AdamArenas, AdamScalars, ParamStarts, SgdScalars, host_words, host_words_mut,
 };
-use super::{Arena, PARAM_ALIGN_ELEMENTS};
+use crate::backend::{Arena, PARAM_ALIGN_ELEMENTS};
 use crate::dtype::StorageFormat;
 use crate::error::Result;
 

@@ -1,0 +1,141 @@
+//! Exact, branch-free conversions between the 16-bit formats and f32 for the CPU backend's
+//! loops: the same bits as `half` and `crate::dtype` for every input, NaNs included, compiled
+//! to straight-line integer code so that the loops calling them vectorize.
+
+use crate::dtype::f32_to_bf16_bits;
+
+/// A 16-bit storage format, decoded from and encoded to the low half of a `u32`.
+pub(super) trait HalfFormat {
+    fn decode(bits: u32) -> f32;
+    fn encode(value: f32) -> u32;
+}
+
+/// IEEE binary16.
+#[derive(Clone, Copy)]
+pub(super) struct Binary16;
+/// bfloat16.
+#[derive(Clone, Copy)]
+pub(super) struct BFloat16;
+
+impl HalfFormat for Binary16 {
+    /// Exact; a NaN keeps its payload and becomes quiet (as `half::f16::to_f32`).
+    #[inline(always)]
+    fn decode(bits: u32) -> f32 {
+        let sign = (bits & 0x8000) << 16;
+        let magnitude = bits & 0x7fff;
+        let mantissa = bits & 0x03ff;
+        // Normal: rebias the exponent (15 -> 127).
+        let normal = (magnitude << 13) + 0x3800_0000;
+        // Zero or subnormal: mantissa · 2^-24, exact in f32.
+        let subnormal = (magnitude as f32 * 5.960_464_5e-8).to_bits();
+        // Infinity or NaN.
+        let quiet = if mantissa != 0 { 0x0040_0000 } else { 0 };
+        let special = 0x7f80_0000 | (mantissa << 13) | quiet;
+        let out = if magnitude < 0x0400 {
+            subnormal
+        } else if magnitude >= 0x7c00 {
+            special
+        } else {
+            normal
+        };
+        f32::from_bits(out | sign)
+    }
+
+    /// Round to nearest even, overflow to ±inf, subnormals kept, NaN to the signed canonical
+    /// quiet NaN: the bits of `crate::dtype::f32_to_f16_bits`.
+    #[inline(always)]
+    fn encode(value: f32) -> u32 {
+        const OVERFLOW: u32 = (127 + 16) << 23; // 65536: everything from here on is ±inf
+        const MIN_NORMAL: u32 = 113 << 23; // 2^-14
+        const DENORM_MAGIC: u32 = ((127 - 15) + (23 - 10) + 1) << 23; // 0.5
+        let bits = value.to_bits();
+        let sign = (bits >> 16) & 0x8000;
+        let magnitude = bits & 0x7fff_ffff;
+        let special = if magnitude > 0x7f80_0000 {
+            0x7e00
+        } else {
+            0x7c00
+        };
+        // Below 2^-14, adding 0.5 makes the FPU round the value to the binary16 subnormal grid
+        // (nearest even); the low bits of the sum are then the subnormal's encoding.
+        let subnormal = (f32::from_bits(magnitude) + f32::from_bits(DENORM_MAGIC))
+            .to_bits()
+            .wrapping_sub(DENORM_MAGIC);
+        // Normal: rebias and round to nearest even on the 13 dropped bits (a carry into the
+        // exponent is the right encoding, up to infinity).
+        let odd = (magnitude >> 13) & 1;
+        let normal = magnitude
+            .wrapping_sub((127 - 15) << 23)
+            .wrapping_add(0xfff + odd)
+            >> 13;
+        let half = if magnitude >= OVERFLOW {
+            special
+        } else if magnitude < MIN_NORMAL {
+            subnormal
+        } else {
+            normal
+        };
+        half | sign
+    }
+}
+
+impl HalfFormat for BFloat16 {
+    /// Exact; a NaN becomes quiet (as `half::bf16::to_f32`).
+    #[inline(always)]
+    fn decode(bits: u32) -> f32 {
+        let wide = (bits & 0xffff) << 16;
+        let quiet = if (bits & 0x7fff) > 0x7f80 {
+            0x0040_0000
+        } else {
+            0
+        };
+        f32::from_bits(wide | quiet)
+    }
+
+    /// Round to nearest even, NaN to the canonical quiet NaN.
+    #[inline(always)]
+    fn encode(value: f32) -> u32 {
+        u32::from(f32_to_bf16_bits(value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    #[test]
+    fn f16_decode_matches_half_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = f16::from_bits(h).to_f32().to_bits();
+            let got = Binary16::decode(u32::from(h)).to_bits();
+            assert_eq!(got, want, "f16 bits {h:#06x}");
+        }
+    }
+
+    #[test]
+    fn bf16_decode_matches_half_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = bf16::from_bits(h).to_f32().to_bits();
+            let got = BFloat16::decode(u32::from(h)).to_bits();
+            assert_eq!(got, want, "bf16 bits {h:#06x}");
+        }
+    }
+
+    #[test]
+    fn f16_encode_matches_the_reference_on_every_rounding_case() {
+        // Every sign, exponent and top 10 mantissa bits, with the 13 dropped bits below, at
+        // and above the half-way point.
+        let lows = [
+            0u32, 1, 0x7ff, 0xfff, 0x1000, 0x1001, 0x17ff, 0x1800, 0x1fff,
+        ];
+        for high in 0..(1u32 << 19) {
+            for &low in &lows {
+                let bits = (high << 13) | low;
+                let value = f32::from_bits(bits);
+                let want = u32::from(crate::dtype::f32_to_f16_bits(value));
+                assert_eq!(Binary16::encode(value), want, "f32 bits {bits:#010x}");
+            }
+        }
+    }
+}

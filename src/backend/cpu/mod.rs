@@ -1,0 +1,332 @@
+//! The plain-Rust backend: fused, multi-threaded twins of the reference kernels
+//! (`backend::kernels`), and the fallback where no adapter exists. Kernels work block by block
+//! (so the inner loops vectorize) and split large arenas across the host's cores.
+//!
+//! - `host_words`: host arenas (staggered starts, budget reservations);
+//! - `threads`: splitting work into element ranges and running the parts;
+//! - `half`: exact, branch-free 16-bit conversions;
+//! - `step`: the data-parallel SGD step over arenas;
+//! - `optim`: SGD, Adam and averaging over arenas;
+//! - `host_step`: the step straight from host tensors;
+//! - `roofline`: the same-traffic kernel the benchmarks compare with;
+//! - this file: `CpuBackend` and its `Backend` implementation.
+
+mod half;
+pub mod host_step;
+pub(crate) mod host_words;
+mod optim;
+pub mod roofline;
+mod step;
+mod threads;
+
+use self::host_words::HostWords;
+use self::threads::{PARALLEL_THRESHOLD, part_bounds, run_parts, split_ranks};
+use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+use super::{
+    Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, CopyRegion,
+    check_copy_regions,
+};
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+
+/// The plain-Rust backend.
+#[derive(Debug, Clone)]
+pub struct CpuBackend {
+    info: BackendInfo,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    /// A backend using every core the host offers (one thread on wasm32).
+    pub fn new() -> CpuBackend {
+        Self::with_threads(default_threads())
+    }
+
+    /// A backend using `threads` worker threads (at least one).
+    pub fn with_threads(threads: usize) -> CpuBackend {
+        CpuBackend {
+            info: BackendInfo {
+                kind: BackendKind::Cpu,
+                name: "distopt CPU backend (plain Rust)".into(),
+                api: "host".into(),
+                device_type: "Cpu".into(),
+                driver: String::new(),
+                max_binding_bytes: u64::MAX,
+                max_buffer_bytes: u64::MAX,
+                max_workgroups_per_dimension: u32::MAX,
+                mappable_primary_buffers: true,
+                threads: threads.max(1),
+            },
+        }
+    }
+}
+
+fn default_threads() -> usize {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        1
+    }
+}
+
+fn host(arena: &Arena) -> Result<&[u32]> {
+    match &arena.storage {
+        ArenaStorage::Host(words) => Ok(words),
+        ArenaStorage::Gpu(_) => Err(Error::runtime(
+            "this arena lives on a GPU device, not on the CPU backend",
+        )),
+    }
+}
+
+fn host_mut(arena: &mut Arena) -> Result<&mut [u32]> {
+    match &mut arena.storage {
+        ArenaStorage::Host(words) => Ok(words),
+        ArenaStorage::Gpu(_) => Err(Error::runtime(
+            "this arena lives on a GPU device, not on the CPU backend",
+        )),
+    }
+}
+
+impl Backend for CpuBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn chunk_len(&self, rank_len: usize, _ranks: usize) -> usize {
+        rank_len
+    }
+
+    fn create_arena(
+        &self,
+        format: StorageFormat,
+        ranks: usize,
+        rank_len: usize,
+        _chunk_len: usize,
+    ) -> Result<Arena> {
+        let words = ranks
+            .checked_mul(format.words_for(rank_len))
+            .ok_or_else(|| Error::value("arena size overflows"))?;
+        let what = format!(
+            "a host arena of {ranks} ranks × {rank_len} {} elements",
+            format.dtype().name()
+        );
+        Ok(Arena::new(
+            format,
+            ranks,
+            rank_len,
+            rank_len,
+            ArenaStorage::Host(HostWords::zeroed(words, &what)?),
+        ))
+    }
+
+    fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()> {
+        check_same_format(src, dst)?;
+        let from = host(src)?;
+        let to = host_mut(dst)?;
+        if from.len() != to.len() {
+            return Err(Error::value("copy_arena: arenas differ in size"));
+        }
+        if from.is_empty() {
+            return Ok(());
+        }
+        let parts = if from.len() >= PARALLEL_THRESHOLD {
+            self.info.threads
+        } else {
+            1
+        };
+        let bounds = part_bounds(from.len(), parts);
+        let pieces: Vec<(&mut [u32], &[u32])> = split_ranks(to, from.len(), &bounds)
+            .into_iter()
+            .zip(bounds.windows(2))
+            .map(|(mut d, w)| (d.pop().unwrap_or_default(), &from[w[0]..w[1]]))
+            .collect();
+        run_parts(pieces, |(d, s)| d.copy_from_slice(s));
+        Ok(())
+    }
+
+    fn dp_sgd_step_with_divisor(
+        &self,
+        params: &mut Arena,
+        grads: &Arena,
+        means: &mut Arena,
+        learning_rate: f32,
+        divisor: f32,
+    ) -> Result<()> {
+        step::dp_sgd_step(
+            self.info.threads,
+            params,
+            grads,
+            means,
+            learning_rate,
+            divisor,
+        )
+    }
+
+    fn host_sgd_step(
+        &self,
+        params: &[host_step::HostStepParam<'_>],
+        ranks: usize,
+        learning_rate: f32,
+        copies: usize,
+    ) -> Option<Vec<host_step::HostStepResult>> {
+        Some(host_step::host_step(
+            self.info.threads,
+            params,
+            ranks,
+            learning_rate,
+            copies,
+        ))
+    }
+
+    fn sgd(
+        &self,
+        params: &mut Arena,
+        grads: &Arena,
+        momentum: Option<&mut Arena>,
+        starts: &ParamStarts,
+        scalars: &[SgdScalars],
+    ) -> Result<()> {
+        optim::sgd(self.info.threads, params, grads, momentum, starts, scalars)
+    }
+
+    fn adam(
+        &self,
+        arenas: AdamArenas<'_>,
+        starts: &ParamStarts,
+        scalars: &[AdamScalars],
+    ) -> Result<()> {
+        optim::adam(self.info.threads, arenas, starts, scalars)
+    }
+
+    fn average(
+        &self,
+        arena: &mut Arena,
+        group_size: usize,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        optim::average(self.info.threads, arena, group_size, arith, starts, active)
+    }
+
+    fn scaled_sum(
+        &self,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+    ) -> Result<()> {
+        super::kernels::scaled_sum_reference(arena, arith, starts, reduced, scales, present)
+    }
+
+    fn pseudo_gradient(
+        &self,
+        params: &mut Arena,
+        backup: &Arena,
+        grads: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        super::kernels::pseudo_gradient_reference(params, backup, grads, starts, active)
+    }
+
+    fn convert(
+        &self,
+        src: &Arena,
+        dst: &mut Arena,
+        starts: &ParamStarts,
+        active: &[bool],
+    ) -> Result<()> {
+        super::kernels::convert_reference(src, dst, starts, active)
+    }
+
+    fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()> {
+        check_copy_regions(src, dst, regions)?;
+        let format = src.format();
+        let (src_words, dst_words) = (
+            format.words_for(src.rank_len()),
+            format.words_for(dst.rank_len()),
+        );
+        let from = super::kernels::host_words(src)?;
+        let to = super::kernels::host_words_mut(dst)?;
+        for r in regions {
+            let words = format.words_for(r.len);
+            let s = r.src_rank * src_words + format.word_of(r.src_offset);
+            let d = r.dst_rank * dst_words + format.word_of(r.dst_offset);
+            to[d..d + words].copy_from_slice(&from[s..s + words]);
+        }
+        Ok(())
+    }
+
+    fn copy_between_ranks(
+        &self,
+        arena: &mut Arena,
+        from: usize,
+        to: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        arena.check_range(from, offset, len)?;
+        arena.check_range(to, offset, len)?;
+        let format = arena.format();
+        let rank_words = format.words_for(arena.rank_len());
+        let (first, words) = (format.word_of(offset), format.words_for(len));
+        let host = super::kernels::host_words_mut(arena)?;
+        host.copy_within(
+            from * rank_words + first..from * rank_words + first + words,
+            to * rank_words + first,
+        );
+        Ok(())
+    }
+
+    fn synchronize(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+pub(crate) fn check_same_format(src: &Arena, dst: &Arena) -> Result<()> {
+    if src.format() != dst.format() {
+        return Err(Error::value(format!(
+            "cannot copy between arenas of formats {:?} and {:?}",
+            src.format(),
+            dst.format()
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_step_arenas(
+    params: &Arena,
+    grads: &Arena,
+    means: &Arena,
+    divisor: f32,
+) -> Result<()> {
+    if !(divisor > 0.0 && divisor.is_finite()) {
+        return Err(Error::value(format!(
+            "dp_sgd_step divisor must be positive and finite, got {divisor}"
+        )));
+    }
+    if params.ranks() != grads.ranks()
+        || means.ranks() != 1
+        || params.rank_len() != grads.rank_len()
+        || params.rank_len() != means.rank_len()
+        || params.format() != means.format()
+        || params.chunk_len() != grads.chunk_len()
+        || params.chunk_len() != means.chunk_len()
+    {
+        return Err(Error::value(format!(
+            "dp_sgd_step arenas do not match: params {params:?}, grads {grads:?}, means {means:?}"
+        )));
+    }
+    Ok(())
+}

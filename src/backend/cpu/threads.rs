@@ -1,0 +1,64 @@
+//! Splitting the CPU backend's work across threads: element ranges per part, and scoped
+//! threads to run them (one thread on wasm32).
+
+/// Elements handled per block, and the granularity of every split: the step's accumulator and
+/// packed outputs of one block stay in L1 while the gradients of every rank stream past; a
+/// multiple of every format's elements per word.
+pub(super) const BLOCK: usize = 2048;
+/// Below this many elements moved, one thread is faster than spawning more.
+pub(super) const PARALLEL_THRESHOLD: usize = 1 << 16;
+
+/// Splits `words` (laid out `[rank][rank_words]`) into, per part, the slice of every rank that
+/// covers that part's word range. `bounds` are word offsets within a rank.
+pub(super) fn split_ranks<'a>(
+    words: &'a mut [u32],
+    rank_words: usize,
+    bounds: &[usize],
+) -> Vec<Vec<&'a mut [u32]>> {
+    let parts = bounds.len().saturating_sub(1);
+    let mut out: Vec<Vec<&mut [u32]>> = (0..parts).map(|_| Vec::new()).collect();
+    if rank_words == 0 {
+        return out;
+    }
+    for rank in words.chunks_exact_mut(rank_words) {
+        let mut rest = rank;
+        for (p, slot) in out.iter_mut().enumerate() {
+            let (head, tail) = rest.split_at_mut(bounds[p + 1] - bounds[p]);
+            slot.push(head);
+            rest = tail;
+        }
+    }
+    out
+}
+
+/// Element boundaries that split `len` elements into `parts` nearly equal, block-aligned parts.
+pub(super) fn part_bounds(len: usize, parts: usize) -> Vec<usize> {
+    let blocks = len.div_ceil(BLOCK);
+    let parts = parts.max(1);
+    (0..=parts)
+        .map(|p| ((blocks * p / parts) * BLOCK).min(len))
+        .collect()
+}
+
+/// Runs `work(part)` for each part: natively the last one on the calling thread, the others on
+/// scoped threads.
+pub(super) fn run_parts<T: Send>(parts: Vec<T>, work: impl Fn(T) + Sync) {
+    #[cfg(not(target_arch = "wasm32"))]
+    if parts.len() > 1 {
+        let mut parts = parts;
+        let last = parts.pop();
+        std::thread::scope(|scope| {
+            let work = &work;
+            for part in parts {
+                scope.spawn(move || work(part));
+            }
+            if let Some(part) = last {
+                work(part);
+            }
+        });
+        return;
+    }
+    for part in parts {
+        work(part);
+    }
+}
