@@ -35,6 +35,7 @@ pub mod ddp;
 pub mod diloco;
 pub mod dtype;
 pub mod error;
+pub mod host_data;
 pub mod join;
 pub mod json;
 pub mod optim;

@@ -13,7 +13,6 @@ use crate::backend::Arena;
 use crate::backend::{ArenaStorage, kernels::host_words, kernels::host_words_mut};
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
-use crate::replicas::ParamPlace;
 use crate::tensor::{HostData, Tensor};
 
 /// `tensor`'s values packed in `format` (a float64 tensor rounds to float32 in an F32 arena,
@@ -32,36 +31,39 @@ pub(crate) fn encode_data(data: &HostData, format: StorageFormat, what: &str) ->
     Ok(words)
 }
 
-/// Rank `rank`'s elements at `place` of `arena`, read back as a `dtype` tensor of `shape`.
+/// Rank `rank`'s elements from `offset` of `arena`, read back as a `dtype` tensor of `shape`.
 pub(crate) async fn read_tensor(
     arena: &Arena,
     rank: usize,
-    place: ParamPlace,
+    offset: usize,
     shape: &[usize],
     dtype: DType,
 ) -> Result<Tensor> {
-    let words = arena.read_range(rank, place.offset, place.numel).await?;
+    let numel = shape.iter().product();
+    let words = arena.read_range(rank, offset, numel).await?;
     Tensor::new(
         shape,
-        HostData::decode(dtype, arena.format(), &words, place.numel),
+        HostData::decode(dtype, arena.format(), &words, numel),
     )
 }
 
-/// The tensor at `place` of rank `rank`'s row inside `words`, a whole-arena readback
-/// (`Arena::read_all`) of an arena in `format` with `rank_len` elements per row.
+/// The `dtype` tensor of `shape` from `offset` of rank `rank`'s row inside `words`, a
+/// whole-arena readback (`Arena::read_all`) of an arena in `format` with `rank_len` elements
+/// per row.
 pub(crate) fn tensor_in_rows(
     words: &[u32],
     format: StorageFormat,
     rank_len: usize,
     rank: usize,
-    place: ParamPlace,
+    offset: usize,
     shape: &[usize],
     dtype: DType,
 ) -> Result<Tensor> {
-    let start = rank * format.words_for(rank_len) + format.word_of(place.offset);
+    let numel = shape.iter().product();
+    let start = rank * format.words_for(rank_len) + format.word_of(offset);
     Tensor::new(
         shape,
-        HostData::decode(dtype, format, &words[start..], place.numel),
+        HostData::decode(dtype, format, &words[start..], numel),
     )
 }
 

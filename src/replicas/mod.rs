@@ -403,7 +403,7 @@ impl Replicas {
         self.check(rank, j)?;
         let param = &self.params[j];
         let arena = self.buckets[param.place.bucket].arena(which);
-        transfer::read_tensor(arena, rank, param.place, &param.shape, param.dtype).await
+        transfer::read_tensor(arena, rank, param.place.offset, &param.shape, param.dtype).await
     }
 
     /// Parameter `j` of rank `rank`, read back to the host.
@@ -460,7 +460,7 @@ impl Replicas {
                         bucket.format(),
                         bucket.rank_len(),
                         rank,
-                        param.place,
+                        param.place.offset,
                         &param.shape,
                         param.dtype,
                     )?);

@@ -66,9 +66,15 @@ impl StateArenas {
         let Some(arena) = self.get(place.bucket) else {
             return Ok(None);
         };
-        transfer::read_tensor(arena, rank, place, replicas.shape(j), replicas.dtype(j))
-            .await
-            .map(Some)
+        transfer::read_tensor(
+            arena,
+            rank,
+            place.offset,
+            replicas.shape(j),
+            replicas.dtype(j),
+        )
+        .await
+        .map(Some)
     }
 
     /// Writes encoded words (see [`transfer::encode_state`]) into rank `rank`'s state of

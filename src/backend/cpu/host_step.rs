@@ -16,7 +16,7 @@ use super::half::{BFloat16, Binary16, HalfFormat};
 use super::host_words::prefer_huge_pages;
 use super::optim::{PartWork, run_best};
 use super::threads::run_parts;
-use crate::tensor::HostData;
+use crate::host_data::HostData;
 
 /// Elements per block: the accumulator and the rank-0 parameter block stay in L1.
 const BLOCK: usize = 2048;
