@@ -59,10 +59,11 @@ pub use backend::{
 };
 pub use dtype::{DType, StorageFormat};
 pub use error::{Error, ErrorKind, RankErrors, Result};
+pub use host_data::HostData;
 pub use step::{ReplicaOutputs, StepOutput, sgd_step, sgd_step_in, sgd_step_with, to_device};
 #[cfg(not(target_arch = "wasm32"))]
 pub use step::{sgd_step_blocking, sgd_step_in_blocking};
-pub use tensor::{HostData, Storage, Tensor};
+pub use tensor::{Storage, Tensor};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
