@@ -2,11 +2,12 @@
 //! writing it into one rank's row, and reading rows back as tensors. Every copy that depends on
 //! the caller's input is checked against the memory budget first.
 //!
-//! The bulk paths that never materialize a per-parameter tensor (the step from host tensors,
-//! `backend::host_step`; an arena's whole readback, `Arena::read_all`) stay with the arenas;
-//! everything that crosses one parameter at a time goes through here: `Replicas`' setters and
-//! getters, optimizer and DiLoCo state (`StateArenas`), loaded state dicts, and the MPI
-//! world's staging of a device arena's row for a host collective.
+//! Every crossing goes through here: `Replicas`' setters and getters, optimizer and DiLoCo
+//! state (`StateArenas`), loaded state dicts, the step's row images and readback (the GPU
+//! path of `sgd_step`, `to_device`), and the MPI world's staging of a device arena's row for a
+//! host collective. Two bulk paths stay with their owners because they never materialize a
+//! row: the CPU backend's step straight from host tensors (`backend::host_step`) and an
+//! arena's whole readback (`Arena::read_all`).
 
 use crate::backend::Arena;
 #[cfg(feature = "mpi")]
@@ -29,6 +30,22 @@ pub(crate) fn encode_data(data: &HostData, format: StorageFormat, what: &str) ->
     let mut words = crate::budget::zeroed(format.words_for(data.len()), what)?;
     data.encode_into(format, &mut words);
     Ok(words)
+}
+
+/// One row of an arena in `format` with `rank_len` elements: each `(offset, values)` encoded at
+/// its element offset (word aligned), zeros elsewhere, ready for one `Arena::write`. `what`
+/// names the image in a budget error.
+pub(crate) fn pack_row<'a>(
+    format: StorageFormat,
+    rank_len: usize,
+    items: impl IntoIterator<Item = (usize, &'a HostData)>,
+    what: &str,
+) -> Result<Vec<u32>> {
+    let mut row = crate::budget::zeroed(format.words_for(rank_len), what)?;
+    for (offset, data) in items {
+        data.encode_into(format, &mut row[format.word_of(offset)..]);
+    }
+    Ok(row)
 }
 
 /// Rank `rank`'s elements from `offset` of `arena`, read back as a `dtype` tensor of `shape`.

@@ -22,6 +22,7 @@ use crate::comm::Communicator;
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
 use crate::tensor::{DeviceSlice, HostData, Storage, Tensor};
+use crate::transfer;
 
 /// What [`sgd_step`] returns.
 #[derive(Debug, Clone)]
@@ -511,10 +512,11 @@ impl<'a> StepGroup<'a> {
         tensors: &[Option<&Tensor>],
     ) -> Result<()> {
         let format = arena.format();
-        // Host tensors first, as one image; device tensors are copied after it (a write lands
-        // before the copies submitted after it, so the copies are not overwritten).
-        let mut image: Option<Vec<u32>> = None;
+        // Host tensors first, as one row image; device tensors are copied after it (a write
+        // lands before the copies submitted after it, so the copies are not overwritten).
         let mut on_device = Vec::new();
+        let mut fetched = Vec::new();
+        let mut on_host: Vec<(usize, &HostData)> = Vec::new();
         for (k, tensor) in tensors.iter().enumerate() {
             let Some(tensor) = tensor else { continue };
             let offset = self.offsets[k];
@@ -522,32 +524,26 @@ impl<'a> StepGroup<'a> {
                 Storage::Device(slice) if slice.arena.format() == format => {
                     on_device.push((slice, offset))
                 }
-                storage => {
-                    // Host values are encoded straight from the caller's tensor; only device
-                    // values in another format are read back first.
-                    let fetched;
-                    let data = match storage {
-                        Storage::Host(data) => data,
-                        Storage::Device(_) => {
-                            fetched = tensor.to_host().await?;
-                            fetched.host_data().expect("to_host returns a host tensor")
-                        }
-                    };
-                    if image.is_none() {
-                        image = Some(crate::budget::zeroed(
-                            format.words_for(self.rank_len),
-                            "the step's packed rank image",
-                        )?);
-                    }
-                    let Some(image) = image.as_mut() else {
-                        unreachable!("filled above")
-                    };
-                    data.encode_into(format, &mut image[format.word_of(offset)..]);
-                }
+                // Host values are encoded straight from the caller's tensor.
+                Storage::Host(data) => on_host.push((offset, data)),
+                // Device values in another format are read back first.
+                Storage::Device(_) => fetched.push((offset, tensor.to_host().await?)),
             }
         }
-        if let Some(image) = image {
-            arena.write(rank, 0, &image)?;
+        on_host.extend(fetched.iter().map(|(offset, t)| {
+            (
+                *offset,
+                t.host_data().expect("to_host returns a host tensor"),
+            )
+        }));
+        if !on_host.is_empty() {
+            let row = transfer::pack_row(
+                format,
+                self.rank_len,
+                on_host,
+                "the step's packed rank image",
+            )?;
+            arena.write(rank, 0, &row)?;
         }
         for (slice, offset) in on_device {
             backend.copy_regions(
@@ -624,13 +620,20 @@ impl<'a> StepGroup<'a> {
             );
             match (&param_words, &mean_words, on_device[j]) {
                 (Some(pw), Some(mw), false) => {
-                    let word = self.format.word_of(offset);
-                    let mean = HostData::decode(dtype, self.format, &mw[word..], numel);
-                    means_out[j] = Some(Tensor::new(shape, mean)?);
-                    let value = Tensor::new(
-                        shape,
-                        HostData::decode(dtype, self.format, &pw[word..], numel),
-                    )?;
+                    // One row each, read from element 0: rank 0 of a one-row arena.
+                    let decode = |words: &[u32]| {
+                        transfer::tensor_in_rows(
+                            words,
+                            self.format,
+                            self.rank_len,
+                            0,
+                            offset,
+                            shape,
+                            dtype,
+                        )
+                    };
+                    means_out[j] = Some(decode(mw)?);
+                    let value = decode(pw)?;
                     for rank_out in updated_out.iter_mut() {
                         rank_out[j] = Some(value.clone());
                     }
@@ -678,14 +681,20 @@ pub async fn to_device(backend: &dyn Backend, tensors: &[Tensor]) -> Result<Vec<
         let (offsets, rank_len) = layout_params(&numels);
         let mut arena =
             backend.create_arena(format, 1, rank_len, backend.chunk_len(rank_len, 1))?;
-        let mut image =
-            crate::budget::zeroed(format.words_for(rank_len), "to_device's packed image")?;
-        for (k, &i) in members.iter().enumerate() {
-            let host = tensors[i].to_host().await?;
-            let data = host.host_data().expect("host tensor");
-            data.encode_into(format, &mut image[format.word_of(offsets[k])..]);
+        let mut hosts = Vec::with_capacity(members.len());
+        for &i in &members {
+            hosts.push(tensors[i].to_host().await?);
         }
-        arena.write(0, 0, &image)?;
+        let row = transfer::pack_row(
+            format,
+            rank_len,
+            offsets
+                .iter()
+                .zip(&hosts)
+                .map(|(&offset, t)| (offset, t.host_data().expect("host tensor"))),
+            "to_device's packed image",
+        )?;
+        arena.write(0, 0, &row)?;
         let arena = Arc::new(arena);
         for (k, &i) in members.iter().enumerate() {
             let slice = DeviceSlice {
