@@ -5,6 +5,7 @@ use std::fmt;
 
 /// The Python exception class an [`Error`] corresponds to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// Python's `ValueError`: an argument has the right type but a wrong value or shape.
     ValueError,

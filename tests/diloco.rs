@@ -59,10 +59,11 @@ fn gpu() -> Option<Arc<dyn Backend>> {
 fn gpu_tiny() -> Option<Arc<dyn Backend>> {
     static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
     GPU.get_or_init(|| {
-        common::gpu_backend_with_options(GpuOptions {
-            max_binding_bytes: 4096,
-            max_workgroups_per_dimension: 1,
-        })
+        common::gpu_backend_with_options(
+            GpuOptions::default()
+                .with_max_binding_bytes(4096)
+                .with_max_workgroups_per_dimension(1),
+        )
     })
     .clone()
 }

@@ -33,10 +33,11 @@ fn gpu() -> Option<Arc<dyn Backend>> {
 fn gpu_tiny() -> Option<Arc<dyn Backend>> {
     static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
     GPU.get_or_init(|| {
-        common::gpu_backend_with_options(GpuOptions {
-            max_binding_bytes: 4096,
-            max_workgroups_per_dimension: 1,
-        })
+        common::gpu_backend_with_options(
+            GpuOptions::default()
+                .with_max_binding_bytes(4096)
+                .with_max_workgroups_per_dimension(1),
+        )
     })
     .clone()
 }
@@ -152,10 +153,7 @@ fn a_joined_rank_contributes_zeros_and_keeps_its_own_gradient() {
         assert_eq!(g[1], Some(vec![3.0]), "{name}");
         assert_eq!(g[2], Some(vec![3.0]), "{name}");
         // Over the active ranks: 1.5 + 3.
-        let divide_active = JoinOptions {
-            divide_by_initial_world_size: false,
-            ..JoinOptions::default()
-        };
+        let divide_active = JoinOptions::default().with_divide_by_initial_world_size(false);
         let g = grads(&uneven(&backend, divide_active, false));
         assert_eq!(
             g,
@@ -176,10 +174,7 @@ fn a_joined_rank_contributes_zeros_and_keeps_its_own_gradient() {
 #[test]
 fn throw_on_early_termination_raises_each_ranks_own_error() {
     let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
-    let options = JoinOptions {
-        throw_on_early_termination: true,
-        ..JoinOptions::default()
-    };
+    let options = JoinOptions::default().with_throw_on_early_termination(true);
     let mut m = model(&backend, 3, 1);
     let mut ddp = DistributedDataParallel::new(world(3), &mut m).unwrap();
     let mut join = Join::new(&mut [&mut ddp as &mut dyn Joinable], options).unwrap();
@@ -211,10 +206,7 @@ fn throw_on_early_termination_raises_each_ranks_own_error() {
 #[test]
 fn even_inputs_with_throw_on_early_termination_end_normally() {
     let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
-    let options = JoinOptions {
-        throw_on_early_termination: true,
-        ..JoinOptions::default()
-    };
+    let options = JoinOptions::default().with_throw_on_early_termination(true);
     let mut m = model(&backend, 2, 1);
     let mut ddp = DistributedDataParallel::new(world(2), &mut m).unwrap();
     let mut join = Join::new(&mut [&mut ddp as &mut dyn Joinable], options).unwrap();
@@ -279,10 +271,7 @@ fn final_model(inputs: &[usize], enable: bool) -> Vec<Vec<f64>> {
     for r in 0..w {
         m.set_params(r, &[t(&[r as f32, -(r as f32)])]).unwrap();
     }
-    let options = JoinOptions {
-        enable,
-        ..JoinOptions::default()
-    };
+    let options = JoinOptions::default().with_enable(enable);
     let mut join = Join::new(&mut [&mut ddp as &mut dyn Joinable], options).unwrap();
     for step in 0..*inputs.iter().max().unwrap() {
         let has: Vec<bool> = inputs.iter().map(|&n| n > step).collect();
@@ -356,10 +345,7 @@ fn the_lock_step_api_reports_misuse() {
             .contains("joinables this Join was created with")
     );
     // Disabled: uneven inputs would hang PyTorch's ranks; here they are an error.
-    let disabled = JoinOptions {
-        enable: false,
-        ..JoinOptions::default()
-    };
+    let disabled = JoinOptions::default().with_enable(false);
     let mut join = Join::new(&mut [&mut other as &mut dyn Joinable], disabled).unwrap();
     let err = join.iteration(&[true, false]).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::RuntimeError);

@@ -407,10 +407,9 @@ fn zero_vs_simulated(world: &Arc<MpiWorld>) -> Result<(), String> {
         .collect();
     let mut defaults = distopt::optim::OptionMap::new();
     defaults.insert("lr".into(), serde_json::json!(0.01));
-    let options = ZeroOptions {
-        parameters_as_bucket_view: true,
-        overlap_with_ddp: false,
-    };
+    let options = ZeroOptions::default()
+        .with_parameters_as_bucket_view(true)
+        .with_overlap_with_ddp(false);
     let groups = vec![((0..shapes.len()).collect::<Vec<_>>(), Default::default())];
     let simulated: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(size).map_err(s)?);
     let mut sim_model = Replicas::replicate(backend.clone(), size, &params).map_err(s)?;

@@ -143,10 +143,9 @@ fn gpu_kernels_match_the_cpu_backend() {
 #[test]
 fn chunked_gpu_kernels_match_the_cpu_backend() {
     // 4 KiB bindings: every arena is split into many chunks; 2 workgroups per dimension.
-    let options = GpuOptions {
-        max_binding_bytes: 4096,
-        max_workgroups_per_dimension: 2,
-    };
+    let options = GpuOptions::default()
+        .with_max_binding_bytes(4096)
+        .with_max_workgroups_per_dimension(2);
     if let Some(gpu) = common::gpu_backend_with_options(options) {
         run(gpu, "chunked gpu");
     }
@@ -158,10 +157,9 @@ fn the_shader_copy_roofline_copies_every_word() {
     use distopt::{GpuBackend, StorageFormat};
     for options in [
         GpuOptions::default(),
-        GpuOptions {
-            max_binding_bytes: 4096,
-            max_workgroups_per_dimension: 2,
-        },
+        GpuOptions::default()
+            .with_max_binding_bytes(4096)
+            .with_max_workgroups_per_dimension(2),
     ] {
         let gpu = match pollster::block_on(GpuBackend::with_options(options)) {
             Ok(gpu) => gpu,

@@ -345,10 +345,9 @@ fn zero_replays_pytorchs_optimizers_and_reloads_their_state() {
                 let what = format!("{label} W=3 bucket {bucket}");
                 let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(3).unwrap());
                 let mut replicas = Replicas::replicate(backend.clone(), 3, &initial).unwrap();
-                let zero_options = ZeroOptions {
-                    parameters_as_bucket_view: bucket,
-                    overlap_with_ddp: false,
-                };
+                let zero_options = ZeroOptions::default()
+                    .with_parameters_as_bucket_view(bucket)
+                    .with_overlap_with_ddp(false);
                 let mut zero = ZeroRedundancyOptimizer::new(
                     world,
                     &replicas,
@@ -369,10 +368,9 @@ fn zero_replays_pytorchs_optimizers_and_reloads_their_state() {
                 let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(2).unwrap());
                 let mut replicas = Replicas::replicate(backend.clone(), 2, &values).unwrap();
                 let other = option_map(&other_options(&case)).unwrap();
-                let zero_options = ZeroOptions {
-                    parameters_as_bucket_view: !bucket,
-                    overlap_with_ddp: false,
-                };
+                let zero_options = ZeroOptions::default()
+                    .with_parameters_as_bucket_view(!bucket)
+                    .with_overlap_with_ddp(false);
                 let mut zero = ZeroRedundancyOptimizer::new(
                     world,
                     &replicas,

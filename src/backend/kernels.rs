@@ -7,7 +7,7 @@
 //! operation is rounded to the parameter's storage format. The reference computes each
 //! primitive in `f64` and rounds it; for one IEEE operation that equals computing it in the
 //! narrower format directly. PyTorch's `add(alpha=)` on float16/bfloat16 also rounds its
-//! scalar and its product to the format (see [`add_scaled`]).
+//! scalar and its product to the format (see `add_scaled`).
 
 use super::{Arena, ArenaStorage};
 use crate::dtype::StorageFormat;

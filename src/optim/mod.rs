@@ -19,6 +19,19 @@ pub use shell::{Algorithm, DUPLICATE_WARNING, Optimizer, ParamGroup, Shell};
 
 use serde_json::Value;
 
+/// Seals [`Algorithm`] and [`GroupOptions`]: an optimizer's math and options are implemented
+/// inside the crate, next to their kernels (see ARCHITECTURE.md, "How to add an optimizer");
+/// [`LocalOptimizer`] stays open.
+pub(crate) mod sealed {
+    /// Implemented by the crate's optimizer algorithms and options only.
+    pub trait Sealed {}
+
+    impl Sealed for super::SgdAlgorithm {}
+    impl Sealed for super::AdamAlgorithm {}
+    impl Sealed for super::SgdOptions {}
+    impl Sealed for super::AdamOptions {}
+}
+
 use crate::backend::BoxFuture;
 use crate::error::{Error, Result};
 use crate::replicas::Replicas;

@@ -8,7 +8,10 @@ use crate::error::{Error, Result};
 
 /// The typed hyper-parameters of one parameter group of an optimizer: parsed once from an
 /// [`OptionMap`] (at construction, `add_param_group` and `load_state_dict`), read by every step.
-pub trait GroupOptions: Clone + std::fmt::Debug + crate::backend::MaybeSendSync + 'static {
+/// Sealed: implemented by the crate's options only.
+pub trait GroupOptions:
+    super::sealed::Sealed + Clone + std::fmt::Debug + crate::backend::MaybeSendSync + 'static
+{
     /// The complete defaults of `kind` as PyTorch's `optimizer.defaults` lists them
     /// (`foreach`, `fused`, … included).
     fn defaults(kind: OptimizerKind) -> OptionMap;

@@ -297,9 +297,12 @@ impl<O: GroupOptions> Shell<O> {
 }
 
 /// An optimizer's math: its options, its state arenas (a [`crate::replicas::StateArenas`]
-/// per state tensor, one arena per format bucket of the replicas, created on first use), its step, and its entries of `state_dict()["state"]`.
-/// [`Optimizer`] wraps it into a [`LocalOptimizer`].
-pub trait Algorithm: MaybeSendSync + std::fmt::Debug + Sized + 'static {
+/// per state tensor, one arena per format bucket of the replicas, created on first use), its
+/// step, and its entries of `state_dict()["state"]`. [`Optimizer`] wraps it into a
+/// [`LocalOptimizer`]. Sealed: implemented by the crate's optimizers only.
+pub trait Algorithm:
+    super::sealed::Sealed + MaybeSendSync + std::fmt::Debug + Sized + 'static
+{
     /// The typed options of one group.
     type Options: GroupOptions;
     /// One parameter's loaded state, parsed and checked, ready to be written.

@@ -60,14 +60,30 @@ fn not_consolidated(rank: usize) -> Error {
     ))
 }
 
-/// Construction options beyond the parameters and the local optimizer.
+/// Construction options beyond the parameters and the local optimizer. Build them with
+/// `ZeroOptions::default().with_…(..)` (the struct may gain fields).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ZeroOptions {
     /// Pack each rank's parameters into one flat bucket, broadcast as one transfer.
     pub parameters_as_bucket_view: bool,
     /// Overlap the optimizer with DDP's backward (needs DDP buckets; without DDP the instance
     /// never finishes initializing, as in PyTorch).
     pub overlap_with_ddp: bool,
+}
+
+impl ZeroOptions {
+    /// With `parameters_as_bucket_view` set to `on`.
+    pub fn with_parameters_as_bucket_view(mut self, on: bool) -> Self {
+        self.parameters_as_bucket_view = on;
+        self
+    }
+
+    /// With `overlap_with_ddp` set to `on`.
+    pub fn with_overlap_with_ddp(mut self, on: bool) -> Self {
+        self.overlap_with_ddp = on;
+        self
+    }
 }
 
 /// One rank's shard: the parameters it owns (its [`Ownership`]), packed in a one-rank arena

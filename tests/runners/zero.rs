@@ -301,10 +301,9 @@ fn trajectory(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> 
     let bucket = input["parameters_as_bucket_view"]
         .as_bool()
         .unwrap_or(false);
-    let options = ZeroOptions {
-        parameters_as_bucket_view: bucket,
-        overlap_with_ddp: false,
-    };
+    let options = ZeroOptions::default()
+        .with_parameters_as_bucket_view(bucket)
+        .with_overlap_with_ddp(false);
     let world = worlds(w)?;
     let local = world.local_ranks();
     let mut replicas = Replicas::replicate(backend.clone(), local.len(), &params).map_err(s)?;
@@ -364,12 +363,13 @@ fn trajectory(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> 
         if let Some((_, params, options)) = added {
             all_groups.push((params, options));
         }
-        let options = ZeroOptions {
-            parameters_as_bucket_view: reload["parameters_as_bucket_view"]
-                .as_bool()
-                .unwrap_or(false),
-            overlap_with_ddp: false,
-        };
+        let options = ZeroOptions::default()
+            .with_parameters_as_bucket_view(
+                reload["parameters_as_bucket_view"]
+                    .as_bool()
+                    .unwrap_or(false),
+            )
+            .with_overlap_with_ddp(false);
         let mut zero2 = ZeroRedundancyOptimizer::new(
             world2.clone(),
             &replicas,
@@ -713,10 +713,11 @@ fn errors(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outc
             })
             .collect()
     };
-    let options = ZeroOptions {
-        parameters_as_bucket_view: ctor["parameters_as_bucket_view"].as_bool().unwrap_or(false),
-        overlap_with_ddp: ctor["overlap_with_ddp"].as_bool().unwrap_or(false),
-    };
+    let options = ZeroOptions::default()
+        .with_parameters_as_bucket_view(
+            ctor["parameters_as_bucket_view"].as_bool().unwrap_or(false),
+        )
+        .with_overlap_with_ddp(ctor["overlap_with_ddp"].as_bool().unwrap_or(false));
     let name = ctor["optimizer"]["name"].as_str().unwrap_or_default();
     let defaults = option_map(&ctor["optimizer"]["options"]).map_err(s)?;
     let mut stages = Vec::new();
@@ -860,18 +861,18 @@ fn join(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcom
         Some("after_step") => false,
         other => return Err(format!("unknown zero_grad {other:?}")),
     };
-    let join_options = JoinOptions {
-        divide_by_initial_world_size: input["divide_by_initial_world_size"]
+    let join_options = JoinOptions::default().with_divide_by_initial_world_size(
+        input["divide_by_initial_world_size"]
             .as_bool()
             .ok_or("divide_by_initial_world_size")?,
-        ..JoinOptions::default()
-    };
-    let options = ZeroOptions {
-        parameters_as_bucket_view: input["parameters_as_bucket_view"]
-            .as_bool()
-            .unwrap_or(false),
-        overlap_with_ddp: false,
-    };
+    );
+    let options = ZeroOptions::default()
+        .with_parameters_as_bucket_view(
+            input["parameters_as_bucket_view"]
+                .as_bool()
+                .unwrap_or(false),
+        )
+        .with_overlap_with_ddp(false);
     let mut replicas = Replicas::replicate(backend.clone(), local.len(), &initial).map_err(s)?;
     let mut ddp = DistributedDataParallel::new(world.clone(), &mut replicas).map_err(s)?;
     let groups = vec![((0..initial.len()).collect(), Default::default())];

@@ -430,10 +430,9 @@ pub fn zero(args: ZeroBenchArgs) -> Result<(), Error> {
         let groups = vec![((0..replicas.len()).collect::<Vec<_>>(), OptionMap::new())];
         let mut defaults = OptionMap::new();
         defaults.insert("lr".into(), 1e-3.into());
-        let options = ZeroOptions {
-            parameters_as_bucket_view: true,
-            overlap_with_ddp: false,
-        };
+        let options = ZeroOptions::default()
+            .with_parameters_as_bucket_view(true)
+            .with_overlap_with_ddp(false);
         let mut zero = ZeroRedundancyOptimizer::new(
             world.clone(),
             &replicas,

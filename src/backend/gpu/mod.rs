@@ -76,8 +76,10 @@ impl GpuShared {
     }
 }
 
-/// Options for [`GpuBackend::with_options`].
+/// Options for [`GpuBackend::with_options`]. Build them with
+/// `GpuOptions::default().with_…(..)` (the struct may gain fields).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct GpuOptions {
     /// Largest storage binding to use (bytes, capped by the adapter's limit); arenas larger
     /// than this are processed in chunks. Tests lower it to exercise chunking cheaply.
@@ -85,6 +87,20 @@ pub struct GpuOptions {
     /// Largest workgroup count per dimension to use (capped by the adapter's limit); more
     /// workgroups spill into a second dimension.
     pub max_workgroups_per_dimension: u32,
+}
+
+impl GpuOptions {
+    /// With the largest storage binding to use set to `bytes`.
+    pub fn with_max_binding_bytes(mut self, bytes: u64) -> Self {
+        self.max_binding_bytes = bytes;
+        self
+    }
+
+    /// With the largest workgroup count per dimension set to `count`.
+    pub fn with_max_workgroups_per_dimension(mut self, count: u32) -> Self {
+        self.max_workgroups_per_dimension = count;
+        self
+    }
 }
 
 impl Default for GpuOptions {

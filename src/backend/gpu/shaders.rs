@@ -1,6 +1,6 @@
 //! The WGSL sources, embedded at compile time: the shared parts (storage formats and the
 //! dispatch grid; the parameter table) and each kernel's own file. A kernel's complete source
-//! is assembled by its [`KernelSpec`](super::contract::KernelSpec), which adds the generated
+//! is assembled by its `KernelSpec` (`gpu::contract`), which adds the generated
 //! arena accessors.
 
 /// Storage formats, exact rounding and the 2-D dispatch grid, shared by every kernel.
