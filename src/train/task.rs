@@ -159,6 +159,16 @@ impl Shards {
 }
 
 /// Checks that `ranks` × the model fits; the model's scalar count.
+/// A `ValueError` unless a task's `heterogeneity` lies in `[0, 1]`.
+fn check_heterogeneity(heterogeneity: f64) -> Result<()> {
+    if !(0.0..=1.0).contains(&heterogeneity) {
+        return Err(Error::value(format!(
+            "heterogeneity must lie in [0, 1], got {heterogeneity}"
+        )));
+    }
+    Ok(())
+}
+
 fn check_model(mlp: &Mlp, ranks: usize) -> Result<usize> {
     let too_big = |what: &str| Error::value(format!("the {what} is too large for a demo"));
     let numel = mlp
@@ -239,12 +249,7 @@ impl SyntheticTask {
                 config.samples
             )));
         }
-        if !(0.0..=1.0).contains(&config.heterogeneity) {
-            return Err(Error::value(format!(
-                "heterogeneity must lie in [0, 1], got {}",
-                config.heterogeneity
-            )));
-        }
+        check_heterogeneity(config.heterogeneity)?;
         let data_len = config
             .samples
             .checked_mul(config.features)
@@ -658,12 +663,7 @@ impl DatasetTask {
                 config.test_fraction
             )));
         }
-        if !(0.0..=1.0).contains(&config.heterogeneity) {
-            return Err(Error::value(format!(
-                "heterogeneity must lie in [0, 1], got {}",
-                config.heterogeneity
-            )));
-        }
+        check_heterogeneity(config.heterogeneity)?;
         let n = dataset.len();
         let test_len = (n as f64 * config.test_fraction).round() as usize;
         if test_len == 0 {
