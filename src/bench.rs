@@ -17,6 +17,9 @@ const STREAM: u64 = 0xbe7c;
 
 /// `n` deterministic values in `[-1, 1)` for `seed`. The parameters of a benchmark use seed 0
 /// and rank `r`'s gradients seed `r + 1`. The vector is checked against the memory budget.
+///
+/// # Errors
+/// A `RuntimeError` when `n` values do not fit the memory budget or the allocator refuses them.
 pub fn values(seed: u64, n: usize) -> Result<Vec<f64>> {
     let what = format!("{n} benchmark values");
     crate::budget::check(n.saturating_mul(8), &what)?;
@@ -29,12 +32,19 @@ pub fn values(seed: u64, n: usize) -> Result<Vec<f64>> {
 }
 
 /// [`values`] as a one-dimensional host tensor of `dtype` (each value rounded to it).
+///
+/// # Errors
+/// As [`values`].
 pub fn tensor(dtype: DType, seed: u64, n: usize) -> Result<Tensor> {
     Tensor::new(&[n], HostData::from_f64(dtype, &values(seed, n)?))
 }
 
 /// Writes [`values`]`(seed, …)` into every row in `ranks` of `arena` (one parameter of
 /// `elements` elements at offset 0).
+///
+/// # Errors
+/// A `ValueError` when a rank of `ranks` is outside the arena or `elements` exceed its rows; a
+/// `RuntimeError` when the values or their packed words do not fit the memory budget.
 pub fn fill_rows(
     arena: &mut Arena,
     dtype: DType,
@@ -76,6 +86,11 @@ impl ResidentStep {
     /// Allocates and fills the arenas on `backend`. A `ValueError` for no rank or element or
     /// for float64 (the step computes float64 parameters in float32 storage: time float32); a
     /// `RuntimeError` when the arenas and their staging exceed the memory budget.
+    ///
+    /// # Errors
+    /// A `ValueError` when `ranks` or `elements` is 0 or `dtype` is float64; a `RuntimeError` when
+    /// the sizes overflow, the arenas and their staging exceed the memory budget, or the backend
+    /// cannot create them (a GPU error, a lost device).
     pub fn new(
         backend: &dyn Backend,
         ranks: usize,
@@ -128,6 +143,10 @@ impl ResidentStep {
 
     /// One step on `backend` (the one that made the arenas), queued: wait with
     /// `backend.synchronize()` to time it.
+    ///
+    /// # Errors
+    /// As [`Backend::dp_sgd_step`]: a `RuntimeError` when `backend` cannot use the arenas (they
+    /// live on another device), or for a GPU error or a lost device.
     pub fn step(&mut self, backend: &dyn Backend) -> Result<()> {
         backend.dp_sgd_step(
             &mut self.params,

@@ -134,6 +134,10 @@ fn physical_memory() -> Option<u64> {
 /// `KiB`/`KB` spellings, all powers of 1024, case-insensitive). A `ValueError` naming the
 /// text otherwise.
 ///
+/// # Errors
+/// A `ValueError` when `text` (trimmed) is not digits with an optional known unit, or the count
+/// overflows `usize`.
+///
 /// ```
 /// assert_eq!(distopt::budget::parse_bytes("64MiB").unwrap(), 64 << 20);
 /// assert_eq!(distopt::budget::parse_bytes("4096").unwrap(), 4096);
@@ -190,6 +194,9 @@ fn over_budget(bytes: usize, what: &str, used: usize, limit: usize) -> Error {
 
 /// `count` elements of `size` bytes each, or a `RuntimeError` naming `what` when the product
 /// overflows `usize`.
+///
+/// # Errors
+/// A `RuntimeError` when `count * size` overflows `usize`.
 pub fn bytes_of(count: usize, size: usize, what: &str) -> Result<usize> {
     count.checked_mul(size).ok_or_else(|| {
         Error::runtime(format!(
@@ -200,6 +207,9 @@ pub fn bytes_of(count: usize, size: usize, what: &str) -> Result<usize> {
 
 /// Whether `bytes` more would fit the budget now, without counting them: `Ok` if so, else a
 /// `RuntimeError` naming `what`, the request and the budget.
+///
+/// # Errors
+/// A `RuntimeError` when `bytes` exceed what the budget has left.
 pub fn check(bytes: usize, what: &str) -> Result<()> {
     let (used, limit) = (in_use(), limit());
     if bytes > limit.saturating_sub(used) {
@@ -210,6 +220,9 @@ pub fn check(bytes: usize, what: &str) -> Result<()> {
 
 /// Counts `bytes` as live until the returned [`Reservation`] is dropped; a `RuntimeError`
 /// naming `what`, the request and the budget if they do not fit.
+///
+/// # Errors
+/// A `RuntimeError` when `bytes` exceed what the budget has left.
 pub fn reserve(bytes: usize, what: &str) -> Result<Reservation> {
     let limit = limit();
     let mut used = IN_USE.load(Ordering::Relaxed);
@@ -228,6 +241,10 @@ pub fn reserve(bytes: usize, what: &str) -> Result<Reservation> {
 /// `len` default (zero) values of `T` in a vector allocated after a [`check`] of its bytes,
 /// with `try_reserve_exact`: a request over the budget, or one the allocator refuses, is a
 /// `RuntimeError` naming `what`, never an abort.
+///
+/// # Errors
+/// A `RuntimeError` when the vector's size overflows `usize`, exceeds what the budget has left, or
+/// is refused by the allocator.
 pub fn zeroed<T: Clone + Default>(len: usize, what: &str) -> Result<Vec<T>> {
     check(bytes_of(len, std::mem::size_of::<T>(), what)?, what)?;
     allocate_zeroed(len, what)

@@ -27,6 +27,11 @@ pub struct DistributedDataParallel {
 impl DistributedDataParallel {
     /// Wraps the model held by `replicas` (one replica per local rank of `world`) and, as
     /// DDP's constructor does, broadcasts rank 0's parameters to every rank.
+    ///
+    /// # Errors
+    /// A `ValueError` when `replicas` does not hold one replica per local rank of `world`; the
+    /// broadcast's errors ([`Communicator::broadcast`]: a `RuntimeError` for a GPU error or a lost
+    /// device).
     pub fn new(
         world: Arc<dyn Communicator>,
         replicas: &mut Replicas,
@@ -79,6 +84,14 @@ impl DistributedDataParallel {
     /// local ranks that have joined run DDP's main hook instead: they contribute zeros and
     /// keep their own gradients. Errors are each rank's (with `throw_on_early_termination`
     /// they differ between active and joined ranks).
+    ///
+    /// # Errors
+    /// Per local rank: a `ValueError` on every rank when `replicas` does not hold the local ranks;
+    /// in a join context, a `RuntimeError` on every rank when the context has ended, and with
+    /// `throw_on_early_termination`, once some rank has run out of inputs, the `RuntimeError`s of
+    /// [`notify_join_context`] ([`crate::join::EARLY_TERMINATION`] on the ranks with inputs,
+    /// [`crate::join::exhausted_message`] on the joined ones); the collectives' and the backend's
+    /// errors on every rank (a `RuntimeError` for a GPU error or a lost device).
     pub fn synchronize_gradients(&mut self, replicas: &mut Replicas) -> Result<(), RankErrors> {
         let local = self.world.local_ranks();
         let all = |e: Error| RankErrors::all(local.clone(), e);

@@ -58,6 +58,9 @@ pub enum Compression {
 impl Compression {
     /// Parses `"none"`, `"bf16"`/`"bfloat16"` or `"f16"`/`"fp16"`/`"float16"`; a `ValueError`
     /// naming the accepted values otherwise.
+    ///
+    /// # Errors
+    /// A `ValueError` for any other name.
     pub fn parse(name: &str) -> Result<Compression> {
         match name {
             "none" => Ok(Compression::None),
@@ -73,6 +76,11 @@ impl Compression {
     /// or a missing key: none). A `TypeError` for an options value that is not an object, an
     /// unknown option or a `compress` that is not a string; a `ValueError` for an unknown
     /// format.
+    ///
+    /// # Errors
+    /// A `TypeError` when `options` is neither `null` nor an object, has a key other than
+    /// `compress`, or its `compress` is neither `null` nor a string; a `ValueError` for a format
+    /// [`Compression::parse`] does not know.
     pub fn from_options(options: &Value) -> Result<Compression> {
         let map = match options {
             Value::Null => return Ok(Compression::None),
@@ -184,6 +192,12 @@ impl DiLoCo {
     /// `world`), syncing every `sync_every` inner steps. The current parameters become the
     /// first sync point. A `ValueError` when `sync_every < 1` or when `replicas` does not hold
     /// the world's local ranks.
+    ///
+    /// # Errors
+    /// As [`DiLoCo::streaming`] with one fragment of every parameter: a `ValueError` when
+    /// `sync_every < 1`, when `replicas` does not hold the world's local ranks, or when the model
+    /// has no parameters (an empty fragment); a `RuntimeError` when the backup of the parameters
+    /// does not fit the memory budget or the backend fails (a GPU error, a lost device).
     pub fn new(
         replicas: &Replicas,
         inner: Box<dyn LocalOptimizer>,
@@ -199,6 +213,13 @@ impl DiLoCo {
     /// (global parameter indices; every parameter in exactly one) that sync on a staggered
     /// schedule (see the module documentation). A `ValueError` for a list that is not such a
     /// partition, or when `sync_every` is smaller than the number of fragments.
+    ///
+    /// # Errors
+    /// The `ValueError`s of [`DiLoCo::check_arguments`]; a `ValueError` when `fragments` or one of
+    /// them is empty, a parameter is in two fragments or in none, or there are more fragments than
+    /// `sync_every`; an `IndexError` for a parameter index out of range; a `RuntimeError` when the
+    /// backup of the parameters does not fit the memory budget or the backend fails (a GPU error, a
+    /// lost device).
     pub fn streaming(
         replicas: &Replicas,
         inner: Box<dyn LocalOptimizer>,
@@ -232,6 +253,10 @@ impl DiLoCo {
     /// The checks [`DiLoCo::new`] makes before it builds anything: `sync_every >= 1`, and
     /// `replicas` holds `world`'s local ranks. A front end that must keep the optimizers when
     /// construction fails calls it before handing them over.
+    ///
+    /// # Errors
+    /// A `ValueError` when `sync_every < 1` or `replicas` does not hold one replica per local rank
+    /// of `world`.
     pub fn check_arguments(
         replicas: &Replicas,
         sync_every: i64,
@@ -310,11 +335,20 @@ impl DiLoCo {
     /// One inner step on every rank (parameters without a gradient skipped), then a sync of
     /// the fragment due at this step, if any (for plain DiLoCo: every `sync_every` inner
     /// steps). Returns whether it synced.
+    ///
+    /// # Errors
+    /// As [`DiLoCo::step_fragments`].
     pub fn step(&mut self, replicas: &mut Replicas) -> Result<bool> {
         Ok(!self.step_fragments(replicas)?.is_empty())
     }
 
     /// [`DiLoCo::step`], returning the fragments that synced.
+    ///
+    /// # Errors
+    /// A `ValueError` when `replicas` has other ranks or parameters than DiLoCo was built for; the
+    /// inner optimizer's errors ([`LocalOptimizer::step`]); when a fragment is due, the errors of
+    /// its sync (as [`DiLoCo::sync`]: the backend's, the world's and the outer optimizer's). A
+    /// failed sync leaves the step counter advanced.
     pub fn step_fragments(&mut self, replicas: &mut Replicas) -> Result<Vec<usize>> {
         check_same_model(replicas, self.ranks, self.params)?;
         self.inner.step(replicas)?;
@@ -329,6 +363,11 @@ impl DiLoCo {
     }
 
     /// The outer step now, for every fragment, and a new period from here.
+    ///
+    /// # Errors
+    /// A `ValueError` when `replicas` has other ranks or parameters than DiLoCo was built for; the
+    /// backend's and the world's errors (a `RuntimeError` for a GPU error, a lost device, or a wire
+    /// arena over the memory budget); the outer optimizer's errors ([`LocalOptimizer::step`]).
     pub fn sync(&mut self, replicas: &mut Replicas) -> Result<()> {
         check_same_model(replicas, self.ranks, self.params)?;
         for f in 0..self.fragments.len() {
@@ -433,6 +472,11 @@ impl DiLoCo {
     /// steps since the last sync, and the parameters at the last sync, so that a run resumes
     /// exactly where it stopped (the model's current parameters are saved separately, as with
     /// any optimizer).
+    ///
+    /// # Errors
+    /// A `ValueError` when `replicas` has other ranks or parameters than DiLoCo was built for; an
+    /// `IndexError` when `rank` is out of range (from the optimizers' `state_dict`); a
+    /// `RuntimeError` when a readback fails (a GPU error, a lost device).
     pub async fn state_dict(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
         check_same_model(replicas, self.ranks, self.params)?;
         let inner = self.inner.state_dict(replicas, rank).await?;
@@ -455,6 +499,9 @@ impl DiLoCo {
     }
 
     /// Blocking [`DiLoCo::state_dict`].
+    ///
+    /// # Errors
+    /// As [`DiLoCo::state_dict`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn state_dict_blocking(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
         pollster::block_on(self.state_dict(replicas, rank))
@@ -462,6 +509,15 @@ impl DiLoCo {
 
     /// Loads rank `rank`'s (a local index) state saved by [`DiLoCo::state_dict`]: both
     /// optimizers, the local step counter and the parameters at the last sync.
+    ///
+    /// # Errors
+    /// A `ValueError` when `replicas` has other ranks or parameters than DiLoCo was built for; an
+    /// `IndexError` when `rank` is out of range; a `ValueError` when a key is missing, `local_step`
+    /// is not a non-negative integer below `sync_every`, or `original_parameters` is not a list of
+    /// one tensor per parameter in its dtype and shape; the optimizers' `ValueError`s and
+    /// `TypeError`s ([`LocalOptimizer::check_state_dict`]), checked before either optimizer
+    /// changes; a `RuntimeError` when a loaded tensor or a state arena does not fit the memory
+    /// budget or the backend fails.
     pub fn load_state_dict(
         &mut self,
         replicas: &mut Replicas,
@@ -568,6 +624,9 @@ fn check_fragments(params: usize, fragments: &[Vec<usize>], sync_every: u64) -> 
 /// `params` parameters split into `count` fragments of consecutive parameters (as a model
 /// splits into runs of layers), their sizes differing by at most one. A `ValueError` when
 /// `count` is 0 or exceeds `params`.
+///
+/// # Errors
+/// A `ValueError` when `count` is 0 or larger than `params`.
 pub fn split_fragments(params: usize, count: usize) -> Result<Vec<Vec<usize>>> {
     if count == 0 || count > params {
         return Err(Error::value(format!(

@@ -244,6 +244,10 @@ impl DType {
 
     /// Parses a dtype name (`"float32"`, `"torch.float16"`, `"bf16"`, …). Integer and other
     /// dtypes are an `unsupported dtype` `ValueError`.
+    ///
+    /// # Errors
+    /// A `ValueError` for a name that is not one of the four float dtypes' (with or without the
+    /// `torch.` prefix).
     pub fn parse(name: &str) -> Result<DType> {
         let bare = name.strip_prefix("torch.").unwrap_or(name);
         Ok(match bare {

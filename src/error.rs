@@ -129,6 +129,9 @@ impl RankErrors {
 
     /// Splits per-rank outcomes (`(rank, result)`) into the values and, if any rank raised,
     /// the errors.
+    ///
+    /// # Errors
+    /// The [`RankErrors`] of every rank whose outcome is an error, when there is one.
     pub fn collect<T>(
         outcomes: impl IntoIterator<Item = (usize, Result<T>)>,
     ) -> std::result::Result<Vec<T>, RankErrors> {

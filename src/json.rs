@@ -12,6 +12,10 @@ use crate::error::{Error, Result};
 use crate::tensor::{HostData, Tensor, format_shape, numel_of};
 
 /// Parses one element: a JSON number or `"nan"`, `"inf"`, `"-inf"`.
+///
+/// # Errors
+/// A `ValueError` naming `what()` for a value that is neither a number nor one of those strings
+/// (`"infinity"`, `"+inf"` and `"-infinity"` are accepted too, in any case).
 pub fn number_from_json(value: &Value, what: &dyn Fn() -> String) -> Result<f64> {
     match value {
         Value::Number(n) => n
@@ -87,6 +91,12 @@ fn flatten_nested(
 
 /// Parses a tensor. `what` names it in errors (e.g. `"parameter 1 of rank 0"`). Unsupported
 /// dtypes are reported as `unsupported dtype` `ValueError`s.
+///
+/// # Errors
+/// A `ValueError` naming `what` for anything that is not such a tensor: another JSON type, an
+/// object without a `dtype` string, a `shape` list of non-negative integers or a `data` list, an
+/// unsupported dtype, data of another length than the shape needs, a ragged nested list, or an
+/// element that [`number_from_json`] refuses.
 pub fn tensor_from_json(value: &Value, what: &str) -> Result<Tensor> {
     match value {
         Value::Object(map) => {
@@ -145,6 +155,10 @@ fn shape_from_json(value: Option<&Value>, what: &str) -> Result<Vec<usize>> {
 }
 
 /// The golden-format JSON of a tensor (reads a device-resident tensor back first).
+///
+/// # Errors
+/// As [`Tensor::to_host`]: a `RuntimeError` when a device readback fails (a GPU error, a lost
+/// device).
 pub async fn tensor_to_json(tensor: &Tensor) -> Result<Value> {
     let host = tensor.to_host().await?;
     let data = host.host_data().expect("host tensor");

@@ -42,6 +42,11 @@ impl PostLocalSgdOptimizer {
     /// `step()`: the local step on every rank, then `average_parameters` over the optimizer's
     /// parameter groups. Returns the averaging group size, or `None` when this step did not
     /// average.
+    ///
+    /// # Errors
+    /// The local optimizer's ([`LocalOptimizer::step`]), then the averager's
+    /// ([`ModelAverager::average_parameters`]); when averaging fails, the local step has already
+    /// been applied.
     pub fn step(&mut self, replicas: &mut Replicas) -> Result<Option<usize>> {
         self.optim.step(replicas)?;
         let params: Vec<usize> = self.optim.param_groups().into_iter().flatten().collect();
@@ -55,6 +60,11 @@ impl PostLocalSgdOptimizer {
 
     /// Rank `rank`'s `state_dict()`: the local optimizer's, plus `"step"`, the averager's
     /// step counter.
+    ///
+    /// # Errors
+    /// As the local optimizer's [`LocalOptimizer::state_dict`]: a `ValueError` for replicas of
+    /// another model, an `IndexError` for a `rank` out of range, a `RuntimeError` when a readback
+    /// fails.
     pub async fn state_dict(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
         let mut state_dict = self.optim.state_dict(replicas, rank).await?;
         if let Value::Object(map) = &mut state_dict {
@@ -64,6 +74,9 @@ impl PostLocalSgdOptimizer {
     }
 
     /// Blocking [`PostLocalSgdOptimizer::state_dict`].
+    ///
+    /// # Errors
+    /// As [`PostLocalSgdOptimizer::state_dict`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn state_dict_blocking(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
         pollster::block_on(self.state_dict(replicas, rank))
@@ -71,6 +84,11 @@ impl PostLocalSgdOptimizer {
 
     /// `load_state_dict()` on rank `rank`: the local optimizer's state, and the averager's step
     /// counter from `"step"` — or, without it, a warning and a counter of 0.
+    ///
+    /// # Errors
+    /// A `ValueError` when `"step"` is present but not a non-negative integer (checked before
+    /// anything is loaded); the local optimizer's errors ([`LocalOptimizer::load_state_dict`]), in
+    /// which case the averager's counter is unchanged.
     pub fn load_state_dict(
         &mut self,
         replicas: &mut Replicas,
@@ -123,6 +141,10 @@ pub struct PostLocalSgdState {
 
 impl PostLocalSgdState {
     /// `subgroup_size` `None` is PyTorch's default subgroup (one per machine; here the world).
+    ///
+    /// # Errors
+    /// The `ValueError`s of [`new_subgroups`] for a `subgroup_size` that is not positive, exceeds
+    /// the world size or does not divide it.
     pub fn new(
         world: Arc<dyn Communicator>,
         subgroup_size: Option<i64>,
@@ -150,6 +172,11 @@ impl PostLocalSgdState {
 
     /// The hook, run after every rank's backward pass: averages the gradients (each divided
     /// by the group size, then summed, in the gradient's dtype). Returns the group size used.
+    ///
+    /// # Errors
+    /// The collectives' errors ([`crate::comm::any_rank`], [`Communicator::all_reduce_mean`]): a
+    /// `ValueError` when `replicas` does not hold the world's local ranks, a `RuntimeError` for a
+    /// GPU error or a lost device. A failure during the warm-up still counts the iteration.
     pub fn synchronize_gradients(&mut self, replicas: &mut Replicas) -> Result<Option<usize>> {
         let groups = if self.iter < self.start_local_sgd_iter {
             self.iter += 1;

@@ -55,6 +55,9 @@ pub struct Tensor {
 }
 
 /// Product of a shape's dimensions (1 for a scalar), or an error if it overflows.
+///
+/// # Errors
+/// A `ValueError` when the product overflows `usize`.
 pub fn numel_of(shape: &[usize]) -> Result<usize> {
     shape
         .iter()
@@ -75,6 +78,10 @@ pub fn format_shape(shape: &[usize]) -> String {
 
 impl Tensor {
     /// A host tensor; `data` must hold exactly `product(shape)` elements.
+    ///
+    /// # Errors
+    /// A `ValueError` when the shape's element count overflows `usize` or `data` holds another
+    /// number of elements.
     pub fn new(shape: &[usize], data: HostData) -> Result<Tensor> {
         let numel = numel_of(shape)?;
         if data.len() != numel {
@@ -91,6 +98,9 @@ impl Tensor {
     }
 
     /// A host float32 tensor.
+    ///
+    /// # Errors
+    /// As [`Tensor::new`].
     pub fn from_f32(shape: &[usize], data: Vec<f32>) -> Result<Tensor> {
         Tensor::new(shape, HostData::Float32(data))
     }
@@ -169,6 +179,10 @@ impl Tensor {
     }
 
     /// A copy of this tensor in host memory (reads the device back if it is resident there).
+    ///
+    /// # Errors
+    /// For a device-resident tensor, a `RuntimeError` when the readback fails (a GPU error, a lost
+    /// device). A host tensor never fails.
     pub async fn to_host(&self) -> Result<Tensor> {
         match &*self.storage {
             Storage::Host(_) => Ok(self.clone()),
@@ -184,12 +198,18 @@ impl Tensor {
     }
 
     /// Blocking [`Tensor::to_host`] for native callers.
+    ///
+    /// # Errors
+    /// As [`Tensor::to_host`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn to_host_blocking(&self) -> Result<Tensor> {
         pollster::block_on(self.to_host())
     }
 
     /// All values as `f64` (host tensors only; exact).
+    ///
+    /// # Errors
+    /// A `RuntimeError` for a device-resident tensor (read it back with [`Tensor::to_host`] first).
     pub fn values_f64(&self) -> Result<Vec<f64>> {
         match &*self.storage {
             Storage::Host(data) => Ok(data.to_f64_vec()),

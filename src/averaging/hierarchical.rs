@@ -31,6 +31,13 @@ pub struct HierarchicalModelAverager {
 impl HierarchicalModelAverager {
     /// `period_group_size_dict` as `(period, group size)` pairs in insertion order (a repeated
     /// period keeps its first position and takes the last size, as a Python dict does).
+    ///
+    /// # Errors
+    /// PyTorch's `ValueError`s, in its order: an empty dict, a first period that is not
+    /// positive, a last group size other than the world size, a group size that is not
+    /// positive, exceeds the world size or does not divide it ([`new_subgroups`]), then a
+    /// negative `warmup_steps`. (A later period of 0 is accepted here and raises a
+    /// `ZeroDivisionError` when the schedule reaches it.)
     pub fn new(
         period_group_size_dict: &[(i64, i64)],
         warmup_steps: i64,

@@ -24,6 +24,14 @@ pub trait ModelAverager: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// Averages, if the schedule says so, the parameters in `params` (all when `None`) that
     /// have a gradient; advances the step counter. Returns the group size used, or `None` when
     /// this step did not average.
+    ///
+    /// # Errors
+    /// On a step that averages, those of [`average_parameters`]: an `IndexError` for an index
+    /// in `params` out of range, a `ValueError` when no selected parameter has a gradient on
+    /// rank 0 or the group partition or `replicas` do not fit the averager's world, a
+    /// `RuntimeError` from the backend (a GPU error, a lost device). A
+    /// [`HierarchicalModelAverager`] whose schedule reaches a period of 0 raises a
+    /// `ZeroDivisionError`. The step counter advances only on success.
     fn average_parameters(
         &mut self,
         replicas: &mut Replicas,
@@ -48,6 +56,12 @@ pub fn promoted_format(dtypes: impl IntoIterator<Item = DType>) -> Option<Storag
 /// `utils.average_parameters_or_parameter_groups`: all-reduce-mean of the parameters (all, or
 /// those listed) that have a gradient, within every group of `groups`. The gradient test uses
 /// rank 0's gradients (PyTorch requires every rank to pass the same list).
+///
+/// # Errors
+/// An `IndexError` for an index in `params` out of range; a `ValueError` when none of the
+/// selected parameters has a gradient on rank 0 (PyTorch's `torch.cat()` error), or from the
+/// collective when `groups` partitions another world size or `replicas` does not hold the
+/// world's local ranks; a `RuntimeError` from the backend (a GPU error, a lost device).
 pub fn average_parameters(
     world: &dyn Communicator,
     replicas: &mut Replicas,

@@ -38,12 +38,20 @@ pub struct PeriodicModelAverager {
 impl PeriodicModelAverager {
     /// Averages over the whole world. Errors and warnings as PyTorch's constructor (the
     /// `warmup_steps` check comes first).
+    ///
+    /// # Errors
+    /// As [`Self::with_group`].
     pub fn new(period: i64, warmup_steps: i64, world: Arc<dyn Communicator>) -> Result<Self> {
         let group = Subgroups::world(world.world_size());
         Self::with_group(period, warmup_steps, world, group)
     }
 
     /// Averages within each group of `group` (a `process_group` of PyTorch).
+    ///
+    /// # Errors
+    /// A `ValueError` when `warmup_steps` is negative (checked first) or `period` is not
+    /// positive. `group` is not checked against `world` here: a partition of another world
+    /// size fails at the first averaging, in [`ModelAverager::average_parameters`].
     pub fn with_group(
         period: i64,
         warmup_steps: i64,

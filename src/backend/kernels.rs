@@ -272,6 +272,12 @@ pub(crate) fn check_sgd_arenas(
 }
 
 /// `torch.optim.SGD`'s single-tensor step over every rank and parameter of an arena.
+///
+/// # Errors
+/// A `ValueError` when `grads` or `momentum` differ from `params` in ranks, length or format,
+/// when `starts` is empty or `scalars` does not hold one entry per (rank, parameter), or when
+/// an active entry has momentum but no momentum arena is given; a `RuntimeError` when an arena
+/// lives on a GPU device (the reference runs on host arenas).
 pub fn sgd_reference(
     params: &mut Arena,
     grads: &Arena,
@@ -469,6 +475,12 @@ pub(crate) fn check_adam_arenas(
 }
 
 /// `torch.optim.Adam`/`AdamW`'s single-tensor step over every rank and parameter of an arena.
+///
+/// # Errors
+/// A `ValueError` when an arena differs from the parameters in ranks, length or format, when
+/// `starts` is empty or `scalars` does not hold one entry per (rank, parameter), or when an
+/// active entry has `amsgrad` but no `max_exp_avg_sq` arena is given; a `RuntimeError` when an
+/// arena lives on a GPU device.
 pub fn adam_reference(
     arenas: AdamArenas<'_>,
     starts: &ParamStarts,
@@ -664,6 +676,11 @@ fn adam_rank<T: Real>(
 /// quotients are summed in rank order, all in the `arith` precision (PyTorch's promoted dtype
 /// of the flattened parameters), and the sum is rounded back to the arena's format and written
 /// to every rank of the group.
+///
+/// # Errors
+/// A `ValueError` when `group_size` is 0 or does not divide the arena's ranks, or `active`
+/// does not hold one flag per parameter of `starts`; a `RuntimeError` when the arena lives on
+/// a GPU device.
 pub fn average_reference(
     arena: &mut Arena,
     group_size: usize,
@@ -796,6 +813,11 @@ pub(crate) fn check_scaled_sum(
 /// precision (float32, float64 for float64), every product and every partial sum is rounded
 /// to the `arith` precision; the sum, rounded to the arena's format,
 /// is written to every rank whose scale is `Some`. Ranks with `None` keep their data.
+///
+/// # Errors
+/// A `ValueError` when `reduced` does not hold one flag per parameter, `scales` one entry per
+/// rank or `present` one flag per (rank, parameter); a `RuntimeError` when the arena lives on
+/// a GPU device.
 pub fn scaled_sum_reference(
     arena: &mut Arena,
     arith: StorageFormat,
@@ -866,6 +888,10 @@ fn scaled_sum_ranks<T: Real>(
 /// does; float64 → 16-bit rounds once through [`StorageFormat::store_f64`]). Widening is exact.
 /// DiLoCo's compressed pseudo-gradients go through it to the wire format and back. Inactive
 /// parameters are left alone. A `ValueError` for arenas of different ranks or lengths.
+///
+/// # Errors
+/// A `ValueError` when the arenas differ in ranks or length or `active` does not hold one
+/// flag per parameter of `starts`; a `RuntimeError` when either arena lives on a GPU device.
 pub fn convert_reference(
     src: &Arena,
     dst: &mut Arena,
@@ -926,6 +952,11 @@ pub(crate) fn check_convert(
 /// format's precision: float32 for the 32- and 16-bit formats, rounded once to the format;
 /// float64 for float64), then `params = backup` (the bits). Inactive parameters are left
 /// alone in all three arenas.
+///
+/// # Errors
+/// A `ValueError` when `backup` or `grads` differ from `params` in ranks, length or format, or
+/// `active` does not hold one flag per parameter of `starts`; a `RuntimeError` when an arena
+/// lives on a GPU device.
 pub fn pseudo_gradient_reference(
     params: &mut Arena,
     backup: &Arena,

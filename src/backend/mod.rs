@@ -176,6 +176,11 @@ impl Arena {
 
     /// Writes `words` (packed in this arena's format) at element `offset` of rank `rank`.
     /// `offset` must be a multiple of the format's elements per word.
+    ///
+    /// # Errors
+    /// A `ValueError` when `rank` is out of range, `offset` lies beyond the rank's elements or is
+    /// not word aligned, or `words` run past the end of the rank. A write to a GPU arena is queued:
+    /// a device error surfaces at a later call.
     pub fn write(&mut self, rank: usize, offset: usize, words: &[u32]) -> Result<()> {
         // Padding elements may be written with the last word: clamp to the rank's length.
         let elements = words.len() * 4 / self.format.element_bytes();
@@ -208,6 +213,10 @@ impl Arena {
     }
 
     /// Reads every rank back: `ranks * words_for(rank_len)` words, rank-major.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when a host arena's copy does not fit the memory budget, or when a GPU
+    /// readback fails (a device error, a lost device).
     pub async fn read_all(&self) -> Result<Vec<u32>> {
         match &self.storage {
             ArenaStorage::Host(host) => {
@@ -220,6 +229,10 @@ impl Arena {
 
     /// Reads `len` elements of rank `rank` from element `offset` (word aligned); the words
     /// returned start with element `offset`.
+    ///
+    /// # Errors
+    /// A `ValueError` when `rank` is out of range or `offset + len` exceeds the rank's elements; a
+    /// `RuntimeError` when a GPU readback fails (a device error, a lost device).
     pub async fn read_range(&self, rank: usize, offset: usize, len: usize) -> Result<Vec<u32>> {
         self.check_range(rank, offset, len)?;
         let first = self.format.word_of(offset);
@@ -287,6 +300,12 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     fn chunk_len(&self, rank_len: usize, ranks: usize) -> usize;
 
     /// A zero-filled arena.
+    ///
+    /// # Errors
+    /// A `ValueError` when the arena's size overflows `usize` (the GPU backend also refuses a zero
+    /// or odd `chunk_len` or an odd `rank_len`); a `RuntimeError` when a host arena does not fit
+    /// the memory budget ([`crate::budget`]) or the allocator refuses it, or when the GPU device
+    /// refuses a buffer (beyond its limits, out of memory) or is lost.
     fn create_arena(
         &self,
         format: StorageFormat,
@@ -296,11 +315,21 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     ) -> Result<Arena>;
 
     /// Copies a whole arena into another of the same format and shape.
+    ///
+    /// # Errors
+    /// A `ValueError` when the arenas differ in format or shape; a `RuntimeError` for an arena this
+    /// backend cannot use (another backend's: see the trait's documentation), or when the GPU
+    /// device reports an error or is lost. The GPU backend also refuses its own float64 arenas
+    /// here, which live on the host.
     fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()>;
 
     /// The synchronous data-parallel SGD step over whole arenas, one dispatch per chunk:
     /// `means[i] = round(Σ_r grads[r][i] / R)`, `params[r][i] = round(params[0][i] - lr·means[i])`.
     /// `grads` has R ranks, `params` R ranks, `means` one.
+    ///
+    /// # Errors
+    /// As [`Backend::dp_sgd_step_with_divisor`] with the divisor R: arenas without ranks are a
+    /// `ValueError`.
     fn dp_sgd_step(
         &self,
         params: &mut Arena,
@@ -318,6 +347,14 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// world's summed gradients, divided by the world size, is the step of a world whose
     /// gradients were summed elsewhere (one rank per process). `divisor` must be positive
     /// and finite (a `ValueError` otherwise).
+    ///
+    /// # Errors
+    /// A `ValueError` when `divisor` is not positive and finite, or the arenas do not match
+    /// (`grads` with other ranks than `params`, `means` with more than one rank, another `rank_len`
+    /// or `chunk_len`, `means` in another format than `params`; the CPU backend also refuses arenas
+    /// without ranks); a `RuntimeError` for an arena this backend cannot use (another backend's:
+    /// see the trait's documentation), or when the GPU device reports an error or is lost. The GPU
+    /// backend also refuses its own float64 arenas here, which live on the host.
     fn dp_sgd_step_with_divisor(
         &self,
         params: &mut Arena,
@@ -344,6 +381,13 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
 
     /// `torch.optim.SGD`'s step over every rank and parameter of an arena (one dispatch per
     /// chunk). `scalars` has one entry per (rank, parameter), rank-major.
+    ///
+    /// # Errors
+    /// A `ValueError` when `grads` or `momentum` differ from `params` in ranks, length or format
+    /// (on the GPU backend also in chunking), when `starts` is empty or `scalars` does not hold one
+    /// entry per (rank, parameter); the host kernels also refuse an active entry with momentum and
+    /// no momentum arena. A `RuntimeError` for an arena this backend cannot use (another backend's:
+    /// see the trait's documentation), or when the GPU device reports an error or is lost.
     fn sgd(
         &self,
         params: &mut Arena,
@@ -354,6 +398,14 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     ) -> Result<()>;
 
     /// `torch.optim.Adam`/`AdamW`'s step over every rank and parameter of an arena.
+    ///
+    /// # Errors
+    /// A `ValueError` when an arena differs from the parameters in ranks, length or format (on the
+    /// GPU backend also in chunking), when `starts` is empty or `scalars` does not hold one entry
+    /// per (rank, parameter); the host kernels also refuse an active `amsgrad` entry without a
+    /// `max_exp_avg_sq` arena. A `RuntimeError` for an arena this backend cannot use (another
+    /// backend's: see the trait's documentation), or when the GPU device reports an error or is
+    /// lost.
     fn adam(
         &self,
         arenas: AdamArenas<'_>,
@@ -363,6 +415,12 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
 
     /// Averages every group of `group_size` consecutive ranks of `arena` over the parameters
     /// flagged in `active` (see [`kernels::average_reference`]), all groups in one dispatch.
+    ///
+    /// # Errors
+    /// A `ValueError` when `group_size` is 0 or does not divide the arena's ranks, or `active` does
+    /// not hold one flag per parameter of `starts` (the GPU backend also refuses an empty
+    /// `starts`); a `RuntimeError` for an arena this backend cannot use (another backend's: see the
+    /// trait's documentation), or when the GPU device reports an error or is lost.
     fn average(
         &self,
         arena: &mut Arena,
@@ -376,6 +434,12 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// rank with a scale contributes its values times the scale (zeros where not `present`),
     /// ranks without one contribute zeros; the sum over all ranks, in rank order, is written to
     /// the ranks with a scale. One dispatch for every rank and parameter.
+    ///
+    /// # Errors
+    /// A `ValueError` when `reduced` does not hold one flag per parameter, `scales` one entry per
+    /// rank or `present` one flag per (rank, parameter); a `RuntimeError` for an arena this backend
+    /// cannot use (another backend's: see the trait's documentation), or when the GPU device
+    /// reports an error or is lost.
     fn scaled_sum(
         &self,
         arena: &mut Arena,
@@ -390,6 +454,13 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// [`kernels::pseudo_gradient_reference`]): for every rank and every element of the
     /// parameters flagged in `active`, `grads = round(backup - params)` in the parameters'
     /// precision, then `params = backup`, one dispatch per chunk.
+    ///
+    /// # Errors
+    /// A `ValueError` when `backup` or `grads` differ from `params` in ranks, length or format (on
+    /// the GPU backend also in chunking, and an empty `starts` is refused), or `active` does not
+    /// hold one flag per parameter; a `RuntimeError` for an arena this backend cannot use (another
+    /// backend's: see the trait's documentation), or when the GPU device reports an error or is
+    /// lost.
     fn pseudo_gradient(
         &self,
         params: &mut Arena,
@@ -402,6 +473,12 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// Converts the parameters flagged in `active` of every rank of `src` into `dst`, an arena
     /// of the same ranks, layout and chunking in another storage format (see
     /// [`kernels::convert_reference`]), one dispatch per chunk.
+    ///
+    /// # Errors
+    /// A `ValueError` when the arenas differ in ranks or length (on the GPU backend also in
+    /// chunking) or `active` does not hold one flag per parameter; a `RuntimeError` for an arena
+    /// this backend cannot use (another backend's: see the trait's documentation), or when the GPU
+    /// device reports an error or is lost.
     fn convert(
         &self,
         src: &Arena,
@@ -412,10 +489,21 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
 
     /// Copies many element ranges from `src` to `dst` (arenas of the same format) as one
     /// batch.
+    ///
+    /// # Errors
+    /// A `ValueError` when the arenas differ in format, or a region's rank or elements are out of
+    /// range or its offsets are not word aligned; a `RuntimeError` for an arena this backend cannot
+    /// use (another backend's: see the trait's documentation), or when the GPU device reports an
+    /// error or is lost.
     fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()>;
 
     /// Copies elements `offset..offset + len` (word aligned) of rank `from` to rank `to` of the
     /// same arena.
+    ///
+    /// # Errors
+    /// A `ValueError` when `from` or `to` is out of range or `offset + len` exceeds the rank's
+    /// elements; a `RuntimeError` for an arena this backend cannot use (another backend's: see the
+    /// trait's documentation), or when the GPU device reports an error or is lost.
     fn copy_between_ranks(
         &self,
         arena: &mut Arena,
@@ -426,6 +514,10 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     ) -> Result<()>;
 
     /// Resolves when every operation submitted so far has finished.
+    ///
+    /// # Errors
+    /// On the GPU backend, a `RuntimeError` when the device reported an error since the last check,
+    /// was lost, or could not be polled; the CPU backend never fails.
     fn synchronize(&self) -> BoxFuture<'_, Result<()>>;
 }
 
@@ -478,6 +570,9 @@ pub enum BackendChoice {
 
 impl BackendChoice {
     /// Parses `auto`, `gpu` or `cpu`.
+    ///
+    /// # Errors
+    /// A `ValueError` naming the accepted names for any other (case-sensitive) name.
     pub fn parse(name: &str) -> Result<BackendChoice> {
         match name {
             "auto" => Ok(BackendChoice::Auto),
@@ -509,6 +604,11 @@ pub struct Selection {
 }
 
 /// Picks a backend. `Gpu` fails with a `RuntimeError` when no adapter exists.
+///
+/// # Errors
+/// For [`BackendChoice::Gpu`] only, those of [`GpuBackend::new`] (a `RuntimeError`: no adapter, a
+/// device that cannot be opened). `Auto` falls back to the CPU backend instead, and `Cpu` never
+/// fails.
 pub async fn select_backend(choice: BackendChoice) -> Result<Selection> {
     match choice {
         BackendChoice::Cpu => Ok(Selection {
@@ -551,6 +651,9 @@ pub async fn select_backend(choice: BackendChoice) -> Result<Selection> {
 }
 
 /// Blocking [`select_backend`] for native callers.
+///
+/// # Errors
+/// As [`select_backend`].
 #[cfg(not(target_arch = "wasm32"))]
 pub fn select_backend_blocking(choice: BackendChoice) -> Result<Selection> {
     pollster::block_on(select_backend(choice))

@@ -58,6 +58,10 @@ impl Subgroups {
 /// `torch.distributed.new_subgroups(group_size)`: contiguous groups of `group_size` ranks, with
 /// PyTorch's validation errors.
 ///
+/// # Errors
+/// PyTorch's `ValueError`s: `group_size` not positive, larger than `world_size`, or not a divisor
+/// of it.
+///
 /// ```
 /// use distopt::comm::new_subgroups;
 /// assert_eq!(new_subgroups(4, 2).unwrap().group_of(3), 2..4);
@@ -170,6 +174,13 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// All-reduce-mean within every group of `groups`, over the parameters flagged `active`:
     /// each value divided by the group size, then summed (in the `arith` precision). `arena`
     /// holds the local ranks.
+    ///
+    /// # Errors
+    /// A `ValueError` when `arena` does not hold this process's ranks, `groups` partitions another
+    /// world size, or `active` does not hold one flag per parameter; the backend's errors (a
+    /// `ValueError` for mismatched arenas or tables, a `RuntimeError` for a GPU error or a lost
+    /// device). Over MPI, an `arith` of float16 or bfloat16 for parameters of another format is a
+    /// `ValueError`, and a failed subgroup split a `RuntimeError`.
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_mean(
         &self,
@@ -188,6 +199,13 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// `present[i * params + j]` for local rank i), a rank with `None` (a joined rank shadowing
     /// the collective) contributes zeros and keeps its data, and the sum over the world is
     /// written to the ranks with a scale. `reduced` must agree on every rank.
+    ///
+    /// # Errors
+    /// A `ValueError` when `arena` does not hold this process's ranks, or `reduced`, `scales` and
+    /// `present` do not fit the parameters and local ranks (as in [`Backend::scaled_sum`]); the
+    /// backend's errors (a `ValueError` for mismatched arenas or tables, a `RuntimeError` for a GPU
+    /// error or a lost device). Over MPI, an `arith` of float16 or bfloat16 for values of another
+    /// format is a `ValueError`.
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_scaled_sum(
         &self,
@@ -202,6 +220,12 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     ) -> Result<()>;
 
     /// Copies elements `offset..offset+len` of world rank `root` to every other rank.
+    ///
+    /// # Errors
+    /// A `ValueError` when `root` is outside the world (the simulated world checks it against the
+    /// arena's ranks) or `offset + len` exceeds a rank's elements (over MPI also when `arena` holds
+    /// more than the process's one rank); the backend's errors (a `ValueError` for mismatched
+    /// arenas or tables, a `RuntimeError` for a GPU error or a lost device).
     fn broadcast(
         &self,
         backend: &dyn Backend,
@@ -214,6 +238,13 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// Broadcasts world rank `root`'s data into every other rank's `dst` as the listed
     /// regions. `src` (for example a flat bucket) holds the data in the process that holds
     /// `root` and is `None` elsewhere.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when the process holding `root` passes no `src`; a `ValueError` when `src`
+    /// and `dst` differ in format or a region lies outside them (over MPI also when `root` is
+    /// outside the world or `dst` holds more than the process's one rank); the backend's errors (a
+    /// `ValueError` for mismatched arenas or tables, a `RuntimeError` for a GPU error or a lost
+    /// device).
     fn broadcast_regions(
         &self,
         backend: &dyn Backend,
@@ -226,18 +257,34 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// The elementwise float32 sum over the world of every rank's `values` (host data; one
     /// vector per local rank, all of one length), on every rank: in rank order when this
     /// process holds every rank, in the transport's order otherwise.
+    ///
+    /// # Errors
+    /// A `ValueError` when `per_local_rank` does not hold one vector per local rank (in the
+    /// simulated world also when the vectors differ in length).
     fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> Result<Vec<f32>>;
 
     /// World rank `root`'s bytes on every rank. `data` is given by the process holding `root`
     /// and `None` elsewhere.
+    ///
+    /// # Errors
+    /// A `ValueError` when `root` is outside the world, or when the process holding `root` passes
+    /// no `data`.
     fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>>;
 
     /// Every rank's bytes (serialized objects), in world rank order, on every rank.
     /// `per_local_rank` has one entry per local rank.
+    ///
+    /// # Errors
+    /// A `ValueError` when `per_local_rank` does not hold one entry per local rank (over MPI also
+    /// for more than 2 GiB of objects, one or all together).
     fn all_gather_bytes(&self, per_local_rank: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>;
 
     /// Every rank's bytes, in world rank order, on the process that holds world rank `to`
     /// (`None` elsewhere): `torch.distributed.gather_object`.
+    ///
+    /// # Errors
+    /// A `ValueError` when `to` is outside the world or `per_local_rank` does not hold one entry
+    /// per local rank (over MPI also for more than 2 GiB of objects, one or all together).
     fn gather_bytes(&self, to: usize, per_local_rank: Vec<Vec<u8>>)
     -> Result<Option<Vec<Vec<u8>>>>;
 
@@ -256,6 +303,11 @@ pub fn local_index(world: &dyn Communicator, rank: usize) -> Option<usize> {
 
 /// For every entry, whether it is true on any rank of the world. `per_local_rank[i]` are local
 /// rank i's flags; every rank passes the same number of them.
+///
+/// # Errors
+/// When this process holds part of the world only: those of [`Communicator::all_gather_bytes`], and
+/// a `RuntimeError` when the ranks pass different numbers of flags. A process holding the whole
+/// world never fails.
 pub fn any_rank(world: &dyn Communicator, per_local_rank: &[Vec<bool>]) -> Result<Vec<bool>> {
     let len = per_local_rank.first().map_or(0, Vec::len);
     if world.local_ranks().len() == world.world_size() {
@@ -290,6 +342,10 @@ pub fn any_rank(world: &dyn Communicator, per_local_rank: &[Vec<bool>]) -> Resul
 
 /// Every rank's `f64` values, in world rank order, on every rank (host data such as losses or
 /// a small model's parameters).
+///
+/// # Errors
+/// When this process holds part of the world only, those of [`Communicator::all_gather_bytes`]. A
+/// process holding the whole world never fails.
 pub fn all_gather_f64(
     world: &dyn Communicator,
     per_local_rank: &[Vec<f64>],
@@ -321,6 +377,9 @@ pub struct SimulatedWorld {
 
 impl SimulatedWorld {
     /// A world of `size` ranks (at least one).
+    ///
+    /// # Errors
+    /// A `ValueError` when `size` is 0.
     pub fn new(size: usize) -> Result<SimulatedWorld> {
         if size == 0 {
             return Err(Error::value("a world needs at least one rank"));

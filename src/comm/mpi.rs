@@ -113,6 +113,10 @@ impl MpiWorld {
     /// Initializes MPI (`MPI_Init_thread`, serialized) and returns this process's world. A
     /// process started without `mpirun` is a world of one. Fails when MPI was initialized
     /// before in this process.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when MPI was initialized before in this process, or the MPI library does
+    /// not offer `MPI_THREAD_SERIALIZED` threading.
     pub fn initialize() -> Result<Arc<MpiWorld>> {
         let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
             .ok_or_else(|| {
@@ -211,6 +215,9 @@ impl MpiWorld {
     /// Elementwise float32 all-reduce (sum) of `values` over the world, through MPI with no
     /// distopt layer around it: the peer the benchmark compares
     /// [`Communicator::all_reduce_mean`] with.
+    ///
+    /// # Errors
+    /// A `ValueError` when `send` and `recv` differ in length.
     pub fn raw_all_reduce_sum_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
         if send.len() != recv.len() {
             return Err(Error::value("send and receive buffers differ in length"));

@@ -132,6 +132,11 @@ impl Join {
     /// `Join(joinables, enable, throw_on_early_termination, divide_by_initial_world_size=…)`:
     /// configures every joinable (the first one notifies the context at each iteration) and
     /// checks that they share one process group. `ValueError`s as PyTorch's.
+    ///
+    /// # Errors
+    /// A `ValueError` when `joinables` is empty ([`NO_JOINABLES`]) or they do not share one process
+    /// group ([`MULTIPLE_PROCESS_GROUPS`]). Every joinable's `join_hook` has run by then (DDP has
+    /// recorded `divide_by_initial_world_size`).
     pub fn new(joinables: &mut [&mut dyn Joinable], options: JoinOptions) -> Result<Join> {
         if joinables.is_empty() {
             return Err(Error::value(NO_JOINABLES));
@@ -214,6 +219,11 @@ impl Join {
     /// on the joinables' calls run its main hooks. A joined rank cannot take inputs again.
     /// With the context disabled (`enable=False`) uneven inputs are an error: in PyTorch the
     /// ranks with inputs would wait forever for the others.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when the context has ended (a rank raised, or it was exited) or, with the
+    /// context disabled, when some local ranks have an input and others do not; a `ValueError` when
+    /// `has_input` does not hold one flag per local rank or a joined rank has an input again.
     pub fn iteration(&mut self, has_input: &[bool]) -> Result<()> {
         let local = self.context.local();
         let mut state = self.context.lock();
@@ -258,6 +268,14 @@ impl Join {
     /// context was created with, in the same order. With `throw_on_early_termination`, a
     /// shadow iteration raises instead (`Rank r exhausted all inputs.`). A disabled context
     /// does nothing, as in PyTorch.
+    ///
+    /// # Errors
+    /// On every local rank: a `ValueError` when `joinables` are not the context's, in order; a
+    /// `RuntimeError` when the context has ended; with `throw_on_early_termination`, while ranks
+    /// elsewhere still have inputs, the `RuntimeError` [`exhausted_message`]; the world's errors
+    /// and those of the joinables' main hooks and post-hooks ([`JoinHook`](super::JoinHook)). A
+    /// refused `joinables` list, a failed all-reduce or a failed main hook leave the context open;
+    /// after any other outcome it has ended.
     pub fn exit(
         &mut self,
         joinables: &mut [&mut dyn Joinable],

@@ -181,10 +181,21 @@ impl JoinConfig {
 pub trait JoinHook {
     /// One shadow iteration of ranks that have all joined: the collectives that pair with one
     /// training iteration of the ranks (in other processes) that still have inputs.
+    ///
+    /// # Errors
+    /// The errors of the iteration it shadows (DDP's gradient all-reduce, ZeRO's step): a
+    /// `ValueError` when `replicas` does not hold the local ranks, the collectives' and the
+    /// backend's errors (a `RuntimeError` for a GPU error or a lost device). [`Join::exit`] reports
+    /// them on every local rank.
     fn main_hook(&mut self, replicas: &mut Replicas) -> Result<()>;
 
     /// Runs once every rank has joined; `is_last_joiner[i]` says whether local rank i was
     /// among the last to join (it never shadowed an iteration).
+    ///
+    /// # Errors
+    /// DDP's: a `ValueError` when `replicas` does not hold the local ranks or when no rank was
+    /// among the last joiners ([`NO_COMMON_RANK`](crate::ddp::NO_COMMON_RANK)), and the errors of
+    /// the final broadcast; ZeRO's never fails. [`Join::exit`] reports them on every local rank.
     fn post_hook(&mut self, replicas: &mut Replicas, is_last_joiner: &[bool]) -> Result<()>;
 }
 
@@ -213,6 +224,12 @@ pub trait Joinable {
 /// shadow loop, count nothing), and with `throw_on_early_termination` the all-reduce that
 /// makes every rank raise once one has run out of inputs. Returns the number of ranks with
 /// inputs (the world's), or `None` when this joinable does not communicate.
+///
+/// # Errors
+/// Only for the first joinable of an enabled context, per local rank: a `RuntimeError` on every
+/// rank when the context has ended, and the all-reduce's errors on every rank; with
+/// `throw_on_early_termination`, once some rank has run out of inputs, [`EARLY_TERMINATION`] on the
+/// local ranks with inputs and [`exhausted_message`] on the joined ones (the context ends).
 pub fn notify_join_context(config: &JoinConfig) -> Result<Option<usize>, RankErrors> {
     if !config.is_first_joinable || !config.enable {
         return Ok(None);

@@ -46,6 +46,11 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
 
     /// One step on every rank: each parameter with a gradient on a rank is updated from it;
     /// parameters without one are skipped, their state untouched.
+    ///
+    /// # Errors
+    /// A `ValueError` when `replicas` has other ranks or parameters than the optimizer was built
+    /// for; a `RuntimeError` when a state arena does not fit the memory budget or the backend fails
+    /// (a GPU error, a lost device).
     fn step(&mut self, replicas: &mut Replicas) -> Result<()>;
 
     /// The global parameter indices of each parameter group.
@@ -55,9 +60,20 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
     fn group_options(&self) -> Vec<OptionMap>;
 
     /// Adds a group of parameters with its own options (others from the defaults).
+    ///
+    /// # Errors
+    /// PyTorch's, with nothing changed: an `IndexError` for an index outside the replicas, a
+    /// `TypeError` for an unknown keyword or an option of the wrong type, a `ValueError` for a
+    /// parameter another group holds. The group's values are not range-checked: as in PyTorch, only
+    /// the constructor's defaults are.
     fn add_param_group(&mut self, params: Vec<usize>, options: &OptionMap) -> Result<()>;
 
     /// `optimizer.state_dict()` of rank `rank`, in PyTorch's layout.
+    ///
+    /// # Errors
+    /// A `ValueError` when `replicas` has other ranks or parameters than the optimizer was built
+    /// for; an `IndexError` when `rank` is out of range; a `RuntimeError` when a state readback
+    /// fails (a GPU error, a lost device).
     fn state_dict<'a>(
         &'a self,
         replicas: &'a Replicas,
@@ -76,7 +92,10 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// another optimizer class, a malformed entry) leaves the optimizer as it was.
     ///
     /// # Errors
-    /// A `ValueError` or `TypeError` naming what does not fit.
+    /// A `ValueError` or `TypeError` naming what does not fit; a `ValueError` when `replicas` has
+    /// other ranks or parameters than the optimizer was built for; an `IndexError` when `rank` is
+    /// out of range; a `RuntimeError` when a state arena does not fit the memory budget or the
+    /// backend fails.
     fn load_state_dict(
         &mut self,
         replicas: &mut Replicas,

@@ -33,6 +33,9 @@ pub trait GroupOptions:
 pub type OptionMap = Map<String, Value>;
 
 /// Parses a JSON object into an [`OptionMap`].
+///
+/// # Errors
+/// A `TypeError` for a value that is neither an object nor `null` (which is the empty map).
 pub fn option_map(value: &Value) -> Result<OptionMap> {
     match value {
         Value::Object(map) => Ok(map.clone()),

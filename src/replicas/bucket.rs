@@ -131,6 +131,10 @@ impl FormatBucket {
     }
 
     /// A zero-filled arena of this bucket's layout with `ranks` rows (optimizer state).
+    ///
+    /// # Errors
+    /// As [`Backend::create_arena`]: a `RuntimeError` when the arena does not fit the memory budget
+    /// or the GPU device refuses it.
     pub fn new_state_arena(&self, backend: &dyn Backend, ranks: usize) -> Result<Arena> {
         backend.create_arena(self.format, ranks, self.rank_len, self.chunk_len)
     }

@@ -14,6 +14,12 @@ impl Replicas {
     /// selected parameter. `arith` is the format the mean is computed in; `None` computes each
     /// bucket in its own format. The bytes reported to the communicator are what the selected
     /// elements occupy in the arithmetic format.
+    ///
+    /// # Errors
+    /// A `ValueError` when `selected` does not hold one flag per parameter; the world's errors
+    /// ([`Communicator::all_reduce_mean`]: a `ValueError` when these replicas do not hold its local
+    /// ranks or `subgroups` partitions another world, a `RuntimeError` for a GPU error or a lost
+    /// device).
     pub fn all_reduce_mean(
         &mut self,
         world: &dyn Communicator,
@@ -60,6 +66,11 @@ impl Replicas {
     /// Copies `pairs` `(j, k)`: this replicas' parameter `j` of rank `src_rank` into `dst`'s
     /// parameter `k` of rank `dst_rank`, parameters or gradients, on the device. Each pair must
     /// agree in dtype and element count.
+    ///
+    /// # Errors
+    /// A `ValueError` when a pair differs in dtype or element count, or `src_rank` or `dst_rank` is
+    /// out of range; a `RuntimeError` when the replicas live on different backends' devices, or for
+    /// a GPU error or a lost device.
     pub fn copy_to(
         &self,
         which: Values,

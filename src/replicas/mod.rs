@@ -51,6 +51,13 @@ pub struct Replicas {
 impl Replicas {
     /// Replicas from each rank's own parameter values (`per_rank[r][j]`). Every rank must hold
     /// the same number of parameters with the same shapes and dtypes.
+    ///
+    /// # Errors
+    /// A `ValueError` when `per_rank` is empty, a rank holds another number of parameters than rank
+    /// 0, or a parameter differs from rank 0's in shape or dtype (a dtype mismatch is a
+    /// `ValueError` here, a `TypeError` in the setters), or a tensor is device-resident (pass host
+    /// tensors); a `RuntimeError` when the arenas do not fit the memory budget or the backend fails
+    /// (a GPU error, a lost device).
     pub fn new(backend: Arc<dyn Backend>, per_rank: &[Vec<Tensor>]) -> Result<Replicas> {
         let ranks = per_rank.len();
         if ranks == 0 {
@@ -85,6 +92,11 @@ impl Replicas {
     }
 
     /// `ranks` identical replicas of `params`.
+    ///
+    /// # Errors
+    /// A `ValueError` when `ranks` is 0 or a tensor is device-resident (pass host tensors); a
+    /// `RuntimeError` when the arenas do not fit the memory budget or the backend fails (a GPU
+    /// error, a lost device).
     pub fn replicate(
         backend: Arc<dyn Backend>,
         ranks: usize,
@@ -224,6 +236,12 @@ impl Replicas {
 
     /// Copies rank `root`'s parameters to every other rank (a broadcast from `root`, as
     /// `DistributedDataParallel` does at construction), on the device.
+    ///
+    /// # Errors
+    /// An `IndexError` when `root` is outside the world; the world's errors
+    /// ([`Communicator::broadcast`](crate::comm::Communicator::broadcast): a `ValueError` when the
+    /// replicas have no rank `root` or, over MPI, more than the process's one rank; a
+    /// `RuntimeError` for a GPU error or a lost device).
     pub fn broadcast_params(
         &mut self,
         world: &dyn crate::comm::Communicator,
@@ -318,6 +336,10 @@ impl Replicas {
     }
 
     /// Overwrites every parameter of rank `rank`.
+    ///
+    /// # Errors
+    /// A `ValueError` when `params` does not hold one tensor per parameter; for each tensor, as
+    /// [`Replicas::set_param`]. Nothing is written when it fails.
     pub fn set_params(&mut self, rank: usize, params: &[Tensor]) -> Result<()> {
         if params.len() != self.params.len() {
             return Err(Error::value(format!(
@@ -335,11 +357,21 @@ impl Replicas {
     }
 
     /// Overwrites parameter `j` of rank `rank`.
+    ///
+    /// # Errors
+    /// An `IndexError` when `rank` or `j` is out of range; a `ValueError` when the tensor's shape
+    /// differs from the parameter's or it is device-resident (pass host tensors); a `TypeError`
+    /// when its dtype differs; a `RuntimeError` when its packed copy does not fit the memory
+    /// budget. Nothing is written when it fails.
     pub fn set_param(&mut self, rank: usize, j: usize, value: &Tensor) -> Result<()> {
         self.write_values(rank, &[(j, Some(value))], Values::Params)
     }
 
     /// Sets every gradient of rank `rank` (`None`: no gradient, as `p.grad = None`).
+    ///
+    /// # Errors
+    /// A `ValueError` when `grads` does not hold one entry per parameter; for each gradient, as
+    /// [`Replicas::set_param`]. Nothing is written when it fails.
     pub fn set_grads(&mut self, rank: usize, grads: &[Option<Tensor>]) -> Result<()> {
         if grads.len() != self.params.len() {
             return Err(Error::value(format!(
@@ -362,6 +394,9 @@ impl Replicas {
     }
 
     /// Sets gradient `j` of rank `rank`.
+    ///
+    /// # Errors
+    /// As [`Replicas::set_param`] (a `None` gradient is checked for `rank` and `j` only).
     pub async fn set_grad(&mut self, rank: usize, j: usize, grad: Option<&Tensor>) -> Result<()> {
         self.write_values(rank, &[(j, grad)], Values::Grads)?;
         let len = self.params.len();
@@ -370,6 +405,9 @@ impl Replicas {
     }
 
     /// Blocking [`Replicas::set_grad`].
+    ///
+    /// # Errors
+    /// As [`Replicas::set_grad`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn set_grad_blocking(
         &mut self,
@@ -407,17 +445,28 @@ impl Replicas {
     }
 
     /// Parameter `j` of rank `rank`, read back to the host.
+    ///
+    /// # Errors
+    /// An `IndexError` when `rank` or `j` is out of range; a `RuntimeError` when a GPU readback
+    /// fails (a device error, a lost device).
     pub async fn param(&self, rank: usize, j: usize) -> Result<Tensor> {
         self.read(rank, j, Values::Params).await
     }
 
     /// Blocking [`Replicas::param`].
+    ///
+    /// # Errors
+    /// As [`Replicas::param`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn param_blocking(&self, rank: usize, j: usize) -> Result<Tensor> {
         pollster::block_on(self.param(rank, j))
     }
 
     /// Gradient `j` of rank `rank`, or `None`.
+    ///
+    /// # Errors
+    /// An `IndexError` when `rank` or `j` is out of range; a `RuntimeError` when a GPU readback
+    /// fails (a device error, a lost device).
     pub async fn grad(&self, rank: usize, j: usize) -> Result<Option<Tensor>> {
         if !self.has_grad(rank, j) {
             self.check(rank, j)?;
@@ -427,6 +476,10 @@ impl Replicas {
     }
 
     /// Every parameter of every rank (`[rank][param]`), one readback per arena.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when a host arena's copy does not fit the memory budget or a GPU readback
+    /// fails (a device error, a lost device).
     pub async fn all_params(&self) -> Result<Vec<Vec<Tensor>>> {
         self.read_all(Values::Params).await.map(|all| {
             all.into_iter()
@@ -440,6 +493,9 @@ impl Replicas {
     }
 
     /// Every gradient of every rank (`[rank][param]`, `None` where absent).
+    ///
+    /// # Errors
+    /// As [`Replicas::all_params`].
     pub async fn all_grads(&self) -> Result<Vec<Vec<Option<Tensor>>>> {
         self.read_all(Values::Grads).await
     }
@@ -471,12 +527,18 @@ impl Replicas {
     }
 
     /// Blocking [`Replicas::all_params`].
+    ///
+    /// # Errors
+    /// As [`Replicas::all_params`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn all_params_blocking(&self) -> Result<Vec<Vec<Tensor>>> {
         pollster::block_on(self.all_params())
     }
 
     /// Blocking [`Replicas::all_grads`].
+    ///
+    /// # Errors
+    /// As [`Replicas::all_grads`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn all_grads_blocking(&self) -> Result<Vec<Vec<Option<Tensor>>>> {
         pollster::block_on(self.all_grads())

@@ -24,6 +24,10 @@ impl StateArenas {
     }
 
     /// A copy of the replicas' current parameters, every bucket.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when an arena does not fit the memory budget, or for a GPU error or a lost
+    /// device.
     pub fn copy_of_params(replicas: &Replicas) -> Result<StateArenas> {
         let mut state = StateArenas::empty(replicas.buckets().len());
         for b in 0..replicas.buckets().len() {
@@ -50,6 +54,10 @@ impl StateArenas {
     }
 
     /// Bucket `bucket`'s arena, created zero-filled if it was not.
+    ///
+    /// # Errors
+    /// When the arena is created: a `RuntimeError` when it does not fit the memory budget or the
+    /// GPU device refuses it.
     pub fn ensure(&mut self, replicas: &Replicas, bucket: usize) -> Result<&mut Arena> {
         let slot = &mut self.arenas[bucket];
         if slot.is_none() {
@@ -61,6 +69,10 @@ impl StateArenas {
 
     /// Rank `rank`'s state of parameter `j`, read back as a tensor of the parameter's shape
     /// and dtype; `None` while its bucket has no arena.
+    ///
+    /// # Errors
+    /// A `ValueError` when `rank` is out of range (not an `IndexError`, unlike
+    /// [`Replicas::param`]); a `RuntimeError` when a GPU readback fails.
     pub async fn read(&self, replicas: &Replicas, rank: usize, j: usize) -> Result<Option<Tensor>> {
         let place = replicas.place(j);
         let Some(arena) = self.get(place.bucket) else {
@@ -92,6 +104,10 @@ impl StateArenas {
     }
 
     /// Copies every rank's current parameters `params` into this state (created buckets only).
+    ///
+    /// # Errors
+    /// A `ValueError` when this state's arenas do not fit `replicas` (fewer rows or another format:
+    /// state made for other replicas); a `RuntimeError` for a GPU error or a lost device.
     pub fn copy_params(&mut self, replicas: &Replicas, params: &[usize]) -> Result<()> {
         let backend = replicas.backend().clone();
         for (b, bucket) in replicas.buckets().iter().enumerate() {

@@ -108,6 +108,13 @@ pub struct DistributedOptimizer {
 impl DistributedOptimizer {
     /// Groups `params` by owner (in order of first appearance) and creates, on every owner,
     /// one local optimizer of class `name` (`"SGD"`, `"Adam"`, `"AdamW"`) with `options`.
+    ///
+    /// # Errors
+    /// A `ValueError` for an unknown class; from an owner, a `RuntimeError` when it is unknown or
+    /// shut down or does not own a referenced tensor, a `ValueError` when one is device-resident,
+    /// and the local optimizer's constructor errors ([`optim::build`]: a `TypeError` for an unknown
+    /// keyword, a `ValueError` for an invalid hyper-parameter). The first owner's error in owner
+    /// order is returned; owners that succeeded keep their local optimizer.
     pub fn new(
         world: Arc<RpcWorld>,
         name: &str,
@@ -198,6 +205,13 @@ impl DistributedOptimizer {
 
     /// `step(context_id)`: validates the context, starts every owner's step, then waits for
     /// all of them; the first owner's error (in owner order) is returned.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when `context` is not a live context (before any owner steps); from an
+    /// owner, a `RuntimeError` when it is unknown or shut down, no longer owns a parameter, or its
+    /// local optimizer is gone, a `ValueError` or `TypeError` when a parameter's value no longer
+    /// fits its replica (shape, dtype, a device-resident tensor), and the local optimizer's errors
+    /// ([`LocalOptimizer::step`]).
     pub async fn step(&self, context: ContextId) -> Result<()> {
         self.world.contexts.check(context)?;
         // Every owner's update is issued before any is awaited: they run concurrently.
@@ -229,6 +243,9 @@ impl DistributedOptimizer {
     }
 
     /// Blocking [`DistributedOptimizer::step`].
+    ///
+    /// # Errors
+    /// As [`DistributedOptimizer::step`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn step_blocking(&self, context: ContextId) -> Result<()> {
         pollster::block_on(self.step(context))

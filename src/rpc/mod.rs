@@ -86,6 +86,10 @@ pub const DRIVER: &str = "driver";
 
 impl RpcWorld {
     /// A world of the driver plus `workers`, each running on its own thread (natively).
+    ///
+    /// # Errors
+    /// A `ValueError` when a name is used twice (`"driver"`, [`DRIVER`], included); a
+    /// `RuntimeError` when a worker's thread cannot be started.
     pub fn new(workers: &[&str], backend: Arc<dyn Backend>) -> Result<RpcWorld> {
         let contexts = Arc::new(Contexts::default());
         let mut map = HashMap::new();
@@ -144,6 +148,10 @@ impl RpcWorld {
 
     /// Runs `f` on worker `to` and waits for its result (native only; use
     /// [`RpcWorld::rpc_async`] in a browser).
+    ///
+    /// # Errors
+    /// A `RuntimeError` when `to` is not a worker of this world or has shut down, or when `f`
+    /// panics; otherwise whatever `f` returns.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn rpc_sync<T: MaybeSend + 'static>(
         &self,
@@ -154,6 +162,9 @@ impl RpcWorld {
     }
 
     /// `rpc.remote(to, lambda: value)`: stores `value` on worker `to` and returns a reference.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when `to` is not a worker of this world or has shut down.
     pub fn remote(&self, to: &str, value: Tensor) -> Result<RRef> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let future = self.rpc_async(to, move |state| {
@@ -169,6 +180,10 @@ impl RpcWorld {
 
     /// Stops worker `name` (its queued calls finish first); later calls to it and its RRefs
     /// fail with a `RuntimeError`.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when `name` is not a running worker of this world (unknown, or shut down
+    /// already).
     pub fn shutdown_worker(&self, name: &str) -> Result<()> {
         let worker = self
             .workers

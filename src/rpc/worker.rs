@@ -38,6 +38,9 @@ impl WorkerState {
     }
 
     /// The value of owned tensor `id`.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when this worker owns no tensor with that id.
     pub fn value(&self, id: u64) -> Result<&Tensor> {
         self.values.get(&id).ok_or_else(|| {
             Error::runtime(format!(
@@ -62,6 +65,12 @@ impl WorkerState {
     }
 
     /// Adds `gradient` to the gradient of tensor `id` in context `context`.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when `context` is not a live context or this worker owns no tensor `id`; a
+    /// `ValueError` when `gradient` differs from the tensor in shape or dtype; when a gradient is
+    /// already recorded, a `RuntimeError` if either is device-resident (the sum is taken on the
+    /// host) or the sum does not fit the memory budget.
     pub fn accumulate_gradient(
         &mut self,
         context: ContextId,
@@ -96,6 +105,9 @@ impl WorkerState {
     }
 
     /// The gradients recorded in `context` for the tensors this worker owns.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when `context` is not a live context.
     pub fn gradients(&self, context: ContextId) -> Result<HashMap<u64, Tensor>> {
         self.contexts.check(context)?;
         Ok(self
@@ -129,6 +141,10 @@ impl<T> RpcFuture<T> {
     }
 
     /// Waits for the result (natively blocks; on wasm32 calls complete when made).
+    ///
+    /// # Errors
+    /// The call's error (see [`RpcWorld::rpc_async`](super::RpcWorld::rpc_async)); on wasm32 also a
+    /// `RuntimeError` when the call did not complete when it was made.
     pub fn now_or_wait(self) -> Result<T> {
         #[cfg(not(target_arch = "wasm32"))]
         {

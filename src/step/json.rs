@@ -59,6 +59,13 @@ fn list<'a>(value: Option<&'a Value>, what: &str) -> Result<&'a Vec<Value>> {
 /// Parses a step request, checking it in the reference order so that the first defect is the
 /// one reported (counts, then for each parameter and rank: dtype, shape, gradient dtype,
 /// gradient shape).
+///
+/// # Errors
+/// A `ValueError` for the first defect: a value that is not an object, a missing or non-list
+/// `parameter_replicas` or `gradient_replicas`, a missing or non-numeric `learning_rate`, then in
+/// the reference order a rank's entry that is not a list, the count and shape mismatches of
+/// [`errors`], an unsupported dtype ([`errors::unsupported_dtype`]) or a malformed tensor
+/// ([`tensor_from_json`]).
 pub fn step_request_from_json(value: &Value) -> Result<StepRequest> {
     let object = value
         .as_object()
@@ -95,6 +102,10 @@ fn parse_checked(value: &Value, what: &str, j: usize, rank: usize) -> Result<Ten
 }
 
 /// The golden-format JSON of a step's result.
+///
+/// # Errors
+/// As [`tensor_to_json`]: a `RuntimeError` when the readback of a device-resident output fails (a
+/// GPU error, a lost device).
 pub async fn step_output_to_json(output: &StepOutput) -> Result<Value> {
     let mut means = Vec::with_capacity(output.mean_gradients.len());
     for t in &output.mean_gradients {

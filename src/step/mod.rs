@@ -41,6 +41,9 @@ pub struct StepOutput {
 /// copy is on the host gets host outputs; one resident on the device gets device-resident
 /// outputs (views into the step's result arenas) without any host round trip.
 ///
+/// # Errors
+/// As [`sgd_step_with`].
+///
 /// ```
 /// use distopt::{CpuBackend, Tensor, sgd_step_blocking};
 /// let p = || Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap();
@@ -87,7 +90,7 @@ pub enum ReplicaOutputs {
 /// backend's kernel. Both give the same bits.
 ///
 /// # Errors
-/// The `ValueError`s of [`validate`] (counts, shapes, dtypes, naming the rank and parameter),
+/// The `ValueError`s of [`validate`] (counts and shapes, naming the rank and parameter),
 /// and a backend's errors (a device lost, an allocation refused).
 pub async fn sgd_step_with(
     backend: &dyn Backend,
@@ -285,6 +288,15 @@ struct StepScalars<'a> {
 /// all-reduce: bit-exact with [`sgd_step`] for two ranks, within rounding for more.
 /// `updated_replicas` holds the local ranks' copies; a parameter whose local rank-0 copy is on
 /// the device gets outputs resident in the step's arenas, as in [`sgd_step`].
+///
+/// # Errors
+/// When this process holds the whole world, as [`sgd_step`] (the lists are not checked against the
+/// world size then). Otherwise: a `ValueError` when the lists do not hold this process's ranks; the
+/// `ValueError`s of [`validate`] for the whole world, the same on every process; a `RuntimeError`
+/// when a rank sends malformed shapes or fewer parameter values than expected; the collectives'
+/// errors ([`Communicator::all_gather_bytes`], [`Communicator::all_reduce_sum_f32`],
+/// [`Communicator::broadcast_bytes`]); and the backend's (a `RuntimeError` for a readback, an arena
+/// over the memory budget, a GPU error or a lost device).
 pub async fn sgd_step_in(
     world: &dyn Communicator,
     backend: &dyn Backend,
@@ -423,6 +435,9 @@ pub async fn sgd_step_in(
 }
 
 /// Blocking [`sgd_step_in`] for native callers.
+///
+/// # Errors
+/// As [`sgd_step_in`].
 #[cfg(not(target_arch = "wasm32"))]
 pub fn sgd_step_in_blocking(
     world: &dyn Communicator,
@@ -441,6 +456,9 @@ pub fn sgd_step_in_blocking(
 }
 
 /// Blocking [`sgd_step`] for native callers.
+///
+/// # Errors
+/// As [`sgd_step`].
 #[cfg(not(target_arch = "wasm32"))]
 pub fn sgd_step_blocking(
     backend: &dyn Backend,
@@ -670,6 +688,10 @@ fn step_format(dtype: DType) -> StorageFormat {
 
 /// Puts host tensors on `backend`'s device as device-resident tensors (one arena per dtype
 /// format and list), so that later steps run without host transfers.
+///
+/// # Errors
+/// A `RuntimeError` when a packed image or a host arena does not fit the memory budget, the GPU
+/// device refuses an arena or is lost, or the readback of a device-resident input fails.
 pub async fn to_device(backend: &dyn Backend, tensors: &[Tensor]) -> Result<Vec<Tensor>> {
     let mut out: Vec<Option<Tensor>> = vec![None; tensors.len()];
     let mut groups: BTreeMap<StorageFormat, Vec<usize>> = BTreeMap::new();

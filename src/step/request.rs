@@ -79,10 +79,21 @@ pub trait StepSource {
     fn ranks(&mut self) -> (usize, usize);
     /// Rank `rank`'s number of parameters and of gradients; an error where its lists are not
     /// lists.
+    ///
+    /// # Errors
+    /// The source's error where rank `rank`'s lists are not lists (a `ValueError` naming them, as
+    /// the JSON source reports it).
     fn counts(&mut self, rank: usize) -> Result<(usize, usize)>;
     /// Parameter `j` of rank `rank` (an unsupported dtype: [`errors::unsupported_dtype`]).
+    ///
+    /// # Errors
+    /// [`errors::unsupported_dtype`] for an unsupported dtype, or the source's own error (a
+    /// `ValueError`) for an entry it cannot read as a tensor.
     fn param(&mut self, rank: usize, j: usize) -> Result<Self::Item>;
     /// Gradient `j` of rank `rank`, `None` where it is missing.
+    ///
+    /// # Errors
+    /// As [`StepSource::param`].
     fn grad(&mut self, rank: usize, j: usize) -> Result<Option<Self::Item>>;
     /// The shape of an item.
     fn shape(item: &Self::Item) -> &[usize];

@@ -258,6 +258,10 @@ impl Trainer {
     /// up the gradient hook, the local SGD and the averager of `config.algorithm`. Invalid
     /// settings (a negative or non-finite learning rate, a zero period, group sizes that do
     /// not divide the world, …) are errors.
+    ///
+    /// # Errors
+    /// A `ValueError` when the task has no shard (an empty world); otherwise as
+    /// [`Trainer::with_world`].
     pub fn new(
         backend: Arc<dyn Backend>,
         task: Arc<dyn Task>,
@@ -270,6 +274,14 @@ impl Trainer {
     /// [`Trainer::new`] over any world: this process trains the shards of its local ranks
     /// (see [`Communicator::local_ranks`]). The task must have one shard per world rank.
     /// Every process of the world must make the same calls.
+    ///
+    /// # Errors
+    /// A `ValueError` when the task's shards are not the world's ranks, the learning rate or
+    /// momentum is negative or not finite, the batch size is 0, or the algorithm's settings are
+    /// invalid (PyTorch's averager and subgroup errors, a `sync_every` below 1 or below the number
+    /// of fragments, fragments that are 0 or more than the parameters, a value beyond `i64`); the
+    /// task's errors ([`Task::initial_params`]); a `RuntimeError` when the replicas do not fit the
+    /// memory budget or the backend or the world fails.
     pub fn with_world(
         backend: Arc<dyn Backend>,
         task: Arc<dyn Task>,
@@ -554,6 +566,12 @@ impl Trainer {
 
     /// One iteration on every rank: mini-batch gradients on the host, the gradient hook, the
     /// local SGD step and (post-local SGD) the averager. Returns what happened.
+    ///
+    /// # Errors
+    /// The task's errors ([`Task::loss_and_grad`]: a `ValueError` for an empty shard); the errors
+    /// of the gradient hook, the optimizer and the averager (a `RuntimeError` for a GPU error, a
+    /// lost device or an arena over the memory budget); the world's errors. A failed step is not
+    /// counted, but the replicas may have changed.
     pub async fn step(&mut self) -> Result<StepReport> {
         let ranks = self.task.ranks();
         let local = self.world.local_ranks();
@@ -617,6 +635,9 @@ impl Trainer {
     }
 
     /// Blocking [`Trainer::step`].
+    ///
+    /// # Errors
+    /// As [`Trainer::step`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn step_blocking(&mut self) -> Result<StepReport> {
         pollster::block_on(self.step())
@@ -624,6 +645,11 @@ impl Trainer {
 
     /// The loss of each replica and of their mean (and the mean's accuracy) on the task's
     /// evaluation samples ([`Task::evaluate`]: the held-out split of a data set).
+    ///
+    /// # Errors
+    /// The task's errors ([`Task::evaluate`]); a `RuntimeError` when reading the parameters back
+    /// fails (a GPU error, a lost device) or another process sends another number of values; the
+    /// world's errors.
     pub async fn evaluate(&mut self) -> Result<Evaluation> {
         let task = self.task.clone();
         let params = self.host_params().await?;
@@ -642,6 +668,9 @@ impl Trainer {
     }
 
     /// Blocking [`Trainer::evaluate`].
+    ///
+    /// # Errors
+    /// As [`Trainer::evaluate`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn evaluate_blocking(&mut self) -> Result<Evaluation> {
         pollster::block_on(self.evaluate())

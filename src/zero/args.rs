@@ -72,6 +72,12 @@ pub enum ParamsArg {
 pub use crate::optim::DUPLICATE_WARNING;
 
 /// Runs PyTorch's checks and returns the parameter groups as tensor ids with their options.
+///
+/// # Errors
+/// PyTorch's, in its order: a `TypeError` when `params` is a single tensor, not iterable, or a list
+/// that mixes tensors and dicts (or holds anything else); a `ValueError` for an empty list, a group
+/// dict without `"params"`, a sparse tensor or tensors of different types, a non-leaf tensor, or a
+/// tensor in more than one group.
 pub fn validate(params: &ParamsArg) -> Result<Vec<(Vec<TensorArg>, OptionMap)>> {
     let items = match params {
         ParamsArg::Tensor(t) => {

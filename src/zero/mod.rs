@@ -137,6 +137,15 @@ impl ZeroRedundancyOptimizer {
     /// ZeRO over `groups` (replica indices of `replicas`, each with its own options over
     /// `defaults`), with local optimizers of class `optimizer` (`"SGD"`, `"Adam"`, `"AdamW"`).
     /// Its warnings are every local rank's.
+    ///
+    /// # Errors
+    /// A `ValueError` when a parameter is in two groups, `replicas` does not hold the world's local
+    /// ranks, every group is empty, the parameters differ in dtype, or the optimizer does not suit
+    /// `overlap_with_ddp` (a `_Functional…` class without it, a class with no functional form with
+    /// it); an `IndexError` for an index outside the replicas; the local optimizers' constructor
+    /// errors ([`optim::build`]: a `ValueError` for an unknown class or an invalid hyper-parameter,
+    /// a `TypeError` for an unknown keyword); a `RuntimeError` when a shard does not fit the memory
+    /// budget or the backend fails.
     pub fn new(
         world: Arc<dyn Communicator>,
         replicas: &Replicas,
@@ -174,6 +183,11 @@ impl ZeroRedundancyOptimizer {
     /// tensor of `params` (`None` for a tensor that is not one of the replicas' parameters,
     /// such as a meta or sparse tensor). A failure is every local rank's, as every rank runs
     /// the constructor.
+    ///
+    /// # Errors
+    /// On every local rank, the same: the `TypeError`s and `ValueError`s of [`args::validate`], a
+    /// `ValueError` for a tensor `resolve` does not know, then the errors of
+    /// [`ZeroRedundancyOptimizer::new`] after its duplicate check.
     pub fn from_params(
         world: Arc<dyn Communicator>,
         replicas: &Replicas,
@@ -485,6 +499,9 @@ impl ZeroRedundancyOptimizer {
     /// gradients, then each rank's updated parameters are broadcast to every rank (one
     /// transfer per rank with `parameters_as_bucket_view`, one per parameter otherwise). An
     /// error is the lowest local rank's (see [`ZeroRedundancyOptimizer::step_on_ranks`]).
+    ///
+    /// # Errors
+    /// The lowest local rank's error of [`ZeroRedundancyOptimizer::step_on_ranks`].
     pub fn step(&mut self, replicas: &mut Replicas) -> Result<()> {
         self.step_on_ranks(replicas).map_err(Error::from)
     }
@@ -493,6 +510,14 @@ impl ZeroRedundancyOptimizer {
     /// which ZeRO is the first joinable it notifies the context first; local ranks that have
     /// joined run ZeRO's main hook, which is this same step (their broadcasts pair with the
     /// active ranks'), with the gradients they still hold.
+    ///
+    /// # Errors
+    /// Per local rank: the join notification's errors ([`notify_join_context`]: a `RuntimeError`
+    /// when the context has ended, and with `throw_on_early_termination` each rank's `RuntimeError`
+    /// once a rank has run out of inputs); then, the same on every rank: a `ValueError` when
+    /// `replicas` has other ranks or parameters than ZeRO was built for, the local optimizers'
+    /// errors ([`LocalOptimizer::step`]), and the copies' and broadcasts' errors (a `RuntimeError`
+    /// for a GPU error or a lost device). With `overlap_with_ddp` it only warns.
     pub fn step_on_ranks(&mut self, replicas: &mut Replicas) -> Result<(), RankErrors> {
         let local = self.world.local_ranks();
         if self.options.overlap_with_ddp {
@@ -551,6 +576,10 @@ impl ZeroRedundancyOptimizer {
 
     /// `step(closure)`: calls `closure` once (it may recompute gradients), then steps; returns
     /// the closure's loss.
+    ///
+    /// # Errors
+    /// The closure's error (before any step), then as [`ZeroRedundancyOptimizer::step`]. With
+    /// `overlap_with_ddp` the closure is not called and nothing fails.
     pub fn step_with_closure(
         &mut self,
         replicas: &mut Replicas,
@@ -632,6 +661,14 @@ impl ZeroRedundancyOptimizer {
     /// `add_param_group`: a new group of replica indices with its own options. The partition
     /// is recomputed; earlier parameters keep their ranks (the algorithm is deterministic and
     /// processes groups in order), and every rank's local optimizer gets the new group.
+    ///
+    /// # Errors
+    /// A `RuntimeError` with `overlap_with_ddp` (one group only); an `IndexError` for an index
+    /// outside the replicas; a `ValueError` for a parameter already in a group; a `RuntimeError`
+    /// when a local optimizer's state cannot be read back. Then, with the group already recorded
+    /// (it is kept), the errors of rebuilding the shards: a `TypeError` for an unknown keyword or
+    /// an option of the wrong type, a `RuntimeError` for an arena over the memory budget or a
+    /// backend failure.
     pub async fn add_param_group(
         &mut self,
         replicas: &Replicas,
@@ -674,6 +711,9 @@ impl ZeroRedundancyOptimizer {
     }
 
     /// Blocking [`ZeroRedundancyOptimizer::add_param_group`].
+    ///
+    /// # Errors
+    /// As [`ZeroRedundancyOptimizer::add_param_group`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn add_param_group_blocking(
         &mut self,
@@ -686,6 +726,9 @@ impl ZeroRedundancyOptimizer {
 
     /// [`ZeroRedundancyOptimizer::add_param_group`] as every local rank calls it: a failure
     /// is each rank's (they all run the same checks).
+    ///
+    /// # Errors
+    /// The error of [`ZeroRedundancyOptimizer::add_param_group`], on every local rank.
     pub async fn add_param_group_on_ranks(
         &mut self,
         replicas: &Replicas,
@@ -699,6 +742,9 @@ impl ZeroRedundancyOptimizer {
     }
 
     /// Blocking [`ZeroRedundancyOptimizer::add_param_group_on_ranks`].
+    ///
+    /// # Errors
+    /// As [`ZeroRedundancyOptimizer::add_param_group_on_ranks`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn add_param_group_on_ranks_blocking(
         &mut self,
@@ -712,6 +758,11 @@ impl ZeroRedundancyOptimizer {
     /// Gathers every rank's shard of the optimizer state to rank `to` (a collective: every
     /// rank calls it). A `to` outside the world does not fail, but nobody keeps the state (as
     /// in PyTorch).
+    ///
+    /// # Errors
+    /// A `RuntimeError` when the optimizer is not initialized (`overlap_with_ddp`); a
+    /// `RuntimeError` when a state readback fails or a rank sends a malformed state; the gather's
+    /// errors ([`Communicator::gather_bytes`]).
     pub async fn consolidate_state_dict(&mut self, replicas: &Replicas, to: i64) -> Result<()> {
         self.initialized()?;
         let _ = replicas;
@@ -784,6 +835,9 @@ impl ZeroRedundancyOptimizer {
     }
 
     /// Blocking [`ZeroRedundancyOptimizer::consolidate_state_dict`].
+    ///
+    /// # Errors
+    /// As [`ZeroRedundancyOptimizer::consolidate_state_dict`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn consolidate_state_dict_blocking(&mut self, replicas: &Replicas, to: i64) -> Result<()> {
         pollster::block_on(self.consolidate_state_dict(replicas, to))
@@ -791,6 +845,9 @@ impl ZeroRedundancyOptimizer {
 
     /// [`ZeroRedundancyOptimizer::consolidate_state_dict`] as every local rank calls it: a
     /// failure is each rank's.
+    ///
+    /// # Errors
+    /// The error of [`ZeroRedundancyOptimizer::consolidate_state_dict`], on every local rank.
     pub async fn consolidate_state_dict_on_ranks(
         &mut self,
         replicas: &Replicas,
@@ -803,6 +860,9 @@ impl ZeroRedundancyOptimizer {
     }
 
     /// Blocking [`ZeroRedundancyOptimizer::consolidate_state_dict_on_ranks`].
+    ///
+    /// # Errors
+    /// As [`ZeroRedundancyOptimizer::consolidate_state_dict_on_ranks`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn consolidate_state_dict_on_ranks_blocking(
         &mut self,
@@ -822,6 +882,11 @@ impl ZeroRedundancyOptimizer {
 
     /// `state_dict()` as seen on rank `rank`: the consolidated global state dict, in the layout
     /// of a plain optimizer, on the rank it was consolidated to; a `RuntimeError` elsewhere.
+    ///
+    /// # Errors
+    /// A `RuntimeError` unless the state was consolidated to `rank` (by the last
+    /// [`ZeroRedundancyOptimizer::consolidate_state_dict`], with no group added since), or when the
+    /// optimizer is not initialized (`overlap_with_ddp`).
     pub fn state_dict(&self, rank: usize) -> Result<Value> {
         if self.options.overlap_with_ddp {
             return Err(not_initialized());
@@ -834,6 +899,14 @@ impl ZeroRedundancyOptimizer {
 
     /// `load_state_dict(state_dict)` on every rank: each rank keeps the state of the parameters
     /// it owns in the current partition (whatever world size the dict was saved with).
+    ///
+    /// # Errors
+    /// A `RuntimeError` when the optimizer is not initialized (`overlap_with_ddp`); a `TypeError`
+    /// for a `state` key that is not an index; an `IndexError` for an index beyond the parameters;
+    /// a `ValueError` when `param_groups` is missing or its groups differ in number or size from
+    /// ZeRO's; the local optimizers' errors ([`LocalOptimizer::check_state_dict`]), checked on
+    /// every shard before any changes; a `RuntimeError` when a state arena does not fit the memory
+    /// budget.
     pub fn load_state_dict(&mut self, replicas: &Replicas, state_dict: &Value) -> Result<()> {
         self.initialized()?;
         let _ = replicas;
@@ -921,6 +994,9 @@ impl ZeroRedundancyOptimizer {
 
     /// [`ZeroRedundancyOptimizer::load_state_dict`] as every local rank calls it: a failure is
     /// each rank's.
+    ///
+    /// # Errors
+    /// The error of [`ZeroRedundancyOptimizer::load_state_dict`], on every local rank.
     pub fn load_state_dict_on_ranks(
         &mut self,
         replicas: &Replicas,

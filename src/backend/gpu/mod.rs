@@ -146,17 +146,28 @@ impl std::fmt::Debug for GpuBackend {
 impl GpuBackend {
     /// Opens the best adapter wgpu finds (high performance preferred) with default options.
     /// A `RuntimeError` when there is none (in a browser: when WebGPU is unavailable).
+    ///
+    /// # Errors
+    /// As [`Self::with_options`].
     pub async fn new() -> Result<GpuBackend> {
         Self::with_options(GpuOptions::default()).await
     }
 
     /// Blocking [`GpuBackend::new`] for native callers.
+    ///
+    /// # Errors
+    /// As [`Self::new`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new_blocking() -> Result<GpuBackend> {
         pollster::block_on(Self::new())
     }
 
     /// Opens the best adapter with `options`.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when WebGPU is unavailable (in a browser), no adapter is found, the
+    /// device cannot be opened, or the device reports an error (or is lost) while the kernels
+    /// are set up.
     pub async fn with_options(options: GpuOptions) -> Result<GpuBackend> {
         #[cfg(target_arch = "wasm32")]
         if !wgpu::util::is_browser_webgpu_supported().await {
