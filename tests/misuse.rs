@@ -587,3 +587,38 @@ fn diloco_checks_both_optimizers_before_loading_either() {
     grads(&mut replicas);
     diloco.step(&mut replicas).unwrap();
 }
+
+#[test]
+fn zero_add_param_group_that_fails_leaves_the_optimizer_as_it_was() {
+    let world = Arc::new(SimulatedWorld::new(2).unwrap());
+    let mut replicas = model(2);
+    let mut zero = ZeroRedundancyOptimizer::new(
+        world,
+        &replicas,
+        vec![(vec![0, 1], Default::default())],
+        "SGD",
+        &options(json!({"lr": 0.1})),
+        ZeroOptions::default(),
+    )
+    .unwrap();
+    let groups = zero.param_groups();
+    let error = zero
+        .add_param_group_blocking(&replicas, vec![2], &options(json!({"lr": 0.5, "nope": 1})))
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::TypeError, "{error}");
+    assert_eq!(
+        zero.param_groups(),
+        groups,
+        "the refused group is not recorded"
+    );
+    // The same group is accepted afterwards, and a step updates every parameter.
+    zero.add_param_group_blocking(&replicas, vec![2], &options(json!({"lr": 0.5})))
+        .unwrap();
+    assert_eq!(zero.param_groups().len(), 2);
+    let p = params(&replicas);
+    zero.step(&mut replicas).unwrap();
+    let after = params(&replicas);
+    for (k, (a, b)) in after.iter().zip(&p).enumerate() {
+        assert_ne!(a, b, "rank {}'s parameter {} stepped", k / 3, k % 3);
+    }
+}

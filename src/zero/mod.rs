@@ -704,10 +704,18 @@ impl ZeroRedundancyOptimizer {
         for shard in &self.shards {
             saved.push(Some(shard.optim.state_dict(&shard.params, 0).await?));
         }
+        let (old_global, old_groups) = (self.global.len(), self.groups.len());
         self.global.extend(params.iter().copied());
         self.groups.push((params, merged));
+        // `build_shards` replaces the shards only once every one is built: a failure (an
+        // unknown option, the memory budget) leaves the optimizer as it was.
+        if let Err(e) = self.build_shards(replicas, saved) {
+            self.global.truncate(old_global);
+            self.groups.truncate(old_groups);
+            return Err(e);
+        }
         self.consolidated = None;
-        self.build_shards(replicas, saved)
+        Ok(())
     }
 
     /// Blocking [`ZeroRedundancyOptimizer::add_param_group`].
