@@ -227,3 +227,39 @@ fn copies_between_replicas_move_one_rank_s_values_and_check_dtypes() {
         );
     }
 }
+
+#[test]
+fn float64_arenas_on_the_gpu_backend_step_and_copy_on_the_host() {
+    // WebGPU has no 64-bit float: a GPU backend keeps float64 arenas on the host and must
+    // accept them in every kernel, as the CPU backend does.
+    let Some(gpu) = common::gpu_backend() else {
+        return;
+    };
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let mut results = Vec::new();
+    for backend in [cpu, gpu] {
+        let f = StorageFormat::F64;
+        let mut params = backend.create_arena(f, 2, 64, 64).unwrap();
+        let mut grads = backend.create_arena(f, 2, 64, 64).unwrap();
+        let mut means = backend.create_arena(f, 1, 64, 64).unwrap();
+        let mut words = vec![0u32; f.words_for(64)];
+        for i in 0..64 {
+            f.store_f64(&mut words, i, i as f64 * 0.25);
+        }
+        for rank in 0..2 {
+            params.write(rank, 0, &words).unwrap();
+            grads.write(rank, 0, &words).unwrap();
+        }
+        backend
+            .dp_sgd_step(&mut params, &grads, &mut means, 0.5)
+            .unwrap();
+        let mut copy = backend.create_arena(f, 2, 64, 64).unwrap();
+        backend.copy_arena(&params, &mut copy).unwrap();
+        results.push(pollster::block_on(copy.read_all()).unwrap());
+    }
+    assert_eq!(
+        results[0], results[1],
+        "the GPU backend's float64 step equals the CPU's"
+    );
+    assert_ne!(results[0], vec![0u32; results[0].len()]);
+}

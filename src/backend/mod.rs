@@ -319,8 +319,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// # Errors
     /// A `ValueError` when the arenas differ in format or shape; a `RuntimeError` for an arena this
     /// backend cannot use (another backend's: see the trait's documentation), or when the GPU
-    /// device reports an error or is lost. The GPU backend also refuses its own float64 arenas
-    /// here, which live on the host.
+    /// device reports an error or is lost.
     fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()>;
 
     /// The synchronous data-parallel SGD step over whole arenas, one dispatch per chunk:
@@ -353,8 +352,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// (`grads` with other ranks than `params`, `means` with more than one rank, another `rank_len`
     /// or `chunk_len`, `means` in another format than `params`; the CPU backend also refuses arenas
     /// without ranks); a `RuntimeError` for an arena this backend cannot use (another backend's:
-    /// see the trait's documentation), or when the GPU device reports an error or is lost. The GPU
-    /// backend also refuses its own float64 arenas here, which live on the host.
+    /// see the trait's documentation), or when the GPU device reports an error or is lost.
     fn dp_sgd_step_with_divisor(
         &self,
         params: &mut Arena,

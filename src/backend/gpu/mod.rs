@@ -403,6 +403,10 @@ impl Backend for GpuBackend {
 
     fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()> {
         check_same_format(src, dst)?;
+        if matches!(src.storage, ArenaStorage::Host(_)) {
+            // float64 arenas live on the host (WebGPU has no 64-bit float).
+            return self.host.copy_arena(src, dst);
+        }
         let (from, to) = (self.gpu(src)?, self.gpu(dst)?);
         if src.ranks() != dst.ranks()
             || src.rank_len() != dst.rank_len()
@@ -429,6 +433,16 @@ impl Backend for GpuBackend {
         learning_rate: f32,
         divisor: f32,
     ) -> Result<()> {
+        if matches!(params.storage, ArenaStorage::Host(_)) {
+            // float64 arenas live on the host (WebGPU has no 64-bit float).
+            return self.host.dp_sgd_step_with_divisor(
+                params,
+                grads,
+                means,
+                learning_rate,
+                divisor,
+            );
+        }
         check_step_arenas(params, grads, means, divisor)?;
         let (param_format, grad_format) = (params.format(), grads.format());
         let ranks = params.ranks();
