@@ -229,3 +229,55 @@ fn a_worker_error_during_step_is_raised_by_step() {
         .is_err()
     );
 }
+
+#[test]
+fn two_distributed_optimizers_on_one_owner_step_their_own_parameters() {
+    let world = world(&["worker0"]);
+    let a = world.remote("worker0", scalar(1.0)).unwrap();
+    let b = world.remote("worker0", scalar(1.0)).unwrap();
+    let kind = LocalOptimizerKind::Functional;
+    let first = DistributedOptimizer::new(
+        world.clone(),
+        "SGD",
+        std::slice::from_ref(&a),
+        &lr(1.0),
+        kind,
+    )
+    .unwrap();
+    let second = DistributedOptimizer::new(
+        world.clone(),
+        "SGD",
+        std::slice::from_ref(&b),
+        &lr(0.5),
+        kind,
+    )
+    .unwrap();
+    let context = world.context();
+    for p in [&a, &b] {
+        world
+            .record_gradient(context.id(), p, scalar(1.0))
+            .now_or_wait()
+            .unwrap();
+    }
+    second.step_blocking(context.id()).unwrap();
+    let value = |p: &distopt::rpc::RRef| {
+        p.to_here(&world)
+            .now_or_wait()
+            .unwrap()
+            .values_f64()
+            .unwrap()
+    };
+    assert_eq!(
+        value(&a),
+        vec![1.0],
+        "the first optimizer's parameter is untouched"
+    );
+    assert_eq!(
+        value(&b),
+        vec![0.5],
+        "the second stepped its own, with its own lr"
+    );
+    first.step_blocking(context.id()).unwrap();
+    assert_eq!(value(&a), vec![0.0]);
+    assert_eq!(value(&b), vec![0.5]);
+}

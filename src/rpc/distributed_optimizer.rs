@@ -142,10 +142,11 @@ impl DistributedOptimizer {
         }
         let mut created = Vec::with_capacity(owners.len());
         let mut futures = Vec::new();
-        for (k, info) in owners.iter().enumerate() {
+        for info in &owners {
             let ids: Vec<u64> = info.param_indices.iter().map(|&i| params[i].id).collect();
             let options = options.clone();
-            let optimizer_id = k as u64;
+            // Unique in the world: two DistributedOptimizers over one owner never share one.
+            let optimizer_id = world.new_id();
             let driver_thread = info.owner == super::DRIVER;
             if driver_thread && kind == LocalOptimizerKind::Functional {
                 // Each owner warns in its own process; the driver's shows in the driver.
@@ -183,8 +184,21 @@ impl DistributedOptimizer {
             }));
             created.push((info.clone(), optimizer_id));
         }
-        for future in futures {
-            future.now_or_wait()?;
+        let results: Vec<Result<()>> = futures.into_iter().map(|f| f.now_or_wait()).collect();
+        if let Some(error) = results.iter().find_map(|r| r.as_ref().err().cloned()) {
+            // Nothing is left behind: the owners that built their optimizer drop it again.
+            for ((info, id), result) in created.iter().zip(&results) {
+                if result.is_ok() {
+                    let id = *id;
+                    let _ = world
+                        .rpc_async(&info.owner, move |state| {
+                            state.optimizers.retain(|o| o.id != id);
+                            Ok(())
+                        })
+                        .now_or_wait();
+                }
+            }
+            return Err(error);
         }
         Ok(DistributedOptimizer {
             world,

@@ -161,12 +161,17 @@ impl RpcWorld {
         pollster::block_on(self.rpc_async(to, f))
     }
 
+    /// A fresh id, unique within this world (tensors' RRefs and the owners' optimizers).
+    pub(crate) fn new_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// `rpc.remote(to, lambda: value)`: stores `value` on worker `to` and returns a reference.
     ///
     /// # Errors
     /// A `RuntimeError` when `to` is not a worker of this world or has shut down.
     pub fn remote(&self, to: &str, value: Tensor) -> Result<RRef> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.new_id();
         let future = self.rpc_async(to, move |state| {
             state.insert(id, value);
             Ok(())
