@@ -238,31 +238,44 @@ pub fn reserve(bytes: usize, what: &str) -> Result<Reservation> {
     }
 }
 
-/// `len` default (zero) values of `T` in a vector allocated after a [`check`] of its bytes,
-/// with `try_reserve_exact`: a request over the budget, or one the allocator refuses, is a
-/// `RuntimeError` naming `what`, never an abort.
+/// `len` zero values of `T` in a vector allocated after a [`check`] of its bytes: a request
+/// over the budget, or one the allocator refuses, is a `RuntimeError` naming `what`, never an
+/// abort.
 ///
 /// # Errors
 /// A `RuntimeError` when the vector's size overflows `usize`, exceeds what the budget has left, or
 /// is refused by the allocator.
-pub fn zeroed<T: Clone + Default>(len: usize, what: &str) -> Result<Vec<T>> {
+pub fn zeroed<T: bytemuck::Zeroable>(len: usize, what: &str) -> Result<Vec<T>> {
     check(bytes_of(len, std::mem::size_of::<T>(), what)?, what)?;
     allocate_zeroed(len, what)
 }
 
-/// `len` default values of `T`, allocated with `try_reserve_exact` without asking the budget
-/// (the caller holds a [`Reservation`] for them): a refused allocation is a `RuntimeError`.
-pub(crate) fn allocate_zeroed<T: Clone + Default>(len: usize, what: &str) -> Result<Vec<T>> {
+/// `len` zero values of `T` without asking the budget (the caller holds a [`Reservation`] for
+/// them): a refused allocation is a `RuntimeError`. The memory comes from the allocator's
+/// zeroed allocation (`calloc`), as `vec![0; len]`'s does: a large block is fresh pages the
+/// kernel zeroes on first touch, so nothing touches them here, and a caller can still ask for
+/// transparent huge pages before the first touch (writing the zeros here would fault every
+/// page in as a 4 KiB page first).
+pub(crate) fn allocate_zeroed<T: bytemuck::Zeroable>(len: usize, what: &str) -> Result<Vec<T>> {
     let bytes = bytes_of(len, std::mem::size_of::<T>(), what)?;
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| {
+    let refused = || {
         Error::runtime(format!(
             "not enough memory for {what}: the allocator refused {bytes} bytes ({})",
             human(bytes)
         ))
-    })?;
-    v.resize(len, T::default());
-    Ok(v)
+    };
+    if bytes == 0 {
+        return Ok(std::iter::repeat_with(T::zeroed).take(len).collect());
+    }
+    let layout = std::alloc::Layout::array::<T>(len).map_err(|_| refused())?;
+    // SAFETY: `layout` has a non-zero size (`bytes > 0`).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return Err(refused());
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `len` values of
+    // `T` (so its capacity is `len`), and all of its bytes are zero, a valid `T` (`Zeroable`).
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 /// Bytes counted against the budget (see [`reserve`]); released when dropped.
@@ -287,6 +300,21 @@ impl Drop for Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zeroed_vectors_hold_zeros_and_can_grow() {
+        for len in [0usize, 1, 7, 1 << 20] {
+            let mut words: Vec<u32> = zeroed(len, "a test vector").unwrap();
+            assert_eq!(words.len(), len);
+            assert!(words.iter().all(|&w| w == 0), "len {len}");
+            words.push(5);
+            assert_eq!(words[len], 5);
+        }
+        let halves: Vec<u16> = allocate_zeroed(3, "a test vector").unwrap();
+        assert_eq!(halves, vec![0u16; 3]);
+        let e = zeroed::<u64>(usize::MAX / 4, "a huge vector").unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::RuntimeError, "{e}");
+    }
 
     #[test]
     fn byte_counts_parse_with_binary_units() {

@@ -36,8 +36,8 @@ pub(crate) fn check_elements(what: &str, elements: usize, element_bytes: usize) 
     check(what, (elements as u64).saturating_mul(element_bytes as u64))
 }
 
-/// A vector of `len` default elements, checked against the budget and reserved fallibly (the
+/// A vector of `len` zero elements, checked against the budget and allocated fallibly (the
 /// budget's error, never an abort).
-pub(crate) fn zeroed<T: Clone + Default>(what: &str, len: usize) -> Result<Vec<T>> {
+pub(crate) fn zeroed<T: bytemuck::Zeroable>(what: &str, len: usize) -> Result<Vec<T>> {
     budget::zeroed(len, what)
 }
