@@ -262,10 +262,27 @@ pub(crate) fn check_sgd_arenas(
     if let Some(m) = momentum {
         check_same_layout("sgd momentum", params, m)?;
     }
+    check_sgd_state(momentum.is_some(), scalars)
+}
+
+/// A `ValueError` when an active entry has momentum but no momentum arena is given (every
+/// backend's SGD).
+pub(crate) fn check_sgd_state(has_momentum: bool, scalars: &[SgdScalars]) -> Result<()> {
     let needs_momentum = scalars.iter().any(|s| s.active && s.momentum != 0.0);
-    if needs_momentum && momentum.is_none() {
+    if needs_momentum && !has_momentum {
         return Err(Error::value(
             "sgd: momentum is set but no momentum arena was given",
+        ));
+    }
+    Ok(())
+}
+
+/// A `ValueError` when an active entry has amsgrad but no `max_exp_avg_sq` arena is given
+/// (every backend's Adam).
+pub(crate) fn check_adam_state(has_max: bool, scalars: &[AdamScalars]) -> Result<()> {
+    if scalars.iter().any(|s| s.active && s.amsgrad) && !has_max {
+        return Err(Error::value(
+            "adam: amsgrad is set but no max_exp_avg_sq arena was given",
         ));
     }
     Ok(())
@@ -466,12 +483,7 @@ pub(crate) fn check_adam_arenas(
     if let Some(x) = &arenas.max_exp_avg_sq {
         check_same_layout("adam max_exp_avg_sq", params, x)?;
     }
-    if scalars.iter().any(|s| s.active && s.amsgrad) && arenas.max_exp_avg_sq.is_none() {
-        return Err(Error::value(
-            "adam: amsgrad is set but no max_exp_avg_sq arena was given",
-        ));
-    }
-    Ok(())
+    check_adam_state(arenas.max_exp_avg_sq.is_some(), scalars)
 }
 
 /// `torch.optim.Adam`/`AdamW`'s single-tensor step over every rank and parameter of an arena.

@@ -231,8 +231,8 @@ impl Arena {
     /// returned start with element `offset`.
     ///
     /// # Errors
-    /// A `ValueError` when `rank` is out of range or `offset + len` exceeds the rank's elements; a
-    /// `RuntimeError` when a GPU readback fails (a device error, a lost device).
+    /// A `ValueError` when `rank` is out of range, `offset + len` exceeds the rank's elements or
+    /// `offset` is not word aligned; a `RuntimeError` when a GPU readback fails (a device error, a lost device).
     pub async fn read_range(&self, rank: usize, offset: usize, len: usize) -> Result<Vec<u32>> {
         self.check_range(rank, offset, len)?;
         let first = self.format.word_of(offset);
@@ -246,6 +246,8 @@ impl Arena {
         }
     }
 
+    /// A `ValueError` unless rank `rank` has elements `offset..offset + len` and `offset` is
+    /// word aligned.
     pub(crate) fn check_range(&self, rank: usize, offset: usize, len: usize) -> Result<()> {
         if rank >= self.ranks
             || offset
@@ -257,6 +259,12 @@ impl Arena {
                 offset.saturating_add(len),
                 self.ranks,
                 self.rank_len
+            )));
+        }
+        // 16-bit formats pack two elements per word: every access starts on a word.
+        if !self.format.is_word_aligned(offset) {
+            return Err(Error::value(format!(
+                "arena access at element {offset} is not word aligned"
             )));
         }
         Ok(())
@@ -383,8 +391,8 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// # Errors
     /// A `ValueError` when `grads` or `momentum` differ from `params` in ranks, length or format
     /// (on the GPU backend also in chunking), when `starts` is empty or `scalars` does not hold one
-    /// entry per (rank, parameter); the host kernels also refuse an active entry with momentum and
-    /// no momentum arena. A `RuntimeError` for an arena this backend cannot use (another backend's:
+    /// entry per (rank, parameter), or when an active entry has momentum and no momentum arena is
+    /// given. A `RuntimeError` for an arena this backend cannot use (another backend's:
     /// see the trait's documentation), or when the GPU device reports an error or is lost.
     fn sgd(
         &self,
@@ -400,8 +408,8 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// # Errors
     /// A `ValueError` when an arena differs from the parameters in ranks, length or format (on the
     /// GPU backend also in chunking), when `starts` is empty or `scalars` does not hold one entry
-    /// per (rank, parameter); the host kernels also refuse an active `amsgrad` entry without a
-    /// `max_exp_avg_sq` arena. A `RuntimeError` for an arena this backend cannot use (another
+    /// per (rank, parameter), or when an active `amsgrad` entry has no `max_exp_avg_sq` arena. A
+    /// `RuntimeError` for an arena this backend cannot use (another
     /// backend's: see the trait's documentation), or when the GPU device reports an error or is
     /// lost.
     fn adam(

@@ -10,7 +10,7 @@ use super::contract::{
 use super::kernel::Kernel;
 use super::{GpuArena, GpuBackend};
 use crate::backend::Arena;
-use crate::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+use crate::backend::kernels::{self, AdamArenas, AdamScalars, ParamStarts, SgdScalars};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
@@ -133,6 +133,7 @@ impl GpuBackend {
         if let Some(m) = &momentum {
             check_geometry("sgd momentum", params, m, starts, scalars.len())?;
         }
+        kernels::check_sgd_state(momentum.is_some(), scalars)?;
         let table: Vec<SgdGpuScalars> = scalars
             .iter()
             .map(|s| SgdGpuScalars {
@@ -182,6 +183,7 @@ impl GpuBackend {
         if let Some(x) = &max_exp_avg_sq {
             check_geometry("adam max_exp_avg_sq", params, x, starts, scalars.len())?;
         }
+        kernels::check_adam_state(max_exp_avg_sq.is_some(), scalars)?;
         let table: Vec<AdamGpuScalars> = scalars
             .iter()
             .map(|s| AdamGpuScalars {
