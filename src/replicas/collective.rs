@@ -36,8 +36,8 @@ impl Replicas {
             )));
         }
         let backend = self.backend().clone();
-        let numels: Vec<usize> = (0..self.len()).map(|j| self.numel(j)).collect();
-        for bucket in self.buckets_mut() {
+        for b in 0..self.buckets().len() {
+            let bucket = &self.buckets()[b];
             let active = bucket.mask(selected);
             if !active.contains(&true) {
                 continue;
@@ -47,9 +47,9 @@ impl Replicas {
                 .members()
                 .iter()
                 .filter(|&&j| selected[j])
-                .map(|&j| numels[j])
+                .map(|&j| self.numel(j))
                 .sum();
-            let (arena, starts) = bucket.arena_with_starts(which);
+            let (arena, starts) = self.buckets_mut()[b].arena_with_starts(which);
             world.all_reduce_mean(
                 backend.as_ref(),
                 arena,
