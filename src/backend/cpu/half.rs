@@ -8,6 +8,19 @@ use crate::dtype::f32_to_bf16_bits;
 pub(super) trait HalfFormat {
     fn decode(bits: u32) -> f32;
     fn encode(value: f32) -> u32;
+
+    /// `value` rounded to the format and widened back: `decode(encode(value))`, bit for bit.
+    #[inline(always)]
+    fn round(value: f32) -> f32 {
+        Self::decode(Self::encode(value))
+    }
+
+    /// The encoding of a value [`round`](Self::round) returned: `encode(value)`, bit for bit,
+    /// where the format has a cheaper way to say it.
+    #[inline(always)]
+    fn encode_rounded(value: f32) -> u32 {
+        Self::encode(value)
+    }
 }
 
 /// IEEE binary16.
@@ -97,6 +110,23 @@ impl HalfFormat for BFloat16 {
     fn encode(value: f32) -> u32 {
         u32::from(f32_to_bf16_bits(value))
     }
+
+    /// The round trip in five integer operations and a select: round to nearest even on the
+    /// 16 dropped bits (a carry into the exponent is the right result, up to infinity), and
+    /// the canonical quiet NaN for a NaN (whose encoding `decode` leaves as it is).
+    #[inline(always)]
+    fn round(value: f32) -> f32 {
+        let bits = value.to_bits();
+        let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
+        f32::from_bits(if value.is_nan() { 0x7fc0_0000 } else { rounded })
+    }
+
+    /// A rounded value's low 16 bits are zero (the canonical NaN's too): its top half is its
+    /// encoding.
+    #[inline(always)]
+    fn encode_rounded(value: f32) -> u32 {
+        value.to_bits() >> 16
+    }
 }
 
 #[cfg(test)]
@@ -119,6 +149,43 @@ mod tests {
             let want = bf16::from_bits(h).to_f32().to_bits();
             let got = BFloat16::decode(u32::from(h)).to_bits();
             assert_eq!(got, want, "bf16 bits {h:#06x}");
+        }
+    }
+
+    #[test]
+    fn bf16_round_is_the_round_trip_on_every_rounding_case() {
+        // Every sign, exponent and top 7 mantissa bits, with the 16 dropped bits below, at and
+        // around the half-way point (NaNs and infinities included).
+        let lows = [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff];
+        for high in 0..(1u32 << 16) {
+            for &low in &lows {
+                let value = f32::from_bits((high << 16) | low);
+                let want = BFloat16::decode(BFloat16::encode(value)).to_bits();
+                assert_eq!(
+                    BFloat16::round(value).to_bits(),
+                    want,
+                    "f32 bits {:#010x}",
+                    value.to_bits()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn encode_rounded_is_encode_on_every_rounded_value() {
+        for h in 0..=u16::MAX {
+            let bf = BFloat16::round(BFloat16::decode(u32::from(h)));
+            assert_eq!(
+                BFloat16::encode_rounded(bf),
+                BFloat16::encode(bf),
+                "bf16 bits {h:#06x}"
+            );
+            let f = Binary16::round(Binary16::decode(u32::from(h)));
+            assert_eq!(
+                Binary16::encode_rounded(f),
+                Binary16::encode(f),
+                "f16 bits {h:#06x}"
+            );
         }
     }
 

@@ -6,9 +6,10 @@
 //! operation (the same IEEE float32 operations in the same order, each PyTorch tensor
 //! operation's result rounded to the storage format), so the two agree bit for bit; the
 //! reference stays the readable twin every backend is tested against. float32 runs on the
-//! arena's words in place; float16 and bfloat16 are decoded block by block into float32, computed
-//! with the same loops (rounding every tensor operation's result to the format), and encoded
-//! back. float64 arenas, and arenas whose layout is not slot-aligned, run the reference.
+//! arena's words in place; float16 and bfloat16 run the same loops over the arena's 16-bit
+//! elements in place ([`Storage`]): each element is widened to float32 as it is loaded, every
+//! tensor operation's result is rounded to the format, and the rounded value is stored back, in
+//! one pass. float64 arenas, and arenas whose layout is not slot-aligned, run the reference.
 
 use super::half::{BFloat16, Binary16, HalfFormat};
 use super::threads::run_parts;
@@ -21,8 +22,6 @@ use crate::error::Result;
 
 /// Elements per thread below which fewer threads are used (spawning costs more than it saves).
 const MIN_PART_ELEMENTS: usize = 1 << 15;
-/// Elements a 16-bit block decodes at a time (stays in L1 for every array of the kernel).
-const HALF_BLOCK: usize = 512;
 
 /// A run of one (rank, parameter)'s elements inside one part.
 #[derive(Clone, Copy, Debug)]
@@ -192,29 +191,79 @@ pub(super) fn run_best<W: PartWork>(work: W) {
     work.run()
 }
 
-/// Rounding a tensor operation's float32 result to the storage format.
-trait Rounding: Copy {
+// The packed 16-bit arenas are read as `u16` slices: element `2k` is the low half of word `k`.
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "16-bit arenas are read as u16 slices"
+);
+
+/// How the element loops read and write one storage format, and round a tensor operation's
+/// float32 result to it. Every loop computes in float32.
+trait Storage: Copy {
+    /// One element as the arena stores it.
+    type Elem: bytemuck::Pod;
+    /// A tensor operation's float32 result rounded to the format.
     fn r(self, x: f32) -> f32;
+    /// An element, widened to float32 (exact).
+    fn load(self, e: Self::Elem) -> f32;
+    /// A value already rounded by [`r`](Self::r), as the arena stores it (exact).
+    fn store(self, x: f32) -> Self::Elem;
 }
 
 /// float32 storage: the result is already rounded.
 #[derive(Clone, Copy)]
 struct Exact;
-impl Rounding for Exact {
+impl Storage for Exact {
+    type Elem = f32;
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
         x
     }
+    #[inline(always)]
+    fn load(self, e: f32) -> f32 {
+        e
+    }
+    #[inline(always)]
+    fn store(self, x: f32) -> f32 {
+        x
+    }
 }
 
-/// A 16-bit storage format: round to it and widen back.
+/// A 16-bit storage format, read and written in place: decoded on load, rounded after every
+/// tensor operation, encoded on store.
 #[derive(Clone, Copy)]
 struct To<H>(std::marker::PhantomData<H>);
-impl<H: HalfFormat + Copy> Rounding for To<H> {
+impl<H: HalfFormat + Copy> Storage for To<H> {
+    type Elem = u16;
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
-        H::decode(H::encode(x))
+        H::round(x)
     }
+    #[inline(always)]
+    fn load(self, e: u16) -> f32 {
+        H::decode(u32::from(e))
+    }
+    #[inline(always)]
+    fn store(self, x: f32) -> u16 {
+        H::encode_rounded(x) as u16
+    }
+}
+
+/// A segment's elements of a part's words, as the format's elements (empty for an absent
+/// arena).
+#[inline(always)]
+fn rows_mut<'a, T: bytemuck::Pod>(words: &'a mut [u32], seg: &Segment) -> &'a mut [T] {
+    if words.is_empty() {
+        &mut []
+    } else {
+        &mut bytemuck::cast_slice_mut::<u32, T>(words)[seg.first..seg.first + seg.len]
+    }
+}
+
+/// A segment's elements of a part's (read-only) words.
+#[inline(always)]
+fn rows<'a, T: bytemuck::Pod>(words: &'a [u32], seg: &Segment) -> &'a [T] {
+    &bytemuck::cast_slice::<u32, T>(words)[seg.first..seg.first + seg.len]
 }
 
 /// `-g` when maximizing: a sign flip, as `-grad` is.
@@ -240,7 +289,7 @@ struct Sgd {
 impl Sgd {
     /// The constants as the kernel uses them: the scalars of `add(alpha=)` rounded to the
     /// storage format (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
-    fn of<R: Rounding>(s: &SgdScalars, rnd: R) -> Sgd {
+    fn of<S: Storage>(s: &SgdScalars, rnd: S) -> Sgd {
         Sgd {
             flip: if s.maximize { 0x8000_0000 } else { 0 },
             neg_lr: rnd.r(-s.lr as f32),
@@ -256,57 +305,65 @@ impl Sgd {
 /// the product and the sum each rounded to the storage format (the reference's
 /// `kernels::add_scaled`; one product and one sum for float32).
 #[inline(always)]
-fn add_scaled<R: Rounding>(rnd: R, x: f32, alpha: f32, y: f32) -> f32 {
+fn add_scaled<S: Storage>(rnd: S, x: f32, alpha: f32, y: f32) -> f32 {
     rnd.r(x + rnd.r(alpha * y))
 }
 
 /// The SGD update of `sgd_rank` in [`super::kernels`], element by element. `MOM`: 0 no
 /// momentum buffer, 1 first step (the buffer starts as the gradient), 2 a running buffer.
 #[inline(always)]
-fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, R: Rounding>(
+fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
     c: Sgd,
-    rnd: R,
-    p: &mut [f32],
-    g: &[f32],
-    b: &mut [f32],
+    st: S,
+    p: &mut [S::Elem],
+    g: &[S::Elem],
+    b: &mut [S::Elem],
 ) {
-    let r = |x| rnd.r(x);
-    let add = |x, alpha, y| add_scaled(rnd, x, alpha, y);
+    let r = |x| st.r(x);
+    let add = |x, alpha, y| add_scaled(st, x, alpha, y);
     let n = p.len().min(g.len());
     let (p, g) = (&mut p[..n], &g[..n]);
     if MOM == 0 {
         for (p, &g) in p.iter_mut().zip(g) {
-            let mut grad = signed(g, c.flip);
+            let param = st.load(*p);
+            let mut grad = signed(st.load(g), c.flip);
             if WD {
-                grad = add(grad, c.wd, *p);
+                grad = add(grad, c.wd, param);
             }
-            *p = add(*p, c.neg_lr, grad);
+            *p = st.store(add(param, c.neg_lr, grad));
         }
         return;
     }
     let b = &mut b[..n];
     for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
-        let mut grad = signed(g, c.flip);
+        let param = st.load(*p);
+        let mut grad = signed(st.load(g), c.flip);
         if WD {
-            grad = add(grad, c.wd, *p);
+            grad = add(grad, c.wd, param);
         }
         let buf = if MOM == 1 {
             grad
         } else {
-            add(r(*b * c.momentum), c.damp, grad)
+            add(r(st.load(*b) * c.momentum), c.damp, grad)
         };
-        *b = buf;
+        *b = st.store(buf);
         grad = if NESTEROV {
             add(grad, c.momentum_alpha, buf)
         } else {
             buf
         };
-        *p = add(*p, c.neg_lr, grad);
+        *p = st.store(add(param, c.neg_lr, grad));
     }
 }
 
 #[inline(always)]
-fn sgd_dispatch<R: Rounding>(s: &SgdScalars, rnd: R, p: &mut [f32], g: &[f32], b: &mut [f32]) {
+fn sgd_dispatch<S: Storage>(
+    s: &SgdScalars,
+    rnd: S,
+    p: &mut [S::Elem],
+    g: &[S::Elem],
+    b: &mut [S::Elem],
+) {
     let c = Sgd::of(s, rnd);
     let wd = s.weight_decay != 0.0;
     let mom = match (s.momentum != 0.0, s.first_step) {
@@ -316,7 +373,7 @@ fn sgd_dispatch<R: Rounding>(s: &SgdScalars, rnd: R, p: &mut [f32], g: &[f32], b
     };
     macro_rules! go {
         ($wd:literal, $mom:literal, $nest:literal) => {
-            sgd_block::<$wd, $mom, $nest, R>(c, rnd, p, g, b)
+            sgd_block::<$wd, $mom, $nest, S>(c, rnd, p, g, b)
         };
     }
     match (wd, mom, s.nesterov && mom != 0) {
@@ -429,59 +486,22 @@ fn sgd_segment(
     g: &[u32],
     b: &mut [u32],
 ) {
-    let range = seg.first..seg.first + seg.len;
-    match format {
-        StorageFormat::F32 => {
-            let b: &mut [f32] = if b.is_empty() {
-                &mut []
-            } else {
-                &mut bytemuck::cast_slice_mut(b)[range.clone()]
-            };
-            sgd_dispatch(
-                s,
-                Exact,
-                &mut bytemuck::cast_slice_mut(p)[range.clone()],
-                &bytemuck::cast_slice(g)[range],
-                b,
-            );
-        }
-        StorageFormat::F16 => sgd_half::<Binary16>(s, seg, p, g, b),
-        StorageFormat::BF16 => sgd_half::<BFloat16>(s, seg, p, g, b),
-        StorageFormat::F64 => unreachable!("float64 runs the reference"),
+    #[inline(always)]
+    fn go<S: Storage>(
+        st: S,
+        s: &SgdScalars,
+        seg: &Segment,
+        p: &mut [u32],
+        g: &[u32],
+        b: &mut [u32],
+    ) {
+        sgd_dispatch(s, st, rows_mut(p, seg), rows(g, seg), rows_mut(b, seg));
     }
-}
-
-#[inline(always)]
-fn sgd_half<H: HalfFormat + Copy>(
-    s: &SgdScalars,
-    seg: &Segment,
-    p: &mut [u32],
-    g: &[u32],
-    b: &mut [u32],
-) {
-    let rnd = To::<H>(std::marker::PhantomData);
-    let mut fp = [0f32; HALF_BLOCK];
-    let mut fg = [0f32; HALF_BLOCK];
-    let mut fb = [0f32; HALF_BLOCK];
-    let has_buffer = !b.is_empty();
-    // A plain loop, not a closure: the body must be compiled inside `run_best`'s AVX2
-    // function, and a closure would be a separate function LLVM may not inline.
-    let end = seg.first + seg.len;
-    let mut at = seg.first;
-    while at < end {
-        let n = HALF_BLOCK.min(end - at);
-        decode::<H>(p, at, &mut fp[..n]);
-        decode::<H>(g, at, &mut fg[..n]);
-        if has_buffer {
-            decode::<H>(b, at, &mut fb[..n]);
-        }
-        let fbn: &mut [f32] = if has_buffer { &mut fb[..n] } else { &mut [] };
-        sgd_dispatch(s, rnd, &mut fp[..n], &fg[..n], fbn);
-        encode::<H>(&fp[..n], p, at);
-        if has_buffer {
-            encode::<H>(&fb[..n], b, at);
-        }
-        at += n;
+    match format {
+        StorageFormat::F32 => go(Exact, s, seg, p, g, b),
+        StorageFormat::F16 => go(To::<Binary16>(std::marker::PhantomData), s, seg, p, g, b),
+        StorageFormat::BF16 => go(To::<BFloat16>(std::marker::PhantomData), s, seg, p, g, b),
+        StorageFormat::F64 => unreachable!("float64 runs the reference"),
     }
 }
 
@@ -506,7 +526,7 @@ struct Adam {
 impl Adam {
     /// The constants as the kernel uses them (`add(alpha=)`'s scalar and `eps`, which PyTorch
     /// makes a tensor of the parameter's dtype, rounded to the storage format).
-    fn of<R: Rounding>(s: &AdamScalars, rnd: R) -> Adam {
+    fn of<S: Storage>(s: &AdamScalars, rnd: S) -> Adam {
         let w = s.one_minus_beta1 as f32;
         Adam {
             flip: if s.maximize { 0x8000_0000 } else { 0 },
@@ -527,35 +547,35 @@ impl Adam {
 /// 1 L2 (Adam's weight decay), 2 decoupled (AdamW). `UPPER`: `1 - beta1 >= 0.5` (PyTorch's lerp
 /// takes its other formula).
 #[inline(always)]
-fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, R: Rounding>(
+fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, S: Storage>(
     c: Adam,
-    rnd: R,
-    a: AdamRows<'_>,
+    st: S,
+    a: AdamRows<'_, S::Elem>,
 ) {
-    let r = |x| rnd.r(x);
+    let r = |x| st.r(x);
     let n = a.p.len();
     let (g, m, v) = (&a.g[..n], &mut a.m[..n], &mut a.v[..n]);
-    let vmax: &mut [f32] = if AMSGRAD { &mut a.vmax[..n] } else { &mut [] };
+    let vmax: &mut [S::Elem] = if AMSGRAD { &mut a.vmax[..n] } else { &mut [] };
     for i in 0..n {
-        let mut param = a.p[i];
-        let mut grad = signed(g[i], c.flip);
+        let mut param = st.load(a.p[i]);
+        let mut grad = signed(st.load(g[i]), c.flip);
         if DECAY == 2 {
             param = r(param * c.decay);
         } else if DECAY == 1 {
-            grad = add_scaled(rnd, grad, c.wd, param);
+            grad = add_scaled(st, grad, c.wd, param);
         }
-        let m_old = m[i];
+        let m_old = st.load(m[i]);
         let diff = grad - m_old;
         let m_new = if UPPER {
             r(grad - diff * c.one_minus_w)
         } else {
             r(m_old + c.w * diff)
         };
-        m[i] = m_new;
-        let v_new = r(r(v[i] * c.beta2) + (c.one_minus_beta2 * grad) * grad);
-        v[i] = v_new;
+        m[i] = st.store(m_new);
+        let v_new = r(r(st.load(v[i]) * c.beta2) + (c.one_minus_beta2 * grad) * grad);
+        v[i] = st.store(v_new);
         let second = if AMSGRAD {
-            let old = vmax[i];
+            let old = st.load(vmax[i]);
             // torch.maximum propagates NaN.
             let new = if v_new.is_nan() || old.is_nan() {
                 if v_new.is_nan() { v_new } else { old }
@@ -564,7 +584,7 @@ fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, R: Roundi
             } else {
                 old
             };
-            vmax[i] = new;
+            vmax[i] = st.store(new);
             new
         } else {
             v_new
@@ -572,21 +592,21 @@ fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, R: Roundi
         // `(sqrt / bc2).add_(eps)`, then `param.addcdiv_(exp_avg, denom, value=-step_size)`
         // left to right, rounded once.
         let denom = r(r(r(second.sqrt()) / c.bc2) + c.eps);
-        a.p[i] = r(param + c.neg_step * m_new / denom);
+        a.p[i] = st.store(r(param + c.neg_step * m_new / denom));
     }
 }
 
 /// The rows of one Adam segment, as float32.
-struct AdamRows<'a> {
-    p: &'a mut [f32],
-    g: &'a [f32],
-    m: &'a mut [f32],
-    v: &'a mut [f32],
-    vmax: &'a mut [f32],
+struct AdamRows<'a, E> {
+    p: &'a mut [E],
+    g: &'a [E],
+    m: &'a mut [E],
+    v: &'a mut [E],
+    vmax: &'a mut [E],
 }
 
 #[inline(always)]
-fn adam_dispatch<R: Rounding>(s: &AdamScalars, rnd: R, rows: AdamRows<'_>) {
+fn adam_dispatch<S: Storage>(s: &AdamScalars, rnd: S, rows: AdamRows<'_, S::Elem>) {
     let c = Adam::of(s, rnd);
     let decay = if s.decoupled {
         2
@@ -598,7 +618,7 @@ fn adam_dispatch<R: Rounding>(s: &AdamScalars, rnd: R, rows: AdamRows<'_>) {
     let upper = c.w >= 0.5;
     macro_rules! go {
         ($d:literal, $u:literal, $a:literal) => {
-            adam_block::<$d, $u, $a, R>(c, rnd, rows)
+            adam_block::<$d, $u, $a, S>(c, rnd, rows)
         };
     }
     match (decay, upper, s.amsgrad) {
@@ -713,110 +733,31 @@ fn adam_segment(
     format: StorageFormat,
     s: &AdamScalars,
     seg: &Segment,
-    [p, m, v, x]: [&mut [u32]; 4],
+    arrays: [&mut [u32]; 4],
     g: &[u32],
 ) {
-    let range = seg.first..seg.first + seg.len;
-    match format {
-        StorageFormat::F32 => {
-            let rows = AdamRows {
-                p: f32_rows(p, seg),
-                g: &bytemuck::cast_slice(g)[range],
-                m: f32_rows(m, seg),
-                v: f32_rows(v, seg),
-                vmax: f32_rows(x, seg),
-            };
-            adam_dispatch(s, Exact, rows);
-        }
-        StorageFormat::F16 => adam_half::<Binary16>(s, seg, [p, m, v, x], g),
-        StorageFormat::BF16 => adam_half::<BFloat16>(s, seg, [p, m, v, x], g),
-        StorageFormat::F64 => unreachable!("float64 runs the reference"),
-    }
-}
-
-/// A segment's float32 elements of a part's words (empty for an absent arena).
-#[inline(always)]
-fn f32_rows<'a>(words: &'a mut [u32], seg: &Segment) -> &'a mut [f32] {
-    if words.is_empty() {
-        &mut []
-    } else {
-        &mut bytemuck::cast_slice_mut::<u32, f32>(words)[seg.first..seg.first + seg.len]
-    }
-}
-
-#[inline(always)]
-fn adam_half<H: HalfFormat + Copy>(
-    s: &AdamScalars,
-    seg: &Segment,
-    [p, m, v, x]: [&mut [u32]; 4],
-    g: &[u32],
-) {
-    let rnd = To::<H>(std::marker::PhantomData);
-    let mut buf = [[0f32; HALF_BLOCK]; 5];
-    let has_max = !x.is_empty();
-    // A plain loop, not a closure: the body must be compiled inside `run_best`'s AVX2
-    // function, and a closure would be a separate function LLVM may not inline.
-    let end = seg.first + seg.len;
-    let mut at = seg.first;
-    while at < end {
-        let n = HALF_BLOCK.min(end - at);
-        let [fp, fg, fm, fv, fx] = &mut buf;
-        decode::<H>(p, at, &mut fp[..n]);
-        decode::<H>(g, at, &mut fg[..n]);
-        decode::<H>(m, at, &mut fm[..n]);
-        decode::<H>(v, at, &mut fv[..n]);
-        if has_max {
-            decode::<H>(x, at, &mut fx[..n]);
-        }
+    #[inline(always)]
+    fn go<S: Storage>(
+        st: S,
+        s: &AdamScalars,
+        seg: &Segment,
+        [p, m, v, x]: [&mut [u32]; 4],
+        g: &[u32],
+    ) {
         let rows = AdamRows {
-            p: &mut fp[..n],
-            g: &fg[..n],
-            m: &mut fm[..n],
-            v: &mut fv[..n],
-            vmax: if has_max { &mut fx[..n] } else { &mut [] },
+            p: rows_mut(p, seg),
+            g: rows(g, seg),
+            m: rows_mut(m, seg),
+            v: rows_mut(v, seg),
+            vmax: rows_mut(x, seg),
         };
-        adam_dispatch(s, rnd, rows);
-        encode::<H>(&fp[..n], p, at);
-        encode::<H>(&fm[..n], m, at);
-        encode::<H>(&fv[..n], v, at);
-        if has_max {
-            encode::<H>(&fx[..n], x, at);
-        }
-        at += n;
+        adam_dispatch(s, st, rows);
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// 16-bit blocks.
-
-/// Decodes elements `first..first + out.len()` (`first` even) of a packed 16-bit slice.
-#[inline(always)]
-fn decode<H: HalfFormat>(words: &[u32], first: usize, out: &mut [f32]) {
-    let n = out.len();
-    let pairs = n / 2;
-    let src = &words[first / 2..first / 2 + n.div_ceil(2)];
-    for (pair, &w) in out.chunks_exact_mut(2).zip(&src[..pairs]) {
-        pair[0] = H::decode(w & 0xffff);
-        pair[1] = H::decode(w >> 16);
-    }
-    if n % 2 == 1 {
-        out[n - 1] = H::decode(src[pairs] & 0xffff);
-    }
-}
-
-/// Encodes `values` into elements `first..` (`first` even) of a packed 16-bit slice; the other
-/// half of a last, half-covered word is kept.
-#[inline(always)]
-fn encode<H: HalfFormat>(values: &[f32], words: &mut [u32], first: usize) {
-    let n = values.len();
-    let dst = &mut words[first / 2..(first + n).div_ceil(2)];
-    let full = n / 2;
-    for (w, pair) in dst[..full].iter_mut().zip(values.chunks_exact(2)) {
-        *w = H::encode(pair[0]) | (H::encode(pair[1]) << 16);
-    }
-    if n % 2 == 1 {
-        let w = &mut dst[full];
-        *w = (*w & 0xffff_0000) | H::encode(values[n - 1]);
+    match format {
+        StorageFormat::F32 => go(Exact, s, seg, arrays, g),
+        StorageFormat::F16 => go(To::<Binary16>(std::marker::PhantomData), s, seg, arrays, g),
+        StorageFormat::BF16 => go(To::<BFloat16>(std::marker::PhantomData), s, seg, arrays, g),
+        StorageFormat::F64 => unreachable!("float64 runs the reference"),
     }
 }
 
