@@ -40,7 +40,7 @@ impl HalfFormat for Binary16 {
         // Normal: rebias the exponent (15 -> 127).
         let normal = (magnitude << 13) + 0x3800_0000;
         // Zero or subnormal: mantissa · 2^-24, exact in f32.
-        let subnormal = (magnitude as f32 * 5.960_464_5e-8).to_bits();
+        let subnormal = (magnitude as i32 as f32 * 5.960_464_5e-8).to_bits(); // i32: one vector conversion
         // Infinity or NaN.
         let quiet = if mantissa != 0 { 0x0040_0000 } else { 0 };
         let special = 0x7f80_0000 | (mantissa << 13) | quiet;
@@ -89,6 +89,34 @@ impl HalfFormat for Binary16 {
             normal
         };
         half | sign
+    }
+
+    /// The round trip without leaving float32: round to nearest even on the 13 dropped bits in
+    /// the normal range (65520 and above become infinity), to the subnormal grid of 2^-24 by
+    /// adding and taking away 0.5 below 2^-14, NaN to the signed quiet NaN `decode` gives for
+    /// `0x7e00`.
+    #[inline(always)]
+    fn round(value: f32) -> f32 {
+        const MIN_NORMAL: u32 = 113 << 23; // 2^-14
+        const OVERFLOW: u32 = 0x4780_0000; // 65536, where 65520 and above round to
+        let bits = value.to_bits();
+        let sign = bits & 0x8000_0000;
+        let magnitude = bits & 0x7fff_ffff;
+        let normal = magnitude.wrapping_add(0xfff + ((magnitude >> 13) & 1)) & 0xffff_e000;
+        let normal = if normal >= OVERFLOW {
+            0x7f80_0000
+        } else {
+            normal
+        };
+        let subnormal = ((f32::from_bits(magnitude) + 0.5) - 0.5).to_bits();
+        let out = if magnitude > 0x7f80_0000 {
+            0x7fc0_0000
+        } else if magnitude < MIN_NORMAL {
+            subnormal
+        } else {
+            normal
+        };
+        f32::from_bits(out | sign)
     }
 }
 
@@ -186,6 +214,25 @@ mod tests {
                 Binary16::encode(f),
                 "f16 bits {h:#06x}"
             );
+        }
+    }
+
+    #[test]
+    fn f16_round_is_the_round_trip_on_every_rounding_case() {
+        let lows = [
+            0u32, 1, 0x7ff, 0xfff, 0x1000, 0x1001, 0x17ff, 0x1800, 0x1fff,
+        ];
+        for high in 0..(1u32 << 19) {
+            for &low in &lows {
+                let value = f32::from_bits((high << 13) | low);
+                let want = Binary16::decode(Binary16::encode(value)).to_bits();
+                assert_eq!(
+                    Binary16::round(value).to_bits(),
+                    want,
+                    "f32 bits {:#010x}",
+                    value.to_bits()
+                );
+            }
         }
     }
 
