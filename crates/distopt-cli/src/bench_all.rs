@@ -25,6 +25,14 @@ const STEPS: [(usize, &str, &str); 8] = [
     (8, "2^22", "float16"),
 ];
 
+/// The optimizer configurations of the report (R = 8, N = 2^22): dtype, parameter count.
+const OPTIM: [(&str, &str); 4] = [
+    ("float32", "1"),
+    ("float32", "1000"),
+    ("bfloat16", "1"),
+    ("bfloat16", "1000"),
+];
+
 fn elements(text: &str) -> usize {
     text.strip_prefix("2^")
         .and_then(|e| e.parse::<u32>().ok())
@@ -96,7 +104,12 @@ pub fn run(args: BenchAllArgs) -> Result<(), Error> {
     let repeats = args.repeats.to_string();
     let json_out = args.json;
     // The step's rows, optim's two and average's one: a child process each.
-    let progress = crate::progress::bar("bench all", STEPS.len() as u64 + 3, "runs", true);
+    let progress = crate::progress::bar(
+        "bench all",
+        (STEPS.len() + OPTIM.len() + 1) as u64,
+        "runs",
+        true,
+    );
     let peers = peers_dir();
     let mut steps = Vec::new();
     for (ranks, n, dtype) in STEPS {
@@ -144,10 +157,12 @@ pub fn run(args: BenchAllArgs) -> Result<(), Error> {
         }));
     }
     let mut optim = Vec::new();
-    for params in ["1", "1000"] {
+    for (dtype, params) in OPTIM {
         let ours = run_self(&[
             "bench",
             "optim",
+            "--dtype",
+            dtype,
             "--params",
             params,
             "--backend",
@@ -167,6 +182,8 @@ pub fn run(args: BenchAllArgs) -> Result<(), Error> {
                     (1usize << 22).to_string(),
                     "--params".into(),
                     params.into(),
+                    "--dtype".into(),
+                    dtype.into(),
                 ],
             )?),
             None => None,
@@ -180,7 +197,7 @@ pub fn run(args: BenchAllArgs) -> Result<(), Error> {
             };
             let peer_gbps = peer.as_ref().and_then(|p| p[key].as_f64());
             optim.push(json!({
-                "kernel": row["kernel"], "params": row["params"], "gbps": row["gbps"],
+                "kernel": row["kernel"], "params": row["params"], "dtype": dtype, "gbps": row["gbps"],
                 "roofline_gbps": row["roofline_gbps"], "ratio_to_roofline": row["ratio_to_roofline"],
                 "torch_best_gbps": peer_gbps, "vs_torch": ratio(row["gbps"].as_f64(), peer_gbps),
             }));
@@ -264,15 +281,16 @@ fn table(report: &Value) -> String {
     }
     let _ = writeln!(
         out,
-        "\noptimizers, R = 8, N = 2^22 float32\n{:<14} {:>6} {:>8} {:>9} {:>8} {:>9} {:>9}",
-        "kernel", "params", "GB/s", "roofline", "vs roof", "torch", "vs torch"
+        "\noptimizers, R = 8, N = 2^22\n{:<14} {:>6} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9}",
+        "kernel", "params", "dtype", "GB/s", "roofline", "vs roof", "torch", "vs torch"
     );
     for r in report["optim"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
-            "{:<14} {:>6} {:>8} {:>9} {:>8} {:>9} {:>9}",
+            "{:<14} {:>6} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9}",
             r["kernel"].as_str().unwrap_or_default(),
             r["params"],
+            r["dtype"].as_str().unwrap_or_default(),
             num(&r["gbps"]),
             num(&r["roofline_gbps"]),
             num(&r["ratio_to_roofline"]),
