@@ -86,8 +86,9 @@ fn run_peer(python: &Path, script: &Path, args: &[String]) -> Result<Value, Erro
     last_json_line(&out.stdout, &script.display().to_string())
 }
 
+/// The repository's `bench/peers/` (this crate lives in `crates/distopt-cli/`).
 fn peers_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/peers")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/peers")
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Value {
