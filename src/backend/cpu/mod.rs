@@ -4,7 +4,7 @@
 //!
 //! - `host_words`: host arenas (staggered starts, budget reservations);
 //! - `threads`: splitting work into element ranges and running the parts;
-//! - `half`: exact, branch-free 16-bit conversions;
+//! - `half`: exact, branch-free 16-bit conversions and round trips;
 //! - `step`: the data-parallel SGD step over arenas;
 //! - `optim`: SGD, Adam and averaging over arenas;
 //! - `host_step`: the step straight from host tensors;
