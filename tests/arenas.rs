@@ -3,15 +3,11 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use distopt::{Backend, CpuBackend, ErrorKind, StorageFormat};
+use distopt::{ErrorKind, StorageFormat};
 
 #[test]
 fn misaligned_16_bit_accesses_are_value_errors() {
-    let mut backends: Vec<Arc<dyn Backend>> = vec![Arc::new(CpuBackend::new())];
-    backends.extend(common::gpu_backend());
-    for backend in backends {
+    for backend in common::backends() {
         let f = StorageFormat::F16;
         let mut arena = backend.create_arena(f, 2, 64, 64).unwrap();
         let words: Vec<u32> = (0..32).collect();
@@ -43,9 +39,7 @@ fn misaligned_16_bit_accesses_are_value_errors() {
 #[test]
 fn optimizer_state_a_step_needs_is_checked_on_both_backends() {
     use distopt::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
-    let mut backends: Vec<Arc<dyn Backend>> = vec![Arc::new(CpuBackend::new())];
-    backends.extend(common::gpu_backend());
-    for backend in backends {
+    for backend in common::backends() {
         let f = StorageFormat::F32;
         let arena = || backend.create_arena(f, 1, 64, 64).unwrap();
         let (mut params, grads) = (arena(), arena());

@@ -13,11 +13,6 @@ use distopt::replicas::{Replicas, Values};
 use distopt::zero::{ZeroOptions, ZeroRedundancyOptimizer};
 use distopt::{Backend, CpuBackend, DType, StorageFormat, Tensor};
 
-fn backends() -> Vec<Arc<dyn Backend>> {
-    let mut all: Vec<Arc<dyn Backend>> = vec![Arc::new(CpuBackend::new())];
-    all.extend(common::gpu_backend());
-    all
-}
 use serde_json::json;
 
 /// Two ranks of a model whose first parameter is float32 (frozen here) and whose other two
@@ -51,7 +46,7 @@ fn values(m: &Replicas) -> Vec<Vec<Vec<f64>>> {
 
 #[test]
 fn zero_over_the_float64_parameters_of_a_model_that_also_holds_float32() {
-    for backend in backends() {
+    for backend in common::backends() {
         zero_over_float64(backend);
     }
 }
@@ -107,7 +102,7 @@ fn zero_over_float64(backend: Arc<dyn Backend>) {
 
 #[test]
 fn buckets_and_places_describe_the_layout() {
-    for backend in backends() {
+    for backend in common::backends() {
         let m = mixed(backend);
         let formats: Vec<StorageFormat> = m.buckets().iter().map(|b| b.format()).collect();
         assert_eq!(formats, vec![StorageFormat::F32, StorageFormat::F64]);
@@ -129,7 +124,7 @@ fn buckets_and_places_describe_the_layout() {
 
 #[test]
 fn the_masked_all_reduce_averages_only_the_selected_parameters() {
-    for backend in backends() {
+    for backend in common::backends() {
         let mut m = mixed(backend);
         let world = SimulatedWorld::new(2).unwrap();
         // Rank 1's parameter 2 differs; parameter 1 is not selected although it differs too.
@@ -181,7 +176,7 @@ fn the_masked_all_reduce_averages_only_the_selected_parameters() {
 
 #[test]
 fn copies_between_replicas_move_one_rank_s_values_and_check_dtypes() {
-    for backend in backends() {
+    for backend in common::backends() {
         let src = mixed(backend.clone());
         let mut dst = Replicas::replicate(
             backend,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use distopt::json::tensor_from_json;
-use distopt::{Backend, DType, Error, GpuBackend, Tensor};
+use distopt::{Backend, CpuBackend, DType, Error, GpuBackend, Tensor};
 use serde_json::Value;
 
 /// One golden case file.
@@ -265,6 +265,14 @@ pub fn gpu_backend() -> Option<Arc<dyn Backend>> {
         }
         Err(err) => panic!("no GPU adapter: {err} (set DISTOPT_ALLOW_NO_GPU=1 to skip GPU tests)"),
     }
+}
+
+/// The CPU backend, then the GPU backend where [`gpu_backend`] gives one: what a test that
+/// must hold on both backends runs over.
+pub fn backends() -> Vec<Arc<dyn Backend>> {
+    let mut all: Vec<Arc<dyn Backend>> = vec![Arc::new(CpuBackend::new())];
+    all.extend(gpu_backend());
+    all
 }
 
 /// A GPU backend opened with `options` (for example tiny bindings that force chunking), or

@@ -180,23 +180,28 @@ mod tests {
         }
     }
 
-    #[test]
-    fn bf16_round_is_the_round_trip_on_every_rounding_case() {
-        // Every sign, exponent and top 7 mantissa bits, with the 16 dropped bits below, at and
-        // around the half-way point (NaNs and infinities included).
-        let lows = [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff];
-        for high in 0..(1u32 << 16) {
-            for &low in &lows {
-                let value = f32::from_bits((high << 16) | low);
-                let want = BFloat16::decode(BFloat16::encode(value)).to_bits();
+    /// `H::round` against `decode(encode())` on every f32 whose bits above `dropped` take
+    /// every value and whose low `dropped` bits take each of `lows`.
+    fn round_is_the_round_trip<H: HalfFormat>(dropped: u32, lows: &[u32]) {
+        for high in 0..(1u32 << (32 - dropped)) {
+            for &low in lows {
+                let value = f32::from_bits((high << dropped) | low);
+                let want = H::decode(H::encode(value)).to_bits();
                 assert_eq!(
-                    BFloat16::round(value).to_bits(),
+                    H::round(value).to_bits(),
                     want,
                     "f32 bits {:#010x}",
                     value.to_bits()
                 );
             }
         }
+    }
+
+    #[test]
+    fn bf16_round_is_the_round_trip_on_every_rounding_case() {
+        // Every sign, exponent and top 7 mantissa bits, with the 16 dropped bits below, at and
+        // around the half-way point (NaNs and infinities included).
+        round_is_the_round_trip::<BFloat16>(16, &[0, 1, 0x7fff, 0x8000, 0x8001, 0xffff]);
     }
 
     #[test]
@@ -219,21 +224,12 @@ mod tests {
 
     #[test]
     fn f16_round_is_the_round_trip_on_every_rounding_case() {
-        let lows = [
-            0u32, 1, 0x7ff, 0xfff, 0x1000, 0x1001, 0x17ff, 0x1800, 0x1fff,
-        ];
-        for high in 0..(1u32 << 19) {
-            for &low in &lows {
-                let value = f32::from_bits((high << 13) | low);
-                let want = Binary16::decode(Binary16::encode(value)).to_bits();
-                assert_eq!(
-                    Binary16::round(value).to_bits(),
-                    want,
-                    "f32 bits {:#010x}",
-                    value.to_bits()
-                );
-            }
-        }
+        // Every sign, exponent and top 10 mantissa bits, with the 13 dropped bits below, at and
+        // around the half-way point (every subnormal grid's half-way points lie in the top bits).
+        round_is_the_round_trip::<Binary16>(
+            13,
+            &[0, 1, 0x7ff, 0xfff, 0x1000, 0x1001, 0x17ff, 0x1800, 0x1fff],
+        );
     }
 
     #[test]
