@@ -403,6 +403,11 @@ export interface SGDOptions {
   /** Accepted and recorded in the state dict, as PyTorch does. */
   foreach?: boolean | null;
   differentiable?: boolean;
+  /**
+   * PyTorch's fused update (default null, which is false): a float16/bfloat16 parameter's
+   * update is computed in float32 and rounded once per stored tensor, as PyTorch's fused
+   * kernel does. With `foreach: true` or `differentiable: true` it is PyTorch's `RuntimeError`.
+   */
   fused?: boolean | null;
 }
 
@@ -423,6 +428,7 @@ export interface AdamOptions {
   foreach?: boolean | null;
   capturable?: boolean;
   differentiable?: boolean;
+  /** PyTorch's fused update: as in `SgdOptions.fused`. */
   fused?: boolean | null;
   decoupled_weight_decay?: boolean;
 }

@@ -1,6 +1,7 @@
 // torch.optim.Adam / AdamW's single-tensor step over every rank and parameter of an arena
 // chunk. The host precomputes each (rank, parameter)'s bias corrections from its own step
-// count. Every tensor operation's result is rounded to the storage format (FORMAT).
+// count. Every tensor operation's result is rounded to the storage format (FORMAT); with the
+// FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored.
 
 override FORMAT: u32 = 0u;
 
@@ -8,6 +9,7 @@ const ACTIVE: u32 = 1u;
 const MAXIMIZE: u32 = 2u;
 const AMSGRAD: u32 = 4u;
 const DECOUPLED: u32 = 8u;
+const FUSED: u32 = 16u;
 
 struct AdamScalars {
     flags: u32,
@@ -35,7 +37,13 @@ struct AdamScalars {
 // The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
 // side of the contract (src/backend/gpu/contract.rs).
 
+// Set per invocation: a fused update (PyTorch's `fused=True`) rounds only when it stores.
+var<private> fused: bool;
+
 fn r(x: vec4<f32>) -> vec4<f32> {
+    if (FORMAT == FORMAT_F32 || fused) {
+        return x;
+    }
     return round4(FORMAT, x);
 }
 
@@ -113,6 +121,7 @@ fn main(id: Invocation) {
     if ((s.flags & ACTIVE) == 0u) {
         return;
     }
+    fused = (s.flags & FUSED) != 0u;
     let base = rank * geometry.rank_quads;
     let p = load_params(base, octet);
     let g = load_grads(base, octet);

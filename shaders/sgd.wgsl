@@ -1,6 +1,6 @@
 // torch.optim.SGD's single-tensor step over every rank and parameter of an arena chunk.
 // Every tensor operation's result is rounded to the storage format (FORMAT); the arithmetic
-// is float32. A parameter without a gradient on a rank (flags bit 0 clear) is skipped.
+// is float32. With the FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored. A parameter without a gradient on a rank (flags bit 0 clear) is skipped.
 
 override FORMAT: u32 = 0u;
 
@@ -8,6 +8,7 @@ const ACTIVE: u32 = 1u;
 const FIRST_STEP: u32 = 2u;
 const NESTEROV: u32 = 4u;
 const MAXIMIZE: u32 = 8u;
+const FUSED: u32 = 16u;
 
 struct SgdScalars {
     flags: u32,
@@ -29,7 +30,13 @@ struct SgdScalars {
 // The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
 // side of the contract (src/backend/gpu/contract.rs).
 
+// Set per invocation: a fused update (PyTorch's `fused=True`) rounds only when it stores.
+var<private> fused: bool;
+
 fn r(x: vec4<f32>) -> vec4<f32> {
+    if (FORMAT == FORMAT_F32 || fused) {
+        return x;
+    }
     return round4(FORMAT, x);
 }
 
@@ -78,6 +85,7 @@ fn main(id: Invocation) {
     if ((s.flags & ACTIVE) == 0u) {
         return;
     }
+    fused = (s.flags & FUSED) != 0u;
     let base = rank * geometry.rank_quads;
     let p = load_params(base, octet);
     let g = load_grads(base, octet);

@@ -1,4 +1,5 @@
-//! The golden runner: every case in `tests/golden/` (and in `$DISTOPT_GOLDEN_DIR` when set),
+//! The golden runner: every case in `tests/golden/`, in `tests/torch-cases/` (the project's own
+//! cases, made by real PyTorch with `scripts/torch-cases.py`) and in `$DISTOPT_GOLDEN_DIR` when set,
 //! on the CPU backend and on the GPU backend, compared with PyTorch's outputs. Prints one line
 //! per kind and backend. Nothing is dropped silently: a file that is not a valid case (its
 //! `name` not its file name, say), a kind without a runner, or fewer cases run per kind and

@@ -85,33 +85,38 @@ fn run(gpu: Arc<dyn Backend>, label: &str) {
     for dtype in [DType::Float32, DType::Float16, DType::BFloat16] {
         let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
         let (mut g, mut c) = (model(gpu.clone(), dtype, 1), model(cpu.clone(), dtype, 1));
-        let options = SgdOptions::default()
-            .with_lr(0.1)
-            .with_momentum(0.9)
-            .with_weight_decay(0.01)
-            .with_nesterov(true);
-        let (mut sg, mut sc) = (
-            Sgd::new(&g, options.clone()).unwrap(),
-            Sgd::new(&c, options).unwrap(),
-        );
-        for _ in 0..3 {
-            sg.step(&mut g).unwrap();
-            sc.step(&mut c).unwrap();
+        // PyTorch's default single-tensor arithmetic, then its fused one (`fused=True`).
+        for fused in [false, true] {
+            let options = SgdOptions::default()
+                .with_lr(0.1)
+                .with_momentum(0.9)
+                .with_weight_decay(0.01)
+                .with_nesterov(true)
+                .with_fused(fused);
+            let (mut sg, mut sc) = (
+                Sgd::new(&g, options.clone()).unwrap(),
+                Sgd::new(&c, options).unwrap(),
+            );
+            for _ in 0..3 {
+                sg.step(&mut g).unwrap();
+                sc.step(&mut c).unwrap();
+            }
+            assert_close(&g, &c, &format!("{label} SGD {dtype} fused {fused}"));
+            let adam = AdamWOptions::default()
+                .with_lr(0.01)
+                .with_weight_decay(0.1)
+                .with_amsgrad(true)
+                .with_fused(fused);
+            let (mut ag, mut ac) = (
+                Adam::adamw(&g, adam.clone()).unwrap(),
+                Adam::adamw(&c, adam).unwrap(),
+            );
+            for _ in 0..3 {
+                ag.step(&mut g).unwrap();
+                ac.step(&mut c).unwrap();
+            }
+            assert_close(&g, &c, &format!("{label} AdamW {dtype} fused {fused}"));
         }
-        assert_close(&g, &c, &format!("{label} SGD {dtype}"));
-        let adam = AdamWOptions::default()
-            .with_lr(0.01)
-            .with_weight_decay(0.1)
-            .with_amsgrad(true);
-        let (mut ag, mut ac) = (
-            Adam::adamw(&g, adam.clone()).unwrap(),
-            Adam::adamw(&c, adam).unwrap(),
-        );
-        for _ in 0..3 {
-            ag.step(&mut g).unwrap();
-            ac.step(&mut c).unwrap();
-        }
-        assert_close(&g, &c, &format!("{label} AdamW {dtype}"));
         let world = SimulatedWorld::new(RANKS).unwrap();
         for size in [2, 4] {
             average_parameters(

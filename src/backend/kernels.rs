@@ -8,6 +8,14 @@
 //! primitive in `f64` and rounds it; for one IEEE operation that equals computing it in the
 //! narrower format directly. PyTorch's `add(alpha=)` on float16/bfloat16 also rounds its
 //! scalar and its product to the format (see `add_scaled`).
+//!
+//! With PyTorch's `fused=True` (`SgdScalars::fused`, `AdamScalars::fused`) the same formulas
+//! are computed without the per-operation rounding: every intermediate stays in the compute
+//! precision and a value is rounded to the storage format once, when it is stored (what
+//! PyTorch's fused CPU kernels do with their float32 "opmath"). For float32 and float64 storage
+//! the two agree; they differ for float16 and bfloat16. PyTorch's fused kernels contract some
+//! products and sums into FMAs; these kernels do not, so they may differ from it in the last
+//! float32 bit of an intermediate (the golden tolerances cover that).
 
 use super::{Arena, ArenaStorage};
 use crate::dtype::StorageFormat;
@@ -46,6 +54,10 @@ pub struct SgdScalars {
     pub one_minus_dampening: f64,
     /// L2 penalty.
     pub weight_decay: f64,
+    /// PyTorch's `fused=True`: the update is computed in the compute precision (float32 for
+    /// 16-bit formats) and rounded to the storage format only when a tensor is stored, instead
+    /// of after every tensor operation (see the module's arithmetic model).
+    pub fused: bool,
 }
 
 /// One Adam/AdamW update's settings for one (rank, parameter); the host precomputes the bias
@@ -76,6 +88,9 @@ pub struct AdamScalars {
     pub bias_correction2_sqrt: f64,
     /// `eps`.
     pub eps: f64,
+    /// PyTorch's `fused=True`: rounded to the storage format only when stored (see
+    /// [`SgdScalars::fused`]).
+    pub fused: bool,
 }
 
 pub(crate) fn host_words(arena: &Arena) -> Result<&[u32]> {
@@ -406,6 +421,12 @@ fn add_scaled<T: Real>(format: StorageFormat, x: T, alpha: T, y: T) -> T {
     r(x + r(r(alpha) * y))
 }
 
+/// The format each tensor operation's result is rounded to: the storage format, or, for a
+/// fused update, none (float32's rounding is the compute precision's, the identity).
+fn rounding_format(format: StorageFormat, fused: bool) -> StorageFormat {
+    if fused { StorageFormat::F32 } else { format }
+}
+
 fn sgd_rank<T: Real>(
     format: StorageFormat,
     p: &mut [u32],
@@ -415,13 +436,14 @@ fn sgd_rank<T: Real>(
     table: &[SgdScalars],
     len: usize,
 ) {
-    let r = |x: T| T::round(format, x);
-    // `x.add(y, alpha=a)` (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
-    let add = |x: T, alpha: T, y: T| add_scaled(format, x, alpha, y);
     for (j, s) in table.iter().enumerate() {
         if !s.active {
             continue;
         }
+        let rounding = rounding_format(format, s.fused);
+        let r = |x: T| T::round(rounding, x);
+        // `x.add(y, alpha=a)` (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
+        let add = |x: T, alpha: T, y: T| add_scaled(rounding, x, alpha, y);
         let start = starts.0[j] as usize;
         let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
         let (lr, wd, mom, damp) = (
@@ -620,11 +642,12 @@ fn adam_rank<T: Real>(
         v,
         mut vmax,
     } = slices;
-    let r = |x: T| T::round(format, x);
     for (j, s) in table.iter().enumerate() {
         if !s.active {
             continue;
         }
+        let rounding = rounding_format(format, s.fused);
+        let r = |x: T| T::round(rounding, x);
         let start = starts.0[j] as usize;
         let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
         let w = T::scalar(s.one_minus_beta1);
@@ -644,7 +667,7 @@ fn adam_rank<T: Real>(
             if s.decoupled {
                 param = r(param * decay);
             } else if s.weight_decay != 0.0 {
-                grad = add_scaled(format, grad, wd, param);
+                grad = add_scaled(rounding, grad, wd, param);
             }
             // exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two-sided lerp formula.
             let m_old = T::load(format, m, i);
@@ -675,7 +698,7 @@ fn adam_rank<T: Real>(
                 _ => v_new,
             };
             // `(sqrt / bc2).add_(eps)`: `eps` becomes a tensor of the parameter's dtype first.
-            let denom = add_scaled(format, r(r(second.sqrt()) / bc2), T::ONE, eps);
+            let denom = add_scaled(rounding, r(r(second.sqrt()) / bc2), T::ONE, eps);
             // `param.addcdiv_(exp_avg, denom, value=-step_size)`: `p + value * m / d`, left to
             // right, in the compute precision, rounded once.
             T::store(format, p, i, r(param + neg_step * m_new / denom));

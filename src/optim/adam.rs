@@ -35,6 +35,11 @@ pub struct AdamOptions {
     pub maximize: bool,
     /// Decoupled weight decay, as AdamW (default false; always true in an `AdamW`).
     pub decoupled_weight_decay: bool,
+    /// PyTorch's `fused=True` (default false, printed as PyTorch's `None`): the update is
+    /// computed in float32 and rounded to a 16-bit parameter's format once per stored tensor,
+    /// as PyTorch's fused kernel does, instead of after every tensor operation. The same
+    /// results for float32 and float64 parameters.
+    pub fused: bool,
 }
 
 impl Default for AdamOptions {
@@ -47,6 +52,7 @@ impl Default for AdamOptions {
             amsgrad: false,
             maximize: false,
             decoupled_weight_decay: false,
+            fused: false,
         }
     }
 }
@@ -68,6 +74,11 @@ pub struct AdamWOptions {
     pub amsgrad: bool,
     /// Maximize the objective (default false).
     pub maximize: bool,
+    /// PyTorch's `fused=True` (default false, printed as PyTorch's `None`): the update is
+    /// computed in float32 and rounded to a 16-bit parameter's format once per stored tensor,
+    /// as PyTorch's fused kernel does, instead of after every tensor operation. The same
+    /// results for float32 and float64 parameters.
+    pub fused: bool,
 }
 
 impl Default for AdamWOptions {
@@ -79,6 +90,7 @@ impl Default for AdamWOptions {
             weight_decay: 1e-2,
             amsgrad: false,
             maximize: false,
+            fused: false,
         }
     }
 }
@@ -121,6 +133,12 @@ macro_rules! adam_builders {
                 self.maximize = maximize;
                 self
             }
+
+            /// With or without PyTorch's fused update (`fused=True`).
+            pub fn with_fused(mut self, fused: bool) -> Self {
+                self.fused = fused;
+                self
+            }
         }
     };
 }
@@ -137,7 +155,7 @@ impl AdamOptions {
 
     /// The options by PyTorch's keyword names.
     pub fn to_map(&self) -> OptionMap {
-        options::map(&[
+        let mut map = options::map(&[
             ("lr", options::float_json(self.lr)),
             (
                 "betas",
@@ -151,7 +169,12 @@ impl AdamOptions {
             ("amsgrad", json!(self.amsgrad)),
             ("maximize", json!(self.maximize)),
             ("decoupled_weight_decay", json!(self.decoupled_weight_decay)),
-        ])
+        ]);
+        if self.fused {
+            // Only when set: PyTorch prints the default as `None`.
+            map.insert("fused".into(), json!(true));
+        }
+        map
     }
 }
 
@@ -175,6 +198,7 @@ impl From<AdamWOptions> for AdamOptions {
             amsgrad: o.amsgrad,
             maximize: o.maximize,
             decoupled_weight_decay: true,
+            fused: o.fused,
         }
     }
 }
@@ -206,6 +230,7 @@ impl GroupOptions for AdamOptions {
             amsgrad: options::flag(map, "amsgrad")?,
             maximize: options::flag(map, "maximize")?,
             decoupled_weight_decay: options::flag(map, "decoupled_weight_decay")?,
+            fused: options::flag(map, "fused")?,
         })
     }
 
@@ -372,6 +397,7 @@ impl Algorithm for AdamAlgorithm {
                         step_size: o.lr / bias_correction1,
                         bias_correction2_sqrt: bias_correction2.powf(0.5),
                         eps: o.eps,
+                        fused: o.fused,
                     };
                     amsgrad |= o.amsgrad;
                 }

@@ -63,6 +63,26 @@ pub(crate) fn merge(class: &str, defaults: &OptionMap, given: &OptionMap) -> Res
     Ok(merged)
 }
 
+/// The checks PyTorch's SGD and Adam constructors make of `fused=True` once the parameter
+/// groups are in place, in their order.
+///
+/// # Errors
+/// PyTorch's `RuntimeError`s: `fused` with `differentiable`, or with `foreach`.
+pub(crate) fn check_fused(defaults: &OptionMap) -> Result<()> {
+    if !flag(defaults, "fused")? {
+        return Ok(());
+    }
+    if flag(defaults, "differentiable")? {
+        return Err(Error::runtime("`fused` does not support `differentiable`"));
+    }
+    if flag(defaults, "foreach")? {
+        return Err(Error::runtime(
+            "`fused` and `foreach` cannot be `True` together.",
+        ));
+    }
+    Ok(())
+}
+
 /// A float option: a JSON number, or `"nan"`, `"inf"`, `"-inf"` (how distopt writes
 /// non-finite floats in JSON; see [`crate::json::number_to_json`]), or a boolean (Python's
 /// `True == 1`).

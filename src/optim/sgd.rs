@@ -29,6 +29,11 @@ pub struct SgdOptions {
     pub nesterov: bool,
     /// Maximize the objective (default false).
     pub maximize: bool,
+    /// PyTorch's `fused=True` (default false, printed as PyTorch's `None`): the update is
+    /// computed in float32 and rounded to a 16-bit parameter's format once per stored tensor,
+    /// as PyTorch's fused kernel does, instead of after every tensor operation. The same
+    /// results for float32 and float64 parameters.
+    pub fused: bool,
 }
 
 impl Default for SgdOptions {
@@ -40,6 +45,7 @@ impl Default for SgdOptions {
             weight_decay: 0.0,
             nesterov: false,
             maximize: false,
+            fused: false,
         }
     }
 }
@@ -81,16 +87,27 @@ impl SgdOptions {
         self
     }
 
+    /// With or without PyTorch's fused update (`fused=True`).
+    pub fn with_fused(mut self, fused: bool) -> Self {
+        self.fused = fused;
+        self
+    }
+
     /// The options by PyTorch's keyword names.
     pub fn to_map(&self) -> OptionMap {
-        options::map(&[
+        let mut map = options::map(&[
             ("lr", options::float_json(self.lr)),
             ("momentum", options::float_json(self.momentum)),
             ("dampening", options::float_json(self.dampening)),
             ("weight_decay", options::float_json(self.weight_decay)),
             ("nesterov", json!(self.nesterov)),
             ("maximize", json!(self.maximize)),
-        ])
+        ]);
+        if self.fused {
+            // Only when set: PyTorch prints the default as `None`.
+            map.insert("fused".into(), json!(true));
+        }
+        map
     }
 }
 
@@ -111,6 +128,7 @@ impl GroupOptions for SgdOptions {
             weight_decay: options::number(map, "weight_decay")?,
             nesterov: options::flag(map, "nesterov")?,
             maximize: options::flag(map, "maximize")?,
+            fused: options::flag(map, "fused")?,
         })
     }
 
@@ -225,6 +243,7 @@ impl Algorithm for SgdAlgorithm {
                         momentum: o.momentum,
                         one_minus_dampening: 1.0 - o.dampening,
                         weight_decay: o.weight_decay,
+                        fused: o.fused,
                     };
                     needs_momentum |= active && o.momentum != 0.0;
                 }

@@ -86,6 +86,7 @@ impl<O: GroupOptions> Shell<O> {
         for (params, given) in groups {
             shell.add_group(params, &given)?;
         }
+        options::check_fused(&shell.defaults)?;
         Ok(shell)
     }
 

@@ -346,7 +346,8 @@ pub fn average(args: AlgorithmBenchArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// `distopt bench optim`: one SGD-momentum and one Adam step on every rank.
+/// `distopt bench optim`: one SGD-momentum and one Adam step on every rank; for float16 and
+/// bfloat16 parameters also both with `fused=True` (PyTorch's fused arithmetic).
 pub fn optim(args: AlgorithmBenchArgs) -> Result<(), Error> {
     // Parameters, gradients, momentum, Adam's two moments and the two copy arenas.
     let config = Config::from_args("optim", args, (8, 1 << 22, &[1, 1000]), 7)?;
@@ -361,14 +362,6 @@ pub fn optim(args: AlgorithmBenchArgs) -> Result<(), Error> {
             config.elements,
             params,
         )?;
-        let mut sgd = Sgd::new(
-            &replicas,
-            SgdOptions::default().with_lr(1e-3).with_momentum(0.9),
-        )?;
-        sgd.step(&mut replicas)?; // creates the momentum buffers
-        let seconds = median_seconds(config.backend.as_ref(), config.repeats, || {
-            sgd.step(&mut replicas)
-        })?;
         // Reads parameters, gradients, buffers; writes parameters, buffers.
         let words = config
             .dtype
@@ -379,31 +372,55 @@ pub fn optim(args: AlgorithmBenchArgs) -> Result<(), Error> {
             update: 2,
             write: 0,
         };
-        rows.push(Row {
-            name: "SGD momentum".into(),
-            params,
-            seconds,
-            bytes: 5.0 * base,
-            roofline: roofline_seconds(&config, sgd_traffic, words)?,
-        });
-        let mut adam = Adam::new(&replicas, AdamOptions::default())?;
-        adam.step(&mut replicas)?;
-        let seconds = median_seconds(config.backend.as_ref(), config.repeats, || {
-            adam.step(&mut replicas)
-        })?;
         // Reads parameters, gradients, both moments; writes parameters and both moments.
         let adam_traffic = Traffic {
             read: 1,
             update: 3,
             write: 0,
         };
-        rows.push(Row {
-            name: "Adam".into(),
-            params,
-            seconds,
-            bytes: 7.0 * base,
-            roofline: roofline_seconds(&config, adam_traffic, words)?,
-        });
+        let sgd_roofline = roofline_seconds(&config, sgd_traffic, words)?;
+        let adam_roofline = roofline_seconds(&config, adam_traffic, words)?;
+        // PyTorch's default arithmetic, and for 16-bit parameters also its `fused=True` one
+        // (the same for float32).
+        let variants: &[bool] = if config.dtype == distopt::DType::Float32 {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        for &fused in variants {
+            let suffix = if fused { " (fused)" } else { "" };
+            let mut sgd = Sgd::new(
+                &replicas,
+                SgdOptions::default()
+                    .with_lr(1e-3)
+                    .with_momentum(0.9)
+                    .with_fused(fused),
+            )?;
+            sgd.step(&mut replicas)?; // creates the momentum buffers
+            let seconds = median_seconds(config.backend.as_ref(), config.repeats, || {
+                sgd.step(&mut replicas)
+            })?;
+            rows.push(Row {
+                name: format!("SGD momentum{suffix}"),
+                params,
+                seconds,
+                bytes: 5.0 * base,
+                roofline: sgd_roofline,
+            });
+            drop(sgd);
+            let mut adam = Adam::new(&replicas, AdamOptions::default().with_fused(fused))?;
+            adam.step(&mut replicas)?;
+            let seconds = median_seconds(config.backend.as_ref(), config.repeats, || {
+                adam.step(&mut replicas)
+            })?;
+            rows.push(Row {
+                name: format!("Adam{suffix}"),
+                params,
+                seconds,
+                bytes: 7.0 * base,
+                roofline: adam_roofline,
+            });
+        }
     }
     // The copy moves the same bytes: a float32 arena of the parameters' size.
     let copy_elements = (config.elements * element_bytes).div_ceil(4);

@@ -69,6 +69,19 @@ fn last_json_line(stdout: &[u8], what: &str) -> Result<Value, Error> {
         .map_err(|e| Error::runtime(format!("{what} printed no JSON last ({e}): {line:?}")))
 }
 
+/// PyTorch's fastest path with distopt's arithmetic for that row, from `torch_optim.py`'s
+/// `paths`: `fused` for a fused row, otherwise the faster of `foreach` and single-tensor (both
+/// round every tensor operation, as distopt's default does).
+fn same_arithmetic(paths: &Value, fused: bool) -> Option<f64> {
+    if fused {
+        return paths["fused"].as_f64();
+    }
+    [paths["foreach"].as_f64(), paths["single"].as_f64()]
+        .into_iter()
+        .flatten()
+        .reduce(f64::max)
+}
+
 /// A peer script's last line: a number (`torch_step.py`) or a JSON object (`torch_optim.py`).
 fn run_peer(python: &Path, script: &Path, args: &[String]) -> Result<Value, Error> {
     let out = Command::new(python)
@@ -191,16 +204,24 @@ pub fn run(args: BenchAllArgs) -> Result<(), Error> {
         };
         let rows = ours["rows"].as_array().cloned().unwrap_or_default();
         for row in rows {
-            let key = if row["kernel"] == "Adam" {
-                "adam_gbps"
+            let kernel = row["kernel"].as_str().unwrap_or_default();
+            let name = if kernel.starts_with("Adam") {
+                "adam"
             } else {
-                "sgd_gbps"
+                "sgd"
             };
-            let peer_gbps = peer.as_ref().and_then(|p| p[key].as_f64());
+            let peer_gbps = peer
+                .as_ref()
+                .and_then(|p| p[format!("{name}_gbps")].as_f64());
+            let same_gbps = peer
+                .as_ref()
+                .and_then(|p| same_arithmetic(&p["paths"][name], kernel.ends_with("(fused)")));
             optim.push(json!({
-                "kernel": row["kernel"], "params": row["params"], "dtype": dtype, "gbps": row["gbps"],
+                "kernel": kernel, "params": row["params"], "dtype": dtype, "gbps": row["gbps"],
                 "roofline_gbps": row["roofline_gbps"], "ratio_to_roofline": row["ratio_to_roofline"],
                 "torch_best_gbps": peer_gbps, "vs_torch": ratio(row["gbps"].as_f64(), peer_gbps),
+                "torch_same_arithmetic_gbps": same_gbps,
+                "vs_torch_same_arithmetic": ratio(row["gbps"].as_f64(), same_gbps),
             }));
         }
     }
@@ -282,13 +303,22 @@ fn table(report: &Value) -> String {
     }
     let _ = writeln!(
         out,
-        "\noptimizers, R = 8, N = 2^22\n{:<14} {:>6} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9}",
-        "kernel", "params", "dtype", "GB/s", "roofline", "vs roof", "torch", "vs torch"
+        "\noptimizers, R = 8, N = 2^22 (torch: its fastest path; same: its fastest with this row's arithmetic)\n{:<20} {:>6} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "kernel",
+        "params",
+        "dtype",
+        "GB/s",
+        "roofline",
+        "vs roof",
+        "torch",
+        "vs torch",
+        "same",
+        "vs same"
     );
     for r in report["optim"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
-            "{:<14} {:>6} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9}",
+            "{:<20} {:>6} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9}",
             r["kernel"].as_str().unwrap_or_default(),
             r["params"],
             r["dtype"].as_str().unwrap_or_default(),
@@ -297,6 +327,8 @@ fn table(report: &Value) -> String {
             num(&r["ratio_to_roofline"]),
             num(&r["torch_best_gbps"]),
             num(&r["vs_torch"]),
+            num(&r["torch_same_arithmetic_gbps"]),
+            num(&r["vs_torch_same_arithmetic"]),
         );
     }
     let _ = writeln!(out, "\naveraging, R = 8, N = 2^22 float32");

@@ -2,12 +2,18 @@
 //! loops: the same bits as `half` and `crate::dtype` for every input, NaNs included, compiled
 //! to straight-line integer code so that the loops calling them vectorize.
 
-use crate::dtype::f32_to_bf16_bits;
-
 /// A 16-bit storage format, decoded from and encoded to the low half of a `u32`.
 pub(super) trait HalfFormat {
     fn decode(bits: u32) -> f32;
     fn encode(value: f32) -> u32;
+
+    /// An element as an arithmetic operand: [`decode`](Self::decode), except that a NaN may
+    /// keep another NaN's bits. For loops whose every result is stored through `encode` (which
+    /// writes any NaN as the canonical NaN): the stored bits are the same.
+    #[inline(always)]
+    fn decode_operand(bits: u32) -> f32 {
+        Self::decode(bits)
+    }
 
     /// `value` rounded to the format and widened back: `decode(encode(value))`, bit for bit.
     #[inline(always)]
@@ -133,10 +139,20 @@ impl HalfFormat for BFloat16 {
         f32::from_bits(wide | quiet)
     }
 
-    /// Round to nearest even, NaN to the canonical quiet NaN.
+    /// The bits widened: a signaling NaN stays signaling, which no result shows.
+    #[inline(always)]
+    fn decode_operand(bits: u32) -> f32 {
+        f32::from_bits((bits & 0xffff) << 16)
+    }
+
+    /// Round to nearest even on the 16 dropped bits (a carry into the exponent is the right
+    /// result, up to infinity), NaN to the canonical quiet NaN; branch-free (the same bits as
+    /// `crate::dtype::f32_to_bf16_bits`).
     #[inline(always)]
     fn encode(value: f32) -> u32 {
-        u32::from(f32_to_bf16_bits(value))
+        let bits = value.to_bits();
+        let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
+        if value.is_nan() { 0x7fc0 } else { rounded }
     }
 
     /// The round trip in five integer operations and a select: round to nearest even on the
@@ -202,6 +218,20 @@ mod tests {
         // Every sign, exponent and top 7 mantissa bits, with the 16 dropped bits below, at and
         // around the half-way point (NaNs and infinities included).
         round_is_the_round_trip::<BFloat16>(16, &[0, 1, 0x7fff, 0x8000, 0x8001, 0xffff]);
+    }
+
+    #[test]
+    fn bf16_encode_matches_the_reference_on_every_rounding_case() {
+        // Every sign, exponent and top 7 mantissa bits, with the 16 dropped bits below, at and
+        // around the half-way point (NaNs and infinities included).
+        for high in 0..(1u32 << 16) {
+            for low in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
+                let bits = (high << 16) | low;
+                let value = f32::from_bits(bits);
+                let want = u32::from(crate::dtype::f32_to_bf16_bits(value));
+                assert_eq!(BFloat16::encode(value), want, "f32 bits {bits:#010x}");
+            }
+        }
     }
 
     #[test]

@@ -173,14 +173,28 @@ pub(super) trait PartWork {
     fn run(self);
 }
 
-/// Runs `work` compiled for AVX2 when the host has it (the same IEEE operations, wider
-/// vectors), otherwise for the baseline target.
+/// Runs `work` compiled for AVX-512 (with its byte/word and 256-bit forms) or AVX2 when the
+/// host has it (the same IEEE operations, wider vectors), otherwise for the baseline target.
 pub(super) fn run_best<W: PartWork>(work: W) {
     #[cfg(target_arch = "x86_64")]
     {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+        fn avx512<W: PartWork>(work: W) {
+            work.run()
+        }
         #[target_feature(enable = "avx2")]
         fn avx2<W: PartWork>(work: W) {
             work.run()
+        }
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the host supports every feature enabled (checked just above).
+            unsafe { avx512(work) };
+            return;
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the host supports AVX2 (checked just above).
@@ -246,6 +260,26 @@ impl<H: HalfFormat + Copy> Storage for To<H> {
     #[inline(always)]
     fn store(self, x: f32) -> u16 {
         H::encode_rounded(x) as u16
+    }
+}
+
+/// A 16-bit storage format under PyTorch's `fused=True`: decoded on load, computed in float32
+/// without rounding, rounded to the format once, as it is stored.
+#[derive(Clone, Copy)]
+struct Opmath<H>(std::marker::PhantomData<H>);
+impl<H: HalfFormat + Copy> Storage for Opmath<H> {
+    type Elem = u16;
+    #[inline(always)]
+    fn r(self, x: f32) -> f32 {
+        x
+    }
+    #[inline(always)]
+    fn load(self, e: u16) -> f32 {
+        H::decode_operand(u32::from(e))
+    }
+    #[inline(always)]
+    fn store(self, x: f32) -> u16 {
+        H::encode(x) as u16
     }
 }
 
@@ -497,11 +531,14 @@ fn sgd_segment(
     ) {
         sgd_dispatch(s, st, rows_mut(p, seg), rows(g, seg), rows_mut(b, seg));
     }
-    match format {
-        StorageFormat::F32 => go(Exact, s, seg, p, g, b),
-        StorageFormat::F16 => go(To::<Binary16>(std::marker::PhantomData), s, seg, p, g, b),
-        StorageFormat::BF16 => go(To::<BFloat16>(std::marker::PhantomData), s, seg, p, g, b),
-        StorageFormat::F64 => unreachable!("float64 runs the reference"),
+    use std::marker::PhantomData as M;
+    match (format, s.fused) {
+        (StorageFormat::F32, _) => go(Exact, s, seg, p, g, b),
+        (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, p, g, b),
+        (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, p, g, b),
+        (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, p, g, b),
+        (StorageFormat::BF16, true) => go(Opmath::<BFloat16>(M), s, seg, p, g, b),
+        (StorageFormat::F64, _) => unreachable!("float64 runs the reference"),
     }
 }
 
@@ -753,11 +790,14 @@ fn adam_segment(
         };
         adam_dispatch(s, st, rows);
     }
-    match format {
-        StorageFormat::F32 => go(Exact, s, seg, arrays, g),
-        StorageFormat::F16 => go(To::<Binary16>(std::marker::PhantomData), s, seg, arrays, g),
-        StorageFormat::BF16 => go(To::<BFloat16>(std::marker::PhantomData), s, seg, arrays, g),
-        StorageFormat::F64 => unreachable!("float64 runs the reference"),
+    use std::marker::PhantomData as M;
+    match (format, s.fused) {
+        (StorageFormat::F32, _) => go(Exact, s, seg, arrays, g),
+        (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, arrays, g),
+        (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, arrays, g),
+        (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, arrays, g),
+        (StorageFormat::BF16, true) => go(Opmath::<BFloat16>(M), s, seg, arrays, g),
+        (StorageFormat::F64, _) => unreachable!("float64 runs the reference"),
     }
 }
 
@@ -902,6 +942,17 @@ mod tests {
             } else {
                 format.store(&mut data, i, x);
             }
+            // Now and then a 16-bit NaN with a payload, quiet or signaling, which no store
+            // writes (stores write the canonical NaN).
+            if i % 97 == 5 {
+                let nan = match format {
+                    StorageFormat::F16 => [0x7c01u32, 0xfe05][i % 2],
+                    StorageFormat::BF16 => [0x7f81u32, 0xffc5][i % 2],
+                    _ => continue,
+                };
+                let shift = 16 * (i % 2) as u32;
+                data[i / 2] = (data[i / 2] & !(0xffff << shift)) | (nan << shift);
+            }
         }
         Arena::new(
             format,
@@ -989,7 +1040,10 @@ mod tests {
         let ranks = 3;
         let mut v = Values(7);
         for format in FORMATS {
-            for variant in 0..12u32 {
+            for variant in 0..32u32 {
+                if variant & 16 == 16 && matches!(format, StorageFormat::F32 | StorageFormat::F64) {
+                    continue; // fused changes nothing there
+                }
                 let scalars: Vec<SgdScalars> = (0..ranks * SIZES.len())
                     .map(|e| SgdScalars {
                         active: !(e as u32 + variant).is_multiple_of(5),
@@ -1004,6 +1058,7 @@ mod tests {
                         } else {
                             0.0
                         },
+                        fused: variant & 16 == 16,
                     })
                     .collect();
                 let (p, g, b) = (
@@ -1031,7 +1086,10 @@ mod tests {
         let ranks = 2;
         let mut v = Values(11);
         for format in FORMATS {
-            for variant in 0..8u32 {
+            for variant in 0..16u32 {
+                if variant & 8 == 8 && matches!(format, StorageFormat::F32 | StorageFormat::F64) {
+                    continue; // fused changes nothing there
+                }
                 let scalars: Vec<AdamScalars> = (0..ranks * SIZES.len())
                     .map(|e| {
                         let beta1 = if e % 2 == 0 { 0.9 } else { 0.3 };
@@ -1048,6 +1106,7 @@ mod tests {
                             step_size: 1e-3 / (1.0 - beta1 * beta1),
                             bias_correction2_sqrt: (1.0f64 - 0.999 * 0.999).sqrt(),
                             eps: 1e-8,
+                            fused: variant & 8 == 8,
                         }
                     })
                     .collect();

@@ -358,9 +358,10 @@ fn dp_sgd_step_range(
     store_fence(kernel.streaming);
 }
 
-/// [`dp_sgd_step_range`], compiled for the best vector extension the host has (natively on
-/// x86-64: AVX2 when present, which doubles the width of the 16-bit conversion loops; the
-/// arithmetic is the same IEEE f32 arithmetic either way, so the results are identical).
+/// [`dp_sgd_step_range`], compiled for the best vector extension the host has
+/// ([`super::optim::run_best`]: AVX-512 or AVX2 natively on x86-64, which widens the 16-bit
+/// conversion loops; the arithmetic is the same IEEE f32 arithmetic either way, so the results
+/// are identical).
 fn step_range(
     kernel: &StepKernel,
     params: &mut [&mut [u32]],
@@ -370,23 +371,7 @@ fn step_range(
     elements: usize,
     first_element: usize,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the host supports AVX2 (checked just above).
-        unsafe {
-            step_range_avx2(
-                kernel,
-                params,
-                means,
-                grads,
-                grad_rank_words,
-                elements,
-                first_element,
-            )
-        };
-        return;
-    }
-    dp_sgd_step_range(
+    super::optim::run_best(StepRange {
         kernel,
         params,
         means,
@@ -394,29 +379,33 @@ fn step_range(
         grad_rank_words,
         elements,
         first_element,
-    )
+    })
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn step_range_avx2(
-    kernel: &StepKernel,
-    params: &mut [&mut [u32]],
-    means: &mut [u32],
-    grads: &[u32],
+/// The arguments of one [`dp_sgd_step_range`] call, as one part's work.
+struct StepRange<'a, 'b> {
+    kernel: &'a StepKernel,
+    params: &'a mut [&'b mut [u32]],
+    means: &'a mut [u32],
+    grads: &'a [u32],
     grad_rank_words: usize,
     elements: usize,
     first_element: usize,
-) {
-    dp_sgd_step_range(
-        kernel,
-        params,
-        means,
-        grads,
-        grad_rank_words,
-        elements,
-        first_element,
-    )
+}
+
+impl super::optim::PartWork for StepRange<'_, '_> {
+    #[inline(always)]
+    fn run(self) {
+        dp_sgd_step_range(
+            self.kernel,
+            self.params,
+            self.means,
+            self.grads,
+            self.grad_rank_words,
+            self.elements,
+            self.first_element,
+        )
+    }
 }
 
 /// The data-parallel SGD step over whole host arenas, split across `threads` threads.

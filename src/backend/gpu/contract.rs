@@ -214,6 +214,7 @@ pub(crate) mod sgd_flags {
     pub(crate) const FIRST_STEP: u32 = 2;
     pub(crate) const NESTEROV: u32 = 4;
     pub(crate) const MAXIMIZE: u32 = 8;
+    pub(crate) const FUSED: u32 = 16;
 }
 
 /// The flag bits of [`AdamScalars::flags`].
@@ -222,6 +223,7 @@ pub(crate) mod adam_flags {
     pub(crate) const MAXIMIZE: u32 = 2;
     pub(crate) const AMSGRAD: u32 = 4;
     pub(crate) const DECOUPLED: u32 = 8;
+    pub(crate) const FUSED: u32 = 16;
 }
 
 /// The per-(rank, parameter) table bits of `shaders/scaled_sum.wgsl`.
@@ -351,6 +353,7 @@ pub(crate) const SGD: KernelSpec = KernelSpec {
         ("FIRST_STEP", sgd_flags::FIRST_STEP),
         ("NESTEROV", sgd_flags::NESTEROV),
         ("MAXIMIZE", sgd_flags::MAXIMIZE),
+        ("FUSED", sgd_flags::FUSED),
     ],
 };
 
@@ -377,6 +380,7 @@ pub(crate) const ADAM: KernelSpec = KernelSpec {
         ("MAXIMIZE", adam_flags::MAXIMIZE),
         ("AMSGRAD", adam_flags::AMSGRAD),
         ("DECOUPLED", adam_flags::DECOUPLED),
+        ("FUSED", adam_flags::FUSED),
     ],
 };
 

@@ -140,7 +140,8 @@ impl GpuBackend {
                 flags: flag(s.active, sgd_flags::ACTIVE)
                     | flag(s.first_step, sgd_flags::FIRST_STEP)
                     | flag(s.nesterov, sgd_flags::NESTEROV)
-                    | flag(s.maximize, sgd_flags::MAXIMIZE),
+                    | flag(s.maximize, sgd_flags::MAXIMIZE)
+                    | flag(s.fused, sgd_flags::FUSED),
                 lr: s.lr as f32,
                 momentum: s.momentum as f32,
                 one_minus_dampening: s.one_minus_dampening as f32,
@@ -190,7 +191,8 @@ impl GpuBackend {
                 flags: flag(s.active, adam_flags::ACTIVE)
                     | flag(s.maximize, adam_flags::MAXIMIZE)
                     | flag(s.amsgrad, adam_flags::AMSGRAD)
-                    | flag(s.decoupled, adam_flags::DECOUPLED),
+                    | flag(s.decoupled, adam_flags::DECOUPLED)
+                    | flag(s.fused, adam_flags::FUSED),
                 weight_decay: s.weight_decay as f32,
                 decay_factor: s.decay_factor as f32,
                 one_minus_beta1: s.one_minus_beta1 as f32,

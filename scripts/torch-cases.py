@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Writes the project's own PyTorch-produced cases into tests/torch-cases/.
+
+The shared golden cases (tests/golden/, copied unchanged) pin down PyTorch's default
+single-tensor optimizers. These cases pin down what they leave out: `fused=True`, whose
+float16/bfloat16 arithmetic differs (float32 math, one rounding per stored tensor), and its
+constructor errors. They use the golden format (kind `local_optimizer`, see
+tests/golden/README.md) so that the golden runner checks them on both backends, with
+tolerances tight enough that the single-tensor arithmetic fails them.
+
+Run it with the PyTorch peer's interpreter (never in CI):
+
+    /tmp/torchenv/bin/python scripts/torch-cases.py
+"""
+
+import json
+import math
+import pathlib
+
+import torch
+
+OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "torch-cases"
+SOURCE = f"torch {torch.__version__}, CPU, single process, fused=True"
+# Below one unit in the last place of each 16-bit format, so a single rounding that differs
+# from PyTorch's fails the case.
+TOLERANCE = {
+    "float32": {"rtol": 1e-6, "atol": 1e-7},
+    "float16": {"rtol": 2e-4, "atol": 1e-7},
+    "bfloat16": {"rtol": 1.5e-3, "atol": 1e-7},
+    "float64": {"rtol": 1e-12, "atol": 1e-12},
+}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# A size with a vector body and a scalar tail, a matrix, and a 0-d tensor.
+SHAPES = [[37], [3, 33], []]
+STEPS = 5
+
+
+def tensor_json(t):
+    data = [float(x) for x in t.detach().to(torch.float64).flatten().tolist()]
+    data = [x if math.isfinite(x) else str(x) for x in data]
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": data}
+
+
+def state_json(value):
+    if torch.is_tensor(value):
+        return tensor_json(value)
+    return value
+
+
+def case(name, description, optimizer, options, dtype, missing=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    dt = DTYPES[dtype]
+    initial = [torch.randn(s, generator=gen).to(dt) for s in SHAPES]
+    grads = []
+    for t in range(STEPS):
+        step = []
+        for j, s in enumerate(SHAPES):
+            # From the second step: PyTorch's fused SGD refuses (TypeError) a momentum buffer
+            # that starts after the others did.
+            if missing and t > 0 and (t + j) % 3 == 1:
+                step.append(None)
+            else:
+                step.append(torch.randn(s, generator=gen).to(dt))
+        grads.append(step)
+    params = [torch.nn.Parameter(p.clone()) for p in initial]
+    kwargs = dict(options)
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    opt = getattr(torch.optim, optimizer)(params, **kwargs)
+    after = []
+    for t in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        for p, g in zip(params, grads[t]):
+            p.grad = None if g is None else g.clone()
+        opt.step()
+        after.append([tensor_json(p) for p in params])
+    sd = opt.state_dict()
+    state = {
+        str(k): {key: state_json(v) for key, v in entry.items()} for k, entry in sd["state"].items()
+    }
+    groups = [dict(g) for g in sd["param_groups"]]
+    for g in groups:
+        if "betas" in g:
+            g["betas"] = list(g["betas"])
+    return {
+        "format": 1,
+        "kind": "local_optimizer",
+        "name": name,
+        "description": description,
+        "source": SOURCE,
+        "input": {
+            "optimizer": {"name": optimizer, "options": options},
+            "initial_params": [tensor_json(p) for p in initial],
+            "grads": [[None if g is None else tensor_json(g) for g in step] for step in grads],
+        },
+        "expected": {"params_after_step": after, "state_dict": {"state": state, "param_groups": groups}},
+        "tolerance": TOLERANCE,
+    }
+
+
+def error_case(name, description, optimizer, options):
+    params = [torch.nn.Parameter(torch.ones(3))]
+    try:
+        getattr(torch.optim, optimizer)(params, **options)
+    except Exception as e:  # noqa: BLE001 - the error is the expected value
+        error = {"type": type(e).__name__, "message_contains": str(e)}
+    else:
+        raise SystemExit(f"{name}: PyTorch accepted {options}")
+    return {
+        "format": 1,
+        "kind": "local_optimizer",
+        "name": name,
+        "description": description,
+        "source": SOURCE,
+        "input": {
+            "optimizer": {"name": optimizer, "options": options},
+            "initial_params": [tensor_json(params[0].detach())],
+            "grads": [[tensor_json(torch.ones(3))]],
+        },
+        "expected": {"error": error},
+        "tolerance": TOLERANCE,
+    }
+
+
+def main():
+    cases = []
+    for dtype in ["bfloat16", "float16", "float32"]:
+        cases += [
+            case(f"local_optimizer_fused_sgd_{dtype}_momentum_wd",
+                 f"SGD(fused=True) on {dtype}: momentum, dampening, weight decay",
+                 "SGD", {"lr": 0.05, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01,
+                         "fused": True}, dtype, seed=1),
+            case(f"local_optimizer_fused_sgd_{dtype}_nesterov_maximize",
+                 f"SGD(fused=True) on {dtype}: Nesterov, maximize, a parameter without gradients on some steps",
+                 "SGD", {"lr": 0.1, "momentum": 0.8, "nesterov": True, "maximize": True,
+                         "fused": True}, dtype, missing=True, seed=2),
+            case(f"local_optimizer_fused_adam_{dtype}_l2_amsgrad",
+                 f"Adam(fused=True) on {dtype}: L2 weight decay, amsgrad, missing gradients",
+                 "Adam", {"lr": 0.01, "betas": [0.8, 0.99], "eps": 1e-6, "weight_decay": 0.05,
+                          "amsgrad": True, "fused": True}, dtype, missing=True, seed=3),
+            case(f"local_optimizer_fused_adamw_{dtype}_maximize",
+                 f"AdamW(fused=True) on {dtype}: maximize, beta1 0.3 (the other lerp formula)",
+                 "AdamW", {"lr": 0.02, "betas": [0.3, 0.9], "weight_decay": 0.1, "maximize": True,
+                           "fused": True}, dtype, seed=4),
+        ]
+    cases += [
+        error_case("local_optimizer_error_fused_sgd_foreach", "error: SGD fused with foreach",
+                   "SGD", {"lr": 0.1, "foreach": True, "fused": True}),
+        error_case("local_optimizer_error_fused_adam_differentiable",
+                   "error: Adam fused with differentiable",
+                   "Adam", {"differentiable": True, "foreach": True, "fused": True}),
+        error_case("local_optimizer_error_fused_adamw_foreach", "error: AdamW fused with foreach",
+                   "AdamW", {"foreach": True, "fused": True}),
+    ]
+    OUT.mkdir(parents=True, exist_ok=True)
+    for c in cases:
+        (OUT / f"{c['name']}.json").write_text(json.dumps(c) + "\n")
+    print(f"wrote {len(cases)} cases to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
