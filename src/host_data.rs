@@ -18,6 +18,18 @@ pub enum HostData {
     Float64(Vec<f64>),
 }
 
+/// A large buffer's memory goes to [`crate::recycle`] for the next output of its size.
+impl Drop for HostData {
+    fn drop(&mut self) {
+        match self {
+            HostData::Float32(v) => crate::recycle::give(std::mem::take(v)),
+            HostData::Float16(v) => crate::recycle::give(std::mem::take(v)),
+            HostData::BFloat16(v) => crate::recycle::give(std::mem::take(v)),
+            HostData::Float64(v) => crate::recycle::give(std::mem::take(v)),
+        }
+    }
+}
+
 impl HostData {
     /// The dtype of these values.
     pub fn dtype(&self) -> DType {

@@ -42,6 +42,7 @@ pub mod json;
 pub mod optim;
 pub mod post_local_sgd;
 pub mod pyfmt;
+pub mod recycle;
 pub mod replicas;
 pub mod rng;
 pub mod rpc;

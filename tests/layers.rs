@@ -12,6 +12,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "data",
         &[
             "host_data",
+            "recycle",
             "dtype",
             "rng",
             "error",

@@ -995,11 +995,13 @@ fn same_bits(a: &Tensor, b: &Tensor, what: &str) {
 /// The CPU backend computes host inputs straight from the caller's tensors; device-resident
 /// inputs (arenas of the same backend) take the arena kernel. Both must give the same bits, for
 /// every dtype, mixed gradient dtypes, missing gradients and sizes that split across threads.
+/// The largest parameter is over `recycle::MIN_BYTES` in every dtype, so the later steps write
+/// into buffers the earlier ones' dropped outputs left (`distopt::recycle`).
 #[test]
 fn host_inputs_and_arena_inputs_give_the_same_bits() {
     use distopt::{ReplicaOutputs, sgd_step_with};
     let cpu = CpuBackend::with_threads(3);
-    let sizes = [1usize, 5, 2048, 2049, 70_001];
+    let sizes = [1usize, 5, 2048, 2049, 70_001, 600_001];
     for dtype in [
         DType::Float32,
         DType::Float16,

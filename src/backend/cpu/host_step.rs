@@ -70,7 +70,7 @@ fn add_block(acc: &mut [f32], data: &HostData, first: usize) {
 
 /// A float32 result stored in a parameter's dtype: the stored element and its value widened
 /// back to float32 (float64 parameters step in float32, so their results are float32 values).
-trait Element: Copy + Send + Sync {
+trait Element: Copy + Send + Sync + crate::recycle::Recyclable {
     fn round(x: f32) -> (Self, f32);
     fn widen(self) -> f32;
 }
@@ -138,10 +138,13 @@ fn step_param<T: Element>(
     copies: usize,
 ) -> (Vec<T>, Vec<Vec<T>>) {
     let n = param.len();
+    // Memory a dropped output used before when there is some (no page faults), otherwise fresh.
     let fresh = || {
-        let v = Vec::with_capacity(n);
-        prefer_huge_pages(&v);
-        v
+        crate::recycle::take(n).unwrap_or_else(|| {
+            let v = Vec::with_capacity(n);
+            prefer_huge_pages(&v);
+            v
+        })
     };
     let mut mean: Vec<T> = fresh();
     let mut updated: Vec<Vec<T>> = (0..copies).map(|_| fresh()).collect();
