@@ -6,7 +6,7 @@ use half::{bf16, f16};
 use crate::dtype::{DType, StorageFormat};
 
 /// Element values held on the host, one vector variant per dtype.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub enum HostData {
     /// `float32` values.
     Float32(Vec<f32>),
@@ -16,6 +16,28 @@ pub enum HostData {
     BFloat16(Vec<bf16>),
     /// `float64` values.
     Float64(Vec<f64>),
+}
+
+/// A copy into memory a dropped buffer used before when [`crate::recycle`] keeps one of a
+/// close size (no page faults), otherwise into fresh memory.
+impl Clone for HostData {
+    fn clone(&self) -> HostData {
+        fn copy<T: Copy + crate::recycle::Recyclable>(v: &[T]) -> Vec<T> {
+            match crate::recycle::take(v.len()) {
+                Some(mut out) => {
+                    out.extend_from_slice(v);
+                    out
+                }
+                None => v.to_vec(),
+            }
+        }
+        match self {
+            HostData::Float32(v) => HostData::Float32(copy(v)),
+            HostData::Float16(v) => HostData::Float16(copy(v)),
+            HostData::BFloat16(v) => HostData::BFloat16(copy(v)),
+            HostData::Float64(v) => HostData::Float64(copy(v)),
+        }
+    }
 }
 
 /// A large buffer's memory goes to [`crate::recycle`] for the next output of its size.

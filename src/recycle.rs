@@ -6,7 +6,8 @@
 //! the first write to each page faults: on a small machine that costs more than the step's
 //! arithmetic. So a large [`HostData`](crate::HostData) buffer that is dropped is kept here
 //! (cleared, up to [`CAPACITY_BYTES`] in all) and handed back by [`take`] to the next output of
-//! a close size, whose pages are then already mapped. [`release_cached_memory`] returns
+//! a close size, whose pages are then already mapped (a clone of a `HostData` too).
+//! [`release_cached_memory`] returns
 //! everything kept to the allocator.
 
 use std::sync::Mutex;
@@ -157,5 +158,16 @@ mod tests {
         );
         assert!(pool.take::<f64>(CAPACITY_BYTES / 8 - 1000).is_some());
         assert_eq!(pool.bytes, 0);
+    }
+
+    #[test]
+    fn a_clone_has_the_values_whatever_memory_it_gets() {
+        let n = MIN_BYTES / 4 + 3;
+        let big = crate::HostData::Float32((0..n).map(|i| i as f32).collect());
+        // Kept by the process's pool: the clone may be written into it.
+        drop(crate::HostData::Float32(vec![7.0; n + 10]));
+        let copy = big.clone();
+        assert_eq!(copy, big);
+        assert_eq!(copy.len(), n);
     }
 }

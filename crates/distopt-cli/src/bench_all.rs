@@ -320,7 +320,8 @@ fn table(report: &Value) -> String {
             out,
             "{:<20} {:>6} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9}",
             r["kernel"].as_str().unwrap_or_default(),
-            r["params"],
+            // A JSON value's Display ignores the width.
+            r["params"].to_string(),
             r["dtype"].as_str().unwrap_or_default(),
             num(&r["gbps"]),
             num(&r["roofline_gbps"]),
@@ -337,7 +338,7 @@ fn table(report: &Value) -> String {
             out,
             "{:<28} params {:>5}: {} GB/s, roofline {} GB/s ({})",
             r["kernel"].as_str().unwrap_or_default(),
-            r["params"],
+            r["params"].to_string(),
             num(&r["gbps"]),
             num(&r["roofline_gbps"]),
             num(&r["ratio_to_roofline"]),
