@@ -6,7 +6,8 @@
 //! the first write to each page faults: on a small machine that costs more than the step's
 //! arithmetic. So a large [`HostData`](crate::HostData) buffer that is dropped is kept here
 //! (cleared, up to [`CAPACITY_BYTES`] in all) and handed back by [`take`] to the next output of
-//! a close size, whose pages are then already mapped (a clone of a `HostData` too).
+//! a close size, whose pages are then already mapped (a clone of a `HostData` too); the
+//! packed images a step uploads to a device are recycled the same way.
 //! [`release_cached_memory`] returns
 //! everything kept to the allocator.
 
@@ -25,6 +26,8 @@ pub(crate) struct Pool {
     f16s: Vec<Vec<f16>>,
     bf16s: Vec<Vec<bf16>>,
     f64s: Vec<Vec<f64>>,
+    /// Packed arena images (`crate::transfer::pack_row`).
+    words: Vec<Vec<u32>>,
     bytes: usize,
 }
 
@@ -49,6 +52,7 @@ recyclable!(f32, f32s);
 recyclable!(f16, f16s);
 recyclable!(bf16, bf16s);
 recyclable!(f64, f64s);
+recyclable!(u32, words);
 
 fn bytes_of<T>(v: &Vec<T>) -> usize {
     v.capacity() * std::mem::size_of::<T>()
@@ -61,6 +65,7 @@ impl Pool {
             f16s: Vec::new(),
             bf16s: Vec::new(),
             f64s: Vec::new(),
+            words: Vec::new(),
             bytes: 0,
         }
     }

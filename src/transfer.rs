@@ -41,7 +41,15 @@ pub(crate) fn pack_row<'a>(
     items: impl IntoIterator<Item = (usize, &'a HostData)>,
     what: &str,
 ) -> Result<Vec<u32>> {
-    let mut row = crate::budget::zeroed(format.words_for(rank_len), what)?;
+    let words = format.words_for(rank_len);
+    // An image a previous call gave back (see `recycle`) is already mapped: no page faults.
+    let mut row = match crate::recycle::take::<u32>(words) {
+        Some(mut row) => {
+            row.resize(words, 0);
+            row
+        }
+        None => crate::budget::zeroed(words, what)?,
+    };
     for (offset, data) in items {
         data.encode_into(format, &mut row[format.word_of(offset)..]);
     }

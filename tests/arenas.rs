@@ -3,7 +3,7 @@
 
 mod common;
 
-use distopt::{ErrorKind, StorageFormat};
+use distopt::{Backend, ErrorKind, StorageFormat};
 
 #[test]
 fn misaligned_16_bit_accesses_are_value_errors() {
@@ -71,4 +71,32 @@ fn optimizer_state_a_step_needs_is_checked_on_both_backends() {
         let err = backend.adam(arenas, &starts, &[adam]).unwrap_err();
         assert!(err.message().contains("no max_exp_avg_sq arena"), "{err}");
     }
+}
+
+/// A dropped arena's buffer is kept by its device and serves the next arena of its size: a
+/// new arena is zeros all the same, a scratch arena may show the old values.
+#[test]
+fn a_kept_gpu_buffer_makes_a_zeroed_arena() {
+    let Ok(gpu) = distopt::GpuBackend::new_blocking() else {
+        assert!(common::gpu_backend().is_none());
+        return;
+    };
+    let f = StorageFormat::F32;
+    let len = 1 << 18; // 1 MiB: large enough to be kept
+    let chunk = gpu.chunk_len(len, 1);
+    let mut arena = gpu.create_arena(f, 1, len, chunk).unwrap();
+    arena.write(0, 0, &vec![0x3f80_0000; len]).unwrap();
+    assert_eq!(gpu.cached_buffer_bytes(), 0);
+    drop(arena);
+    assert_eq!(gpu.cached_buffer_bytes(), 4 * len as u64);
+    let fresh = gpu.create_arena(f, 1, len, chunk).unwrap();
+    assert_eq!(gpu.cached_buffer_bytes(), 0, "the kept buffer was taken");
+    let words = pollster::block_on(fresh.read_all()).unwrap();
+    assert!(words.iter().all(|&w| w == 0), "a new arena is zeros");
+    drop(fresh);
+    let scratch = gpu.create_scratch_arena(f, 1, len, chunk).unwrap();
+    assert_eq!(pollster::block_on(scratch.read_all()).unwrap().len(), len);
+    drop(scratch);
+    gpu.release_cached_buffers();
+    assert_eq!(gpu.cached_buffer_bytes(), 0);
 }

@@ -273,6 +273,16 @@ impl Backend for Recording {
     ) -> distopt::Result<Arena> {
         self.inner.create_arena(format, ranks, rank_len, chunk_len)
     }
+    fn create_scratch_arena(
+        &self,
+        format: StorageFormat,
+        ranks: usize,
+        rank_len: usize,
+        chunk_len: usize,
+    ) -> distopt::Result<Arena> {
+        self.inner
+            .create_scratch_arena(format, ranks, rank_len, chunk_len)
+    }
     fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> distopt::Result<()> {
         self.inner.copy_arena(src, dst)
     }

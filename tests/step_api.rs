@@ -1093,3 +1093,63 @@ fn host_inputs_and_arena_inputs_give_the_same_bits() {
 fn to_device_blocking(backend: &dyn Backend, tensors: &[Tensor]) -> Vec<Tensor> {
     pollster::block_on(to_device(backend, tensors)).unwrap()
 }
+
+/// The GPU backend keeps a dropped step's arenas and the next step of the same size runs in
+/// them without clearing them first: a missing gradient must still count as zero, on a rank
+/// that has other gradients and on a rank that has none. Compared with the CPU backend.
+#[test]
+fn gpu_steps_in_kept_arenas_treat_missing_gradients_as_zero() {
+    let Some(gpu) = common::gpu_backend() else {
+        return;
+    };
+    let cpu = CpuBackend::new();
+    let sizes = [300_000usize, 70_001];
+    let ranks = 3;
+    let params: Vec<Vec<Tensor>> = (0..ranks)
+        .map(|_| {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(j, &n)| Tensor::from_f64(DType::Float32, &[n], &mixed_values(j as u64, n)))
+                .collect::<Result<_, _>>()
+                .unwrap()
+        })
+        .collect();
+    let grads = |seed: u64, missing: &dyn Fn(usize, usize) -> bool| -> Vec<Vec<Option<Tensor>>> {
+        (0..ranks)
+            .map(|r| {
+                sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &n)| {
+                        (!missing(r, j)).then(|| {
+                            let values = mixed_values(seed + (r * 7 + j) as u64, n);
+                            Tensor::from_f64(DType::Float32, &[n], &values).unwrap()
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    // First every gradient (the arenas fill up), then gaps: rank 1 lacks parameter 0, rank 2
+    // lacks every gradient.
+    let full = grads(10, &|_, _| false);
+    drop(sgd_step_blocking(gpu.as_ref(), &params, &full, 0.5).unwrap());
+    let gappy = grads(20, &|r, j| (r == 1 && j == 0) || r == 2);
+    let on_gpu = sgd_step_blocking(gpu.as_ref(), &params, &gappy, 0.5).unwrap();
+    let on_cpu = sgd_step_blocking(&cpu, &params, &gappy, 0.5).unwrap();
+    for j in 0..sizes.len() {
+        same_bits(
+            &on_gpu.mean_gradients[j],
+            &on_cpu.mean_gradients[j],
+            &format!("mean {j}"),
+        );
+        for r in 0..ranks {
+            same_bits(
+                &on_gpu.updated_replicas[r][j],
+                &on_cpu.updated_replicas[r][j],
+                &format!("rank {r} param {j}"),
+            );
+        }
+    }
+}

@@ -322,6 +322,22 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
         chunk_len: usize,
     ) -> Result<Arena>;
 
+    /// An arena whose contents are unspecified (it may hold the values of an arena dropped
+    /// before): for work that writes every element whose value it uses before reading it.
+    /// The CPU backend's is
+    /// zero-filled like [`create_arena`](Self::create_arena); the GPU backend skips the clear
+    /// of a buffer it kept from a dropped arena.
+    ///
+    /// # Errors
+    /// As [`create_arena`](Self::create_arena).
+    fn create_scratch_arena(
+        &self,
+        format: StorageFormat,
+        ranks: usize,
+        rank_len: usize,
+        chunk_len: usize,
+    ) -> Result<Arena>;
+
     /// Copies a whole arena into another of the same format and shape.
     ///
     /// # Errors

@@ -554,7 +554,12 @@ impl<'a> StepGroup<'a> {
                 t.host_data().expect("to_host returns a host tensor"),
             )
         }));
-        if !on_host.is_empty() {
+        // The arenas are scratch (`Backend::create_scratch_arena`): the image, zeros where no
+        // host tensor lands, is written whenever some element's value would otherwise be left
+        // from an earlier arena, that is when a tensor is missing (a missing gradient is zero).
+        // Device tensors cover their own elements; the padding between parameters is never
+        // read back.
+        if !on_host.is_empty() || tensors.iter().any(Option::is_none) {
             let row = transfer::pack_row(
                 format,
                 self.rank_len,
@@ -562,6 +567,7 @@ impl<'a> StepGroup<'a> {
                 "the step's packed rank image",
             )?;
             arena.write(rank, 0, &row)?;
+            crate::recycle::give(row);
         }
         for (slice, offset) in on_device {
             backend.copy_regions(
@@ -589,10 +595,14 @@ impl<'a> StepGroup<'a> {
         updated_out: &mut [Vec<Option<Tensor>>],
     ) -> Result<()> {
         let ranks = parameter_replicas.len();
-        let mut params = backend.create_arena(self.format, ranks, self.rank_len, self.chunk_len)?;
+        // Scratch arenas: `fill` writes every input element the kernel uses, and the kernel
+        // writes every output element.
+        let mut params =
+            backend.create_scratch_arena(self.format, ranks, self.rank_len, self.chunk_len)?;
         let mut grads =
-            backend.create_arena(self.grad_format, ranks, self.rank_len, self.chunk_len)?;
-        let mut means = backend.create_arena(self.format, 1, self.rank_len, self.chunk_len)?;
+            backend.create_scratch_arena(self.grad_format, ranks, self.rank_len, self.chunk_len)?;
+        let mut means =
+            backend.create_scratch_arena(self.format, 1, self.rank_len, self.chunk_len)?;
         let originals: Vec<Option<&Tensor>> = self
             .members
             .iter()

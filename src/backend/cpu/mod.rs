@@ -104,6 +104,18 @@ impl Backend for CpuBackend {
         rank_len
     }
 
+    /// Zero-filled, as [`Backend::create_arena`]: host memory comes from the allocator
+    /// zeroed anyway.
+    fn create_scratch_arena(
+        &self,
+        format: StorageFormat,
+        ranks: usize,
+        rank_len: usize,
+        chunk_len: usize,
+    ) -> Result<Arena> {
+        self.create_arena(format, ranks, rank_len, chunk_len)
+    }
+
     fn create_arena(
         &self,
         format: StorageFormat,

@@ -46,6 +46,19 @@ pub(crate) struct GpuArena {
     map_lock: Mutex<()>,
 }
 
+/// A dropped arena's buffers are kept for the next arenas of their size (`super::spare`),
+/// unless the device is lost.
+impl Drop for GpuArena {
+    fn drop(&mut self) {
+        if self.shared.lost().is_some() {
+            return;
+        }
+        for chunk in self.chunks.drain(..) {
+            self.shared.spare.give(chunk.buffer);
+        }
+    }
+}
+
 /// Whether arenas on this device should be mappable storage buffers: only natively, with the
 /// feature, and on a CPU-side device, where every memory type is ordinary cached host memory
 /// (on a discrete GPU mappable storage would live across the bus; on some integrated GPUs
@@ -92,6 +105,7 @@ impl GpuArena {
         ranks: usize,
         rank_len: usize,
         chunk_len: usize,
+        clear: bool,
     ) -> Result<GpuArena> {
         if chunk_len == 0 || !chunk_len.is_multiple_of(2) || !rank_len.is_multiple_of(2) {
             return Err(Error::value(format!(
@@ -106,6 +120,9 @@ impl GpuArena {
             usage |= wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE;
         }
         let mut chunks = Vec::new();
+        // Kept buffers taken for this arena, cleared below in one submission (unless the caller
+        // writes every element first: `clear` false).
+        let mut reused: Vec<wgpu::Buffer> = Vec::new();
         let mut start = 0;
         while start < rank_len {
             let len = chunk_len.min(rank_len - start);
@@ -115,19 +132,38 @@ impl GpuArena {
                 .and_then(|w| w.checked_mul(4))
                 .ok_or_else(|| Error::value("arena size overflows"))?
                 as u64;
-            let buffer = shared.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("distopt arena chunk"),
-                size: bytes.max(4),
-                usage,
-                mapped_at_creation: false,
-            });
-            shared.take_uncaptured()?;
+            let size = bytes.max(4);
+            let buffer = match shared.spare.take(size) {
+                Some(buffer) => {
+                    reused.push(buffer.clone());
+                    buffer
+                }
+                None => {
+                    let buffer = shared.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("distopt arena chunk"),
+                        size,
+                        usage,
+                        mapped_at_creation: false,
+                    });
+                    shared.take_uncaptured()?;
+                    buffer
+                }
+            };
             chunks.push(GpuChunk {
                 buffer,
                 len,
                 rank_words,
             });
             start += len;
+        }
+        if clear && !reused.is_empty() {
+            // A new arena is zeros: a kept buffer holds its last arena's values.
+            let mut encoder = shared.device.create_command_encoder(&Default::default());
+            for buffer in &reused {
+                encoder.clear_buffer(buffer, 0, None);
+            }
+            shared.queue.submit([encoder.finish()]);
+            shared.take_uncaptured()?;
         }
         Ok(GpuArena {
             shared: shared.clone(),

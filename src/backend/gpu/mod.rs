@@ -6,6 +6,7 @@ mod contract;
 mod kernel;
 mod optim;
 pub mod shaders;
+mod spare;
 
 use std::sync::{Arc, Mutex};
 
@@ -40,11 +41,13 @@ pub(crate) struct GpuShared {
     uncaptured: Arc<Mutex<Option<String>>>,
     /// Why the device was lost (its device-lost callback), once it is.
     lost: Arc<Mutex<Option<String>>>,
+    /// Dropped arenas' buffers, kept for the next arenas of their size.
+    pub(crate) spare: spare::Spare,
 }
 
 impl GpuShared {
     /// The device-lost message, once the device is lost.
-    fn lost(&self) -> Option<String> {
+    pub(crate) fn lost(&self) -> Option<String> {
         self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -261,6 +264,7 @@ impl GpuBackend {
             queue,
             uncaptured,
             lost,
+            spare: spare::Spare::default(),
         });
         shared.take_uncaptured()?;
         Ok(GpuBackend {
@@ -293,6 +297,18 @@ impl GpuBackend {
         } else {
             (max_x as u32, groups.div_ceil(max_x) as u32)
         }
+    }
+
+    /// Bytes of buffers this device keeps from dropped arenas for the next arenas of their
+    /// size (at most 512 MiB; a new arena that takes one is cleared, a scratch arena is not).
+    pub fn cached_buffer_bytes(&self) -> u64 {
+        self.shared.spare.bytes()
+    }
+
+    /// Frees the buffers this device keeps from dropped arenas (see
+    /// [`cached_buffer_bytes`](Self::cached_buffer_bytes)).
+    pub fn release_cached_buffers(&self) {
+        self.shared.spare.release();
     }
 
     /// Copies `src` to `dst` (float32 arenas of the same shape) with a compute shader that has
@@ -391,7 +407,27 @@ impl Backend for GpuBackend {
             // WebGPU has no 64-bit float: float64 arenas stay on the host (see StorageFormat::F64).
             return self.host.create_arena(format, ranks, rank_len, chunk_len);
         }
-        let gpu = GpuArena::new(&self.shared, format, ranks, rank_len, chunk_len)?;
+        let gpu = GpuArena::new(&self.shared, format, ranks, rank_len, chunk_len, true)?;
+        Ok(Arena::new(
+            format,
+            ranks,
+            rank_len,
+            chunk_len,
+            ArenaStorage::Gpu(gpu),
+        ))
+    }
+
+    fn create_scratch_arena(
+        &self,
+        format: StorageFormat,
+        ranks: usize,
+        rank_len: usize,
+        chunk_len: usize,
+    ) -> Result<Arena> {
+        if format == StorageFormat::F64 {
+            return self.host.create_arena(format, ranks, rank_len, chunk_len);
+        }
+        let gpu = GpuArena::new(&self.shared, format, ranks, rank_len, chunk_len, false)?;
         Ok(Arena::new(
             format,
             ranks,
