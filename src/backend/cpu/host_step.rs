@@ -15,6 +15,7 @@ use half::{bf16, f16};
 use super::half::{BFloat16, Binary16, HalfFormat};
 use super::host_words::prefer_huge_pages;
 use super::optim::{PartWork, run_best};
+use super::stream::{STREAMING_THRESHOLD_BYTES, store_elements, store_fence};
 use super::threads::run_parts;
 use crate::host_data::HostData;
 
@@ -70,7 +71,7 @@ fn add_block(acc: &mut [f32], data: &HostData, first: usize) {
 
 /// A float32 result stored in a parameter's dtype: the stored element and its value widened
 /// back to float32 (float64 parameters step in float32, so their results are float32 values).
-trait Element: Copy + Send + Sync + crate::recycle::Recyclable {
+trait Element: Copy + Default + Send + Sync + crate::recycle::Recyclable {
     fn round(x: f32) -> (Self, f32);
     fn widen(self) -> f32;
 }
@@ -180,6 +181,9 @@ fn step_param<T: Element>(
             });
         }
         let divisor = ranks as f32;
+        // Inputs and outputs beyond the caches: write the outputs with streaming stores.
+        let moved = (grads.len() + 2 + copies) * n * std::mem::size_of::<T>();
+        let streaming = moved >= STREAMING_THRESHOLD_BYTES;
         run_parts(work, |part| {
             run_best(StepPart {
                 part,
@@ -187,6 +191,7 @@ fn step_param<T: Element>(
                 grads,
                 divisor,
                 lr,
+                streaming,
             })
         });
     }
@@ -208,12 +213,20 @@ struct StepPart<'a, 'g, T> {
     grads: &'a [Option<&'g HostData>],
     divisor: f32,
     lr: f32,
+    streaming: bool,
 }
 
 impl<T: Element> PartWork for StepPart<'_, '_, T> {
     #[inline(always)]
     fn run(self) {
-        step_part(self.part, self.param, self.grads, self.divisor, self.lr);
+        step_part(
+            self.part,
+            self.param,
+            self.grads,
+            self.divisor,
+            self.lr,
+            self.streaming,
+        );
     }
 }
 
@@ -224,9 +237,12 @@ fn step_part<T: Element>(
     grads: &[Option<&HostData>],
     divisor: f32,
     lr: f32,
+    streaming: bool,
 ) {
     let mut acc = [0f32; BLOCK];
     let mut rounded = [0f32; BLOCK];
+    // One block of stored outputs, written to the output buffers whole.
+    let mut stored = [T::default(); BLOCK];
     let len = part.mean.len();
     let mut at = 0;
     while at < len {
@@ -239,28 +255,28 @@ fn step_part<T: Element>(
             add_block(acc, g, first);
         }
         let rounded = &mut rounded[..n];
-        for ((out, r), &a) in part.mean[at..at + n]
-            .iter_mut()
-            .zip(rounded.iter_mut())
-            .zip(acc.iter())
-        {
-            let (stored, value) = T::round(a / divisor);
-            out.write(stored);
+        let stored = &mut stored[..n];
+        for ((out, r), &a) in stored.iter_mut().zip(rounded.iter_mut()).zip(acc.iter()) {
+            let (element, value) = T::round(a / divisor);
+            *out = element;
             *r = value;
         }
+        store_elements(&mut part.mean[at..at + n], stored, streaming);
         let p0 = &param[first..first + n];
         // The updated value, computed once into the accumulator's place, then written to every
         // copy.
         for ((a, &m), &p) in acc.iter_mut().zip(rounded.iter()).zip(p0) {
             *a = p.widen() - lr * m;
         }
+        for (out, &u) in stored.iter_mut().zip(acc.iter()) {
+            *out = T::round(u).0;
+        }
         for copy in part.updated.iter_mut() {
-            for (out, &u) in copy[at..at + n].iter_mut().zip(acc.iter()) {
-                out.write(T::round(u).0);
-            }
+            store_elements(&mut copy[at..at + n], stored, streaming);
         }
         at += n;
     }
+    store_fence(streaming);
 }
 
 /// The step over host tensors (see the module docs): per parameter, the mean gradient and

@@ -17,6 +17,7 @@ pub(crate) mod host_words;
 mod optim;
 pub mod roofline;
 mod step;
+mod stream;
 mod threads;
 
 use self::host_words::HostWords;

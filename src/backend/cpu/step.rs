@@ -7,72 +7,13 @@
 //! bytes costs.
 
 use super::half::{BFloat16, Binary16, HalfFormat};
+use super::stream::{STREAMING_THRESHOLD_BYTES, store_fence, store_words};
 use super::threads::{BLOCK, PARALLEL_THRESHOLD, part_bounds, run_parts, split_ranks};
 use super::{host, host_mut};
 use crate::backend::Arena;
 use crate::backend::cpu::check_step_arenas;
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
-
-/// From this many bytes of traffic on, the step writes its outputs with streaming stores: the
-/// working set no longer fits in the last-level cache, so caching the outputs would only cost
-/// an extra read of every destination line.
-const STREAMING_THRESHOLD_BYTES: usize = 24 << 20;
-
-// ---------------------------------------------------------------------------------------------
-// Stores.
-
-/// Copies `src` into `dst` (equal lengths), with streaming stores when `streaming` is set and
-/// the target has them.
-#[inline]
-fn store_words(dst: &mut [u32], src: &[u32], streaming: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if streaming {
-        stream_words(dst, src);
-        return;
-    }
-    let _ = streaming;
-    dst.copy_from_slice(src);
-}
-
-/// `dst.copy_from_slice(src)` with non-temporal 16-byte stores for the aligned middle part.
-/// [`store_fence`] must follow before the data is handed to another thread.
-#[cfg(target_arch = "x86_64")]
-fn stream_words(dst: &mut [u32], src: &[u32]) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-    let len = dst.len();
-    assert_eq!(len, src.len(), "stream_words: slices differ in length");
-    let head = dst.as_ptr().align_offset(16).min(len);
-    dst[..head].copy_from_slice(&src[..head]);
-    let body_end = head + (len - head) / 4 * 4;
-    let mut k = head;
-    while k < body_end {
-        // SAFETY: k + 4 <= body_end <= len == dst.len() == src.len(), so both 16-byte accesses
-        // are in bounds; `dst + k` is 16-byte aligned (`dst + head` is, and k - head is a
-        // multiple of 4 words); the load may be unaligned. SSE2 is part of x86-64.
-        unsafe {
-            let v = _mm_loadu_si128(src.as_ptr().add(k).cast::<__m128i>());
-            _mm_stream_si128(dst.as_mut_ptr().add(k).cast::<__m128i>(), v);
-        }
-        k += 4;
-    }
-    dst[body_end..].copy_from_slice(&src[body_end..]);
-}
-
-/// Makes the streaming stores issued so far visible before any later store (x86-64; a no-op
-/// elsewhere).
-#[inline]
-fn store_fence(streaming: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if streaming {
-        // SAFETY: SSE is part of x86-64.
-        #[allow(unused_unsafe)]
-        unsafe {
-            std::arch::x86_64::_mm_sfence();
-        }
-    }
-    let _ = streaming;
-}
 
 // ---------------------------------------------------------------------------------------------
 // The data-parallel SGD step.
