@@ -23,13 +23,9 @@ pub enum HostData {
 impl Clone for HostData {
     fn clone(&self) -> HostData {
         fn copy<T: Copy + crate::recycle::Recyclable>(v: &[T]) -> Vec<T> {
-            match crate::recycle::take(v.len()) {
-                Some(mut out) => {
-                    out.extend_from_slice(v);
-                    out
-                }
-                None => v.to_vec(),
-            }
+            let mut out = recycled(v.len());
+            out.extend_from_slice(v);
+            out
         }
         match self {
             HostData::Float32(v) => HostData::Float32(copy(v)),
@@ -169,30 +165,37 @@ impl HostData {
     ) -> HostData {
         match (dtype, format) {
             (DType::Float32, StorageFormat::F32) => {
-                HostData::Float32(bytemuck::cast_slice(&words[..len]).to_vec())
+                let mut v = recycled(len);
+                v.extend_from_slice(bytemuck::cast_slice(&words[..len]));
+                HostData::Float32(v)
             }
-            (DType::Float64, StorageFormat::F32) => HostData::Float64(
-                words[..len]
-                    .iter()
-                    .map(|&w| f64::from(f32::from_bits(w)))
-                    .collect(),
-            ),
-            (DType::Float16, StorageFormat::F16) => HostData::Float16(
-                (0..len)
-                    .map(|i| f16::from_bits(half_bits(words, i)))
-                    .collect(),
-            ),
-            (DType::BFloat16, StorageFormat::BF16) => HostData::BFloat16(
-                (0..len)
-                    .map(|i| bf16::from_bits(half_bits(words, i)))
-                    .collect(),
-            ),
+            (DType::Float64, StorageFormat::F32) => {
+                let mut v = recycled(len);
+                v.extend(words[..len].iter().map(|&w| f64::from(f32::from_bits(w))));
+                HostData::Float64(v)
+            }
+            (DType::Float16, StorageFormat::F16) => {
+                let mut v = recycled(len);
+                v.extend((0..len).map(|i| f16::from_bits(half_bits(words, i))));
+                HostData::Float16(v)
+            }
+            (DType::BFloat16, StorageFormat::BF16) => {
+                let mut v = recycled(len);
+                v.extend((0..len).map(|i| bf16::from_bits(half_bits(words, i))));
+                HostData::BFloat16(v)
+            }
             _ => {
                 let values: Vec<f64> = (0..len).map(|i| format.load_f64(words, i)).collect();
                 HostData::from_f64(dtype, &values)
             }
         }
     }
+}
+
+/// An empty vector with room for `len` elements: memory a dropped buffer used before when
+/// [`crate::recycle`] keeps one (no page faults), otherwise fresh.
+fn recycled<T: crate::recycle::Recyclable>(len: usize) -> Vec<T> {
+    crate::recycle::take(len).unwrap_or_else(|| Vec::with_capacity(len))
 }
 
 fn half_bits(words: &[u32], index: usize) -> u16 {

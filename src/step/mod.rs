@@ -638,6 +638,7 @@ impl<'a> StepGroup<'a> {
             (None, None)
         };
         let (params, means) = (Arc::new(params), Arc::new(means));
+        // The readbacks go back for the next step's (`recycle`) once decoded, below.
         for (k, &j) in self.members.iter().enumerate() {
             let original = &parameter_replicas[0][j];
             let (dtype, shape, offset, numel) = (
@@ -681,6 +682,9 @@ impl<'a> StepGroup<'a> {
                     }
                 }
             }
+        }
+        for words in [param_words, mean_words].into_iter().flatten() {
+            crate::recycle::give(words);
         }
         Ok(())
     }
