@@ -47,6 +47,24 @@ def state_json(value):
     return value
 
 
+def envelope(name, description, optimizer, options, initial, grads, expected):
+    """One case in the golden format (tests/golden/README.md, kind `local_optimizer`)."""
+    return {
+        "format": 1,
+        "kind": "local_optimizer",
+        "name": name,
+        "description": description,
+        "source": SOURCE,
+        "input": {
+            "optimizer": {"name": optimizer, "options": options},
+            "initial_params": [tensor_json(p) for p in initial],
+            "grads": [[None if g is None else tensor_json(g) for g in step] for step in grads],
+        },
+        "expected": expected,
+        "tolerance": TOLERANCE,
+    }
+
+
 def case(name, description, optimizer, options, dtype, missing=False, seed=0):
     gen = torch.Generator().manual_seed(seed)
     dt = DTYPES[dtype]
@@ -82,20 +100,10 @@ def case(name, description, optimizer, options, dtype, missing=False, seed=0):
     for g in groups:
         if "betas" in g:
             g["betas"] = list(g["betas"])
-    return {
-        "format": 1,
-        "kind": "local_optimizer",
-        "name": name,
-        "description": description,
-        "source": SOURCE,
-        "input": {
-            "optimizer": {"name": optimizer, "options": options},
-            "initial_params": [tensor_json(p) for p in initial],
-            "grads": [[None if g is None else tensor_json(g) for g in step] for step in grads],
-        },
-        "expected": {"params_after_step": after, "state_dict": {"state": state, "param_groups": groups}},
-        "tolerance": TOLERANCE,
-    }
+    return envelope(
+        name, description, optimizer, options, initial, grads,
+        {"params_after_step": after, "state_dict": {"state": state, "param_groups": groups}},
+    )
 
 
 def error_case(name, description, optimizer, options):
@@ -106,20 +114,10 @@ def error_case(name, description, optimizer, options):
         error = {"type": type(e).__name__, "message_contains": str(e)}
     else:
         raise SystemExit(f"{name}: PyTorch accepted {options}")
-    return {
-        "format": 1,
-        "kind": "local_optimizer",
-        "name": name,
-        "description": description,
-        "source": SOURCE,
-        "input": {
-            "optimizer": {"name": optimizer, "options": options},
-            "initial_params": [tensor_json(params[0].detach())],
-            "grads": [[tensor_json(torch.ones(3))]],
-        },
-        "expected": {"error": error},
-        "tolerance": TOLERANCE,
-    }
+    return envelope(
+        name, description, optimizer, options, [params[0].detach()], [[torch.ones(3)]],
+        {"error": error},
+    )
 
 
 def main():

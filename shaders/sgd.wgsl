@@ -1,6 +1,7 @@
 // torch.optim.SGD's single-tensor step over every rank and parameter of an arena chunk.
 // Every tensor operation's result is rounded to the storage format (FORMAT); the arithmetic
-// is float32. With the FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored. A parameter without a gradient on a rank (flags bit 0 clear) is skipped.
+// is float32. With the FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored.
+// A parameter without a gradient on a rank (flags bit 0 clear) is skipped.
 
 override FORMAT: u32 = 0u;
 

@@ -23,7 +23,7 @@ pub enum HostData {
 impl Clone for HostData {
     fn clone(&self) -> HostData {
         fn copy<T: Copy + crate::recycle::Recyclable>(v: &[T]) -> Vec<T> {
-            let mut out = recycled(v.len());
+            let mut out = crate::recycle::with_capacity(v.len());
             out.extend_from_slice(v);
             out
         }
@@ -165,22 +165,22 @@ impl HostData {
     ) -> HostData {
         match (dtype, format) {
             (DType::Float32, StorageFormat::F32) => {
-                let mut v = recycled(len);
+                let mut v = crate::recycle::with_capacity(len);
                 v.extend_from_slice(bytemuck::cast_slice(&words[..len]));
                 HostData::Float32(v)
             }
             (DType::Float64, StorageFormat::F32) => {
-                let mut v = recycled(len);
+                let mut v = crate::recycle::with_capacity(len);
                 v.extend(words[..len].iter().map(|&w| f64::from(f32::from_bits(w))));
                 HostData::Float64(v)
             }
             (DType::Float16, StorageFormat::F16) => {
-                let mut v = recycled(len);
+                let mut v = crate::recycle::with_capacity(len);
                 v.extend((0..len).map(|i| f16::from_bits(half_bits(words, i))));
                 HostData::Float16(v)
             }
             (DType::BFloat16, StorageFormat::BF16) => {
-                let mut v = recycled(len);
+                let mut v = crate::recycle::with_capacity(len);
                 v.extend((0..len).map(|i| bf16::from_bits(half_bits(words, i))));
                 HostData::BFloat16(v)
             }
@@ -190,12 +190,6 @@ impl HostData {
             }
         }
     }
-}
-
-/// An empty vector with room for `len` elements: memory a dropped buffer used before when
-/// [`crate::recycle`] keeps one (no page faults), otherwise fresh.
-fn recycled<T: crate::recycle::Recyclable>(len: usize) -> Vec<T> {
-    crate::recycle::take(len).unwrap_or_else(|| Vec::with_capacity(len))
 }
 
 fn half_bits(words: &[u32], index: usize) -> u16 {

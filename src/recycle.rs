@@ -117,6 +117,12 @@ pub(crate) fn take<T: Recyclable>(len: usize) -> Option<Vec<T>> {
     POOL.lock().ok()?.take(len)
 }
 
+/// An empty vector with room for `len` elements: a kept buffer's memory when [`take`] has one
+/// (no page faults), otherwise fresh.
+pub(crate) fn with_capacity<T: Recyclable>(len: usize) -> Vec<T> {
+    take(len).unwrap_or_else(|| Vec::with_capacity(len))
+}
+
 /// Returns every host buffer distopt keeps for reuse to the allocator (at most
 /// [`CAPACITY_BYTES`]; see the module docs), like `torch.cuda.empty_cache()`.
 pub fn release_cached_memory() {

@@ -14,37 +14,48 @@ pub(super) const STREAMING_THRESHOLD_BYTES: usize = 24 << 20;
 /// the target has them.
 #[inline]
 pub(super) fn store_words(dst: &mut [u32], src: &[u32], streaming: bool) {
+    assert_eq!(dst.len(), src.len(), "store_words: slices differ in length");
     #[cfg(target_arch = "x86_64")]
     if streaming {
-        stream_words(dst, src);
+        // SAFETY: both slices hold `size_of_val(src)` bytes and do not overlap (one is `&mut`).
+        unsafe {
+            stream_bytes(
+                dst.as_mut_ptr().cast(),
+                src.as_ptr().cast(),
+                size_of_val(src),
+            )
+        };
         return;
     }
     let _ = streaming;
     dst.copy_from_slice(src);
 }
 
-/// `dst.copy_from_slice(src)` with non-temporal 16-byte stores for the aligned middle part.
-/// [`store_fence`] must follow before the data is handed to another thread.
+/// Copies `bytes` bytes from `s` to `d` with non-temporal 16-byte stores for the part of `d`
+/// that is 16-byte aligned, plain copies for the ends. [`store_fence`] must follow before the
+/// data is handed to another thread.
+///
+/// # Safety
+/// `s` must be valid for `bytes` bytes of reads and `d` for `bytes` bytes of writes, and the
+/// two ranges must not overlap.
 #[cfg(target_arch = "x86_64")]
-fn stream_words(dst: &mut [u32], src: &[u32]) {
+unsafe fn stream_bytes(d: *mut u8, s: *const u8, bytes: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-    let len = dst.len();
-    assert_eq!(len, src.len(), "stream_words: slices differ in length");
-    let head = dst.as_ptr().align_offset(16).min(len);
-    dst[..head].copy_from_slice(&src[..head]);
-    let body_end = head + (len - head) / 4 * 4;
-    let mut k = head;
-    while k < body_end {
-        // SAFETY: k + 4 <= body_end <= len == dst.len() == src.len(), so both 16-byte accesses
-        // are in bounds; `dst + k` is 16-byte aligned (`dst + head` is, and k - head is a
-        // multiple of 4 words); the load may be unaligned. SSE2 is part of x86-64.
-        unsafe {
-            let v = _mm_loadu_si128(src.as_ptr().add(k).cast::<__m128i>());
-            _mm_stream_si128(dst.as_mut_ptr().add(k).cast::<__m128i>(), v);
+    let head = d.align_offset(16).min(bytes);
+    let body_end = head + (bytes - head) / 16 * 16;
+    // SAFETY: every access lies in `0..bytes` of its range (the caller's contract); `d + k` is
+    // 16-byte aligned in the loop (`d + head` is, and k - head is a multiple of 16); the loads
+    // may be unaligned. SSE2 is part of x86-64.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s, d, head);
+        let mut k = head;
+        while k < body_end {
+            let v = _mm_loadu_si128(s.add(k).cast::<__m128i>());
+            _mm_stream_si128(d.add(k).cast::<__m128i>(), v);
+            k += 16;
         }
-        k += 4;
+        std::ptr::copy_nonoverlapping(s.add(body_end), d.add(body_end), bytes - body_end);
     }
-    dst[body_end..].copy_from_slice(&src[body_end..]);
 }
 
 /// Makes the streaming stores issued so far visible before any later store (x86-64; a no-op
@@ -73,25 +84,15 @@ pub(super) fn store_elements<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T], str
     );
     #[cfg(target_arch = "x86_64")]
     if streaming {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        let bytes = std::mem::size_of_val(src);
-        // SAFETY: both slices hold `bytes` bytes; `T: Copy` has no drop glue and any bytes of a
-        // `T` copied whole are a valid `T` (the middle and the ends together copy every byte
-        // of every element exactly once).
+        // SAFETY: both slices hold `size_of_val(src)` bytes and do not overlap (one is `&mut`);
+        // `T: Copy` has no drop glue, and every element is copied whole.
         unsafe {
-            let (d, s) = (dst.as_mut_ptr().cast::<u8>(), src.as_ptr().cast::<u8>());
-            let head = d.align_offset(16).min(bytes);
-            std::ptr::copy_nonoverlapping(s, d, head);
-            let body_end = head + (bytes - head) / 16 * 16;
-            let mut k = head;
-            while k < body_end {
-                // In bounds (k + 16 <= body_end <= bytes); `d + k` is 16-byte aligned.
-                let v = _mm_loadu_si128(s.add(k).cast::<__m128i>());
-                _mm_stream_si128(d.add(k).cast::<__m128i>(), v);
-                k += 16;
-            }
-            std::ptr::copy_nonoverlapping(s.add(body_end), d.add(body_end), bytes - body_end);
-        }
+            stream_bytes(
+                dst.as_mut_ptr().cast(),
+                src.as_ptr().cast(),
+                size_of_val(src),
+            )
+        };
         return;
     }
     let _ = streaming;

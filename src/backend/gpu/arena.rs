@@ -323,8 +323,7 @@ impl GpuArena {
         let mut out = None;
         if views.iter().all(Option::is_some) {
             let total: usize = pieces.iter().map(|p| p.2).sum();
-            let mut words =
-                crate::recycle::take::<u32>(total).unwrap_or_else(|| Vec::with_capacity(total));
+            let mut words = crate::recycle::with_capacity(total);
             for &(buffer, offset, len) in pieces {
                 let k = spans.iter().position(|s| s.0 == buffer).unwrap_or(0);
                 if let (Some(view), Some(&(start, _, _))) = (&views[k], ranges.get(k)) {
@@ -466,8 +465,7 @@ impl GpuArena {
             .slice(..)
             .get_mapped_range()
             .map_err(|e| Error::runtime(format!("reading the GPU buffer failed: {e}")))?;
-        let mut words =
-            crate::recycle::take::<u32>(total).unwrap_or_else(|| Vec::with_capacity(total));
+        let mut words = crate::recycle::with_capacity(total);
         extend_words(&mut words, &view);
         drop(view);
         staging.unmap();

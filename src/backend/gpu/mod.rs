@@ -288,6 +288,29 @@ impl GpuBackend {
         }
     }
 
+    /// A new arena on this device (`clear`: zeros even in a kept buffer, see `spare`). float64
+    /// arenas stay on the host: WebGPU has no 64-bit float (see `StorageFormat::F64`).
+    fn new_arena(
+        &self,
+        format: StorageFormat,
+        ranks: usize,
+        rank_len: usize,
+        chunk_len: usize,
+        clear: bool,
+    ) -> Result<Arena> {
+        if format == StorageFormat::F64 {
+            return self.host.create_arena(format, ranks, rank_len, chunk_len);
+        }
+        let gpu = GpuArena::new(&self.shared, format, ranks, rank_len, chunk_len, clear)?;
+        Ok(Arena::new(
+            format,
+            ranks,
+            rank_len,
+            chunk_len,
+            ArenaStorage::Gpu(gpu),
+        ))
+    }
+
     /// The 2-D workgroup grid covering `pairs` invocations.
     pub(crate) fn grid(&self, pairs: usize) -> (u32, u32) {
         let groups = pairs.div_ceil(WORKGROUP_SIZE as usize).max(1);
@@ -403,18 +426,7 @@ impl Backend for GpuBackend {
         rank_len: usize,
         chunk_len: usize,
     ) -> Result<Arena> {
-        if format == StorageFormat::F64 {
-            // WebGPU has no 64-bit float: float64 arenas stay on the host (see StorageFormat::F64).
-            return self.host.create_arena(format, ranks, rank_len, chunk_len);
-        }
-        let gpu = GpuArena::new(&self.shared, format, ranks, rank_len, chunk_len, true)?;
-        Ok(Arena::new(
-            format,
-            ranks,
-            rank_len,
-            chunk_len,
-            ArenaStorage::Gpu(gpu),
-        ))
+        self.new_arena(format, ranks, rank_len, chunk_len, true)
     }
 
     fn create_scratch_arena(
@@ -424,17 +436,7 @@ impl Backend for GpuBackend {
         rank_len: usize,
         chunk_len: usize,
     ) -> Result<Arena> {
-        if format == StorageFormat::F64 {
-            return self.host.create_arena(format, ranks, rank_len, chunk_len);
-        }
-        let gpu = GpuArena::new(&self.shared, format, ranks, rank_len, chunk_len, false)?;
-        Ok(Arena::new(
-            format,
-            ranks,
-            rank_len,
-            chunk_len,
-            ArenaStorage::Gpu(gpu),
-        ))
+        self.new_arena(format, ranks, rank_len, chunk_len, false)
     }
 
     fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()> {
