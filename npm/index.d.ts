@@ -200,6 +200,7 @@ export interface BackendInfo {
   maxBufferBytes: number;
   maxWorkgroupsPerDimension: number;
   mappablePrimaryBuffers: boolean;
+  /** Threads the CPU backend splits its work across (1 for a GPU adapter). */
   threads: number;
 }
 
@@ -241,6 +242,13 @@ export interface InitOptions {
    * The module loads once: the first init() decides.
    */
   wasm?: WasmSource;
+  /**
+   * How many threads the CPU fallback uses, the calling one included (default `'auto'`: every
+   * logical core, at most 16). Only the threaded build, `import init from 'distopt/threads'`,
+   * starts them (as module Web Workers on shared memory, which needs a cross-origin isolated
+   * page); the plain build validates the option and runs on one thread.
+   */
+  threads?: 'auto' | number;
 }
 
 /**

@@ -663,6 +663,78 @@ async function webgpuAdapterInfo() {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The CPU fallback's worker threads (the threaded build, `distopt/threads`)
+
+/** Whether this copy of the file wraps the threaded build (scripts/build-npm.sh sets it). */
+const threadedBuild = false; // distopt/threads: build
+
+/**
+ * The `threads` option of init(): `'auto'` (every logical core, at most 16) or a whole number
+ * of threads from 1 to 64, the calling thread included.
+ */
+function threadCount(threads) {
+  if (threads === undefined || threads === null || threads === 'auto') {
+    const cores = globalThis.navigator?.hardwareConcurrency;
+    return Number.isInteger(cores) && cores > 0 ? Math.min(cores, 16) : 1;
+  }
+  if (typeof threads !== 'number' || !Number.isInteger(threads) || threads < 1 || threads > 64) {
+    throw namedError(
+      'ValueError',
+      `init: threads must be 'auto' or a whole number from 1 to 64, got ${describe(threads)}`,
+    );
+  }
+  return threads;
+}
+
+/**
+ * A new worker thread running `threads/worker.js`. scripts/build-npm.sh makes threads/index.js
+ * from this file with this body replaced by `new Worker(new URL('./worker.js',
+ * import.meta.url), options)`, the form bundlers follow; the plain build has no worker.
+ */
+function spawnThreadWorker(options) {
+  void options;
+  return null; // distopt/threads: spawn
+}
+
+/** Worker threads started so far (they serve the module's pool until the page goes). */
+const threadWorkers = [];
+
+/**
+ * Starts worker threads until `threads - 1` serve the CPU fallback's pool (a later init()
+ * adds workers, never removes any). Each is a module Web Worker that instantiates this
+ * module on the same shared memory and then serves the pool for good. Resolves to the number
+ * of threads the CPU backend will use, the calling one included.
+ */
+async function startThreads(threads) {
+  if (!threadedBuild || typeof Worker !== 'function') return 1;
+  const [module, memory] = glue.threadStartData();
+  const starting = [];
+  while (threadWorkers.length < threads - 1) {
+    const worker = spawnThreadWorker({ type: 'module', name: `distopt CPU thread ${threadWorkers.length + 1}` });
+    if (worker === null) break;
+    threadWorkers.push(worker);
+    starting.push(
+      new Promise((resolve, reject) => {
+        worker.onmessage = ({ data }) =>
+          data === 'ready'
+            ? resolve()
+            : reject(namedError('RuntimeError', `init: a distopt CPU thread failed to start: ${data?.error ?? data}`));
+        worker.onerror = (event) =>
+          reject(namedError('RuntimeError', `init: a distopt CPU thread failed to start: ${event.message ?? event}`));
+      }),
+    );
+    worker.postMessage({ module, memory });
+  }
+  await Promise.all(starting);
+  // 'ready' comes just before a worker enters the pool: wait (briefly) until all have.
+  const deadline = Date.now() + 10_000;
+  while (glue.threadWorkers() < threadWorkers.length && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 1));
+  }
+  return glue.threadWorkers() + 1;
+}
+
 /**
  * Loads the WebAssembly module (once) and picks the backend: by default a hardware WebGPU
  * adapter when the environment has one, else the CPU fallback (also when WebGPU offers only a
@@ -674,20 +746,34 @@ async function webgpuAdapterInfo() {
  * to this file, found through `import.meta.url` (bundlers rewrite that to their asset).
  * The module loads once: a later init() only picks the backend again.
  *
- * @param {{backend?: 'auto' | 'gpu' | 'cpu', wasm?: any}} [options]
+ * `threads` (the threaded build, `distopt/threads`, only; the plain build runs the CPU
+ * fallback on one thread and ignores it): how many threads the CPU fallback uses, the calling
+ * one included; `'auto'` (the default) is every logical core, at most 16. The threaded build
+ * needs shared memory: in a browser, a cross-origin isolated page (served with
+ * `Cross-Origin-Opener-Policy: same-origin` and `Cross-Origin-Embedder-Policy: require-corp`).
+ *
+ * @param {{backend?: 'auto' | 'gpu' | 'cpu', wasm?: any, threads?: 'auto' | number}} [options]
  */
 export default async function init(options = {}) {
   const [opts] = plainArguments([options], ['options'], 'init');
   if (opts !== undefined && opts !== null && (typeof opts !== 'object' || Array.isArray(opts))) {
     throw namedError('TypeError', `init: options must be an object, got ${describe(options)}`);
   }
-  const { backend = 'auto' } = opts || {};
+  const { backend = 'auto', threads } = opts || {};
+  const threadsWanted = threadCount(threads);
+  if (threadedBuild && !initialized && globalThis.crossOriginIsolated === false) {
+    throw namedError(
+      'RuntimeError',
+      "init: distopt/threads needs shared memory, which this page lacks: serve it cross-origin isolated (Cross-Origin-Opener-Policy: same-origin, Cross-Origin-Embedder-Policy: require-corp), or import 'distopt' (one thread) instead",
+    );
+  }
   // The module source is used as given (a URL, bytes, a Response or a WebAssembly.Module),
   // not as the plain copy.
   const wasm = options ? options.wasm : undefined;
   const source = await resolveWasmSource(wasm);
   await loadModule(source === undefined ? undefined : { module_or_path: source });
   initialized = true;
+  await startThreads(threadsWanted);
   const info = await enter('init', () => glue.selectBackend(backend));
   const adapterInfo = await webgpuAdapterInfo();
   if (adapterInfo) {

@@ -9,6 +9,11 @@
 #        lockfile, else fetched by npx; Debian's binaryen 108 breaks the module, so not that one.
 #        --no-wasm-opt skips it.)
 # The sizes before and after wasm-opt are printed.
+#   (5. the threaded build, `distopt/threads`, where a nightly toolchain with rust-src exists:
+#       the same crate with WebAssembly atomics and shared memory, std rebuilt for them
+#       (-Z build-std), into wasm-threads/; threads/index.js is index.js importing that glue,
+#       threads/worker.js the worker that serves the CPU fallback's pool. Without nightly the
+#       package has no `distopt/threads` and says so. --no-threads skips it.)
 #
 # Installs what a fresh machine lacks: the wasm32 rustup target and wasm-bindgen-cli.
 set -euo pipefail
@@ -16,11 +21,13 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
 WASM_OPT=1
+THREADS=1
 for arg in "$@"; do
   case "$arg" in
     --wasm-opt) WASM_OPT=1 ;;
     --no-wasm-opt) WASM_OPT=0 ;;
-    *) echo "usage: scripts/build-npm.sh [--no-wasm-opt]" >&2; exit 2 ;;
+    --no-threads) THREADS=0 ;;
+    *) echo "usage: scripts/build-npm.sh [--no-wasm-opt] [--no-threads]" >&2; exit 2 ;;
   esac
 done
 
@@ -47,19 +54,60 @@ wasm-bindgen --target web --no-typescript --out-dir "$PKG/wasm" --out-name disto
 size_line() {
   echo "$(stat -c %s "$1") bytes raw, $(gzip -9 -c "$1" | wc -c) bytes gzipped (-9)"
 }
+BINARYEN_VERSION=132.0.0
 if [ "$WASM_OPT" = 1 ]; then
-  BINARYEN_VERSION=132.0.0
   WASM_OPT_BIN="$ROOT/tests/js/node_modules/binaryen/bin/wasm-opt"
   if [ -x "$WASM_OPT_BIN" ] && [ "$(node -p 'require(process.argv[1]).version' "$ROOT/tests/js/node_modules/binaryen/package.json")" = "$BINARYEN_VERSION" ]; then
     WASM_OPT_CMD=("$WASM_OPT_BIN")
   else
     WASM_OPT_CMD=(npx --yes "--package=binaryen@$BINARYEN_VERSION" -- wasm-opt)
   fi
+  WASM_FEATURES=(--enable-bulk-memory --enable-nontrapping-float-to-int --enable-sign-ext
+    --enable-mutable-globals --enable-reference-types --enable-multivalue)
   echo "build-npm: before wasm-opt: $(size_line "$PKG/wasm/distopt_wasm_bg.wasm")"
   echo "build-npm: wasm-opt -Oz (binaryen $BINARYEN_VERSION from npm)"
-  "${WASM_OPT_CMD[@]}" -Oz --enable-bulk-memory --enable-nontrapping-float-to-int \
-    --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue \
+  "${WASM_OPT_CMD[@]}" -Oz "${WASM_FEATURES[@]}" \
     "$PKG/wasm/distopt_wasm_bg.wasm" -o "$PKG/wasm/distopt_wasm_bg.wasm"
+fi
+
+# 5. The threaded build (see the header): nightly's rust-src rebuilds std with atomics.
+HAVE_THREADS=0
+if [ "$THREADS" = 1 ]; then
+  if cargo +nightly --version >/dev/null 2>&1 \
+    && { rustup component list --toolchain nightly --installed 2>/dev/null | grep -qx rust-src \
+      || rustup component add rust-src --toolchain nightly >/dev/null 2>&1; }; then
+    HAVE_THREADS=1
+  else
+    echo "build-npm: no nightly toolchain with rust-src here: the package has no distopt/threads (the CPU fallback runs on one thread)"
+  fi
+fi
+if [ "$HAVE_THREADS" = 1 ]; then
+  echo "build-npm: cargo +nightly build (wasm32 with atomics and shared memory, -Z build-std)"
+  THREADS_TARGET="${CARGO_TARGET_DIR:-target}/wasm-threads"
+  # Shared memory up to 4 GiB; the linker exports what wasm-bindgen's thread start needs.
+  CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals \
+-C link-arg=--shared-memory -C link-arg=--max-memory=4294967296 -C link-arg=--import-memory \
+-C link-arg=--export=__wasm_init_tls -C link-arg=--export=__tls_size -C link-arg=--export=__tls_align \
+-C link-arg=--export=__tls_base" \
+    cargo +nightly build -p distopt-js --lib --locked --target wasm32-unknown-unknown \
+    --profile wasm-release -Z build-std=panic_abort,std --target-dir "$THREADS_TARGET"
+  mkdir -p "$PKG/wasm-threads" "$PKG/threads"
+  wasm-bindgen --target web --no-typescript --out-dir "$PKG/wasm-threads" --out-name distopt_wasm \
+    "$THREADS_TARGET/wasm32-unknown-unknown/wasm-release/distopt_js.wasm"
+  if [ "$WASM_OPT" = 1 ]; then
+    echo "build-npm: wasm-opt -Oz (threaded build)"
+    "${WASM_OPT_CMD[@]}" -Oz "${WASM_FEATURES[@]}" --enable-threads \
+      "$PKG/wasm-threads/distopt_wasm_bg.wasm" -o "$PKG/wasm-threads/distopt_wasm_bg.wasm"
+  fi
+  # The same guarded API, wrapping the threaded glue.
+  sed -e "s#'\./wasm/#'../wasm-threads/#g" \
+    -e "s#^const threadedBuild = false; // distopt/threads: build\$#const threadedBuild = true;#" \
+    -e "s#^  return null; // distopt/threads: spawn\$#  return new Worker(new URL('./worker.js', import.meta.url), options);#" \
+    npm/index.js > "$PKG/threads/index.js"
+  grep -q "'../wasm-threads/distopt_wasm.js'" "$PKG/threads/index.js"
+  grep -q "new Worker(new URL('./worker.js', import.meta.url), options)" "$PKG/threads/index.js"
+  grep -q "^const threadedBuild = true;" "$PKG/threads/index.js"
+  cp npm/threads/worker.js "$PKG/threads/"
 fi
 
 cp npm/package.json npm/index.js npm/index.cjs npm/index.d.ts npm/README.md LICENSE-MIT LICENSE-APACHE "$PKG/"
@@ -70,10 +118,17 @@ node -e '
   const path = process.argv[1];
   const pkg = JSON.parse(fs.readFileSync(path, "utf8"));
   pkg.version = process.argv[2];
+  if (process.argv[3] !== "1") {
+    delete pkg.exports["./threads"];
+    pkg.files = pkg.files.filter((f) => !/^(threads|wasm-threads)\//.test(f));
+  }
   fs.writeFileSync(path, JSON.stringify(pkg, null, 2) + "\n");
-' "$PKG/package.json" "$CRATE_VERSION"
+' "$PKG/package.json" "$CRATE_VERSION" "$HAVE_THREADS"
 
 (cd "$OUT" && rm -f distopt-*.tgz && npm pack ./package --silent >/dev/null)
 TARBALL="$(ls "$OUT"/distopt-*.tgz)"
 echo "build-npm: distopt_wasm_bg.wasm: $(size_line "$PKG/wasm/distopt_wasm_bg.wasm")"
+if [ "$HAVE_THREADS" = 1 ]; then
+  echo "build-npm: threaded distopt_wasm_bg.wasm: $(size_line "$PKG/wasm-threads/distopt_wasm_bg.wasm")"
+fi
 echo "build-npm: package $TARBALL ($(stat -c %s "$TARBALL") bytes)"

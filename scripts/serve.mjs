@@ -9,9 +9,9 @@
 //
 // Every response carries the cross-origin isolation headers (COOP `same-origin`, COEP
 // `require-corp`, CORP `same-origin`), so that pages get `crossOriginIsolated` and with it
-// SharedArrayBuffer and WebAssembly threads (TF.js's wasm backend then runs threaded; distopt's
-// CPU fallback is one thread either way: see docs/performance.md). --no-isolation leaves them
-// out, to see a page as a server without them serves it.
+// SharedArrayBuffer and WebAssembly threads (TF.js's wasm backend then runs threaded, and the
+// demo and bench load `distopt/threads`, whose CPU fallback runs on every core). --no-isolation
+// leaves them out, to see a page as a server without them serves it.
 
 import { createServer } from 'node:http';
 import { createReadStream, promises as fs } from 'node:fs';

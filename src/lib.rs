@@ -26,6 +26,12 @@
 // `Arc`s that share them natively are then merely reference counts.
 #![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 #![warn(clippy::missing_errors_doc)]
+// The threaded WebAssembly build (nightly only, as `atomics` needs a rebuilt std) sleeps its
+// idle workers with `memory.atomic.wait32` (`backend::cpu::pool`).
+#![cfg_attr(
+    all(target_arch = "wasm32", target_feature = "atomics"),
+    feature(stdarch_wasm_atomic_wait)
+)]
 
 pub mod averaging;
 pub mod backend;

@@ -18,7 +18,11 @@
 // window.runBench({ranks, log2n, repeats, variants}) resolves to {env, rows}; the page runs
 // itself with its query parameters (?R=8&N=20&repeats=5&variants=mean,addN,add) unless ?run=0.
 
-import init, * as distopt from '/pkg/index.js';
+import { loadDistopt } from '/load-distopt.js';
+
+// The package's threaded build where the page is cross-origin isolated (see load-distopt.js).
+const distopt = await loadDistopt(new URL('/pkg/', location.href));
+const init = distopt.default;
 
 const tf = globalThis.tf;
 const LR = Math.fround(1e-3); // StepBench's learning rate, and Adam's here
@@ -350,7 +354,7 @@ async function runBench({ ranks = 8, log2n = 20, repeats = 5, variants = ['mean'
     tfjsVersion: tf.version.tfjs,
     crossOriginIsolated: globalThis.crossOriginIsolated === true,
     hardwareConcurrency: navigator.hardwareConcurrency,
-    distoptCpuThreads: 1,
+    distoptCpuThreads: null,
     webgpu: hasWebGpu,
     userAgent: navigator.userAgent,
   };
@@ -364,7 +368,8 @@ async function runBench({ ranks = 8, log2n = 20, repeats = 5, variants = ['mean'
       log(`skipped: distopt ${pair.distoptBackend} vs TF.js ${pair.peer}: no WebGPU in this browser`);
       continue;
     }
-    await distopt.selectBackend(pair.distoptBackend);
+    const selected = await distopt.selectBackend(pair.distoptBackend);
+    if (pair.distoptBackend === 'cpu') env.distoptCpuThreads = selected.threads;
     if (!(await useTf(pair.peer))) {
       rows.push({ work: 'all', distoptBackend: pair.distoptBackend, peer: pair.peer, peerError: `TF.js backend ${pair.peer} did not start` });
       show(rows.at(-1));
@@ -402,7 +407,7 @@ async function runBench({ ranks = 8, log2n = 20, repeats = 5, variants = ['mean'
   document.getElementById('env').textContent =
     `R = ${ranks}, N = 2^${log2n} float32, ${repeats} timed steps (median); TF.js ${env.tfjsVersion}; ` +
     `cross-origin isolated: ${env.crossOriginIsolated} (TF.js wasm threads: ${env.tfjsWasmThreads ?? '?'}, ` +
-    `distopt CPU fallback threads: 1); ${env.hardwareConcurrency} logical cores`;
+    `distopt CPU fallback threads: ${env.distoptCpuThreads ?? '?'}); ${env.hardwareConcurrency} logical cores`;
   const report = { env, rows };
   window.benchReport = report;
   return report;

@@ -512,10 +512,11 @@ function showAdapter(info, choice) {
   box.dataset.kind = info.kind;
   const a = info.adapterInfo;
   const detail = a ? [a.vendor, a.architecture].filter(Boolean).join(' · ') : '';
+  const threads = info.threads > 1 ? `on ${info.threads} threads (Web Workers)` : 'on one thread (in a Web Worker)';
   if (info.kind === 'gpu') {
     setAdapterLine('gpu', 'WebGPU', ` · ${info.name}`, `${detail}${a && a.isFallbackAdapter ? ' · software (fallback) adapter' : ''}`);
   } else if (choice === 'cpu') {
-    setAdapterLine('cpu', 'CPU backend', ' · as selected', "distopt's plain-Rust backend, compiled to WebAssembly, on one thread (in a Web Worker)");
+    setAdapterLine('cpu', 'CPU backend', ' · as selected', `distopt's plain-Rust backend, compiled to WebAssembly, ${threads}`);
   } else if (a) {
     setAdapterLine(
       'cpu',
@@ -524,7 +525,7 @@ function showAdapter(info, choice) {
       `WebGPU offers only ${a.description || detail || 'a software adapter'}${a.description && detail ? ` (${detail})` : ''}; pick “WebGPU” under Backend to use it anyway`,
     );
   } else {
-    setAdapterLine('cpu', 'CPU fallback', ' · WebGPU is not available in this browser', "distopt's plain-Rust backend, compiled to WebAssembly, on one thread (in a Web Worker)");
+    setAdapterLine('cpu', 'CPU fallback', ' · WebGPU is not available in this browser', `distopt's plain-Rust backend, compiled to WebAssembly, ${threads}`);
   }
   box.title = info.reason;
 }

@@ -10,7 +10,13 @@
 //   period, ranks, levels} · {type: 'run', id, …what the trainer is} · {type: 'steps', id,
 //   reports, evaluation} · {type: 'stopped', id, done} · {type: 'error', id, name, message}
 
-import init, { Trainer, selectBackend, version } from './pkg/index.js';
+import { loadDistopt } from './load-distopt.js';
+
+// The package's threaded build where this worker may use it (see load-distopt.js).
+let init, Trainer, selectBackend, version;
+const loaded = loadDistopt(new URL('./pkg/', import.meta.url)).then((distopt) => {
+  ({ default: init, Trainer, selectBackend, version } = distopt);
+});
 
 const MAX_STEPS = 1500;
 const BATCH_MS = 30;
@@ -123,6 +129,7 @@ let busy = false;
 
 /** Messages are handled one at a time, in order (a new run waits for the step in flight). */
 async function handle(message) {
+  await loaded;
   switch (message.type) {
     case 'init': {
       const info = await init({ backend: message.backend });

@@ -93,6 +93,9 @@ test('the bench page compares distopt with TF.js on both backends, checking answ
   assert.deepEqual(errors, [], 'no console errors');
   assert.equal(report.env.crossOriginIsolated, true, 'the server sends COOP/COEP: the page is cross-origin isolated');
   assert.equal(report.env.webgpu, true, 'this Chromium offers WebGPU (SwiftShader)');
+  // The isolated page loads distopt/threads where the package has it: one thread per core.
+  const threaded = fs.existsSync(path.join(PACKAGE, 'threads/index.js'));
+  assert.equal(report.env.distoptCpuThreads, threaded ? Math.min(report.env.hardwareConcurrency, 16) : 1);
   const pairs = report.rows.map((r) => `${r.work}${r.variant ? `/${r.variant}` : ''} ${r.distoptBackend}-${r.peer}`);
   const expected = (d, p) => [...VARIANTS.map((v) => `step/${v} ${d}-${p}`), `adam ${d}-${p}`];
   assert.deepEqual(pairs, [...expected('gpu', 'webgpu'), ...expected('cpu', 'wasm')]);

@@ -21,6 +21,8 @@ import { HERE, ROOT } from './helpers.js';
 const OUT = path.join(ROOT, 'target/npm');
 const VITE = path.join(HERE, 'node_modules/vite/bin/vite.js');
 const WEBPACK = path.join(HERE, 'node_modules/webpack-cli/bin/cli.js');
+/** Whether the package holds the threaded build (built where nightly with rust-src exists). */
+const THREADED = fs.existsSync(path.join(OUT, 'package/threads/index.js'));
 
 /** The app: the seed example through the package, with `options` passed to init(). */
 const main = (options) => `import init, { sgdStep } from 'distopt';
@@ -30,6 +32,8 @@ const info: BackendSelection = await init(${options});
 const out: StepResult = await sgdStep([[[1, 2]], [[1, 2]]], [[[2, 4]], [[4, 6]]], 0.1);
 document.body.dataset.result = JSON.stringify({
   kind: info.kind,
+  threads: info.threads,
+  cores: navigator.hardwareConcurrency,
   fallbackAdapter: info.adapterInfo?.isFallbackAdapter,
   mean: Array.from(out.meanGradients[0].data),
   updated: Array.from(out.updatedReplicas[1][0].data),
@@ -68,9 +72,20 @@ test('the tarball holds the package and nothing else', () => {
     'package/index.d.ts',
     'package/index.js',
     'package/package.json',
+    // The threaded build (distopt/threads), where the package was built with nightly.
+    ...(THREADED
+      ? [
+          'package/threads/index.js',
+          'package/threads/worker.js',
+          'package/wasm-threads/distopt_wasm.js',
+          'package/wasm-threads/distopt_wasm_bg.wasm',
+        ]
+      : []),
     'package/wasm/distopt_wasm.js',
     'package/wasm/distopt_wasm_bg.wasm',
   ]);
+  const manifest = JSON.parse(fs.readFileSync(path.join(OUT, 'package/package.json'), 'utf8'));
+  assert.equal('./threads' in manifest.exports, THREADED, 'distopt/threads is exported exactly when it was built');
   const size = fs.statSync(tarball).size;
   console.log(`packed tarball: ${path.basename(tarball)}, ${size} bytes`);
   // What a registry shows: both license texts, and metadata naming every capability.
@@ -387,4 +402,25 @@ module.exports = {
   console.log(`webpack build: ${assets.join(', ')}`);
   assert.ok(assets.some((f) => f.endsWith('.wasm')), 'the .wasm is emitted as an asset');
   checkSeedExample(await runInChromium(path.join(dir, 'dist'), '/index.html'), 'gpu');
+  if (!THREADED) return;
+  // distopt/threads through webpack: the worker and its glue are bundled too, and the CPU
+  // fallback runs on every core of the (cross-origin isolated) page.
+  fs.writeFileSync(
+    path.join(dir, 'src/main.js'),
+    main("{ backend: 'cpu' }")
+      .replace(/^import type.*\n/m, '')
+      .replace(/: \w+ =/g, ' =')
+      .replace("from 'distopt'", "from 'distopt/threads'"),
+  );
+  const threadsLog = execFileSync(process.execPath, [WEBPACK, 'build', '--config', 'webpack.config.cjs'], {
+    cwd: dir,
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  assert.doesNotMatch(threadsLog, /WARNING|ERROR/, threadsLog);
+  assert.match(threadsLog, /distopt\/threads\/worker\.js/, 'webpack bundles the worker');
+  fs.copyFileSync(path.join(dir, 'index.html'), path.join(dir, 'dist/index.html'));
+  const threaded = await runInChromium(path.join(dir, 'dist'), '/index.html');
+  checkSeedExample(threaded, 'cpu');
+  assert.equal(threaded.threads, Math.min(threaded.cores, 16), 'one thread per core');
 });

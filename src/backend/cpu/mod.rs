@@ -4,6 +4,7 @@
 //!
 //! - `host_words`: host arenas (staggered starts, budget reservations);
 //! - `threads`: splitting work into element ranges and running the parts;
+//! - `pool`: the worker threads the threaded WebAssembly build's Web Workers lend;
 //! - `half`: exact, branch-free 16-bit conversions and round trips;
 //! - `step`: the data-parallel SGD step over arenas;
 //! - `optim`: SGD, Adam and averaging over arenas;
@@ -15,6 +16,7 @@ mod half;
 pub mod host_step;
 pub(crate) mod host_words;
 mod optim;
+pub mod pool;
 pub mod roofline;
 mod step;
 mod stream;
@@ -43,7 +45,8 @@ impl Default for CpuBackend {
 }
 
 impl CpuBackend {
-    /// A backend using every core the host offers (one thread on wasm32).
+    /// A backend using every core the host offers (on wasm32, the caller and the workers
+    /// serving `pool::GLOBAL`: one thread outside the threaded build).
     pub fn new() -> CpuBackend {
         Self::with_threads(default_threads())
     }
@@ -74,7 +77,7 @@ fn default_threads() -> usize {
     }
     #[cfg(target_arch = "wasm32")]
     {
-        1
+        pool::GLOBAL.workers() + 1
     }
 }
 

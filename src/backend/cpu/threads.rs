@@ -1,5 +1,6 @@
 //! Splitting the CPU backend's work across threads: element ranges per part, and scoped
-//! threads to run them (one thread on wasm32).
+//! threads to run them (on wasm32, the Web Workers of `pool::GLOBAL` in the threaded build,
+//! else one thread).
 
 /// Elements handled per block, and the granularity of every split: the step's accumulator and
 /// packed outputs of one block stay in L1 while the gradients of every rank stream past; a
@@ -41,8 +42,22 @@ pub(super) fn part_bounds(len: usize, parts: usize) -> Vec<usize> {
 }
 
 /// Runs `work(part)` for each part: natively the last one on the calling thread, the others on
-/// scoped threads.
+/// scoped threads; in the threaded WebAssembly build, on the caller and the pool's workers.
 pub(super) fn run_parts<T: Send>(parts: Vec<T>, work: impl Fn(T) + Sync) {
+    #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+    if parts.len() > 1 && super::pool::GLOBAL.workers() > 0 {
+        let slots: Vec<std::sync::Mutex<Option<T>>> = parts
+            .into_iter()
+            .map(|p| std::sync::Mutex::new(Some(p)))
+            .collect();
+        super::pool::GLOBAL.run(slots.len(), &|i| {
+            let part = slots[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(part) = part {
+                work(part);
+            }
+        });
+        return;
+    }
     #[cfg(not(target_arch = "wasm32"))]
     if parts.len() > 1 {
         let mut parts = parts;
