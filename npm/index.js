@@ -712,7 +712,6 @@ async function startThreads(threads) {
   const starting = [];
   while (threadWorkers.length < threads - 1) {
     const worker = spawnThreadWorker({ type: 'module', name: `distopt CPU thread ${threadWorkers.length + 1}` });
-    if (worker === null) break;
     threadWorkers.push(worker);
     starting.push(
       new Promise((resolve, reject) => {
