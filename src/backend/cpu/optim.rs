@@ -855,10 +855,15 @@ pub(crate) fn average(
             rows,
             group_size,
             divisor,
+            reciprocal: group_size.is_power_of_two().then(|| 1.0 / divisor),
         })
     });
     Ok(())
 }
+
+/// Elements of every row summed before the mean is written back: small enough that the
+/// group's rows are still in the first-level cache when they are stored.
+const AVERAGE_BLOCK: usize = 1024;
 
 /// One part of an averaging step: every rank's slice of the part's element range.
 struct AveragePart<'a> {
@@ -866,12 +871,14 @@ struct AveragePart<'a> {
     rows: Vec<&'a mut [f32]>,
     group_size: usize,
     divisor: f32,
+    /// `1 / divisor` when the divisor is a power of two (the reciprocal is then exact).
+    reciprocal: Option<f32>,
 }
 
 impl PartWork for AveragePart<'_> {
     #[inline(always)]
     fn run(mut self) {
-        const BLOCK: usize = 1024;
+        const BLOCK: usize = AVERAGE_BLOCK;
         let mut acc = [0f32; BLOCK];
         for seg in &self.segments {
             let mut first = seg.first;
@@ -880,12 +887,28 @@ impl PartWork for AveragePart<'_> {
                 let n = BLOCK.min(end - first);
                 for group in self.rows.chunks_mut(self.group_size) {
                     let acc = &mut acc[..n];
-                    for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
-                        *a = x / self.divisor;
-                    }
-                    for row in &group[1..] {
-                        for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
-                            *a += x / self.divisor;
+                    match self.reciprocal {
+                        // x · 2^-k is x / 2^k exactly (both round the same real number), and
+                        // a product is cheaper than a quotient.
+                        Some(scale) => {
+                            for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
+                                *a = x * scale;
+                            }
+                            for row in &group[1..] {
+                                for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
+                                    *a += x * scale;
+                                }
+                            }
+                        }
+                        None => {
+                            for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
+                                *a = x / self.divisor;
+                            }
+                            for row in &group[1..] {
+                                for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
+                                    *a += x / self.divisor;
+                                }
+                            }
                         }
                     }
                     for row in group.iter_mut() {
