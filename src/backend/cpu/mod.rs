@@ -6,17 +6,21 @@
 //! - `threads`: splitting work into element ranges and running the parts;
 //! - `pool`: the worker threads the threaded WebAssembly build's Web Workers lend;
 //! - `half`: exact, branch-free 16-bit conversions and round trips;
+//! - `f16c`: the same binary16 conversions in hardware (x86-64), for the step;
+//! - `quotient`: dividing by a power of two as a product (exact);
 //! - `step`: the data-parallel SGD step over arenas;
 //! - `optim`: SGD, Adam and averaging over arenas;
 //! - `host_step`: the step straight from host tensors;
 //! - `roofline`: the same-traffic kernel the benchmarks compare with;
 //! - this file: `CpuBackend` and its `Backend` implementation.
 
+mod f16c;
 mod half;
 pub mod host_step;
 pub(crate) mod host_words;
 mod optim;
 pub mod pool;
+mod quotient;
 pub mod roofline;
 mod step;
 mod stream;

@@ -12,6 +12,7 @@
 //! one pass. float64 arenas, and arenas whose layout is not slot-aligned, run the reference.
 
 use super::half::{BFloat16, Binary16, HalfFormat};
+use super::quotient::{ByDivision, ByScale, Divide, Quotient};
 use super::threads::run_parts;
 use crate::backend::kernels::{
     self, AdamArenas, AdamScalars, ParamStarts, SgdScalars, host_words, host_words_mut,
@@ -847,68 +848,54 @@ pub(crate) fn average(
             rest = tail;
         }
     }
-    let divisor = group_size as f32;
     let work: Vec<_> = plan.parts.into_iter().zip(per_part).collect();
-    run_parts(work, |(segments, rows)| {
-        run_best(AveragePart {
+    let quotient = Quotient::by(group_size as f32);
+    run_parts(work, |(segments, rows)| match quotient {
+        Quotient::Divide(d) => run_best(AveragePart {
             segments,
             rows,
             group_size,
-            divisor,
-            reciprocal: group_size.is_power_of_two().then(|| 1.0 / divisor),
-        })
+            quotient: ByDivision(d),
+        }),
+        Quotient::Scale(s) => run_best(AveragePart {
+            segments,
+            rows,
+            group_size,
+            quotient: ByScale(s),
+        }),
     });
     Ok(())
 }
 
-/// Elements of every row summed before the mean is written back: small enough that the
-/// group's rows are still in the first-level cache when they are stored.
+/// Elements of every row summed before the mean is written back.
 const AVERAGE_BLOCK: usize = 1024;
 
 /// One part of an averaging step: every rank's slice of the part's element range.
-struct AveragePart<'a> {
+struct AveragePart<'a, Q> {
     segments: Vec<Segment>,
     rows: Vec<&'a mut [f32]>,
     group_size: usize,
-    divisor: f32,
-    /// `1 / divisor` when the divisor is a power of two (the reciprocal is then exact).
-    reciprocal: Option<f32>,
+    /// Division by the group size (a product when that is exact).
+    quotient: Q,
 }
 
-impl PartWork for AveragePart<'_> {
+impl<Q: Divide> PartWork for AveragePart<'_, Q> {
     #[inline(always)]
     fn run(mut self) {
-        const BLOCK: usize = AVERAGE_BLOCK;
-        let mut acc = [0f32; BLOCK];
+        let mut acc = [0f32; AVERAGE_BLOCK];
         for seg in &self.segments {
             let mut first = seg.first;
             let end = seg.first + seg.len;
             while first < end {
-                let n = BLOCK.min(end - first);
+                let n = AVERAGE_BLOCK.min(end - first);
                 for group in self.rows.chunks_mut(self.group_size) {
                     let acc = &mut acc[..n];
-                    match self.reciprocal {
-                        // x · 2^-k is x / 2^k exactly (both round the same real number), and
-                        // a product is cheaper than a quotient.
-                        Some(scale) => {
-                            for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
-                                *a = x * scale;
-                            }
-                            for row in &group[1..] {
-                                for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
-                                    *a += x * scale;
-                                }
-                            }
-                        }
-                        None => {
-                            for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
-                                *a = x / self.divisor;
-                            }
-                            for row in &group[1..] {
-                                for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
-                                    *a += x / self.divisor;
-                                }
-                            }
+                    for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
+                        *a = self.quotient.of(x);
+                    }
+                    for row in &group[1..] {
+                        for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
+                            *a += self.quotient.of(x);
                         }
                     }
                     for row in group.iter_mut() {

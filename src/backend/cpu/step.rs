@@ -6,7 +6,9 @@
 //! line: the step then costs the `(2R+2)·N` element sizes of traffic a `memcpy` of the same
 //! bytes costs.
 
+use super::f16c;
 use super::half::{BFloat16, Binary16, HalfFormat};
+use super::quotient::{ByDivision, ByScale, Divide, Quotient};
 use super::stream::{STREAMING_THRESHOLD_BYTES, store_fence, store_words};
 use super::threads::{BLOCK, PARALLEL_THRESHOLD, part_bounds, run_parts, split_ranks};
 use super::{host, host_mut};
@@ -49,9 +51,12 @@ struct StepKernel {
     grad_format: StorageFormat,
     param: Fast,
     grad: Fast,
-    divisor: f32,
+    /// How a sum becomes a mean: `sum / R`, by a product where that is exact.
+    quotient: Quotient,
     learning_rate: f32,
     streaming: bool,
+    /// binary16 parameters are converted in hardware ([`f16c`]), with the sums interleaved.
+    f16_hardware: bool,
 }
 
 /// `acc[i] = 0 + g` (`first`) or `acc[i] += g`, for `g` the f32 words of `src`. Starting
@@ -116,26 +121,20 @@ fn add_half<H: HalfFormat>(acc: &mut [f32], src: &[u32], first: bool) {
     }
 }
 
-/// Means and updated parameters of one block of a 16-bit format from the split sums: packed
-/// means into `means`, packed parameters into `out`, from rank 0's packed parameters `p0`.
+/// Means and updated parameters of one block of a 16-bit format from the sums of each word's
+/// (low, high) element pair: packed means into `means`, packed parameters into `out`, from
+/// rank 0's packed parameters `p0`.
 #[inline(always)]
-fn update_half<H: HalfFormat>(
-    lo: &[f32],
-    hi: &[f32],
+fn update_half<H: HalfFormat, Q: Divide>(
+    sums: impl Iterator<Item = (f32, f32)>,
     p0: &[u32],
     means: &mut [u32],
     out: &mut [u32],
-    divisor: f32,
+    quotient: Q,
     lr: f32,
 ) {
-    for ((((&l, &h), &p), m), o) in lo
-        .iter()
-        .zip(hi)
-        .zip(p0)
-        .zip(means.iter_mut())
-        .zip(out.iter_mut())
-    {
-        let (ml, mh) = (H::encode(l / divisor), H::encode(h / divisor));
+    for ((((l, h), &p), m), o) in sums.zip(p0).zip(means.iter_mut()).zip(out.iter_mut()) {
+        let (ml, mh) = (H::encode(quotient.of(l)), H::encode(quotient.of(h)));
         *m = ml | (mh << 16);
         let (ml, mh) = (H::decode(ml), H::decode(mh));
         let (pl, ph) = (H::decode(p), H::decode(p >> 16));
@@ -143,30 +142,32 @@ fn update_half<H: HalfFormat>(
     }
 }
 
-/// The data-parallel SGD step over one element range. `params[r]` and `means` hold the
-/// range's words (they begin at element `first_element`); `grads` is the whole gradient arena,
-/// ranks `grad_rank_words` apart. Per element, in f32:
-/// `mean = round_P((0 + g_0 + … + g_{R-1}) / R)`, and on every rank `p = round_P(p_0 − lr·mean)`.
+/// The data-parallel SGD step over one element range ([`StepRange`]). Per element, in f32:
+/// `mean = round_P((0 + g_0 + … + g_{R-1}) / R)`, and on every rank `p = round_P(p_0 − lr·mean)`,
+/// the division made by `quotient`.
 #[inline(always)]
-fn dp_sgd_step_range(
-    kernel: &StepKernel,
-    params: &mut [&mut [u32]],
-    means: &mut [u32],
-    grads: &[u32],
-    grad_rank_words: usize,
-    elements: usize,
-    first_element: usize,
-) {
+fn dp_sgd_step_range<Q: Divide>(quotient: Q, range: StepRange<'_, '_>) {
+    let StepRange {
+        kernel,
+        params,
+        means,
+        grads,
+        grad_rank_words,
+        elements,
+        first_element,
+    } = range;
     let ranks = params.len();
     if ranks == 0 || elements == 0 {
         return;
     }
     let (pf, gf) = (kernel.param_format, kernel.grad_format);
-    let (lr, divisor) = (kernel.learning_rate, kernel.divisor);
-    let half_params = matches!(kernel.param, Fast::F16 | Fast::BF16);
+    let lr = kernel.learning_rate;
     // The gradient sums, then (f32 and generic formats) the means. 16-bit parameters keep the
     // sums of even and odd elements apart (`acc[..BLOCK / 2]` and `acc[BLOCK / 2..]`), so
-    // that every loop runs over whole packed words.
+    // that every portable loop runs over whole packed words; binary16 parameters converted in
+    // hardware keep them in element order.
+    let split = matches!(kernel.param, Fast::F16 | Fast::BF16)
+        && !(kernel.param == Fast::F16 && kernel.f16_hardware);
     let mut acc = [0f32; BLOCK];
     // The packed updated parameters of one block (room for two words per element, for
     // formats wider than f32) and, for 16-bit formats, the packed means.
@@ -182,7 +183,7 @@ fn dp_sgd_step_range(
         for rank in 0..ranks {
             let words = &grads[rank * grad_rank_words..(rank + 1) * grad_rank_words];
             let first = rank == 0;
-            if half_params {
+            if split {
                 let (lo, hi) = acc.split_at_mut(BLOCK / 2);
                 let (lo, hi) = (&mut lo[..pairs], &mut hi[..pairs]);
                 match kernel.grad {
@@ -216,7 +217,9 @@ fn dp_sgd_step_range(
                         n
                     }
                     Fast::F16 => {
-                        add_half::<Binary16>(acc, &words[g_at / 2..][..pairs], first);
+                        let src = &words[g_at / 2..][..pairs];
+                        let done = f16c::add(acc, src, first);
+                        add_half::<Binary16>(&mut acc[2 * done..], &src[done..], first);
                         2 * pairs
                     }
                     Fast::BF16 => {
@@ -243,7 +246,7 @@ fn dp_sgd_step_range(
                 let acc = &mut acc[..n];
                 let p0 = &params[0][at..at + n];
                 for ((a, out), &p) in acc.iter_mut().zip(packed.iter_mut()).zip(p0) {
-                    let mean = *a / divisor;
+                    let mean = quotient.of(*a);
                     *a = mean;
                     let scaled = lr * mean;
                     *out = (f32::from_bits(p) - scaled).to_bits();
@@ -254,18 +257,32 @@ fn dp_sgd_step_range(
             }
             Fast::F16 | Fast::BF16 => {
                 words = pairs;
-                let (lo, hi) = acc.split_at(BLOCK / 2);
-                let (lo, hi) = (&lo[..pairs], &hi[..pairs]);
                 let p0 = &params[0][at..at + pairs];
                 let (m, out) = (&mut packed_means[..pairs], &mut packed[..pairs]);
-                if kernel.param == Fast::F16 {
-                    update_half::<Binary16>(lo, hi, p0, m, out, divisor, lr);
+                if split {
+                    let (lo, hi) = acc.split_at(BLOCK / 2);
+                    let sums = lo[..pairs].iter().copied().zip(hi[..pairs].iter().copied());
+                    if kernel.param == Fast::F16 {
+                        update_half::<Binary16, Q>(sums, p0, m, out, quotient, lr);
+                    } else {
+                        update_half::<BFloat16, Q>(sums, p0, m, out, quotient, lr);
+                    }
                 } else {
-                    update_half::<BFloat16>(lo, hi, p0, m, out, divisor, lr);
+                    // binary16 in hardware: the sums are in element order.
+                    let done = f16c::update(&acc[..2 * pairs], p0, m, out, quotient.quotient(), lr);
+                    let sums = acc[2 * done..2 * pairs]
+                        .chunks_exact(2)
+                        .map(|s| (s[0], s[1]));
+                    let (p0, m, out) = (&p0[done..], &mut m[done..], &mut out[done..]);
+                    update_half::<Binary16, Q>(sums, p0, m, out, quotient, lr);
+                    if n % 2 == 1 {
+                        tail_sum = acc[n - 1];
+                    }
                 }
+                let m = &packed_means[..pairs];
                 if n % 2 == 1 {
                     let k = start + n - 1;
-                    let mean = pf.round(tail_sum / divisor);
+                    let mean = pf.round(quotient.of(tail_sum));
                     pf.store(means, k, mean);
                     tail = Some((k, pf.load(params[0], k) - lr * mean));
                 }
@@ -277,7 +294,7 @@ fn dp_sgd_step_range(
                 let packed = &mut packed[..words];
                 packed.copy_from_slice(p0);
                 for (k, a) in acc[..n].iter().enumerate() {
-                    let mean = pf.round(*a / divisor);
+                    let mean = pf.round(quotient.of(*a));
                     pf.store(means, k, mean);
                     let updated = pf.load(p0, k) - lr * mean;
                     pf.store(packed, k, updated);
@@ -323,7 +340,8 @@ fn step_range(
     })
 }
 
-/// The arguments of one [`dp_sgd_step_range`] call, as one part's work.
+/// One part's work: `params[r]` and `means` hold the range's words (they begin at element
+/// `first_element`); `grads` is the whole gradient arena, ranks `grad_rank_words` apart.
 struct StepRange<'a, 'b> {
     kernel: &'a StepKernel,
     params: &'a mut [&'b mut [u32]],
@@ -337,15 +355,17 @@ struct StepRange<'a, 'b> {
 impl super::optim::PartWork for StepRange<'_, '_> {
     #[inline(always)]
     fn run(self) {
-        dp_sgd_step_range(
-            self.kernel,
-            self.params,
-            self.means,
-            self.grads,
-            self.grad_rank_words,
-            self.elements,
-            self.first_element,
-        )
+        match self.kernel.quotient {
+            Quotient::Divide(d) => self.run_with(ByDivision(d)),
+            Quotient::Scale(s) => self.run_with(ByScale(s)),
+        }
+    }
+}
+
+impl StepRange<'_, '_> {
+    #[inline(always)]
+    fn run_with<Q: Divide>(self, quotient: Q) {
+        dp_sgd_step_range(quotient, self)
     }
 }
 
@@ -379,9 +399,10 @@ pub(super) fn dp_sgd_step(
         grad_format,
         param: Fast::of(param_format),
         grad: Fast::of(grad_format),
-        divisor,
+        quotient: Quotient::by(divisor),
         learning_rate,
         streaming: bytes >= STREAMING_THRESHOLD_BYTES,
+        f16_hardware: f16c::available(),
     };
     let parts = if elements.saturating_mul(ranks) >= PARALLEL_THRESHOLD {
         threads.min(elements.div_ceil(BLOCK))

@@ -1,0 +1,240 @@
+//! binary16 conversions in hardware (x86-64 F16C, eight elements per instruction) for the CPU
+//! step's block loops: bit for bit what [`Binary16::decode`](super::half::HalfFormat::decode)
+//! and [`Binary16::encode`](super::half::HalfFormat::encode) give, NaNs included (a NaN is
+//! stored as the signed canonical quiet NaN, as `encode` writes it). Each function does the
+//! whole groups of four words (eight elements) it is given and returns how many words that was;
+//! the caller's portable loops do the rest, and all of it where the host lacks F16C.
+
+use super::quotient::Quotient;
+
+/// Whether the host converts binary16 in hardware.
+pub(super) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `acc[i] = 0 + x[i]` (`first`) or `acc[i] += x[i]`, for `x` the binary16 elements packed two
+/// to a word in `src` (the low half first), over the leading whole groups of four words.
+/// Returns the words done: 0 where the host lacks F16C.
+///
+/// # Panics
+/// When `acc` is shorter than twice `src`.
+pub(super) fn add(acc: &mut [f32], src: &[u32], first: bool) -> usize {
+    assert!(
+        acc.len() >= 2 * src.len(),
+        "f16c::add: accumulator too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: the host has AVX and F16C (checked above); the lengths were checked.
+        return unsafe { x86::add(acc, src, first) };
+    }
+    let _ = first;
+    0
+}
+
+/// The step's update of one block from the (interleaved) gradient sums `acc`: the means,
+/// `round(sum / R)`, packed into `means`, and the updated parameters, `round(p0 − lr · mean)`
+/// from rank 0's packed parameters `p0`, packed into `out`, over the leading whole groups of
+/// four words. Returns the words done: 0 where the host lacks F16C.
+///
+/// # Panics
+/// When `acc` is shorter than twice `p0`, or `means` or `out` shorter than `p0`.
+pub(super) fn update(
+    acc: &[f32],
+    p0: &[u32],
+    means: &mut [u32],
+    out: &mut [u32],
+    quotient: Quotient,
+    lr: f32,
+) -> usize {
+    assert!(
+        acc.len() >= 2 * p0.len() && means.len() >= p0.len() && out.len() >= p0.len(),
+        "f16c::update: slices too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: the host has AVX and F16C (checked above); the lengths were checked.
+        return unsafe { x86::update(acc, p0, means, out, quotient, lr) };
+    }
+    let _ = (quotient, lr);
+    0
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Quotient;
+    use std::arch::x86_64::*;
+
+    /// [`super::add`] on a host with AVX and F16C.
+    ///
+    /// # Safety
+    /// The host must have AVX and F16C, and `acc.len() >= 2 * src.len()`.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn add(acc: &mut [f32], src: &[u32], first: bool) -> usize {
+        let words = src.len() / 4 * 4;
+        let (a, s) = (acc.as_mut_ptr(), src.as_ptr());
+        // SAFETY: word k + 3 < words <= src.len(), and element 2k + 7 < 2 · words <= acc.len().
+        unsafe {
+            if first {
+                let zero = _mm256_setzero_ps();
+                for k in (0..words).step_by(4) {
+                    let x = _mm256_cvtph_ps(_mm_loadu_si128(s.add(k).cast()));
+                    _mm256_storeu_ps(a.add(2 * k), _mm256_add_ps(zero, x));
+                }
+            } else {
+                for k in (0..words).step_by(4) {
+                    let x = _mm256_cvtph_ps(_mm_loadu_si128(s.add(k).cast()));
+                    let sum = _mm256_add_ps(_mm256_loadu_ps(a.add(2 * k)), x);
+                    _mm256_storeu_ps(a.add(2 * k), sum);
+                }
+            }
+        }
+        words
+    }
+
+    /// [`super::update`] on a host with AVX and F16C.
+    ///
+    /// # Safety
+    /// The host must have AVX and F16C; `acc` must hold at least twice `p0`'s length, `means`
+    /// and `out` at least `p0`'s.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn update(
+        acc: &[f32],
+        p0: &[u32],
+        means: &mut [u32],
+        out: &mut [u32],
+        quotient: Quotient,
+        lr: f32,
+    ) -> usize {
+        let words = p0.len() / 4 * 4;
+        let lr = _mm256_set1_ps(lr);
+        let (a, p, m, o) = (
+            acc.as_ptr(),
+            p0.as_ptr(),
+            means.as_mut_ptr(),
+            out.as_mut_ptr(),
+        );
+        // SAFETY: word k + 3 < words <= p0.len() <= means.len(), out.len(), and element
+        // 2k + 7 < 2 · words <= acc.len().
+        unsafe {
+            for k in (0..words).step_by(4) {
+                let sum = _mm256_loadu_ps(a.add(2 * k));
+                let mean = match quotient {
+                    Quotient::Divide(d) => _mm256_div_ps(sum, _mm256_set1_ps(d)),
+                    Quotient::Scale(s) => _mm256_mul_ps(sum, _mm256_set1_ps(s)),
+                };
+                let mean = encode(mean);
+                _mm_storeu_si128(m.add(k).cast(), mean);
+                let mean = _mm256_cvtph_ps(mean);
+                let param = _mm256_cvtph_ps(_mm_loadu_si128(p.add(k).cast()));
+                // p − lr · mean, two roundings (no fused multiply-add), as the portable loop.
+                let updated = _mm256_sub_ps(param, _mm256_mul_ps(lr, mean));
+                _mm_storeu_si128(o.add(k).cast(), encode(updated));
+            }
+        }
+        words
+    }
+
+    /// Eight float32 values rounded to binary16 (nearest even), a NaN as the signed canonical
+    /// quiet NaN (`0x7e00` with the sign): the hardware would keep part of its payload, so it
+    /// is given the float32 canonical NaN, which converts to exactly that.
+    #[inline]
+    #[target_feature(enable = "avx,f16c")]
+    fn encode(x: __m256) -> __m128i {
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+        let sign = _mm256_and_ps(x, _mm256_set1_ps(-0.0));
+        let canonical = _mm256_or_ps(sign, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc0_0000)));
+        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_blendv_ps(x, canonical, nan))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::half::{Binary16, HalfFormat};
+    use super::*;
+
+    /// Every binary16 bit pattern, in words.
+    fn every_half() -> Vec<u32> {
+        (0..=0xffffu32)
+            .collect::<Vec<_>>()
+            .chunks(2)
+            .map(|c| c[0] | (c[1] << 16))
+            .collect()
+    }
+
+    #[test]
+    fn add_decodes_every_binary16_as_the_portable_decode() {
+        let src = every_half();
+        let mut acc = vec![f32::NAN; 2 * src.len()];
+        let done = add(&mut acc, &src, true);
+        if !available() {
+            assert_eq!(done, 0);
+            return;
+        }
+        assert_eq!(done, src.len());
+        for (i, &x) in acc.iter().enumerate() {
+            let want = 0.0 + Binary16::decode(i as u32);
+            assert_eq!(x.to_bits(), want.to_bits(), "binary16 {i:#06x}");
+        }
+        // Accumulating: the sums are float32 sums of the decoded values.
+        let again = add(&mut acc, &src, false);
+        assert_eq!(again, src.len());
+        for (i, &x) in acc.iter().enumerate() {
+            let d = Binary16::decode(i as u32);
+            assert_eq!(x.to_bits(), ((0.0 + d) + d).to_bits(), "{i:#06x}");
+        }
+    }
+
+    #[test]
+    fn update_matches_the_portable_encode_for_every_kind_of_value() {
+        if !available() {
+            return;
+        }
+        // Sums around every binary16 value (exact, halfway and off-grid), overflow, subnormals,
+        // infinities and NaNs with payloads; parameters from every bit pattern.
+        let mut sums = Vec::new();
+        for bits in (0..=0xffffu32).step_by(7) {
+            let x = Binary16::decode(bits);
+            sums.extend([x, x * 1.000_061, x * 0.999_97, x * 8.0]);
+        }
+        sums.extend([
+            65_519.0,
+            65_520.0,
+            1e9,
+            -1e9,
+            5.96e-8,
+            2.98e-8,
+            2.99e-8,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xffc0_1234),
+        ]);
+        sums.resize(sums.len().div_ceil(8) * 8 + 2, 0.3);
+        let words = sums.len() / 2;
+        let p0: Vec<u32> = every_half().into_iter().cycle().take(words).collect();
+        for quotient in [Quotient::by(8.0), Quotient::by(3.0), Quotient::by(1.0)] {
+            for lr in [0.1f32, -2.5, 1e-4] {
+                let (mut means, mut out) = (vec![0u32; words], vec![0u32; words]);
+                let done = update(&sums, &p0, &mut means, &mut out, quotient, lr);
+                assert_eq!(done, words / 4 * 4);
+                for k in 0..done {
+                    for half in 0..2 {
+                        let shift = 16 * half;
+                        let mean = Binary16::encode(quotient.of(sums[2 * k + half]));
+                        let p = Binary16::decode(p0[k] >> shift);
+                        let updated = Binary16::encode(p - lr * Binary16::decode(mean));
+                        let what = format!("word {k} half {half} {quotient:?} lr {lr}");
+                        assert_eq!((means[k] >> shift) & 0xffff, mean, "mean, {what}");
+                        assert_eq!((out[k] >> shift) & 0xffff, updated, "param, {what}");
+                    }
+                }
+            }
+        }
+    }
+}
