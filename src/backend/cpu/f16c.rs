@@ -1,9 +1,10 @@
 //! binary16 conversions in hardware (x86-64 F16C, eight elements per instruction) for the CPU
 //! step's block loops: bit for bit what [`Binary16::decode`](super::half::HalfFormat::decode)
 //! and [`Binary16::encode`](super::half::HalfFormat::encode) give, NaNs included (a NaN is
-//! stored as the signed canonical quiet NaN, as `encode` writes it). Each function does the
-//! whole groups of four words (eight elements) it is given and returns how many words that was;
-//! the caller's portable loops do the rest, and all of it where the host lacks F16C.
+//! stored as the signed canonical quiet NaN, as `encode` writes it). Elements are `u16` bits (a
+//! packed arena's words read as `u16`, the low half first, or a tensor's `f16`s). Each function
+//! does the leading whole groups of eight elements it is given and returns how many elements
+//! that was; the caller's portable loops do the rest, and all of it where the host lacks F16C.
 
 use super::quotient::Quotient;
 
@@ -19,17 +20,14 @@ pub(super) fn available() -> bool {
     }
 }
 
-/// `acc[i] = 0 + x[i]` (`first`) or `acc[i] += x[i]`, for `x` the binary16 elements packed two
-/// to a word in `src` (the low half first), over the leading whole groups of four words.
-/// Returns the words done: 0 where the host lacks F16C.
+/// `acc[i] = 0 + x[i]` (`first`) or `acc[i] += x[i]`, for `x` the binary16 elements of `src`,
+/// over the leading whole groups of eight. Returns the elements done: 0 where the host lacks
+/// F16C.
 ///
 /// # Panics
-/// When `acc` is shorter than twice `src`.
-pub(super) fn add(acc: &mut [f32], src: &[u32], first: bool) -> usize {
-    assert!(
-        acc.len() >= 2 * src.len(),
-        "f16c::add: accumulator too short"
-    );
+/// When `acc` is shorter than `src`.
+pub(super) fn add(acc: &mut [f32], src: &[u16], first: bool) -> usize {
+    assert!(acc.len() >= src.len(), "f16c::add: accumulator too short");
     #[cfg(target_arch = "x86_64")]
     if available() {
         // SAFETY: the host has AVX and F16C (checked above); the lengths were checked.
@@ -39,23 +37,23 @@ pub(super) fn add(acc: &mut [f32], src: &[u32], first: bool) -> usize {
     0
 }
 
-/// The step's update of one block from the (interleaved) gradient sums `acc`: the means,
-/// `round(sum / R)`, packed into `means`, and the updated parameters, `round(p0 − lr · mean)`
-/// from rank 0's packed parameters `p0`, packed into `out`, over the leading whole groups of
-/// four words. Returns the words done: 0 where the host lacks F16C.
+/// The step's update of one block from the gradient sums `acc`: the means, `round(sum / R)`,
+/// into `means`, and the updated parameters, `round(p0 − lr · mean)` from rank 0's parameters
+/// `p0`, into `out`, over the leading whole groups of eight elements. Returns the elements done:
+/// 0 where the host lacks F16C.
 ///
 /// # Panics
-/// When `acc` is shorter than twice `p0`, or `means` or `out` shorter than `p0`.
+/// When `acc`, `means` or `out` is shorter than `p0`.
 pub(super) fn update(
     acc: &[f32],
-    p0: &[u32],
-    means: &mut [u32],
-    out: &mut [u32],
+    p0: &[u16],
+    means: &mut [u16],
+    out: &mut [u16],
     quotient: Quotient,
     lr: f32,
 ) -> usize {
     assert!(
-        acc.len() >= 2 * p0.len() && means.len() >= p0.len() && out.len() >= p0.len(),
+        acc.len() >= p0.len() && means.len() >= p0.len() && out.len() >= p0.len(),
         "f16c::update: slices too short"
     );
     #[cfg(target_arch = "x86_64")]
@@ -75,45 +73,45 @@ mod x86 {
     /// [`super::add`] on a host with AVX and F16C.
     ///
     /// # Safety
-    /// The host must have AVX and F16C, and `acc.len() >= 2 * src.len()`.
+    /// The host must have AVX and F16C, and `acc.len() >= src.len()`.
     #[target_feature(enable = "avx,f16c")]
-    pub(super) unsafe fn add(acc: &mut [f32], src: &[u32], first: bool) -> usize {
-        let words = src.len() / 4 * 4;
+    pub(super) unsafe fn add(acc: &mut [f32], src: &[u16], first: bool) -> usize {
+        let done = src.len() / 8 * 8;
         let (a, s) = (acc.as_mut_ptr(), src.as_ptr());
-        // SAFETY: word k + 3 < words <= src.len(), and element 2k + 7 < 2 · words <= acc.len().
+        // SAFETY: element k + 7 < done <= src.len() <= acc.len().
         unsafe {
             if first {
                 let zero = _mm256_setzero_ps();
-                for k in (0..words).step_by(4) {
+                for k in (0..done).step_by(8) {
                     let x = _mm256_cvtph_ps(_mm_loadu_si128(s.add(k).cast()));
-                    _mm256_storeu_ps(a.add(2 * k), _mm256_add_ps(zero, x));
+                    _mm256_storeu_ps(a.add(k), _mm256_add_ps(zero, x));
                 }
             } else {
-                for k in (0..words).step_by(4) {
+                for k in (0..done).step_by(8) {
                     let x = _mm256_cvtph_ps(_mm_loadu_si128(s.add(k).cast()));
-                    let sum = _mm256_add_ps(_mm256_loadu_ps(a.add(2 * k)), x);
-                    _mm256_storeu_ps(a.add(2 * k), sum);
+                    let sum = _mm256_add_ps(_mm256_loadu_ps(a.add(k)), x);
+                    _mm256_storeu_ps(a.add(k), sum);
                 }
             }
         }
-        words
+        done
     }
 
     /// [`super::update`] on a host with AVX and F16C.
     ///
     /// # Safety
-    /// The host must have AVX and F16C; `acc` must hold at least twice `p0`'s length, `means`
-    /// and `out` at least `p0`'s.
+    /// The host must have AVX and F16C; `acc`, `means` and `out` must be at least as long as
+    /// `p0`.
     #[target_feature(enable = "avx,f16c")]
     pub(super) unsafe fn update(
         acc: &[f32],
-        p0: &[u32],
-        means: &mut [u32],
-        out: &mut [u32],
+        p0: &[u16],
+        means: &mut [u16],
+        out: &mut [u16],
         quotient: Quotient,
         lr: f32,
     ) -> usize {
-        let words = p0.len() / 4 * 4;
+        let done = p0.len() / 8 * 8;
         let lr = _mm256_set1_ps(lr);
         let (a, p, m, o) = (
             acc.as_ptr(),
@@ -121,11 +119,10 @@ mod x86 {
             means.as_mut_ptr(),
             out.as_mut_ptr(),
         );
-        // SAFETY: word k + 3 < words <= p0.len() <= means.len(), out.len(), and element
-        // 2k + 7 < 2 · words <= acc.len().
+        // SAFETY: element k + 7 < done <= p0.len() <= acc.len(), means.len(), out.len().
         unsafe {
-            for k in (0..words).step_by(4) {
-                let sum = _mm256_loadu_ps(a.add(2 * k));
+            for k in (0..done).step_by(8) {
+                let sum = _mm256_loadu_ps(a.add(k));
                 let mean = match quotient {
                     Quotient::Divide(d) => _mm256_div_ps(sum, _mm256_set1_ps(d)),
                     Quotient::Scale(s) => _mm256_mul_ps(sum, _mm256_set1_ps(s)),
@@ -139,7 +136,7 @@ mod x86 {
                 _mm_storeu_si128(o.add(k).cast(), encode(updated));
             }
         }
-        words
+        done
     }
 
     /// Eight float32 values rounded to binary16 (nearest even), a NaN as the signed canonical
@@ -160,19 +157,15 @@ mod tests {
     use super::super::half::{Binary16, HalfFormat};
     use super::*;
 
-    /// Every binary16 bit pattern, in words.
-    fn every_half() -> Vec<u32> {
-        (0..=0xffffu32)
-            .collect::<Vec<_>>()
-            .chunks(2)
-            .map(|c| c[0] | (c[1] << 16))
-            .collect()
+    /// Every binary16 bit pattern.
+    fn every_half() -> Vec<u16> {
+        (0..=u16::MAX).collect()
     }
 
     #[test]
     fn add_decodes_every_binary16_as_the_portable_decode() {
         let src = every_half();
-        let mut acc = vec![f32::NAN; 2 * src.len()];
+        let mut acc = vec![f32::NAN; src.len()];
         let done = add(&mut acc, &src, true);
         if !available() {
             assert_eq!(done, 0);
@@ -215,24 +208,21 @@ mod tests {
             f32::from_bits(0x7f80_0001),
             f32::from_bits(0xffc0_1234),
         ]);
-        sums.resize(sums.len().div_ceil(8) * 8 + 2, 0.3);
-        let words = sums.len() / 2;
-        let p0: Vec<u32> = every_half().into_iter().cycle().take(words).collect();
+        sums.resize(sums.len().div_ceil(8) * 8 + 5, 0.3);
+        let n = sums.len();
+        let p0: Vec<u16> = every_half().into_iter().cycle().take(n).collect();
         for quotient in [Quotient::by(8.0), Quotient::by(3.0), Quotient::by(1.0)] {
             for lr in [0.1f32, -2.5, 1e-4] {
-                let (mut means, mut out) = (vec![0u32; words], vec![0u32; words]);
+                let (mut means, mut out) = (vec![0u16; n], vec![0u16; n]);
                 let done = update(&sums, &p0, &mut means, &mut out, quotient, lr);
-                assert_eq!(done, words / 4 * 4);
+                assert_eq!(done, n / 8 * 8);
                 for k in 0..done {
-                    for half in 0..2 {
-                        let shift = 16 * half;
-                        let mean = Binary16::encode(quotient.of(sums[2 * k + half]));
-                        let p = Binary16::decode(p0[k] >> shift);
-                        let updated = Binary16::encode(p - lr * Binary16::decode(mean));
-                        let what = format!("word {k} half {half} {quotient:?} lr {lr}");
-                        assert_eq!((means[k] >> shift) & 0xffff, mean, "mean, {what}");
-                        assert_eq!((out[k] >> shift) & 0xffff, updated, "param, {what}");
-                    }
+                    let mean = Binary16::encode(quotient.of(sums[k]));
+                    let p = Binary16::decode(u32::from(p0[k]));
+                    let updated = Binary16::encode(p - lr * Binary16::decode(mean));
+                    let what = format!("element {k} {quotient:?} lr {lr}");
+                    assert_eq!(u32::from(means[k]), mean, "mean, {what}");
+                    assert_eq!(u32::from(out[k]), updated, "param, {what}");
                 }
             }
         }

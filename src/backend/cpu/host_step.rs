@@ -12,9 +12,11 @@ use std::mem::MaybeUninit;
 
 use half::{bf16, f16};
 
+use super::f16c;
 use super::half::{BFloat16, Binary16, HalfFormat};
 use super::host_words::prefer_huge_pages;
 use super::optim::{PartWork, run_best};
+use super::quotient::{ByDivision, ByScale, Divide, Quotient};
 use super::stream::{STREAMING_THRESHOLD_BYTES, store_elements, store_fence};
 use super::threads::run_parts;
 use crate::host_data::HostData;
@@ -52,7 +54,9 @@ fn add_block(acc: &mut [f32], data: &HostData, first: usize) {
             }
         }
         HostData::Float16(v) => {
-            for (a, &x) in acc.iter_mut().zip(&v[first..first + n]) {
+            let v = &v[first..first + n];
+            let done = f16c::add(acc, bytemuck::cast_slice(v), false);
+            for (a, &x) in acc[done..].iter_mut().zip(&v[done..]) {
                 *a += Binary16::decode(u32::from(x.to_bits()));
             }
         }
@@ -74,6 +78,22 @@ fn add_block(acc: &mut [f32], data: &HostData, first: usize) {
 trait Element: Copy + Default + Send + Sync + crate::recycle::Recyclable {
     fn round(x: f32) -> (Self, f32);
     fn widen(self) -> f32;
+
+    /// The leading elements of a block's update done where the host has a faster way for this
+    /// type (means into `means`, updated values into `out`, as the portable loop computes
+    /// them); returns how many. The portable loop does the rest.
+    #[inline(always)]
+    fn update_fast(
+        sums: &[f32],
+        p0: &[Self],
+        means: &mut [Self],
+        out: &mut [Self],
+        quotient: Quotient,
+        lr: f32,
+    ) -> usize {
+        let _ = (sums, p0, means, out, quotient, lr);
+        0
+    }
 }
 
 impl Element for f32 {
@@ -107,6 +127,24 @@ impl Element for f16 {
     #[inline(always)]
     fn widen(self) -> f32 {
         Binary16::decode(u32::from(self.to_bits()))
+    }
+
+    /// In hardware where the host converts binary16 ([`f16c`]).
+    #[inline(always)]
+    fn update_fast(
+        sums: &[f32],
+        p0: &[f16],
+        means: &mut [f16],
+        out: &mut [f16],
+        quotient: Quotient,
+        lr: f32,
+    ) -> usize {
+        let (p0, means, out) = (
+            bytemuck::cast_slice(p0),
+            bytemuck::cast_slice_mut(means),
+            bytemuck::cast_slice_mut(out),
+        );
+        f16c::update(sums, p0, means, out, quotient, lr)
     }
 }
 
@@ -180,7 +218,7 @@ fn step_param<T: Element>(
                 updated: ups,
             });
         }
-        let divisor = ranks as f32;
+        let quotient = Quotient::by(ranks as f32);
         // Inputs and outputs beyond the caches: write the outputs with streaming stores.
         let moved = (grads.len() + 2 + copies) * n * std::mem::size_of::<T>();
         let streaming = moved >= STREAMING_THRESHOLD_BYTES;
@@ -189,7 +227,7 @@ fn step_param<T: Element>(
                 part,
                 param,
                 grads,
-                divisor,
+                quotient,
                 lr,
                 streaming,
             })
@@ -211,7 +249,8 @@ struct StepPart<'a, 'g, T> {
     part: Part<'a, T>,
     param: &'a [T],
     grads: &'a [Option<&'g HostData>],
-    divisor: f32,
+    /// Division by the rank count (a product when that is exact).
+    quotient: Quotient,
     lr: f32,
     streaming: bool,
 }
@@ -219,29 +258,26 @@ struct StepPart<'a, 'g, T> {
 impl<T: Element> PartWork for StepPart<'_, '_, T> {
     #[inline(always)]
     fn run(self) {
-        step_part(
-            self.part,
-            self.param,
-            self.grads,
-            self.divisor,
-            self.lr,
-            self.streaming,
-        );
+        match self.quotient {
+            Quotient::Divide(d) => step_part(self, ByDivision(d)),
+            Quotient::Scale(s) => step_part(self, ByScale(s)),
+        }
     }
 }
 
 #[inline(always)]
-fn step_part<T: Element>(
-    mut part: Part<'_, T>,
-    param: &[T],
-    grads: &[Option<&HostData>],
-    divisor: f32,
-    lr: f32,
-    streaming: bool,
-) {
+fn step_part<T: Element, Q: Divide>(work: StepPart<'_, '_, T>, quotient: Q) {
+    let StepPart {
+        mut part,
+        param,
+        grads,
+        lr,
+        streaming,
+        ..
+    } = work;
     let mut acc = [0f32; BLOCK];
-    let mut rounded = [0f32; BLOCK];
-    // One block of stored outputs, written to the output buffers whole.
+    // One block of stored outputs (means, updated values), written to the output buffers whole.
+    let mut stored_means = [T::default(); BLOCK];
     let mut stored = [T::default(); BLOCK];
     let len = part.mean.len();
     let mut at = 0;
@@ -254,23 +290,20 @@ fn step_part<T: Element>(
         for g in grads.iter().flatten() {
             add_block(acc, g, first);
         }
-        let rounded = &mut rounded[..n];
-        let stored = &mut stored[..n];
-        for ((out, r), &a) in stored.iter_mut().zip(rounded.iter_mut()).zip(acc.iter()) {
-            let (element, value) = T::round(a / divisor);
-            *out = element;
-            *r = value;
-        }
-        store_elements(&mut part.mean[at..at + n], stored, streaming);
+        let (means, stored) = (&mut stored_means[..n], &mut stored[..n]);
         let p0 = &param[first..first + n];
-        // The updated value, computed once into the accumulator's place, then written to every
+        // The mean and the updated value, computed once, then written to the mean and to every
         // copy.
-        for ((a, &m), &p) in acc.iter_mut().zip(rounded.iter()).zip(p0) {
-            *a = p.widen() - lr * m;
+        let done = T::update_fast(acc, p0, means, stored, quotient.quotient(), lr);
+        let rest = acc[done..].iter().zip(&p0[done..]);
+        for ((out_mean, out), (&a, &p)) in
+            means[done..].iter_mut().zip(&mut stored[done..]).zip(rest)
+        {
+            let (element, mean) = T::round(quotient.of(a));
+            *out_mean = element;
+            *out = T::round(p.widen() - lr * mean).0;
         }
-        for (out, &u) in stored.iter_mut().zip(acc.iter()) {
-            *out = T::round(u).0;
-        }
+        store_elements(&mut part.mean[at..at + n], means, streaming);
         for copy in part.updated.iter_mut() {
             store_elements(&mut copy[at..at + n], stored, streaming);
         }

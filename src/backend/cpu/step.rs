@@ -218,8 +218,9 @@ fn dp_sgd_step_range<Q: Divide>(quotient: Q, range: StepRange<'_, '_>) {
                     }
                     Fast::F16 => {
                         let src = &words[g_at / 2..][..pairs];
-                        let done = f16c::add(acc, src, first);
-                        add_half::<Binary16>(&mut acc[2 * done..], &src[done..], first);
+                        let words_done = f16c::add(acc, bytemuck::cast_slice(src), first) / 2;
+                        let (acc, src) = (&mut acc[2 * words_done..], &src[words_done..]);
+                        add_half::<Binary16>(acc, src, first);
                         2 * pairs
                     }
                     Fast::BF16 => {
@@ -269,7 +270,14 @@ fn dp_sgd_step_range<Q: Divide>(quotient: Q, range: StepRange<'_, '_>) {
                     }
                 } else {
                     // binary16 in hardware: the sums are in element order.
-                    let done = f16c::update(&acc[..2 * pairs], p0, m, out, quotient.quotient(), lr);
+                    let done = f16c::update(
+                        &acc[..2 * pairs],
+                        bytemuck::cast_slice(p0),
+                        bytemuck::cast_slice_mut(m),
+                        bytemuck::cast_slice_mut(out),
+                        quotient.quotient(),
+                        lr,
+                    ) / 2;
                     let sums = acc[2 * done..2 * pairs]
                         .chunks_exact(2)
                         .map(|s| (s[0], s[1]));
