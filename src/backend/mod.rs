@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod gpu;
 pub mod kernels;
 pub(crate) mod oneshot;
+pub(crate) mod quotient;
 
 use cpu::host_words;
 pub use cpu::{host_step, roofline};

@@ -26,6 +26,7 @@ use mpi::Threading;
 use mpi::collective::{SystemOperation, UserOperation};
 use mpi::datatype::{DynBuffer, DynBufferMut, PartitionMut};
 use mpi::environment::Universe;
+use mpi::raw::AsRaw;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::Communicator as _;
 use mpi::traits::*;
@@ -33,6 +34,7 @@ use mpi::traits::*;
 use super::{BroadcastRegion, CommStats, Communicator, Subgroups};
 use crate::backend::gpu::GpuArena;
 use crate::backend::kernels::ParamStarts;
+use crate::backend::quotient::{divide_in_place, divide_into};
 use crate::backend::{Arena, ArenaStorage, Backend};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -294,24 +296,51 @@ fn active_runs(starts: &ParamStarts, active: &[bool], rank_len: usize) -> Vec<Ra
     runs
 }
 
+unsafe extern "C" {
+    /// `MPI_IN_PLACE` (src/comm/mpi_in_place.c).
+    fn distopt_mpi_in_place() -> *mut std::ffi::c_void;
+}
+
+/// The float32 mean over `comm` of `values`, in place: each value divided by `divisor`, then
+/// summed over the group with `MPI_IN_PLACE`, so that neither distopt nor MPI copies the data
+/// into a second buffer first (MPI copies a separate send buffer into the receive buffer before
+/// it reduces).
+fn all_reduce_mean_in_place_f32(comm: &SimpleCommunicator, values: &mut [f32], divisor: f32) {
+    divide_in_place(values, divisor);
+    // Every rank holds the same length, so every rank cuts the same pieces.
+    for piece in values.chunks_mut(Count::MAX as usize) {
+        // SAFETY: `piece` is valid for reads and writes of `piece.len()` (at most `Count::MAX`)
+        // float32 values, which MPI_FLOAT describes, for the whole (blocking) call; the
+        // communicator, datatype and operation are valid handles for it.
+        let code = unsafe {
+            mpi::ffi::MPI_Allreduce(
+                distopt_mpi_in_place(),
+                piece.as_mut_ptr().cast(),
+                piece.len() as Count,
+                mpi::ffi::RSMPI_FLOAT,
+                mpi::ffi::RSMPI_SUM,
+                comm.as_raw(),
+            )
+        };
+        // MPI's default error handler aborts the job on a failure before this returns.
+        debug_assert_eq!(code, 0, "MPI_Allreduce failed");
+    }
+}
+
 /// The float32 mean over `comm` of elements `run` of a mapped device arena's one rank (lavapipe,
 /// SwiftShader: device memory that is host memory), in place, as a host arena's: the buffer is
-/// mapped once, the quotients are read from it into `send`, and MPI sums them straight back
-/// into it. No copy of the arena is made. `None`, before any MPI call, when the arena cannot be
-/// mapped in place (not mapped, the run spans two chunk buffers): the caller stages a copy.
+/// mapped once and reduced where it is ([`all_reduce_mean_in_place_f32`]). No copy of the arena
+/// is made. `None`, before any MPI call, when the arena cannot be mapped in place (not mapped,
+/// the run spans two chunk buffers): the caller stages a copy.
 fn all_reduce_mean_mapped_f32(
     gpu: &GpuArena,
     comm: &SimpleCommunicator,
-    send: &mut [f32],
     run: &Range<usize>,
     divisor: f32,
 ) -> Option<()> {
     gpu.update_in_place(0, run.start, run.len(), |words| {
         let values: &mut [f32] = bytemuck::cast_slice_mut(words);
-        for (s, &x) in send.iter_mut().zip(values.iter()) {
-            *s = x / divisor;
-        }
-        comm.all_reduce_into(&send[..], values, SystemOperation::sum());
+        all_reduce_mean_in_place_f32(comm, values, divisor);
     })
 }
 
@@ -427,8 +456,7 @@ impl Communicator for MpiWorld {
             (&arena.storage, format, arith, &runs[..])
         {
             // A mapped device arena: reduced in place, as a host arena is.
-            let send_f32: &mut [f32] = scratch(&mut send, total);
-            if let Some(()) = all_reduce_mean_mapped_f32(gpu, comm, send_f32, run, g as f32) {
+            if let Some(()) = all_reduce_mean_mapped_f32(gpu, comm, run, g as f32) {
                 (mpi.send, mpi.recv) = (send, recv);
                 drop(guard);
                 self.record(|s| s.add_all_reduce(g, bytes_per_rank));
@@ -441,22 +469,17 @@ impl Communicator for MpiWorld {
                 (StorageFormat::F32, StorageFormat::F32) => {
                     let values: &mut [f32] = bytemuck::cast_slice_mut(words);
                     let divisor = g as f32;
-                    let send: &mut [f32] = scratch(&mut send, total);
-                    let mut k = 0;
-                    for run in &runs {
-                        for (s, &x) in send[k..k + run.len()].iter_mut().zip(&values[at(run)]) {
-                            *s = x / divisor;
-                        }
-                        k += run.len();
-                    }
                     if runs.len() == 1 {
-                        // The sum lands straight in the arena.
-                        comm.all_reduce_into(
-                            &send[..],
-                            &mut values[at(first)],
-                            SystemOperation::sum(),
-                        );
+                        // One run: reduced where it is.
+                        all_reduce_mean_in_place_f32(comm, &mut values[at(first)], divisor);
                     } else {
+                        // Several runs: gathered into one message, summed, scattered back.
+                        let send: &mut [f32] = scratch(&mut send, total);
+                        let mut k = 0;
+                        for run in &runs {
+                            divide_into(&mut send[k..k + run.len()], &values[at(run)], divisor);
+                            k += run.len();
+                        }
                         let recv: &mut [f32] = scratch(&mut recv, total);
                         comm.all_reduce_into(&send[..], recv, SystemOperation::sum());
                         let mut k = 0;

@@ -6,7 +6,7 @@
 //! does the leading whole groups of eight elements it is given and returns how many elements
 //! that was; the caller's portable loops do the rest, and all of it where the host lacks F16C.
 
-use super::quotient::Quotient;
+use crate::backend::quotient::Quotient;
 
 /// Whether the host converts binary16 in hardware.
 pub(super) fn available() -> bool {

@@ -16,9 +16,9 @@ use super::f16c;
 use super::half::{BFloat16, Binary16, HalfFormat};
 use super::host_words::prefer_huge_pages;
 use super::optim::{PartWork, run_best};
-use super::quotient::{ByDivision, ByScale, Divide, Quotient};
 use super::stream::{STREAMING_THRESHOLD_BYTES, store_elements, store_fence};
 use super::threads::run_parts;
+use crate::backend::quotient::{ByDivision, ByScale, Divide, Quotient};
 use crate::host_data::HostData;
 
 /// Elements per block: the accumulator and the rank-0 parameter block stay in L1.

@@ -7,7 +7,6 @@
 //! - `pool`: the worker threads the threaded WebAssembly build's Web Workers lend;
 //! - `half`: exact, branch-free 16-bit conversions and round trips;
 //! - `f16c`: the same binary16 conversions in hardware (x86-64), for the step;
-//! - `quotient`: dividing by a power of two as a product (exact);
 //! - `step`: the data-parallel SGD step over arenas;
 //! - `optim`: SGD, Adam and averaging over arenas;
 //! - `host_step`: the step straight from host tensors;
@@ -20,7 +19,6 @@ pub mod host_step;
 pub(crate) mod host_words;
 mod optim;
 pub mod pool;
-mod quotient;
 pub mod roofline;
 mod step;
 mod stream;

@@ -12,11 +12,11 @@
 //! one pass. float64 arenas, and arenas whose layout is not slot-aligned, run the reference.
 
 use super::half::{BFloat16, Binary16, HalfFormat};
-use super::quotient::{ByDivision, ByScale, Divide, Quotient};
 use super::threads::run_parts;
 use crate::backend::kernels::{
     self, AdamArenas, AdamScalars, ParamStarts, SgdScalars, host_words, host_words_mut,
 };
+use crate::backend::quotient::{ByDivision, ByScale, Divide, Quotient};
 use crate::backend::{Arena, PARAM_ALIGN_ELEMENTS};
 use crate::dtype::StorageFormat;
 use crate::error::Result;

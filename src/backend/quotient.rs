@@ -1,11 +1,11 @@
-//! Dividing by a loop-invariant divisor: by a product when the divisor is a power of two, whose
+//! Dividing by a loop-invariant divisor (the CPU kernels, the MPI all-reduce's quotients): by a product when the divisor is a power of two, whose
 //! reciprocal is exact. `x · 2^-k` and `x / 2^k` are then the same number (both are the
 //! correctly rounded value of one real number, subnormals, infinities and NaNs included), and a
 //! product costs a fraction of a division.
 
 /// How the CPU loops divide by one divisor.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Quotient {
+pub(crate) enum Quotient {
     /// `x / divisor`.
     Divide(f32),
     /// `x * scale`, `scale` being the exact reciprocal of a power-of-two divisor.
@@ -14,7 +14,7 @@ pub(super) enum Quotient {
 
 impl Quotient {
     /// The cheapest exact way to divide by `divisor`.
-    pub(super) fn by(divisor: f32) -> Quotient {
+    pub(crate) fn by(divisor: f32) -> Quotient {
         let reciprocal = 1.0 / divisor;
         let power_of_two = |x: f32| x.is_normal() && x > 0.0 && x.to_bits() & 0x007f_ffff == 0;
         if power_of_two(divisor) && power_of_two(reciprocal) {
@@ -26,7 +26,7 @@ impl Quotient {
 
     /// `x / divisor`, bit for bit (the tests' way; loops use [`Divide`]).
     #[cfg(test)]
-    pub(super) fn of(self, x: f32) -> f32 {
+    pub(crate) fn of(self, x: f32) -> f32 {
         match self {
             Quotient::Divide(divisor) => x / divisor,
             Quotient::Scale(scale) => x * scale,
@@ -34,9 +34,38 @@ impl Quotient {
     }
 }
 
+/// `out[i] = values[i] / divisor` (equal lengths), by a product where that is exact (the MPI
+/// all-reduce's quotients).
+#[cfg(feature = "mpi")]
+pub(crate) fn divide_into(out: &mut [f32], values: &[f32], divisor: f32) {
+    fn go<Q: Divide>(out: &mut [f32], values: &[f32], quotient: Q) {
+        for (o, &x) in out.iter_mut().zip(values) {
+            *o = quotient.of(x);
+        }
+    }
+    match Quotient::by(divisor) {
+        Quotient::Divide(d) => go(out, values, ByDivision(d)),
+        Quotient::Scale(s) => go(out, values, ByScale(s)),
+    }
+}
+
+/// `values[i] /= divisor`, by a product where that is exact (the MPI all-reduce's quotients).
+#[cfg(feature = "mpi")]
+pub(crate) fn divide_in_place(values: &mut [f32], divisor: f32) {
+    fn go<Q: Divide>(values: &mut [f32], quotient: Q) {
+        for x in values.iter_mut() {
+            *x = quotient.of(*x);
+        }
+    }
+    match Quotient::by(divisor) {
+        Quotient::Divide(d) => go(values, ByDivision(d)),
+        Quotient::Scale(s) => go(values, ByScale(s)),
+    }
+}
+
 /// One way of dividing, as a type: a loop generic over it compiles to a loop of divisions or
 /// one of products, each free to vectorize (a branch inside the loop might not be).
-pub(super) trait Divide: Copy {
+pub(crate) trait Divide: Copy {
     /// `x / divisor`, bit for bit.
     fn of(self, x: f32) -> f32;
     /// The same division, as a value.
@@ -45,11 +74,11 @@ pub(super) trait Divide: Copy {
 
 /// `x / divisor`.
 #[derive(Clone, Copy)]
-pub(super) struct ByDivision(pub(super) f32);
+pub(crate) struct ByDivision(pub(crate) f32);
 
 /// `x * scale`, for the exact reciprocal `scale` of a power of two.
 #[derive(Clone, Copy)]
-pub(super) struct ByScale(pub(super) f32);
+pub(crate) struct ByScale(pub(crate) f32);
 
 impl Divide for ByDivision {
     #[inline(always)]
