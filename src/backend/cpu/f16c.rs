@@ -65,6 +65,49 @@ pub(super) fn update(
     0
 }
 
+/// Every rank's binary16 elements `first..` of an arena read as `u16`: rank `r`'s element `e`
+/// is `halves[r * stride + e]`.
+#[derive(Clone, Copy)]
+pub(super) struct RankRows<'a> {
+    pub(super) halves: &'a [u16],
+    pub(super) stride: usize,
+    pub(super) ranks: usize,
+    pub(super) first: usize,
+}
+
+/// The step over one block with binary16 gradients and parameters, each group of eight
+/// elements summed over the ranks in registers (from +0, in rank order) and then updated as
+/// [`update`] does, over the leading whole groups of eight of `p0`'s elements. Returns the
+/// elements done: 0 where the host lacks F16C.
+///
+/// # Panics
+/// When a rank's row is shorter than `first + p0.len()`, or `means` or `out` shorter than `p0`.
+pub(super) fn step(
+    grads: RankRows<'_>,
+    p0: &[u16],
+    means: &mut [u16],
+    out: &mut [u16],
+    quotient: Quotient,
+    lr: f32,
+) -> usize {
+    let last_end = grads.ranks.saturating_sub(1) * grads.stride + grads.first + p0.len();
+    assert!(
+        grads.ranks > 0
+            && grads.halves.len() >= last_end
+            && grads.stride >= grads.first + p0.len()
+            && means.len() >= p0.len()
+            && out.len() >= p0.len(),
+        "f16c::step: slices too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: the host has AVX and F16C (checked above); the lengths were checked.
+        return unsafe { x86::step(grads, p0, means, out, quotient, lr) };
+    }
+    let _ = (quotient, lr);
+    0
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::Quotient;
@@ -123,20 +166,77 @@ mod x86 {
         unsafe {
             for k in (0..done).step_by(8) {
                 let sum = _mm256_loadu_ps(a.add(k));
-                let mean = match quotient {
-                    Quotient::Divide(d) => _mm256_div_ps(sum, _mm256_set1_ps(d)),
-                    Quotient::Scale(s) => _mm256_mul_ps(sum, _mm256_set1_ps(s)),
-                };
-                let mean = encode(mean);
-                _mm_storeu_si128(m.add(k).cast(), mean);
-                let mean = _mm256_cvtph_ps(mean);
-                let param = _mm256_cvtph_ps(_mm_loadu_si128(p.add(k).cast()));
-                // p − lr · mean, two roundings (no fused multiply-add), as the portable loop.
-                let updated = _mm256_sub_ps(param, _mm256_mul_ps(lr, mean));
-                _mm_storeu_si128(o.add(k).cast(), encode(updated));
+                update8(sum, p.add(k), m.add(k), o.add(k), quotient, lr);
             }
         }
         done
+    }
+
+    /// [`super::step`] on a host with AVX and F16C.
+    ///
+    /// # Safety
+    /// The host must have AVX and F16C; every rank's row must hold `first + p0.len()` elements
+    /// (`ranks > 0`), and `means` and `out` at least `p0.len()`.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn step(
+        grads: super::RankRows<'_>,
+        p0: &[u16],
+        means: &mut [u16],
+        out: &mut [u16],
+        quotient: Quotient,
+        lr: f32,
+    ) -> usize {
+        let done = p0.len() / 8 * 8;
+        let lr = _mm256_set1_ps(lr);
+        let zero = _mm256_setzero_ps();
+        let g = grads.halves.as_ptr().wrapping_add(grads.first);
+        let (p, m, o) = (p0.as_ptr(), means.as_mut_ptr(), out.as_mut_ptr());
+        // SAFETY: element k + 7 < done <= p0.len() <= means.len(), out.len(), and rank r's
+        // element first + k + 7 is r · stride + first + k + 7 < halves.len() (the caller's
+        // contract), so every load and store is in bounds.
+        unsafe {
+            for k in (0..done).step_by(8) {
+                let load =
+                    |r: usize| _mm256_cvtph_ps(_mm_loadu_si128(g.add(r * grads.stride + k).cast()));
+                let mut sum = _mm256_add_ps(zero, load(0));
+                for r in 1..grads.ranks {
+                    sum = _mm256_add_ps(sum, load(r));
+                }
+                update8(sum, p.add(k), m.add(k), o.add(k), quotient, lr);
+            }
+        }
+        done
+    }
+
+    /// Eight elements' update from their gradient sums: the mean, `round(sum / R)`, stored at
+    /// `m`, and the parameter at `p` updated, `round(p − lr · mean)`, stored at `o`.
+    ///
+    /// # Safety
+    /// Eight `u16`s must be readable at `p` and writable at `m` and `o`.
+    #[inline]
+    #[target_feature(enable = "avx,f16c")]
+    unsafe fn update8(
+        sum: __m256,
+        p: *const u16,
+        m: *mut u16,
+        o: *mut u16,
+        quotient: Quotient,
+        lr: __m256,
+    ) {
+        let mean = match quotient {
+            Quotient::Divide(d) => _mm256_div_ps(sum, _mm256_set1_ps(d)),
+            Quotient::Scale(s) => _mm256_mul_ps(sum, _mm256_set1_ps(s)),
+        };
+        let mean = encode(mean);
+        // SAFETY: the caller's contract.
+        unsafe {
+            _mm_storeu_si128(m.cast(), mean);
+            let mean = _mm256_cvtph_ps(mean);
+            let param = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+            // p − lr · mean, two roundings (no fused multiply-add), as the portable loop.
+            let updated = _mm256_sub_ps(param, _mm256_mul_ps(lr, mean));
+            _mm_storeu_si128(o.cast(), encode(updated));
+        }
     }
 
     /// Eight float32 values rounded to binary16 (nearest even), a NaN as the signed canonical
@@ -182,6 +282,49 @@ mod tests {
         for (i, &x) in acc.iter().enumerate() {
             let d = Binary16::decode(i as u32);
             assert_eq!(x.to_bits(), ((0.0 + d) + d).to_bits(), "{i:#06x}");
+        }
+    }
+
+    #[test]
+    fn step_sums_every_rank_in_order_then_updates_as_the_portable_loops() {
+        if !available() {
+            return;
+        }
+        // Three ranks of every binary16 pattern, shifted against each other, in rows of 70001
+        // halves whose elements 5.. are stepped (an offset, and a length that is no multiple of
+        // eight).
+        let (ranks, stride, first, n) = (3, 70_001, 5, 65_539);
+        let halves: Vec<u16> = (0..ranks * stride)
+            .map(|i| ((i * 7919 + i / stride * 12_345) % 65_536) as u16)
+            .collect();
+        let p0: Vec<u16> = (0..n).map(|i| (i * 31 % 65_536) as u16).collect();
+        for quotient in [Quotient::by(4.0), Quotient::by(3.0)] {
+            let (mut means, mut out) = (vec![0u16; n], vec![0u16; n]);
+            let rows = RankRows {
+                halves: &halves,
+                stride,
+                ranks,
+                first,
+            };
+            let done = step(rows, &p0, &mut means, &mut out, quotient, 0.25);
+            assert_eq!(done, n / 8 * 8);
+            for k in 0..done {
+                let mut sum = 0.0f32;
+                for r in 0..ranks {
+                    sum += Binary16::decode(u32::from(halves[r * stride + first + k]));
+                }
+                let mean = Binary16::encode(quotient.of(sum));
+                let p = Binary16::decode(u32::from(p0[k]));
+                let updated = Binary16::encode(p - 0.25 * Binary16::decode(mean));
+                // Which operand's NaN an f32 operation returns is unspecified (the compiler may
+                // commute this loop's additions): a NaN matches any NaN; the canonical
+                // encoding is the update test's to check.
+                let same = |got: u16, want: u32| {
+                    u32::from(got) == want || (got & 0x7fff == 0x7e00 && want & 0x7fff == 0x7e00)
+                };
+                assert!(same(means[k], mean), "mean {k} {quotient:?}");
+                assert!(same(out[k], updated), "param {k} {quotient:?}");
+            }
         }
     }
 

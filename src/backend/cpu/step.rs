@@ -179,6 +179,28 @@ fn dp_sgd_step_range<Q: Divide>(quotient: Q, range: StepRange<'_, '_>) {
         // Blocks start on even elements; an odd-length rank's last element is the `tail`.
         let pairs = n / 2;
         let g_at = first_element + start;
+        let at = pf.words_for(start);
+        // binary16 gradients and parameters in hardware: the block's whole groups of eight
+        // elements are summed in registers and stepped in one pass, into `packed_means` and
+        // `packed`; the loops below do the rest of the block, from element `skip` on.
+        let skip = if !split && kernel.param == Fast::F16 && kernel.grad == Fast::F16 {
+            let sources = f16c::RankRows {
+                halves: bytemuck::cast_slice(grads),
+                stride: 2 * grad_rank_words,
+                ranks,
+                first: g_at,
+            };
+            f16c::step(
+                sources,
+                bytemuck::cast_slice(&params[0][at..at + pairs]),
+                bytemuck::cast_slice_mut(&mut packed_means[..pairs]),
+                bytemuck::cast_slice_mut(&mut packed[..pairs]),
+                quotient.quotient(),
+                lr,
+            )
+        } else {
+            0
+        };
         let mut tail_sum = 0f32;
         for rank in 0..ranks {
             let words = &grads[rank * grad_rank_words..(rank + 1) * grad_rank_words];
@@ -210,7 +232,9 @@ fn dp_sgd_step_range<Q: Divide>(quotient: Q, range: StepRange<'_, '_>) {
                     tail_sum = if first { 0.0 + g } else { tail_sum + g };
                 }
             } else {
-                let acc = &mut acc[..n];
+                // Elements `skip..n` (`skip` is a multiple of eight).
+                let (acc, g_at, n, pairs) =
+                    (&mut acc[skip..n], g_at + skip, n - skip, pairs - skip / 2);
                 let done = match kernel.grad {
                     Fast::F32 => {
                         add_f32(acc, &words[g_at..g_at + n], first);
@@ -236,7 +260,6 @@ fn dp_sgd_step_range<Q: Divide>(quotient: Q, range: StepRange<'_, '_>) {
             }
         }
 
-        let at = pf.words_for(start);
         // The words of this block that every rank gets from `packed`, and (16-bit formats,
         // odd-length ranks) the last element, stored on its own so that the other half of its
         // word, which is padding, stays as it is.
@@ -269,12 +292,14 @@ fn dp_sgd_step_range<Q: Divide>(quotient: Q, range: StepRange<'_, '_>) {
                         update_half::<BFloat16, Q>(sums, p0, m, out, quotient, lr);
                     }
                 } else {
-                    // binary16 in hardware: the sums are in element order.
-                    let done = f16c::update(
-                        &acc[..2 * pairs],
-                        bytemuck::cast_slice(p0),
-                        bytemuck::cast_slice_mut(m),
-                        bytemuck::cast_slice_mut(out),
+                    // binary16 in hardware: the sums are in element order (from `skip` on: the
+                    // words before it are done).
+                    let h = skip / 2;
+                    let done = h + f16c::update(
+                        &acc[skip..2 * pairs],
+                        bytemuck::cast_slice(&p0[h..]),
+                        bytemuck::cast_slice_mut(&mut m[h..]),
+                        bytemuck::cast_slice_mut(&mut out[h..]),
                         quotient.quotient(),
                         lr,
                     ) / 2;
