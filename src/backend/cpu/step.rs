@@ -349,30 +349,6 @@ fn dp_sgd_step_range<Q: Divide>(quotient: Q, range: StepRange<'_, '_>) {
     store_fence(kernel.streaming);
 }
 
-/// [`dp_sgd_step_range`], compiled for the best vector extension the host has
-/// ([`super::optim::run_best`]: AVX-512 or AVX2 natively on x86-64, which widens the 16-bit
-/// conversion loops; the arithmetic is the same IEEE f32 arithmetic either way, so the results
-/// are identical).
-fn step_range(
-    kernel: &StepKernel,
-    params: &mut [&mut [u32]],
-    means: &mut [u32],
-    grads: &[u32],
-    grad_rank_words: usize,
-    elements: usize,
-    first_element: usize,
-) {
-    super::optim::run_best(StepRange {
-        kernel,
-        params,
-        means,
-        grads,
-        grad_rank_words,
-        elements,
-        first_element,
-    })
-}
-
 /// One part's work: `params[r]` and `means` hold the range's words (they begin at element
 /// `first_element`); `grads` is the whole gradient arena, ranks `grad_rank_words` apart.
 struct StepRange<'a, 'b> {
@@ -453,7 +429,18 @@ pub(super) fn dp_sgd_step(
         .map(|((p, mut m), w)| (p, m.pop().unwrap_or_default(), w[0], w[1] - w[0]))
         .collect();
     run_parts(work, |(mut p, m, first, n)| {
-        step_range(&kernel, &mut p, m, grads, grad_rank_words, n, first)
+        // Compiled for the best vector extension the host has (`run_best`: AVX-512 or AVX2 on
+        // x86-64, which widens the 16-bit conversion loops; the same IEEE f32 arithmetic either
+        // way, so the results are identical).
+        super::optim::run_best(StepRange {
+            kernel: &kernel,
+            params: &mut p,
+            means: m,
+            grads,
+            grad_rank_words,
+            elements: n,
+            first_element: first,
+        })
     });
     Ok(())
 }
