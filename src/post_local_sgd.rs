@@ -41,15 +41,27 @@ impl PostLocalSgdOptimizer {
 
     /// `step()`: the local step on every rank, then `average_parameters` over the optimizer's
     /// parameter groups. Returns the averaging group size, or `None` when this step did not
-    /// average.
+    /// average. On success the averager's step counter advances by one (PyTorch's), as do the
+    /// local optimizer's per-parameter counters (Adam's `step`, SGD's momentum buffers).
     ///
     /// # Errors
-    /// The local optimizer's ([`LocalOptimizer::step`]), then the averager's
-    /// ([`ModelAverager::average_parameters`]); when averaging fails, the local step has already
-    /// been applied.
+    /// A `ValueError` for replicas of another model ([`LocalOptimizer::check_model`]), then the
+    /// averager's checks ([`ModelAverager::check_average`]: an `IndexError`, a
+    /// `ValueError` for no parameter with a gradient on rank 0 or groups or replicas that do not
+    /// fit the world, a `ZeroDivisionError` for a period of 0), then the local optimizer's
+    /// ([`LocalOptimizer::step`]), then a failure of the averaging collective itself (a
+    /// `RuntimeError` from the backend or the transport). A refused call changes nothing. When the
+    /// collective fails, the local step has been applied (parameters, optimizer state and
+    /// counters), the averager's counter is unchanged, and the parameters of the storage formats
+    /// averaged before the failure hold their means: the parameters differ across ranks until the
+    /// next averaging step succeeds.
     pub fn step(&mut self, replicas: &mut Replicas) -> Result<Option<usize>> {
-        self.optim.step(replicas)?;
         let params: Vec<usize> = self.optim.param_groups().into_iter().flatten().collect();
+        // What the local optimizer or the averager would refuse is refused before the local
+        // step changes anything.
+        self.optim.check_model(replicas)?;
+        self.averager.check_average(replicas, Some(&params))?;
+        self.optim.step(replicas)?;
         self.averager.average_parameters(replicas, Some(&params))
     }
 
@@ -172,14 +184,18 @@ impl PostLocalSgdState {
 
     /// The hook, run after every rank's backward pass: averages the gradients (each divided
     /// by the group size, then summed, in the gradient's dtype). Returns the group size used.
+    /// A successful call during the warm-up counts the iteration (PyTorch's
+    /// `maybe_increase_iter`: `iter` stops at `start_local_sgd_iter`).
     ///
     /// # Errors
     /// The collectives' errors ([`crate::comm::any_rank`], [`Communicator::all_reduce_mean`]): a
     /// `ValueError` when `replicas` does not hold the world's local ranks, a `RuntimeError` for a
-    /// GPU error or a lost device. A failure during the warm-up still counts the iteration.
+    /// GPU error or a lost device. A failed call does not count the iteration and changes no
+    /// gradient's presence; of the gradients' values, those of the storage formats reduced before
+    /// the failure hold their means (one all-reduce runs per format), the others are untouched.
     pub fn synchronize_gradients(&mut self, replicas: &mut Replicas) -> Result<Option<usize>> {
-        let groups = if self.iter < self.start_local_sgd_iter {
-            self.iter += 1;
+        let warm_up = self.iter < self.start_local_sgd_iter;
+        let groups = if warm_up {
             Subgroups::world(self.world.world_size())
         } else if self.post_local_gradient_allreduce {
             self.subgroup
@@ -203,6 +219,10 @@ impl PostLocalSgdState {
             for rank in 0..ranks {
                 replicas.set_has_grad(rank, j, true);
             }
+        }
+        // Counted only once the collectives have succeeded.
+        if warm_up {
+            self.iter += 1;
         }
         Ok(Some(groups.group_size()))
     }

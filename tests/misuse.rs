@@ -622,3 +622,276 @@ fn zero_add_param_group_that_fails_leaves_the_optimizer_as_it_was() {
         assert_ne!(a, b, "rank {}'s parameter {} stepped", k / 3, k % 3);
     }
 }
+
+/// A real [`SimulatedWorld`] whose collectives fail on demand (a lost peer, a broken transport):
+/// the arithmetic stays real, only the failure path is provoked. `fail` makes every following
+/// rank-axis collective fail before it touches the arena.
+#[derive(Debug)]
+struct FailingWorld {
+    inner: SimulatedWorld,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl FailingWorld {
+    fn new(size: usize) -> Arc<FailingWorld> {
+        Arc::new(FailingWorld {
+            inner: SimulatedWorld::new(size).unwrap(),
+            fail: false.into(),
+        })
+    }
+
+    fn set_failing(&self, fail: bool) {
+        self.fail.store(fail, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn check(&self) -> distopt::Result<()> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::runtime("the transport failed (test double)"));
+        }
+        Ok(())
+    }
+}
+
+mod failing_world {
+    use super::FailingWorld;
+    use distopt::backend::kernels::ParamStarts;
+    use distopt::backend::{Arena, Backend};
+    use distopt::comm::{BroadcastRegion, CommStats, Communicator, Subgroups};
+    use distopt::{Result, StorageFormat};
+
+    impl Communicator for FailingWorld {
+        fn world_size(&self) -> usize {
+            self.inner.world_size()
+        }
+        fn all_reduce_mean(
+            &self,
+            backend: &dyn Backend,
+            arena: &mut Arena,
+            groups: Subgroups,
+            arith: StorageFormat,
+            starts: &ParamStarts,
+            active: &[bool],
+            bytes_per_rank: u64,
+        ) -> Result<()> {
+            self.check()?;
+            self.inner.all_reduce_mean(
+                backend,
+                arena,
+                groups,
+                arith,
+                starts,
+                active,
+                bytes_per_rank,
+            )
+        }
+        fn all_reduce_scaled_sum(
+            &self,
+            backend: &dyn Backend,
+            arena: &mut Arena,
+            arith: StorageFormat,
+            starts: &ParamStarts,
+            reduced: &[bool],
+            scales: &[Option<f64>],
+            present: &[bool],
+            bytes_per_rank: u64,
+        ) -> Result<()> {
+            self.check()?;
+            self.inner.all_reduce_scaled_sum(
+                backend,
+                arena,
+                arith,
+                starts,
+                reduced,
+                scales,
+                present,
+                bytes_per_rank,
+            )
+        }
+        fn broadcast(
+            &self,
+            backend: &dyn Backend,
+            arena: &mut Arena,
+            root: usize,
+            offset: usize,
+            len: usize,
+        ) -> Result<()> {
+            self.check()?;
+            self.inner.broadcast(backend, arena, root, offset, len)
+        }
+        fn broadcast_regions(
+            &self,
+            backend: &dyn Backend,
+            src: Option<&Arena>,
+            dst: &mut Arena,
+            root: usize,
+            regions: &[BroadcastRegion],
+        ) -> Result<()> {
+            self.check()?;
+            self.inner
+                .broadcast_regions(backend, src, dst, root, regions)
+        }
+        fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> Result<Vec<f32>> {
+            self.inner.all_reduce_sum_f32(per_local_rank)
+        }
+        fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>> {
+            self.inner.broadcast_bytes(root, data)
+        }
+        fn all_gather_bytes(&self, per_local_rank: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+            self.inner.all_gather_bytes(per_local_rank)
+        }
+        fn gather_bytes(
+            &self,
+            to: usize,
+            per_local_rank: Vec<Vec<u8>>,
+        ) -> Result<Option<Vec<Vec<u8>>>> {
+            self.inner.gather_bytes(to, per_local_rank)
+        }
+        fn stats(&self) -> CommStats {
+            self.inner.stats()
+        }
+        fn reset_stats(&self) {
+            self.inner.reset_stats()
+        }
+    }
+}
+
+fn grads_of(replicas: &Replicas) -> Vec<Vec<Option<Vec<f64>>>> {
+    replicas
+        .all_grads_blocking()
+        .unwrap()
+        .into_iter()
+        .map(|rank| {
+            rank.into_iter()
+                .map(|g| g.map(|g| g.values_f64().unwrap()))
+                .collect()
+        })
+        .collect()
+}
+
+/// A failed gradient all-reduce during the warm-up does not count the iteration (the counter
+/// is as before the call, so the warm-up still lasts `start_localSGD_iter` successful
+/// iterations); a successful one counts it as PyTorch's `maybe_increase_iter` does.
+#[test]
+fn post_local_sgd_state_counts_only_successful_iterations() {
+    use distopt::post_local_sgd::PostLocalSgdState;
+    let world = FailingWorld::new(2);
+    let mut replicas = model(2);
+    let mut state = PostLocalSgdState::new(world.clone(), Some(1), 2, true).unwrap();
+    let grads_before = grads_of(&replicas);
+    world.set_failing(true);
+    let error = state.synchronize_gradients(&mut replicas).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
+    assert_eq!(state.iter(), 0, "a failed warm-up iteration is not counted");
+    assert_eq!(grads_of(&replicas), grads_before, "nothing was reduced");
+    world.set_failing(false);
+    // Two successful warm-up iterations (world all-reduce), then local SGD (subgroups of 1).
+    assert_eq!(state.synchronize_gradients(&mut replicas).unwrap(), Some(2));
+    assert_eq!(state.iter(), 1);
+    // The mean of rank 0's 0.5 and rank 1's 1.5 on both ranks.
+    assert_eq!(grads_of(&replicas)[1][0], Some(vec![1.0, 1.0]));
+    world.set_failing(true);
+    state.synchronize_gradients(&mut replicas).unwrap_err();
+    assert_eq!(state.iter(), 1);
+    world.set_failing(false);
+    assert_eq!(state.synchronize_gradients(&mut replicas).unwrap(), Some(2));
+    assert_eq!(state.iter(), 2);
+    assert_eq!(state.synchronize_gradients(&mut replicas).unwrap(), Some(1));
+    assert_eq!(
+        state.iter(),
+        2,
+        "PyTorch stops counting once local SGD starts"
+    );
+}
+
+/// The averagers count a step only when its averaging succeeded: a failed collective leaves
+/// the counter as it was, and the next call averages at the same step.
+#[test]
+fn averagers_count_only_successful_steps() {
+    use distopt::averaging::{HierarchicalModelAverager, ModelAverager};
+    let world = FailingWorld::new(4);
+    let averagers: Vec<Box<dyn ModelAverager>> = vec![
+        Box::new(PeriodicModelAverager::new(2, 1, world.clone()).unwrap()),
+        Box::new(HierarchicalModelAverager::new(&[(1, 2), (4, 4)], 1, world.clone()).unwrap()),
+    ];
+    for mut averager in averagers {
+        let mut replicas = model(4);
+        // Step 0 is a warm-up step: no collective, counted.
+        world.set_failing(true);
+        assert_eq!(
+            averager.average_parameters(&mut replicas, None).unwrap(),
+            None
+        );
+        assert_eq!(averager.step(), 1);
+        let before = params(&replicas);
+        let error = averager
+            .average_parameters(&mut replicas, None)
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
+        assert_eq!(
+            averager.step(),
+            1,
+            "{averager:?}: a failed step is not counted"
+        );
+        assert_eq!(params(&replicas), before);
+        world.set_failing(false);
+        assert!(
+            averager
+                .average_parameters(&mut replicas, None)
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(averager.step(), 2);
+    }
+}
+
+/// `PostLocalSGDOptimizer.step()` refuses what its averager would refuse before the local
+/// step changes anything (here: averaging groups of another world); when the collective
+/// itself fails, the local step stays applied and the averager's counter does not advance.
+#[test]
+fn post_local_sgd_optimizer_refuses_before_its_local_step() {
+    use distopt::comm::{Subgroups, new_subgroups};
+    let world = FailingWorld::new(2);
+    let mut replicas = model(2);
+    let sgd = create(
+        "SGD",
+        &replicas,
+        vec![vec![0, 1, 2]],
+        json!({"lr": 0.1, "momentum": 0.9}),
+    )
+    .unwrap();
+    // Groups of 2 in a world of 4: not this world's partition.
+    let averager =
+        PeriodicModelAverager::with_group(1, 0, world.clone(), new_subgroups(4, 2).unwrap())
+            .unwrap();
+    warnings::take();
+    let mut post = PostLocalSgdOptimizer::new(sgd, Box::new(averager));
+    let (before, state_before) = (
+        params(&replicas),
+        post.state_dict_blocking(&replicas, 0).unwrap(),
+    );
+    let error = post.step(&mut replicas).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::ValueError, "{error}");
+    assert_eq!(params(&replicas), before, "the local step did not run");
+    assert_eq!(
+        post.state_dict_blocking(&replicas, 0).unwrap(),
+        state_before
+    );
+    assert_eq!(post.averager().step(), 0);
+
+    // A collective that fails at run time: the local step is applied, the averager's counter
+    // stays, and the next step averages at the same averager step.
+    let sgd = create("SGD", &replicas, vec![vec![0, 1, 2]], json!({"lr": 0.1})).unwrap();
+    let averager =
+        PeriodicModelAverager::with_group(2, 0, world.clone(), Subgroups::world(2)).unwrap();
+    let mut post = PostLocalSgdOptimizer::new(sgd, Box::new(averager));
+    world.set_failing(true);
+    let error = post.step(&mut replicas).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
+    assert_ne!(params(&replicas), before, "the local step was applied");
+    assert_eq!(post.averager().step(), 0);
+    world.set_failing(false);
+    assert_eq!(post.step(&mut replicas).unwrap(), Some(2));
+    assert_eq!(post.averager().step(), 1);
+    let p = params(&replicas);
+    assert_eq!(p[0..3], p[3..6], "the ranks agree after the averaging step");
+}

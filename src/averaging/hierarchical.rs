@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use super::{MAX_PERIOD_ONE_WARNING, ModelAverager, average_parameters, warmup_error};
+use super::{
+    MAX_PERIOD_ONE_WARNING, ModelAverager, average_parameters, check_average_parameters,
+    warmup_error,
+};
 use crate::comm::{Communicator, Subgroups, new_subgroups};
 use crate::error::{Error, ErrorKind, Result};
 use crate::replicas::Replicas;
@@ -128,7 +131,17 @@ impl ModelAverager for HierarchicalModelAverager {
                 used = Some(groups.group_size());
             }
         }
+        // Counted only once the call has succeeded.
         self.step += 1;
         Ok(used)
+    }
+
+    fn check_average(&self, replicas: &Replicas, params: Option<&[usize]>) -> Result<()> {
+        if self.step >= self.warmup_steps {
+            if let Some(groups) = self.find_groups()? {
+                check_average_parameters(self.world.as_ref(), replicas, groups, params)?;
+            }
+        }
+        Ok(())
     }
 }

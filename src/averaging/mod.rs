@@ -31,12 +31,31 @@ pub trait ModelAverager: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// rank 0 or the group partition or `replicas` do not fit the averager's world, a
     /// `RuntimeError` from the backend (a GPU error, a lost device). A
     /// [`HierarchicalModelAverager`] whose schedule reaches a period of 0 raises a
-    /// `ZeroDivisionError`. The step counter advances only on success.
+    /// `ZeroDivisionError`. The step counter advances only on success: a failed call leaves it
+    /// as it was, so the same step is attempted again by the next call. What a failed
+    /// collective leaves in the parameters: with parameters of several storage formats, one
+    /// all-reduce runs per format, and the formats averaged before the failure keep their means
+    /// (the others are untouched); an error found by the checks (every error above but a
+    /// backend's or transport's) changes nothing.
     fn average_parameters(
         &mut self,
         replicas: &mut Replicas,
         params: Option<&[usize]>,
     ) -> Result<Option<usize>>;
+
+    /// Checks, changing nothing, that the next [`ModelAverager::average_parameters`] with these
+    /// arguments would pass its checks: on a step that averages, every error of
+    /// `average_parameters` but a backend's or transport's failure during the collective. The
+    /// default accepts everything (an averager of another crate may check nothing).
+    /// `PostLocalSgdOptimizer::step` calls it before its local step, so that a call the
+    /// averager would refuse changes nothing.
+    ///
+    /// # Errors
+    /// As [`ModelAverager::average_parameters`], without the collective's runtime failures.
+    fn check_average(&self, replicas: &Replicas, params: Option<&[usize]>) -> Result<()> {
+        let _ = (replicas, params);
+        Ok(())
+    }
 }
 
 /// PyTorch's type promotion of the dtypes `torch.cat` flattens together.
@@ -59,15 +78,42 @@ pub fn promoted_format(dtypes: impl IntoIterator<Item = DType>) -> Option<Storag
 ///
 /// # Errors
 /// An `IndexError` for an index in `params` out of range; a `ValueError` when none of the
-/// selected parameters has a gradient on rank 0 (PyTorch's `torch.cat()` error), or from the
-/// collective when `groups` partitions another world size or `replicas` does not hold the
-/// world's local ranks; a `RuntimeError` from the backend (a GPU error, a lost device).
+/// selected parameters has a gradient on rank 0 (PyTorch's `torch.cat()` error), when `groups`
+/// partitions another world size than `world`'s, or when `replicas` does not hold the world's
+/// local ranks (all checked before any collective: see [`check_average_parameters`]); a
+/// `RuntimeError` from the backend or the transport (a GPU error, a lost device), in which case
+/// the storage formats averaged before the failure keep their means.
 pub fn average_parameters(
     world: &dyn Communicator,
     replicas: &mut Replicas,
     groups: Subgroups,
     params: Option<&[usize]>,
 ) -> Result<()> {
+    let (wanted, arith) = plan_average(world, replicas, groups, params)?;
+    replicas.all_reduce_mean(world, Values::Params, groups, &wanted, Some(arith))?;
+    Ok(())
+}
+
+/// The checks of [`average_parameters`], changing nothing.
+///
+/// # Errors
+/// Those of [`average_parameters`] but the backend's and the transport's.
+pub fn check_average_parameters(
+    world: &dyn Communicator,
+    replicas: &Replicas,
+    groups: Subgroups,
+    params: Option<&[usize]>,
+) -> Result<()> {
+    plan_average(world, replicas, groups, params).map(|_| ())
+}
+
+/// Which parameters [`average_parameters`] averages and in which precision, after its checks.
+fn plan_average(
+    world: &dyn Communicator,
+    replicas: &Replicas,
+    groups: Subgroups,
+    params: Option<&[usize]>,
+) -> Result<(Vec<bool>, StorageFormat)> {
     let selected: Vec<usize> = match params {
         Some(list) => list.to_vec(),
         None => (0..replicas.len()).collect(),
@@ -90,12 +136,27 @@ pub fn average_parameters(
             "torch.cat(): expected a non-empty list of Tensors",
         ));
     };
+    // What the collective would refuse, refused before it starts.
+    let world_size = world.world_size();
+    if groups.world_size() != world_size {
+        return Err(Error::value(format!(
+            "averaging groups of {} ranks partition a world of {} ranks, this world has {world_size}",
+            groups.group_size(),
+            groups.world_size()
+        )));
+    }
+    let local = world.local_ranks().len();
+    if replicas.ranks() != local {
+        return Err(Error::value(format!(
+            "{} ranks' parameters passed to a world whose process holds {local} of its {world_size} ranks",
+            replicas.ranks()
+        )));
+    }
     let mut wanted = vec![false; replicas.len()];
     for &j in &averaged {
         wanted[j] = true;
     }
-    replicas.all_reduce_mean(world, Values::Params, groups, &wanted, Some(arith))?;
-    Ok(())
+    Ok((wanted, arith))
 }
 
 /// The warning PyTorch emits for a period of 1.

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use super::{ModelAverager, PERIOD_ONE_WARNING, average_parameters, warmup_error};
+use super::{
+    ModelAverager, PERIOD_ONE_WARNING, average_parameters, check_average_parameters, warmup_error,
+};
 use crate::comm::{Communicator, Subgroups};
 use crate::error::{Error, Result};
 use crate::replicas::Replicas;
@@ -85,6 +87,12 @@ impl PeriodicModelAverager {
     pub fn warmup_steps(&self) -> u64 {
         self.warmup_steps
     }
+
+    /// Whether the call at the current step averages.
+    fn averages_now(&self) -> bool {
+        self.step >= self.warmup_steps
+            && (self.step - self.warmup_steps).is_multiple_of(self.period)
+    }
 }
 
 impl ModelAverager for PeriodicModelAverager {
@@ -102,13 +110,19 @@ impl ModelAverager for PeriodicModelAverager {
         params: Option<&[usize]>,
     ) -> Result<Option<usize>> {
         let mut used = None;
-        if self.step >= self.warmup_steps
-            && (self.step - self.warmup_steps).is_multiple_of(self.period)
-        {
+        if self.averages_now() {
             average_parameters(self.world.as_ref(), replicas, self.group, params)?;
             used = Some(self.group.group_size());
         }
+        // Counted only once the call has succeeded.
         self.step += 1;
         Ok(used)
+    }
+
+    fn check_average(&self, replicas: &Replicas, params: Option<&[usize]>) -> Result<()> {
+        if self.averages_now() {
+            check_average_parameters(self.world.as_ref(), replicas, self.group, params)?;
+        }
+        Ok(())
     }
 }

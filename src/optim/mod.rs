@@ -53,6 +53,17 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// (a GPU error, a lost device).
     fn step(&mut self, replicas: &mut Replicas) -> Result<()>;
 
+    /// Checks, changing nothing, that `replicas` has the ranks and parameters this optimizer
+    /// was built for (the first check of [`LocalOptimizer::step`]); the default accepts any.
+    ///
+    /// # Errors
+    /// A `ValueError` when `replicas` has other ranks or parameters than the optimizer was built
+    /// for.
+    fn check_model(&self, replicas: &Replicas) -> Result<()> {
+        let _ = replicas;
+        Ok(())
+    }
+
     /// The global parameter indices of each parameter group.
     fn param_groups(&self) -> Vec<Vec<usize>>;
 

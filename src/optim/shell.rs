@@ -455,6 +455,10 @@ impl<A: Algorithm> LocalOptimizer for Optimizer<A> {
         self.algorithm.step(&mut self.shell, replicas)
     }
 
+    fn check_model(&self, replicas: &Replicas) -> Result<()> {
+        self.shell.check_model(replicas)
+    }
+
     fn param_groups(&self) -> Vec<Vec<usize>> {
         self.shell.groups.iter().map(|g| g.params.clone()).collect()
     }
