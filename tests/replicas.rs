@@ -258,3 +258,85 @@ fn float64_arenas_on_the_gpu_backend_step_and_copy_on_the_host() {
     );
     assert_ne!(results[0], vec![0u32; results[0].len()]);
 }
+
+/// One rule for a tensor of another dtype, PyTorch's (see `Replicas`): a value written into a
+/// parameter is cast to the parameter's dtype (`param.copy_(value)`), a gradient of another
+/// dtype is a `RuntimeError` (`param.grad = grad`, checked before the shape), and ranks that
+/// disagree on a parameter's dtype are a `RuntimeError`; a shape that differs is a
+/// `ValueError`. A refused call writes nothing.
+#[test]
+fn a_dtype_mismatch_is_cast_into_a_parameter_and_refused_as_a_gradient() {
+    use distopt::ErrorKind;
+    for backend in common::backends() {
+        let mut m = mixed(backend.clone());
+        // float32 into a float64 parameter: exact; float64 into a float32 one: rounded to
+        // nearest even, overflowing to inf (torch.tensor([0.1, 1e300]).float()).
+        m.set_param(1, 2, &Tensor::from_f32(&[2], vec![0.1, -2.5]).unwrap())
+            .unwrap();
+        let p = m.param_blocking(1, 2).unwrap();
+        assert_eq!(p.dtype(), DType::Float64);
+        assert_eq!(p.values_f64().unwrap(), vec![f64::from(0.1f32), -2.5]);
+        let wide = Tensor::from_f64(DType::Float64, &[2], &[0.1, 1e300]).unwrap();
+        let p1 = m.param_blocking(0, 1).unwrap();
+        let p2 = m.param_blocking(0, 2).unwrap();
+        m.set_params(0, &[wide, p1, p2]).unwrap();
+        let p = m.param_blocking(0, 0).unwrap();
+        assert_eq!(p.dtype(), DType::Float32);
+        assert_eq!(
+            p.values_f64().unwrap(),
+            vec![f64::from(0.1f32), f64::INFINITY]
+        );
+
+        // A float32 gradient for a float64 parameter: refused, nothing written.
+        let grads_now = |m: &Replicas| -> Vec<Vec<Option<Vec<f64>>>> {
+            m.all_grads_blocking()
+                .unwrap()
+                .iter()
+                .map(|rank| {
+                    rank.iter()
+                        .map(|g| g.as_ref().map(|g| g.values_f64().unwrap()))
+                        .collect()
+                })
+                .collect()
+        };
+        let before = grads_now(&m);
+        let narrow = Tensor::from_f32(&[3], vec![9.0; 3]).unwrap();
+        let error = m.set_grad_blocking(0, 1, Some(&narrow)).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
+        assert_eq!(
+            error.message(),
+            "assigned grad has data of a different type: gradient 1 of rank 0 is float32, the parameter is float64"
+        );
+        // In a list: the first gradient is fine, the second is not; none is written.
+        let good = Tensor::from_f64(DType::Float64, &[3], &[7.0; 3]).unwrap();
+        let bad = Tensor::from_f32(&[2], vec![7.0; 2]).unwrap();
+        let error = m
+            .set_grads(0, &[None, Some(good.clone()), Some(bad)])
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
+        // The dtype is checked before the shape, as PyTorch's `.grad` setter does.
+        let error = m
+            .set_grad_blocking(0, 1, Some(&Tensor::from_f32(&[5], vec![1.0; 5]).unwrap()))
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
+        // A shape that differs is a ValueError.
+        let long = Tensor::from_f64(DType::Float64, &[4], &[1.0; 4]).unwrap();
+        let error = m.set_grad_blocking(0, 1, Some(&long)).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ValueError, "{error}");
+        assert_eq!(grads_now(&m), before, "nothing was written");
+        m.set_grad_blocking(0, 1, Some(&good)).unwrap();
+
+        // Ranks that disagree on a dtype: a RuntimeError, checked before the shape.
+        let rank0 = vec![Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap()];
+        let other = vec![Tensor::from_f64(DType::Float64, &[3], &[1.0, 2.0, 3.0]).unwrap()];
+        let error = Replicas::new(backend.clone(), &[rank0.clone(), other]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
+        assert_eq!(
+            error.message(),
+            "parameter 0 of rank 1 is float64, rank 0's is float32: every rank must hold the same dtypes"
+        );
+        let longer = vec![Tensor::from_f32(&[3], vec![1.0, 2.0, 3.0]).unwrap()];
+        let error = Replicas::new(backend.clone(), &[rank0, longer]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ValueError, "{error}");
+    }
+}

@@ -17,6 +17,13 @@ use crate::error::{Error, Result};
 use crate::tensor::{Tensor, format_shape};
 use crate::transfer;
 
+/// The error of a tensor whose dtype is not the one it must have: a `RuntimeError`, PyTorch's
+/// kind for it (`param.grad = grad` of another dtype, an operation on tensors of mismatched
+/// dtypes). See [`Replicas`] for where the library reports one.
+pub(crate) fn dtype_mismatch(message: String) -> Error {
+    Error::runtime(message)
+}
+
 /// One parameter: its shape, dtype and where it lives.
 #[derive(Debug, Clone)]
 struct ParamInfo {
@@ -26,6 +33,22 @@ struct ParamInfo {
 }
 
 /// R ranks' replicas of a list of parameters, and their gradients, on one backend.
+///
+/// **Dtypes.** A parameter's dtype is fixed when the replicas are made. The one rule for a
+/// tensor of another dtype, as PyTorch has it:
+///
+/// - a value written into a parameter ([`set_param`](Self::set_param),
+///   [`set_params`](Self::set_params)) is cast to the parameter's dtype, rounded to nearest even,
+///   as `param.copy_(value)` (and `module.load_state_dict`) cast;
+/// - a gradient of another dtype than its parameter ([`set_grad`](Self::set_grad),
+///   [`set_grads`](Self::set_grads)) is a `RuntimeError`, as `param.grad = grad` is in PyTorch
+///   (`assigned grad has data of a different type`);
+/// - ranks whose parameter `j` differs in dtype ([`Replicas::new`]) are a `RuntimeError`: there
+///   is no value to cast to, and a tensor whose dtype does not match the one an operation needs
+///   is PyTorch's `RuntimeError`.
+///
+/// A shape that differs is a `ValueError` everywhere (the step's `parameter shape mismatch`
+/// and `gradient shape mismatch`), and every refused call writes nothing.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -54,10 +77,10 @@ impl Replicas {
     ///
     /// # Errors
     /// A `ValueError` when `per_rank` is empty, a rank holds another number of parameters than rank
-    /// 0, or a parameter differs from rank 0's in shape or dtype (a dtype mismatch is a
-    /// `ValueError` here, a `TypeError` in the setters), or a tensor is device-resident (pass host
-    /// tensors); a `RuntimeError` when the arenas do not fit the memory budget or the backend fails
-    /// (a GPU error, a lost device).
+    /// 0, a parameter differs from rank 0's in shape, or a tensor is device-resident (pass host
+    /// tensors); a `RuntimeError` when a parameter differs from rank 0's in dtype (checked before
+    /// its shape; see the dtype rule above), when the arenas do not fit the memory budget or the
+    /// backend fails (a GPU error, a lost device).
     pub fn new(backend: Arc<dyn Backend>, per_rank: &[Vec<Tensor>]) -> Result<Replicas> {
         let ranks = per_rank.len();
         if ranks == 0 {
@@ -73,12 +96,17 @@ impl Replicas {
             }
             for (j, p) in params.iter().enumerate() {
                 let first = &per_rank[0][j];
-                if p.shape() != first.shape() || p.dtype() != first.dtype() {
-                    return Err(Error::value(format!(
-                        "parameter {j} of rank {rank} is {} {}, rank 0's is {} {}",
+                if p.dtype() != first.dtype() {
+                    return Err(dtype_mismatch(format!(
+                        "parameter {j} of rank {rank} is {}, rank 0's is {}: every rank must hold the same dtypes",
                         p.dtype(),
+                        first.dtype()
+                    )));
+                }
+                if p.shape() != first.shape() {
+                    return Err(Error::value(format!(
+                        "parameter {j} of rank {rank} has shape {}, rank 0's has {}",
                         format_shape(p.shape()),
-                        first.dtype(),
                         format_shape(first.shape())
                     )));
                 }
@@ -294,18 +322,21 @@ impl Replicas {
             self.check(rank, *j)?;
             if let Some(t) = value {
                 let param = &self.params[*j];
+                // A parameter's value is copied in and cast (`param.copy_(value)`); a gradient
+                // must have the parameter's dtype (`param.grad = grad`, which checks the dtype
+                // before the size).
+                if which == Values::Grads && t.dtype() != param.dtype {
+                    return Err(dtype_mismatch(format!(
+                        "assigned grad has data of a different type: gradient {j} of rank {rank} is {}, the parameter is {}",
+                        t.dtype(),
+                        param.dtype
+                    )));
+                }
                 if t.shape() != param.shape.as_slice() {
                     return Err(Error::value(format!(
                         "{what} {j} of rank {rank} has shape {}, expected {}",
                         format_shape(t.shape()),
                         format_shape(&param.shape)
-                    )));
-                }
-                if t.dtype() != param.dtype {
-                    return Err(Error::type_error(format!(
-                        "{what} {j} of rank {rank} has dtype {}, the parameter's is {}",
-                        t.dtype(),
-                        param.dtype
                     )));
                 }
                 if t.is_on_device() {
@@ -358,11 +389,13 @@ impl Replicas {
 
     /// Overwrites parameter `j` of rank `rank`.
     ///
+    /// A value of another dtype is cast to the parameter's (`param.copy_(value)`: see the dtype
+    /// rule above).
+    ///
     /// # Errors
     /// An `IndexError` when `rank` or `j` is out of range; a `ValueError` when the tensor's shape
-    /// differs from the parameter's or it is device-resident (pass host tensors); a `TypeError`
-    /// when its dtype differs; a `RuntimeError` when its packed copy does not fit the memory
-    /// budget. Nothing is written when it fails.
+    /// differs from the parameter's or it is device-resident (pass host tensors); a `RuntimeError`
+    /// when its packed copy does not fit the memory budget. Nothing is written when it fails.
     pub fn set_param(&mut self, rank: usize, j: usize, value: &Tensor) -> Result<()> {
         self.write_values(rank, &[(j, Some(value))], Values::Params)
     }
@@ -371,7 +404,7 @@ impl Replicas {
     ///
     /// # Errors
     /// A `ValueError` when `grads` does not hold one entry per parameter; for each gradient, as
-    /// [`Replicas::set_param`]. Nothing is written when it fails.
+    /// [`Replicas::set_grad`]. Nothing is written when it fails.
     pub fn set_grads(&mut self, rank: usize, grads: &[Option<Tensor>]) -> Result<()> {
         if grads.len() != self.params.len() {
             return Err(Error::value(format!(
@@ -393,10 +426,13 @@ impl Replicas {
         Ok(())
     }
 
-    /// Sets gradient `j` of rank `rank`.
+    /// Sets gradient `j` of rank `rank` (`None`: no gradient). A gradient must have its
+    /// parameter's dtype (`param.grad = grad`: see the dtype rule above).
     ///
     /// # Errors
-    /// As [`Replicas::set_param`] (a `None` gradient is checked for `rank` and `j` only).
+    /// A `RuntimeError` when the gradient's dtype differs from the parameter's; otherwise as
+    /// [`Replicas::set_param`] (a `None` gradient is checked for `rank` and `j` only). Nothing is
+    /// written when it fails.
     pub async fn set_grad(&mut self, rank: usize, j: usize, grad: Option<&Tensor>) -> Result<()> {
         self.write_values(rank, &[(j, grad)], Values::Grads)?;
         let len = self.params.len();

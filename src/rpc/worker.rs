@@ -67,10 +67,10 @@ impl WorkerState {
     /// Adds `gradient` to the gradient of tensor `id` in context `context`.
     ///
     /// # Errors
-    /// A `RuntimeError` when `context` is not a live context or this worker owns no tensor `id`; a
-    /// `ValueError` when `gradient` differs from the tensor in shape or dtype; when a gradient is
-    /// already recorded, a `RuntimeError` if either is device-resident (the sum is taken on the
-    /// host) or the sum does not fit the memory budget.
+    /// A `RuntimeError` when `context` is not a live context or this worker owns no tensor `id`, or
+    /// when `gradient` differs from the tensor in dtype; a `ValueError` when it differs in shape;
+    /// when a gradient is already recorded, a `RuntimeError` if either is device-resident (the sum
+    /// is taken on the host) or the sum does not fit the memory budget.
     pub fn accumulate_gradient(
         &mut self,
         context: ContextId,
@@ -79,7 +79,18 @@ impl WorkerState {
     ) -> Result<()> {
         self.contexts.check(context)?;
         let value = self.value(id)?;
-        if value.shape() != gradient.shape() || value.dtype() != gradient.dtype() {
+        if value.dtype() != gradient.dtype() {
+            // A gradient of another dtype than its tensor: `RuntimeError`, as `param.grad = grad`
+            // (the library's dtype rule, see `Replicas`).
+            return Err(Error::runtime(format!(
+                "assigned grad has data of a different type: gradient of {} {:?} for a {} {:?} tensor",
+                gradient.dtype(),
+                gradient.shape(),
+                value.dtype(),
+                value.shape()
+            )));
+        }
+        if value.shape() != gradient.shape() {
             return Err(Error::value(format!(
                 "gradient of {} {:?} for a {} {:?} tensor",
                 gradient.dtype(),
