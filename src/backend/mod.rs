@@ -311,8 +311,9 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// A zero-filled arena.
     ///
     /// # Errors
-    /// A `ValueError` when the arena's size overflows `usize` (the GPU backend also refuses a zero
-    /// or odd `chunk_len` or an odd `rank_len`); a `RuntimeError` when a host arena does not fit
+    /// A `ValueError` when the arena's size overflows `usize` (the GPU backend also refuses, for
+    /// rows of some elements, a zero or odd `chunk_len` or an odd `rank_len`; rows of no
+    /// elements are accepted with any `chunk_len` on both); a `RuntimeError` when a host arena does not fit
     /// the memory budget ([`crate::budget`]) or the allocator refuses it, or when the GPU device
     /// refuses a buffer (beyond its limits, out of memory) or is lost.
     fn create_arena(
@@ -439,11 +440,15 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// Averages every group of `group_size` consecutive ranks of `arena` over the parameters
     /// flagged in `active` (see [`kernels::average_reference`]), all groups in one dispatch.
     ///
+    /// An empty `starts` (an arena with no parameters) and an arena without ranks have nothing
+    /// to average: the call checks its arguments and changes nothing, on every backend.
+    ///
     /// # Errors
-    /// A `ValueError` when `group_size` is 0 or does not divide the arena's ranks, or `active` does
-    /// not hold one flag per parameter of `starts` (the GPU backend also refuses an empty
-    /// `starts`); a `RuntimeError` for an arena this backend cannot use (another backend's: see the
-    /// trait's documentation), or when the GPU device reports an error or is lost.
+    /// A `ValueError` when `group_size` is 0 or does not divide the arena's ranks, `active` does
+    /// not hold one flag per parameter of `starts`, or `starts` does not fit the arena (it must
+    /// start at 0 and ascend on 64-element slots within a rank's elements); a `RuntimeError` for
+    /// an arena this backend cannot use (another backend's: see the trait's documentation), or
+    /// when the GPU device reports an error or is lost.
     fn average(
         &self,
         arena: &mut Arena,
@@ -478,12 +483,15 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// parameters flagged in `active`, `grads = round(backup - params)` in the parameters'
     /// precision, then `params = backup`, one dispatch per chunk.
     ///
+    /// An empty `starts` (arenas with no parameters) has nothing to compute: the call checks its
+    /// arguments and changes nothing, on every backend.
+    ///
     /// # Errors
     /// A `ValueError` when `backup` or `grads` differ from `params` in ranks, length or format (on
-    /// the GPU backend also in chunking, and an empty `starts` is refused), or `active` does not
-    /// hold one flag per parameter; a `RuntimeError` for an arena this backend cannot use (another
-    /// backend's: see the trait's documentation), or when the GPU device reports an error or is
-    /// lost.
+    /// the GPU backend also in chunking), `active` does not hold one flag per parameter, or
+    /// `starts` does not fit the arenas (see [`Backend::average`]); a `RuntimeError` for an arena
+    /// this backend cannot use (another backend's: see the trait's documentation), or when the
+    /// GPU device reports an error or is lost.
     fn pseudo_gradient(
         &self,
         params: &mut Arena,
@@ -557,6 +565,49 @@ pub struct CopyRegion {
     pub dst_offset: usize,
     /// Elements to copy.
     pub len: usize,
+}
+
+/// Checks a per-parameter kernel's table against the arena it describes, the same on every
+/// backend: an empty table (an arena with no parameters: nothing to do), or one that starts at
+/// element 0 and ascends, every start on a [`PARAM_ALIGN_ELEMENTS`] slot and within a rank's
+/// elements (a start equal to `rank_len` is an empty last parameter). A `ValueError` otherwise:
+/// a kernel never runs over a table that does not fit (the reference kernels would index out
+/// of their rows, the shaders would read another parameter's flags).
+pub(crate) fn check_param_table(what: &str, arena: &Arena, starts: &ParamStarts) -> Result<()> {
+    let table = &starts.0;
+    let fits = table.first().is_none_or(|&first| first == 0)
+        && table.windows(2).all(|w| w[0] <= w[1])
+        && table.iter().all(|&start| {
+            (start as usize).is_multiple_of(PARAM_ALIGN_ELEMENTS)
+                && start as usize <= arena.rank_len()
+        });
+    if !fits {
+        return Err(Error::value(format!(
+            "{what}: parameter table {table:?} does not fit an arena of {} elements per rank (parameters start at 0 and ascend, on {PARAM_ALIGN_ELEMENTS}-element slots)",
+            arena.rank_len()
+        )));
+    }
+    Ok(())
+}
+
+/// The argument checks of [`Backend::average`] that do not depend on the arena's storage (the
+/// reference kernel's, with its text): the GPU backend makes them for an empty table, which
+/// it does not dispatch.
+pub(crate) fn check_average_args(
+    arena: &Arena,
+    group_size: usize,
+    starts: &ParamStarts,
+    active: &[bool],
+) -> Result<()> {
+    let ranks = arena.ranks();
+    if group_size == 0 || !ranks.is_multiple_of(group_size) || active.len() != starts.0.len() {
+        return Err(Error::value(format!(
+            "average: group size {group_size} does not divide {ranks} ranks, or {} flags for {} parameters",
+            active.len(),
+            starts.0.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Validates a batch of copies: same format, in range, word aligned.

@@ -29,7 +29,7 @@ use self::threads::{PARALLEL_THRESHOLD, part_bounds, run_parts, split_ranks};
 use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
 use super::{
     Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, CopyRegion,
-    check_copy_regions,
+    check_copy_regions, check_param_table,
 };
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -212,6 +212,7 @@ impl Backend for CpuBackend {
         starts: &ParamStarts,
         scalars: &[SgdScalars],
     ) -> Result<()> {
+        check_param_table("sgd", params, starts)?;
         optim::sgd(self.info.threads, params, grads, momentum, starts, scalars)
     }
 
@@ -221,6 +222,7 @@ impl Backend for CpuBackend {
         starts: &ParamStarts,
         scalars: &[AdamScalars],
     ) -> Result<()> {
+        check_param_table("adam", arenas.params, starts)?;
         optim::adam(self.info.threads, arenas, starts, scalars)
     }
 
@@ -232,6 +234,7 @@ impl Backend for CpuBackend {
         starts: &ParamStarts,
         active: &[bool],
     ) -> Result<()> {
+        check_param_table("average", arena, starts)?;
         optim::average(self.info.threads, arena, group_size, arith, starts, active)
     }
 
@@ -244,6 +247,12 @@ impl Backend for CpuBackend {
         scales: &[Option<f64>],
         present: &[bool],
     ) -> Result<()> {
+        check_param_table("scaled sum", arena, starts)?;
+        if arena.ranks() == 0 {
+            // No rank contributes or receives anything (the reference would read rank 0).
+            super::kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
+            return host(arena).map(|_| ());
+        }
         super::kernels::scaled_sum_reference(arena, arith, starts, reduced, scales, present)
     }
 
@@ -255,6 +264,7 @@ impl Backend for CpuBackend {
         starts: &ParamStarts,
         active: &[bool],
     ) -> Result<()> {
+        check_param_table("pseudo_gradient", params, starts)?;
         super::kernels::pseudo_gradient_reference(params, backup, grads, starts, active)
     }
 
@@ -265,6 +275,7 @@ impl Backend for CpuBackend {
         starts: &ParamStarts,
         active: &[bool],
     ) -> Result<()> {
+        check_param_table("convert", src, starts)?;
         super::kernels::convert_reference(src, dst, starts, active)
     }
 

@@ -17,8 +17,11 @@ use contract::{StepUniforms, WORKGROUP_SIZE};
 use kernel::Kernel;
 
 use super::cpu::{check_same_format, check_step_arenas};
-use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
-use super::{Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, oneshot};
+use super::kernels::{self, AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+use super::{
+    Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, check_average_args,
+    check_param_table, oneshot,
+};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
@@ -301,7 +304,10 @@ impl GpuBackend {
         if format == StorageFormat::F64 {
             return self.host.create_arena(format, ranks, rank_len, chunk_len);
         }
-        let gpu = GpuArena::new(&self.shared, format, ranks, rank_len, chunk_len, clear)?;
+        // Rows of no elements have no chunk: any chunk length describes them (the CPU backend
+        // accepts them too), and none is allocated.
+        let chunking = if rank_len == 0 { 2 } else { chunk_len };
+        let gpu = GpuArena::new(&self.shared, format, ranks, rank_len, chunking, clear)?;
         Ok(Arena::new(
             format,
             ranks,
@@ -395,6 +401,28 @@ impl GpuBackend {
     }
 }
 
+/// A `ValueError` unless `other` is chunked as `params` (the device kernels bind chunk by
+/// chunk; the host checks compare ranks, length and format).
+fn check_chunking(what: &str, params: &Arena, other: &Arena) -> Result<()> {
+    if params.chunk_len() != other.chunk_len() {
+        return Err(Error::value(format!(
+            "{what}: arenas do not match ({params:?} vs {other:?})"
+        )));
+    }
+    Ok(())
+}
+
+impl GpuBackend {
+    /// Checks that every arena in `arenas` is this device's, for a call that dispatches
+    /// nothing (no ranks, no parameters): the same `RuntimeError` as a dispatch would give.
+    fn check_own(&self, arenas: &[&Arena]) -> Result<()> {
+        for arena in arenas {
+            self.gpu(arena)?;
+        }
+        Ok(())
+    }
+}
+
 impl Backend for GpuBackend {
     fn info(&self) -> &BackendInfo {
         &self.info
@@ -482,6 +510,10 @@ impl Backend for GpuBackend {
             );
         }
         check_step_arenas(params, grads, means, divisor)?;
+        if params.ranks() == 0 {
+            // The CPU backend's refusal: a mean over no ranks.
+            return Err(Error::value("dp_sgd_step needs at least one rank"));
+        }
         let (param_format, grad_format) = (params.format(), grads.format());
         let ranks = params.ranks();
         let kernel = &self.kernels.dp_sgd_step;
@@ -531,8 +563,20 @@ impl Backend for GpuBackend {
         starts: &ParamStarts,
         scalars: &[SgdScalars],
     ) -> Result<()> {
+        check_param_table("sgd", params, starts)?;
         if matches!(params.storage, ArenaStorage::Host(_)) {
             return self.host.sgd(params, grads, momentum, starts, scalars);
+        }
+        if params.ranks() == 0 {
+            // No ranks: nothing to dispatch (the CPU backend's answer), after its checks.
+            kernels::check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)?;
+            check_chunking("sgd", params, grads)?;
+            let mut own = vec![&*params, grads];
+            if let Some(m) = momentum.as_deref() {
+                check_chunking("sgd momentum", params, m)?;
+                own.push(m);
+            }
+            return self.check_own(&own);
         }
         self.sgd_on_device(params, grads, momentum, starts, scalars)
     }
@@ -543,8 +587,22 @@ impl Backend for GpuBackend {
         starts: &ParamStarts,
         scalars: &[AdamScalars],
     ) -> Result<()> {
+        check_param_table("adam", arenas.params, starts)?;
         if matches!(arenas.params.storage, ArenaStorage::Host(_)) {
             return self.host.adam(arenas, starts, scalars);
+        }
+        if arenas.params.ranks() == 0 {
+            // No ranks: nothing to dispatch (the CPU backend's answer), after its checks.
+            kernels::check_adam_arenas(&arenas, starts, scalars)?;
+            let params = &*arenas.params;
+            let mut own = vec![params, arenas.grads, &*arenas.exp_avg, &*arenas.exp_avg_sq];
+            if let Some(x) = arenas.max_exp_avg_sq.as_deref() {
+                own.push(x);
+            }
+            for other in &own[1..] {
+                check_chunking("adam", params, other)?;
+            }
+            return self.check_own(&own);
         }
         self.adam_on_device(arenas, starts, scalars)
     }
@@ -557,8 +615,16 @@ impl Backend for GpuBackend {
         starts: &ParamStarts,
         active: &[bool],
     ) -> Result<()> {
+        check_param_table("average", arena, starts)?;
         if matches!(arena.storage, ArenaStorage::Host(_)) {
             return self.host.average(arena, group_size, arith, starts, active);
+        }
+        if starts.0.is_empty() || arena.ranks() == 0 {
+            // No parameters or no ranks: nothing to average (the CPU backend's answer too). The
+            // kernel is not dispatched: its parameter lookup needs at least one parameter, and
+            // an arena without ranks has no storage to bind.
+            check_average_args(arena, group_size, starts, active)?;
+            return self.check_own(&[arena]);
         }
         self.average_on_device(arena, group_size, arith, starts, active)
     }
@@ -572,10 +638,16 @@ impl Backend for GpuBackend {
         scales: &[Option<f64>],
         present: &[bool],
     ) -> Result<()> {
+        check_param_table("scaled sum", arena, starts)?;
         if matches!(arena.storage, ArenaStorage::Host(_)) {
             return self
                 .host
                 .scaled_sum(arena, arith, starts, reduced, scales, present);
+        }
+        if arena.ranks() == 0 {
+            // No ranks: nothing contributes or receives (the CPU backend's answer).
+            kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
+            return self.check_own(&[arena]);
         }
         self.scaled_sum_on_device(arena, arith, starts, reduced, scales, present)
     }
@@ -588,10 +660,36 @@ impl Backend for GpuBackend {
         starts: &ParamStarts,
         active: &[bool],
     ) -> Result<()> {
+        check_param_table("pseudo_gradient", params, starts)?;
         if matches!(params.storage, ArenaStorage::Host(_)) {
             return self
                 .host
                 .pseudo_gradient(params, backup, grads, starts, active);
+        }
+        if starts.0.is_empty() || params.ranks() == 0 {
+            // No parameters or no ranks: nothing to compute (the CPU backend's answer too),
+            // after the same checks of the arenas and flags; the kernel is not dispatched.
+            for (what, other) in [("backup", backup), ("grads", &*grads)] {
+                if params.ranks() != other.ranks()
+                    || params.rank_len() != other.rank_len()
+                    || params.chunk_len() != other.chunk_len()
+                    || params.format() != other.format()
+                {
+                    return Err(Error::value(format!(
+                        "pseudo_gradient {what}: arenas do not match ({params:?} vs {other:?})"
+                    )));
+                }
+                self.gpu(other)?;
+            }
+            if active.len() != starts.0.len() {
+                return Err(Error::value(format!(
+                    "pseudo_gradient: {} flags for {} parameters",
+                    active.len(),
+                    starts.0.len()
+                )));
+            }
+            self.gpu(params)?;
+            return Ok(());
         }
         self.pseudo_gradient_on_device(params, backup, grads, starts, active)
     }
@@ -603,10 +701,17 @@ impl Backend for GpuBackend {
         starts: &ParamStarts,
         active: &[bool],
     ) -> Result<()> {
+        check_param_table("convert", src, starts)?;
         if matches!(src.storage, ArenaStorage::Host(_))
             || matches!(dst.storage, ArenaStorage::Host(_))
         {
             return self.host.convert(src, dst, starts, active);
+        }
+        if src.ranks() == 0 {
+            // No ranks: nothing to convert (the CPU backend's answer), after its checks.
+            kernels::check_convert(src, dst, starts, active)?;
+            check_chunking("convert", src, dst)?;
+            return self.check_own(&[src, dst]);
         }
         self.convert_on_device(src, dst, starts, active)
     }
