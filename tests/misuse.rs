@@ -895,3 +895,51 @@ fn post_local_sgd_optimizer_refuses_before_its_local_step() {
     let p = params(&replicas);
     assert_eq!(p[0..3], p[3..6], "the ranks agree after the averaging step");
 }
+
+/// Every constructor of a local optimizer refuses an empty parameter list with PyTorch's
+/// `ValueError`, after its option checks (PyTorch's `SGD(lr=-1)` reports the learning rate
+/// first): `Sgd::new`, `Adam::new` and `Adam::adamw` over replicas without parameters, and
+/// `optim::create` / `optim::build` of every class without groups.
+#[test]
+fn every_optimizer_constructor_refuses_an_empty_parameter_list() {
+    let empty = Replicas::replicate(Arc::new(CpuBackend::new()), 2, &[]).unwrap();
+    let message = "optimizer got an empty parameter list";
+    assert_error(
+        Sgd::new(&empty, SgdOptions::default()),
+        ErrorKind::ValueError,
+        message,
+    );
+    assert_error(
+        Adam::new(&empty, AdamOptions::default()),
+        ErrorKind::ValueError,
+        message,
+    );
+    assert_error(
+        Adam::adamw(&empty, AdamWOptions::default()),
+        ErrorKind::ValueError,
+        message,
+    );
+    assert_error(
+        Sgd::new(&empty, SgdOptions::default().with_lr(-1.0)),
+        ErrorKind::ValueError,
+        "Invalid learning rate: -1.0",
+    );
+    for kind in [
+        OptimizerKind::Sgd,
+        OptimizerKind::Adam,
+        OptimizerKind::AdamW,
+    ] {
+        for replicas in [&empty, &model(2)] {
+            assert_error(
+                optim::build(kind, replicas, vec![], &Default::default()),
+                ErrorKind::ValueError,
+                message,
+            );
+            assert_error(
+                create(kind.name(), replicas, vec![], json!({})),
+                ErrorKind::ValueError,
+                message,
+            );
+        }
+    }
+}
