@@ -3,14 +3,15 @@
 
 The shared golden cases (tests/golden/, copied unchanged) pin down PyTorch's default
 single-tensor optimizers. These cases pin down what they leave out: `fused=True`, whose
-float16/bfloat16 arithmetic differs (float32 math, one rounding per stored tensor), and its
-constructor errors. They use the golden format (kind `local_optimizer`, see
+arithmetic differs (PyTorch's opmath precision: float64 for float64, float32 for the 16-bit
+formats, with its multiply-adds rounded once and one rounding per stored tensor; AdamW on the
+16-bit formats with beta1 on both sides of 0.5 over odd tails), and its constructor errors. They use the golden format (kind `local_optimizer`, see
 tests/golden/README.md) so that the golden runner checks them on both backends, with
 tolerances tight enough that the single-tensor arithmetic fails them.
 
 Run it with the PyTorch peer's interpreter (never in CI):
 
-    /tmp/torchenv/bin/python scripts/torch-cases.py
+    /work/torchenv/bin/python scripts/torch-cases.py
 """
 
 import json
@@ -29,9 +30,20 @@ TOLERANCE = {
     "bfloat16": {"rtol": 1.5e-3, "atol": 1e-7},
     "float64": {"rtol": 1e-12, "atol": 1e-12},
 }
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+# float64 cases: PyTorch's fused kernels compute float64 in float64, so float32 arithmetic
+# (about 1e-8 away) fails them; PyTorch's fused multiply-adds stay well inside.
+TOLERANCE_F64 = dict(TOLERANCE, float64={"rtol": 1e-14, "atol": 1e-15})
 # A size with a vector body and a scalar tail, a matrix, and a 0-d tensor.
 SHAPES = [[37], [3, 33], []]
+# Vector bodies with odd tails (PyTorch's fused kernels step 32 16-bit, 16 float32 or 8
+# float64 elements at a time on AVX-512, then finish element by element) and a 3-d tensor.
+TAIL_SHAPES = [[37], [67], [131], [2, 3, 35]]
 STEPS = 5
 
 
@@ -47,7 +59,8 @@ def state_json(value):
     return value
 
 
-def envelope(name, description, optimizer, options, initial, grads, expected):
+def envelope(name, description, optimizer, options, initial, grads, expected,
+             tolerance=TOLERANCE):
     """One case in the golden format (tests/golden/README.md, kind `local_optimizer`)."""
     return {
         "format": 1,
@@ -61,18 +74,19 @@ def envelope(name, description, optimizer, options, initial, grads, expected):
             "grads": [[None if g is None else tensor_json(g) for g in step] for step in grads],
         },
         "expected": expected,
-        "tolerance": TOLERANCE,
+        "tolerance": tolerance,
     }
 
 
-def case(name, description, optimizer, options, dtype, missing=False, seed=0):
+def case(name, description, optimizer, options, dtype, missing=False, seed=0, shapes=SHAPES,
+         steps=STEPS, tolerance=TOLERANCE):
     gen = torch.Generator().manual_seed(seed)
     dt = DTYPES[dtype]
-    initial = [torch.randn(s, generator=gen).to(dt) for s in SHAPES]
+    initial = [torch.randn(s, generator=gen).to(dt) for s in shapes]
     grads = []
-    for t in range(STEPS):
+    for t in range(steps):
         step = []
-        for j, s in enumerate(SHAPES):
+        for j, s in enumerate(shapes):
             # From the second step: PyTorch's fused SGD refuses (TypeError) a momentum buffer
             # that starts after the others did.
             if missing and t > 0 and (t + j) % 3 == 1:
@@ -86,7 +100,7 @@ def case(name, description, optimizer, options, dtype, missing=False, seed=0):
         kwargs["betas"] = tuple(kwargs["betas"])
     opt = getattr(torch.optim, optimizer)(params, **kwargs)
     after = []
-    for t in range(STEPS):
+    for t in range(steps):
         opt.zero_grad(set_to_none=True)
         for p, g in zip(params, grads[t]):
             p.grad = None if g is None else g.clone()
@@ -103,6 +117,7 @@ def case(name, description, optimizer, options, dtype, missing=False, seed=0):
     return envelope(
         name, description, optimizer, options, initial, grads,
         {"params_after_step": after, "state_dict": {"state": state, "param_groups": groups}},
+        tolerance,
     )
 
 
@@ -141,6 +156,46 @@ def main():
                  "AdamW", {"lr": 0.02, "betas": [0.3, 0.9], "weight_decay": 0.1, "maximize": True,
                            "fused": True}, dtype, seed=4),
         ]
+    # float64: PyTorch's fused kernels compute in float64 ("opmath" is double for double).
+    f64 = dict(tolerance=TOLERANCE_F64)
+    cases += [
+        case("local_optimizer_fused_sgd_float64_momentum_wd",
+             "SGD(fused=True) on float64: momentum, dampening, weight decay (float64 math)",
+             "SGD", {"lr": 0.05, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01,
+                     "fused": True}, "float64", seed=1, **f64),
+        case("local_optimizer_fused_sgd_float64_nesterov_maximize",
+             "SGD(fused=True) on float64: Nesterov, maximize, missing gradients (float64 math)",
+             "SGD", {"lr": 0.1, "momentum": 0.8, "nesterov": True, "maximize": True,
+                     "fused": True}, "float64", missing=True, seed=2, **f64),
+        case("local_optimizer_fused_adam_float64_l2_amsgrad",
+             "Adam(fused=True) on float64: L2 weight decay, amsgrad, missing gradients (float64 math)",
+             "Adam", {"lr": 0.01, "betas": [0.8, 0.99], "eps": 1e-6, "weight_decay": 0.05,
+                      "amsgrad": True, "fused": True}, "float64", missing=True, seed=3, **f64),
+        case("local_optimizer_fused_adamw_float64_maximize",
+             "AdamW(fused=True) on float64: maximize, beta1 0.3 (float64 math)",
+             "AdamW", {"lr": 0.02, "betas": [0.3, 0.9], "weight_decay": 0.1, "maximize": True,
+                       "fused": True}, "float64", seed=4, **f64),
+        case("local_optimizer_fused_adamw_float64_beta1_085_tails",
+             "AdamW(fused=True) on float64: beta1 0.85, weight decay, odd tails (float64 math)",
+             "AdamW", {"lr": 0.02, "betas": [0.85, 0.995], "weight_decay": 0.1, "fused": True},
+             "float64", seed=5, shapes=TAIL_SHAPES, **f64),
+    ]
+    # AdamW(fused=True) on the 16-bit formats, beta1 on both sides of 0.5 (the two lerp
+    # formulas), with weight decay, over vector bodies with odd tails and a 3-d tensor.
+    for dtype in ["bfloat16", "float16"]:
+        for k, beta1 in enumerate([0.3, 0.6, 0.85, 0.9]):
+            tag = f"{round(beta1 * 100):03d}"
+            cases.append(case(
+                f"local_optimizer_fused_adamw_{dtype}_beta1_{tag}_tails",
+                f"AdamW(fused=True) on {dtype}: betas ({beta1}, 0.995), weight decay, odd tails",
+                "AdamW", {"lr": 0.02, "betas": [beta1, 0.995], "weight_decay": 0.1,
+                          "fused": True}, dtype, seed=10 + k, shapes=TAIL_SHAPES, steps=6))
+        cases.append(case(
+            f"local_optimizer_fused_adamw_{dtype}_amsgrad_missing_tails",
+            f"AdamW(fused=True) on {dtype}: betas (0.85, 0.995), amsgrad, maximize, missing gradients, odd tails",
+            "AdamW", {"lr": 0.01, "betas": [0.85, 0.995], "eps": 1e-6, "weight_decay": 0.05,
+                      "amsgrad": True, "maximize": True, "fused": True}, dtype, missing=True,
+            seed=20, shapes=TAIL_SHAPES + [[]], steps=6))
     cases += [
         error_case("local_optimizer_error_fused_sgd_foreach", "error: SGD fused with foreach",
                    "SGD", {"lr": 0.1, "foreach": True, "fused": True}),
