@@ -1,7 +1,10 @@
 // torch.optim.Adam / AdamW's single-tensor step over every rank and parameter of an arena
 // chunk. The host precomputes each (rank, parameter)'s bias corrections from its own step
 // count. Every tensor operation's result is rounded to the storage format (FORMAT); with the
-// FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored.
+// FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored, and the three
+// multiply-adds PyTorch's fused kernel single-rounds (the L2 term, the lerp, the second
+// moment's `(1 - beta2) * g * g` term) are single-rounded here too (`exact_fma`; see
+// `adam_rank` in src/backend/kernels.rs).
 
 override FORMAT: u32 = 0u;
 
@@ -39,6 +42,70 @@ struct AdamScalars {
 
 // Set per invocation: a fused update (PyTorch's `fused=True`) rounds only when it stores.
 var<private> fused: bool;
+
+// `a * b + c` rounded once (IEEE fusedMultiplyAdd), from float32 operations that each round
+// once: WGSL's `fma` may round twice (lavapipe's does). The product's exact error comes from
+// Veltkamp's split (Dekker's TwoProduct), the sum's from Knuth's TwoSum; the two errors are
+// added rounding to odd, then to the sum (Boldo and Melquiond's proved emulation). Outside the
+// range where the split is exact (a product, factor or addend of 2^100 or more, a
+// non-finite operand) and for a product below 2^-60 (where the error terms could leave the
+// normal range) it is `a * b + c`. Kept identical in adam.wgsl and sgd.wgsl, the
+// `mul_add` of `adam_rank`/`sgd_rank` in src/backend/kernels.rs.
+// 1.0, from a value the compiler cannot see (set in `main`): `x * one` keeps a shader compiler
+// from rewriting the error-free transformations algebraically (Mesa's NIR does, on
+// lavapipe: `(a + b) - a` is not `b` in floating point).
+var<private> one: f32;
+
+fn two_sum(a: f32, b: f32) -> vec2<f32> {
+    let s = a + b;
+    let bb = s * one - a;
+    return vec2<f32>(s, (a - (s - bb)) + (b - bb));
+}
+
+fn split(a: f32) -> vec2<f32> {
+    let t = 4097.0 * a;
+    let hi = t - (t * one - a);
+    return vec2<f32>(hi, a - hi);
+}
+
+fn exact_fma1(a: f32, b: f32, c: f32) -> f32 {
+    let p = a * b;
+    let big = 1.2676506e30; // 2^100
+    let small = 8.6736174e-19; // 2^-60
+    let ap = abs(p);
+    let ac = abs(c);
+    if (!(ap < big && ac < big) || (ap < small && p != 0.0) || abs(a) >= big || abs(b) >= big) {
+        return p + c;
+    }
+    let x = split(a);
+    let y = split(b);
+    let e = ((x.x * y.x - p) + x.x * y.y + x.y * y.x) + x.y * y.y;
+    let t = two_sum(c, p);
+    let u = two_sum(t.y, e);
+    var v = u.x;
+    if (v == 0.0) {
+        return t.x;
+    }
+    // Round to odd: an inexact sum with an even significand moves one unit toward its error.
+    let bits = bitcast<u32>(v);
+    if (u.y != 0.0 && (bits & 1u) == 0u) {
+        if ((u.y > 0.0) == (v > 0.0)) {
+            v = bitcast<f32>(bits + 1u);
+        } else {
+            v = bitcast<f32>(bits - 1u);
+        }
+    }
+    return t.x + v;
+}
+
+fn exact_fma(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(
+        exact_fma1(a.x, b.x, c.x),
+        exact_fma1(a.y, b.y, c.y),
+        exact_fma1(a.z, b.z, c.z),
+        exact_fma1(a.w, b.w, c.w),
+    );
+}
 
 fn r(x: vec4<f32>) -> vec4<f32> {
     if (FORMAT == FORMAT_F32 || fused) {
@@ -85,18 +152,34 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
     if ((s.flags & DECOUPLED) != 0u) {
         p = r(p * s.decay_factor);
     } else if (s.weight_decay != 0.0) {
-        g = add_scaled(g, s.weight_decay, p);
+        if (fused) {
+            g = exact_fma(p, vec4<f32>(s.weight_decay), g);
+        } else {
+            g = add_scaled(g, s.weight_decay, p);
+        }
     }
     // exp_avg.lerp_(grad, 1 - beta1), PyTorch's two-sided formula.
     let w = s.one_minus_beta1;
     let diff = g - m_old;
     var m: vec4<f32>;
-    if (w < 0.5) {
+    if (fused) {
+        if (w < 0.5) {
+            m = exact_fma(vec4<f32>(w), diff, m_old);
+        } else {
+            m = exact_fma(vec4<f32>(w - 1.0), diff, g);
+        }
+    } else if (w < 0.5) {
         m = r(m_old + w * diff);
     } else {
         m = r(g - diff * (1.0 - w));
     }
-    let v = r(r(v_old * s.beta2) + (s.one_minus_beta2 * g) * g);
+    let v_scaled = r(v_old * s.beta2);
+    var v: vec4<f32>;
+    if (fused) {
+        v = exact_fma(s.one_minus_beta2 * g, g, v_scaled);
+    } else {
+        v = r(v_scaled + (s.one_minus_beta2 * g) * g);
+    }
     var second = v;
     if ((s.flags & AMSGRAD) != 0u) {
         second = nan_max4(v, max_old);
@@ -122,6 +205,8 @@ fn main(id: Invocation) {
         return;
     }
     fused = (s.flags & FUSED) != 0u;
+    // No flag has bit 31: 1.0, which no compiler can prove.
+    one = bitcast<f32>(0x3f800000u | (s.flags >> 31u));
     let base = rank * geometry.rank_quads;
     let p = load_params(base, octet);
     let g = load_grads(base, octet);

@@ -102,20 +102,28 @@ fn run(gpu: Arc<dyn Backend>, label: &str) {
                 sc.step(&mut c).unwrap();
             }
             assert_close(&g, &c, &format!("{label} SGD {dtype} fused {fused}"));
-            let adam = AdamWOptions::default()
-                .with_lr(0.01)
-                .with_weight_decay(0.1)
-                .with_amsgrad(true)
-                .with_fused(fused);
-            let (mut ag, mut ac) = (
-                Adam::adamw(&g, adam.clone()).unwrap(),
-                Adam::adamw(&c, adam).unwrap(),
-            );
-            for _ in 0..3 {
-                ag.step(&mut g).unwrap();
-                ac.step(&mut c).unwrap();
+            // beta1 on both sides of 0.5: PyTorch's lerp takes its two formulas.
+            for beta1 in [0.85, 0.3] {
+                let adam = AdamWOptions::default()
+                    .with_lr(0.01)
+                    .with_betas((beta1, 0.995))
+                    .with_weight_decay(0.1)
+                    .with_amsgrad(true)
+                    .with_fused(fused);
+                let (mut ag, mut ac) = (
+                    Adam::adamw(&g, adam.clone()).unwrap(),
+                    Adam::adamw(&c, adam).unwrap(),
+                );
+                for _ in 0..3 {
+                    ag.step(&mut g).unwrap();
+                    ac.step(&mut c).unwrap();
+                }
+                assert_close(
+                    &g,
+                    &c,
+                    &format!("{label} AdamW {dtype} beta1 {beta1} fused {fused}"),
+                );
             }
-            assert_close(&g, &c, &format!("{label} AdamW {dtype} fused {fused}"));
         }
         let world = SimulatedWorld::new(RANKS).unwrap();
         for size in [2, 4] {

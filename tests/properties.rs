@@ -958,3 +958,230 @@ fn summed_gradients_divided_by_the_world_size_give_the_world_step() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The optimizer kernels: the GPU backend's SGD and Adam/AdamW against the plain-Rust
+// reference (`distopt::backend::kernels`), bit for bit, on random tables. `fused=True` on the
+// 16-bit formats above all (PyTorch's fused arithmetic: float32 with its multiply-adds
+// single-rounded, one rounding per store), with beta1 on both sides of 0.5 (the lerp's two
+// formulas) and parameters of odd sizes (PyTorch's vector bodies with scalar tails).
+
+mod optimizer_kernels {
+    use super::{Rng, gpu, gpu_tiny};
+    use distopt::backend::kernels::{self, AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+    use distopt::backend::{Arena, layout_params};
+    use distopt::{Backend, CpuBackend, StorageFormat};
+
+    const FORMATS: [StorageFormat; 3] =
+        [StorageFormat::BF16, StorageFormat::F16, StorageFormat::F32];
+
+    /// A value for an optimizer's arena: mostly ordinary magnitudes, now and then a zero of
+    /// either sign, a tiny or a large value.
+    fn value(rng: &mut Rng) -> f32 {
+        match rng.below(40) {
+            0 => 0.0,
+            1 => -0.0,
+            2 => 1e-4 * (rng.unit() as f32 - 0.5),
+            3 => 300.0 * (rng.unit() as f32 - 0.5),
+            _ => (4.0 * rng.unit() - 2.0) as f32,
+        }
+    }
+
+    /// One arena of `ranks` × `rank_len` random values (non-negative for second moments), on
+    /// `backend`, and its host twin.
+    fn arenas(
+        backend: &dyn Backend,
+        rng: &mut Rng,
+        format: StorageFormat,
+        ranks: usize,
+        rank_len: usize,
+        non_negative: bool,
+    ) -> (Arena, Arena) {
+        let chunk = backend.chunk_len(rank_len, ranks);
+        let mut device = backend
+            .create_arena(format, ranks, rank_len, chunk)
+            .unwrap();
+        let mut host = CpuBackend::new()
+            .create_arena(format, ranks, rank_len, rank_len)
+            .unwrap();
+        for rank in 0..ranks {
+            let mut words = vec![0u32; format.words_for(rank_len)];
+            for i in 0..rank_len {
+                let x = value(rng);
+                format.store(&mut words, i, if non_negative { x.abs() } else { x });
+            }
+            device.write(rank, 0, &words).unwrap();
+            host.write(rank, 0, &words).unwrap();
+        }
+        (device, host)
+    }
+
+    fn assert_same(device: &Arena, host: &Arena, what: &str) {
+        let (a, b) = pollster::block_on(async {
+            (
+                device.read_all().await.unwrap(),
+                host.read_all().await.unwrap(),
+            )
+        });
+        let format = host.format();
+        let n = host.ranks() * host.rank_len();
+        for i in 0..n {
+            let (x, y) = (format.load(&a, i), format.load(&b, i));
+            let ok = (x.is_nan() && y.is_nan()) || x.to_bits() == y.to_bits();
+            assert!(ok, "{what}: element {i}: gpu {x:e} != reference {y:e}");
+        }
+    }
+
+    /// 1..=5 parameters of odd sizes around PyTorch's vector widths (16 float32 lanes, 32
+    /// 16-bit ones) and multiples of them plus a tail.
+    fn sizes(rng: &mut Rng) -> Vec<usize> {
+        let count = rng.range(1, 5) as usize;
+        (0..count)
+            .map(|_| match rng.below(4) {
+                0 => rng.range(1, 15) as usize,
+                1 => 32 * rng.range(1, 6) as usize + rng.range(1, 31) as usize,
+                2 => 2 * 3 * 35,
+                _ => rng.pick(&[37, 67, 131, 513]),
+            })
+            .collect()
+    }
+
+    fn adam_case(backend: &dyn Backend, label: &str, seed: u64) {
+        let mut rng = Rng::new(seed);
+        let format = FORMATS[(seed % 3) as usize];
+        let ranks = rng.range(1, 3) as usize;
+        let (offsets, rank_len) = layout_params(&sizes(&mut rng));
+        let starts = ParamStarts(offsets.iter().map(|&o| o as u32).collect());
+        let fused = seed % 4 != 3;
+        let scalars: Vec<AdamScalars> = (0..ranks * offsets.len())
+            .map(|_| {
+                let any = rng.unit();
+                let beta1 = rng.pick(&[0.3, 0.6, 0.85, 0.9, any]);
+                let beta2 = rng.pick(&[0.9, 0.995, 0.999]);
+                let step = rng.range(1, 6) as f64;
+                let (lr, wd) = (rng.pick(&[1e-3, 0.01, 0.02]), rng.pick(&[0.0, 0.05, 0.1]));
+                let decoupled = rng.chance(0.5);
+                AdamScalars {
+                    active: rng.chance(0.9),
+                    maximize: rng.chance(0.3),
+                    amsgrad: rng.chance(0.5),
+                    decoupled: decoupled && wd != 0.0,
+                    weight_decay: if decoupled { 0.0 } else { wd },
+                    decay_factor: 1.0 - lr * wd,
+                    one_minus_beta1: 1.0 - beta1,
+                    beta2,
+                    one_minus_beta2: 1.0 - beta2,
+                    step_size: lr / (1.0 - beta1.powf(step)),
+                    bias_correction2_sqrt: (1.0 - beta2.powf(step)).sqrt(),
+                    eps: rng.pick(&[1e-8, 1e-6]),
+                    fused,
+                }
+            })
+            .collect();
+        let mut make =
+            |non_negative| arenas(backend, &mut rng, format, ranks, rank_len, non_negative);
+        let (mut p, mut hp) = make(false);
+        let (g, hg) = make(false);
+        let (mut m, mut hm) = make(false);
+        let (mut v, mut hv) = make(true);
+        let (mut x, mut hx) = make(true);
+        for _ in 0..2 {
+            backend
+                .adam(
+                    AdamArenas {
+                        params: &mut p,
+                        grads: &g,
+                        exp_avg: &mut m,
+                        exp_avg_sq: &mut v,
+                        max_exp_avg_sq: Some(&mut x),
+                    },
+                    &starts,
+                    &scalars,
+                )
+                .unwrap();
+            kernels::adam_reference(
+                AdamArenas {
+                    params: &mut hp,
+                    grads: &hg,
+                    exp_avg: &mut hm,
+                    exp_avg_sq: &mut hv,
+                    max_exp_avg_sq: Some(&mut hx),
+                },
+                &starts,
+                &scalars,
+            )
+            .unwrap();
+        }
+        let what = format!("{label} adam seed {seed} {format:?} fused {fused}");
+        for (name, d, h) in [
+            ("params", &p, &hp),
+            ("exp_avg", &m, &hm),
+            ("exp_avg_sq", &v, &hv),
+            ("max_exp_avg_sq", &x, &hx),
+        ] {
+            assert_same(d, h, &format!("{what}: {name}"));
+        }
+    }
+
+    fn sgd_case(backend: &dyn Backend, label: &str, seed: u64) {
+        let mut rng = Rng::new(seed);
+        let format = FORMATS[(seed % 3) as usize];
+        let ranks = rng.range(1, 3) as usize;
+        let (offsets, rank_len) = layout_params(&sizes(&mut rng));
+        let starts = ParamStarts(offsets.iter().map(|&o| o as u32).collect());
+        let fused = seed % 4 != 3;
+        let scalars: Vec<SgdScalars> = (0..ranks * offsets.len())
+            .map(|_| SgdScalars {
+                active: rng.chance(0.9),
+                first_step: rng.chance(0.3),
+                nesterov: rng.chance(0.5),
+                maximize: rng.chance(0.3),
+                lr: rng.pick(&[0.01, 0.05, 0.1]),
+                momentum: rng.pick(&[0.0, 0.8, 0.9]),
+                one_minus_dampening: rng.pick(&[1.0, 0.9, 0.5]),
+                weight_decay: rng.pick(&[0.0, 0.01, 0.1]),
+                fused,
+            })
+            .collect();
+        let mut make = || arenas(backend, &mut rng, format, ranks, rank_len, false);
+        let (mut p, mut hp) = make();
+        let (g, hg) = make();
+        let (mut b, mut hb) = make();
+        backend
+            .sgd(&mut p, &g, Some(&mut b), &starts, &scalars)
+            .unwrap();
+        kernels::sgd_reference(&mut hp, &hg, Some(&mut hb), &starts, &scalars).unwrap();
+        let what = format!("{label} sgd seed {seed} {format:?} fused {fused}");
+        assert_same(&p, &hp, &format!("{what}: params"));
+        assert_same(&b, &hb, &format!("{what}: momentum"));
+    }
+
+    #[test]
+    fn gpu_adam_matches_the_reference_bit_for_bit() {
+        for (label, backend) in [("gpu", gpu()), ("tiny gpu", gpu_tiny())] {
+            let Some(backend) = backend else { continue };
+            for seed in 0..48 {
+                adam_case(backend.as_ref(), label, seed);
+            }
+        }
+    }
+
+    #[test]
+    fn gpu_sgd_matches_the_reference_bit_for_bit() {
+        for (label, backend) in [("gpu", gpu()), ("tiny gpu", gpu_tiny())] {
+            let Some(backend) = backend else { continue };
+            for seed in 0..48 {
+                sgd_case(backend.as_ref(), label, seed);
+            }
+        }
+    }
+
+    #[test]
+    fn cpu_backend_adam_and_sgd_match_the_reference_bit_for_bit() {
+        let cpu = CpuBackend::new();
+        for seed in 0..48 {
+            adam_case(&cpu, "cpu", seed);
+            sgd_case(&cpu, "cpu", seed);
+        }
+    }
+}

@@ -30,9 +30,10 @@ pub struct SgdOptions {
     /// Maximize the objective (default false).
     pub maximize: bool,
     /// PyTorch's `fused=True` (default false, printed as PyTorch's `None`): the update is
-    /// computed in float32 and rounded to a 16-bit parameter's format once per stored tensor,
-    /// as PyTorch's fused kernel does, instead of after every tensor operation. The same
-    /// results for float32 and float64 parameters.
+    /// computed as PyTorch's fused kernel does: in its "opmath" precision (float32 for 16-bit
+    /// parameters, float64 for float64), its multiply-adds rounded once, and rounded to the
+    /// parameter's format once per stored tensor instead of after every tensor operation
+    /// (see `distopt::backend::kernels`).
     pub fused: bool,
 }
 

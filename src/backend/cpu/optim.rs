@@ -176,6 +176,9 @@ pub(super) trait PartWork {
 
 /// Runs `work` compiled for AVX-512 (with its byte/word and 256-bit forms) or AVX2 when the
 /// host has it (the same IEEE operations, wider vectors), otherwise for the baseline target.
+/// Both come with FMA, so that the `fused=True` kernels' `mul_add`s are single instructions
+/// (Rust never contracts a product and a sum by itself: the other kernels' results do not
+/// depend on it); a host with AVX2 but no FMA takes the baseline.
 pub(super) fn run_best<W: PartWork>(work: W) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -183,7 +186,7 @@ pub(super) fn run_best<W: PartWork>(work: W) {
         fn avx512<W: PartWork>(work: W) {
             work.run()
         }
-        #[target_feature(enable = "avx2")]
+        #[target_feature(enable = "avx2,fma")]
         fn avx2<W: PartWork>(work: W) {
             work.run()
         }
@@ -197,8 +200,9 @@ pub(super) fn run_best<W: PartWork>(work: W) {
             unsafe { avx512(work) };
             return;
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the host supports AVX2 (checked just above).
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the host supports AVX2 and FMA (checked just above).
             unsafe { avx2(work) };
             return;
         }
@@ -217,6 +221,9 @@ const _: () = assert!(
 trait Storage: Copy {
     /// One element as the arena stores it.
     type Elem: bytemuck::Pod;
+    /// PyTorch's `fused=True` arithmetic: the multiply-adds its fused kernels single-round
+    /// are fused multiply-adds here (see `sgd_rank` and `adam_rank` in [`super::kernels`]).
+    const FUSED: bool = false;
     /// A tensor operation's float32 result rounded to the format.
     fn r(self, x: f32) -> f32;
     /// An element, widened to float32 (exact).
@@ -230,6 +237,26 @@ trait Storage: Copy {
 struct Exact;
 impl Storage for Exact {
     type Elem = f32;
+    #[inline(always)]
+    fn r(self, x: f32) -> f32 {
+        x
+    }
+    #[inline(always)]
+    fn load(self, e: f32) -> f32 {
+        e
+    }
+    #[inline(always)]
+    fn store(self, x: f32) -> f32 {
+        x
+    }
+}
+
+/// float32 storage under PyTorch's `fused=True`: [`Exact`] with its multiply-adds fused.
+#[derive(Clone, Copy)]
+struct ExactFused;
+impl Storage for ExactFused {
+    type Elem = f32;
+    const FUSED: bool = true;
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
         x
@@ -265,11 +292,12 @@ impl<H: HalfFormat + Copy> Storage for To<H> {
 }
 
 /// A 16-bit storage format under PyTorch's `fused=True`: decoded on load, computed in float32
-/// without rounding, rounded to the format once, as it is stored.
+/// without rounding (its multiply-adds fused), rounded to the format once, as it is stored.
 #[derive(Clone, Copy)]
 struct Opmath<H>(std::marker::PhantomData<H>);
 impl<H: HalfFormat + Copy> Storage for Opmath<H> {
     type Elem = u16;
+    const FUSED: bool = true;
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
         x
@@ -358,6 +386,10 @@ fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
     let add = |x, alpha, y| add_scaled(st, x, alpha, y);
     let n = p.len().min(g.len());
     let (p, g) = (&mut p[..n], &g[..n]);
+    if S::FUSED {
+        sgd_block_fused::<WD, MOM, NESTEROV, S>(c, st, p, g, b);
+        return;
+    }
     if MOM == 0 {
         for (p, &g) in p.iter_mut().zip(g) {
             let param = st.load(*p);
@@ -388,6 +420,51 @@ fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
             buf
         };
         *p = st.store(add(param, c.neg_lr, grad));
+    }
+}
+
+/// [`sgd_block`] under `fused=True`: the fused branch of `sgd_rank` in [`super::kernels`]
+/// (float32 throughout, its multiply-adds fused, one rounding per store).
+#[inline(always)]
+fn sgd_block_fused<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
+    c: Sgd,
+    st: S,
+    p: &mut [S::Elem],
+    g: &[S::Elem],
+    b: &mut [S::Elem],
+) {
+    let n = p.len().min(g.len());
+    let (p, g) = (&mut p[..n], &g[..n]);
+    if MOM == 0 {
+        for (p, &g) in p.iter_mut().zip(g) {
+            let param = st.load(*p);
+            let mut grad = signed(st.load(g), c.flip);
+            if WD {
+                grad = param.mul_add(c.wd, grad);
+            }
+            *p = st.store(grad.mul_add(c.neg_lr, param));
+        }
+        return;
+    }
+    let b = &mut b[..n];
+    for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
+        let param = st.load(*p);
+        let mut grad = signed(st.load(g), c.flip);
+        if WD {
+            grad = param.mul_add(c.wd, grad);
+        }
+        let buf = if MOM == 1 {
+            grad
+        } else {
+            grad.mul_add(c.damp, st.load(*b) * c.momentum)
+        };
+        *b = st.store(buf);
+        if NESTEROV {
+            grad = buf.mul_add(c.momentum, grad);
+        } else {
+            grad = buf;
+        }
+        *p = st.store(grad.mul_add(c.neg_lr, param));
     }
 }
 
@@ -534,7 +611,8 @@ fn sgd_segment(
     }
     use std::marker::PhantomData as M;
     match (format, s.fused) {
-        (StorageFormat::F32, _) => go(Exact, s, seg, p, g, b),
+        (StorageFormat::F32, false) => go(Exact, s, seg, p, g, b),
+        (StorageFormat::F32, true) => go(ExactFused, s, seg, p, g, b),
         (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, p, g, b),
         (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, p, g, b),
         (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, p, g, b),
@@ -552,6 +630,7 @@ struct Adam {
     flip: u32,
     w: f32,
     one_minus_w: f32,
+    w_minus_one: f32,
     wd: f32,
     decay: f32,
     beta2: f32,
@@ -570,6 +649,7 @@ impl Adam {
             flip: if s.maximize { 0x8000_0000 } else { 0 },
             w,
             one_minus_w: 1.0 - w,
+            w_minus_one: w - 1.0,
             wd: rnd.r(s.weight_decay as f32),
             decay: s.decay_factor as f32,
             beta2: s.beta2 as f32,
@@ -600,17 +680,27 @@ fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, S: Storag
         if DECAY == 2 {
             param = r(param * c.decay);
         } else if DECAY == 1 {
-            grad = add_scaled(st, grad, c.wd, param);
+            grad = if S::FUSED {
+                param.mul_add(c.wd, grad)
+            } else {
+                add_scaled(st, grad, c.wd, param)
+            };
         }
         let m_old = st.load(m[i]);
         let diff = grad - m_old;
-        let m_new = if UPPER {
-            r(grad - diff * c.one_minus_w)
-        } else {
-            r(m_old + c.w * diff)
+        let m_new = match (UPPER, S::FUSED) {
+            (true, false) => r(grad - diff * c.one_minus_w),
+            (false, false) => r(m_old + c.w * diff),
+            (true, true) => c.w_minus_one.mul_add(diff, grad),
+            (false, true) => c.w.mul_add(diff, m_old),
         };
         m[i] = st.store(m_new);
-        let v_new = r(r(st.load(v[i]) * c.beta2) + (c.one_minus_beta2 * grad) * grad);
+        let v_scaled = r(st.load(v[i]) * c.beta2);
+        let v_new = if S::FUSED {
+            (c.one_minus_beta2 * grad).mul_add(grad, v_scaled)
+        } else {
+            r(v_scaled + (c.one_minus_beta2 * grad) * grad)
+        };
         v[i] = st.store(v_new);
         let second = if AMSGRAD {
             let old = st.load(vmax[i]);
@@ -793,7 +883,8 @@ fn adam_segment(
     }
     use std::marker::PhantomData as M;
     match (format, s.fused) {
-        (StorageFormat::F32, _) => go(Exact, s, seg, arrays, g),
+        (StorageFormat::F32, false) => go(Exact, s, seg, arrays, g),
+        (StorageFormat::F32, true) => go(ExactFused, s, seg, arrays, g),
         (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, arrays, g),
         (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, arrays, g),
         (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, arrays, g),
@@ -1051,8 +1142,8 @@ mod tests {
         let mut v = Values(7);
         for format in FORMATS {
             for variant in 0..32u32 {
-                if variant & 16 == 16 && matches!(format, StorageFormat::F32 | StorageFormat::F64) {
-                    continue; // fused changes nothing there
+                if variant & 16 == 16 && format == StorageFormat::F64 {
+                    continue; // float64 runs the reference, fused or not
                 }
                 let scalars: Vec<SgdScalars> = (0..ranks * SIZES.len())
                     .map(|e| SgdScalars {
@@ -1097,8 +1188,8 @@ mod tests {
         let mut v = Values(11);
         for format in FORMATS {
             for variant in 0..16u32 {
-                if variant & 8 == 8 && matches!(format, StorageFormat::F32 | StorageFormat::F64) {
-                    continue; // fused changes nothing there
+                if variant & 8 == 8 && format == StorageFormat::F64 {
+                    continue; // float64 runs the reference, fused or not
                 }
                 let scalars: Vec<AdamScalars> = (0..ranks * SIZES.len())
                     .map(|e| {
