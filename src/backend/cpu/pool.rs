@@ -10,7 +10,19 @@
 //! One batch runs at a time: the batch's state is one atomic word, `epoch | parts | next`, that
 //! callers and workers claim parts from by compare-and-swap, so a part runs exactly once, and a
 //! worker that wakes late finds the epoch changed and claims nothing of a later batch by mistake.
+//!
+//! A part that panics on a worker (a bug) never leaves the caller spinning: the part counts as
+//! finished, the caller returns once the others are done, and the panic's message waits in the
+//! pool for [`WorkerPool::take_panic`] (the JS bindings turn it into a `RuntimeError` of the
+//! call). Where panics unwind (natively), the worker catches it and keeps serving. Where they
+//! abort (the threaded WebAssembly build, `panic = "abort"`), nothing can be caught: the
+//! module's panic hook calls [`note_panic`] first, which does the same bookkeeping on the
+//! panicking worker and takes it out of the pool, and then the worker traps (its Web Worker
+//! ends); the caller and the other workers carry on.
 
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Largest number of parts in one batch (the `parts` and `next` fields are 16 bits each).
@@ -31,6 +43,10 @@ pub struct WorkerPool {
     workers: AtomicUsize,
     /// Set while a caller's batch is running (a second caller runs its parts itself).
     busy: AtomicBool,
+    /// Set when a part panicked on a worker and [`take_panic`](Self::take_panic) has not
+    /// taken it yet; `panic_message` holds the first such message.
+    panicked: AtomicBool,
+    panic_message: Mutex<Option<String>>,
     #[cfg(not(all(target_arch = "wasm32", target_feature = "atomics")))]
     sleep: (std::sync::Mutex<()>, std::sync::Condvar),
 }
@@ -39,6 +55,70 @@ pub struct WorkerPool {
 struct Batch<'a> {
     work: &'a (dyn Fn(usize) + Sync),
     remaining: AtomicUsize,
+}
+
+/// A part of a batch that panicked on one of the pool's workers: what it said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerPanic {
+    message: String,
+}
+
+impl WorkerPanic {
+    /// The panic's message (its payload, or the panic hook's report with the location).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for WorkerPanic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The pool and the batch whose part this thread, a worker, is running now (null between
+/// parts and on every other thread): what [`note_panic`] reports a panic to.
+type Running = (*const WorkerPool, *const Batch<'static>);
+
+thread_local! {
+    static RUNNING: Cell<Running> = const { Cell::new((std::ptr::null(), std::ptr::null())) };
+}
+
+/// For a panic hook, before the panic aborts: if this thread is a worker running a part of a
+/// pool's batch, and panics abort here (so that the worker cannot catch it and will trap right
+/// after the hook), counts the part finished, leaves its `message` for the pool's
+/// [`take_panic`](WorkerPool::take_panic) and takes the worker out of the pool, so that the
+/// batch's caller returns instead of waiting for it. Elsewhere it does nothing (where panics
+/// unwind, the worker catches them itself). The JS bindings' hook calls it.
+pub fn note_panic(message: &dyn std::fmt::Display) {
+    if cfg!(panic = "abort") {
+        abandon_part(&message.to_string());
+    }
+}
+
+/// [`note_panic`]'s bookkeeping, whatever the panic strategy: whether this thread was running
+/// a part on a worker (which now counts as gone).
+fn abandon_part(message: &str) -> bool {
+    let (pool, batch) = RUNNING.with(|r| r.replace((std::ptr::null(), std::ptr::null())));
+    if batch.is_null() {
+        return false;
+    }
+    // SAFETY: set by `run_on_worker` for the part this thread is running: the pool outlives
+    // its serving workers, and the batch lives until this part is counted finished (below).
+    let pool = unsafe { &*pool };
+    pool.workers.fetch_sub(1, Ordering::AcqRel);
+    // SAFETY: as above.
+    pool.part_panicked(unsafe { &*batch }, message);
+    true
+}
+
+/// A panic payload's text.
+fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 impl Default for WorkerPool {
@@ -64,6 +144,8 @@ impl WorkerPool {
             wake: AtomicU32::new(0),
             workers: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            panic_message: Mutex::new(None),
             #[cfg(not(all(target_arch = "wasm32", target_feature = "atomics")))]
             sleep: (std::sync::Mutex::new(()), std::sync::Condvar::new()),
         }
@@ -74,9 +156,36 @@ impl WorkerPool {
         self.workers.load(Ordering::Acquire)
     }
 
+    /// The first panic of a part on a worker since the last call, if any (taken: the next call
+    /// says `None` until another part panics). A batch in which one happened returned
+    /// normally, with that part's work incomplete: whoever ran it must check.
+    pub fn take_panic(&self) -> Option<WorkerPanic> {
+        if !self.panicked.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut slot = self.panic_message.lock().unwrap_or_else(|e| e.into_inner());
+        self.panicked.store(false, Ordering::Release);
+        slot.take().map(|message| WorkerPanic { message })
+    }
+
+    /// Records a part of `batch` that panicked on a worker and counts it finished; the batch
+    /// may be gone right after.
+    fn part_panicked(&self, batch: &Batch<'_>, message: &str) {
+        {
+            let mut slot = self.panic_message.lock().unwrap_or_else(|e| e.into_inner());
+            slot.get_or_insert_with(|| message.to_string());
+            self.panicked.store(true, Ordering::Release);
+        }
+        batch.remaining.fetch_sub(1, Ordering::Release);
+    }
+
     /// Runs `work(part)` for every part in `0..parts`, each exactly once, on the caller and the
     /// pool's workers; returns when all are done. Without workers, while another batch runs,
     /// or for a single part, the caller runs them all in order.
+    ///
+    /// A part that panics on the caller panics the caller, once every other part has finished.
+    /// A part that panics on a worker counts as finished: `run` returns, and the panic waits
+    /// for [`take_panic`](Self::take_panic).
     pub fn run(&self, parts: usize, work: &(dyn Fn(usize) + Sync)) {
         if parts <= 1
             || parts > MAX_PARTS
@@ -102,14 +211,24 @@ impl WorkerPool {
             .store(epoch << 32 | (parts as u64) << 16, Ordering::Release);
         self.wake.store(epoch as u32, Ordering::Release);
         self.notify();
+        let mut panic = None;
         while let Some((part, claimed)) = self.claim() {
             // SAFETY: a part of the batch above, claimed from its own epoch.
-            unsafe { finish(claimed, part) };
+            let claimed = unsafe { &*claimed };
+            // The workers may still be running parts of this batch: a panic here waits for
+            // them (below) before it goes on.
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (claimed.work)(part))) {
+                panic.get_or_insert(payload);
+            }
+            claimed.remaining.fetch_sub(1, Ordering::Release);
         }
         while batch.remaining.load(Ordering::Acquire) != 0 {
             std::hint::spin_loop();
         }
         self.busy.store(false, Ordering::Release);
+        if let Some(payload) = panic {
+            resume_unwind(payload);
+        }
     }
 
     /// Serves the pool on the calling thread, for good: the entry of a worker thread.
@@ -119,7 +238,7 @@ impl WorkerPool {
             let seen = self.wake.load(Ordering::Acquire);
             while let Some((part, claimed)) = self.claim() {
                 // SAFETY: a part claimed from the epoch it belongs to.
-                unsafe { finish(claimed, part) };
+                unsafe { self.run_on_worker(claimed, part) };
             }
             self.wait(seen);
         }
@@ -180,15 +299,29 @@ impl WorkerPool {
     }
 }
 
-/// Runs a claimed part and counts it finished; the batch may be gone right after.
-///
-/// # Safety
-/// `batch` must be the batch the part was claimed from, by [`WorkerPool::claim`].
-unsafe fn finish(batch: *const Batch<'static>, part: usize) {
-    // SAFETY: the batch is alive until its last part is counted finished (below).
-    let batch = unsafe { &*batch };
-    (batch.work)(part);
-    batch.remaining.fetch_sub(1, Ordering::Release);
+impl WorkerPool {
+    /// Runs a part a worker claimed and counts it finished, panicked or not; the batch may be
+    /// gone right after.
+    ///
+    /// # Safety
+    /// `batch` must be the batch the part was claimed from, by [`WorkerPool::claim`].
+    unsafe fn run_on_worker(&self, batch: *const Batch<'static>, part: usize) {
+        RUNNING.with(|r| r.set((self, batch)));
+        // SAFETY: the batch is alive until its last part is counted finished (below).
+        let batch = unsafe { &*batch };
+        let outcome = catch_unwind(AssertUnwindSafe(|| (batch.work)(part)));
+        // Cleared already when the panic hook reported the part (`note_panic`).
+        let (_, still) = RUNNING.with(|r| r.replace((std::ptr::null(), std::ptr::null())));
+        match outcome {
+            Ok(()) => {
+                batch.remaining.fetch_sub(1, Ordering::Release);
+            }
+            Err(payload) if !still.is_null() => {
+                self.part_panicked(batch, &payload_message(payload.as_ref()));
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -278,5 +411,120 @@ mod tests {
         });
         drop(chunks);
         assert!(data.iter().enumerate().all(|(i, &x)| x == i as u64));
+    }
+
+    /// A batch of two parts on `pool` in which `on_worker` runs on a worker (the caller's part
+    /// waits until a worker has started the other one, so one surely does), run by a caller
+    /// thread: fails, instead of hanging, unless that caller returns within 10 s.
+    fn run_with_a_worker_part(pool: &'static WorkerPool, on_worker: fn()) {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let caller = std::thread::current().id();
+            let started = AtomicBool::new(false);
+            pool.run(2, &|_| {
+                if std::thread::current().id() == caller {
+                    while !started.load(Ordering::Acquire) {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    started.store(true, Ordering::Release);
+                    on_worker();
+                }
+            });
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the caller still waits for the part that panicked on a worker");
+    }
+
+    /// Runs batches until a part has run on a worker, checking that every part runs once.
+    fn check_usable(pool: &WorkerPool) {
+        let caller = std::thread::current().id();
+        let elsewhere = AtomicUsize::new(0);
+        for _ in 0..200 {
+            let counts: Vec<AtomicUsize> = (0..8).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(8, &|part| {
+                counts[part].fetch_add(1, Ordering::Relaxed);
+                if std::thread::current().id() != caller {
+                    elsewhere.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            });
+            assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+            if elsewhere.load(Ordering::Relaxed) > 0 {
+                break;
+            }
+        }
+        assert!(
+            elsewhere.load(Ordering::Relaxed) > 0,
+            "no part ran on a worker"
+        );
+        assert_eq!(pool.take_panic(), None);
+    }
+
+    #[test]
+    fn a_part_that_panics_on_a_worker_is_reported_and_the_pool_goes_on() {
+        let pool = pool(2);
+        run_with_a_worker_part(pool, || panic!("boom on a worker"));
+        let panic = pool.take_panic().expect("the worker's panic is reported");
+        assert_eq!(panic.message(), "boom on a worker");
+        assert_eq!(pool.take_panic(), None, "taken once");
+        // The worker caught it and still serves.
+        assert_eq!(pool.workers(), 2);
+        check_usable(pool);
+    }
+
+    #[test]
+    fn a_worker_lost_to_an_aborting_panic_is_reported_and_the_others_go_on() {
+        // Where panics abort (the threaded WebAssembly build), the panic hook reports the part
+        // (`note_panic`) and the worker then traps, never to return: here it parks for good.
+        let pool = pool(2);
+        run_with_a_worker_part(pool, || {
+            assert!(abandon_part("boom, then abort"));
+            loop {
+                std::thread::park();
+            }
+        });
+        assert_eq!(
+            pool.take_panic().map(|p| p.message().to_string()),
+            Some("boom, then abort".to_string())
+        );
+        assert_eq!(pool.workers(), 1, "the lost worker left the pool");
+        check_usable(pool);
+        // Off a worker's part, nothing is reported.
+        assert!(!abandon_part("not on a worker"));
+        assert_eq!(pool.take_panic(), None);
+    }
+
+    #[test]
+    fn a_part_that_panics_on_the_caller_panics_it_after_the_others_finish() {
+        let pool = pool(2);
+        let caller = std::thread::current().id();
+        let caller_ran = AtomicBool::new(false);
+        let finished = AtomicUsize::new(0);
+        // Three parts, two workers: the caller runs at least one; the workers' wait for it.
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(3, &|_| {
+                if std::thread::current().id() == caller {
+                    caller_ran.store(true, Ordering::Release);
+                    panic!("boom on the caller");
+                }
+                while !caller_ran.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                finished.fetch_add(1, Ordering::AcqRel);
+            })
+        }));
+        let payload = outcome.expect_err("the caller's panic goes on");
+        assert_eq!(payload_message(payload.as_ref()), "boom on the caller");
+        // Every part a worker took had finished before the panic left `run`.
+        let on_workers = finished.load(Ordering::Acquire);
+        assert!(on_workers <= 2);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(finished.load(Ordering::Acquire), on_workers);
+        assert_eq!(pool.take_panic(), None);
+        check_usable(pool);
     }
 }
