@@ -61,6 +61,30 @@ function checkUsable(what) {
 
 /** Largest single typed array an argument may hold (the module's budget is 2 GiB in all). */
 const MAX_INPUT_BYTES = 2 ** 31 - 1;
+/**
+ * Bytes the module needs at the least for each element of a plain array it is given (a number
+ * becomes a float64): the arrays of one call, summed, are refused by their lengths against the
+ * budget before any is iterated, so that a huge (say sparse) array is an error at once, not a
+ * minutes-long copy.
+ */
+const ARRAY_ELEMENT_BYTES = 8;
+/**
+ * The id getters of distopt's classes (`__distoptWorldId`, …) and wasm-bindgen's pointer: an
+ * object that is not one made by distopt but carries one of them as its own property is
+ * refused, never taken for the object it names.
+ */
+const INTERNAL_FIELDS = {
+  __distoptWorldId: 'a World',
+  __distoptReplicasId: 'a Replicas',
+  __distoptOptimizerId: 'an SGD, Adam or AdamW',
+  __distoptAveragerId: 'a PeriodicModelAverager or HierarchicalModelAverager',
+  __distoptZeroId: 'a ZeroRedundancyOptimizer',
+  __distoptDdpId: 'a DistributedDataParallel',
+  __distoptRpcWorldId: 'an RpcWorld',
+  __distoptRRefId: 'an RRef',
+  __distoptContextId: 'an AutogradContext',
+  __wbg_ptr: 'an object',
+};
 const MAX_DEPTH = 64;
 const ECHO_CHARS = 64;
 
@@ -245,9 +269,10 @@ function arrayBufferCopy(value, path) {
 
 /**
  * `value` as plain data: the caller's getters, proxies and typed arrays are read here, once,
- * and any failure names `path`.
+ * and any failure names `path`. `seen.elements` counts the plain arrays' elements so far over
+ * the call's arguments (see ARRAY_ELEMENT_BYTES).
  */
-function plain(value, path, depth, stack) {
+function plain(value, path, depth, stack, seen = { elements: 0 }) {
   if (value === null || (typeof value !== 'object' && typeof value !== 'function')) return value;
   if (typeof value === 'function') {
     // A class or function is passed by name only (an optimizer class: `SGD`, `Adam`, …): a
@@ -300,6 +325,13 @@ function plain(value, path, depth, stack) {
       if (typeof length !== 'number' || !(length >= 0)) {
         throw readError('TypeError', `${path} is an array-like whose length is ${describe(length)}`);
       }
+      seen.elements += length;
+      if (seen.elements * ARRAY_ELEMENT_BYTES > MAX_INPUT_BYTES) {
+        throw readError(
+          'RuntimeError',
+          `out of memory: ${path} is an array of ${length} elements, at least ${length * ARRAY_ELEMENT_BYTES} bytes once copied into the module${seen.elements > length ? ` (${seen.elements} elements with the call's other arrays)` : ''}: more than the ${MAX_INPUT_BYTES} bytes the arguments of one call may hold (the module's memory budget is 2 GiB, a 32-bit WebAssembly module holds at most 4 GiB)`,
+        );
+      }
       const out = new Array(length);
       for (let i = 0; i < length; i++) {
         let item;
@@ -308,7 +340,7 @@ function plain(value, path, depth, stack) {
         } catch (e) {
           readFailed(`${path}[${i}]`, e);
         }
-        out[i] = plain(item, `${path}[${i}]`, depth + 1, stack);
+        out[i] = plain(item, `${path}[${i}]`, depth + 1, stack, seen);
       }
       return out;
     }
@@ -328,7 +360,7 @@ function plain(value, path, depth, stack) {
         readFailed(path, e);
       }
       for (const [k, v] of entries) {
-        out.set(plain(k, `${path} key`, depth + 1, stack), plain(v, `${path}.get(${describe(k)})`, depth + 1, stack));
+        out.set(plain(k, `${path} key`, depth + 1, stack, seen), plain(v, `${path}.get(${describe(k)})`, depth + 1, stack, seen));
       }
       return out;
     }
@@ -342,6 +374,12 @@ function plain(value, path, depth, stack) {
     const out = {};
     let float16Data = false;
     for (const key of keys) {
+      if (Object.hasOwn(INTERNAL_FIELDS, key)) {
+        throw readError(
+          'TypeError',
+          `${path} is not ${INTERNAL_FIELDS[key]} made by distopt: a plain object carrying distopt's internal field ${key} is not accepted`,
+        );
+      }
       let item;
       const at = /^[A-Za-z_$][\w$]*$/.test(key) ? `${path}.${key}` : `${path}[${JSON.stringify(key.slice(0, ECHO_CHARS))}]`;
       try {
@@ -351,7 +389,7 @@ function plain(value, path, depth, stack) {
       }
       if (key === 'data' && typedArrayTag(item) === 'Float16Array') float16Data = true;
       Object.defineProperty(out, key, {
-        value: plain(item, at, depth + 1, stack),
+        value: plain(item, at, depth + 1, stack, seen),
         enumerable: true,
         configurable: true,
         writable: true,
@@ -398,10 +436,11 @@ function parameterNames(fn) {
 /** Every argument as plain data; a failure is thrown as the named error it is. */
 function plainArguments(args, names, what) {
   const out = new Array(args.length);
+  const seen = { elements: 0 };
   for (let i = 0; i < args.length; i++) {
     const name = names[i] || `argument ${i + 1}`;
     try {
-      out[i] = plain(args[i], name, 0, new Set());
+      out[i] = plain(args[i], name, 0, new Set(), seen);
     } catch (e) {
       if (e instanceof ReadError) {
         const error = namedError(e.name, `${what}: ${e.message}`, e.cause);
@@ -700,6 +739,12 @@ function spawnThreadWorker(options) {
 /** Worker threads started so far (they serve the module's pool until the page goes). */
 const threadWorkers = [];
 
+/** Drops a worker that has ended from the list. */
+function forgetThreadWorker(worker) {
+  const i = threadWorkers.indexOf(worker);
+  if (i >= 0) threadWorkers.splice(i, 1);
+}
+
 /**
  * Starts worker threads until `threads - 1` serve the CPU fallback's pool (a later init()
  * adds workers, never removes any). Each is a module Web Worker that instantiates this
@@ -715,12 +760,17 @@ async function startThreads(threads) {
     threadWorkers.push(worker);
     starting.push(
       new Promise((resolve, reject) => {
-        worker.onmessage = ({ data }) =>
-          data === 'ready'
-            ? resolve()
-            : reject(namedError('RuntimeError', `init: a distopt CPU thread failed to start: ${data?.error ?? data}`));
-        worker.onerror = (event) =>
+        worker.onmessage = ({ data }) => {
+          if (data === 'ready') return resolve();
+          // A worker that served the pool and ended (a panic there, which the call that ran
+          // into it reported): it no longer counts, so a later init() starts another.
+          if (data !== null && typeof data === 'object' && 'exited' in data) return forgetThreadWorker(worker);
+          return reject(namedError('RuntimeError', `init: a distopt CPU thread failed to start: ${data?.error ?? data}`));
+        };
+        worker.onerror = (event) => {
+          forgetThreadWorker(worker);
           reject(namedError('RuntimeError', `init: a distopt CPU thread failed to start: ${event.message ?? event}`));
+        };
       }),
     );
     worker.postMessage({ module, memory });

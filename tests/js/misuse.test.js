@@ -211,6 +211,21 @@ for (const [entry, call, nullable] of INTEGER_POSITIONS) {
   }
 }
 
+// `null` where an optional rank goes is no rank (issue 23, 1): only omitting it means the
+// default; negative counts among the Trainer's settings are ValueErrors, JS's -0 is 0.
+add('integer argument', 'Replicas.broadcastParams(root)', 'null', (f) => f.replicas.broadcastParams(f.world, null), 'TypeError', /^rank must be an integer, got null$/);
+for (const [key, settings] of [
+  ['ranks', { ranks: -2 }],
+  ['period', { ranks: 2, algorithm: 'periodic', period: -1 }],
+  ['warmup', { ranks: 2, algorithm: 'periodic', warmup: -1 }],
+  ['batchSize', { ranks: 2, batchSize: -4 }],
+  ['seed', { ranks: 2, seed: -1 }],
+]) {
+  add('integer argument', `new Trainer(settings.${key})`, 'a negative integer', () => new d.Trainer(settings), 'ValueError', new RegExp(`^'${key}' must be a non-negative integer, got -\\d+$`));
+  add('integer argument', `new Trainer(settings.${key})`, '1.5', () => new d.Trainer({ ...settings, [key]: 1.5 }), 'TypeError', new RegExp(`^'${key}' must be a non-negative integer, got 1.5$`));
+}
+add('integer argument', 'new Trainer(settings.task.samples)', 'a negative integer', () => new d.Trainer({ ranks: 2, task: { samples: -8 } }), 'ValueError', /^'samples' must be a non-negative integer, got -8$/);
+
 // Rank and index out of range: IndexError.
 for (const [entry, call] of [
   ['Replicas.param(rank)', (f) => f.replicas.param(2, 0)],
@@ -227,6 +242,8 @@ for (const [entry, call] of [
 const OTHER_POSITIONS = [
   ['new HierarchicalModelAverager(periodGroupSizeDict[0][0])', (f, v) => new d.HierarchicalModelAverager([[v, 2]], 0, f.world), 'TypeError', /period must be an integer/],
   ['RpcWorld.getGradients(contextId)', (f, v) => f.rpc.getGradients(v, 'w0'), 'TypeError', /context id|must be an integer/],
+  ['RpcWorld.recordGradient(contextId)', (f, v) => f.rpc.recordGradient(v, f.rref, [1, 1]), 'TypeError', /context id|must be an integer/],
+  ['DistributedOptimizer.step(contextId)', (f, v) => new d.DistributedOptimizer(f.rpc, 'SGD', [f.rref], { lr: 0.1 }).step(v), 'TypeError', /context id|must be an integer/],
   ['RpcWorld.remote(worker)', (f, v) => f.rpc.remote(v, [1]), 'TypeError', /worker must be/],
   ['Join.iteration(hasInput[0])', (f, v) => f.join.iteration([v, true]), 'TypeError', /array of booleans|bigint cannot be converted/],
   ['new Join(options.enable)', (f, v) => new d.Join([f.ddp], { enable: v }), 'TypeError', /options.enable must be a boolean|bigint cannot be converted/],
@@ -468,6 +485,17 @@ test(`misuse: ${cases.length} in-process cases, each a named error and a usable 
   assert.deepEqual(failures, [], `${failures.length} of ${cases.length} cases failed`);
 });
 
+test('misuse: -0 is 0 where a count goes, as everywhere in JS', async () => {
+  const t = new d.Trainer({ ranks: 2, seed: -0, warmup: -0, task: { samples: 8, seed: -0 } });
+  assert.equal(t.ranks, 2);
+  t.free();
+  const r = d.Replicas.replicate(2, [new Float32Array(P0)]);
+  r.broadcastParams(new d.World(2), -0);
+  r.broadcastParams(new d.World(2));
+  assert.deepEqual(Array.from((await r.param(1, 0)).data), P0);
+  count('integer argument', '-0 accepted');
+});
+
 test('misuse: non-finite options PyTorch accepts are accepted, as PyTorch does', async () => {
   // SGD(lr=nan), SGD(lr=inf), SGD(momentum=nan), Adam(lr=inf): PyTorch's comparisons let these
   // through, and the optimizer keeps the value it was given (a state dict writes non-finite
@@ -544,6 +572,181 @@ test('misuse: sgdStep always settles (rejects) on exotic input', async () => {
 });
 
 // ---------------------------------------------------------------------------------------------
+// Identity: only an object distopt made passes as one (issue 23, 3b). A plain object carrying a
+// class's internal id (copied from a genuine object, with or without wasm-bindgen's pointer) is a
+// TypeError, at the argument layer and, under it, in the module itself.
+
+test('misuse: a plain object carrying an internal id is not taken for the object it names', async () => {
+  const w = new d.World(2);
+  const r = d.Replicas.replicate(2, [new Float32Array(P0)]);
+  const sgd = new d.SGD(r, { lr: 0.1 });
+  const avg = new d.PeriodicModelAverager(2, 0, w);
+  const zero = new d.ZeroRedundancyOptimizer(w, d.Replicas.replicate(2, [new Float32Array(P0)]), null, 'SGD', { lr: 0.1 });
+  const ddp = new d.DistributedDataParallel(w, d.Replicas.replicate(2, [new Float32Array(P0)]));
+  const rpc = new d.RpcWorld(['w0']);
+  const rref = rpc.remote('w0', new Float32Array(P0));
+  const ctx = rpc.context();
+  const fake = (field, id) => [
+    [`{${field}}`, { [field]: id }],
+    [`{${field}, __wbg_ptr}`, { [field]: id, __wbg_ptr: 8 }],
+  ];
+  const cases = [
+    ['Replicas.broadcastParams(world)', '__distoptWorldId', w.__distoptWorldId, (v) => r.broadcastParams(v, 0), /world is not a World made by distopt/],
+    ['new PeriodicModelAverager(world)', '__distoptWorldId', w.__distoptWorldId, (v) => new d.PeriodicModelAverager(2, 0, v), /world is not a World made by distopt/],
+    ['new SGD(replicas)', '__distoptReplicasId', r.__distoptReplicasId, (v) => new d.SGD(v, { lr: 0.1 }), /replicas is not a Replicas made by distopt/],
+    ['new PostLocalSGDOptimizer(optim)', '__distoptOptimizerId', sgd.__distoptOptimizerId, (v) => new d.PostLocalSGDOptimizer(v, avg), /optim is not an SGD, Adam or AdamW made by distopt/],
+    ['new PostLocalSGDOptimizer(averager)', '__distoptAveragerId', avg.__distoptAveragerId, (v) => new d.PostLocalSGDOptimizer(sgd, v), /averager is not a PeriodicModelAverager or HierarchicalModelAverager made by distopt/],
+    ['new Join(joinables[0])', '__distoptDdpId', ddp.__distoptDdpId, (v) => new d.Join([v]), /joinables\[0\] is not a DistributedDataParallel made by distopt/],
+    ['new Join(joinables[0]) (ZeRO)', '__distoptZeroId', zero.__distoptZeroId, (v) => new d.Join([v]), /joinables\[0\] is not a ZeroRedundancyOptimizer made by distopt/],
+    ['new DistributedOptimizer(rpcWorld)', '__distoptRpcWorldId', rpc.__distoptRpcWorldId, (v) => new d.DistributedOptimizer(v, 'SGD', [rref]), /rpcWorld is not an RpcWorld made by distopt/],
+    ['RRef.toHere → RpcWorld.gradOf(rref)', '__distoptRRefId', rref.__distoptRRefId, (v) => rpc.gradOf(v), /rref is not an RRef made by distopt/],
+    ['RpcWorld.getGradients(contextId)', '__distoptContextId', ctx.__distoptContextId, (v) => rpc.getGradients(v, 'w0'), /context is not an AutogradContext made by distopt/],
+  ];
+  for (const [entry, field, id, call, fragment] of cases) {
+    assert.equal(typeof id, 'number', `${entry}: the genuine object's ${field}`);
+    for (const [label, value] of fake(field, id)) {
+      const e = await caught(() => call(value), `${entry}: ${label}`);
+      checkNamed(e, 'TypeError', fragment, `${entry}: ${label}`);
+      count('genuine object', entry);
+    }
+  }
+  // A plain {id} is no AutogradContext either (a number or a genuine context is).
+  const e = await caught(() => rpc.getGradients({ id: ctx.id }, 'w0'), 'getGradients({id})');
+  checkNamed(e, 'TypeError', /contextId must be a context id \(a non-negative integer\) or an AutogradContext, got an object/, 'getGradients({id})');
+  assert.equal((await rpc.getGradients(ctx, 'w0')).size, 0);
+  assert.equal((await rpc.getGradients(ctx.id, 'w0')).size, 0);
+  count('genuine object', 'RpcWorld.getGradients({id})');
+
+  // Under the argument layer, the module itself: an id inherited from a polluted
+  // Object.prototype passes the argument layer (no own internal field), not the module.
+  for (const [label, fields] of [
+    ['the id', { __distoptWorldId: w.__distoptWorldId }],
+    ['the id and a pointer', { __distoptWorldId: w.__distoptWorldId, __wbg_ptr: 8 }],
+  ]) {
+    for (const [key, value] of Object.entries(fields)) {
+      Object.defineProperty(Object.prototype, key, { value, configurable: true, writable: true });
+    }
+    try {
+      const e = await caught(() => r.broadcastParams({}, 0), `Object.prototype carrying ${label}`);
+      checkNamed(e, 'TypeError', /^world must be a World \(and not freed\)$/, `Object.prototype carrying ${label}`);
+    } finally {
+      for (const key of Object.keys(fields)) delete Object.prototype[key];
+    }
+    count('genuine object', 'the module itself');
+  }
+  // Genuine objects still pass, and nothing changed.
+  r.broadcastParams(w, 0);
+  assert.deepEqual(Array.from((await r.param(1, 0)).data), P0);
+  count('genuine object', 'the module (glue) itself');
+});
+
+// ---------------------------------------------------------------------------------------------
+// Reads see the data as of the call (issue 23, 3c): an asynchronous read requested before a
+// change resolves to what was there when it was called (as Replicas reads do), and an
+// asynchronous change takes effect in call order, before the calls that follow it.
+
+function steppable(ranks = 2) {
+  const r = d.Replicas.replicate(ranks, [new Float32Array(P0)]);
+  for (let rank = 0; rank < ranks; rank++) r.setGrads(rank, [new Float32Array([1, 1])]);
+  return r;
+}
+
+test('misuse: an optimizer state dict requested before a step is the state before it', async () => {
+  for (const [Ctor, options, key] of [
+    [d.SGD, { lr: 0.1, momentum: 0.9 }, 'momentum_buffer'],
+    [d.Adam, { lr: 0.1 }, 'exp_avg'],
+    [d.AdamW, { lr: 0.1 }, 'exp_avg'],
+  ]) {
+    const r = steppable();
+    const opt = new Ctor(r, options);
+    const before = opt.stateDict(0);
+    opt.step();
+    const sd = await within(before, `${Ctor.name}.stateDict`);
+    assert.deepEqual(Object.keys(sd.state), [], `${Ctor.name}: the state dict asked for before the step holds the step's state`);
+    const after = await opt.stateDict(0);
+    assert.ok(after.state['0'][key], `${Ctor.name}: the step made ${key}`);
+    count('read as of the call', `${Ctor.name}.stateDict`);
+  }
+});
+
+test('misuse: PostLocalSGDOptimizer and DiLoCo state dicts requested before a step are the state before it', async () => {
+  const w = new d.World(2);
+  {
+    const r = steppable();
+    const post = new d.PostLocalSGDOptimizer(new d.SGD(r, { lr: 0.1, momentum: 0.9 }), new d.PeriodicModelAverager(2, 0, w));
+    const before = post.stateDict(0);
+    post.step();
+    const sd = await within(before, 'PostLocalSGDOptimizer.stateDict');
+    assert.equal(sd.step, 0, 'the averager step before the step');
+    assert.deepEqual(Object.keys(sd.state), []);
+    assert.equal((await post.stateDict(0)).step, 1);
+    count('read as of the call', 'PostLocalSGDOptimizer.stateDict');
+  }
+  {
+    const r = steppable();
+    const diloco = new d.DiLoCo(new d.SGD(r, { lr: 0.1 }), new d.SGD(r, { lr: 0.7 }), 4, w);
+    const before = diloco.stateDict(0);
+    diloco.step();
+    const sd = await within(before, 'DiLoCo.stateDict');
+    assert.equal(sd.local_step, 0, 'the local step before the step');
+    assert.equal((await diloco.stateDict(0)).local_step, 1);
+    count('read as of the call', 'DiLoCo.stateDict');
+  }
+});
+
+test('misuse: ZeRO consolidates the state as of the call, and addParamGroup takes effect in call order', async () => {
+  const w = new d.World(2);
+  {
+    const zero = new d.ZeroRedundancyOptimizer(w, steppable(), null, 'SGD', { lr: 0.1, momentum: 0.9 });
+    const consolidated = zero.consolidateStateDict(0);
+    zero.step();
+    await within(consolidated, 'consolidateStateDict');
+    const sd = await zero.stateDict(0);
+    assert.deepEqual(Object.keys(sd.state), [], 'the consolidation asked for before the step holds its momentum');
+    await zero.consolidateStateDict(0);
+    assert.ok((await zero.stateDict(0)).state['0'].momentum_buffer, 'a consolidation after the step has it');
+    count('read as of the call', 'ZeroRedundancyOptimizer.consolidateStateDict');
+  }
+  {
+    const r = d.Replicas.replicate(2, [new Float32Array(P0), new Float32Array(P1)]);
+    const zero = new d.ZeroRedundancyOptimizer(w, r, [0], 'SGD', { lr: 0.1 });
+    const added = zero.addParamGroup({ params: [1], lr: 0.5 });
+    assert.deepEqual(zero.paramGroups(), [[0], [1]], 'the group is there right after the call');
+    await within(added, 'addParamGroup');
+    count('read as of the call', 'ZeroRedundancyOptimizer.addParamGroup');
+  }
+});
+
+test('misuse: DistributedOptimizer.step takes effect in call order, with the gradients recorded before it', async () => {
+  const rpc = new d.RpcWorld(['w0']);
+  const rref = rpc.remote('w0', new Float32Array([1, 2]));
+  const dopt = new d.DistributedOptimizer(rpc, 'SGD', [rref], { lr: 0.5 });
+  const ctx = rpc.context();
+  await rpc.recordGradient(ctx, rref, new Float32Array([2, 2]));
+  const stepped = dopt.step(ctx);
+  // Called after the step: they see it, and do not reach it.
+  const value = rref.toHere();
+  const later = rpc.recordGradient(ctx, rref, new Float32Array([100, 100]));
+  await within(stepped, 'DistributedOptimizer.step');
+  await later;
+  assert.deepEqual(Array.from((await value).data), [0, 1], 'toHere() called after step() sees the step');
+  assert.deepEqual(Array.from((await rref.toHere()).data), [0, 1], 'the step used only the gradient recorded before it');
+  count('read as of the call', 'DistributedOptimizer.step');
+});
+
+test('misuse: sgdStep reads its typed arrays when it is called', async () => {
+  const p = new Float32Array([1, 2]);
+  const g = new Float32Array([2, 4]);
+  const pending = d.sgdStep([[p]], [[g]], 0.5);
+  g[0] = 100;
+  p[1] = 100;
+  const out = await within(pending, 'sgdStep');
+  assert.deepEqual(Array.from(out.meanGradients[0].data), [2, 4]);
+  assert.deepEqual(Array.from(out.updatedReplicas[0][0].data), [0, 0]);
+  count('read as of the call', 'sgdStep');
+});
+
+// ---------------------------------------------------------------------------------------------
 // Risky cases, each in its own process: a trap or an abort there cannot take this one down.
 
 const ENTRY = pathToFileURL(path.join(PACKAGE, 'index.js')).href;
@@ -558,6 +761,15 @@ const CHILD_CASES = [
   ['memory budget', 'Replicas.replicate: the fourth live 1 GiB Replicas', 'const keep = []; for (let i = 0; i < 4; i++) keep.push(d.Replicas.replicate(2, [new Float32Array(2 ** 26)]));', 'RuntimeError', /out of memory|not enough memory/, true],
   ['memory budget', 'StepBench.create(1, 2**28)', 'await d.StepBench.create(1, 2 ** 28);', 'RuntimeError', /out of memory|not enough memory/, true],
   ['memory budget', 'sgdStep with 2 ranks x 2^27 float32', 'const p = new Float32Array(2 ** 27); await d.sgdStep([[p], [p]], [[p], [p]], 0.1);', 'RuntimeError', /out of memory|not enough memory/, true],
+  // Plain arrays are refused by their length before they are iterated (issue 23, 3a): a sparse
+  // array of 2^32 - 1 holes would otherwise keep the call busy for minutes.
+  ...[
+    ['sgdStep: tensor data a sparse array of length 2^32-1', "await d.sgdStep([[{ dtype: 'float32', shape: [2 ** 32 - 1], data: new Array(2 ** 32 - 1) }]], [[null]], 0.1);"],
+    ['sgdStep: a parameter a sparse array of length 2^32-1', 'await d.sgdStep([[new Array(2 ** 32 - 1)]], [[null]], 0.1);'],
+    ['sgdStep: parameterReplicas a sparse array of length 2^32-1', 'await d.sgdStep(new Array(2 ** 32 - 1), new Array(2 ** 32 - 1), 0.1);'],
+    ['Replicas.setParam: a sparse array of length 2^28', 'd.Replicas.replicate(1, [[1, 2]]).setParam(0, 0, new Array(2 ** 28));'],
+    ['new SGD: an options list of length 2^32-1', "new d.SGD(d.Replicas.replicate(1, [[1]]), { lr: 0.1, betas: new Array(2 ** 32 - 1) });"],
+  ].map(([label, body]) => ['memory budget', label, `const t0 = Date.now(); try { ${body} } finally { if (Date.now() - t0 > 5000) console.log('SLOW ' + (Date.now() - t0) + ' ms'); }`, 'RuntimeError', /out of memory: .* is an array of \d+ elements/, true]),
 ];
 
 test(`misuse: ${CHILD_CASES.length} risky cases, each in its own process`, () => {
@@ -583,6 +795,7 @@ test(`misuse: ${CHILD_CASES.length} risky cases, each in its own process`, () =>
       assert.equal(named[1], name, named[0]);
       assert.match(named[2], fragment, named[0]);
       assert.doesNotMatch(named[2], /trapped|unreachable|capacity overflow/, named[0]);
+      assert.doesNotMatch(child.stdout, /^SLOW /m, `refused, but only after a while: ${out.slice(-400)}`);
       if (initFirst) assert.match(child.stdout, /USABLE 3 1,2/, `not usable afterwards: ${out.slice(-400)}`);
       count(klass, label);
     } catch (e) {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use js_sys::Promise;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::count_arg;
 use super::{busy, current_backend, js};
@@ -39,7 +38,7 @@ impl StepBench {
         let ranks = count_arg(&ranks, "ranks");
         let elements = count_arg(&elements, "elements");
         let dtype = super::convert::optional_string(&dtype, "dtype");
-        future_to_promise(async move {
+        super::promise_now(async move {
             let ranks = js(ranks)?;
             let elements = js(elements)?;
             let dtype = js(dtype)?;
@@ -74,7 +73,7 @@ impl StepBench {
     /// One resident step, resolved when the device has finished it.
     pub fn run(&self) -> Promise {
         let (bench, backend) = (self.bench.clone(), self.backend.clone());
-        future_to_promise(async move {
+        super::promise_now(async move {
             {
                 let mut guard = js(bench.try_borrow_mut().map_err(|_| busy("StepBench")))?;
                 js(guard.step(backend.as_ref()))?;
@@ -91,7 +90,7 @@ impl StepBench {
         let which = super::convert::optional_string(&which, "which");
         let rank = super::convert::rank_arg(&rank, self.ranks);
         let (bench, elements, dtype) = (self.bench.clone(), self.elements, self.dtype);
-        future_to_promise(async move {
+        super::promise_now(async move {
             let which = js(which)?;
             let rank = js(rank)?;
             if dtype != DType::Float32 {
@@ -167,7 +166,7 @@ async fn read_arena(
 #[wasm_bindgen]
 pub fn synchronize() -> Promise {
     let backend = current_backend();
-    future_to_promise(async move {
+    super::promise_now(async move {
         let backend = js(backend)?;
         js(backend.synchronize().await)?;
         Ok(JsValue::UNDEFINED)

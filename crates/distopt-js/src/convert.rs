@@ -289,6 +289,8 @@ fn flatten_nested(
     if Array::is_array(value) {
         let items: &Array = value.unchecked_ref();
         let len = items.length() as usize;
+        // By its length, before any element is read: a huge (sparse) list is refused at once.
+        budget::check_elements(&format!("{what} (a list of {len} numbers)"), len, 8)?;
         if depth == shape.len() {
             if depth > 0 && !out.is_empty() {
                 return Err(Error::value(format!(
@@ -665,6 +667,12 @@ fn json_from_js_at(value: &JsValue, what: &str, depth: usize) -> Result<Value> {
     }
     if Array::is_array(value) {
         let items: &Array = value.unchecked_ref();
+        // By its length, before any element is read (as `flatten_nested`).
+        budget::check_elements(
+            &format!("{what} (a list of {} values)", items.length()),
+            items.length() as usize,
+            std::mem::size_of::<Value>(),
+        )?;
         return items
             .iter()
             .enumerate()
@@ -673,6 +681,12 @@ fn json_from_js_at(value: &JsValue, what: &str, depth: usize) -> Result<Value> {
             .map(Value::Array);
     }
     if js_sys::ArrayBuffer::is_view(value) && !value.is_instance_of::<js_sys::DataView>() {
+        let len = get(value, "length").as_f64().unwrap_or(0.0) as usize;
+        budget::check_elements(
+            &format!("{what} (a typed array of {len} values)"),
+            len,
+            8 + std::mem::size_of::<Value>(),
+        )?;
         let values = Float64Array::new(value).to_vec();
         return Ok(Value::Array(
             values.into_iter().map(number_to_json).collect(),

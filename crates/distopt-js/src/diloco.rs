@@ -6,7 +6,6 @@ use std::rc::Rc;
 
 use js_sys::Promise;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::{integer_arg, json_from_js, json_to_js, rank_arg};
 use super::optim::{DiLoCoRole, OptimSlot, optimizer_of};
@@ -164,7 +163,7 @@ impl DiLoCoJs {
     pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
         let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
         let core = self.core.clone();
-        Ok(future_to_promise(async move {
+        Ok(super::promise_now(async move {
             js(state_dict_json(&core, rank)
                 .await
                 .and_then(|sd| json_to_js(&sd)))

@@ -9,7 +9,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 
-use wasm_bindgen::JsValue;
+use wasm_bindgen::{JsCast, JsValue};
 
 use distopt::error::{Error, Result};
 
@@ -38,16 +38,43 @@ impl<T> Registry<T> {
         id
     }
 
-    /// The live object behind `value` (a JS object whose `getter` returns its id).
+    /// The live object behind `value` (a JS object whose `getter` returns its id). Only a
+    /// genuine object of the class passes: one that wasm-bindgen made (its own `__wbg_ptr`, a
+    /// non-zero number) and whose id comes from the class's getter, not from a property of
+    /// its own, so that a plain object carrying a copied id (`{__distoptWorldId: 1,
+    /// __wbg_ptr: 8}`) is a `TypeError`, never taken for the object it names. (The npm
+    /// package's argument layer refuses such objects first, by name.)
     pub(crate) fn resolve(&self, value: &JsValue, getter: &str, what: &str) -> Result<Rc<T>> {
-        let id = super::convert::get(value, getter).as_f64();
-        id.and_then(|id| {
-            self.live
-                .borrow()
-                .iter()
-                .find(|(i, _)| f64::from(*i) == id)
-                .and_then(|(_, w)| w.upgrade())
-        })
-        .ok_or_else(|| Error::type_error(format!("{what} (and not freed)")))
+        let id = genuine(value, getter).then(|| super::convert::get(value, getter).as_f64());
+        id.flatten()
+            .and_then(|id| {
+                self.live
+                    .borrow()
+                    .iter()
+                    .find(|(i, _)| f64::from(*i) == id)
+                    .and_then(|(_, w)| w.upgrade())
+            })
+            .ok_or_else(|| Error::type_error(format!("{what} (and not freed)")))
     }
+}
+
+/// Whether `value` looks like an object of a wasm-bindgen class with the getter `getter`: its
+/// own `__wbg_ptr` is a non-zero number, and `getter` is not a property of its own (the
+/// class's getters live on its prototype). Anything that throws while looked at is not.
+fn genuine(value: &JsValue, getter: &str) -> bool {
+    if !value.is_object() {
+        return false;
+    }
+    let object: &js_sys::Object = value.unchecked_ref();
+    let own = |key: &str| {
+        js_sys::Reflect::get_own_property_descriptor(object, &JsValue::from_str(key))
+            .ok()
+            .map(|d| !d.is_undefined())
+    };
+    let pointer = js_sys::Reflect::get(value, &JsValue::from_str("__wbg_ptr"))
+        .ok()
+        .and_then(|p| p.as_f64());
+    own("__wbg_ptr") == Some(true)
+        && pointer.is_some_and(|p| p != 0.0)
+        && own(getter) == Some(false)
 }

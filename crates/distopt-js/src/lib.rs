@@ -48,6 +48,8 @@ pub use optim::{AdamJs, AdamWJs, SgdJs};
 pub use post_local_sgd::{PostLocalSgdOptimizerJs, PostLocalSgdStateJs};
 pub use replicas::ReplicasJs;
 pub use rpc::{AutogradContextJs, DistributedOptimizerJs, RRefJs, RpcWorldJs};
+#[cfg(target_feature = "atomics")]
+pub use threads::panic_on_worker_for_test;
 pub use threads::thread_workers;
 pub use train::TrainerJs;
 pub use world::WorldJs;
@@ -116,17 +118,56 @@ pub(crate) fn js_rank_errors(errors: RankErrors) -> JsValue {
     js
 }
 
-/// Converts a library result whose failure is per rank for JS.
+/// Converts a library result whose failure is per rank for JS (a CPU worker's panic during
+/// the call first, as [`js`]).
 pub(crate) fn js_ranks<T>(result: std::result::Result<T, RankErrors>) -> JsResult<T> {
+    worker_panic()?;
     result.map_err(js_rank_errors)
 }
 
 /// `Result` at the JS boundary: the error is a thrown JS value.
 pub(crate) type JsResult<T> = std::result::Result<T, JsValue>;
 
-/// Converts a library result for JS.
+/// Converts a library result for JS. A part of a CPU kernel that panicked on a worker thread
+/// of the threaded build (`distopt::backend::cpu::pool`) while the call ran makes the call a
+/// `RuntimeError` whatever it returned: its answer is incomplete.
 pub(crate) fn js<T>(result: Result<T>) -> JsResult<T> {
+    worker_panic()?;
     result.map_err(js_error)
+}
+
+/// The `RuntimeError` for a part that panicked on one of the CPU pool's worker threads since
+/// the last check (the worker is gone; the module and the other workers carry on).
+fn worker_panic() -> JsResult<()> {
+    match distopt::backend::cpu::pool::GLOBAL.take_panic() {
+        None => Ok(()),
+        Some(panic) => Err(js_error(Error::runtime(format!(
+            "a worker thread of distopt's CPU backend panicked (a bug, please report it): {}; the call's results are incomplete, and the other threads carry on",
+            panic.message().replace('\n', " ")
+        )))),
+    }
+}
+
+/// A promise of `future`'s result whose work starts now: the future is polled once before
+/// this returns, so that it takes its borrows and reads (or changes) the data as of the call,
+/// in call order with the synchronous calls that follow; what it still awaits (a GPU
+/// readback) settles the promise later, the borrows held until then (a change meanwhile is
+/// refused as busy). A failure at once is a rejected promise.
+pub(crate) fn promise_now<F>(future: F) -> js_sys::Promise
+where
+    F: std::future::Future<Output = JsResult<JsValue>> + 'static,
+{
+    use std::task::{Context, Poll, Waker};
+    let mut future = Box::pin(future);
+    // The futures polled later re-register the executor's waker (`oneshot`, `JsFuture`).
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(Ok(value)) => js_sys::Promise::resolve(&value),
+        Poll::Ready(Err(error)) => js_sys::Promise::reject(&error),
+        Poll::Pending => wasm_bindgen_futures::future_to_promise(future),
+    }
 }
 
 /// The error for an object that a pending asynchronous call still holds.
@@ -182,10 +223,14 @@ impl log::Log for ConsoleLogger {
 static LOGGER: ConsoleLogger = ConsoleLogger;
 
 /// Runs when the module is instantiated: a panic (a bug) is reported on the console before
-/// the module traps, and warnings go to the console.
+/// the module traps, and warnings go to the console. A panic on a worker thread of the
+/// threaded build's CPU pool is first handed to the pool (`pool::note_panic`), so that the
+/// call that was waiting for that worker's part returns a `RuntimeError` instead of spinning
+/// forever; the worker then traps alone.
 #[wasm_bindgen(start)]
 pub fn start() {
     std::panic::set_hook(Box::new(|info| {
+        distopt::backend::cpu::pool::note_panic(info);
         console_error(&format!(
             "distopt panicked (a bug, please report it): {info}"
         ));
@@ -257,17 +302,28 @@ pub fn backend_info() -> JsValue {
 ///
 /// Resolves to `{meanGradients, updatedReplicas}` (`meanGradients[j]`,
 /// `updatedReplicas[r][j]`); rejects with the step's `ValueError`s, checked in the reference
-/// order.
+/// order. The inputs are read when it is called: a typed array changed afterwards does not
+/// change the answer.
 #[wasm_bindgen(js_name = sgdStep)]
-pub async fn sgd_step(
+pub fn sgd_step(
     parameter_replicas: JsValue,
     gradient_replicas: JsValue,
     learning_rate: JsValue,
+) -> js_sys::Promise {
+    promise_now(async move {
+        sgd_step_now(&parameter_replicas, &gradient_replicas, &learning_rate).await
+    })
+}
+
+async fn sgd_step_now(
+    parameter_replicas: &JsValue,
+    gradient_replicas: &JsValue,
+    learning_rate: &JsValue,
 ) -> JsResult<JsValue> {
     let request = js(convert::step_request(
-        &parameter_replicas,
-        &gradient_replicas,
-        &learning_rate,
+        parameter_replicas,
+        gradient_replicas,
+        learning_rate,
     ))?;
     let backend = js(current_backend())?;
     // The inputs, now copied into the module, count against its budget until the step is

@@ -7,7 +7,6 @@ use std::rc::Rc;
 use js_sys::{Array, Promise};
 use serde_json::Value;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::{json_from_js, json_to_js, rank_arg};
 use super::diloco::DiLoCoCore;
@@ -275,7 +274,7 @@ impl OptimizerCore {
     fn state_dict(self: &Rc<Self>, rank: &JsValue) -> Result<Promise> {
         let rank = rank_arg(rank, borrow(&self.replicas)?.ranks())?;
         let core = self.clone();
-        Ok(future_to_promise(async move {
+        Ok(super::promise_now(async move {
             js(core
                 .state_dict_json(rank)
                 .await

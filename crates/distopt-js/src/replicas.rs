@@ -216,8 +216,8 @@ impl ReplicasJs {
         Ok(replicas.has_grad(rank, j))
     }
 
-    /// Copies rank `root`'s parameters to every other rank over `world` (as
-    /// `DistributedDataParallel` does at construction).
+    /// Copies rank `root`'s parameters (rank 0 when omitted) to every other rank over `world`
+    /// (as `DistributedDataParallel` does at construction).
     #[wasm_bindgen(js_name = broadcastParams)]
     pub fn broadcast_params(&self, world: JsValue, root: JsValue) -> JsResult<()> {
         let world = js(world_of(&world))?;
@@ -229,7 +229,8 @@ impl ReplicasJs {
                 replicas.ranks()
             ))));
         }
-        let root = if root.is_undefined() || root.is_null() {
+        // Omitted: rank 0. `null` is no rank (a `TypeError`, as any other non-integer).
+        let root = if root.is_undefined() {
             0
         } else {
             js(rank_arg(&root, replicas.ranks()))?

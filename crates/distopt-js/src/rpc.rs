@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use js_sys::{Array, Object, Promise};
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::{array, get, optional_string, set, tensor_from_js, tensor_to_js};
 use super::handles::Registry;
@@ -28,9 +27,13 @@ pub(crate) struct RRefHandle {
     rref: RRef,
 }
 
+/// What the registry tracks of an `AutogradContext`: its id.
+pub(crate) struct ContextHandle(ContextId);
+
 thread_local! {
     static RPC_WORLDS: Registry<RpcWorldHandle> = const { Registry::new() };
     static RREFS: Registry<RRefHandle> = const { Registry::new() };
+    static CONTEXTS: Registry<ContextHandle> = const { Registry::new() };
 }
 
 fn rpc_world_of(value: &JsValue) -> Result<Rc<RpcWorldHandle>> {
@@ -47,16 +50,21 @@ fn rref_of(value: &JsValue, world: &Rc<RpcWorldHandle>, what: &str) -> Result<RR
     Ok(handle.rref.clone())
 }
 
-/// A context id: a number, or an `AutogradContext` (its `id`).
+/// A context id: a number (a non-negative integer), or a genuine `AutogradContext` (its id);
+/// a plain object with an `id` is a `TypeError`, as any other value.
 fn context_id(value: &JsValue) -> Result<ContextId> {
-    let number = value
-        .as_f64()
-        .or_else(|| get(value, "id").as_f64())
-        .ok_or_else(|| {
-            Error::type_error("contextId must be a context id (a number) or an AutogradContext")
-        })?;
-    let id = super::convert::count(number, "contextId")?;
-    Ok(id as ContextId)
+    if let Some(number) = value.as_f64() {
+        return Ok(super::convert::count(number, "contextId")? as ContextId);
+    }
+    if value.is_object() {
+        if let Ok(context) = CONTEXTS.with(|r| r.resolve(value, "__distoptContextId", "")) {
+            return Ok(context.0);
+        }
+    }
+    Err(Error::type_error(format!(
+        "contextId must be a context id (a non-negative integer) or an AutogradContext, got {}",
+        super::convert::describe(value)
+    )))
 }
 
 /// Runs `f` (which creates a `DistributedOptimizer`) keeping only the warnings the driver
@@ -152,9 +160,13 @@ impl RpcWorldJs {
     /// `dist_autograd.context()`: a new context; `release()` (or `free()`) ends it.
     pub fn context(&self) -> AutogradContextJs {
         let context = self.inner.0.context();
+        let handle = Rc::new(ContextHandle(context.id()));
+        let handle_id = CONTEXTS.with(|r| r.register(&handle));
         AutogradContextJs {
             id: context.id(),
             context: Some(context),
+            handle,
+            handle_id,
         }
     }
 
@@ -171,7 +183,7 @@ impl RpcWorldJs {
         let rref = js(rref_of(&rref, &self.inner, "rref"))?;
         let gradient = js(tensor_from_js(&gradient, "gradient"))?;
         let future = self.inner.0.record_gradient(context, &rref, gradient);
-        Ok(future_to_promise(async move {
+        Ok(super::promise_now(async move {
             js(future.await)?;
             Ok(JsValue::UNDEFINED)
         }))
@@ -184,7 +196,7 @@ impl RpcWorldJs {
         let context = js(context_id(&context))?;
         let owner = js(worker_name(&owner, "owner"))?;
         let future = self.inner.0.get_gradients(context, &owner);
-        Ok(future_to_promise(async move {
+        Ok(super::promise_now(async move {
             let gradients = js(future.await)?;
             let mut ids: Vec<&u64> = gradients.keys().collect();
             ids.sort();
@@ -209,7 +221,7 @@ impl RpcWorldJs {
             .inner
             .0
             .rpc_async(rref.owner(), move |state| Ok(state.grad(id).cloned()));
-        Ok(future_to_promise(async move {
+        Ok(super::promise_now(async move {
             match js(future.await)? {
                 Some(t) => js(tensor_to_js(&t)),
                 None => Ok(JsValue::NULL),
@@ -256,7 +268,7 @@ impl RRefJs {
     #[wasm_bindgen(js_name = toHere)]
     pub fn to_here(&self) -> Promise {
         let future = self.handle.rref.to_here(&self.handle.world.0);
-        future_to_promise(async move {
+        super::promise_now(async move {
             let tensor = js(future.await)?;
             js(tensor_to_js(&tensor))
         })
@@ -269,10 +281,20 @@ impl RRefJs {
 pub struct AutogradContextJs {
     id: ContextId,
     context: Option<AutogradContext>,
+    /// Keeps the registry's entry alive while the JS object lives.
+    #[allow(dead_code)]
+    handle: Rc<ContextHandle>,
+    handle_id: u32,
 }
 
 #[wasm_bindgen(js_class = AutogradContext)]
 impl AutogradContextJs {
+    /// Identifies the context to the functions it is passed to (internal).
+    #[wasm_bindgen(getter, js_name = __distoptContextId)]
+    pub fn handle_id(&self) -> u32 {
+        self.handle_id
+    }
+
     /// The context id.
     #[wasm_bindgen(getter)]
     pub fn id(&self) -> f64 {
@@ -397,7 +419,7 @@ impl DistributedOptimizerJs {
     pub fn step(&self, context: JsValue) -> JsResult<Promise> {
         let context = js(context_id(&context))?;
         let inner = self.inner.clone();
-        Ok(future_to_promise(async move {
+        Ok(super::promise_now(async move {
             js(inner.step(context).await)?;
             Ok(JsValue::UNDEFINED)
         }))

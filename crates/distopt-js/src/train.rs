@@ -9,7 +9,6 @@ use std::sync::Arc;
 use js_sys::{Array, Float32Array, Float64Array, Object, Promise, Reflect, Uint8Array};
 use serde_json::Value;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::{count_arg, json_from_js, rank_arg, set, tensors_to_js};
 use super::{JsResult, busy, current_backend, js};
@@ -60,12 +59,22 @@ fn unknown_key(map: &serde_json::Map<String, Value>, known: &[&str], what: &str)
     }
 }
 
+/// A count or a seed among the settings: a non-negative integer (JS's `-0` is 0); a negative
+/// integer is a `ValueError`, anything else (a fraction, a string, a boolean) a `TypeError`.
 fn get_u64(map: &serde_json::Map<String, Value>, key: &str, default: u64) -> Result<u64> {
     match map.get(key) {
         None | Some(Value::Null) => Ok(default),
-        Some(v) => v.as_u64().ok_or_else(|| {
-            Error::type_error(format!("'{key}' must be a non-negative integer, got {v}"))
-        }),
+        Some(v) => match (v.as_u64(), v.as_f64()) {
+            (Some(n), _) => Ok(n),
+            // JS's -0 (a float pattern matches it too).
+            (None, Some(0.0)) => Ok(0),
+            (None, Some(x)) if x < 0.0 && x.fract() == 0.0 => Err(Error::value(format!(
+                "'{key}' must be a non-negative integer, got {v}"
+            ))),
+            _ => Err(Error::type_error(format!(
+                "'{key}' must be a non-negative integer, got {v}"
+            ))),
+        },
     }
 }
 
@@ -542,7 +551,7 @@ impl TrainerJs {
     /// bytesCommunicatedPerRank, gradientsReduced, averaged, optimizerStateBytesPerRank}`.
     pub fn step(&self) -> Promise {
         let inner = self.inner.clone();
-        future_to_promise(async move {
+        super::promise_now(async move {
             let report = js(step(&inner).await)?;
             Ok(report_to_js(&report).into())
         })
@@ -553,7 +562,7 @@ impl TrainerJs {
     /// `{meanModelLoss, meanModelAccuracy, lossPerRank, heldOut, samples}`.
     pub fn evaluate(&self) -> Promise {
         let inner = self.inner.clone();
-        future_to_promise(async move {
+        super::promise_now(async move {
             let evaluation = js(evaluate(&inner).await)?;
             Ok(evaluation_to_js(&evaluation).into())
         })
@@ -562,7 +571,7 @@ impl TrainerJs {
     /// Every rank's parameters (`[rank][param]`).
     pub fn params(&self) -> Promise {
         let inner = self.inner.clone();
-        future_to_promise(async move {
+        super::promise_now(async move {
             let params = js(params(&inner).await)?;
             let out = Array::new();
             for rank in &params {

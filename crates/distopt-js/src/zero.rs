@@ -7,7 +7,6 @@ use std::rc::Rc;
 use js_sys::{Array, Promise};
 use serde_json::Value;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
 
 use super::convert::{json_from_js, json_to_js};
 use super::handles::Registry;
@@ -441,7 +440,7 @@ impl ZeroRedundancyOptimizerJs {
         let (params, options) =
             js(json_from_js(&group, "group").and_then(|g| group_from_json(g, "group")))?;
         let (zero, replicas) = (self.inner.zero.clone(), self.inner.replicas.clone());
-        Ok(future_to_promise(async move {
+        Ok(super::promise_now(async move {
             add_param_group(&zero, &replicas, params, &options).await?;
             Ok(JsValue::UNDEFINED)
         }))
@@ -458,7 +457,7 @@ impl ZeroRedundancyOptimizerJs {
             js(super::convert::integer_arg(&to, "to"))?
         };
         let (zero, replicas) = (self.inner.zero.clone(), self.inner.replicas.clone());
-        Ok(future_to_promise(async move {
+        Ok(super::promise_now(async move {
             consolidate(&zero, &replicas, to).await?;
             Ok(JsValue::UNDEFINED)
         }))
