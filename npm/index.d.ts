@@ -631,10 +631,15 @@ export interface DiLoCoStateDict {
   inner_optimizer: StateDict;
   /** The outer optimizer's `state_dict()`. */
   outer_optimizer: StateDict;
-  /** Inner steps since the last sync. */
+  /** Inner steps since the start of the period (plain DiLoCo: since the last sync). */
   local_step: number;
-  /** The parameters at the last sync, one tensor per parameter. */
+  /** The parameters at their fragment's last sync, one tensor per parameter. */
   original_parameters: Tensor[];
+  /**
+   * The fragment in flight (inside a `fragmentSyncDelay` window): its index and its
+   * all-reduced pseudo-gradients (one tensor per parameter of the fragment, in its order), or `null`.
+   */
+  pending: { fragment: number; pseudo_gradients: Tensor[] } | null;
 }
 
 /** A `DiLoCo` state dict as `loadStateDict` accepts it (tensors in any `TensorInput` form). */
@@ -643,6 +648,8 @@ export interface DiLoCoStateDictInput {
   outer_optimizer: StateDictInput;
   local_step: number;
   original_parameters: readonly TensorInput[];
+  /** Required (non-null) exactly when `local_step` lies in a fragment's delay window; missing reads as `null`. */
+  pending?: { fragment: number; pseudo_gradients: readonly TensorInput[] } | null;
 }
 
 /**
@@ -661,12 +668,35 @@ export interface DiLoCoOptions {
    * rounded), converted back to each parameter's dtype. Default `'none'`.
    */
   compress?: 'none' | 'bf16' | 'f16';
+  /**
+   * Streaming DiLoCo (torchft's `model_fragments`): the parameters split into fragments (lists of
+   * parameter indices, each parameter in exactly one, at most `syncEvery` of them). With `F`
+   * fragments, fragment `f`'s outer step comes after local step `(f+1)·syncEvery/F` of every
+   * period (torchft's schedule). Default: one fragment of every parameter (plain DiLoCo).
+   */
+  fragments?: readonly (readonly number[])[];
+  /**
+   * torchft's `fragment_sync_delay`: a fragment's pseudo-gradient all-reduce starts this many
+   * inner steps before its outer step (the inner steps in between still update it). A
+   * non-negative integer below `syncEvery / F` (rounded down). Default 0.
+   */
+  fragmentSyncDelay?: number;
+  /**
+   * torchft's `fragment_update_alpha` in `[0, 1]`: after an outer step the fragment's parameters
+   * become `global.lerp(local, alpha)` (0: the outer step's result; 1: the local parameters, the
+   * outer step only moving the saved copy). Default 0. torchft's `should_quantize` is not
+   * supported (a ValueError): `compress` is distopt's own 16-bit wire format.
+   */
+  fragmentUpdateAlpha?: number;
 }
 
 export class DiLoCo {
   /**
-   * A ValueError when `syncEvery < 1`, the replicas' ranks differ from the world's, or
-   * `options.compress` is not a known format; a TypeError for an unknown option.
+   * A ValueError when `syncEvery < 1`, the replicas' ranks differ from the world's,
+   * `options.compress` is not a known format, `options.fragments` is not a partition of the
+   * parameters (an IndexError for an index out of range), `fragmentSyncDelay` or
+   * `fragmentUpdateAlpha` is out of range, or `shouldQuantize` is given; a TypeError for an
+   * unknown option or a value of the wrong type.
    */
   constructor(
     inner: AnyLocalOptimizer,
@@ -677,13 +707,23 @@ export class DiLoCo {
   );
   /** The pseudo-gradients' wire precision. */
   readonly compress: 'none' | 'bf16' | 'f16';
-  /** One inner step on every rank, then a sync when due. Returns whether it synced. */
+  /** One inner step on every rank, then a sync when due. Returns whether an outer step was applied. */
   step(): boolean;
-  /** The outer step now, whatever the local step counter says. */
+  /** `step()`, returning the fragments whose outer step was applied. */
+  stepFragments(): number[];
+  /** The fragments' parameter indices. */
+  readonly fragments: number[][];
+  /** torchft's `fragment_sync_delay`. */
+  readonly fragmentSyncDelay: number;
+  /** torchft's `fragment_update_alpha`. */
+  readonly fragmentUpdateAlpha: number;
+  /** The fragment whose all-reduce has started and whose outer step waits, or `null`. */
+  readonly pendingFragment: number | null;
+  /** The outer step now for every fragment (one in flight is applied first), and a new period. */
   sync(): void;
   /** `zero_grad(set_to_none=True)` on every rank. */
   zeroGrad(): void;
-  /** Inner steps since the last sync. */
+  /** Inner steps since the start of the period (plain DiLoCo: since the last sync). */
   readonly localStep: number;
   /** Inner steps between syncs. */
   readonly syncEvery: number;

@@ -7,20 +7,45 @@
 //! Inner and outer optimizer are any [`LocalOptimizer`] built over the same [`Replicas`] (as
 //! torchft builds both over the model's parameters). The parameters at the last sync are kept
 //! in backup arenas on the backend, laid out like the parameters (on the device with the GPU
-//! backend); a sync is one pseudo-gradient dispatch and one all-reduce per storage format, the
-//! outer step, and one device copy back into the backup.
+//! backend); a sync is a pseudo-gradient (two dispatches, the parameters untouched), one
+//! all-reduce per storage format, the restore of the parameters, the outer step, and one
+//! device copy back into the backup.
 //!
 //! *Streaming DiLoCo* (Douillard et al., "Streaming DiLoCo with overlapping communication",
-//! 2025) splits the parameters into fragments that sync on a staggered schedule: with `F`
+//! 2025) splits the parameters into fragments that sync on a staggered schedule. With `F`
 //! fragments and `H = sync_every`, fragment `f` syncs after local step `(f+1)·H/F` (mod `H`)
 //! of every period, so each parameter still syncs once per `H` inner steps while the traffic
-//! is spread over the period. One fragment is plain DiLoCo.
-
+//! is spread over the period. This is torchft 0.2's schedule (`torchft/local_sgd.py`,
+//! `DiLoCo._step_post_hook`): torchft counts `H/F` inner steps and then syncs fragment
+//! `manager.current_step() % F`, which is fragment 0 first, then 1, ..., one per `H/F` steps.
+//! torchft requires `F` to divide `H`; distopt also accepts other `H ≥ F`, with the offsets
+//! rounded down. One fragment is plain DiLoCo.
+//!
+//! Two of torchft's Streaming DiLoCo options are supported (see [`DiLoCoOptions`]):
+//!
+//! * `fragment_sync_delay` `d` (the paper's τ): fragment `f`'s pseudo-gradient is computed and
+//!   its all-reduce *started* after local step `offset_f - d`, and its outer step *applied*
+//!   `d` inner steps later, at `offset_f`, so that communication overlaps those inner steps
+//!   (which keep updating every parameter, the fragment's included). `d < H / F` (integer
+//!   division, torchft's bound), so at most one fragment is in flight. With the synchronous
+//!   [`Communicator`] the all-reduce runs to completion at the start point and its result is
+//!   held (per format bucket, in an arena laid out like the parameters) until the apply
+//!   point; the split into [`start`](DiLoCo) and finish phases is where a networked
+//!   communicator can overlap it.
+//! * `fragment_update_alpha` `α` in `[0, 1]`: at the apply point the fragment's current
+//!   ("local") parameters are saved, the parameters go back to the last sync's, the outer
+//!   optimizer steps them ("global"), the global values become the new backup, and the
+//!   parameters become `lerp(global, local, α)` (torch's `global.lerp_(local, α)`: α = 0 keeps
+//!   the outer step's result and drops the local progress, α = 1 keeps the local parameters).
+//!
+//! torchft's `should_quantize` (an fp8 all-reduce that needs CUDA and Triton) is not
+//! supported; [`Compression`] is distopt's own, different 16-bit wire format.
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::backend::{Arena, Backend, CpuBackend};
+use crate::backend::kernels::SgdScalars;
+use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
 use crate::comm::{Communicator, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -138,6 +163,176 @@ impl std::str::FromStr for Compression {
     }
 }
 
+/// A front end's DiLoCo options: the wire format, the fragments of Streaming DiLoCo and
+/// torchft's two Streaming DiLoCo knobs (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DiLoCoOptions {
+    /// The pseudo-gradients' wire precision.
+    pub compression: Compression,
+    /// The fragments' global parameter indices; `None`: one fragment of every parameter.
+    pub fragments: Option<Vec<Vec<usize>>>,
+    /// torchft's `fragment_sync_delay`: inner steps between a fragment's all-reduce start and
+    /// its outer step (0: both at the sync point).
+    pub fragment_sync_delay: i64,
+    /// torchft's `fragment_update_alpha`: the weight of the local parameters when the outer
+    /// step's result is mixed with them (0: the outer step's result only).
+    pub fragment_update_alpha: f64,
+}
+
+impl DiLoCoOptions {
+    /// The options of a front end's DiLoCo options object: `{"compress": "bf16", "fragments":
+    /// [[0, 1], [2]], "fragmentSyncDelay": 1, "fragmentUpdateAlpha": 0.5}` (every key optional,
+    /// `null` for its default; `null` options: all defaults).
+    ///
+    /// # Errors
+    /// A `TypeError` when `options` is neither `null` nor an object, has an unknown key, or a
+    /// value of the wrong type (`compress` not a string, `fragments` not a list of lists of
+    /// non-negative integers, `fragmentSyncDelay` not an integer, `fragmentUpdateAlpha` not a
+    /// number); a `ValueError` for an unknown wire format, and for `shouldQuantize` (torchft's
+    /// fp8 all-reduce, which distopt does not support). The values themselves are checked by
+    /// [`DiLoCoOptions::check`].
+    pub fn from_options(options: &Value) -> Result<DiLoCoOptions> {
+        let map = match options {
+            Value::Null => return Ok(DiLoCoOptions::default()),
+            Value::Object(map) => map,
+            other => {
+                return Err(Error::type_error(format!(
+                    "DiLoCo options must be an object, got {other}"
+                )));
+            }
+        };
+        const KEYS: [&str; 4] = [
+            "compress",
+            "fragments",
+            "fragmentSyncDelay",
+            "fragmentUpdateAlpha",
+        ];
+        for key in map.keys() {
+            if key == "shouldQuantize" || key == "should_quantize" {
+                return Err(Error::value(
+                    "shouldQuantize (torchft's fp8 quantized all-reduce, CUDA and Triton only) is \
+                     not supported; compress: 'bf16' or 'f16' sends the pseudo-gradients in 16 bits",
+                ));
+            }
+            if !KEYS.contains(&key.as_str()) {
+                return Err(Error::type_error(format!(
+                    "DiLoCo got an unexpected keyword argument '{key}'"
+                )));
+            }
+        }
+        let compression = match map.get("compress") {
+            None | Some(Value::Null) => Compression::None,
+            Some(Value::String(name)) => Compression::parse(name)?,
+            Some(other) => {
+                return Err(Error::type_error(format!(
+                    "compress must be a string ('none', 'bf16' or 'f16'), got {other}"
+                )));
+            }
+        };
+        let fragments = match map.get("fragments") {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(fragments_of(value)?),
+        };
+        let fragment_sync_delay = match map.get("fragmentSyncDelay") {
+            None | Some(Value::Null) => 0,
+            Some(value) => value.as_i64().ok_or_else(|| {
+                Error::type_error(format!("fragmentSyncDelay must be an integer, got {value}"))
+            })?,
+        };
+        let fragment_update_alpha = match map.get("fragmentUpdateAlpha") {
+            None | Some(Value::Null) => 0.0,
+            Some(value) => value.as_f64().ok_or_else(|| {
+                Error::type_error(format!("fragmentUpdateAlpha must be a number, got {value}"))
+            })?,
+        };
+        Ok(DiLoCoOptions {
+            compression,
+            fragments,
+            fragment_sync_delay,
+            fragment_update_alpha,
+        })
+    }
+
+    /// The checks DiLoCo makes on these options before it builds anything, for a model of
+    /// `params` parameters syncing every `sync_every` inner steps (as
+    /// [`DiLoCo::with_options`]).
+    ///
+    /// # Errors
+    /// The fragments' errors (see [`DiLoCo::streaming`]); a `ValueError` when
+    /// `fragment_sync_delay` is negative or not smaller than `sync_every / F` (integer division,
+    /// torchft's bound: a fragment's all-reduce must be applied before the next one starts), or
+    /// `fragment_update_alpha` is not in `[0, 1]` (NaN included).
+    pub fn check(&self, params: usize, sync_every: i64) -> Result<()> {
+        let count = match &self.fragments {
+            Some(fragments) => {
+                check_fragments(params, fragments, sync_every.max(1) as u64)?;
+                fragments.len()
+            }
+            None => 1,
+        };
+        check_streaming(
+            sync_every.max(1) as u64,
+            count,
+            self.fragment_sync_delay,
+            self.fragment_update_alpha,
+        )
+    }
+}
+
+/// A list of lists of parameter indices (a `TypeError` otherwise).
+fn fragments_of(value: &Value) -> Result<Vec<Vec<usize>>> {
+    let bad = || {
+        Error::type_error(format!(
+            "fragments must be a list of lists of parameter indices, got {value}"
+        ))
+    };
+    value
+        .as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|f| {
+            f.as_array()
+                .ok_or_else(bad)?
+                .iter()
+                .map(|j| j.as_u64().map(|j| j as usize).ok_or_else(bad))
+                .collect()
+        })
+        .collect()
+}
+
+/// torchft's checks of `fragment_sync_delay` and `fragment_update_alpha`.
+fn check_streaming(sync_every: u64, fragments: usize, delay: i64, alpha: f64) -> Result<()> {
+    if delay < 0 {
+        return Err(Error::value(format!(
+            "fragment_sync_delay must be a non-negative integer, got {delay}"
+        )));
+    }
+    let window = sync_every / fragments.max(1) as u64;
+    if delay as u64 >= window {
+        return Err(Error::value(format!(
+            "Fragment must be synced before it is reduced another time: fragment_sync_delay \
+             ({delay}) must be smaller than sync_every // fragments ({sync_every} // {fragments} \
+             = {window})"
+        )));
+    }
+    if !(0.0..=1.0).contains(&alpha) {
+        return Err(Error::value(format!(
+            "fragment_update_alpha must be between 0 and 1, got {}",
+            crate::pyfmt::float_repr(alpha)
+        )));
+    }
+    Ok(())
+}
+
+/// Where a sync's pseudo-gradient is computed and all-reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// The replicas' gradient arenas (no delay: the outer step follows at once).
+    Grads,
+    /// DiLoCo's scratch arenas, held there until the apply point (a delay).
+    Scratch,
+}
+
 /// DiLoCo: inner steps on every rank, and every `sync_every` of them an outer step with the
 /// world's mean pseudo-gradient.
 ///
@@ -173,7 +368,7 @@ pub struct DiLoCo {
     local_step: u64,
     /// The global parameter indices of each fragment (every parameter in exactly one).
     fragments: Vec<Vec<usize>>,
-    /// Fragment `f` syncs when `local_step` becomes `offsets[f]`.
+    /// Fragment `f`'s outer step is applied when `local_step` becomes `offsets[f]`.
     offsets: Vec<u64>,
     /// Every local rank's parameters at their fragment's last sync (laid out like the
     /// parameters, one arena per format bucket).
@@ -183,6 +378,16 @@ pub struct DiLoCo {
     /// Per format bucket, the wire-format arena of the compressed all-reduce (created on the
     /// first compressed sync of a bucket whose format differs from the wire format).
     wire: Vec<Option<Arena>>,
+    /// torchft's `fragment_sync_delay`.
+    delay: u64,
+    /// torchft's `fragment_update_alpha`.
+    alpha: f64,
+    /// Laid out like the parameters, created on first use: the in-flight fragment's
+    /// all-reduced pseudo-gradient during its delay window, then (α > 0) the fragment's local
+    /// parameters while the outer step runs.
+    scratch: StateArenas,
+    /// The fragment whose all-reduce has started and whose outer step is not applied yet.
+    pending: Option<usize>,
     ranks: usize,
     params: usize,
 }
@@ -228,7 +433,35 @@ impl DiLoCo {
         fragments: Vec<Vec<usize>>,
         world: Arc<dyn Communicator>,
     ) -> Result<DiLoCo> {
+        let options = DiLoCoOptions {
+            fragments: Some(fragments),
+            ..DiLoCoOptions::default()
+        };
+        Self::with_options(replicas, inner, outer, sync_every, world, options)
+    }
+
+    /// DiLoCo with every option: the wire format, the fragments (`None`: one of every
+    /// parameter), `fragment_sync_delay` and `fragment_update_alpha` (see the module
+    /// documentation).
+    ///
+    /// # Errors
+    /// The `ValueError`s of [`DiLoCo::check_arguments`] and [`DiLoCoOptions::check`] (and its
+    /// `IndexError` for a parameter index out of range); a `RuntimeError` when the backup of the
+    /// parameters does not fit the memory budget or the backend fails (a GPU error, a lost
+    /// device).
+    pub fn with_options(
+        replicas: &Replicas,
+        inner: Box<dyn LocalOptimizer>,
+        outer: Box<dyn LocalOptimizer>,
+        sync_every: i64,
+        world: Arc<dyn Communicator>,
+        options: DiLoCoOptions,
+    ) -> Result<DiLoCo> {
         Self::check_arguments(replicas, sync_every, world.as_ref())?;
+        options.check(replicas.len(), sync_every)?;
+        let fragments = options
+            .fragments
+            .unwrap_or_else(|| vec![(0..replicas.len()).collect()]);
         check_fragments(replicas.len(), &fragments, sync_every as u64)?;
         let backups = StateArenas::copy_of_params(replicas)?;
         let h = sync_every as u64;
@@ -244,7 +477,11 @@ impl DiLoCo {
             offsets,
             wire: replicas.buckets().iter().map(|_| None).collect(),
             backups,
-            compression: Compression::None,
+            compression: options.compression,
+            delay: options.fragment_sync_delay as u64,
+            alpha: options.fragment_update_alpha,
+            scratch: StateArenas::empty(replicas.buckets().len()),
+            pending: None,
             ranks: replicas.ranks(),
             params: replicas.len(),
         })
@@ -252,7 +489,7 @@ impl DiLoCo {
 
     /// The checks [`DiLoCo::new`] makes before it builds anything: `sync_every >= 1`, and
     /// `replicas` holds `world`'s local ranks. A front end that must keep the optimizers when
-    /// construction fails calls it before handing them over.
+    /// construction fails calls it (and [`DiLoCoOptions::check`]) before handing them over.
     ///
     /// # Errors
     /// A `ValueError` when `sync_every < 1` or `replicas` does not hold one replica per local rank
@@ -279,7 +516,8 @@ impl DiLoCo {
     }
 
     /// Sends the pseudo-gradients in `compression`'s wire format from the next sync on (see
-    /// [`Compression`]); every rank must choose the same.
+    /// [`Compression`]); every rank must choose the same. A fragment already in flight keeps
+    /// the result of its all-reduce.
     pub fn set_compression(&mut self, compression: Compression) {
         self.compression = compression;
     }
@@ -293,6 +531,24 @@ impl DiLoCo {
     /// The pseudo-gradients' wire precision.
     pub fn compression(&self) -> Compression {
         self.compression
+    }
+
+    /// torchft's `fragment_sync_delay`: inner steps between a fragment's all-reduce start and
+    /// its outer step.
+    pub fn fragment_sync_delay(&self) -> u64 {
+        self.delay
+    }
+
+    /// torchft's `fragment_update_alpha`: the local parameters' weight in the mix after an
+    /// outer step.
+    pub fn fragment_update_alpha(&self) -> f64 {
+        self.alpha
+    }
+
+    /// The fragment whose all-reduce has started and whose outer step waits (inside its delay
+    /// window), if any.
+    pub fn pending_fragment(&self) -> Option<usize> {
+        self.pending
     }
 
     /// The inner optimizer.
@@ -321,10 +577,35 @@ impl DiLoCo {
         &self.fragments
     }
 
-    /// For each fragment, the value of [`DiLoCo::local_step`] at which it syncs (right after
-    /// the inner step that brings the counter there).
+    /// For each fragment, the value of [`DiLoCo::local_step`] at which its outer step is
+    /// applied (right after the inner step that brings the counter there).
     pub fn sync_schedule(&self) -> &[u64] {
         &self.offsets
+    }
+
+    /// For each fragment, the value of [`DiLoCo::local_step`] at which its pseudo-gradient's
+    /// all-reduce starts: `fragment_sync_delay` steps before its [`DiLoCo::sync_schedule`]
+    /// point (mod `sync_every`), the same point without a delay.
+    pub fn start_schedule(&self) -> Vec<u64> {
+        let h = self.sync_every;
+        self.offsets
+            .iter()
+            .map(|&o| (o + h - self.delay) % h)
+            .collect()
+    }
+
+    /// The fragment in flight at counter value `local_step`: the one whose start point lies
+    /// 1 to `delay` steps before it (mod `sync_every`).
+    fn in_window(&self, local_step: u64) -> Option<usize> {
+        let h = self.sync_every;
+        (self.delay > 0)
+            .then(|| {
+                self.offsets.iter().position(|&o| {
+                    let ahead = (o + h - local_step) % h;
+                    (1..=self.delay).contains(&ahead)
+                })
+            })
+            .flatten()
     }
 
     /// The inner optimizer's `zero_grad(set_to_none=True)`.
@@ -332,9 +613,10 @@ impl DiLoCo {
         self.inner.zero_grad(replicas);
     }
 
-    /// One inner step on every rank (parameters without a gradient skipped), then a sync of
-    /// the fragment due at this step, if any (for plain DiLoCo: every `sync_every` inner
-    /// steps). Returns whether it synced.
+    /// One inner step on every rank (parameters without a gradient skipped), then the sync
+    /// work due at this step, if any: the outer step of the fragment whose sync point this is
+    /// (for plain DiLoCo: every `sync_every` inner steps), and, with a `fragment_sync_delay`,
+    /// the start of the next fragment's all-reduce. Returns whether an outer step was applied.
     ///
     /// # Errors
     /// As [`DiLoCo::step_fragments`].
@@ -342,58 +624,156 @@ impl DiLoCo {
         Ok(!self.step_fragments(replicas)?.is_empty())
     }
 
-    /// [`DiLoCo::step`], returning the fragments that synced.
+    /// [`DiLoCo::step`], returning the fragments whose outer step was applied.
     ///
     /// # Errors
     /// A `ValueError` when `replicas` has other ranks or parameters than DiLoCo was built for; the
-    /// inner optimizer's errors ([`LocalOptimizer::step`]); when a fragment is due, the errors of
-    /// its sync (as [`DiLoCo::sync`]: the backend's, the world's and the outer optimizer's). A
-    /// failed sync leaves the step counter advanced.
+    /// inner optimizer's errors ([`LocalOptimizer::step`]); when sync work is due, its errors (the
+    /// backend's, the world's and the outer optimizer's).
+    ///
+    /// A failed step does not count: the step counter stays where it was, so the next step
+    /// reaches the same sync point again. The inner step has been taken (its parameters and
+    /// inner state stay updated). When the all-reduce fails (or the backend before it), the
+    /// parameters, their backup, the outer optimizer and any fragment in flight are as before
+    /// the step's sync; without a delay, the syncing fragment's gradients, overwritten by the
+    /// pseudo-gradient, are cleared (`None`). A failure after the all-reduce (the outer
+    /// optimizer's or the backend's, at the apply point) leaves the fragment's parameters
+    /// partly synced.
     pub fn step_fragments(&mut self, replicas: &mut Replicas) -> Result<Vec<usize>> {
         check_same_model(replicas, self.ranks, self.params)?;
         self.inner.step(replicas)?;
-        self.local_step = (self.local_step + 1) % self.sync_every;
-        let due: Vec<usize> = (0..self.fragments.len())
-            .filter(|&f| self.offsets[f] == self.local_step)
-            .collect();
-        for &f in &due {
-            self.sync_fragment(replicas, f)?;
+        let next = (self.local_step + 1) % self.sync_every;
+        let mut applied = Vec::new();
+        for f in 0..self.fragments.len() {
+            if self.offsets[f] != next {
+                continue;
+            }
+            if self.pending != Some(f) {
+                // No delay (or none started: the start and apply points coincide).
+                self.start(replicas, f, Target::Grads)?;
+            }
+            self.finish(replicas, f)?;
+            applied.push(f);
         }
-        Ok(due)
+        if self.delay > 0 {
+            let h = self.sync_every;
+            if let Some(f) =
+                (0..self.fragments.len()).find(|&f| (self.offsets[f] + h - self.delay) % h == next)
+            {
+                self.start(replicas, f, Target::Scratch)?;
+                self.pending = Some(f);
+            }
+        }
+        self.local_step = next;
+        Ok(applied)
     }
 
-    /// The outer step now, for every fragment, and a new period from here.
+    /// The outer step now, for every fragment, and a new period from here. A fragment in
+    /// flight is applied with its all-reduce's result; the others compute, all-reduce and
+    /// apply their pseudo-gradient now.
     ///
     /// # Errors
     /// A `ValueError` when `replicas` has other ranks or parameters than DiLoCo was built for; the
     /// backend's and the world's errors (a `RuntimeError` for a GPU error, a lost device, or a wire
     /// arena over the memory budget); the outer optimizer's errors ([`LocalOptimizer::step`]).
+    /// Fragments synced before a failure stay synced; the counter is reset only on success.
     pub fn sync(&mut self, replicas: &mut Replicas) -> Result<()> {
         check_same_model(replicas, self.ranks, self.params)?;
-        for f in 0..self.fragments.len() {
-            self.sync_fragment(replicas, f)?;
+        if let Some(f) = self.pending {
+            self.finish(replicas, f)?;
         }
+        for f in 0..self.fragments.len() {
+            if Some(f) == self.pending {
+                continue;
+            }
+            self.start(replicas, f, Target::Grads)?;
+            self.finish(replicas, f)?;
+        }
+        self.pending = None;
         self.local_step = 0;
         Ok(())
     }
 
-    /// Fragment `f`'s outer step: each of its parameters' gradient becomes the world's mean of
-    /// `backup - params` (computed and summed in the parameter's dtype), its parameters go
-    /// back to the backup, the outer optimizer steps them (the other parameters have no
-    /// gradient, so it skips them), the result becomes their new backup, and every gradient
-    /// is cleared (`set_to_none`).
-    fn sync_fragment(&mut self, replicas: &mut Replicas, f: usize) -> Result<()> {
+    /// Fragment `f`'s members as a per-parameter mask.
+    fn member_mask(&self, f: usize) -> Vec<bool> {
         let mut member = vec![false; self.params];
         for &j in &self.fragments[f] {
             member[j] = true;
         }
+        member
+    }
+
+    /// Every rank's copy regions of the members of bucket `b` flagged in `member` (the same
+    /// offsets in both arenas).
+    fn regions(replicas: &Replicas, b: usize, member: &[bool]) -> Vec<CopyRegion> {
+        let bucket = &replicas.buckets()[b];
+        (0..replicas.ranks())
+            .flat_map(|rank| {
+                bucket
+                    .members()
+                    .iter()
+                    .filter(|&&j| member[j])
+                    .map(move |&j| (rank, replicas.place(j)))
+                    .filter(|(_, place)| place.numel > 0)
+                    .map(|(rank, place)| CopyRegion {
+                        src_rank: rank,
+                        src_offset: place.offset,
+                        dst_rank: rank,
+                        dst_offset: place.offset,
+                        len: place.numel,
+                    })
+            })
+            .collect()
+    }
+
+    /// SGD settings (every rank, every member of a bucket) that make `Backend::sgd` compute
+    /// `p - lr·g` for the `active` members: with `lr = 1`, `backup - params` rounded once
+    /// to the format, as the pseudo-gradient is; `fused` for a 16-bit lerp (the mix computed in
+    /// float32 and rounded once, as torch's `lerp_` does).
+    fn sgd_scalars(ranks: usize, active: &[bool], lr: f64, fused: bool) -> Vec<SgdScalars> {
+        (0..ranks)
+            .flat_map(|_| active.iter())
+            .map(|&active| SgdScalars {
+                active,
+                lr,
+                one_minus_dampening: 1.0,
+                fused,
+                ..SgdScalars::default()
+            })
+            .collect()
+    }
+
+    /// The start of fragment `f`'s sync: every rank's pseudo-gradient `backup - params` of the
+    /// fragment (in the parameter's dtype; the parameters are not changed) into `target`,
+    /// all-reduced to the world's mean (in the wire format when compressed).
+    ///
+    /// On an error the parameters, the backups and the pending fragment are unchanged; with
+    /// [`Target::Grads`] the fragment's gradients are cleared (their values are gone).
+    fn start(&mut self, replicas: &mut Replicas, f: usize, target: Target) -> Result<()> {
+        let member = self.member_mask(f);
+        let result = self.start_inner(replicas, &member, target);
+        if result.is_err() && target == Target::Grads {
+            for rank in 0..self.ranks {
+                for &j in &self.fragments[f] {
+                    replicas.set_has_grad(rank, j, false);
+                }
+            }
+        }
+        result
+    }
+
+    fn start_inner(
+        &mut self,
+        replicas: &mut Replicas,
+        member: &[bool],
+        target: Target,
+    ) -> Result<()> {
         let backend = replicas.backend().clone();
         let subgroups = Subgroups::world(self.world.world_size());
         let wire = self.compression.wire_format();
-        let plans: Vec<(Vec<bool>, u64)> = replicas
-            .buckets()
-            .iter()
-            .map(|bucket| {
+        let plans: Vec<(Vec<bool>, u64, Vec<CopyRegion>)> = (0..replicas.buckets().len())
+            .map(|b| {
+                let bucket = &replicas.buckets()[b];
                 let bytes = bucket
                     .members()
                     .iter()
@@ -404,10 +784,22 @@ impl DiLoCo {
                         (replicas.numel(j) * size) as u64
                     })
                     .sum();
-                (bucket.mask(&member), bytes)
+                (
+                    bucket.mask(member),
+                    bytes,
+                    Self::regions(replicas, b, member),
+                )
             })
             .collect();
-        for (b, (bucket, (active, bytes))) in
+        if target == Target::Scratch {
+            for (b, (active, _, _)) in plans.iter().enumerate() {
+                if active.contains(&true) {
+                    self.scratch.ensure(replicas, b)?;
+                }
+            }
+        }
+        let ranks = self.ranks;
+        for (b, (bucket, (active, bytes, regions))) in
             replicas.buckets_mut().iter_mut().zip(&plans).enumerate()
         {
             if !active.contains(&true) {
@@ -417,7 +809,17 @@ impl DiLoCo {
             let (rank_len, chunk_len) = (bucket.rank_len(), bucket.chunk_len());
             let (params, grads, starts) = bucket.arenas_mut();
             let backup = self.backups.get(b).expect("every bucket has its backup");
-            backend.pseudo_gradient(params, backup, grads, starts, active)?;
+            let out: &mut Arena = match target {
+                Target::Grads => grads,
+                Target::Scratch => self.scratch.get_mut(b).expect("ensured above"),
+            };
+            // out = backup, then out = backup - 1·params: the pseudo-gradient, rounded once to
+            // the format (as `backup - params`), the parameters untouched.
+            if !regions.is_empty() {
+                backend.copy_regions(backup, out, regions)?;
+            }
+            let scalars = Self::sgd_scalars(ranks, active, 1.0, false);
+            backend.sgd(out, params, None, starts, &scalars)?;
             if let Some(wire) = wire.filter(|&w| w != format) {
                 // Compressed: round to the wire format, average in it, widen back.
                 let wire_arena = &mut self.wire[b];
@@ -432,7 +834,7 @@ impl DiLoCo {
                         Some(maker.create_arena(wire, params.ranks(), rank_len, chunk_len)?);
                 }
                 let arena = wire_arena.as_mut().expect("created above");
-                backend.convert(grads, arena, starts, active)?;
+                backend.convert(out, arena, starts, active)?;
                 self.world.all_reduce_mean(
                     backend.as_ref(),
                     arena,
@@ -442,19 +844,67 @@ impl DiLoCo {
                     active,
                     *bytes,
                 )?;
-                backend.convert(arena, grads, starts, active)?;
+                backend.convert(arena, out, starts, active)?;
                 continue;
             }
             // The reference all-reduces each pseudo-gradient in its own dtype.
             self.world.all_reduce_mean(
                 backend.as_ref(),
-                grads,
+                out,
                 subgroups,
                 format,
                 starts,
                 active,
                 *bytes,
             )?;
+        }
+        Ok(())
+    }
+
+    /// The end of fragment `f`'s sync (torchft's `perform_sync`), its all-reduced
+    /// pseudo-gradient in the gradients (no delay) or held in the scratch arenas (`f` pending):
+    /// the fragment's parameters are saved as the local ones (α > 0), go back to the backup,
+    /// the outer optimizer steps them with the pseudo-gradient as their gradient (the other
+    /// parameters have none, so it skips them), the result becomes their new backup, the
+    /// parameters become `lerp(global, local, α)`, and every gradient is cleared
+    /// (`set_to_none`).
+    fn finish(&mut self, replicas: &mut Replicas, f: usize) -> Result<()> {
+        let member = self.member_mask(f);
+        let held = self.pending == Some(f);
+        let mix = self.alpha > 0.0;
+        let backend = replicas.backend().clone();
+        let plans: Vec<(Vec<bool>, Vec<CopyRegion>)> = (0..replicas.buckets().len())
+            .map(|b| {
+                (
+                    replicas.buckets()[b].mask(&member),
+                    Self::regions(replicas, b, &member),
+                )
+            })
+            .collect();
+        if mix {
+            for (b, (active, _)) in plans.iter().enumerate() {
+                if active.contains(&true) {
+                    self.scratch.ensure(replicas, b)?;
+                }
+            }
+        }
+        for (b, (bucket, (active, regions))) in
+            replicas.buckets_mut().iter_mut().zip(&plans).enumerate()
+        {
+            if !active.contains(&true) || regions.is_empty() {
+                continue;
+            }
+            let (params, grads, _) = bucket.arenas_mut();
+            if held {
+                let scratch = self.scratch.get(b).expect("held in flight");
+                backend.copy_regions(scratch, grads, regions)?;
+            }
+            if mix {
+                let scratch = self.scratch.get_mut(b).expect("ensured above");
+                backend.copy_regions(params, scratch, regions)?;
+            }
+            let backup = self.backups.get(b).expect("every bucket has its backup");
+            backend.copy_regions(backup, params, regions)?;
         }
         for rank in 0..self.ranks {
             for (j, &m) in member.iter().enumerate() {
@@ -463,15 +913,66 @@ impl DiLoCo {
         }
         self.outer.step(replicas)?;
         self.backups.copy_params(replicas, &self.fragments[f])?;
+        if mix {
+            self.merge(replicas, &plans)?;
+        }
         self.outer.zero_grad(replicas);
+        if held {
+            self.pending = None;
+        }
+        Ok(())
+    }
+
+    /// torch's `global.lerp_(local, α)` over the fragment (`plans`' active members), the
+    /// global values in the parameters and the local ones in the scratch arenas, through the
+    /// gradient arenas: for `α < 0.5` (lerp's small-weight branch) `global - α·(global -
+    /// local)`, else `local - (1 - α)·(local - global)`, the weight in the compute precision
+    /// (float32 for 16-bit formats, which are mixed in float32 and rounded once).
+    fn merge(
+        &mut self,
+        replicas: &mut Replicas,
+        plans: &[(Vec<bool>, Vec<CopyRegion>)],
+    ) -> Result<()> {
+        let backend = replicas.backend().clone();
+        let ranks = self.ranks;
+        for (b, (bucket, (active, _))) in replicas.buckets_mut().iter_mut().zip(plans).enumerate() {
+            if !active.contains(&true) {
+                continue;
+            }
+            let format = bucket.format();
+            let (params, grads, starts) = bucket.arenas_mut();
+            let local = self
+                .scratch
+                .get_mut(b)
+                .expect("saved before the outer step");
+            let small = self.alpha < 0.5;
+            let weight = if small { self.alpha } else { 1.0 - self.alpha };
+            let (lr, fused) = match format {
+                StorageFormat::F64 => (weight, false),
+                StorageFormat::F32 => (weight_f32(self.alpha, small), false),
+                _ => (weight_f32(self.alpha, small), true),
+            };
+            if small {
+                // grads = global - local (local := global), params = global - α·grads.
+                backend.pseudo_gradient(local, &*params, grads, starts, active)?;
+            } else {
+                // grads = local - global (params := local), params = local - (1-α)·grads.
+                backend.pseudo_gradient(params, &*local, grads, starts, active)?;
+            }
+            let scalars = Self::sgd_scalars(ranks, active, lr, fused);
+            backend.sgd(params, grads, None, starts, &scalars)?;
+        }
         Ok(())
     }
 
     /// Rank `rank`'s (a local index) state: `{"inner_optimizer", "outer_optimizer",
-    /// "local_step", "original_parameters"}` — both optimizers' `state_dict()`s, the inner
-    /// steps since the last sync, and the parameters at the last sync, so that a run resumes
-    /// exactly where it stopped (the model's current parameters are saved separately, as with
-    /// any optimizer).
+    /// "local_step", "original_parameters", "pending"}` — both optimizers' `state_dict()`s, the
+    /// inner steps since the start of the period, the parameters at their fragment's last sync,
+    /// and the fragment in flight: `null`, or inside a `fragment_sync_delay` window
+    /// `{"fragment": f, "pseudo_gradients": [...]}` with the all-reduced pseudo-gradient held
+    /// for each of fragment `f`'s parameters (in the fragment's order; the same on every
+    /// rank), so that a run resumes exactly where it stopped, mid-delay included (the model's
+    /// current parameters are saved separately, as with any optimizer).
     ///
     /// # Errors
     /// A `ValueError` when `replicas` has other ranks or parameters than DiLoCo was built for; an
@@ -490,11 +991,27 @@ impl DiLoCo {
                 .expect("every bucket has its backup");
             original.push(tensor_to_json(&tensor).await?);
         }
+        let pending = match self.pending {
+            None => Value::Null,
+            Some(f) => {
+                let mut held = Vec::with_capacity(self.fragments[f].len());
+                for &j in &self.fragments[f] {
+                    let tensor = self
+                        .scratch
+                        .read(replicas, rank, j)
+                        .await?
+                        .expect("a fragment in flight holds its pseudo-gradient");
+                    held.push(tensor_to_json(&tensor).await?);
+                }
+                json!({"fragment": f, "pseudo_gradients": held})
+            }
+        };
         Ok(json!({
             "inner_optimizer": inner,
             "outer_optimizer": outer,
             "local_step": self.local_step,
             "original_parameters": original,
+            "pending": pending,
         }))
     }
 
@@ -508,13 +1025,17 @@ impl DiLoCo {
     }
 
     /// Loads rank `rank`'s (a local index) state saved by [`DiLoCo::state_dict`]: both
-    /// optimizers, the local step counter and the parameters at the last sync.
+    /// optimizers, the local step counter, the parameters at the last sync and the fragment in
+    /// flight (`pending`; a missing key reads as `null`, as in a state saved before the key
+    /// existed).
     ///
     /// # Errors
     /// A `ValueError` when `replicas` has other ranks or parameters than DiLoCo was built for; an
     /// `IndexError` when `rank` is out of range; a `ValueError` when a key is missing, `local_step`
     /// is not a non-negative integer below `sync_every`, or `original_parameters` is not a list of
-    /// one tensor per parameter in its dtype and shape; the optimizers' `ValueError`s and
+    /// one tensor per parameter in its dtype and shape, or `pending` is not the in-flight fragment
+    /// that `local_step` implies (`null` outside a `fragment_sync_delay` window) with one tensor
+    /// per parameter of that fragment in its dtype and shape; the optimizers' `ValueError`s and
     /// `TypeError`s ([`LocalOptimizer::check_state_dict`]), checked before either optimizer
     /// changes; a `RuntimeError` when a loaded tensor or a state arena does not fit the memory
     /// budget or the backend fails.
@@ -574,6 +1095,7 @@ impl DiLoCo {
             let format = replicas.buckets()[replicas.place(j).bucket].format();
             tensors.push(transfer::encode(&tensor, format, "a loaded state tensor")?);
         }
+        let pending = self.pending_of(replicas, state_dict, local_step)?;
         // Both optimizers check their parts before either changes.
         self.inner.check_state_dict(replicas, rank, inner)?;
         self.outer.check_state_dict(replicas, rank, outer)?;
@@ -582,9 +1104,81 @@ impl DiLoCo {
         for (j, words) in tensors.iter().enumerate() {
             self.backups.write_words(replicas, rank, j, words)?;
         }
+        if let Some((f, held)) = &pending {
+            for (&j, words) in self.fragments[*f].iter().zip(held) {
+                self.scratch.write_words(replicas, rank, j, words)?;
+            }
+        }
+        self.pending = pending.map(|(f, _)| f);
         self.local_step = local_step;
         Ok(())
     }
+
+    /// The checked `pending` entry of a state dict at counter `local_step`: the fragment and
+    /// its held pseudo-gradients, encoded for the arenas.
+    fn pending_of(
+        &self,
+        replicas: &Replicas,
+        state_dict: &Value,
+        local_step: u64,
+    ) -> Result<Option<(usize, Vec<Vec<u32>>)>> {
+        let expected = self.in_window(local_step);
+        let given = state_dict.get("pending").unwrap_or(&Value::Null);
+        let Some(f) = expected else {
+            if given.is_null() {
+                return Ok(None);
+            }
+            return Err(Error::value(format!(
+                "\"pending\" must be null at local_step {local_step} (no fragment in flight), got {given}"
+            )));
+        };
+        let wrong = || {
+            Error::value(format!(
+                "\"pending\" must be {{\"fragment\": {f}, \"pseudo_gradients\": [...]}} at \
+                 local_step {local_step}: fragment {f}'s all-reduce is in flight \
+                 (fragment_sync_delay {})",
+                self.delay
+            ))
+        };
+        if given.get("fragment").and_then(Value::as_u64) != Some(f as u64) {
+            return Err(wrong());
+        }
+        let list = given
+            .get("pseudo_gradients")
+            .and_then(Value::as_array)
+            .ok_or_else(wrong)?;
+        if list.len() != self.fragments[f].len() {
+            return Err(Error::value(format!(
+                "\"pending\" has {} pseudo-gradients, fragment {f} has {} parameters",
+                list.len(),
+                self.fragments[f].len()
+            )));
+        }
+        let mut held = Vec::with_capacity(list.len());
+        for (k, (&j, value)) in self.fragments[f].iter().zip(list).enumerate() {
+            let what = format!("pending.pseudo_gradients[{k}]");
+            let tensor = tensor_from_json(value, &what)?;
+            if tensor.dtype() != replicas.dtype(j) || tensor.shape() != replicas.shape(j) {
+                return Err(Error::value(format!(
+                    "{what} is {} {}, parameter {j} is {} {}",
+                    tensor.dtype(),
+                    crate::tensor::format_shape(tensor.shape()),
+                    replicas.dtype(j),
+                    crate::tensor::format_shape(replicas.shape(j))
+                )));
+            }
+            let format = replicas.buckets()[replicas.place(j).bucket].format();
+            held.push(transfer::encode(&tensor, format, "a loaded state tensor")?);
+        }
+        Ok(Some((f, held)))
+    }
+}
+
+/// A lerp weight in float32, torch's opmath for float32 and 16-bit tensors: `α` (the
+/// small-weight branch) or `1 - α` computed in float32.
+fn weight_f32(alpha: f64, small: bool) -> f64 {
+    let a = alpha as f32;
+    f64::from(if small { a } else { 1.0f32 - a })
 }
 
 /// A `ValueError` unless `fragments` is a partition of `0..params` into non-empty fragments,

@@ -1204,3 +1204,208 @@ fn distopt_train_compress_sends_half_the_bytes() {
         "{stderr}"
     );
 }
+
+/// A world whose all-reduce fails while armed (a lost peer, a network error), the simulated
+/// world otherwise.
+#[derive(Debug)]
+struct FailingWorld {
+    inner: SimulatedWorld,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl FailingWorld {
+    fn new(size: usize) -> Arc<FailingWorld> {
+        Arc::new(FailingWorld {
+            inner: SimulatedWorld::new(size).unwrap(),
+            fail: false.into(),
+        })
+    }
+
+    fn arm(&self, fail: bool) {
+        self.fail.store(fail, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Communicator for FailingWorld {
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn all_reduce_mean(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut distopt::backend::Arena,
+        groups: distopt::comm::Subgroups,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+        bytes_per_rank: u64,
+    ) -> distopt::Result<()> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(distopt::Error::runtime("injected all-reduce failure"));
+        }
+        self.inner.all_reduce_mean(
+            backend,
+            arena,
+            groups,
+            arith,
+            starts,
+            active,
+            bytes_per_rank,
+        )
+    }
+
+    fn all_reduce_scaled_sum(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut distopt::backend::Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+        bytes_per_rank: u64,
+    ) -> distopt::Result<()> {
+        self.inner.all_reduce_scaled_sum(
+            backend,
+            arena,
+            arith,
+            starts,
+            reduced,
+            scales,
+            present,
+            bytes_per_rank,
+        )
+    }
+
+    fn broadcast(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut distopt::backend::Arena,
+        root: usize,
+        offset: usize,
+        len: usize,
+    ) -> distopt::Result<()> {
+        self.inner.broadcast(backend, arena, root, offset, len)
+    }
+
+    fn broadcast_regions(
+        &self,
+        backend: &dyn Backend,
+        src: Option<&distopt::backend::Arena>,
+        dst: &mut distopt::backend::Arena,
+        root: usize,
+        regions: &[distopt::comm::BroadcastRegion],
+    ) -> distopt::Result<()> {
+        self.inner
+            .broadcast_regions(backend, src, dst, root, regions)
+    }
+
+    fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> distopt::Result<Vec<f32>> {
+        self.inner.all_reduce_sum_f32(per_local_rank)
+    }
+
+    fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> distopt::Result<Vec<u8>> {
+        self.inner.broadcast_bytes(root, data)
+    }
+
+    fn all_gather_bytes(&self, per_local_rank: Vec<Vec<u8>>) -> distopt::Result<Vec<Vec<u8>>> {
+        self.inner.all_gather_bytes(per_local_rank)
+    }
+
+    fn gather_bytes(
+        &self,
+        to: usize,
+        per_local_rank: Vec<Vec<u8>>,
+    ) -> distopt::Result<Option<Vec<Vec<u8>>>> {
+        self.inner.gather_bytes(to, per_local_rank)
+    }
+
+    fn stats(&self) -> distopt::comm::CommStats {
+        self.inner.stats()
+    }
+
+    fn reset_stats(&self) {
+        self.inner.reset_stats()
+    }
+}
+
+/// Every rank's state dict (both optimizers, the counter, the backups).
+fn states(diloco: &DiLoCo, replicas: &Replicas) -> Vec<Value> {
+    (0..replicas.ranks())
+        .map(|r| diloco.state_dict_blocking(replicas, r).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_failed_all_reduce_does_not_count_the_step_and_leaves_the_sync_state_as_before() {
+    let grads = all_grads();
+    for (label, backend) in backends().into_iter().take(2) {
+        let world = FailingWorld::new(WORLD);
+        let mut replicas = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
+        let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05}));
+        let outer = optimizer(
+            &replicas,
+            "SGD",
+            json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
+        );
+        let mut diloco = DiLoCo::new(&replicas, inner, outer, SYNC_EVERY, world.clone()).unwrap();
+        // A twin without DiLoCo: the inner step the failed step still takes.
+        let mut twin = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
+        let mut twin_sgd = optimizer(&twin, "SGD", json!({"lr": 0.05}));
+        for g in &grads[..SYNC_EVERY as usize - 1] {
+            assert!(!step(&mut replicas, &mut diloco, g), "{label}");
+            twin_sgd.zero_grad(&mut twin);
+            for (rank, g) in g.iter().enumerate() {
+                twin.set_grads(rank, g).unwrap();
+            }
+            twin_sgd.step(&mut twin).unwrap();
+        }
+        let before = states(&diloco, &replicas);
+        let due = &grads[SYNC_EVERY as usize - 1];
+        world.arm(true);
+        diloco.zero_grad(&mut replicas);
+        for (rank, g) in due.iter().enumerate() {
+            replicas.set_grads(rank, g).unwrap();
+            twin.set_grads(rank, g).unwrap();
+        }
+        twin_sgd.step(&mut twin).unwrap();
+        let err = diloco.step(&mut replicas).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::RuntimeError, "{label}");
+        assert!(err.message().contains("injected"), "{label}: {err}");
+        // Not counted: the counter, the backups and the outer state are as before the sync;
+        // the parameters hold the inner step's result (not the backup's values).
+        assert_eq!(
+            diloco.local_step(),
+            SYNC_EVERY as u64 - 1,
+            "{label}: a failed sync advanced the step counter"
+        );
+        let after = states(&diloco, &replicas);
+        for (rank, (a, b)) in after.iter().zip(&before).enumerate() {
+            assert_eq!(a["local_step"], b["local_step"], "{label} rank {rank}");
+            assert_eq!(
+                a["original_parameters"], b["original_parameters"],
+                "{label} rank {rank}: the backups changed"
+            );
+            assert_eq!(
+                a["outer_optimizer"], b["outer_optimizer"],
+                "{label} rank {rank}: the outer optimizer stepped"
+            );
+        }
+        assert_eq!(
+            param_bits(&replicas),
+            param_bits(&twin),
+            "{label}: the parameters are not the inner step's result"
+        );
+        // Disarmed, the next step reaches the sync point again and syncs.
+        world.arm(false);
+        assert!(step(&mut replicas, &mut diloco, due), "{label}");
+        assert_eq!(diloco.local_step(), 0, "{label}");
+        let synced = param_bits(&replicas);
+        assert_eq!(
+            synced[0],
+            synced[WORLD - 1],
+            "{label}: the ranks agree after the sync"
+        );
+    }
+}

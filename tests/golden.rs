@@ -1,5 +1,6 @@
 //! The golden runner: every case in `tests/golden/`, in `tests/torch-cases/` (the project's own
-//! cases, made by real PyTorch with `scripts/torch-cases.py`) and in `$DISTOPT_GOLDEN_DIR` when set,
+//! cases, made by real PyTorch with `scripts/torch-cases.py`), in `tests/torchft-cases/` (made by
+//! torchft's own `DiLoCo` with `scripts/torchft-cases.py`) and in `$DISTOPT_GOLDEN_DIR` when set,
 //! on the CPU backend and on the GPU backend, compared with PyTorch's outputs. Prints one line
 //! per kind and backend. Nothing is dropped silently: a file that is not a valid case (its
 //! `name` not its file name, say), a kind without a runner, or fewer cases run per kind and
@@ -90,6 +91,9 @@ fn run_case(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
         "post_local_sgd" => runners::post_local_sgd::run(backend, case, &runners::simulated_world),
         "distributed_optimizer" => runners::distributed_optimizer::run(backend, case),
         "diloco" => runners::diloco::run(backend, case, &runners::simulated_world),
+        "streaming_diloco" => {
+            runners::streaming_diloco::run(backend, case, &runners::simulated_world)
+        }
         "zero_partition" | "zero_trajectory" | "zero_errors" | "zero_join" => {
             runners::zero::run(backend, case)
         }

@@ -42,8 +42,13 @@ impl Case {
 pub fn golden_dirs() -> Vec<PathBuf> {
     let root = std::env::var_os("DISTOPT_GOLDEN_ROOT")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
-    // The shared cases, then the project's own PyTorch-produced ones (`scripts/torch-cases.py`).
-    let mut dirs = vec![root.join("tests/golden"), root.join("tests/torch-cases")];
+    // The shared cases, then the project's own PyTorch-produced ones (`scripts/torch-cases.py`)
+    // and torchft-produced ones (`scripts/torchft-cases.py`).
+    let mut dirs = vec![
+        root.join("tests/golden"),
+        root.join("tests/torch-cases"),
+        root.join("tests/torchft-cases"),
+    ];
     if let Some(extra) = std::env::var_os("DISTOPT_GOLDEN_DIR") {
         dirs.push(PathBuf::from(extra));
     }

@@ -12,6 +12,7 @@ export const KINDS = [
   'local_optimizer',
   'post_local_sgd',
   'diloco',
+  'streaming_diloco',
   'zero_partition',
   'zero_trajectory',
   'zero_errors',
@@ -388,6 +389,60 @@ async function diloco(api, c) {
   // The optimizer objects report their state from inside the DiLoCo.
   exact = compareJson(api, c, await outer.stateDict(0), expected.outer_state_dict, 'outer.stateDict(0)') && exact;
   exact = compareJson(api, c, await inner.stateDict(0), expected.inner_state_dicts[0], 'inner.stateDict(0)') && exact;
+  opt.free();
+  return exact;
+}
+
+/**
+ * streaming_diloco (tests/torchft-cases/README.md): torchft's DiLoCo with fragments, each
+ * fragment's all-reduce started fragment_sync_delay steps before its outer step, whose result is
+ * lerped towards the local parameters by fragment_update_alpha.
+ */
+async function streamingDiloco(api, c) {
+  const { input, expected } = c;
+  const world = new api.World(input.world_size);
+  const replicas = api.Replicas.replicate(input.world_size, input.initial_params);
+  const spec = (s) => ({ name: s.name, options: { foreach: false, ...s.options } });
+  const inner = makeOptimizer(api, replicas, spec(input.inner_optimizer));
+  const outer = makeOptimizer(api, replicas, spec(input.outer_optimizer));
+  const opt = new api.DiLoCo(inner, outer, input.sync_every, world, {
+    fragments: input.fragments,
+    fragmentSyncDelay: input.fragment_sync_delay,
+    fragmentUpdateAlpha: input.fragment_update_alpha,
+  });
+  if (expected.params_after_step.length !== input.grads.length) fail('params_after_step: step count');
+  if (expected.inner_state_dicts.length !== input.world_size) fail('inner_state_dicts: rank count');
+  sameOrFail(opt.fragments, input.fragments, 'fragments');
+  if (opt.fragmentSyncDelay !== input.fragment_sync_delay) fail(`fragmentSyncDelay ${opt.fragmentSyncDelay}`);
+  if (opt.fragmentUpdateAlpha !== input.fragment_update_alpha) fail(`fragmentUpdateAlpha ${opt.fragmentUpdateAlpha}`);
+  let exact = true;
+  const syncedAt = [];
+  const preparedAt = [];
+  for (let t = 0; t < input.grads.length; t++) {
+    opt.zeroGrad();
+    for (let r = 0; r < input.world_size; r++) replicas.setGrads(r, input.grads[t][r]);
+    const before = opt.pendingFragment;
+    const applied = opt.stepFragments();
+    for (const f of applied) {
+      syncedAt.push([t, f]);
+      // torchft prepares and performs in the same step without a delay.
+      if (input.fragment_sync_delay === 0) preparedAt.push([t, f]);
+    }
+    const after = opt.pendingFragment;
+    if (after !== null && after !== before) preparedAt.push([t, after]);
+    const params = await replicas.params();
+    params.forEach((p, r) => {
+      exact = compareTensorList(api, c, p, expected.params_after_step[t][r], `params_after_step[${t}][${r}]`) && exact;
+    });
+  }
+  sameOrFail(syncedAt, expected.synced_at_steps, 'synced_at_steps');
+  sameOrFail(preparedAt, expected.prepared_at_steps, 'prepared_at_steps');
+  for (let r = 0; r < input.world_size; r++) {
+    const sd = await opt.stateDict(r);
+    exact = compareJson(api, c, sd.inner_optimizer, expected.inner_state_dicts[r], `inner_state_dicts[${r}]`) && exact;
+    exact = compareJson(api, c, sd.outer_optimizer, expected.outer_state_dict, `outer_state_dict (rank ${r})`) && exact;
+    exact = compareJson(api, c, sd.original_parameters, expected.original_parameters, `original_parameters (rank ${r})`) && exact;
+  }
   opt.free();
   return exact;
 }
@@ -864,6 +919,7 @@ const RUNNERS = {
   local_optimizer: localOptimizer,
   post_local_sgd: postLocalSgd,
   diloco,
+  streaming_diloco: streamingDiloco,
   zero_partition: zeroPartition,
   zero_trajectory: zeroTrajectory,
   zero_errors: zeroErrors,

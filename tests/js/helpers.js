@@ -12,6 +12,8 @@ export const HERE = path.dirname(fileURLToPath(import.meta.url));
 export const ROOT = path.resolve(HERE, '../..');
 export const PACKAGE = process.env.DISTOPT_PACKAGE_DIR || path.join(ROOT, 'target/npm/package');
 export const GOLDEN = path.join(ROOT, 'tests/golden');
+/** The torchft-made cases (scripts/torchft-cases.py), read beside the golden ones. */
+export const TORCHFT_CASES = path.join(ROOT, 'tests/torchft-cases');
 
 /** Imports the built package (scripts/build-npm.sh). */
 export async function importPackage() {
@@ -21,22 +23,29 @@ export async function importPackage() {
 }
 
 /**
- * Every golden case file, as {file, kind, case}, sorted. Nothing is left out: a file that is
- * not a case, or whose `name` is not its file name, fails here.
+ * Every golden case file, as {file, kind, case}, sorted: tests/golden/ (`file` its name), then
+ * tests/torchft-cases/ (`file` is `../torchft-cases/<name>`, relative to the golden folder, as
+ * the browser page fetches it). Nothing is left out: a file that is not a case, or whose `name`
+ * is not its file name, fails here.
  */
 export function goldenFiles() {
-  const files = fs
-    .readdirSync(GOLDEN)
-    .filter((f) => f.endsWith('.json'))
-    .sort()
-    .map((file) => {
-      const c = JSON.parse(fs.readFileSync(path.join(GOLDEN, file), 'utf8'));
-      assert.equal(typeof c.kind, 'string', `${file}: no kind`);
-      assert.equal(`${c.name}.json`, file, `${file}: its name ${JSON.stringify(c.name)} is not its file name`);
-      return { file, kind: c.kind, case: c };
-    });
-  assert.ok(files.length > 0, `no golden files in ${GOLDEN}`);
-  return files;
+  const read = (dir, prefix) =>
+    fs
+      .readdirSync(dir)
+      .filter((f) => f.endsWith('.json'))
+      .sort()
+      .map((name) => {
+        const file = `${prefix}${name}`;
+        const c = JSON.parse(fs.readFileSync(path.join(dir, name), 'utf8'));
+        assert.equal(typeof c.kind, 'string', `${file}: no kind`);
+        assert.equal(`${c.name}.json`, name, `${file}: its name ${JSON.stringify(c.name)} is not its file name`);
+        return { file, kind: c.kind, case: c };
+      });
+  const golden = read(GOLDEN, '');
+  assert.ok(golden.length > 0, `no golden files in ${GOLDEN}`);
+  const torchft = read(TORCHFT_CASES, '../torchft-cases/');
+  assert.ok(torchft.length > 0, `no torchft cases in ${TORCHFT_CASES}`);
+  return [...golden, ...torchft];
 }
 
 /** The files the JS runner runs (every kind but the pending ones without a runner), and the pending ones. */

@@ -13,7 +13,7 @@ use super::{Outcome, WorldFactory, compare_json, compare_tensors, optional_tenso
 use crate::common::Case;
 
 /// The case's optimizer over every parameter, with `foreach=False` as the reference passes it.
-fn build(replicas: &Replicas, spec: &Value) -> Result<Box<dyn LocalOptimizer>, String> {
+pub fn build(replicas: &Replicas, spec: &Value) -> Result<Box<dyn LocalOptimizer>, String> {
     let mut spec = spec.clone();
     if let Some(options) = spec.get_mut("options").and_then(Value::as_object_mut) {
         options

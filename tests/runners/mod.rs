@@ -5,6 +5,7 @@ pub mod diloco;
 pub mod distributed_optimizer;
 pub mod optimizers;
 pub mod post_local_sgd;
+pub mod streaming_diloco;
 pub mod zero;
 
 use std::collections::BTreeSet;

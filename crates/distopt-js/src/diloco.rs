@@ -12,7 +12,7 @@ use super::optim::{DiLoCoRole, OptimSlot, optimizer_of};
 use super::replicas::{SharedReplicas, borrow, borrow_mut};
 use super::world::{communicator, world_of};
 use super::{JsResult, busy, js};
-use distopt::diloco::{Compression, DiLoCo};
+use distopt::diloco::{DiLoCo, DiLoCoOptions};
 use distopt::error::{Error, Result};
 
 /// A `DiLoCo` and the replicas its optimizers were made over.
@@ -27,6 +27,12 @@ pub(crate) struct DiLoCoCore {
 /// last sync's, and `outer` (built over the same `Replicas`) steps with that gradient.
 /// `options.compress` (`'bf16'`, `'f16'` or `'none'`, the default) sends the pseudo-gradients
 /// in that precision (averaged in it, then converted back to each parameter's dtype).
+/// `options.fragments` (lists of parameter indices) makes it Streaming DiLoCo as torchft runs
+/// it, with `options.fragmentSyncDelay` (torchft's `fragment_sync_delay`: a fragment's
+/// all-reduce starts that many inner steps before its outer step) and
+/// `options.fragmentUpdateAlpha` (torchft's `fragment_update_alpha`: the outer step's result
+/// lerped towards the local parameters). torchft's `should_quantize` is refused (a
+/// `ValueError`): `compress` is distopt's 16-bit wire format.
 ///
 /// Both optimizers move into it, as `PostLocalSGDOptimizer` takes its optimizer: afterwards
 /// they still report their state (`stateDict`, `paramGroups`) but step only through this
@@ -62,8 +68,8 @@ impl DiLoCoJs {
         options: JsValue,
     ) -> JsResult<DiLoCoJs> {
         let sync_every = js(integer_arg(&sync_every, "syncEvery"))?;
-        let compression = js(json_from_js(&options, "options")
-            .and_then(|options| Compression::from_options(&options)))?;
+        let options = js(json_from_js(&options, "options")
+            .and_then(|options| DiLoCoOptions::from_options(&options)))?;
         let world = js(world_of(&world))?;
         let inner_core = js(optimizer_of(&inner))?;
         let outer_core = js(optimizer_of(&outer))?;
@@ -78,7 +84,8 @@ impl DiLoCoJs {
             )));
         }
         js(borrow(&inner_core.replicas).and_then(|replicas| {
-            DiLoCo::check_arguments(&replicas, sync_every, &*communicator(&world))
+            DiLoCo::check_arguments(&replicas, sync_every, &*communicator(&world))?;
+            options.check(replicas.len(), sync_every)
         }))?;
         let inner_opt = js(inner_core.take())?;
         let outer_opt = match outer_core.take() {
@@ -89,16 +96,17 @@ impl DiLoCoJs {
             }
         };
         let built = borrow(&inner_core.replicas).and_then(|replicas| {
-            DiLoCo::new(
+            DiLoCo::with_options(
                 &replicas,
                 inner_opt,
                 outer_opt,
                 sync_every,
                 communicator(&world),
+                options,
             )
         });
         let diloco = match built {
-            Ok(d) => d.with_compression(compression),
+            Ok(d) => d,
             Err(err) => {
                 // Arguments were checked above: only allocating the backups can fail here
                 // (device out of memory), and the optimizers went down with the constructor.
@@ -115,12 +123,51 @@ impl DiLoCoJs {
         Ok(DiLoCoJs { core })
     }
 
-    /// One inner step on every rank, then a sync when `syncEvery` inner steps have passed
-    /// since the last one. Returns whether it synced.
+    /// One inner step on every rank, then the sync work due at this step (a fragment's outer
+    /// step; with `fragmentSyncDelay`, the start of the next fragment's all-reduce). Returns
+    /// whether an outer step was applied. A failed step does not count (the step counter stays).
     pub fn step(&self) -> JsResult<bool> {
         let mut diloco = js(self.diloco_mut())?;
         let mut replicas = js(borrow_mut(&self.core.replicas))?;
         js(diloco.step(&mut replicas))
+    }
+
+    /// `step()`, returning the fragments whose outer step was applied (an array of indices).
+    #[wasm_bindgen(js_name = stepFragments)]
+    pub fn step_fragments(&self) -> JsResult<Vec<f64>> {
+        let mut diloco = js(self.diloco_mut())?;
+        let mut replicas = js(borrow_mut(&self.core.replicas))?;
+        Ok(js(diloco.step_fragments(&mut replicas))?
+            .into_iter()
+            .map(|f| f as f64)
+            .collect())
+    }
+
+    /// The fragments' parameter indices (one fragment of every parameter without
+    /// `options.fragments`).
+    #[wasm_bindgen(getter)]
+    pub fn fragments(&self) -> JsResult<JsValue> {
+        let fragments = serde_json::json!(js(self.diloco())?.fragments());
+        js(json_to_js(&fragments))
+    }
+
+    /// torchft's `fragment_sync_delay`.
+    #[wasm_bindgen(getter, js_name = fragmentSyncDelay)]
+    pub fn fragment_sync_delay(&self) -> JsResult<f64> {
+        Ok(js(self.diloco())?.fragment_sync_delay() as f64)
+    }
+
+    /// torchft's `fragment_update_alpha`.
+    #[wasm_bindgen(getter, js_name = fragmentUpdateAlpha)]
+    pub fn fragment_update_alpha(&self) -> JsResult<f64> {
+        Ok(js(self.diloco())?.fragment_update_alpha())
+    }
+
+    /// The fragment whose all-reduce has started and whose outer step waits (inside its
+    /// `fragmentSyncDelay` window), or `null`.
+    #[wasm_bindgen(getter, js_name = pendingFragment)]
+    pub fn pending_fragment(&self) -> JsResult<Option<f64>> {
+        Ok(js(self.diloco())?.pending_fragment().map(|f| f as f64))
     }
 
     /// The outer step now (whatever the local step counter says).
@@ -139,7 +186,8 @@ impl DiLoCoJs {
         Ok(())
     }
 
-    /// Inner steps taken since the last sync.
+    /// Inner steps since the start of the current period (for plain DiLoCo: since the last
+    /// sync).
     #[wasm_bindgen(getter, js_name = localStep)]
     pub fn local_step(&self) -> JsResult<f64> {
         Ok(js(self.diloco())?.local_step() as f64)
@@ -158,7 +206,8 @@ impl DiLoCoJs {
     }
 
     /// Rank `rank`'s state (a promise): `{inner_optimizer, outer_optimizer, local_step,
-    /// original_parameters}`.
+    /// original_parameters, pending}` (`pending`: `null`, or the fragment in flight and its
+    /// held pseudo-gradients).
     #[wasm_bindgen(js_name = stateDict)]
     pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
         let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
