@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use distopt::backend::gpu::GpuOptions;
 use distopt::backend::kernels::ParamStarts;
 use distopt::comm::{Communicator, SimulatedWorld};
-use distopt::diloco::{Compression, DiLoCo};
+use distopt::diloco::{Compression, DiLoCo, DiLoCoOptions};
 use distopt::optim::{self, LocalOptimizer, option_map};
 use distopt::replicas::Replicas;
 use distopt::{Backend, CpuBackend, DType, ErrorKind, StorageFormat, Tensor};
@@ -760,6 +760,8 @@ fn the_trainer_runs_diloco_meeting_only_at_syncs() {
                 sync_every: 5,
                 fragments: 1,
                 compress: Default::default(),
+                fragment_sync_delay: 0,
+                fragment_update_alpha: 0.0,
             },
             ..TrainConfig::default()
         };
@@ -844,6 +846,39 @@ fn distopt_train_algorithm_diloco_reports_its_syncs() {
     assert!(!ok);
     assert!(
         stderr.contains("sync_every (2) must be at least the number of fragments (3)"),
+        "{stderr}"
+    );
+    // torchft's Streaming DiLoCo knobs: in the settings when set, checked as torchft does.
+    let (ok, stdout, stderr) = run(&[
+        "--period",
+        "6",
+        "--fragments",
+        "3",
+        "--fragment-sync-delay",
+        "1",
+        "--fragment-update-alpha",
+        "0.5",
+    ]);
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let result = &report["results"][0];
+    assert_eq!(result["steps_averaged"], 12);
+    assert_eq!(
+        result["settings"],
+        json!({"kind": "diloco", "sync_every": 6, "fragments": 3,
+               "fragment_sync_delay": 1, "fragment_update_alpha": 0.5})
+    );
+    let (ok, _, stderr) = run(&[
+        "--period",
+        "6",
+        "--fragments",
+        "3",
+        "--fragment-sync-delay",
+        "2",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("Fragment must be synced before it is reduced another time"),
         "{stderr}"
     );
 }
@@ -1132,6 +1167,8 @@ fn the_trainer_converges_with_compressed_pseudo_gradients() {
                     sync_every: 5,
                     fragments: 1,
                     compress,
+                    fragment_sync_delay: 0,
+                    fragment_update_alpha: 0.0,
                 },
                 ..TrainConfig::default()
             };
@@ -1407,5 +1444,351 @@ fn a_failed_all_reduce_does_not_count_the_step_and_leaves_the_sync_state_as_befo
             synced[WORLD - 1],
             "{label}: the ranks agree after the sync"
         );
+    }
+}
+
+/// Streaming DiLoCo over `shapes()` in two fragments, syncing every 4 steps with `delay` and
+/// `alpha`, on `world`.
+fn fresh_streaming(
+    backend: &Arc<dyn Backend>,
+    per_rank: &[Vec<Tensor>],
+    delay: i64,
+    alpha: f64,
+    world: Arc<dyn Communicator>,
+) -> (Replicas, DiLoCo) {
+    let replicas = Replicas::new(backend.clone(), per_rank).unwrap();
+    let inner = optimizer(
+        &replicas,
+        "Adam",
+        json!({"lr": 0.02, "betas": [0.9, 0.95], "weight_decay": 0.1}),
+    );
+    let outer = optimizer(
+        &replicas,
+        "SGD",
+        json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
+    );
+    let options = DiLoCoOptions {
+        fragments: Some(vec![vec![0, 3], vec![1, 2, 4]]),
+        fragment_sync_delay: delay,
+        fragment_update_alpha: alpha,
+        ..DiLoCoOptions::default()
+    };
+    let diloco = DiLoCo::with_options(&replicas, inner, outer, 4, world, options).unwrap();
+    (replicas, diloco)
+}
+
+#[test]
+fn streaming_delay_and_alpha_follow_torchfts_schedule_and_resume_mid_delay_bit_for_bit() {
+    let grads = all_grads();
+    for (delay, alpha) in [(1, 0.5), (1, 0.3), (1, 0.0), (0, 0.75)] {
+        for (label, backend) in backends().into_iter().take(2) {
+            let (mut replicas, mut diloco) = fresh_streaming(
+                &backend,
+                &vec![initial_params(); WORLD],
+                delay,
+                alpha,
+                world(),
+            );
+            assert_eq!(diloco.sync_schedule(), [2, 0]);
+            let starts = if delay == 0 { [2, 0] } else { [1, 3] };
+            assert_eq!(diloco.start_schedule(), starts);
+            let mut straight = Vec::new();
+            let mut pending = Vec::new();
+            let mut applied = Vec::new();
+            for g in &grads {
+                diloco.zero_grad(&mut replicas);
+                for (rank, g) in g.iter().enumerate() {
+                    replicas.set_grads(rank, g).unwrap();
+                }
+                applied.push(diloco.step_fragments(&mut replicas).unwrap());
+                pending.push(diloco.pending_fragment());
+                straight.push(param_bits(&replicas));
+            }
+            let none: Vec<usize> = vec![];
+            assert_eq!(
+                applied,
+                [
+                    none.clone(),
+                    vec![0],
+                    none.clone(),
+                    vec![1],
+                    none.clone(),
+                    vec![0],
+                    none
+                ],
+                "{label}"
+            );
+            if delay == 1 {
+                let want = [Some(0), None, Some(1), None, Some(0), None, Some(1)];
+                assert_eq!(pending, want, "{label}");
+            } else {
+                assert!(pending.iter().all(Option::is_none), "{label}");
+            }
+            let final_states = states(&diloco, &replicas);
+            for stop in 1..STEPS {
+                let (mut replicas, mut diloco) = fresh_streaming(
+                    &backend,
+                    &vec![initial_params(); WORLD],
+                    delay,
+                    alpha,
+                    world(),
+                );
+                for g in &grads[..stop] {
+                    step(&mut replicas, &mut diloco, g);
+                }
+                let saved = states(&diloco, &replicas);
+                assert_eq!(
+                    saved[0]["pending"].is_null(),
+                    pending[stop - 1].is_none(),
+                    "{label} stop {stop}"
+                );
+                let params = replicas.all_params_blocking().unwrap();
+                drop((replicas, diloco));
+                let (mut replicas, mut diloco) =
+                    fresh_streaming(&backend, &params, delay, alpha, world());
+                for (rank, sd) in saved.iter().enumerate() {
+                    let sd: Value = serde_json::from_str(&sd.to_string()).unwrap();
+                    diloco.load_state_dict(&mut replicas, rank, &sd).unwrap();
+                }
+                assert_eq!(diloco.pending_fragment(), pending[stop - 1]);
+                for (t, g) in grads.iter().enumerate().skip(stop) {
+                    step(&mut replicas, &mut diloco, g);
+                    assert_eq!(
+                        param_bits(&replicas),
+                        straight[t],
+                        "{label} delay {delay} alpha {alpha}: resumed after step {stop}, params after step {t}"
+                    );
+                }
+                assert_eq!(
+                    states(&diloco, &replicas),
+                    final_states,
+                    "{label} stop {stop}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn alpha_one_keeps_the_local_parameters_and_alpha_zero_the_outer_steps_result() {
+    // With alpha 1 the parameters never leave the inner optimizer's trajectory (the outer step
+    // only moves the backups); with alpha 0 a synced fragment's parameters are its new backup.
+    let grads = all_grads();
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let (mut a1, mut d1) =
+        fresh_streaming(&backend, &vec![initial_params(); WORLD], 1, 1.0, world());
+    let mut twin = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
+    let mut adam = optimizer(
+        &twin,
+        "Adam",
+        json!({"lr": 0.02, "betas": [0.9, 0.95], "weight_decay": 0.1}),
+    );
+    let (mut a0, mut d0) =
+        fresh_streaming(&backend, &vec![initial_params(); WORLD], 1, 0.0, world());
+    let initial = states(&d1, &a1)[0]["original_parameters"].clone();
+    for g in &grads {
+        step(&mut a1, &mut d1, g);
+        adam.zero_grad(&mut twin);
+        for (rank, g) in g.iter().enumerate() {
+            twin.set_grads(rank, g).unwrap();
+        }
+        adam.step(&mut twin).unwrap();
+        assert_eq!(param_bits(&a1), param_bits(&twin));
+        d0.zero_grad(&mut a0);
+        for (rank, g) in g.iter().enumerate() {
+            a0.set_grads(rank, g).unwrap();
+        }
+        for f in d0.step_fragments(&mut a0).unwrap() {
+            let params = a0.all_params_blocking().unwrap();
+            for (rank, sd) in states(&d0, &a0).iter().enumerate() {
+                for &j in &d0.fragments()[f] {
+                    let backup =
+                        distopt::json::tensor_from_json(&sd["original_parameters"][j], "b")
+                            .unwrap();
+                    assert_eq!(
+                        params[rank][j].values_f64().unwrap(),
+                        backup.values_f64().unwrap(),
+                        "rank {rank} param {j}"
+                    );
+                }
+            }
+        }
+    }
+    // The backups of alpha 1 moved: the outer step ran on them.
+    assert_ne!(states(&d1, &a1)[0]["original_parameters"], initial);
+}
+
+#[test]
+fn a_failed_all_reduce_at_a_delayed_start_leaves_nothing_in_flight_and_retries() {
+    let grads = all_grads();
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let world = FailingWorld::new(WORLD);
+    let (mut replicas, mut diloco) = fresh_streaming(
+        &backend,
+        &vec![initial_params(); WORLD],
+        1,
+        0.5,
+        world.clone(),
+    );
+    let before = states(&diloco, &replicas);
+    world.arm(true);
+    diloco.zero_grad(&mut replicas);
+    for (rank, g) in grads[0].iter().enumerate() {
+        replicas.set_grads(rank, g).unwrap();
+    }
+    let err = diloco.step_fragments(&mut replicas).unwrap_err();
+    assert!(err.message().contains("injected"), "{err}");
+    assert_eq!(diloco.local_step(), 0);
+    assert_eq!(diloco.pending_fragment(), None);
+    let after = states(&diloco, &replicas);
+    for (a, b) in after.iter().zip(&before) {
+        assert_eq!(a["original_parameters"], b["original_parameters"]);
+        assert_eq!(a["pending"], Value::Null);
+    }
+    world.arm(false);
+    // The retried step starts fragment 0's all-reduce; the next one applies it.
+    step(&mut replicas, &mut diloco, &grads[1]);
+    assert_eq!(diloco.pending_fragment(), Some(0));
+    assert_eq!(diloco.local_step(), 1);
+    diloco.zero_grad(&mut replicas);
+    for (rank, g) in grads[2].iter().enumerate() {
+        replicas.set_grads(rank, g).unwrap();
+    }
+    assert_eq!(diloco.step_fragments(&mut replicas).unwrap(), [0]);
+    assert_eq!(diloco.pending_fragment(), None);
+}
+
+#[test]
+fn streaming_options_and_pending_state_are_checked_with_torchfts_messages() {
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let bad_options = [
+        (
+            json!({"fragmentSyncDelay": -1}),
+            "fragment_sync_delay must be a non-negative integer, got -1",
+        ),
+        (
+            json!({"fragmentSyncDelay": 2}),
+            "Fragment must be synced before it is reduced another time: fragment_sync_delay (2) must be smaller than sync_every // fragments (4 // 2 = 2)",
+        ),
+        (
+            json!({"fragmentUpdateAlpha": 1.5}),
+            "fragment_update_alpha must be between 0 and 1, got 1.5",
+        ),
+        (
+            json!({"fragmentUpdateAlpha": -0.25}),
+            "fragment_update_alpha must be between 0 and 1, got -0.25",
+        ),
+    ];
+    for (options, text) in bad_options {
+        let mut parsed = DiLoCoOptions::from_options(&options).unwrap();
+        parsed.fragments = Some(vec![vec![0, 3], vec![1, 2, 4]]);
+        let err = parsed.check(5, 4).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueError, "{options}");
+        assert_eq!(err.message(), text, "{options}");
+    }
+    let nan = DiLoCoOptions {
+        fragment_update_alpha: f64::NAN,
+        ..DiLoCoOptions::default()
+    };
+    assert!(nan.check(5, 4).unwrap_err().message().contains("got nan"));
+    for (options, kind, text) in [
+        (
+            json!({"shouldQuantize": true}),
+            ErrorKind::ValueError,
+            "is not supported",
+        ),
+        (
+            json!({"should_quantize": true}),
+            ErrorKind::ValueError,
+            "is not supported",
+        ),
+        (
+            json!({"fragmentSyncDelay": 1.5}),
+            ErrorKind::TypeError,
+            "fragmentSyncDelay must be an integer",
+        ),
+        (
+            json!({"fragmentUpdateAlpha": "x"}),
+            ErrorKind::TypeError,
+            "fragmentUpdateAlpha must be a number",
+        ),
+        (
+            json!({"fragments": [[0], "x"]}),
+            ErrorKind::TypeError,
+            "fragments must be a list of lists",
+        ),
+        (
+            json!({"fragment_sync_delay": 1}),
+            ErrorKind::TypeError,
+            "unexpected keyword argument 'fragment_sync_delay'",
+        ),
+        (json!(3), ErrorKind::TypeError, "must be an object"),
+    ] {
+        let err = DiLoCoOptions::from_options(&options).unwrap_err();
+        assert_eq!(err.kind(), kind, "{options}");
+        assert!(err.message().contains(text), "{options}: {}", err.message());
+    }
+    let parsed = DiLoCoOptions::from_options(&json!({
+        "compress": "bf16", "fragments": [[1], [0]], "fragmentSyncDelay": 1, "fragmentUpdateAlpha": 0.5
+    }))
+    .unwrap();
+    assert_eq!(parsed.compression, Compression::BFloat16);
+    assert_eq!(parsed.fragments, Some(vec![vec![1], vec![0]]));
+    assert_eq!(
+        (parsed.fragment_sync_delay, parsed.fragment_update_alpha),
+        (1, 0.5)
+    );
+    assert_eq!(
+        DiLoCoOptions::from_options(&Value::Null).unwrap(),
+        DiLoCoOptions::default()
+    );
+
+    // A pending entry must match the counter: in flight inside a window, null outside.
+    let grads = all_grads();
+    let (mut replicas, mut diloco) =
+        fresh_streaming(&backend, &vec![initial_params(); WORLD], 1, 0.5, world());
+    step(&mut replicas, &mut diloco, &grads[0]);
+    let in_flight = diloco.state_dict_blocking(&replicas, 0).unwrap();
+    assert_eq!(in_flight["pending"]["fragment"], json!(0));
+    assert_eq!(
+        in_flight["pending"]["pseudo_gradients"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let mut missing = in_flight.clone();
+    missing.as_object_mut().unwrap().remove("pending");
+    let mut other = in_flight.clone();
+    other["pending"]["fragment"] = json!(1);
+    let mut short = in_flight.clone();
+    short["pending"]["pseudo_gradients"] = json!([]);
+    let mut wrong_dtype = in_flight.clone();
+    wrong_dtype["pending"]["pseudo_gradients"][0] =
+        json!({"dtype": "float64", "shape": [5], "data": [0.0, 0.0, 0.0, 0.0, 0.0]});
+    let mut outside = in_flight.clone();
+    outside["local_step"] = json!(2);
+    let before = states(&diloco, &replicas);
+    for (sd, text) in [
+        (&missing, "\"pending\" must be {\"fragment\": 0"),
+        (
+            &other,
+            "fragment 0's all-reduce is in flight (fragment_sync_delay 1)",
+        ),
+        (
+            &short,
+            "\"pending\" has 0 pseudo-gradients, fragment 0 has 2 parameters",
+        ),
+        (
+            &wrong_dtype,
+            "pending.pseudo_gradients[0] is float64 [5], parameter 0 is float32 [5]",
+        ),
+        (&outside, "\"pending\" must be null at local_step 2"),
+    ] {
+        let err = diloco.load_state_dict(&mut replicas, 1, sd).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueError, "{}", err.message());
+        assert!(err.message().contains(text), "{}", err.message());
+        // Refused: nothing changed.
+        assert_eq!(states(&diloco, &replicas), before);
     }
 }

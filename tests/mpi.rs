@@ -4,7 +4,8 @@
 //! itself (with `DISTOPT_MPI_WORKER` set) and checks what the ranks report:
 //!
 //! - golden replays: every case of the multi-process kinds (periodic_averager,
-//!   hierarchical_averager, post_local_sgd, zero_trajectory, zero_errors, zero_join, diloco)
+//!   hierarchical_averager, post_local_sgd, zero_trajectory, zero_errors, zero_join, diloco,
+//!   streaming_diloco)
 //!   at its own world size W (2, 3, 4 and 8), and the dp_sgd_step cases with one rank per
 //!   replica (`sgd_step_in`), one rank per process, each rank checking its own results against
 //!   the case (zero_join: a rank out of inputs runs the join context's shadow iterations until
@@ -46,8 +47,9 @@ use distopt::{
 
 const WORKER: &str = "DISTOPT_MPI_WORKER";
 const BACKEND: &str = "DISTOPT_MPI_BACKEND";
-const KINDS: [&str; 8] = [
+const KINDS: [&str; 9] = [
     "diloco",
+    "streaming_diloco",
     "dp_sgd_step",
     "periodic_averager",
     "hierarchical_averager",
@@ -130,6 +132,7 @@ fn golden_worker(world: &Arc<MpiWorld>) -> Result<(), String> {
             }
             "post_local_sgd" => runners::post_local_sgd::run(&backend, &case, &factory),
             "diloco" => runners::diloco::run(&backend, &case, &factory),
+            "streaming_diloco" => runners::streaming_diloco::run(&backend, &case, &factory),
             "dp_sgd_step" => dp_sgd_step(world, &recording, &case),
             _ => runners::zero::run_with_world(&backend, &case, &factory),
         };

@@ -73,6 +73,8 @@ impl AlgorithmName {
                 sync_every: period,
                 fragments: settings.fragments,
                 compress: settings.compress,
+                fragment_sync_delay: settings.fragment_sync_delay,
+                fragment_update_alpha: settings.fragment_update_alpha,
             },
         })
     }
@@ -112,6 +114,10 @@ pub struct AlgorithmSettings {
     pub fragments: usize,
     /// DiLoCo's pseudo-gradients on the wire (default: uncompressed).
     pub compress: Compression,
+    /// DiLoCo's `fragment_sync_delay` (torchft's; default 0).
+    pub fragment_sync_delay: u64,
+    /// DiLoCo's `fragment_update_alpha` (torchft's; default 0).
+    pub fragment_update_alpha: f64,
     /// Hierarchical averaging's `(period, group size)` levels (default:
     /// [`Algorithm::default_hierarchy`]).
     pub levels: Option<Vec<(u64, usize)>>,
@@ -130,6 +136,8 @@ impl Default for AlgorithmSettings {
             warmup: DEFAULT_WARMUP,
             fragments: 1,
             compress: Compression::None,
+            fragment_sync_delay: 0,
+            fragment_update_alpha: 0.0,
             levels: None,
             subgroup_size: None,
         }

@@ -9,7 +9,7 @@ use super::task::Task;
 use crate::averaging::{HierarchicalModelAverager, PeriodicModelAverager};
 use crate::backend::Backend;
 use crate::comm::{CommStats, Communicator, SimulatedWorld};
-use crate::diloco::{Compression, DiLoCo, split_fragments};
+use crate::diloco::{Compression, DiLoCo, DiLoCoOptions, split_fragments};
 use crate::error::{Error, Result};
 use crate::optim::{LocalOptimizer, Sgd, SgdOptions};
 use crate::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
@@ -19,7 +19,7 @@ use crate::tensor::{HostData, Tensor};
 use crate::zero::{ZeroOptions, ZeroRedundancyOptimizer};
 
 /// How the replicas are kept together.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Algorithm {
     /// Synchronous data-parallel SGD: gradients all-reduced over the world at every step (the
@@ -65,7 +65,25 @@ pub enum Algorithm {
         /// The pseudo-gradients' wire precision (absent from the settings when none).
         #[serde(default, skip_serializing_if = "Compression::is_none")]
         compress: Compression,
+        /// torchft's `fragment_sync_delay`: a fragment's all-reduce starts this many inner
+        /// steps before its outer step (absent from the settings when 0).
+        #[serde(default, skip_serializing_if = "is_zero_u64")]
+        fragment_sync_delay: u64,
+        /// torchft's `fragment_update_alpha`: the local parameters' weight in the mix after an
+        /// outer step (absent from the settings when 0).
+        #[serde(default, skip_serializing_if = "is_zero_f64")]
+        fragment_update_alpha: f64,
     },
+}
+
+/// Serde's "leave out the default" test for a delay.
+fn is_zero_u64(value: &u64) -> bool {
+    *value == 0
+}
+
+/// Serde's "leave out the default" test for an alpha.
+fn is_zero_f64(value: &f64) -> bool {
+    *value == 0.0
 }
 
 /// The outer optimizer of the DiLoCo paper, `(lr, momentum)`: SGD with Nesterov momentum.
@@ -95,12 +113,23 @@ impl Algorithm {
                 sync_every,
                 fragments,
                 compress,
+                fragment_sync_delay,
+                fragment_update_alpha,
             } => {
                 let (lr, momentum) = DILOCO_OUTER;
-                let wire = match compress {
+                let mut wire = match compress {
                     Compression::None => String::new(),
                     c => format!("; pseudo-gradients in {}", c.name()),
                 };
+                if *fragment_sync_delay > 0 {
+                    wire.push_str(&format!("; fragment_sync_delay {fragment_sync_delay}"));
+                }
+                if *fragment_update_alpha > 0.0 {
+                    wire.push_str(&format!(
+                        "; fragment_update_alpha {}",
+                        crate::pyfmt::float_repr(*fragment_update_alpha)
+                    ));
+                }
                 let streaming = if *fragments > 1 {
                     format!("Streaming DiLoCo ({fragments} fragments")
                 } else {
@@ -344,6 +373,8 @@ impl Trainer {
                 sync_every,
                 fragments,
                 compress,
+                fragment_sync_delay,
+                fragment_update_alpha,
             } => {
                 let (lr, momentum) = DILOCO_OUTER;
                 let outer = Sgd::new(
@@ -355,15 +386,20 @@ impl Trainer {
                         ..SgdOptions::default()
                     },
                 )?;
-                let diloco = DiLoCo::streaming(
+                let options = DiLoCoOptions {
+                    compression: *compress,
+                    fragments: Some(split_fragments(replicas.len(), *fragments)?),
+                    fragment_sync_delay: to_i64(*fragment_sync_delay, "fragment_sync_delay")?,
+                    fragment_update_alpha: *fragment_update_alpha,
+                };
+                let diloco = DiLoCo::with_options(
                     &replicas,
                     Box::new(sgd),
                     Box::new(outer),
                     to_i64(*sync_every, "sync_every")?,
-                    split_fragments(replicas.len(), *fragments)?,
                     comm.clone(),
-                )?
-                .with_compression(*compress);
+                    options,
+                )?;
                 (
                     // Never any gradient all-reduce: the ranks meet only at syncs.
                     PostLocalSgdState::new(comm, None, 0, false)?,

@@ -62,7 +62,8 @@ pub enum Command {
     /// one class) with synchronous SGD, post-local SGD averaging every P steps, hierarchical
     /// averaging (every P/2^k steps over R/2^k ranks), the last two after K warm-up steps of
     /// synchronous SGD, ZeRO, and DiLoCo (local steps; every P steps the outer Nesterov SGD on
-    /// the mean pseudo-gradient; --fragments F > 1: Streaming DiLoCo; --compress: the
+    /// the mean pseudo-gradient; --fragments F > 1: Streaming DiLoCo, with torchft's
+    /// --fragment-sync-delay and --fragment-update-alpha; --compress: the
     /// pseudo-gradients all-reduced in bf16/f16). Prints final loss, divergence between
     /// replicas, bytes communicated per rank and time per step, with a progress bar on stderr
     /// when it is a terminal. Under `mpirun -np W` (a build with the `mpi` feature) each
@@ -268,6 +269,14 @@ pub struct TrainArgs {
     /// DiLoCo's pseudo-gradients on the wire: bf16, f16 or none (--algorithm diloco only).
     #[arg(long, value_name = "bf16|f16")]
     pub compress: Option<String>,
+    /// DiLoCo's fragment_sync_delay D (torchft's): a fragment's all-reduce starts D inner
+    /// steps before its outer step; D < P / F (--algorithm diloco only).
+    #[arg(long, value_name = "D")]
+    pub fragment_sync_delay: Option<u64>,
+    /// DiLoCo's fragment_update_alpha A in [0, 1] (torchft's): after an outer step the
+    /// fragment's parameters become lerp(global, local, A) (--algorithm diloco only).
+    #[arg(long, value_name = "A")]
+    pub fragment_update_alpha: Option<f64>,
     /// Samples of the synthetic task (default 4096).
     #[arg(long, value_name = "N")]
     pub samples: Option<usize>,

@@ -143,11 +143,28 @@ impl Options {
                 "--compress applies to --algorithm diloco only",
             ));
         }
+        if algorithm != "diloco" {
+            for (given, flag) in [
+                (args.fragment_sync_delay.is_some(), "--fragment-sync-delay"),
+                (
+                    args.fragment_update_alpha.is_some(),
+                    "--fragment-update-alpha",
+                ),
+            ] {
+                if given {
+                    return Err(Error::value(format!(
+                        "{flag} applies to --algorithm diloco only"
+                    )));
+                }
+            }
+        }
         let mut settings = AlgorithmSettings::default();
         settings.period = period;
         settings.warmup = warmup;
         settings.fragments = fragments;
         settings.compress = compress;
+        settings.fragment_sync_delay = args.fragment_sync_delay.unwrap_or(0);
+        settings.fragment_update_alpha = args.fragment_update_alpha.unwrap_or(0.0);
         let names = match algorithm.as_str() {
             "all" => AlgorithmName::ALL.to_vec(),
             name => vec![

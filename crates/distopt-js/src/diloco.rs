@@ -166,8 +166,10 @@ impl DiLoCoJs {
     /// The fragment whose all-reduce has started and whose outer step waits (inside its
     /// `fragmentSyncDelay` window), or `null`.
     #[wasm_bindgen(getter, js_name = pendingFragment)]
-    pub fn pending_fragment(&self) -> JsResult<Option<f64>> {
-        Ok(js(self.diloco())?.pending_fragment().map(|f| f as f64))
+    pub fn pending_fragment(&self) -> JsResult<JsValue> {
+        Ok(js(self.diloco())?
+            .pending_fragment()
+            .map_or(JsValue::NULL, |f| JsValue::from_f64(f as f64)))
     }
 
     /// The outer step now (whatever the local step counter says).
