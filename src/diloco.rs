@@ -30,8 +30,8 @@
 //!   division, torchft's bound), so at most one fragment is in flight. With the synchronous
 //!   [`Communicator`] the all-reduce runs to completion at the start point and its result is
 //!   held (per format bucket, in an arena laid out like the parameters) until the apply
-//!   point; the split into [`start`](DiLoCo) and finish phases is where a networked
-//!   communicator can overlap it.
+//!   point; the split of a sync into a start phase (pseudo-gradient and all-reduce) and a
+//!   finish phase (outer step and mix) is where a networked communicator can overlap it.
 //! * `fragment_update_alpha` `α` in `[0, 1]`: at the apply point the fragment's current
 //!   ("local") parameters are saved, the parameters go back to the last sync's, the outer
 //!   optimizer steps them ("global"), the global values become the new backup, and the
@@ -679,11 +679,12 @@ impl DiLoCo {
     /// Fragments synced before a failure stay synced; the counter is reset only on success.
     pub fn sync(&mut self, replicas: &mut Replicas) -> Result<()> {
         check_same_model(replicas, self.ranks, self.params)?;
-        if let Some(f) = self.pending {
+        let in_flight = self.pending;
+        if let Some(f) = in_flight {
             self.finish(replicas, f)?;
         }
         for f in 0..self.fragments.len() {
-            if Some(f) == self.pending {
+            if Some(f) == in_flight {
                 continue;
             }
             self.start(replicas, f, Target::Grads)?;

@@ -1792,3 +1792,39 @@ fn streaming_options_and_pending_state_are_checked_with_torchfts_messages() {
         assert_eq!(states(&diloco, &replicas), before);
     }
 }
+
+#[test]
+fn sync_mid_delay_applies_the_fragment_in_flight_once_and_every_other_fragment() {
+    let grads = all_grads();
+    for (label, backend) in backends().into_iter().take(2) {
+        let replicas = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
+        let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05}));
+        // Adam's per-parameter step counts how many outer steps each parameter took.
+        let outer = optimizer(&replicas, "Adam", json!({"lr": 0.1}));
+        let options = DiLoCoOptions {
+            fragments: Some(vec![vec![0, 3], vec![1, 2, 4]]),
+            fragment_sync_delay: 1,
+            fragment_update_alpha: 0.0,
+            ..DiLoCoOptions::default()
+        };
+        let mut replicas = replicas;
+        let mut diloco =
+            DiLoCo::with_options(&replicas, inner, outer, 4, world(), options).unwrap();
+        step(&mut replicas, &mut diloco, &grads[0]);
+        assert_eq!(diloco.pending_fragment(), Some(0), "{label}");
+        diloco.sync(&mut replicas).unwrap();
+        assert_eq!((diloco.local_step(), diloco.pending_fragment()), (0, None));
+        let sd = diloco.state_dict_blocking(&replicas, 0).unwrap();
+        for j in 0..5 {
+            let step = &sd["outer_optimizer"]["state"][j.to_string()]["step"];
+            let step = distopt::json::tensor_from_json(step, "step").unwrap();
+            assert_eq!(step.values_f64().unwrap(), [1.0], "{label}: parameter {j}");
+        }
+        // alpha 0: every rank holds the outer step's result.
+        let bits = param_bits(&replicas);
+        assert!(bits.iter().all(|b| *b == bits[0]), "{label}");
+        // A new period: fragment 0 starts again after the first step.
+        step(&mut replicas, &mut diloco, &grads[1]);
+        assert_eq!(diloco.pending_fragment(), Some(0), "{label}");
+    }
+}
