@@ -6,6 +6,8 @@
 // moment's `(1 - beta2) * g * g` term) are single-rounded here too (`exact_fma`; see
 // `adam_rank` in src/backend/kernels.rs).
 
+// Uses shaders/optim_math.wgsl (its prelude): `fused`, `one`, `r`, `add_scaled`, `exact_fma`.
+
 override FORMAT: u32 = 0u;
 
 const ACTIVE: u32 = 1u;
@@ -40,80 +42,6 @@ struct AdamScalars {
 // The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
 // side of the contract (src/backend/gpu/contract.rs).
 
-// Set per invocation: a fused update (PyTorch's `fused=True`) rounds only when it stores.
-var<private> fused: bool;
-
-// `a * b + c` rounded once (IEEE fusedMultiplyAdd), from float32 operations that each round
-// once: WGSL's `fma` may round twice (lavapipe's does). The product's exact error comes from
-// Veltkamp's split (Dekker's TwoProduct), the sum's from Knuth's TwoSum; the two errors are
-// added rounding to odd, then to the sum (Boldo and Melquiond's proved emulation). Outside the
-// range where the split is exact (a product, factor or addend of 2^100 or more, a
-// non-finite operand) and for a product below 2^-60 (where the error terms could leave the
-// normal range) it is `a * b + c`. Kept identical in adam.wgsl and sgd.wgsl, the
-// `mul_add` of `adam_rank`/`sgd_rank` in src/backend/kernels.rs.
-// 1.0, from a value the compiler cannot see (set in `main`): `x * one` keeps a shader compiler
-// from rewriting the error-free transformations algebraically (Mesa's NIR does, on
-// lavapipe: `(a + b) - a` is not `b` in floating point).
-var<private> one: f32;
-
-fn two_sum(a: f32, b: f32) -> vec2<f32> {
-    let s = a + b;
-    let bb = s * one - a;
-    return vec2<f32>(s, (a - (s - bb)) + (b - bb));
-}
-
-fn split(a: f32) -> vec2<f32> {
-    let t = 4097.0 * a;
-    let hi = t - (t * one - a);
-    return vec2<f32>(hi, a - hi);
-}
-
-fn exact_fma1(a: f32, b: f32, c: f32) -> f32 {
-    let p = a * b;
-    let big = 1.2676506e30; // 2^100
-    let small = 8.6736174e-19; // 2^-60
-    let ap = abs(p);
-    let ac = abs(c);
-    if (!(ap < big && ac < big) || (ap < small && p != 0.0) || abs(a) >= big || abs(b) >= big) {
-        return p + c;
-    }
-    let x = split(a);
-    let y = split(b);
-    let e = ((x.x * y.x - p) + x.x * y.y + x.y * y.x) + x.y * y.y;
-    let t = two_sum(c, p);
-    let u = two_sum(t.y, e);
-    var v = u.x;
-    if (v == 0.0) {
-        return t.x;
-    }
-    // Round to odd: an inexact sum with an even significand moves one unit toward its error.
-    let bits = bitcast<u32>(v);
-    if (u.y != 0.0 && (bits & 1u) == 0u) {
-        if ((u.y > 0.0) == (v > 0.0)) {
-            v = bitcast<f32>(bits + 1u);
-        } else {
-            v = bitcast<f32>(bits - 1u);
-        }
-    }
-    return t.x + v;
-}
-
-fn exact_fma(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(
-        exact_fma1(a.x, b.x, c.x),
-        exact_fma1(a.y, b.y, c.y),
-        exact_fma1(a.z, b.z, c.z),
-        exact_fma1(a.w, b.w, c.w),
-    );
-}
-
-fn r(x: vec4<f32>) -> vec4<f32> {
-    if (FORMAT == FORMAT_F32 || fused) {
-        return x;
-    }
-    return round4(FORMAT, x);
-}
-
 // Whether `a` is a NaN, from its bits: a compiler may fold `a != a` to false (llvmpipe does).
 fn is_nan(a: f32) -> bool {
     return (bitcast<u32>(a) & 0x7fffffffu) > 0x7f800000u;
@@ -134,12 +62,6 @@ fn nan_max4(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(nan_max(a.x, b.x), nan_max(a.y, b.y), nan_max(a.z, b.z), nan_max(a.w, b.w));
 }
 
-// `x.add(y, alpha=alpha)` as PyTorch's CPU kernel computes it in the tensor's own type: for
-// float16/bfloat16, alpha and the product are rounded to the format before the sum (see
-// `add_scaled` in src/backend/kernels.rs). For float32 `r` is the identity.
-fn add_scaled(x: vec4<f32>, alpha: f32, y: vec4<f32>) -> vec4<f32> {
-    return r(x + r(r(vec4<f32>(alpha)) * y));
-}
 
 // One half (four elements) of the update: the new parameter, first and second moments, and
 // the running maximum (amsgrad).

@@ -335,7 +335,7 @@ pub(crate) const DP_SGD_STEP: KernelSpec = KernelSpec {
 /// `torch.optim.SGD`'s step.
 pub(crate) const SGD: KernelSpec = KernelSpec {
     name: "sgd",
-    prelude: &[shaders::PACKING, shaders::PARAM_TABLE],
+    prelude: &[shaders::PACKING, shaders::PARAM_TABLE, shaders::OPTIM_MATH],
     body: shaders::SGD,
     bindings: &[
         uniform("geometry"),
@@ -360,7 +360,7 @@ pub(crate) const SGD: KernelSpec = KernelSpec {
 /// `torch.optim.Adam`/`AdamW`'s step.
 pub(crate) const ADAM: KernelSpec = KernelSpec {
     name: "adam",
-    prelude: &[shaders::PACKING, shaders::PARAM_TABLE],
+    prelude: &[shaders::PACKING, shaders::PARAM_TABLE, shaders::OPTIM_MATH],
     body: shaders::ADAM,
     bindings: &[
         uniform("geometry"),

@@ -9,6 +9,10 @@ pub const PACKING: &str = include_str!("../../../shaders/packing.wgsl");
 /// The parameter table and the dispatch geometry of the per-parameter kernels.
 pub const PARAM_TABLE: &str = include_str!("../../../shaders/param_table.wgsl");
 
+/// The arithmetic the optimizer kernels share (`shaders/optim_math.wgsl`): per-operation
+/// rounding, PyTorch's `add(alpha=)` and the single-rounded multiply-add of `fused=True`.
+pub const OPTIM_MATH: &str = include_str!("../../../shaders/optim_math.wgsl");
+
 /// The synchronous data-parallel SGD step (`shaders/dp_sgd_step.wgsl`).
 pub const DP_SGD_STEP: &str = include_str!("../../../shaders/dp_sgd_step.wgsl");
 
