@@ -262,8 +262,7 @@ fn float64_arenas_on_the_gpu_backend_step_and_copy_on_the_host() {
 /// One rule for a tensor of another dtype, PyTorch's (see `Replicas`): a value written into a
 /// parameter is cast to the parameter's dtype (`param.copy_(value)`), a gradient of another
 /// dtype is a `RuntimeError` (`param.grad = grad`, checked before the shape), and ranks that
-/// disagree on a parameter's dtype are a `RuntimeError`; a shape that differs is a
-/// `ValueError`. A refused call writes nothing.
+/// disagree on a parameter's dtype are a `ValueError`, as ranks that disagree on its shape are. A refused call writes nothing.
 #[test]
 fn a_dtype_mismatch_is_cast_into_a_parameter_and_refused_as_a_gradient() {
     use distopt::ErrorKind;
@@ -326,11 +325,11 @@ fn a_dtype_mismatch_is_cast_into_a_parameter_and_refused_as_a_gradient() {
         assert_eq!(grads_now(&m), before, "nothing was written");
         m.set_grad_blocking(0, 1, Some(&good)).unwrap();
 
-        // Ranks that disagree on a dtype: a RuntimeError, checked before the shape.
+        // Ranks that disagree on a dtype: a ValueError, checked before the shape.
         let rank0 = vec![Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap()];
         let other = vec![Tensor::from_f64(DType::Float64, &[3], &[1.0, 2.0, 3.0]).unwrap()];
         let error = Replicas::new(backend.clone(), &[rank0.clone(), other]).unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
+        assert_eq!(error.kind(), ErrorKind::ValueError, "{error}");
         assert_eq!(
             error.message(),
             "parameter 0 of rank 1 is float64, rank 0's is float32: every rank must hold the same dtypes"

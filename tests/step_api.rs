@@ -113,6 +113,35 @@ fn parameter_count_is_checked_before_gradient_count() {
     assert_value_error(&err, &["parameter count mismatch", "rank 1"]);
 }
 
+/// Ranks that disagree on a parameter's dtype: the reference reads rank 0's copy only, so
+/// another rank's replica would come back silently converted. It is a `ValueError`, as a shape
+/// that differs is, checked before the shape, through the typed API and JSON alike.
+#[test]
+fn parameter_dtype_mismatch_across_ranks_is_a_value_error_before_the_shape() {
+    let wide = Tensor::from_f64(DType::Float64, &[3], &[1.0; 3]).unwrap();
+    let params = vec![vec![ones(&[4]), ones(&[2])], vec![ones(&[4]), wide]];
+    let grads = vec![vec![None, None]; 2];
+    let err = step_error(&params, &grads, 0.1);
+    assert_value_error(&err, &[]);
+    assert_eq!(
+        err.message(),
+        "parameter dtype mismatch: parameter 1 of rank 1 is float64, rank 0's is float32: every rank must hold the same dtypes"
+    );
+    let json = serde_json::json!({
+        "parameter_replicas": [
+            [{"dtype": "float16", "shape": [1], "data": [1.0]}],
+            [{"dtype": "bfloat16", "shape": [2], "data": [1.0, 2.0]}],
+        ],
+        "gradient_replicas": [[null], [null]],
+        "learning_rate": 0.1,
+    });
+    let err = distopt::step::step_request_from_json(&json).unwrap_err();
+    assert_value_error(
+        &err,
+        &["parameter dtype mismatch", "rank 1 is bfloat16", "float16"],
+    );
+}
+
 #[test]
 fn parameter_shape_mismatch_names_rank_parameter_and_both_shapes() {
     let params = vec![

@@ -43,9 +43,10 @@ struct ParamInfo {
 /// - a gradient of another dtype than its parameter ([`set_grad`](Self::set_grad),
 ///   [`set_grads`](Self::set_grads)) is a `RuntimeError`, as `param.grad = grad` is in PyTorch
 ///   (`assigned grad has data of a different type`);
-/// - ranks whose parameter `j` differs in dtype ([`Replicas::new`]) are a `RuntimeError`: there
-///   is no value to cast to, and a tensor whose dtype does not match the one an operation needs
-///   is PyTorch's `RuntimeError`.
+/// - ranks whose parameter `j` differs in dtype ([`Replicas::new`], and the data-parallel step's
+///   `parameter dtype mismatch`) are a `ValueError`, as ranks that differ in shape are: every
+///   disagreement between ranks is one (the step's reference contract makes all of its
+///   input checks `ValueError`s), and there is no value to cast to.
 ///
 /// A shape that differs is a `ValueError` everywhere (the step's `parameter shape mismatch`
 /// and `gradient shape mismatch`), and every refused call writes nothing.
@@ -77,10 +78,9 @@ impl Replicas {
     ///
     /// # Errors
     /// A `ValueError` when `per_rank` is empty, a rank holds another number of parameters than rank
-    /// 0, a parameter differs from rank 0's in shape, or a tensor is device-resident (pass host
-    /// tensors); a `RuntimeError` when a parameter differs from rank 0's in dtype (checked before
-    /// its shape; see the dtype rule above), when the arenas do not fit the memory budget or the
-    /// backend fails (a GPU error, a lost device).
+    /// 0, a parameter differs from rank 0's in dtype (checked before its shape; see the dtype rule
+    /// above) or shape, or a tensor is device-resident (pass host tensors); a `RuntimeError` when
+    /// the arenas do not fit the memory budget or the backend fails (a GPU error, a lost device).
     pub fn new(backend: Arc<dyn Backend>, per_rank: &[Vec<Tensor>]) -> Result<Replicas> {
         let ranks = per_rank.len();
         if ranks == 0 {
@@ -97,7 +97,7 @@ impl Replicas {
             for (j, p) in params.iter().enumerate() {
                 let first = &per_rank[0][j];
                 if p.dtype() != first.dtype() {
-                    return Err(dtype_mismatch(format!(
+                    return Err(Error::value(format!(
                         "parameter {j} of rank {rank} is {}, rank 0's is {}: every rank must hold the same dtypes",
                         p.dtype(),
                         first.dtype()

@@ -1,9 +1,10 @@
 //! The step's request: R ranks' parameters and gradients, however a front end holds them
 //! (typed tensors, JSON, JavaScript values, shapes exchanged over MPI), read and checked in one
 //! reference order so that every front end reports the same first defect with the same text:
-//! the counts, then for each parameter and rank its dtype, its shape, its gradient's dtype and
-//! its gradient's shape.
+//! the counts, then for each parameter and rank its dtype (a supported one, and rank 0's), its
+//! shape, its gradient's dtype and its gradient's shape.
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, format_shape};
 
@@ -23,6 +24,14 @@ pub struct StepRequest {
 pub mod errors {
     use super::{Error, format_shape};
 
+    /// Parameter `j` of rank `rank` has another dtype than rank 0's (every rank must hold the
+    /// same dtypes, as it must hold the same shapes: a disagreement between ranks is a
+    /// `ValueError`).
+    pub fn param_dtype(j: usize, rank: usize, dtype: &str, expected: &str) -> Error {
+        Error::value(format!(
+            "parameter dtype mismatch: parameter {j} of rank {rank} is {dtype}, rank 0's is {expected}: every rank must hold the same dtypes"
+        ))
+    }
     /// `parameter_replicas` is empty.
     pub fn no_replicas() -> Error {
         Error::value("no replicas: parameter_replicas is empty")
@@ -97,6 +106,10 @@ pub trait StepSource {
     fn grad(&mut self, rank: usize, j: usize) -> Result<Option<Self::Item>>;
     /// The shape of an item.
     fn shape(item: &Self::Item) -> &[usize];
+    /// The dtype of an item, where the source knows it (shapes exchanged over MPI do not).
+    fn dtype(_item: &Self::Item) -> Option<DType> {
+        None
+    }
 }
 
 /// Parameters `[rank][param]` and gradients `[rank][param]` of a [`StepSource`].
@@ -134,6 +147,11 @@ pub fn read_replicas<S: StepSource>(source: &mut S) -> Result<ReplicaLists<S::It
         for rank in 0..ranks {
             let param = source.param(rank, j)?;
             if rank > 0 {
+                if let (Some(dtype), Some(expected)) = (S::dtype(&param), S::dtype(&params[0][j])) {
+                    if dtype != expected {
+                        return Err(errors::param_dtype(j, rank, dtype.name(), expected.name()));
+                    }
+                }
                 let (shape, expected) = (S::shape(&param), S::shape(&params[0][j]));
                 if shape != expected {
                     return Err(errors::param_shape(j, rank, shape, expected));
@@ -182,8 +200,36 @@ impl<'a> StepSource for Shapes<'a> {
     }
 }
 
+/// Typed replica lists, read as they are.
+struct Tensors<'a> {
+    params: &'a [Vec<Tensor>],
+    grads: &'a [Vec<Option<Tensor>>],
+}
+
+impl<'a> StepSource for Tensors<'a> {
+    type Item = &'a Tensor;
+    fn ranks(&mut self) -> (usize, usize) {
+        (self.params.len(), self.grads.len())
+    }
+    fn counts(&mut self, rank: usize) -> Result<(usize, usize)> {
+        Ok((self.params[rank].len(), self.grads[rank].len()))
+    }
+    fn param(&mut self, rank: usize, j: usize) -> Result<&'a Tensor> {
+        Ok(&self.params[rank][j])
+    }
+    fn grad(&mut self, rank: usize, j: usize) -> Result<Option<&'a Tensor>> {
+        Ok(self.grads[rank][j].as_ref())
+    }
+    fn shape<'b>(item: &'b &'a Tensor) -> &'b [usize] {
+        item.shape()
+    }
+    fn dtype(item: &&'a Tensor) -> Option<DType> {
+        Some(item.dtype())
+    }
+}
+
 /// Checks the replica lists in the reference order (counts, then per parameter and rank the
-/// shapes); the first defect found is the error.
+/// dtypes and shapes); the first defect found is the error.
 ///
 /// # Errors
 /// A `ValueError` of [`errors`] naming the rank and parameter.
@@ -191,15 +237,11 @@ pub fn validate(
     parameter_replicas: &[Vec<Tensor>],
     gradient_replicas: &[Vec<Option<Tensor>>],
 ) -> Result<()> {
-    let params: Vec<Vec<&[usize]>> = parameter_replicas
-        .iter()
-        .map(|rank| rank.iter().map(Tensor::shape).collect())
-        .collect();
-    let grads: Vec<Vec<Option<&[usize]>>> = gradient_replicas
-        .iter()
-        .map(|rank| rank.iter().map(|g| g.as_ref().map(Tensor::shape)).collect())
-        .collect();
-    validate_shapes(&params, &grads)
+    read_replicas(&mut Tensors {
+        params: parameter_replicas,
+        grads: gradient_replicas,
+    })
+    .map(|_| ())
 }
 
 /// [`validate`] on the shapes alone (`None`: a missing gradient).

@@ -760,7 +760,6 @@ pub(crate) fn step_request(
         grads,
         param_lists: Vec::new(),
         grad_lists: Vec::new(),
-        dtypes: Vec::new(),
     })?;
     Ok(StepRequest {
         parameter_replicas,
@@ -775,8 +774,6 @@ struct JsSource {
     grads: Array,
     param_lists: Vec<Array>,
     grad_lists: Vec<Array>,
-    /// Rank 0's dtype of each parameter read so far.
-    dtypes: Vec<distopt::DType>,
 }
 
 impl StepSource for JsSource {
@@ -802,18 +799,6 @@ impl StepSource for JsSource {
         let what = format!("parameter {j} of rank {rank}");
         let param = tensor_or_dtype(&self.param_lists[rank].get(j as u32), &what)?
             .map_err(|name| errors::unsupported_dtype("parameter", &name, j, rank))?;
-        if rank == 0 {
-            self.dtypes.push(param.dtype());
-        } else if param.dtype() != self.dtypes[j] {
-            // The step reads rank 0's dtype for every rank (the reference's `p0j`): a replica
-            // of another dtype would come back silently converted, so the JS API refuses it as
-            // `new Replicas` does.
-            return Err(type_error(format!(
-                "parameter {j} of rank {rank} is {}, rank 0's is {}: every rank must hold the same dtypes",
-                param.dtype().name(),
-                self.dtypes[j].name()
-            )));
-        }
         Ok(param)
     }
     fn grad(&mut self, rank: usize, j: usize) -> Result<Option<Tensor>> {
@@ -828,5 +813,8 @@ impl StepSource for JsSource {
     }
     fn shape(item: &Tensor) -> &[usize] {
         item.shape()
+    }
+    fn dtype(item: &Tensor) -> Option<distopt::DType> {
+        Some(item.dtype())
     }
 }
