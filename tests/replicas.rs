@@ -262,7 +262,8 @@ fn float64_arenas_on_the_gpu_backend_step_and_copy_on_the_host() {
 /// One rule for a tensor of another dtype, PyTorch's (see `Replicas`): a value written into a
 /// parameter is cast to the parameter's dtype (`param.copy_(value)`), a gradient of another
 /// dtype is a `RuntimeError` (`param.grad = grad`, checked before the shape), and ranks that
-/// disagree on a parameter's dtype are a `ValueError`, as ranks that disagree on its shape are. A refused call writes nothing.
+/// disagree on a parameter's dtype are a `ValueError`, as ranks that disagree on its shape
+/// are. A refused call writes nothing.
 #[test]
 fn a_dtype_mismatch_is_cast_into_a_parameter_and_refused_as_a_gradient() {
     use distopt::ErrorKind;

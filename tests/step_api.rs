@@ -113,33 +113,40 @@ fn parameter_count_is_checked_before_gradient_count() {
     assert_value_error(&err, &["parameter count mismatch", "rank 1"]);
 }
 
-/// Ranks that disagree on a parameter's dtype: the reference reads rank 0's copy only, so
-/// another rank's replica would come back silently converted. It is a `ValueError`, as a shape
-/// that differs is, checked before the shape, through the typed API and JSON alike.
+/// Another rank's replica of another dtype: the reference reads rank 0's copy only (`p0j`, its
+/// values and its dtype), so the step is computed from rank 0's and every rank's output has rank
+/// 0's dtype, through the typed API and JSON alike (a shape that differs is still an error).
 #[test]
-fn parameter_dtype_mismatch_across_ranks_is_a_value_error_before_the_shape() {
-    let wide = Tensor::from_f64(DType::Float64, &[3], &[1.0; 3]).unwrap();
-    let params = vec![vec![ones(&[4]), ones(&[2])], vec![ones(&[4]), wide]];
-    let grads = vec![vec![None, None]; 2];
-    let err = step_error(&params, &grads, 0.1);
-    assert_value_error(&err, &[]);
-    assert_eq!(
-        err.message(),
-        "parameter dtype mismatch: parameter 1 of rank 1 is float64, rank 0's is float32: every rank must hold the same dtypes"
-    );
+fn another_ranks_replica_dtype_is_not_read() {
+    let wide = Tensor::from_f64(DType::Float64, &[2], &[7.0, 9.0]).unwrap();
+    let params = vec![vec![f32s(&[2], &[1.0, 2.0])], vec![wide]];
+    let grads = vec![vec![Some(f32s(&[2], &[2.0, 4.0]))], vec![None]];
+    for (name, backend) in backends() {
+        let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 0.5).unwrap();
+        assert_eq!(values(&out.mean_gradients[0]), [1.0, 2.0], "{name}");
+        for rank in &out.updated_replicas {
+            assert_eq!(rank[0].dtype(), DType::Float32, "{name}");
+            assert_eq!(values(&rank[0]), [0.5, 1.0], "{name}");
+        }
+    }
     let json = serde_json::json!({
         "parameter_replicas": [
             [{"dtype": "float16", "shape": [1], "data": [1.0]}],
-            [{"dtype": "bfloat16", "shape": [2], "data": [1.0, 2.0]}],
+            [{"dtype": "bfloat16", "shape": [1], "data": [3.0]}],
         ],
         "gradient_replicas": [[null], [null]],
         "learning_rate": 0.1,
     });
-    let err = distopt::step::step_request_from_json(&json).unwrap_err();
-    assert_value_error(
-        &err,
-        &["parameter dtype mismatch", "rank 1 is bfloat16", "float16"],
-    );
+    let request = step_request_from_json(&json).unwrap();
+    let out = sgd_step_blocking(
+        &CpuBackend::new(),
+        &request.parameter_replicas,
+        &request.gradient_replicas,
+        request.learning_rate,
+    )
+    .unwrap();
+    assert_eq!(out.updated_replicas[1][0].dtype(), DType::Float16);
+    assert_eq!(values(&out.updated_replicas[1][0]), [1.0]);
 }
 
 #[test]

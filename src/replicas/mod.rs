@@ -43,10 +43,11 @@ struct ParamInfo {
 /// - a gradient of another dtype than its parameter ([`set_grad`](Self::set_grad),
 ///   [`set_grads`](Self::set_grads)) is a `RuntimeError`, as `param.grad = grad` is in PyTorch
 ///   (`assigned grad has data of a different type`);
-/// - ranks whose parameter `j` differs in dtype ([`Replicas::new`], and the data-parallel step's
-///   `parameter dtype mismatch`) are a `ValueError`, as ranks that differ in shape are: every
-///   disagreement between ranks is one (the step's reference contract makes all of its
-///   input checks `ValueError`s), and there is no value to cast to.
+/// - ranks whose parameter `j` differs in dtype ([`Replicas::new`]) are a `ValueError`, as ranks
+///   that differ in shape are: every disagreement between ranks held together is one (the step's
+///   reference contract makes all of its input checks `ValueError`s), and there is no value to
+///   cast to. (The stateless step reads rank 0's copy only, the reference's `p0j`, so another
+///   rank's dtype is not read there.)
 ///
 /// A shape that differs is a `ValueError` everywhere (the step's `parameter shape mismatch`
 /// and `gradient shape mismatch`), and every refused call writes nothing.

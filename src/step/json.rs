@@ -48,9 +48,6 @@ impl StepSource for JsonSource<'_> {
     fn shape(item: &Tensor) -> &[usize] {
         item.shape()
     }
-    fn dtype(item: &Tensor) -> Option<crate::dtype::DType> {
-        Some(item.dtype())
-    }
 }
 
 fn list<'a>(value: Option<&'a Value>, what: &str) -> Result<&'a Vec<Value>> {

@@ -1,10 +1,11 @@
 //! The step's request: R ranks' parameters and gradients, however a front end holds them
 //! (typed tensors, JSON, JavaScript values, shapes exchanged over MPI), read and checked in one
 //! reference order so that every front end reports the same first defect with the same text:
-//! the counts, then for each parameter and rank its dtype (a supported one, and rank 0's), its
-//! shape, its gradient's dtype and its gradient's shape.
+//! the counts, then for each parameter and rank its dtype, its shape, its gradient's dtype and
+//! its gradient's shape. Only rank 0's copy of a parameter is read for its values and dtype (the
+//! reference's `p0j`): another rank's replica is checked for a supported dtype and rank 0's
+//! shape, and its own values and dtype are not used (see `tests/properties.rs`).
 
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, format_shape};
 
@@ -24,14 +25,6 @@ pub struct StepRequest {
 pub mod errors {
     use super::{Error, format_shape};
 
-    /// Parameter `j` of rank `rank` has another dtype than rank 0's (every rank must hold the
-    /// same dtypes, as it must hold the same shapes: a disagreement between ranks is a
-    /// `ValueError`).
-    pub fn param_dtype(j: usize, rank: usize, dtype: &str, expected: &str) -> Error {
-        Error::value(format!(
-            "parameter dtype mismatch: parameter {j} of rank {rank} is {dtype}, rank 0's is {expected}: every rank must hold the same dtypes"
-        ))
-    }
     /// `parameter_replicas` is empty.
     pub fn no_replicas() -> Error {
         Error::value("no replicas: parameter_replicas is empty")
@@ -106,10 +99,6 @@ pub trait StepSource {
     fn grad(&mut self, rank: usize, j: usize) -> Result<Option<Self::Item>>;
     /// The shape of an item.
     fn shape(item: &Self::Item) -> &[usize];
-    /// The dtype of an item, where the source knows it (shapes exchanged over MPI do not).
-    fn dtype(_item: &Self::Item) -> Option<DType> {
-        None
-    }
 }
 
 /// Parameters `[rank][param]` and gradients `[rank][param]` of a [`StepSource`].
@@ -147,11 +136,6 @@ pub fn read_replicas<S: StepSource>(source: &mut S) -> Result<ReplicaLists<S::It
         for rank in 0..ranks {
             let param = source.param(rank, j)?;
             if rank > 0 {
-                if let (Some(dtype), Some(expected)) = (S::dtype(&param), S::dtype(&params[0][j])) {
-                    if dtype != expected {
-                        return Err(errors::param_dtype(j, rank, dtype.name(), expected.name()));
-                    }
-                }
                 let (shape, expected) = (S::shape(&param), S::shape(&params[0][j]));
                 if shape != expected {
                     return Err(errors::param_shape(j, rank, shape, expected));
@@ -223,13 +207,10 @@ impl<'a> StepSource for Tensors<'a> {
     fn shape<'b>(item: &'b &'a Tensor) -> &'b [usize] {
         item.shape()
     }
-    fn dtype(item: &&'a Tensor) -> Option<DType> {
-        Some(item.dtype())
-    }
 }
 
 /// Checks the replica lists in the reference order (counts, then per parameter and rank the
-/// dtypes and shapes); the first defect found is the error.
+/// shapes); the first defect found is the error.
 ///
 /// # Errors
 /// A `ValueError` of [`errors`] naming the rank and parameter.

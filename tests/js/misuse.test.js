@@ -415,7 +415,6 @@ add('silently wrong answer', 'new SGD(paramGroups)', 'an empty parameter list', 
 // (Both optimizers over the same parameters, so that only the class differs.)
 add('silently wrong answer', 'SGD.loadStateDict', "Adam's state dict", async (f) => f.sgd.loadStateDict(0, await new d.Adam(f.replicas, { lr: 0.1 }).stateDict(0)), 'ValueError', /cannot load a state dict of Adam into SGD/);
 add('silently wrong answer', 'Adam.loadStateDict', "SGD's state dict", async (f) => new d.Adam(f.replicas, { lr: 0.1 }).loadStateDict(0, await f.sgd.stateDict(0)), 'ValueError', /cannot load a state dict of SGD into Adam/);
-add('silently wrong answer', 'sgdStep', 'float32 on rank 0, float64 on rank 1', () => d.sgdStep([[new Float32Array([1])], [new Float64Array([1])]], [[null], [null]], 0.1), 'ValueError', /parameter dtype mismatch: parameter 0 of rank 1 is float64, rank 0's is float32/);
 add('silently wrong answer', 'Replicas.broadcastParams(world)', 'a world of 3 ranks', (f) => f.replicas.broadcastParams(new d.World(3), 0), 'ValueError', /the world has 3 ranks but the replicas hold 2/);
 add('silently wrong answer', 'Trainer.defaultHierarchy', 'period 0', () => d.Trainer.defaultHierarchy(0, 4), 'ValueError', /period must be a positive integer/);
 add('silently wrong answer', 'Trainer.defaultHierarchy', 'ranks 0', () => d.Trainer.defaultHierarchy(2, 0), 'ValueError', /ranks must be a positive integer/);

@@ -473,6 +473,16 @@ test('tensors cross as typed arrays both ways', async () => {
   assert.deepEqual([...out.updatedReplicas[0][1].data], [...h.data]); // a null gradient: unchanged
 });
 
+test("sgdStep reads rank 0's copy of a parameter only, its values and its dtype (the reference's p0j)", async () => {
+  const { sgdStep } = api;
+  const out = await sgdStep([[new Float32Array([1, 2])], [new Float64Array([7, 9])]], [[[2, 4]], [null]], 0.5);
+  for (const rank of out.updatedReplicas) {
+    assert.ok(rank[0].data instanceof Float32Array);
+    assert.deepEqual([...rank[0].data], [0.5, 1]);
+  }
+  assert.deepEqual([...out.meanGradients[0].data], [1, 2]);
+});
+
 test('optimizers, averagers and post-local SGD over replicas', async () => {
   const { World, Replicas, SGD, PeriodicModelAverager, PostLocalSGDOptimizer, PostLocalSGDState, takeWarnings } = api;
   takeWarnings();

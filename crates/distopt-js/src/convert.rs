@@ -814,7 +814,4 @@ impl StepSource for JsSource {
     fn shape(item: &Tensor) -> &[usize] {
         item.shape()
     }
-    fn dtype(item: &Tensor) -> Option<distopt::DType> {
-        Some(item.dtype())
-    }
 }
