@@ -25,7 +25,6 @@
 // On wasm32 the backend handles are `!Send` by design (see `backend::MaybeSendSync`); the
 // `Arc`s that share them natively are then merely reference counts.
 #![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
-#![warn(clippy::missing_errors_doc)]
 // The threaded WebAssembly build (nightly only, as `atomics` needs a rebuilt std) sleeps its
 // idle workers with `memory.atomic.wait32` (`backend::cpu::pool`).
 #![cfg_attr(

@@ -10,9 +10,8 @@
 
 mod common;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use distopt::backend::gpu::GpuOptions;
 use distopt::backend::kernels::ParamStarts;
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::diloco::{Compression, DiLoCo, DiLoCoOptions};
@@ -49,31 +48,12 @@ impl Rng {
     }
 }
 
-fn gpu() -> Option<Arc<dyn Backend>> {
-    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
-    GPU.get_or_init(common::gpu_backend).clone()
-}
-
-/// 4 KiB bindings and one workgroup per dimension: arenas of more than a few hundred elements
-/// are chunked and their chunks' dispatches spill into y.
-fn gpu_tiny() -> Option<Arc<dyn Backend>> {
-    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
-    GPU.get_or_init(|| {
-        common::gpu_backend_with_options(
-            GpuOptions::default()
-                .with_max_binding_bytes(4096)
-                .with_max_workgroups_per_dimension(1),
-        )
-    })
-    .clone()
-}
-
 fn backends() -> Vec<(&'static str, Arc<dyn Backend>)> {
     let mut out: Vec<(&'static str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
-    if let Some(gpu) = gpu() {
+    if let Some(gpu) = common::shared_gpu() {
         out.push(("gpu", gpu));
     }
-    if let Some(gpu) = gpu_tiny() {
+    if let Some(gpu) = common::tiny_gpu() {
         out.push(("gpu-chunked", gpu));
     }
     out

@@ -8,9 +8,8 @@
 
 mod common;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use distopt::backend::gpu::GpuOptions;
 use distopt::backend::kernels::ParamStarts;
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::ddp::DistributedDataParallel;
@@ -22,34 +21,6 @@ use distopt::replicas::Replicas;
 use distopt::warnings::{self, Channel};
 use distopt::zero::{ZeroOptions, ZeroRedundancyOptimizer};
 use distopt::{Backend, CpuBackend, ErrorKind, StorageFormat, Tensor};
-
-fn gpu() -> Option<Arc<dyn Backend>> {
-    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
-    GPU.get_or_init(common::gpu_backend).clone()
-}
-
-/// 4 KiB bindings, one workgroup per dimension: every arena of more than a few hundred
-/// elements is chunked.
-fn gpu_tiny() -> Option<Arc<dyn Backend>> {
-    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
-    GPU.get_or_init(|| {
-        common::gpu_backend_with_options(
-            GpuOptions::default()
-                .with_max_binding_bytes(4096)
-                .with_max_workgroups_per_dimension(1),
-        )
-    })
-    .clone()
-}
-
-/// The CPU backend, and the GPU backend when there is an adapter.
-fn backends() -> Vec<(&'static str, Arc<dyn Backend>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
-    if let Some(gpu) = gpu() {
-        out.push(("gpu", gpu));
-    }
-    out
-}
 
 fn t(values: &[f32]) -> Tensor {
     Tensor::from_f32(&[values.len()], values.to_vec()).unwrap()
@@ -89,7 +60,7 @@ fn set_grad(model: &mut Replicas, rank: usize, values: &[f32]) {
 
 #[test]
 fn ddp_multiplies_by_the_reciprocal_of_the_world_size_then_sums() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let mut m = model(&backend, 3, 2);
         let mut ddp = DistributedDataParallel::new(world(3), &mut m).unwrap();
         set_grad(&mut m, 0, &[7.0, 5.0]);
@@ -144,7 +115,7 @@ fn uneven(backend: &Arc<dyn Backend>, options: JoinOptions, zero_first: bool) ->
 
 #[test]
 fn a_joined_rank_contributes_zeros_and_keeps_its_own_gradient() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         // divide_by_initial_world_size (the default): fl32(3/3) + fl32(6/3) over D = 3.
         let m = uneven(&backend, JoinOptions::default(), false);
         let g = grads(&m);
@@ -423,7 +394,10 @@ fn scaled_sum_on(
 
 #[test]
 fn gpu_scaled_sum_matches_the_cpu_bit_for_bit() {
-    let gpus: Vec<Arc<dyn Backend>> = [gpu(), gpu_tiny()].into_iter().flatten().collect();
+    let gpus: Vec<Arc<dyn Backend>> = [common::shared_gpu(), common::tiny_gpu()]
+        .into_iter()
+        .flatten()
+        .collect();
     if gpus.is_empty() {
         return;
     }

@@ -26,14 +26,6 @@ use distopt::zero::{ZeroOptions, ZeroRedundancyOptimizer};
 use distopt::{Backend, CpuBackend, DType, Tensor};
 use serde_json::{Value, json};
 
-fn backends() -> Vec<(&'static str, Arc<dyn Backend>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
-    if let Some(gpu) = common::gpu_backend() {
-        out.push(("gpu", gpu));
-    }
-    out
-}
-
 /// The `local_optimizer` cases that run (not constructor errors).
 fn trajectory_cases() -> Vec<Case> {
     let cases: Vec<Case> = common::load_cases()
@@ -236,7 +228,7 @@ fn sixteen_bit_trajectories_and_state_are_pytorchs_bits() {
         .collect();
     // SGD with momentum, dampening, nesterov, maximize and weight decay, Adam, AdamW amsgrad.
     assert!(cases.len() >= 6, "only {} 16-bit cases", cases.len());
-    for (label, backend) in backends() {
+    for (label, backend) in common::named_backends() {
         for case in &cases {
             let mut replicas =
                 Replicas::replicate(backend.clone(), 1, &initial_params(case)).unwrap();
@@ -331,7 +323,7 @@ fn zero_run(
 #[test]
 fn zero_replays_pytorchs_optimizers_and_reloads_their_state() {
     let mut ran = 0;
-    for (label, backend) in backends() {
+    for (label, backend) in common::named_backends() {
         for case in trajectory_cases() {
             let initial = initial_params(&case);
             if initial.iter().any(|p| p.dtype() != initial[0].dtype()) {
@@ -401,7 +393,7 @@ fn zero_replays_pytorchs_optimizers_and_reloads_their_state() {
 #[test]
 fn pytorchs_state_dicts_load_into_fresh_optimizers_exactly() {
     let mut max_exp_avg_sq = 0;
-    for (label, backend) in backends() {
+    for (label, backend) in common::named_backends() {
         for case in trajectory_cases() {
             let expected = &case.expected()["state_dict"];
             max_exp_avg_sq += expected["state"]
@@ -438,7 +430,7 @@ fn pytorchs_state_dicts_load_into_fresh_optimizers_exactly() {
 
 #[test]
 fn reloads_into_fresh_optimizers_continue_pytorchs_trajectories() {
-    for (label, backend) in backends() {
+    for (label, backend) in common::named_backends() {
         for case in trajectory_cases() {
             let options = &case.input()["optimizer"]["options"];
             for split in 1..steps(&case) {
@@ -638,7 +630,7 @@ fn adam_casts_eps_to_the_parameters_dtype() {
         (DType::Float16, 1e-4, 0.0, json!([0.9, 0.999]), vec![0.0]),
         (DType::BFloat16, 1e-8, 0.0, json!([0.9, 0.999]), vec![0.0]),
     ];
-    for (label, backend) in backends() {
+    for (label, backend) in common::named_backends() {
         for (dtype, eps, grad, betas, want) in &cases {
             let p = Tensor::from_f64(*dtype, &[1], &[0.0]).unwrap();
             let mut replicas = Replicas::replicate(backend.clone(), 1, &[p]).unwrap();
@@ -672,7 +664,7 @@ fn adam_casts_eps_to_the_parameters_dtype() {
 /// the product kept float32 precision), and exp_avg = (1 - beta1) * 2^-11 = 2^-12.
 #[test]
 fn adam_weight_decay_rounds_like_pytorchs_float16_add() {
-    for (label, backend) in backends() {
+    for (label, backend) in common::named_backends() {
         let p = Tensor::from_f64(DType::Float16, &[1], &[3.0]).unwrap();
         let mut replicas = Replicas::replicate(backend.clone(), 1, &[p]).unwrap();
         let options =

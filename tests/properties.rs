@@ -465,25 +465,6 @@ fn assert_all_host(output: &StepOutput, label: &str) {
 // Backends (one of each per test binary; the GPU ones are skipped only with
 // DISTOPT_ALLOW_NO_GPU=1).
 
-fn gpu() -> Option<Arc<dyn Backend>> {
-    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
-    GPU.get_or_init(common::gpu_backend).clone()
-}
-
-/// 4 KiB bindings, one workgroup per dimension: every arena of more than a few hundred
-/// elements is chunked, and every chunk of more than 256 pairs spills into y.
-fn gpu_tiny() -> Option<Arc<dyn Backend>> {
-    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
-    GPU.get_or_init(|| {
-        common::gpu_backend_with_options(
-            GpuOptions::default()
-                .with_max_binding_bytes(4096)
-                .with_max_workgroups_per_dimension(1),
-        )
-    })
-    .clone()
-}
-
 /// 16 KiB bindings, two workgroups per dimension: chunks of 4096/R elements (rounded down to
 /// 64), i.e. 2048/R pairs, up to 8 workgroups laid out on a 2 x 4 grid.
 fn gpu_small() -> Option<Arc<dyn Backend>> {
@@ -529,7 +510,9 @@ fn cpu_matches_the_scalar_reference_on_larger_cases_with_threads() {
 
 #[test]
 fn gpu_matches_cpu_bit_for_bit() {
-    let Some(gpu) = gpu() else { return };
+    let Some(gpu) = common::shared_gpu() else {
+        return;
+    };
     let cpu = CpuBackend::new();
     for case in random_cases(0x5eed_0003, 1000, 600) {
         let expected = as_expected(&step(&cpu, &case));
@@ -542,7 +525,9 @@ fn gpu_matches_cpu_bit_for_bit() {
 #[test]
 fn gpu_matches_cpu_on_larger_cases() {
     // Several workgroups per dispatch, parameters that do not fill their last pair.
-    let Some(gpu) = gpu() else { return };
+    let Some(gpu) = common::shared_gpu() else {
+        return;
+    };
     let cpu = CpuBackend::new();
     for case in random_cases(0x5eed_0004, 20, 20_000) {
         let expected = as_expected(&step(&cpu, &case));
@@ -553,7 +538,7 @@ fn gpu_matches_cpu_on_larger_cases() {
 #[test]
 fn chunked_gpu_matches_cpu_bit_for_bit() {
     let backends = [
-        ("gpu (4 KiB, 1 wg)", gpu_tiny()),
+        ("gpu (4 KiB, 1 wg)", common::tiny_gpu()),
         ("gpu (16 KiB, 2 wg)", gpu_small()),
     ];
     let cpu = CpuBackend::new();
@@ -724,7 +709,9 @@ fn check_device_resident(backend: &dyn Backend, name: &str, seed: u64, n: usize,
 
 #[test]
 fn device_resident_inputs_give_device_outputs_on_gpu() {
-    let Some(gpu) = gpu() else { return };
+    let Some(gpu) = common::shared_gpu() else {
+        return;
+    };
     check_device_resident(gpu.as_ref(), "gpu", 0x5eed_0007, 40, false);
 }
 
@@ -732,7 +719,9 @@ fn device_resident_inputs_give_device_outputs_on_gpu() {
 fn device_resident_inputs_give_device_outputs_on_chunked_gpu() {
     // The to_device arenas (one rank) and the step's arenas (R ranks) are chunked
     // differently: the on-device copies must walk both chunkings.
-    let Some(gpu) = gpu_tiny() else { return };
+    let Some(gpu) = common::tiny_gpu() else {
+        return;
+    };
     check_device_resident(gpu.as_ref(), "gpu (4 KiB, 1 wg)", 0x5eed_0008, 25, false);
 }
 
@@ -750,7 +739,7 @@ fn device_resident_inputs_give_device_outputs_on_cpu_backend() {
 #[test]
 fn mixed_device_and_host_inputs_match_host_inputs() {
     check_device_resident(&CpuBackend::new(), "cpu", 0x5eed_000c, 40, true);
-    if let Some(gpu) = gpu() {
+    if let Some(gpu) = common::shared_gpu() {
         check_device_resident(gpu.as_ref(), "gpu", 0x5eed_000d, 40, true);
     }
 }
@@ -782,9 +771,13 @@ fn check_to_device_round_trip(backend: &dyn Backend, name: &str, dtypes: &[DType
 
 #[test]
 fn to_device_round_trips_on_gpu() {
-    let Some(gpu) = gpu() else { return };
+    let Some(gpu) = common::shared_gpu() else {
+        return;
+    };
     check_to_device_round_trip(gpu.as_ref(), "gpu", &DEVICE_DTYPES);
-    let Some(gpu) = gpu_tiny() else { return };
+    let Some(gpu) = common::tiny_gpu() else {
+        return;
+    };
     check_to_device_round_trip(gpu.as_ref(), "gpu (4 KiB, 1 wg)", &DEVICE_DTYPES);
 }
 
@@ -797,7 +790,7 @@ fn to_device_round_trips_on_cpu_backend() {
 #[test]
 fn to_device_round_trips_float64() {
     check_to_device_round_trip(&CpuBackend::new(), "cpu", &[DType::Float64]);
-    if let Some(gpu) = gpu() {
+    if let Some(gpu) = common::shared_gpu() {
         check_to_device_round_trip(gpu.as_ref(), "gpu", &[DType::Float64]);
     }
 }
@@ -806,7 +799,9 @@ fn to_device_round_trips_float64() {
 /// same three steps on host tensors give.
 #[test]
 fn resident_steps_chain_like_host_steps() {
-    let Some(gpu) = gpu() else { return };
+    let Some(gpu) = common::shared_gpu() else {
+        return;
+    };
     let cpu = CpuBackend::new();
     let mut rng = Rng::new(0x5eed_000a);
     for case in random_cases_of(0x5eed_000b, 10, 2000, &DEVICE_DTYPES) {
@@ -865,8 +860,8 @@ fn resident_steps_chain_like_host_steps() {
 fn summed_gradients_divided_by_the_world_size_give_the_world_step() {
     use distopt::StorageFormat;
     let mut backends: Vec<(&str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
-    backends.extend(gpu().map(|g| ("gpu", g)));
-    backends.extend(gpu_tiny().map(|g| ("gpu (4 KiB bindings)", g)));
+    backends.extend(common::shared_gpu().map(|g| ("gpu", g)));
+    backends.extend(common::tiny_gpu().map(|g| ("gpu (4 KiB bindings)", g)));
     let read = |arena: &distopt::Arena, format: StorageFormat, len: usize| -> Vec<f64> {
         let words = pollster::block_on(arena.read_range(0, 0, len)).unwrap();
         (0..len).map(|i| format.load_f64(&words, i)).collect()
@@ -967,7 +962,7 @@ fn summed_gradients_divided_by_the_world_size_give_the_world_step() {
 // formulas) and parameters of odd sizes (PyTorch's vector bodies with scalar tails).
 
 mod optimizer_kernels {
-    use super::{Rng, gpu, gpu_tiny};
+    use super::{Rng, common};
     use distopt::backend::kernels::{self, AdamArenas, AdamScalars, ParamStarts, SgdScalars};
     use distopt::backend::{Arena, layout_params};
     use distopt::{Backend, CpuBackend, StorageFormat};
@@ -1158,7 +1153,10 @@ mod optimizer_kernels {
 
     #[test]
     fn gpu_adam_matches_the_reference_bit_for_bit() {
-        for (label, backend) in [("gpu", gpu()), ("tiny gpu", gpu_tiny())] {
+        for (label, backend) in [
+            ("gpu", common::shared_gpu()),
+            ("tiny gpu", common::tiny_gpu()),
+        ] {
             let Some(backend) = backend else { continue };
             for seed in 0..48 {
                 adam_case(backend.as_ref(), label, seed);
@@ -1168,7 +1166,10 @@ mod optimizer_kernels {
 
     #[test]
     fn gpu_sgd_matches_the_reference_bit_for_bit() {
-        for (label, backend) in [("gpu", gpu()), ("tiny gpu", gpu_tiny())] {
+        for (label, backend) in [
+            ("gpu", common::shared_gpu()),
+            ("tiny gpu", common::tiny_gpu()),
+        ] {
             let Some(backend) = backend else { continue };
             for seed in 0..48 {
                 sgd_case(backend.as_ref(), label, seed);

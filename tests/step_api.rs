@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::sync::Arc;
 
 use distopt::json::{number_to_json, tensor_from_json, tensor_to_json};
 use distopt::step::{step_output_to_json, step_request_from_json};
@@ -16,14 +15,6 @@ use distopt::{
 };
 use half::{bf16, f16};
 use serde_json::{Value, json};
-
-fn backends() -> Vec<(&'static str, Arc<dyn Backend>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
-    if let Some(gpu) = common::gpu_backend() {
-        out.push(("gpu", gpu));
-    }
-    out
-}
 
 fn f32s(shape: &[usize], values: &[f32]) -> Tensor {
     Tensor::from_f32(shape, values.to_vec()).unwrap()
@@ -36,7 +27,7 @@ fn values(t: &Tensor) -> Vec<f64> {
 /// The step's error on every backend; all backends must report the same error.
 fn step_error(params: &[Vec<Tensor>], grads: &[Vec<Option<Tensor>>], learning_rate: f64) -> Error {
     let mut first: Option<Error> = None;
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let err = match sgd_step_blocking(backend.as_ref(), params, grads, learning_rate) {
             Ok(_) => panic!("{name}: expected an error, the step succeeded"),
             Err(err) => err,
@@ -121,7 +112,7 @@ fn another_ranks_replica_dtype_is_not_read() {
     let wide = Tensor::from_f64(DType::Float64, &[2], &[7.0, 9.0]).unwrap();
     let params = vec![vec![f32s(&[2], &[1.0, 2.0])], vec![wide]];
     let grads = vec![vec![Some(f32s(&[2], &[2.0, 4.0]))], vec![None]];
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 0.5).unwrap();
         assert_eq!(values(&out.mean_gradients[0]), [1.0, 2.0], "{name}");
         for rank in &out.updated_replicas {
@@ -236,7 +227,7 @@ fn tensor_constructors_reject_bad_data_without_panicking() {
 
 #[test]
 fn reading_values_of_a_device_tensor_is_a_runtime_error() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let t = pollster::block_on(to_device(backend.as_ref(), &[ones(&[3])])).unwrap();
         let err = t[0].values_f64().unwrap_err();
         assert_eq!(err.kind(), ErrorKind::RuntimeError, "{name}: {err}");
@@ -248,7 +239,7 @@ fn reading_values_of_a_device_tensor_is_a_runtime_error() {
 fn tensors_resident_on_another_backend_are_an_error_or_read_correctly() {
     // A device tensor of one backend passed to another backend's step: never a panic, and
     // never wrong values.
-    let all = backends();
+    let all = common::named_backends();
     for (from_name, from) in &all {
         for (to_name, to) in &all {
             if from_name == to_name {
@@ -277,7 +268,7 @@ fn tensors_resident_on_another_backend_are_an_error_or_read_correctly() {
 
 #[test]
 fn non_finite_learning_rates_are_computed_not_rejected() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let params = vec![vec![f32s(&[3], &[1.0, 2.0, 3.0])]; 2];
         let grads = vec![
             vec![Some(f32s(&[3], &[2.0, 0.0, -4.0]))],
@@ -306,7 +297,7 @@ fn non_finite_learning_rates_are_computed_not_rejected() {
 
 #[test]
 fn all_gradients_missing_gives_zero_means() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let params = vec![vec![f32s(&[2], &[1.0, -2.0]), ones(&[])]; 3];
         let grads = vec![
             vec![None, Some(f32s(&[], &[3.0]))],
@@ -326,7 +317,7 @@ fn all_gradients_missing_gives_zero_means() {
 
 #[test]
 fn outputs_keep_shape_dtype_and_are_one_copy_per_rank() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let params = vec![
             vec![
                 Tensor::from_f64(DType::Float16, &[2, 1], &[1.0, 2.0]).unwrap(),
@@ -373,7 +364,7 @@ fn bit_image(t: &Tensor) -> (DType, Vec<usize>, Vec<u64>) {
 
 #[test]
 fn inputs_are_not_modified() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let p = vec![
             Tensor::from_f64(DType::Float32, &[3], &[1.0, -0.0, f64::NAN]).unwrap(),
             Tensor::from_f64(DType::Float16, &[2, 2], &[1.5, 2.5, -3.0, 65504.0]).unwrap(),
@@ -445,7 +436,7 @@ fn check_example(out: &StepOutput, means: &[&[f64]], updated: &[&[f64]], ranks: 
 
 #[test]
 fn seed_example_1() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let params = vec![vec![f32s(&[2], &[1.0, 2.0])]; 2];
         let grads = vec![
             vec![Some(f32s(&[2], &[2.0, 4.0]))],
@@ -461,7 +452,7 @@ fn seed_example_1() {
 
 #[test]
 fn seed_example_2() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let params = vec![vec![f32s(&[2], &[1.0, -1.0])]; 2];
         let grads = vec![
             vec![Some(f32s(&[2], &[2.0, 4.0]))],
@@ -502,7 +493,7 @@ fn example_3() -> (Vec<Vec<Tensor>>, Vec<Vec<Option<Tensor>>>) {
 
 #[test]
 fn seed_example_3() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         let (params, grads) = example_3();
         let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 0.25)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -537,7 +528,7 @@ fn tensor_json(dtype: &str, shape: &[usize], data: &[f64]) -> Value {
 
 #[test]
 fn seed_examples_through_json() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         // Example 1 exactly as the seed writes it: nested lists.
         let out = json_step(
             backend.as_ref(),
@@ -876,7 +867,7 @@ fn json_bad_tensor_objects() {
 
 #[test]
 fn json_nan_learning_rate_gives_nan_updates() {
-    for (name, backend) in backends() {
+    for (name, backend) in common::named_backends() {
         for lr in [json!("nan"), json!("inf"), json!("-inf")] {
             let out = json_step(
                 backend.as_ref(),

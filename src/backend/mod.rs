@@ -290,7 +290,9 @@ pub fn layout_params(numels: &[usize]) -> (Vec<usize>, usize) {
 ///
 /// Every kernel is a required method, implemented by both backends: nothing falls back to a
 /// host loop behind a backend's back, and a backend that wraps another (to record or
-/// instrument calls) must forward each one.
+/// instrument calls) must forward each one. The one provided method that computes,
+/// [`host_sgd_step`](Self::host_sgd_step), is an optional shortcut (the default `None` makes
+/// the caller pack arenas for [`dp_sgd_step`](Self::dp_sgd_step)), not a fallback.
 pub trait Backend: MaybeSendSync + fmt::Debug {
     /// What this backend runs on.
     fn info(&self) -> &BackendInfo;

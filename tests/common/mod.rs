@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use distopt::json::tensor_from_json;
 use distopt::{Backend, CpuBackend, DType, Error, GpuBackend, Tensor};
@@ -271,6 +271,37 @@ pub fn gpu_backend() -> Option<Arc<dyn Backend>> {
         }
         Err(err) => panic!("no GPU adapter: {err} (set DISTOPT_ALLOW_NO_GPU=1 to skip GPU tests)"),
     }
+}
+
+/// One GPU backend per test binary, opened on first use ([`gpu_backend`]'s rules).
+pub fn shared_gpu() -> Option<Arc<dyn Backend>> {
+    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
+    GPU.get_or_init(gpu_backend).clone()
+}
+
+/// One GPU backend per test binary with 4 KiB storage bindings and one workgroup per
+/// dimension: every arena of more than a few hundred elements is chunked, and the chunks'
+/// dispatches spill into y.
+pub fn tiny_gpu() -> Option<Arc<dyn Backend>> {
+    static GPU: OnceLock<Option<Arc<dyn Backend>>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        gpu_backend_with_options(
+            distopt::backend::gpu::GpuOptions::default()
+                .with_max_binding_bytes(4096)
+                .with_max_workgroups_per_dimension(1),
+        )
+    })
+    .clone()
+}
+
+/// `("cpu", CPU backend)`, then `("gpu", [shared_gpu])` where there is one: what a test that
+/// must hold on both backends runs over, named for its messages.
+pub fn named_backends() -> Vec<(&'static str, Arc<dyn Backend>)> {
+    let mut out: Vec<(&'static str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
+    if let Some(gpu) = shared_gpu() {
+        out.push(("gpu", gpu));
+    }
+    out
 }
 
 /// The CPU backend, then the GPU backend where [`gpu_backend`] gives one: what a test that
