@@ -6,7 +6,6 @@
 
 mod common;
 
-
 use distopt::json::{number_to_json, tensor_from_json, tensor_to_json};
 use distopt::step::{step_output_to_json, step_request_from_json};
 use distopt::{

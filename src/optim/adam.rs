@@ -356,6 +356,7 @@ impl Optimizer<AdamAlgorithm> {
 
 impl Algorithm for AdamAlgorithm {
     type Options = AdamOptions;
+    type Scalars = AdamScalars;
     type Loaded = AdamLoaded;
 
     fn empty(buckets: usize) -> Self {
@@ -366,79 +367,60 @@ impl Algorithm for AdamAlgorithm {
         }
     }
 
-    fn step(&mut self, shell: &mut Shell<AdamOptions>, replicas: &mut Replicas) -> Result<()> {
-        let ranks = shell.ranks();
-        let mut tables = Vec::with_capacity(replicas.buckets().len());
-        for bucket in replicas.buckets() {
-            let members = bucket.members().len();
-            let mut scalars = vec![AdamScalars::default(); ranks * members];
-            let mut amsgrad = false;
-            for rank in 0..ranks {
-                for (k, &j) in bucket.members().iter().enumerate() {
-                    let Some(o) = shell.options_of(j) else {
-                        continue;
-                    };
-                    if !replicas.has_grad(rank, j) {
-                        continue;
-                    }
-                    let step = (shell.count(rank, j) + 1) as f64;
-                    let (beta1, beta2) = o.betas;
-                    let bias_correction1 = 1.0 - beta1.powf(step);
-                    let bias_correction2 = 1.0 - beta2.powf(step);
-                    let decoupled = o.decoupled_weight_decay;
-                    scalars[rank * members + k] = AdamScalars {
-                        active: true,
-                        maximize: o.maximize,
-                        amsgrad: o.amsgrad,
-                        decoupled: decoupled && o.weight_decay != 0.0,
-                        weight_decay: if decoupled { 0.0 } else { o.weight_decay },
-                        decay_factor: 1.0 - o.lr * o.weight_decay,
-                        one_minus_beta1: 1.0 - beta1,
-                        beta2,
-                        one_minus_beta2: 1.0 - beta2,
-                        step_size: o.lr / bias_correction1,
-                        bias_correction2_sqrt: bias_correction2.powf(0.5),
-                        eps: o.eps,
-                        fused: o.fused,
-                    };
-                    amsgrad |= o.amsgrad;
-                }
-            }
-            tables.push((scalars, amsgrad));
+    fn scalars(o: &AdamOptions, count: u64, has_grad: bool) -> AdamScalars {
+        if !has_grad {
+            return AdamScalars::default();
+        }
+        let step = (count + 1) as f64;
+        let (beta1, beta2) = o.betas;
+        let bias_correction1 = 1.0 - beta1.powf(step);
+        let bias_correction2 = 1.0 - beta2.powf(step);
+        let decoupled = o.decoupled_weight_decay;
+        AdamScalars {
+            active: true,
+            maximize: o.maximize,
+            amsgrad: o.amsgrad,
+            decoupled: decoupled && o.weight_decay != 0.0,
+            weight_decay: if decoupled { 0.0 } else { o.weight_decay },
+            decay_factor: 1.0 - o.lr * o.weight_decay,
+            one_minus_beta1: 1.0 - beta1,
+            beta2,
+            one_minus_beta2: 1.0 - beta2,
+            step_size: o.lr / bias_correction1,
+            bias_correction2_sqrt: bias_correction2.powf(0.5),
+            eps: o.eps,
+            fused: o.fused,
+        }
+    }
+
+    fn active(entry: &AdamScalars) -> bool {
+        entry.active
+    }
+
+    /// PyTorch's `state["step"]`: one more per step that updated the parameter.
+    fn counted(_entry: &AdamScalars, count: u64) -> u64 {
+        count + 1
+    }
+
+    fn run(&mut self, replicas: &mut Replicas, b: usize, table: &[AdamScalars]) -> Result<()> {
+        self.exp_avg.ensure(replicas, b)?;
+        self.exp_avg_sq.ensure(replicas, b)?;
+        if table.iter().any(|s| s.active && s.amsgrad) {
+            self.max_exp_avg_sq.ensure(replicas, b)?;
         }
         let backend = replicas.backend().clone();
-        for (b, (scalars, amsgrad)) in tables.into_iter().enumerate() {
-            if !scalars.iter().any(|s| s.active) {
-                continue;
-            }
-            self.exp_avg.ensure(replicas, b)?;
-            self.exp_avg_sq.ensure(replicas, b)?;
-            if amsgrad {
-                self.max_exp_avg_sq.ensure(replicas, b)?;
-            }
-            let bucket = &mut replicas.buckets_mut()[b];
-            let (params, grads, starts) = bucket.step_arenas();
-            backend.adam(
-                AdamArenas {
-                    params,
-                    grads,
-                    exp_avg: self.exp_avg.get_mut(b).expect("ensured"),
-                    exp_avg_sq: self.exp_avg_sq.get_mut(b).expect("ensured"),
-                    max_exp_avg_sq: self.max_exp_avg_sq.get_mut(b),
-                },
-                starts,
-                &scalars,
-            )?;
-            let members = bucket.members().len();
-            for rank in 0..ranks {
-                for (k, &j) in bucket.members().iter().enumerate() {
-                    if scalars[rank * members + k].active {
-                        shell.set_count(rank, j, shell.count(rank, j) + 1);
-                    }
-                }
-            }
-        }
-        Ok(())
+        let (params, grads, starts) = replicas.buckets_mut()[b].step_arenas();
+        backend.adam(
+            AdamArenas {
+                params,
+                grads,
+                exp_avg: self.exp_avg.get_mut(b).expect("ensured"),
+                exp_avg_sq: self.exp_avg_sq.get_mut(b).expect("ensured"),
+                max_exp_avg_sq: self.max_exp_avg_sq.get_mut(b),
+            },
+            starts,
+            table,
+        )
     }
 
     fn state_bytes_per_rank(&self) -> usize {

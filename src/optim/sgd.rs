@@ -212,6 +212,7 @@ impl Optimizer<SgdAlgorithm> {
 
 impl Algorithm for SgdAlgorithm {
     type Options = SgdOptions;
+    type Scalars = SgdScalars;
     /// The encoded momentum buffer (`None`: PyTorch's `momentum_buffer: None`).
     type Loaded = Option<Vec<u32>>;
 
@@ -221,58 +222,37 @@ impl Algorithm for SgdAlgorithm {
         }
     }
 
-    fn step(&mut self, shell: &mut Shell<SgdOptions>, replicas: &mut Replicas) -> Result<()> {
-        let ranks = shell.ranks();
-        // One table per format bucket: the settings of every (rank, parameter).
-        let mut tables = Vec::with_capacity(replicas.buckets().len());
-        for bucket in replicas.buckets() {
-            let members = bucket.members().len();
-            let mut scalars = vec![SgdScalars::default(); ranks * members];
-            let mut needs_momentum = false;
-            for rank in 0..ranks {
-                for (k, &j) in bucket.members().iter().enumerate() {
-                    let Some(o) = shell.options_of(j) else {
-                        continue;
-                    };
-                    let active = replicas.has_grad(rank, j);
-                    scalars[rank * members + k] = SgdScalars {
-                        active,
-                        first_step: shell.count(rank, j) == 0,
-                        nesterov: o.nesterov,
-                        maximize: o.maximize,
-                        lr: o.lr,
-                        momentum: o.momentum,
-                        one_minus_dampening: 1.0 - o.dampening,
-                        weight_decay: o.weight_decay,
-                        fused: o.fused,
-                    };
-                    needs_momentum |= active && o.momentum != 0.0;
-                }
-            }
-            tables.push((scalars, needs_momentum));
+    fn scalars(o: &SgdOptions, count: u64, has_grad: bool) -> SgdScalars {
+        SgdScalars {
+            active: has_grad,
+            first_step: count == 0,
+            nesterov: o.nesterov,
+            maximize: o.maximize,
+            lr: o.lr,
+            momentum: o.momentum,
+            one_minus_dampening: 1.0 - o.dampening,
+            weight_decay: o.weight_decay,
+            fused: o.fused,
+        }
+    }
+
+    fn active(entry: &SgdScalars) -> bool {
+        entry.active
+    }
+
+    /// The counter says whether a momentum buffer exists (PyTorch's `momentum_buffer` is
+    /// created by the first step with momentum).
+    fn counted(entry: &SgdScalars, count: u64) -> u64 {
+        if entry.momentum != 0.0 { 1 } else { count }
+    }
+
+    fn run(&mut self, replicas: &mut Replicas, b: usize, table: &[SgdScalars]) -> Result<()> {
+        if table.iter().any(|s| s.active && s.momentum != 0.0) {
+            self.momentum.ensure(replicas, b)?;
         }
         let backend = replicas.backend().clone();
-        for (b, (scalars, needs_momentum)) in tables.into_iter().enumerate() {
-            if !scalars.iter().any(|s| s.active) {
-                continue;
-            }
-            if needs_momentum {
-                self.momentum.ensure(replicas, b)?;
-            }
-            let bucket = &mut replicas.buckets_mut()[b];
-            let (params, grads, starts) = bucket.step_arenas();
-            backend.sgd(params, grads, self.momentum.get_mut(b), starts, &scalars)?;
-            let members = bucket.members().len();
-            for rank in 0..ranks {
-                for (k, &j) in bucket.members().iter().enumerate() {
-                    let s = &scalars[rank * members + k];
-                    if s.active && s.momentum != 0.0 {
-                        shell.set_count(rank, j, 1);
-                    }
-                }
-            }
-        }
-        Ok(())
+        let (params, grads, starts) = replicas.buckets_mut()[b].step_arenas();
+        backend.sgd(params, grads, self.momentum.get_mut(b), starts, table)
     }
 
     fn state_bytes_per_rank(&self) -> usize {

@@ -1,7 +1,9 @@
 //! The part every optimizer shares: parameter groups with typed options, PyTorch's checks of
 //! them, the per-(rank, parameter) state counters, the state arenas' bookkeeping and the
-//! `state_dict()` / `load_state_dict()` skeleton. An optimizer supplies only its math (an
-//! [`Algorithm`]: its options type, its state arenas, its step and its state entries).
+//! `state_dict()` / `load_state_dict()` skeleton, and the step loop (a kernel table per format
+//! bucket, one kernel call per bucket, the counters). An optimizer supplies only its math (an
+//! [`Algorithm`]: its options type, its state arenas, its table entry, its kernel call, its
+//! counter rule and its state entries).
 
 use serde_json::{Map, Value, json};
 
@@ -309,14 +311,35 @@ pub trait Algorithm:
     /// One parameter's loaded state, parsed and checked, ready to be written.
     type Loaded;
 
+    /// One (rank, parameter) entry of the kernel's table (`Default`: an entry the kernel skips,
+    /// for a parameter the optimizer does not hold).
+    type Scalars: Copy + Default;
+
     /// No state yet, for replicas of `buckets` format buckets.
     fn empty(buckets: usize) -> Self;
 
-    /// One step on every rank (the shell has checked the replicas).
+    /// The table entry of a parameter under `options` whose counter is `count` (steps taken,
+    /// as the shell keeps it), with a gradient on this rank or not.
+    fn scalars(options: &Self::Options, count: u64, has_grad: bool) -> Self::Scalars;
+
+    /// Whether the kernel updates the parameter of `entry`.
+    fn active(entry: &Self::Scalars) -> bool;
+
+    /// The counter after a step that updated the parameter of `entry` (`count` before it).
+    fn counted(entry: &Self::Scalars, count: u64) -> u64;
+
+    /// Runs the kernel once over format bucket `bucket` of `replicas` with its table (rank-major,
+    /// one entry per (rank, member), at least one of them active), first creating the state
+    /// arenas the active entries need.
     ///
     /// # Errors
-    /// A backend failure.
-    fn step(&mut self, shell: &mut Shell<Self::Options>, replicas: &mut Replicas) -> Result<()>;
+    /// A failure to allocate a state arena, or a backend failure.
+    fn run(
+        &mut self,
+        replicas: &mut Replicas,
+        bucket: usize,
+        table: &[Self::Scalars],
+    ) -> Result<()>;
 
     /// Bytes of state allocated per rank.
     fn state_bytes_per_rank(&self) -> usize;
@@ -450,9 +473,49 @@ impl<A: Algorithm> LocalOptimizer for Optimizer<A> {
         self.shell.kind
     }
 
+    /// The step loop every optimizer shares: one table of [`Algorithm::scalars`] per format
+    /// bucket, one [`Algorithm::run`] per bucket with an active entry, then the counters of
+    /// the updated parameters advance ([`Algorithm::counted`]).
     fn step(&mut self, replicas: &mut Replicas) -> Result<()> {
         self.shell.check_model(replicas)?;
-        self.algorithm.step(&mut self.shell, replicas)
+        let ranks = self.shell.ranks();
+        let tables: Vec<Vec<A::Scalars>> = replicas
+            .buckets()
+            .iter()
+            .map(|bucket| {
+                let members = bucket.members();
+                let mut table = vec![A::Scalars::default(); ranks * members.len()];
+                for rank in 0..ranks {
+                    for (k, &j) in members.iter().enumerate() {
+                        if let Some(options) = self.shell.options_of(j) {
+                            table[rank * members.len() + k] = A::scalars(
+                                options,
+                                self.shell.count(rank, j),
+                                replicas.has_grad(rank, j),
+                            );
+                        }
+                    }
+                }
+                table
+            })
+            .collect();
+        for (b, table) in tables.iter().enumerate() {
+            if !table.iter().any(A::active) {
+                continue;
+            }
+            self.algorithm.run(replicas, b, table)?;
+            let members = replicas.buckets()[b].members();
+            for rank in 0..ranks {
+                for (k, &j) in members.iter().enumerate() {
+                    let entry = &table[rank * members.len() + k];
+                    if A::active(entry) {
+                        let count = A::counted(entry, self.shell.count(rank, j));
+                        self.shell.set_count(rank, j, count);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn check_model(&self, replicas: &Replicas) -> Result<()> {
