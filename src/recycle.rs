@@ -5,7 +5,7 @@
 //! updated replicas). Fresh memory of that size comes from the operating system untouched, and
 //! the first write to each page faults: on a small machine that costs more than the step's
 //! arithmetic. So a large [`HostData`](crate::HostData) buffer that is dropped is kept here
-//! (cleared, up to [`CAPACITY_BYTES`] in all) and handed back by [`take`] to the next output of
+//! (cleared, up to [`CAPACITY_BYTES`] in all) and handed back by `take` to the next output of
 //! a close size, whose pages are then already mapped (a clone of a `HostData` too); the
 //! packed images a step uploads to a device are recycled the same way.
 //! [`release_cached_memory`] returns

@@ -5,7 +5,7 @@ use serde_json::{Map, Value, json};
 
 use super::OptimizerKind;
 use super::options::{self, GroupOptions, OptionMap};
-use super::shell::{Algorithm, Optimizer, Shell, all_params, parse_state_tensor};
+use super::shell::{Optimizer, OptimizerMath, Shell, all_params, parse_state_tensor};
 use crate::backend::BoxFuture;
 use crate::backend::kernels::{AdamArenas, AdamScalars};
 use crate::error::{Error, Result};
@@ -277,7 +277,7 @@ fn at_least_zero(x: f64) -> bool {
 /// counter of a (rank, parameter) is its step count, which advances only on steps where it had
 /// a gradient; the bias corrections follow it.
 #[derive(Debug)]
-pub struct AdamAlgorithm {
+pub struct AdamMath {
     exp_avg: StateArenas,
     exp_avg_sq: StateArenas,
     /// Only for buckets with an amsgrad parameter.
@@ -306,9 +306,9 @@ pub struct AdamLoaded {
 /// assert_eq!(adamw.kind(), OptimizerKind::AdamW);
 /// assert_eq!(adamw.groups()[0].options().weight_decay, 1e-2);
 /// ```
-pub type Adam = Optimizer<AdamAlgorithm>;
+pub type Adam = Optimizer<AdamMath>;
 
-impl Optimizer<AdamAlgorithm> {
+impl Optimizer<AdamMath> {
     /// `torch.optim.Adam` over every parameter of `replicas`.
     ///
     /// # Errors
@@ -354,13 +354,13 @@ impl Optimizer<AdamAlgorithm> {
     }
 }
 
-impl Algorithm for AdamAlgorithm {
+impl OptimizerMath for AdamMath {
     type Options = AdamOptions;
     type Scalars = AdamScalars;
     type Loaded = AdamLoaded;
 
     fn empty(buckets: usize) -> Self {
-        AdamAlgorithm {
+        AdamMath {
             exp_avg: StateArenas::empty(buckets),
             exp_avg_sq: StateArenas::empty(buckets),
             max_exp_avg_sq: StateArenas::empty(buckets),

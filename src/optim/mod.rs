@@ -11,23 +11,23 @@ mod options;
 mod sgd;
 mod shell;
 
-pub use adam::{Adam, AdamAlgorithm, AdamLoaded, AdamOptions, AdamWOptions};
+pub use adam::{Adam, AdamLoaded, AdamMath, AdamOptions, AdamWOptions};
 pub use kind::OptimizerKind;
 pub use options::{GroupOptions, OptionMap, option_map};
-pub use sgd::{Sgd, SgdAlgorithm, SgdOptions};
-pub use shell::{Algorithm, DUPLICATE_WARNING, Optimizer, ParamGroup, Shell};
+pub use sgd::{Sgd, SgdMath, SgdOptions};
+pub use shell::{DUPLICATE_WARNING, Optimizer, OptimizerMath, ParamGroup, Shell};
 
 use serde_json::Value;
 
-/// Seals [`Algorithm`] and [`GroupOptions`]: an optimizer's math and options are implemented
+/// Seals [`OptimizerMath`] and [`GroupOptions`]: an optimizer's math and options are implemented
 /// inside the crate, next to their kernels (see ARCHITECTURE.md, "How to add an optimizer");
 /// [`LocalOptimizer`] stays open.
 pub(crate) mod sealed {
     /// Implemented by the crate's optimizer algorithms and options only.
     pub trait Sealed {}
 
-    impl Sealed for super::SgdAlgorithm {}
-    impl Sealed for super::AdamAlgorithm {}
+    impl Sealed for super::SgdMath {}
+    impl Sealed for super::AdamMath {}
     impl Sealed for super::SgdOptions {}
     impl Sealed for super::AdamOptions {}
 }

@@ -4,7 +4,7 @@ use serde_json::{Map, Value, json};
 
 use super::OptimizerKind;
 use super::options::{self, GroupOptions, OptionMap};
-use super::shell::{Algorithm, Optimizer, Shell, all_params, parse_state_tensor};
+use super::shell::{Optimizer, OptimizerMath, Shell, all_params, parse_state_tensor};
 use crate::backend::BoxFuture;
 use crate::backend::kernels::SgdScalars;
 use crate::error::{Error, Result};
@@ -166,7 +166,7 @@ impl GroupOptions for SgdOptions {
 /// SGD's math: one momentum arena per storage format, created on first use. The shell's
 /// counter of a (rank, parameter) is 1 when it has a momentum buffer.
 #[derive(Debug)]
-pub struct SgdAlgorithm {
+pub struct SgdMath {
     momentum: StateArenas,
 }
 
@@ -185,9 +185,9 @@ pub struct SgdAlgorithm {
 /// assert_eq!(model.param_blocking(0, 0).unwrap().values_f64().unwrap(), vec![0.5, 1.5]);
 /// assert!(Sgd::new(&model, SgdOptions::default().with_lr(-0.1)).is_err());
 /// ```
-pub type Sgd = Optimizer<SgdAlgorithm>;
+pub type Sgd = Optimizer<SgdMath>;
 
-impl Optimizer<SgdAlgorithm> {
+impl Optimizer<SgdMath> {
     /// SGD over every parameter of `replicas`.
     ///
     /// # Errors
@@ -210,14 +210,14 @@ impl Optimizer<SgdAlgorithm> {
     }
 }
 
-impl Algorithm for SgdAlgorithm {
+impl OptimizerMath for SgdMath {
     type Options = SgdOptions;
     type Scalars = SgdScalars;
     /// The encoded momentum buffer (`None`: PyTorch's `momentum_buffer: None`).
     type Loaded = Option<Vec<u32>>;
 
     fn empty(buckets: usize) -> Self {
-        SgdAlgorithm {
+        SgdMath {
             momentum: StateArenas::empty(buckets),
         }
     }

@@ -2,7 +2,7 @@
 //! them, the per-(rank, parameter) state counters, the state arenas' bookkeeping and the
 //! `state_dict()` / `load_state_dict()` skeleton, and the step loop (a kernel table per format
 //! bucket, one kernel call per bucket, the counters). An optimizer supplies only its math (an
-//! [`Algorithm`]: its options type, its state arenas, its table entry, its kernel call, its
+//! [`OptimizerMath`]: its options type, its state arenas, its table entry, its kernel call, its
 //! counter rule and its state entries).
 
 use serde_json::{Map, Value, json};
@@ -303,7 +303,7 @@ impl<O: GroupOptions> Shell<O> {
 /// per state tensor, one arena per format bucket of the replicas, created on first use), its
 /// step, and its entries of `state_dict()["state"]`. [`Optimizer`] wraps it into a
 /// [`LocalOptimizer`]. Sealed: implemented by the crate's optimizers only.
-pub trait Algorithm:
+pub trait OptimizerMath:
     super::sealed::Sealed + MaybeSendSync + std::fmt::Debug + Sized + 'static
 {
     /// The typed options of one group.
@@ -380,14 +380,14 @@ pub trait Algorithm:
     ) -> Result<()>;
 }
 
-/// A local optimizer: the shared [`Shell`] plus an [`Algorithm`]'s state.
+/// A local optimizer: the shared [`Shell`] plus an [`OptimizerMath`]'s state.
 #[derive(Debug)]
-pub struct Optimizer<A: Algorithm> {
+pub struct Optimizer<A: OptimizerMath> {
     shell: Shell<A::Options>,
     algorithm: A,
 }
 
-impl<A: Algorithm> Optimizer<A> {
+impl<A: OptimizerMath> Optimizer<A> {
     /// An optimizer of class `kind` over `groups` of global parameter indices, each with its
     /// own options over `defaults` (PyTorch's keyword names).
     ///
@@ -420,11 +420,11 @@ impl<A: Algorithm> Optimizer<A> {
 
 /// A parsed state dict: the new groups and every optimized parameter's parsed entry.
 type ParsedStateDict<A> = (
-    Vec<ParamGroup<<A as Algorithm>::Options>>,
-    Vec<(usize, Option<<A as Algorithm>::Loaded>)>,
+    Vec<ParamGroup<<A as OptimizerMath>::Options>>,
+    Vec<(usize, Option<<A as OptimizerMath>::Loaded>)>,
 );
 
-impl<A: Algorithm> Optimizer<A> {
+impl<A: OptimizerMath> Optimizer<A> {
     /// Parses and checks a state dict for rank `rank` without changing anything.
     fn parse_state_dict(
         &self,
@@ -464,7 +464,7 @@ pub(crate) fn all_params(replicas: &Replicas) -> Vec<(Vec<usize>, OptionMap)> {
     vec![((0..replicas.len()).collect(), OptionMap::new())]
 }
 
-impl<A: Algorithm> LocalOptimizer for Optimizer<A> {
+impl<A: OptimizerMath> LocalOptimizer for Optimizer<A> {
     fn name(&self) -> &'static str {
         self.shell.kind.name()
     }
@@ -473,9 +473,9 @@ impl<A: Algorithm> LocalOptimizer for Optimizer<A> {
         self.shell.kind
     }
 
-    /// The step loop every optimizer shares: one table of [`Algorithm::scalars`] per format
-    /// bucket, one [`Algorithm::run`] per bucket with an active entry, then the counters of
-    /// the updated parameters advance ([`Algorithm::counted`]).
+    /// The step loop every optimizer shares: one table of [`OptimizerMath::scalars`] per format
+    /// bucket, one [`OptimizerMath::run`] per bucket with an active entry, then the counters of
+    /// the updated parameters advance ([`OptimizerMath::counted`]).
     fn step(&mut self, replicas: &mut Replicas) -> Result<()> {
         self.shell.check_model(replicas)?;
         let ranks = self.shell.ranks();
