@@ -10,7 +10,7 @@
 //! perceptron (`features → hidden (tanh) → classes`, softmax cross-entropy) with hand-written
 //! backprop (`model.rs`).
 //!
-//! Folders: `task.rs` (the data and its split), `model.rs` (the perceptron), `trainer.rs`
+//! Folders: `task/` (the data and its split: one file per task, the shards, the names), `model.rs` (the perceptron), `trainer.rs`
 //! (the algorithms and the step loop).
 //!
 //! A [`Trainer`] keeps R replicas of the model in [`Replicas`](crate::replicas::Replicas) on a backend. Each
