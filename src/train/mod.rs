@@ -10,8 +10,8 @@
 //! perceptron (`features → hidden (tanh) → classes`, softmax cross-entropy) with hand-written
 //! backprop (`model.rs`).
 //!
-//! Folders: `task/` (the data and its split: one file per task, the shards, the names), `model.rs` (the perceptron), `trainer.rs`
-//! (the algorithms and the step loop).
+//! Folders: `task/` (the data and its split: one file per task, the shards, the names),
+//! `model.rs` (the perceptron), `trainer.rs` (the algorithms and the step loop).
 //!
 //! A [`Trainer`] keeps R replicas of the model in [`Replicas`](crate::replicas::Replicas) on a backend. Each
 //! [`Trainer::step`] reads the parameters back, computes every rank's mini-batch gradient on
