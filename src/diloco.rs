@@ -552,12 +552,12 @@ impl DiLoCo {
     }
 
     /// The inner optimizer.
-    pub fn inner(&self) -> &dyn LocalOptimizer {
+    pub fn inner(&self) -> &(dyn LocalOptimizer + 'static) {
         self.inner.as_ref()
     }
 
     /// The outer optimizer.
-    pub fn outer(&self) -> &dyn LocalOptimizer {
+    pub fn outer(&self) -> &(dyn LocalOptimizer + 'static) {
         self.outer.as_ref()
     }
 

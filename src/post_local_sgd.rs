@@ -30,12 +30,12 @@ impl PostLocalSgdOptimizer {
     }
 
     /// The local optimizer.
-    pub fn optim(&self) -> &dyn LocalOptimizer {
+    pub fn optim(&self) -> &(dyn LocalOptimizer + 'static) {
         self.optim.as_ref()
     }
 
     /// The averager.
-    pub fn averager(&self) -> &dyn ModelAverager {
+    pub fn averager(&self) -> &(dyn ModelAverager + 'static) {
         self.averager.as_ref()
     }
 

@@ -26,13 +26,18 @@ pub enum LocalOptimizerKind {
 pub const FUNCTIONAL_WARNING: &str = "`TorchScript` support for functional optimizers is deprecated and will be removed in a future PyTorch release. Consider using the `torch.compile` optimizer instead.";
 
 /// The local optimizer of one owner, living on that worker.
-pub(crate) struct OwnerOptimizer {
+struct OwnerOptimizer {
     id: u64,
     kind: LocalOptimizerKind,
     params: Vec<u64>,
     replicas: Replicas,
     optim: Box<dyn LocalOptimizer>,
 }
+
+/// The local optimizers of every `DistributedOptimizer` over one worker: its table of them
+/// ([`WorkerState::table`]).
+#[derive(Default)]
+struct OwnerOptimizers(Vec<OwnerOptimizer>);
 
 impl OwnerOptimizer {
     fn step(&mut self, state_values: &mut WorkerState, context: ContextId) -> Result<()> {
@@ -173,7 +178,7 @@ impl DistributedOptimizer {
                     vec![((0..ids.len()).collect(), OptionMap::new())],
                     &options,
                 )?;
-                state.optimizers.push(OwnerOptimizer {
+                state.table::<OwnerOptimizers>().0.push(OwnerOptimizer {
                     id: optimizer_id,
                     kind,
                     params: ids,
@@ -192,7 +197,7 @@ impl DistributedOptimizer {
                     let id = *id;
                     let _ = world
                         .rpc_async(&info.owner, move |state| {
-                            state.optimizers.retain(|o| o.id != id);
+                            state.table::<OwnerOptimizers>().0.retain(|o| o.id != id);
                             Ok(())
                         })
                         .now_or_wait();
@@ -235,14 +240,17 @@ impl DistributedOptimizer {
             .map(|(info, id)| {
                 let id = *id;
                 self.world.rpc_async(&info.owner, move |state| {
-                    let position = state
-                        .optimizers
+                    let optimizers = &mut state.table::<OwnerOptimizers>().0;
+                    let position = optimizers
                         .iter()
                         .position(|o| o.id == id)
                         .ok_or_else(|| Error::runtime("the local optimizer is gone"))?;
-                    let mut optimizer = state.optimizers.remove(position);
+                    let mut optimizer = optimizers.remove(position);
                     let result = optimizer.step(state, context);
-                    state.optimizers.insert(position, optimizer);
+                    state
+                        .table::<OwnerOptimizers>()
+                        .0
+                        .insert(position, optimizer);
                     result
                 })
             })

@@ -1,6 +1,8 @@
-//! One worker: the tensors it owns, its gradient contexts and local optimizers, and the queue
-//! of calls it runs (a thread natively; the caller's thread on wasm32).
+//! One worker: the tensors it owns, its gradient contexts, the objects that calls leave on it
+//! (the local optimizers of `DistributedOptimizer`, …), and the queue of calls it runs (a thread
+//! natively; the caller's thread on wasm32).
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -8,7 +10,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::context::{ContextId, Contexts};
-use super::distributed_optimizer::OwnerOptimizer;
 use crate::backend::oneshot;
 use crate::backend::{Backend, MaybeSend};
 use crate::error::{Error, Result};
@@ -23,8 +24,15 @@ pub struct WorkerState {
     /// `param.grad` of owned tensors (set by the `torch.optim` path of DistributedOptimizer).
     grad_attr: HashMap<u64, Tensor>,
     context_gradients: HashMap<ContextId, HashMap<u64, Tensor>>,
-    pub(crate) optimizers: Vec<OwnerOptimizer>,
+    /// The objects calls keep on this worker, one table per type (see [`WorkerState::table`]).
+    tables: HashMap<TypeId, Table>,
 }
+
+/// One table of [`WorkerState::table`]: whatever type its user keeps there.
+#[cfg(not(target_arch = "wasm32"))]
+type Table = Box<dyn Any + Send>;
+#[cfg(target_arch = "wasm32")]
+type Table = Box<dyn Any>;
 
 impl WorkerState {
     /// This worker's name.
@@ -62,6 +70,17 @@ impl WorkerState {
 
     pub(crate) fn set_grad(&mut self, id: u64, grad: Tensor) {
         self.grad_attr.insert(id, grad);
+    }
+
+    /// The table of type `T` that calls keep on this worker (created empty on first use): the
+    /// worker holds objects of kinds it does not know (a `DistributedOptimizer`'s local
+    /// optimizers live in one), each kind in a table of its own type.
+    pub(crate) fn table<T: Any + Default + MaybeSend>(&mut self) -> &mut T {
+        self.tables
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Box::new(T::default()))
+            .downcast_mut()
+            .expect("a table is stored under its own type")
     }
 
     /// Adds `gradient` to the gradient of tensor `id` in context `context`.
@@ -210,7 +229,7 @@ impl Worker {
             values: HashMap::new(),
             grad_attr: HashMap::new(),
             context_gradients: HashMap::new(),
-            optimizers: Vec::new(),
+            tables: HashMap::new(),
         };
         #[cfg(not(target_arch = "wasm32"))]
         {

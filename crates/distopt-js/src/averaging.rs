@@ -1,27 +1,41 @@
 //! `PeriodicModelAverager` and `HierarchicalModelAverager`.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{BorrowError, Cell, Ref, RefCell};
 use std::rc::Rc;
 
 use js_sys::Array;
 use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
 
+use super::boundary::{JsResult, busy, js};
 use super::convert::{count_arg, index_list, integer, optional_integer_arg};
 use super::handles::Registry;
-use super::post_local_sgd::PostLocalCore;
 use super::replicas::{borrow_mut, replicas_of};
 use super::world::{communicator, subgroups, world_of};
-use super::{JsResult, busy, js};
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
 use distopt::error::{Error, Result};
 
-/// Where an averager is: its own, or moved into a `PostLocalSGDOptimizer`.
+/// Where an averager is: its own, or moved into a wrapper (a `PostLocalSGDOptimizer`).
 pub(crate) enum AveragerSlot {
     Own(Box<dyn ModelAverager>),
-    Wrapped(Rc<PostLocalCore>),
-    /// Only while being moved into a `PostLocalSGDOptimizer`.
+    Wrapped(Rc<dyn AveragerOwner>),
+    /// Only while being moved into a wrapper.
     Moving,
+}
+
+/// A wrapper that an averager moved into, as the wrapper registers itself with the averager
+/// object (`AveragerCore::install`): the averager object reads its counter through it and names
+/// it in its errors, without knowing which kinds of wrapper exist.
+pub(crate) trait AveragerOwner {
+    /// The wrapper's JS class (`"PostLocalSGDOptimizer"`).
+    fn class(&self) -> &'static str;
+
+    /// What the averager does instead of averaging directly (the end of the error that refuses
+    /// it: `"it averages through that optimizer's step()"`).
+    fn refusal(&self) -> &'static str;
+
+    /// The wrapped averager, borrowed from the wrapper (an error while the wrapper is in use).
+    fn averager(&self) -> std::result::Result<Ref<'_, dyn ModelAverager>, BorrowError>;
 }
 
 /// What both averager classes share.
@@ -59,23 +73,13 @@ impl AveragerCore {
         core
     }
 
-    fn wrapped_error(&self) -> Error {
-        Error::runtime(format!(
-            "this {} belongs to a PostLocalSGDOptimizer: it averages through that optimizer's step()",
-            self.name
-        ))
-    }
-
     fn step(&self) -> Result<u64> {
         let slot = self.slot.try_borrow().map_err(|_| busy("averager"))?;
         match &*slot {
             AveragerSlot::Own(a) => Ok(a.step()),
-            AveragerSlot::Wrapped(post) => Ok(post
-                .opt
-                .try_borrow()
-                .map_err(|_| busy("averager"))?
-                .averager()
-                .step()),
+            AveragerSlot::Wrapped(owner) => {
+                Ok(owner.averager().map_err(|_| busy("averager"))?.step())
+            }
             AveragerSlot::Moving => Err(busy("averager")),
         }
     }
@@ -84,18 +88,34 @@ impl AveragerCore {
         let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("averager"))?;
         match &mut *slot {
             AveragerSlot::Own(a) => f(a.as_mut()),
-            AveragerSlot::Wrapped(_) => Err(self.wrapped_error()),
+            AveragerSlot::Wrapped(owner) => Err(Error::runtime(format!(
+                "this {} belongs to a {}: {}",
+                self.name,
+                owner.class(),
+                owner.refusal()
+            ))),
             AveragerSlot::Moving => Err(busy("averager")),
         }
     }
 
-    /// Takes the averager out to wrap it; `install` puts the wrapper's handle back.
+    /// Takes the averager out to wrap it; `install` puts it back (`AveragerSlot::Own`) or
+    /// registers the wrapper (`AveragerSlot::Wrapped`).
     pub(crate) fn take(&self) -> Result<Box<dyn ModelAverager>> {
         let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("averager"))?;
         match std::mem::replace(&mut *slot, AveragerSlot::Moving) {
             AveragerSlot::Own(a) => Ok(a),
-            other => {
-                *slot = other;
+            AveragerSlot::Wrapped(owner) => {
+                let class = owner.class();
+                *slot = AveragerSlot::Wrapped(owner);
+                Err(Error::value(format!(
+                    "this {} already belongs to a {class}",
+                    self.name
+                )))
+            }
+            AveragerSlot::Moving => {
+                // Never left behind today (a wrapper takes its averager last); refused as a
+                // wrapped one would be.
+                *slot = AveragerSlot::Moving;
                 Err(Error::value(format!(
                     "this {} already belongs to a PostLocalSGDOptimizer",
                     self.name

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use js_sys::Promise;
 use wasm_bindgen::prelude::*;
 
+use super::boundary::{busy, js};
 use super::convert::count_arg;
-use super::{busy, current_backend, js};
+use super::session::current_backend;
 use distopt::backend::Backend;
 use distopt::bench::ResidentStep;
 use distopt::dtype::DType;
@@ -38,7 +39,7 @@ impl StepBench {
         let ranks = count_arg(&ranks, "ranks");
         let elements = count_arg(&elements, "elements");
         let dtype = super::convert::optional_string(&dtype, "dtype");
-        super::promise_now(async move {
+        super::boundary::promise_now(async move {
             let ranks = js(ranks)?;
             let elements = js(elements)?;
             let dtype = js(dtype)?;
@@ -46,12 +47,12 @@ impl StepBench {
             // The JS face's own limits, named after its class; the library checks the rest
             // (the dtype, the memory budget).
             if ranks == 0 || elements == 0 {
-                return Err(super::js_error(Error::value(
+                return Err(super::boundary::js_error(Error::value(
                     "StepBench needs at least one rank and one element",
                 )));
             }
             if ranks.checked_mul(elements).is_none_or(|n| n > 1 << 28) {
-                return Err(super::js_error(Error::value(
+                return Err(super::boundary::js_error(Error::value(
                     "StepBench: ranks × elements is too large",
                 )));
             }
@@ -73,7 +74,7 @@ impl StepBench {
     /// One resident step, resolved when the device has finished it.
     pub fn run(&self) -> Promise {
         let (bench, backend) = (self.bench.clone(), self.backend.clone());
-        super::promise_now(async move {
+        super::boundary::promise_now(async move {
             {
                 let mut guard = js(bench.try_borrow_mut().map_err(|_| busy("StepBench")))?;
                 js(guard.step(backend.as_ref()))?;
@@ -90,11 +91,11 @@ impl StepBench {
         let which = super::convert::optional_string(&which, "which");
         let rank = super::convert::rank_arg(&rank, self.ranks);
         let (bench, elements, dtype) = (self.bench.clone(), self.elements, self.dtype);
-        super::promise_now(async move {
+        super::boundary::promise_now(async move {
             let which = js(which)?;
             let rank = js(rank)?;
             if dtype != DType::Float32 {
-                return Err(super::js_error(Error::value(format!(
+                return Err(super::boundary::js_error(Error::value(format!(
                     "StepBench.read returns float32 values; this bench times {}",
                     dtype.name()
                 ))));
@@ -135,7 +136,7 @@ impl StepBench {
     /// The backend the arenas live on.
     #[wasm_bindgen(getter)]
     pub fn backend(&self) -> js_sys::Object {
-        super::backend_info_to_js(self.backend.info())
+        super::session::backend_info_to_js(self.backend.info())
     }
 }
 
@@ -166,7 +167,7 @@ async fn read_arena(
 #[wasm_bindgen]
 pub fn synchronize() -> Promise {
     let backend = current_backend();
-    super::promise_now(async move {
+    super::boundary::promise_now(async move {
         let backend = js(backend)?;
         js(backend.synchronize().await)?;
         Ok(JsValue::UNDEFINED)

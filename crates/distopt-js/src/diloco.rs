@@ -1,24 +1,59 @@
 //! `DiLoCo`: inner optimizer steps on every rank, and every `syncEvery` of them an outer step
 //! with the world's mean pseudo-gradient.
 
-use std::cell::RefCell;
+use std::cell::{BorrowError, Ref, RefCell};
 use std::rc::Rc;
 
 use js_sys::Promise;
 use wasm_bindgen::prelude::*;
 
+use super::boundary::{JsResult, busy, js};
 use super::convert::{integer_arg, json_from_js, json_to_js, rank_arg};
-use super::optim::{DiLoCoRole, OptimSlot, optimizer_of};
+use super::optim::{OptimSlot, OptimizerOwner, optimizer_of};
 use super::replicas::{SharedReplicas, borrow, borrow_mut};
 use super::world::{communicator, world_of};
-use super::{JsResult, busy, js};
 use distopt::diloco::{DiLoCo, DiLoCoOptions};
 use distopt::error::{Error, Result};
+use distopt::optim::LocalOptimizer;
 
 /// A `DiLoCo` and the replicas its optimizers were made over.
 pub(crate) struct DiLoCoCore {
     pub(crate) replicas: SharedReplicas,
     pub(crate) diloco: RefCell<DiLoCo>,
+}
+
+/// Which of a `DiLoCo`'s optimizers an optimizer object is.
+#[derive(Clone, Copy)]
+enum Role {
+    Inner,
+    Outer,
+}
+
+/// One of a `DiLoCo`'s two optimizers, as its optimizer object reads it through the `DiLoCo`.
+struct InDiLoCo {
+    core: Rc<DiLoCoCore>,
+    role: Role,
+}
+
+impl OptimizerOwner for InDiLoCo {
+    fn class(&self) -> &'static str {
+        "DiLoCo"
+    }
+
+    fn refusal(&self) -> &'static str {
+        "step and load it through that"
+    }
+
+    fn optimizer(&self) -> std::result::Result<Ref<'_, dyn LocalOptimizer>, BorrowError> {
+        let role = self.role;
+        Ok(Ref::map(
+            self.core.diloco.try_borrow()?,
+            |diloco| match role {
+                Role::Inner => diloco.inner(),
+                Role::Outer => diloco.outer(),
+            },
+        ))
+    }
 }
 
 /// `DiLoCo(inner, outer, syncEvery, world, options?)`: `inner` (an `SGD`, `Adam` or `AdamW`)
@@ -74,12 +109,12 @@ impl DiLoCoJs {
         let inner_core = js(optimizer_of(&inner))?;
         let outer_core = js(optimizer_of(&outer))?;
         if Rc::ptr_eq(&inner_core, &outer_core) {
-            return Err(super::js_error(Error::value(
+            return Err(super::boundary::js_error(Error::value(
                 "the inner and the outer optimizer must be two different optimizers",
             )));
         }
         if !Rc::ptr_eq(&inner_core.replicas, &outer_core.replicas) {
-            return Err(super::js_error(Error::value(
+            return Err(super::boundary::js_error(Error::value(
                 "the inner and the outer optimizer must be built over the same Replicas",
             )));
         }
@@ -92,7 +127,7 @@ impl DiLoCoJs {
             Ok(o) => o,
             Err(err) => {
                 inner_core.install(OptimSlot::Own(inner_opt));
-                return Err(super::js_error(err));
+                return Err(super::boundary::js_error(err));
             }
         };
         let built = borrow(&inner_core.replicas).and_then(|replicas| {
@@ -111,15 +146,21 @@ impl DiLoCoJs {
                 // Arguments were checked above: only allocating the backups can fail here
                 // (device out of memory), and the optimizers went down with the constructor.
                 // Their JS objects then report "busy" until freed.
-                return Err(super::js_error(err));
+                return Err(super::boundary::js_error(err));
             }
         };
         let core = Rc::new(DiLoCoCore {
             replicas: inner_core.replicas.clone(),
             diloco: RefCell::new(diloco),
         });
-        inner_core.install(OptimSlot::InDiLoCo(core.clone(), DiLoCoRole::Inner));
-        outer_core.install(OptimSlot::InDiLoCo(core.clone(), DiLoCoRole::Outer));
+        inner_core.install(OptimSlot::Wrapped(Rc::new(InDiLoCo {
+            core: core.clone(),
+            role: Role::Inner,
+        })));
+        outer_core.install(OptimSlot::Wrapped(Rc::new(InDiLoCo {
+            core: core.clone(),
+            role: Role::Outer,
+        })));
         Ok(DiLoCoJs { core })
     }
 
@@ -214,7 +255,7 @@ impl DiLoCoJs {
     pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
         let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
         let core = self.core.clone();
-        Ok(super::promise_now(async move {
+        Ok(super::boundary::promise_now(async move {
             js(state_dict_json(&core, rank)
                 .await
                 .and_then(|sd| json_to_js(&sd)))

@@ -8,12 +8,12 @@ use js_sys::Array;
 use serde_json::Value;
 use wasm_bindgen::prelude::*;
 
+use super::boundary::{JsResult, busy, js, js_ranks};
 use super::convert::json_from_js;
 use super::handles::Registry;
 use super::replicas::{SharedReplicas, borrow_mut, replicas_of};
 use super::world::{communicator, world_of};
 use super::zero::{ZeroHandle, zero_of};
-use super::{JsResult, busy, js, js_ranks};
 use distopt::ddp::DistributedDataParallel;
 use distopt::error::{Error, Result};
 use distopt::join::{Join, JoinOptions, Joinable};
@@ -249,7 +249,7 @@ impl JoinJs {
                 .map(|v| v.as_bool().unwrap_or(false))
                 .collect::<Vec<bool>>(),
             _ => {
-                return Err(super::js_error(Error::type_error(
+                return Err(super::boundary::js_error(Error::type_error(
                     "hasInput must be an array of booleans, one per rank",
                 )));
             }
@@ -267,7 +267,7 @@ impl JoinJs {
             .participants
             .first()
             .map(|p| p.replicas().clone())
-            .ok_or_else(|| super::js_error(Error::value("a Join has joinables")))?;
+            .ok_or_else(|| super::boundary::js_error(Error::value("a Join has joinables")))?;
         let mut replicas = js(borrow_mut(&shared))?;
         js_ranks(join.exit(&mut as_joinables(&mut borrowed), &mut replicas))
     }

@@ -20,6 +20,7 @@
 
 mod averaging;
 mod bench;
+mod boundary;
 mod budget;
 mod convert;
 mod diloco;
@@ -29,19 +30,18 @@ mod optim;
 mod post_local_sgd;
 mod replicas;
 mod rpc;
+mod session;
 mod threads;
 mod train;
 mod world;
 mod zero;
 
-use std::cell::RefCell;
-use std::sync::Arc;
-
 use js_sys::{Array, Object};
 use wasm_bindgen::prelude::*;
 
-use distopt::backend::{Backend, BackendChoice, BackendInfo, select_backend};
-use distopt::error::{Error, RankErrors, Result};
+use boundary::{JsResult, js, js_error, promise_now};
+use distopt::error::Error;
+use session::current_backend;
 
 pub use averaging::{HierarchicalModelAveragerJs, PeriodicModelAveragerJs};
 pub use bench::StepBench;
@@ -57,128 +57,6 @@ pub use threads::thread_workers;
 pub use train::TrainerJs;
 pub use world::WorldJs;
 pub use zero::ZeroRedundancyOptimizerJs;
-
-thread_local! {
-    /// The backend chosen by the last `selectBackend` (new replicas are created on it).
-    static BACKEND: RefCell<Option<Arc<dyn Backend>>> = const { RefCell::new(None) };
-}
-
-/// The current backend, or a `RuntimeError` before `init()` or once its GPU device is lost.
-pub(crate) fn current_backend() -> Result<Arc<dyn Backend>> {
-    let backend = BACKEND
-        .with(|b| b.borrow().clone())
-        .ok_or_else(|| Error::runtime("distopt is not initialized: await init() first"))?;
-    if let Some(reason) = backend.lost() {
-        return Err(distopt::backend::gpu::device_lost_error(&reason));
-    }
-    Ok(backend)
-}
-
-/// Test hook: destroys the current backend's GPU device, as a driver reset would (nothing on
-/// the CPU backend). Later calls on objects made on it fail with a "device was lost"
-/// `RuntimeError`; `init()` selects a backend anew.
-#[wasm_bindgen(js_name = __distoptDestroyDeviceForTest)]
-pub fn destroy_device_for_test() {
-    if let Some(backend) = BACKEND.with(|b| b.borrow().clone()) {
-        backend.destroy_device_for_test();
-    }
-}
-
-/// Longest message a thrown error carries: a message that echoes a caller's huge value is cut
-/// (its start and its end kept).
-const MAX_MESSAGE_CHARS: usize = 1024;
-
-/// A library error as a JS `Error` named after its Python class.
-pub(crate) fn js_error(error: Error) -> JsValue {
-    let message = error.message();
-    let js = if message.chars().count() > MAX_MESSAGE_CHARS {
-        let head: String = message.chars().take(MAX_MESSAGE_CHARS - 100).collect();
-        let tail: String = {
-            let rev: Vec<char> = message.chars().rev().take(60).collect();
-            rev.into_iter().rev().collect()
-        };
-        js_sys::Error::new(&format!("{head} … (message cut) … {tail}"))
-    } else {
-        js_sys::Error::new(message)
-    };
-    js.set_name(error.kind().name());
-    js.into()
-}
-
-/// The errors of a call every rank made, as one JS `Error`: the lowest rank's name and
-/// message, and `rankErrors`, every raising rank's `{rank, name, message}`.
-pub(crate) fn js_rank_errors(errors: RankErrors) -> JsValue {
-    let list = Array::new();
-    for (rank, error) in errors.iter() {
-        let entry = Object::new();
-        convert::set(&entry, "rank", rank as f64);
-        convert::set(&entry, "name", error.kind().name());
-        convert::set(&entry, "message", error.message());
-        list.push(&entry);
-    }
-    let js = js_error(errors.first().clone());
-    let _ = js_sys::Reflect::set(&js, &JsValue::from_str("rankErrors"), &list);
-    js
-}
-
-/// Converts a library result whose failure is per rank for JS (a CPU worker's panic during
-/// the call first, as [`js`]).
-pub(crate) fn js_ranks<T>(result: std::result::Result<T, RankErrors>) -> JsResult<T> {
-    worker_panic()?;
-    result.map_err(js_rank_errors)
-}
-
-/// `Result` at the JS boundary: the error is a thrown JS value.
-pub(crate) type JsResult<T> = std::result::Result<T, JsValue>;
-
-/// Converts a library result for JS. A part of a CPU kernel that panicked on a worker thread
-/// of the threaded build (`distopt::backend::cpu::pool`) while the call ran makes the call a
-/// `RuntimeError` whatever it returned: its answer is incomplete.
-pub(crate) fn js<T>(result: Result<T>) -> JsResult<T> {
-    worker_panic()?;
-    result.map_err(js_error)
-}
-
-/// The `RuntimeError` for a part that panicked on one of the CPU pool's worker threads since
-/// the last check (the worker is gone; the module and the other workers carry on).
-fn worker_panic() -> JsResult<()> {
-    match distopt::backend::cpu::pool::GLOBAL.take_panic() {
-        None => Ok(()),
-        Some(panic) => Err(js_error(Error::runtime(format!(
-            "a worker thread of distopt's CPU backend panicked (a bug, please report it): {}; the call's results are incomplete, and the other threads carry on",
-            panic.message().replace('\n', " ")
-        )))),
-    }
-}
-
-/// A promise of `future`'s result whose work starts now: the future is polled once before
-/// this returns, so that it takes its borrows and reads (or changes) the data as of the call,
-/// in call order with the synchronous calls that follow; what it still awaits (a GPU
-/// readback) settles the promise later, the borrows held until then (a change meanwhile is
-/// refused as busy). A failure at once is a rejected promise.
-pub(crate) fn promise_now<F>(future: F) -> js_sys::Promise
-where
-    F: std::future::Future<Output = JsResult<JsValue>> + 'static,
-{
-    use std::task::{Context, Poll, Waker};
-    let mut future = Box::pin(future);
-    // The futures polled later re-register the executor's waker (`oneshot`, `JsFuture`).
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(Ok(value)) => js_sys::Promise::resolve(&value),
-        Poll::Ready(Err(error)) => js_sys::Promise::reject(&error),
-        Poll::Pending => wasm_bindgen_futures::future_to_promise(future),
-    }
-}
-
-/// The error for an object that a pending asynchronous call still holds.
-pub(crate) fn busy(what: &str) -> Error {
-    Error::runtime(format!(
-        "the {what} is busy: an earlier asynchronous call on it (a read, a step, a state_dict) has not finished; await it first"
-    ))
-}
 
 // `catch`: a `console.warn` that throws (a test set-up turning warnings into failures) must
 // not unwind through Rust frames, which would leave every borrowed object busy for good.
@@ -240,63 +118,6 @@ pub fn start() {
     }));
     if log::set_logger(&LOGGER).is_ok() {
         log::set_max_level(log::LevelFilter::Warn);
-    }
-}
-
-/// The JS form of a backend's description.
-pub(crate) fn backend_info_to_js(info: &BackendInfo) -> Object {
-    let obj = Object::new();
-    let kind = match info.kind {
-        distopt::backend::BackendKind::Gpu => "gpu",
-        distopt::backend::BackendKind::Cpu => "cpu",
-    };
-    convert::set(&obj, "kind", kind);
-    convert::set(&obj, "name", info.name.as_str());
-    convert::set(&obj, "api", info.api.as_str());
-    convert::set(&obj, "deviceType", info.device_type.as_str());
-    convert::set(&obj, "driver", info.driver.as_str());
-    convert::set(&obj, "maxBindingBytes", info.max_binding_bytes as f64);
-    convert::set(&obj, "maxBufferBytes", info.max_buffer_bytes as f64);
-    convert::set(
-        &obj,
-        "maxWorkgroupsPerDimension",
-        f64::from(info.max_workgroups_per_dimension),
-    );
-    convert::set(
-        &obj,
-        "mappablePrimaryBuffers",
-        info.mappable_primary_buffers,
-    );
-    convert::set(&obj, "threads", info.threads as f64);
-    obj
-}
-
-/// Picks the backend new objects run on and returns `{kind, name, api, …, reason}`.
-///
-/// `"auto"` (the default) is the library's choice (`select_backend`): a hardware WebGPU
-/// adapter when the environment has one; the CPU backend when WebGPU is unavailable (in a
-/// browser, WebGPU is checked before the GPU is touched) or offers only a software (fallback)
-/// adapter, which is slower than the CPU backend on the same cores. `"gpu"` takes any WebGPU
-/// adapter and fails with a `RuntimeError` when there is none; `"cpu"` is the plain-Rust
-/// backend. Objects made earlier keep the backend they were made on.
-#[wasm_bindgen(js_name = selectBackend)]
-pub async fn select_backend_js(choice: JsValue) -> JsResult<JsValue> {
-    let choice = js(convert::optional_string(&choice, "backend"))?.unwrap_or_else(|| "auto".into());
-    let choice = js(BackendChoice::parse(&choice))?;
-    let selection = js(select_backend(choice).await)?;
-    let info = backend_info_to_js(selection.backend.info());
-    convert::set(&info, "reason", selection.reason.as_str());
-    BACKEND.with(|b| *b.borrow_mut() = Some(selection.backend));
-    Ok(info.into())
-}
-
-/// The current backend's description (as `selectBackend` returns it, without `reason`), or
-/// `null` before `init()`.
-#[wasm_bindgen(js_name = backendInfo)]
-pub fn backend_info() -> JsValue {
-    match current_backend() {
-        Ok(backend) => backend_info_to_js(backend.info()).into(),
-        Err(_) => JsValue::NULL,
     }
 }
 

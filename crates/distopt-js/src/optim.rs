@@ -1,45 +1,42 @@
 //! `SGD`, `Adam` and `AdamW`: local optimizers over every rank of a `Replicas`, bound to it at
 //! construction as PyTorch's optimizers are bound to their parameters.
 
-use std::cell::RefCell;
+use std::cell::{BorrowError, Ref, RefCell};
 use std::rc::Rc;
 
 use js_sys::{Array, Promise};
 use serde_json::Value;
 use wasm_bindgen::prelude::*;
 
+use super::boundary::{JsResult, busy, js};
 use super::convert::{json_from_js, json_to_js, rank_arg};
-use super::diloco::DiLoCoCore;
 use super::handles::Registry;
-use super::post_local_sgd::PostLocalCore;
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
-use super::{JsResult, busy, js};
 use distopt::error::{Error, Result};
 use distopt::optim::{self, LocalOptimizer, OptionMap};
 
-/// Where an optimizer is: its own, or moved into a `PostLocalSGDOptimizer` or a `DiLoCo`
-/// (which then steps it; the JS object still reads its state).
+/// Where an optimizer is: its own, or moved into a wrapper (a `PostLocalSGDOptimizer` or a
+/// `DiLoCo`, which then steps it; the JS object still reads its state through the wrapper).
 pub(crate) enum OptimSlot {
     Own(Box<dyn LocalOptimizer>),
-    Wrapped(Rc<PostLocalCore>),
-    /// The inner or outer optimizer of a `DiLoCo`.
-    InDiLoCo(Rc<DiLoCoCore>, DiLoCoRole),
-    /// Only while being moved into a `PostLocalSGDOptimizer` or a `DiLoCo`.
+    Wrapped(Rc<dyn OptimizerOwner>),
+    /// Only while being moved into a wrapper.
     Moving,
 }
 
-/// Which of a `DiLoCo`'s optimizers an optimizer object is.
-#[derive(Clone, Copy)]
-pub(crate) enum DiLoCoRole {
-    Inner,
-    Outer,
-}
+/// A wrapper that an optimizer moved into, as the wrapper registers itself with the optimizer
+/// object (`OptimizerCore::install`): the optimizer object reads through it and names it in
+/// its errors, without knowing which kinds of wrapper exist.
+pub(crate) trait OptimizerOwner {
+    /// The wrapper's JS class (`"PostLocalSGDOptimizer"`, `"DiLoCo"`).
+    fn class(&self) -> &'static str;
 
-fn in_diloco(diloco: &distopt::diloco::DiLoCo, role: DiLoCoRole) -> &dyn LocalOptimizer {
-    match role {
-        DiLoCoRole::Inner => diloco.inner(),
-        DiLoCoRole::Outer => diloco.outer(),
-    }
+    /// What to do instead of stepping or loading the optimizer directly (the end of the error
+    /// that refuses it: `"step and load it through that"`).
+    fn refusal(&self) -> &'static str;
+
+    /// The wrapped optimizer, borrowed from the wrapper (an error while the wrapper is in use).
+    fn optimizer(&self) -> std::result::Result<Ref<'_, dyn LocalOptimizer>, BorrowError>;
 }
 
 /// What the `SGD`, `Adam` and `AdamW` classes share.
@@ -169,25 +166,14 @@ impl OptimizerCore {
         Ok(core)
     }
 
-    fn wrapped_error(&self) -> Error {
-        Error::runtime(format!(
-            "this {} belongs to a PostLocalSGDOptimizer: step, load and extend it through that",
-            self.name
-        ))
-    }
-
     /// Runs `f` on the optimizer, wherever it is.
     fn read<T>(&self, f: impl FnOnce(&dyn LocalOptimizer) -> T) -> Result<T> {
         let slot = self.slot.try_borrow().map_err(|_| busy("optimizer"))?;
         match &*slot {
             OptimSlot::Own(o) => Ok(f(o.as_ref())),
-            OptimSlot::Wrapped(post) => {
-                let post = post.opt.try_borrow().map_err(|_| busy("optimizer"))?;
-                Ok(f(post.optim()))
-            }
-            OptimSlot::InDiLoCo(core, role) => {
-                let diloco = core.diloco.try_borrow().map_err(|_| busy("optimizer"))?;
-                Ok(f(in_diloco(&diloco, *role)))
+            OptimSlot::Wrapped(owner) => {
+                let optim = owner.optimizer().map_err(|_| busy("optimizer"))?;
+                Ok(f(&*optim))
             }
             OptimSlot::Moving => Err(busy("optimizer")),
         }
@@ -198,28 +184,36 @@ impl OptimizerCore {
         let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("optimizer"))?;
         match &mut *slot {
             OptimSlot::Own(o) => f(o.as_mut()),
-            OptimSlot::Wrapped(_) => Err(self.wrapped_error()),
-            OptimSlot::InDiLoCo(..) => Err(Error::runtime(format!(
-                "this {} belongs to a DiLoCo: step and load it through that",
-                self.name
+            OptimSlot::Wrapped(owner) => Err(Error::runtime(format!(
+                "this {} belongs to a {}: {}",
+                self.name,
+                owner.class(),
+                owner.refusal()
             ))),
             OptimSlot::Moving => Err(busy("optimizer")),
         }
     }
 
-    /// Takes the optimizer out to wrap it; `install` puts the wrapper's handle back.
+    /// Takes the optimizer out to wrap it; `install` puts it back (`OptimSlot::Own`) or
+    /// registers the wrapper (`OptimSlot::Wrapped`).
     pub(crate) fn take(&self) -> Result<Box<dyn LocalOptimizer>> {
         let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("optimizer"))?;
         match std::mem::replace(&mut *slot, OptimSlot::Moving) {
             OptimSlot::Own(o) => Ok(o),
-            other => {
-                let owner = match other {
-                    OptimSlot::InDiLoCo(..) => "DiLoCo",
-                    _ => "PostLocalSGDOptimizer",
-                };
-                *slot = other;
+            OptimSlot::Wrapped(owner) => {
+                let class = owner.class();
+                *slot = OptimSlot::Wrapped(owner);
                 Err(Error::value(format!(
-                    "this {} already belongs to a {owner}",
+                    "this {} already belongs to a {class}",
+                    self.name
+                )))
+            }
+            OptimSlot::Moving => {
+                // Left by a wrapper whose constructor failed after taking it (its JS object
+                // then reports "busy" until freed); refused as it always was.
+                *slot = OptimSlot::Moving;
+                Err(Error::value(format!(
+                    "this {} already belongs to a PostLocalSGDOptimizer",
                     self.name
                 )))
             }
@@ -274,7 +268,7 @@ impl OptimizerCore {
     fn state_dict(self: &Rc<Self>, rank: &JsValue) -> Result<Promise> {
         let rank = rank_arg(rank, borrow(&self.replicas)?.ranks())?;
         let core = self.clone();
-        Ok(super::promise_now(async move {
+        Ok(super::boundary::promise_now(async move {
             js(core
                 .state_dict_json(rank)
                 .await
@@ -290,13 +284,9 @@ impl OptimizerCore {
         let replicas = borrow(&self.replicas)?;
         match &*slot {
             OptimSlot::Own(o) => o.state_dict(&replicas, rank).await,
-            OptimSlot::Wrapped(post) => {
-                let post = post.opt.try_borrow().map_err(|_| busy("optimizer"))?;
-                post.optim().state_dict(&replicas, rank).await
-            }
-            OptimSlot::InDiLoCo(core, role) => {
-                let diloco = core.diloco.try_borrow().map_err(|_| busy("optimizer"))?;
-                in_diloco(&diloco, *role).state_dict(&replicas, rank).await
+            OptimSlot::Wrapped(owner) => {
+                let optim = owner.optimizer().map_err(|_| busy("optimizer"))?;
+                optim.state_dict(&replicas, rank).await
             }
             OptimSlot::Moving => Err(busy("optimizer")),
         }

@@ -1,24 +1,56 @@
 //! `PostLocalSGDOptimizer` and `PostLocalSGDState` (the post-local-SGD gradient hook).
 
-use std::cell::RefCell;
+use std::cell::{BorrowError, Ref, RefCell};
 use std::rc::Rc;
 
 use js_sys::Promise;
 use wasm_bindgen::prelude::*;
 
-use super::averaging::{AveragerSlot, averager_of};
+use super::averaging::{AveragerOwner, AveragerSlot, averager_of};
+use super::boundary::{JsResult, busy, js};
 use super::convert::{count_arg, json_from_js, json_to_js, optional_integer_arg, rank_arg};
-use super::optim::{OptimSlot, optimizer_of};
+use super::optim::{OptimSlot, OptimizerOwner, optimizer_of};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
 use super::world::{communicator, world_of};
-use super::{JsResult, busy, js};
+use distopt::averaging::ModelAverager;
 use distopt::error::Result;
+use distopt::optim::LocalOptimizer;
 use distopt::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
 
 /// A `PostLocalSGDOptimizer` and the replicas its optimizer was made over.
 pub(crate) struct PostLocalCore {
     pub(crate) replicas: SharedReplicas,
     pub(crate) opt: RefCell<PostLocalSgdOptimizer>,
+}
+
+/// The optimizer object reads its state through the wrapper it moved into.
+impl OptimizerOwner for PostLocalCore {
+    fn class(&self) -> &'static str {
+        "PostLocalSGDOptimizer"
+    }
+
+    fn refusal(&self) -> &'static str {
+        "step, load and extend it through that"
+    }
+
+    fn optimizer(&self) -> std::result::Result<Ref<'_, dyn LocalOptimizer>, BorrowError> {
+        Ok(Ref::map(self.opt.try_borrow()?, |opt| opt.optim()))
+    }
+}
+
+/// The averager object reads its counter through the wrapper it moved into.
+impl AveragerOwner for PostLocalCore {
+    fn class(&self) -> &'static str {
+        "PostLocalSGDOptimizer"
+    }
+
+    fn refusal(&self) -> &'static str {
+        "it averages through that optimizer's step()"
+    }
+
+    fn averager(&self) -> std::result::Result<Ref<'_, dyn ModelAverager>, BorrowError> {
+        Ok(Ref::map(self.opt.try_borrow()?, |opt| opt.averager()))
+    }
 }
 
 /// `PostLocalSGDOptimizer(optim, averager)`: the local optimizer's step on every rank, then
@@ -54,7 +86,7 @@ impl PostLocalSgdOptimizerJs {
             Ok(a) => a,
             Err(err) => {
                 optim_core.install(OptimSlot::Own(local));
-                return Err(super::js_error(err));
+                return Err(super::boundary::js_error(err));
             }
         };
         let core = Rc::new(PostLocalCore {
@@ -101,7 +133,7 @@ impl PostLocalSgdOptimizerJs {
     pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
         let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
         let core = self.core.clone();
-        Ok(super::promise_now(async move {
+        Ok(super::boundary::promise_now(async move {
             js(state_dict_json(&core, rank)
                 .await
                 .and_then(|sd| json_to_js(&sd)))

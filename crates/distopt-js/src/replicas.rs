@@ -8,14 +8,15 @@ use js_sys::{Array, Promise};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
+use super::boundary::{JsResult, busy, js, js_error};
 use super::convert::{
     count_arg, optional_tensor_from_js, optional_tensors_from_js, optional_tensors_to_js,
     param_arg, per_rank_tensors_from_js, rank_arg, tensor_from_js, tensor_to_js, tensors_from_js,
     tensors_to_js,
 };
 use super::handles::Registry;
+use super::session::current_backend;
 use super::world::world_of;
-use super::{JsResult, busy, current_backend, js, js_error};
 use distopt::comm::Communicator;
 use distopt::error::Result;
 use distopt::replicas::Replicas;
@@ -137,7 +138,9 @@ impl ReplicasJs {
     #[wasm_bindgen(getter)]
     pub fn backend(&self) -> JsResult<js_sys::Object> {
         let replicas = js(borrow(&self.inner))?;
-        Ok(super::backend_info_to_js(replicas.backend().info()))
+        Ok(super::session::backend_info_to_js(
+            replicas.backend().info(),
+        ))
     }
 
     /// Parameter `j`'s shape.

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use js_sys::{Array, Object, Promise};
 use wasm_bindgen::prelude::*;
 
+use super::boundary::{JsResult, js};
 use super::convert::{array, get, optional_string, set, tensor_from_js, tensor_to_js};
 use super::handles::Registry;
 use super::optim::options;
-use super::{JsResult, js};
 use distopt::backend::CpuBackend;
 use distopt::error::{Error, Result};
 use distopt::rpc::{
@@ -183,7 +183,7 @@ impl RpcWorldJs {
         let rref = js(rref_of(&rref, &self.inner, "rref"))?;
         let gradient = js(tensor_from_js(&gradient, "gradient"))?;
         let future = self.inner.0.record_gradient(context, &rref, gradient);
-        Ok(super::promise_now(async move {
+        Ok(super::boundary::promise_now(async move {
             js(future.await)?;
             Ok(JsValue::UNDEFINED)
         }))
@@ -196,7 +196,7 @@ impl RpcWorldJs {
         let context = js(context_id(&context))?;
         let owner = js(worker_name(&owner, "owner"))?;
         let future = self.inner.0.get_gradients(context, &owner);
-        Ok(super::promise_now(async move {
+        Ok(super::boundary::promise_now(async move {
             let gradients = js(future.await)?;
             let mut ids: Vec<&u64> = gradients.keys().collect();
             ids.sort();
@@ -221,7 +221,7 @@ impl RpcWorldJs {
             .inner
             .0
             .rpc_async(rref.owner(), move |state| Ok(state.grad(id).cloned()));
-        Ok(super::promise_now(async move {
+        Ok(super::boundary::promise_now(async move {
             match js(future.await)? {
                 Some(t) => js(tensor_to_js(&t)),
                 None => Ok(JsValue::NULL),
@@ -268,7 +268,7 @@ impl RRefJs {
     #[wasm_bindgen(js_name = toHere)]
     pub fn to_here(&self) -> Promise {
         let future = self.handle.rref.to_here(&self.handle.world.0);
-        super::promise_now(async move {
+        super::boundary::promise_now(async move {
             let tensor = js(future.await)?;
             js(tensor_to_js(&tensor))
         })
@@ -419,7 +419,7 @@ impl DistributedOptimizerJs {
     pub fn step(&self, context: JsValue) -> JsResult<Promise> {
         let context = js(context_id(&context))?;
         let inner = self.inner.clone();
-        Ok(super::promise_now(async move {
+        Ok(super::boundary::promise_now(async move {
             js(inner.step(context).await)?;
             Ok(JsValue::UNDEFINED)
         }))

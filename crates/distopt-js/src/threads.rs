@@ -39,7 +39,7 @@ pub fn serve_as_worker() {
 /// A `RuntimeError` at once when no worker serves the pool.
 #[cfg(target_feature = "atomics")]
 #[wasm_bindgen(js_name = __distoptPanicOnWorkerForTest)]
-pub fn panic_on_worker_for_test() -> super::JsResult<()> {
+pub fn panic_on_worker_for_test() -> super::boundary::JsResult<()> {
     use std::cell::Cell;
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -48,7 +48,7 @@ pub fn panic_on_worker_for_test() -> super::JsResult<()> {
     }
     let pool = &distopt::backend::cpu::pool::GLOBAL;
     if pool.workers() == 0 {
-        return Err(super::js_error(distopt::error::Error::runtime(
+        return Err(super::boundary::js_error(distopt::error::Error::runtime(
             "no worker thread serves the CPU pool",
         )));
     }
@@ -68,5 +68,5 @@ pub fn panic_on_worker_for_test() -> super::JsResult<()> {
         }
     });
     CALLER.with(|c| c.set(false));
-    super::js(Ok(()))
+    super::boundary::js(Ok(()))
 }

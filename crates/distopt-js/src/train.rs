@@ -10,8 +10,9 @@ use js_sys::{Array, Float32Array, Float64Array, Object, Promise, Reflect, Uint8A
 use serde_json::Value;
 use wasm_bindgen::prelude::*;
 
+use super::boundary::{JsResult, busy, js};
 use super::convert::{count_arg, json_from_js, rank_arg, set, tensors_to_js};
-use super::{JsResult, busy, current_backend, js};
+use super::session::current_backend;
 use distopt::diloco::Compression;
 use distopt::error::{Error, Result};
 use distopt::train::{
@@ -416,12 +417,12 @@ impl TrainerJs {
         let period = js(count_arg(&period, "period"))? as u64;
         let ranks = js(count_arg(&ranks, "ranks"))?;
         if period == 0 {
-            return Err(super::js_error(Error::value(
+            return Err(super::boundary::js_error(Error::value(
                 "period must be a positive integer, got 0",
             )));
         }
         if ranks == 0 {
-            return Err(super::js_error(Error::value(
+            return Err(super::boundary::js_error(Error::value(
                 "ranks must be a positive integer, got 0",
             )));
         }
@@ -551,7 +552,7 @@ impl TrainerJs {
     /// bytesCommunicatedPerRank, gradientsReduced, averaged, optimizerStateBytesPerRank}`.
     pub fn step(&self) -> Promise {
         let inner = self.inner.clone();
-        super::promise_now(async move {
+        super::boundary::promise_now(async move {
             let report = js(step(&inner).await)?;
             Ok(report_to_js(&report).into())
         })
@@ -562,7 +563,7 @@ impl TrainerJs {
     /// `{meanModelLoss, meanModelAccuracy, lossPerRank, heldOut, samples}`.
     pub fn evaluate(&self) -> Promise {
         let inner = self.inner.clone();
-        super::promise_now(async move {
+        super::boundary::promise_now(async move {
             let evaluation = js(evaluate(&inner).await)?;
             Ok(evaluation_to_js(&evaluation).into())
         })
@@ -571,7 +572,7 @@ impl TrainerJs {
     /// Every rank's parameters (`[rank][param]`).
     pub fn params(&self) -> Promise {
         let inner = self.inner.clone();
-        super::promise_now(async move {
+        super::boundary::promise_now(async move {
             let params = js(params(&inner).await)?;
             let out = Array::new();
             for rank in &params {

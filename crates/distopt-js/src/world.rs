@@ -6,9 +6,9 @@ use std::sync::Arc;
 use js_sys::Object;
 use wasm_bindgen::prelude::*;
 
+use super::boundary::{JsResult, js};
 use super::convert::{count_arg, optional_integer_arg, rank_arg, set};
 use super::handles::Registry;
-use super::{JsResult, js};
 use distopt::comm::{CommStats, Communicator, SimulatedWorld, Subgroups, new_subgroups};
 use distopt::error::Result;
 

@@ -8,12 +8,12 @@ use js_sys::{Array, Promise};
 use serde_json::Value;
 use wasm_bindgen::prelude::*;
 
+use super::boundary::{JsResult, busy, js, js_ranks};
 use super::convert::{json_from_js, json_to_js};
 use super::handles::Registry;
 use super::optim::{group_from_json, options};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
 use super::world::{communicator, world_of};
-use super::{JsResult, busy, js, js_ranks};
 use distopt::dtype::DType;
 use distopt::error::{Error, ErrorKind, RankErrors, Result};
 use distopt::optim::OptionMap;
@@ -352,7 +352,7 @@ impl ZeroRedundancyOptimizerJs {
         let world = js(world_of(world))?;
         let shared = js(replicas_of(replicas))?;
         let name = js(super::optim::optimizer_class(optimizer, "optimizer"))?.ok_or_else(|| {
-            super::js_error(Error::type_error(
+            super::boundary::js_error(Error::type_error(
                 "optimizer must be \"SGD\", \"Adam\" or \"AdamW\"",
             ))
         })?;
@@ -440,7 +440,7 @@ impl ZeroRedundancyOptimizerJs {
         let (params, options) =
             js(json_from_js(&group, "group").and_then(|g| group_from_json(g, "group")))?;
         let (zero, replicas) = (self.inner.zero.clone(), self.inner.replicas.clone());
-        Ok(super::promise_now(async move {
+        Ok(super::boundary::promise_now(async move {
             add_param_group(&zero, &replicas, params, &options).await?;
             Ok(JsValue::UNDEFINED)
         }))
@@ -457,7 +457,7 @@ impl ZeroRedundancyOptimizerJs {
             js(super::convert::integer_arg(&to, "to"))?
         };
         let (zero, replicas) = (self.inner.zero.clone(), self.inner.replicas.clone());
-        Ok(super::promise_now(async move {
+        Ok(super::boundary::promise_now(async move {
             consolidate(&zero, &replicas, to).await?;
             Ok(JsValue::UNDEFINED)
         }))
@@ -473,7 +473,7 @@ impl ZeroRedundancyOptimizerJs {
         let rank = js(super::convert::rank_arg(&rank, ranks))?;
         Ok(match zero.state_dict(rank).and_then(|sd| json_to_js(&sd)) {
             Ok(state_dict) => Promise::resolve(&state_dict),
-            Err(error) => Promise::reject(&super::js_error(error)),
+            Err(error) => Promise::reject(&super::boundary::js_error(error)),
         })
     }
 
