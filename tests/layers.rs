@@ -931,9 +931,24 @@ fn every_source_file_is_a_module() {
     }
 }
 
-/// Files of a `#[cfg(test)] mod` (left out with the test code); none today.
-fn is_test_only(_file: &str) -> bool {
-    false
+/// Files of a `#[cfg(test)] mod name;` (left out with the test code): `dir/name.rs` declared
+/// so by `dir/mod.rs` or `dir.rs`.
+fn is_test_only(file: &str) -> bool {
+    let Some((dir, name)) = file.rsplit_once('/') else {
+        return false;
+    };
+    let Some(stem) = name.strip_suffix(".rs") else {
+        return false;
+    };
+    [format!("{dir}/mod.rs"), format!("{dir}.rs")]
+        .iter()
+        .filter_map(|parent| std::fs::read_to_string(workspace().join(parent)).ok())
+        .any(|code| {
+            let words: Vec<&str> = code.split_whitespace().collect();
+            words
+                .windows(3)
+                .any(|w| w[0] == "#[cfg(test)]" && w[1] == "mod" && w[2] == format!("{stem};"))
+        })
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
