@@ -17,7 +17,7 @@ mod f16c;
 mod half;
 pub mod host_step;
 pub(crate) mod host_words;
-mod optim;
+mod parts;
 pub mod pool;
 pub mod roofline;
 mod step;
@@ -213,7 +213,7 @@ impl Backend for CpuBackend {
         scalars: &[SgdScalars],
     ) -> Result<()> {
         check_param_table("sgd", params, starts)?;
-        optim::sgd(self.info.threads, params, grads, momentum, starts, scalars)
+        parts::sgd(self.info.threads, params, grads, momentum, starts, scalars)
     }
 
     fn adam(
@@ -223,7 +223,7 @@ impl Backend for CpuBackend {
         scalars: &[AdamScalars],
     ) -> Result<()> {
         check_param_table("adam", arenas.params, starts)?;
-        optim::adam(self.info.threads, arenas, starts, scalars)
+        parts::adam(self.info.threads, arenas, starts, scalars)
     }
 
     fn average(
@@ -235,7 +235,7 @@ impl Backend for CpuBackend {
         active: &[bool],
     ) -> Result<()> {
         check_param_table("average", arena, starts)?;
-        optim::average(self.info.threads, arena, group_size, arith, starts, active)
+        parts::average(self.info.threads, arena, group_size, arith, starts, active)
     }
 
     fn scaled_sum(

@@ -4,7 +4,7 @@
 mod arena;
 mod contract;
 mod kernel;
-mod optim;
+mod per_param;
 pub mod shaders;
 mod spare;
 
