@@ -15,7 +15,7 @@ use half::{bf16, f16};
 use super::f16c;
 use super::half::{BFloat16, Binary16, HalfFormat};
 use super::host_words::prefer_huge_pages;
-use super::optim::{PartWork, run_best};
+use super::parts::{PartWork, run_best};
 use super::stream::{STREAMING_THRESHOLD_BYTES, store_elements, store_fence};
 use super::threads::run_parts;
 use crate::backend::quotient::{ByDivision, ByScale, Divide, Quotient};

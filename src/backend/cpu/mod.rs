@@ -7,21 +7,31 @@
 //! - `pool`: the worker threads the threaded WebAssembly build's Web Workers lend;
 //! - `half`: exact, branch-free 16-bit conversions and round trips;
 //! - `f16c`: the same binary16 conversions in hardware (x86-64), for the step;
-//! - `step`: the data-parallel SGD step over arenas;
-//! - `optim`: SGD, Adam and averaging over arenas;
+//! - `step`: the data-parallel SGD step over arenas (`shaders/dp_sgd_step.wgsl` on the GPU);
+//! - `sgd`, `adam`, `average`: SGD, Adam/AdamW and group averaging over arenas, each the
+//!   twin of the reference of its name in `backend/kernels/` (and of `backend/gpu/<kernel>.rs`,
+//!   `shaders/<kernel>.wgsl`); scaled sums, pseudo-gradients and conversions run the reference;
+//! - `parts`: splitting those kernels' steps into slot-aligned parts, and `run_best`;
+//! - `storage`: how their loops read, round and write each storage format;
 //! - `host_step`: the step straight from host tensors;
 //! - `roofline`: the same-traffic kernel the benchmarks compare with;
 //! - this file: `CpuBackend` and its `Backend` implementation.
 
+mod adam;
+mod average;
 mod f16c;
 mod half;
 pub mod host_step;
 pub(crate) mod host_words;
-mod optim;
+mod parts;
 pub mod pool;
 pub mod roofline;
+mod sgd;
 mod step;
+mod storage;
 mod stream;
+#[cfg(test)]
+mod test_arenas;
 mod threads;
 
 use self::host_words::HostWords;
@@ -213,7 +223,7 @@ impl Backend for CpuBackend {
         scalars: &[SgdScalars],
     ) -> Result<()> {
         check_param_table("sgd", params, starts)?;
-        optim::sgd(self.info.threads, params, grads, momentum, starts, scalars)
+        sgd::sgd(self.info.threads, params, grads, momentum, starts, scalars)
     }
 
     fn adam(
@@ -223,7 +233,7 @@ impl Backend for CpuBackend {
         scalars: &[AdamScalars],
     ) -> Result<()> {
         check_param_table("adam", arenas.params, starts)?;
-        optim::adam(self.info.threads, arenas, starts, scalars)
+        adam::adam(self.info.threads, arenas, starts, scalars)
     }
 
     fn average(
@@ -235,7 +245,7 @@ impl Backend for CpuBackend {
         active: &[bool],
     ) -> Result<()> {
         check_param_table("average", arena, starts)?;
-        optim::average(self.info.threads, arena, group_size, arith, starts, active)
+        average::average(self.info.threads, arena, group_size, arith, starts, active)
     }
 
     fn scaled_sum(

@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use super::host_words::HostWords;
-use super::optim::{PartWork, run_best, split_words};
+use super::parts::{PartWork, run_best, split_words};
 use super::threads::run_parts;
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};

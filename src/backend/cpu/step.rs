@@ -361,7 +361,7 @@ struct StepRange<'a, 'b> {
     first_element: usize,
 }
 
-impl super::optim::PartWork for StepRange<'_, '_> {
+impl super::parts::PartWork for StepRange<'_, '_> {
     #[inline(always)]
     fn run(self) {
         match self.kernel.quotient {
@@ -432,7 +432,7 @@ pub(super) fn dp_sgd_step(
         // Compiled for the best vector extension the host has (`run_best`: AVX-512 or AVX2 on
         // x86-64, which widens the 16-bit conversion loops; the same IEEE f32 arithmetic either
         // way, so the results are identical).
-        super::optim::run_best(StepRange {
+        super::parts::run_best(StepRange {
             kernel: &kernel,
             params: &mut p,
             means: m,

@@ -1,6 +1,6 @@
 //! Splitting the CPU backend's work across threads: element ranges per part, and scoped
 //! threads to run them (on wasm32, the Web Workers of `pool::GLOBAL` in the threaded build,
-//! else one thread).
+//! else one thread); and whole ranks per thread, for the kernels' by-rank fallbacks.
 
 /// Elements handled per block, and the granularity of every split: the step's accumulator and
 /// packed outputs of one block stay in L1 while the gradients of every rank stream past; a
@@ -75,5 +75,42 @@ pub(super) fn run_parts<T: Send>(parts: Vec<T>, work: impl Fn(T) + Sync) {
     }
     for part in parts {
         work(part);
+    }
+}
+
+/// Runs `work(rank, rank slices…)` for every rank, on scoped threads natively when the arena
+/// is large enough to pay for them.
+pub(super) fn for_each_rank<T: Send>(
+    items: Vec<T>,
+    elements: usize,
+    work: impl Fn(usize, T) + Sync,
+) {
+    #[cfg(target_arch = "wasm32")]
+    let _ = elements;
+    #[cfg(not(target_arch = "wasm32"))]
+    if items.len() > 1 && elements * items.len() >= 1 << 16 {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(items.len());
+        if threads > 1 {
+            let mut buckets: Vec<Vec<(usize, T)>> = (0..threads).map(|_| Vec::new()).collect();
+            for (rank, item) in items.into_iter().enumerate() {
+                buckets[rank % threads].push((rank, item));
+            }
+            std::thread::scope(|scope| {
+                let work = &work;
+                for bucket in buckets {
+                    scope.spawn(move || {
+                        for (rank, item) in bucket {
+                            work(rank, item);
+                        }
+                    });
+                }
+            });
+            return;
+        }
+    }
+    for (rank, item) in items.into_iter().enumerate() {
+        work(rank, item);
     }
 }

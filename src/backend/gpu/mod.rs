@@ -1,10 +1,20 @@
 //! The wgpu backend: one `.wgsl` file per kernel family (see `shaders/`), pipelines created
-//! once per (kernel, storage formats) and cached, arenas resident in device buffers.
+//! once per (kernel, storage formats) and cached, arenas resident in device buffers. Each
+//! per-parameter kernel is dispatched from the file of its name beside the shader's
+//! (`sgd.rs` for `shaders/sgd.wgsl`, `adam.rs`, `average.rs`, `scaled_sum.rs`,
+//! `pseudo_gradient.rs`, `convert.rs`; what they share in `per_param.rs`); the data-parallel
+//! step (`shaders/dp_sgd_step.wgsl`) and the copies are dispatched from this file.
 
+mod adam;
 mod arena;
+mod average;
 mod contract;
+mod convert;
 mod kernel;
-mod optim;
+mod per_param;
+mod pseudo_gradient;
+mod scaled_sum;
+mod sgd;
 pub mod shaders;
 mod spare;
 

@@ -1,0 +1,496 @@
+//! The CPU backend's `torch.optim.Adam`/`AdamW` step: one fused pass over memory, split into
+//! equal element ranges across the host's threads ([`super::parts`]), the per-(rank,
+//! parameter) choices hoisted out of the element loops so that they vectorize, float16 and
+//! bfloat16 read and written in place ([`super::storage`]); float64 arenas and layouts that are
+//! not slot-aligned run the reference's arithmetic rank by rank. Bit for bit the reference in
+//! `backend/kernels/adam.rs`; its GPU twins are `backend/gpu/adam.rs` and `shaders/adam.wgsl`.
+
+use super::half::{BFloat16, Binary16};
+use super::parts::{
+    PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
+};
+use super::storage::{Exact, ExactFused, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
+use super::threads::{for_each_rank, run_parts};
+use crate::backend::kernels::{
+    AdamArenas, AdamScalars, AdamSlices, ParamStarts, adam_rank, check_adam_arenas, host_words,
+    host_words_mut, optional_rank_slices,
+};
+use crate::dtype::StorageFormat;
+use crate::error::Result;
+
+/// One (rank, parameter)'s Adam constants in float32.
+#[derive(Clone, Copy)]
+struct Adam {
+    flip: u32,
+    w: f32,
+    one_minus_w: f32,
+    w_minus_one: f32,
+    wd: f32,
+    decay: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    neg_step: f32,
+    bc2: f32,
+    eps: f32,
+}
+
+impl Adam {
+    /// The constants as the kernel uses them (`add(alpha=)`'s scalar and `eps`, which PyTorch
+    /// makes a tensor of the parameter's dtype, rounded to the storage format).
+    fn of<S: Storage>(s: &AdamScalars, rnd: S) -> Adam {
+        let w = s.one_minus_beta1 as f32;
+        Adam {
+            flip: if s.maximize { 0x8000_0000 } else { 0 },
+            w,
+            one_minus_w: 1.0 - w,
+            w_minus_one: w - 1.0,
+            wd: rnd.r(s.weight_decay as f32),
+            decay: s.decay_factor as f32,
+            beta2: s.beta2 as f32,
+            one_minus_beta2: s.one_minus_beta2 as f32,
+            neg_step: -s.step_size as f32,
+            bc2: s.bias_correction2_sqrt as f32,
+            eps: rnd.r(s.eps as f32),
+        }
+    }
+}
+
+/// The Adam update of `adam_rank` in `backend/kernels/`, element by element. `DECAY`: 0 none,
+/// 1 L2 (Adam's weight decay), 2 decoupled (AdamW). `UPPER`: `1 - beta1 >= 0.5` (PyTorch's lerp
+/// takes its other formula).
+#[inline(always)]
+fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, S: Storage>(
+    c: Adam,
+    st: S,
+    a: AdamRows<'_, S::Elem>,
+) {
+    let r = |x| st.r(x);
+    let n = a.p.len();
+    let (g, m, v) = (&a.g[..n], &mut a.m[..n], &mut a.v[..n]);
+    let vmax: &mut [S::Elem] = if AMSGRAD { &mut a.vmax[..n] } else { &mut [] };
+    for i in 0..n {
+        let mut param = st.load(a.p[i]);
+        let mut grad = signed(st.load(g[i]), c.flip);
+        if DECAY == 2 {
+            param = r(param * c.decay);
+        } else if DECAY == 1 {
+            grad = if S::FUSED {
+                param.mul_add(c.wd, grad)
+            } else {
+                add_scaled(st, grad, c.wd, param)
+            };
+        }
+        let m_old = st.load(m[i]);
+        let diff = grad - m_old;
+        let m_new = match (UPPER, S::FUSED) {
+            (true, false) => r(grad - diff * c.one_minus_w),
+            (false, false) => r(m_old + c.w * diff),
+            (true, true) => c.w_minus_one.mul_add(diff, grad),
+            (false, true) => c.w.mul_add(diff, m_old),
+        };
+        m[i] = st.store(m_new);
+        let v_scaled = r(st.load(v[i]) * c.beta2);
+        let v_new = if S::FUSED {
+            (c.one_minus_beta2 * grad).mul_add(grad, v_scaled)
+        } else {
+            r(v_scaled + (c.one_minus_beta2 * grad) * grad)
+        };
+        v[i] = st.store(v_new);
+        let second = if AMSGRAD {
+            let old = st.load(vmax[i]);
+            // torch.maximum propagates NaN.
+            let new = if v_new.is_nan() || old.is_nan() {
+                if v_new.is_nan() { v_new } else { old }
+            } else if v_new > old {
+                v_new
+            } else {
+                old
+            };
+            vmax[i] = st.store(new);
+            new
+        } else {
+            v_new
+        };
+        // `(sqrt / bc2).add_(eps)`, then `param.addcdiv_(exp_avg, denom, value=-step_size)`
+        // left to right, rounded once.
+        let denom = r(r(r(second.sqrt()) / c.bc2) + c.eps);
+        a.p[i] = st.store(r(param + c.neg_step * m_new / denom));
+    }
+}
+
+/// The rows of one Adam segment, as float32.
+struct AdamRows<'a, E> {
+    p: &'a mut [E],
+    g: &'a [E],
+    m: &'a mut [E],
+    v: &'a mut [E],
+    vmax: &'a mut [E],
+}
+
+#[inline(always)]
+fn adam_dispatch<S: Storage>(s: &AdamScalars, rnd: S, rows: AdamRows<'_, S::Elem>) {
+    let c = Adam::of(s, rnd);
+    let decay = if s.decoupled {
+        2
+    } else if s.weight_decay != 0.0 {
+        1
+    } else {
+        0
+    };
+    let upper = c.w >= 0.5;
+    macro_rules! go {
+        ($d:literal, $u:literal, $a:literal) => {
+            adam_block::<$d, $u, $a, S>(c, rnd, rows)
+        };
+    }
+    match (decay, upper, s.amsgrad) {
+        (0, false, false) => go!(0, false, false),
+        (0, false, true) => go!(0, false, true),
+        (0, true, false) => go!(0, true, false),
+        (0, true, true) => go!(0, true, true),
+        (1, false, false) => go!(1, false, false),
+        (1, false, true) => go!(1, false, true),
+        (1, true, false) => go!(1, true, false),
+        (1, true, true) => go!(1, true, true),
+        (_, false, false) => go!(2, false, false),
+        (_, false, true) => go!(2, false, true),
+        (_, true, false) => go!(2, true, false),
+        (_, true, true) => go!(2, true, true),
+    }
+}
+
+/// `torch.optim.Adam`/`AdamW`'s step over every rank and parameter of host arenas: the fused,
+/// multi-threaded twin of [`adam_reference`](crate::backend::kernels::adam_reference) (bit for
+/// bit the same results).
+pub(crate) fn adam(
+    threads: usize,
+    arenas: AdamArenas<'_>,
+    starts: &ParamStarts,
+    scalars: &[AdamScalars],
+) -> Result<()> {
+    let format = arenas.params.format();
+    let planned = plan(
+        arenas.params.ranks(),
+        arenas.params.rank_len(),
+        starts,
+        |e| scalars.get(e).is_some_and(|s| s.active),
+        threads,
+    );
+    let plan = match planned {
+        Some(plan)
+            if format != StorageFormat::F64
+                && check_adam_arenas(&arenas, starts, scalars).is_ok() =>
+        {
+            plan
+        }
+        _ => return adam_by_rank(arenas, starts, scalars),
+    };
+    let AdamArenas {
+        params,
+        grads,
+        exp_avg,
+        exp_avg_sq,
+        max_exp_avg_sq,
+    } = arenas;
+    let bounds = &plan.bounds;
+    let g = split_words_ref(host_words(grads)?, format, bounds);
+    let m = split_words(host_words_mut(exp_avg)?, format, bounds);
+    let v = split_words(host_words_mut(exp_avg_sq)?, format, bounds);
+    let x = split_optional(
+        max_exp_avg_sq.map(host_words_mut).transpose()?,
+        format,
+        bounds,
+    );
+    let p = split_words(host_words_mut(params)?, format, bounds);
+    let work: Vec<_> = plan
+        .parts
+        .into_iter()
+        .zip(p)
+        .zip(g)
+        .zip(m)
+        .zip(v)
+        .zip(x)
+        .map(|(((((segments, p), g), m), v), x)| (segments, p, g, m, v, x))
+        .collect();
+    run_parts(work, |(segments, p, g, m, v, x)| {
+        run_best(AdamPart {
+            format,
+            scalars,
+            segments,
+            arrays: [p, m, v],
+            g,
+            x,
+        })
+    });
+    Ok(())
+}
+
+/// One part of an Adam step: parameters, first and second moments, gradients, maxima.
+struct AdamPart<'a> {
+    format: StorageFormat,
+    scalars: &'a [AdamScalars],
+    segments: Vec<Segment>,
+    arrays: [&'a mut [u32]; 3],
+    g: &'a [u32],
+    x: Option<&'a mut [u32]>,
+}
+
+impl PartWork for AdamPart<'_> {
+    #[inline(always)]
+    fn run(mut self) {
+        let [p, m, v] = self.arrays;
+        for seg in &self.segments {
+            let s = &self.scalars[seg.entry];
+            let mut empty: [u32; 0] = [];
+            let x: &mut [u32] = match (&mut self.x, s.amsgrad) {
+                (Some(x), true) => x,
+                _ => &mut empty,
+            };
+            adam_segment(self.format, s, seg, [&mut *p, &mut *m, &mut *v, x], self.g);
+        }
+    }
+}
+
+#[inline(always)]
+fn adam_segment(
+    format: StorageFormat,
+    s: &AdamScalars,
+    seg: &Segment,
+    arrays: [&mut [u32]; 4],
+    g: &[u32],
+) {
+    #[inline(always)]
+    fn go<S: Storage>(
+        st: S,
+        s: &AdamScalars,
+        seg: &Segment,
+        [p, m, v, x]: [&mut [u32]; 4],
+        g: &[u32],
+    ) {
+        let rows = AdamRows {
+            p: rows_mut(p, seg),
+            g: rows(g, seg),
+            m: rows_mut(m, seg),
+            v: rows_mut(v, seg),
+            vmax: rows_mut(x, seg),
+        };
+        adam_dispatch(s, st, rows);
+    }
+    use std::marker::PhantomData as M;
+    match (format, s.fused) {
+        (StorageFormat::F32, false) => go(Exact, s, seg, arrays, g),
+        (StorageFormat::F32, true) => go(ExactFused, s, seg, arrays, g),
+        (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, arrays, g),
+        (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, arrays, g),
+        (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, arrays, g),
+        (StorageFormat::BF16, true) => go(Opmath::<BFloat16>(M), s, seg, arrays, g),
+        (StorageFormat::F64, _) => unreachable!("float64 runs the reference"),
+    }
+}
+
+/// The reference's arithmetic (`adam_rank` in `backend/kernels/adam.rs`) over every rank, whole
+/// ranks on scoped threads when the arena is large enough, float32 without amsgrad or `fused`
+/// on its vectorizing twin [`adam_rank_f32`]: what float64 arenas and layouts that are not
+/// slot-aligned run (the same results as the reference).
+fn adam_by_rank(
+    arenas: AdamArenas<'_>,
+    starts: &ParamStarts,
+    scalars: &[AdamScalars],
+) -> Result<()> {
+    check_adam_arenas(&arenas, starts, scalars)?;
+    let AdamArenas {
+        params,
+        grads,
+        exp_avg,
+        exp_avg_sq,
+        max_exp_avg_sq,
+    } = arenas;
+    let format = params.format();
+    let (ranks, len) = (params.ranks(), params.rank_len());
+    let rank_words = format.words_for(len).max(1);
+    let g = host_words(grads)?;
+    let m = host_words_mut(exp_avg)?;
+    let v = host_words_mut(exp_avg_sq)?;
+    let maxes = optional_rank_slices(
+        max_exp_avg_sq.map(host_words_mut).transpose()?,
+        rank_words,
+        ranks,
+    );
+    let p = host_words_mut(params)?;
+    let items: Vec<_> = p
+        .chunks_mut(rank_words)
+        .zip(g.chunks(rank_words))
+        .zip(m.chunks_mut(rank_words))
+        .zip(v.chunks_mut(rank_words))
+        .zip(maxes)
+        .collect();
+    let count = starts.0.len();
+    for_each_rank(items, len, |rank, ((((p, g), m), v), vmax)| {
+        let table = &scalars[rank * count..(rank + 1) * count];
+        if format == StorageFormat::F64 {
+            adam_rank::<f64>(format, AdamSlices { p, g, m, v, vmax }, starts, table, len);
+        } else if format == StorageFormat::F32 && !table.iter().any(|s| s.amsgrad || s.fused) {
+            adam_rank_f32(AdamSlices { p, g, m, v, vmax }, starts, table, len);
+        } else {
+            adam_rank::<f32>(format, AdamSlices { p, g, m, v, vmax }, starts, table, len);
+        }
+    });
+    Ok(())
+}
+
+/// `adam_rank` (`backend/kernels/adam.rs`) for float32 storage without amsgrad or `fused`, on `f32`
+/// slices so that it vectorizes.
+fn adam_rank_f32(slices: AdamSlices<'_>, starts: &ParamStarts, table: &[AdamScalars], len: usize) {
+    let AdamSlices { p, g, m, v, .. } = slices;
+    let p: &mut [f32] = bytemuck::cast_slice_mut(p);
+    let g: &[f32] = bytemuck::cast_slice(g);
+    let m: &mut [f32] = bytemuck::cast_slice_mut(m);
+    let v: &mut [f32] = bytemuck::cast_slice_mut(v);
+    for (j, s) in table.iter().enumerate() {
+        if !s.active {
+            continue;
+        }
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        let w = s.one_minus_beta1 as f32;
+        let (wd, decay) = (
+            if s.decoupled {
+                0.0
+            } else {
+                s.weight_decay as f32
+            },
+            s.decay_factor as f32,
+        );
+        let (beta2, one_minus_beta2) = (s.beta2 as f32, s.one_minus_beta2 as f32);
+        let (neg_step, bc2, eps) = (
+            -s.step_size as f32,
+            s.bias_correction2_sqrt as f32,
+            s.eps as f32,
+        );
+        let sign = if s.maximize { -1.0f32 } else { 1.0 };
+        let (decoupled, upper) = (s.decoupled, w >= 0.5);
+        let one_minus_w = 1.0 - w;
+        let rows = p[start..end]
+            .iter_mut()
+            .zip(&g[start..end])
+            .zip(m[start..end].iter_mut())
+            .zip(v[start..end].iter_mut());
+        for (((p, &g), m), v) in rows {
+            let mut param = *p;
+            let mut grad = sign * g;
+            if decoupled {
+                param *= decay;
+            } else if wd != 0.0 {
+                grad += wd * param;
+            }
+            let diff = grad - *m;
+            let m_new = if upper {
+                grad - diff * one_minus_w
+            } else {
+                *m + w * diff
+            };
+            *m = m_new;
+            let v_new = *v * beta2 + (one_minus_beta2 * grad) * grad;
+            *v = v_new;
+            let denom = v_new.sqrt() / bc2 + eps;
+            *p = param + neg_step * m_new / denom;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::test_arenas::{FORMATS, SIZES, Values, arena, copy, same};
+    use crate::backend::kernels::adam_reference;
+    use crate::backend::{Arena, ArenaStorage, layout_params};
+
+    #[test]
+    fn adam_matches_the_reference_bit_for_bit() {
+        let (offsets, rank_len) = layout_params(&SIZES);
+        let starts = ParamStarts(offsets.iter().map(|&o| o as u32).collect());
+        let ranks = 2;
+        let mut v = Values(11);
+        for format in FORMATS {
+            for variant in 0..16u32 {
+                if variant & 8 == 8 && format == StorageFormat::F64 {
+                    continue; // float64 runs the reference, fused or not
+                }
+                let scalars: Vec<AdamScalars> = (0..ranks * SIZES.len())
+                    .map(|e| {
+                        let beta1 = if e % 2 == 0 { 0.9 } else { 0.3 };
+                        AdamScalars {
+                            active: !(e as u32 + variant).is_multiple_of(4),
+                            maximize: e % 3 == 0,
+                            amsgrad: variant & 1 == 1,
+                            decoupled: variant & 2 == 2,
+                            weight_decay: if variant & 4 == 4 { 0.01 } else { 0.0 },
+                            decay_factor: 1.0 - 1e-3 * 0.01,
+                            one_minus_beta1: 1.0 - beta1,
+                            beta2: 0.999,
+                            one_minus_beta2: 1.0 - 0.999,
+                            step_size: 1e-3 / (1.0 - beta1 * beta1),
+                            bias_correction2_sqrt: (1.0f64 - 0.999 * 0.999).sqrt(),
+                            eps: 1e-8,
+                            fused: variant & 8 == 8,
+                        }
+                    })
+                    .collect();
+                let mut a: Vec<Arena> = (0..5)
+                    .map(|_| arena(format, ranks, rank_len, &mut v))
+                    .collect();
+                // Second moments are never negative.
+                for k in [3, 4] {
+                    let words = match &mut a[k].storage {
+                        ArenaStorage::Host(w) => w,
+                        _ => unreachable!(),
+                    };
+                    let n = ranks * rank_len;
+                    for i in 0..n {
+                        let x = if format == StorageFormat::F64 {
+                            format.load_f64(words, i).abs()
+                        } else {
+                            f64::from(format.load(words, i).abs())
+                        };
+                        if format == StorageFormat::F64 {
+                            format.store_f64(words, i, x);
+                        } else {
+                            format.store(words, i, x as f32);
+                        }
+                    }
+                }
+                let run = |threads: Option<usize>, by_rank: bool| {
+                    let mut c: Vec<Arena> = a.iter().map(copy).collect();
+                    let [p, g, m, s, x] = &mut c[..] else {
+                        unreachable!()
+                    };
+                    let arenas = AdamArenas {
+                        params: p,
+                        grads: g,
+                        exp_avg: m,
+                        exp_avg_sq: s,
+                        max_exp_avg_sq: Some(x),
+                    };
+                    match threads {
+                        None if by_rank => adam_by_rank(arenas, &starts, &scalars).unwrap(),
+                        None => adam_reference(arenas, &starts, &scalars).unwrap(),
+                        Some(t) => adam(t, arenas, &starts, &scalars).unwrap(),
+                    }
+                    c
+                };
+                let want = run(None, false);
+                // The by-rank fallback (float64, layouts off the slots) computes the same.
+                for threads in [Some(1), Some(2), Some(3), None] {
+                    let got = run(threads, true);
+                    for (k, name) in ["params", "grads", "exp_avg", "exp_avg_sq", "max"]
+                        .iter()
+                        .enumerate()
+                    {
+                        let what = format!("adam {format:?} variant {variant} threads {threads:?}");
+                        same(&got[k], &want[k], &format!("{what}: {name}"));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The CPU backend's group averaging: float32 arenas averaged in float32 split across threads
+//! along the element axis ([`super::parts`]), each part summing every group's ranks block by
+//! block; the other formats and layouts that are not slot-aligned run the reference's
+//! arithmetic group by group. Bit for bit the reference in `backend/kernels/average.rs`; its GPU
+//! twins are `backend/gpu/average.rs` and `shaders/average.wgsl`.
+
+use super::parts::{PartWork, Segment, plan, run_best};
+use super::threads::{for_each_rank, run_parts};
+use crate::backend::Arena;
+use crate::backend::kernels::{ParamStarts, average_group, check_average, host_words_mut};
+use crate::backend::quotient::{ByDivision, ByScale, Divide, Quotient};
+use crate::dtype::StorageFormat;
+use crate::error::Result;
+
+/// [`average_reference`](crate::backend::kernels::average_reference), split across threads along
+/// the element axis (every group's ranks of one element range per part), for float32 arenas
+/// averaged in float32; the other formats run the reference.
+pub(crate) fn average(
+    threads: usize,
+    arena: &mut Arena,
+    group_size: usize,
+    arith: StorageFormat,
+    starts: &ParamStarts,
+    active: &[bool],
+) -> Result<()> {
+    let (ranks, len) = (arena.ranks(), arena.rank_len());
+    let usable = arena.format() == StorageFormat::F32
+        && arith == StorageFormat::F32
+        && group_size > 0
+        && ranks.is_multiple_of(group_size)
+        && active.len() == starts.0.len();
+    // Split one rank's element axis; every part then covers all ranks.
+    let planned = plan(
+        1,
+        len,
+        starts,
+        |j| active.get(j).copied().unwrap_or(false),
+        threads,
+    );
+    let plan = match planned {
+        Some(plan) if usable => plan,
+        _ => return average_by_group(arena, group_size, arith, starts, active),
+    };
+    let words = host_words_mut(arena)?;
+    let values: &mut [f32] = bytemuck::cast_slice_mut(words);
+    // Per part, every rank's slice of the part's element range.
+    let mut per_part: Vec<Vec<&mut [f32]>> = plan.parts.iter().map(|_| Vec::new()).collect();
+    for rank in values.chunks_mut(len.max(1)).take(ranks) {
+        let mut rest = rank;
+        let mut at = 0;
+        for (k, slot) in per_part.iter_mut().enumerate() {
+            let (head, tail) = rest.split_at_mut(plan.bounds[k + 1] - at);
+            at = plan.bounds[k + 1];
+            slot.push(head);
+            rest = tail;
+        }
+    }
+    let work: Vec<_> = plan.parts.into_iter().zip(per_part).collect();
+    let quotient = Quotient::by(group_size as f32);
+    run_parts(work, |(segments, rows)| match quotient {
+        Quotient::Divide(d) => run_best(AveragePart {
+            segments,
+            rows,
+            group_size,
+            quotient: ByDivision(d),
+        }),
+        Quotient::Scale(s) => run_best(AveragePart {
+            segments,
+            rows,
+            group_size,
+            quotient: ByScale(s),
+        }),
+    });
+    Ok(())
+}
+
+/// Elements of every row summed before the mean is written back.
+const AVERAGE_BLOCK: usize = 1024;
+
+/// One part of an averaging step: every rank's slice of the part's element range.
+struct AveragePart<'a, Q> {
+    segments: Vec<Segment>,
+    rows: Vec<&'a mut [f32]>,
+    group_size: usize,
+    /// Division by the group size (a product when that is exact).
+    quotient: Q,
+}
+
+impl<Q: Divide> PartWork for AveragePart<'_, Q> {
+    #[inline(always)]
+    fn run(mut self) {
+        let mut acc = [0f32; AVERAGE_BLOCK];
+        for seg in &self.segments {
+            let mut first = seg.first;
+            let end = seg.first + seg.len;
+            while first < end {
+                let n = AVERAGE_BLOCK.min(end - first);
+                for group in self.rows.chunks_mut(self.group_size) {
+                    let acc = &mut acc[..n];
+                    for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
+                        *a = self.quotient.of(x);
+                    }
+                    for row in &group[1..] {
+                        for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
+                            *a += self.quotient.of(x);
+                        }
+                    }
+                    for row in group.iter_mut() {
+                        row[first..first + n].copy_from_slice(acc);
+                    }
+                }
+                first += n;
+            }
+        }
+    }
+}
+
+/// The reference's arithmetic (`average_group` in `backend/kernels/average.rs`) over every
+/// group, whole groups on scoped threads when the arena is large enough, float32 averaged in
+/// float32 on its vectorizing twin [`average_group_f32`]: what the other formats and layouts
+/// that are not slot-aligned run (the same results as the reference).
+fn average_by_group(
+    arena: &mut Arena,
+    group_size: usize,
+    arith: StorageFormat,
+    starts: &ParamStarts,
+    active: &[bool],
+) -> Result<()> {
+    check_average(arena, group_size, starts, active)?;
+    let format = arena.format();
+    let len = arena.rank_len();
+    let rank_words = format.words_for(len).max(1);
+    let words = host_words_mut(arena)?;
+    // Each group's ranks are contiguous: one work item per group.
+    let items: Vec<&mut [u32]> = words.chunks_mut(rank_words * group_size).collect();
+    for_each_rank(items, len * group_size, |_, group| {
+        if arith == StorageFormat::F64 {
+            average_group::<f64>(
+                format, arith, group, rank_words, group_size, starts, active, len,
+            );
+        } else if format == StorageFormat::F32 && arith == StorageFormat::F32 {
+            average_group_f32(group, rank_words, group_size, starts, active, len);
+        } else {
+            average_group::<f32>(
+                format, arith, group, rank_words, group_size, starts, active, len,
+            );
+        }
+    });
+    Ok(())
+}
+
+/// [`average_group`] for float32, block by block so that the loops vectorize.
+fn average_group_f32(
+    group: &mut [u32],
+    rank_words: usize,
+    group_size: usize,
+    starts: &ParamStarts,
+    active: &[bool],
+    len: usize,
+) {
+    const BLOCK: usize = 1024;
+    let divisor = group_size as f32;
+    let values: &mut [f32] = bytemuck::cast_slice_mut(group);
+    let mut acc = [0f32; BLOCK];
+    for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        let mut first = start;
+        while first < end {
+            let n = BLOCK.min(end - first);
+            let acc = &mut acc[..n];
+            for (a, &x) in acc.iter_mut().zip(&values[first..first + n]) {
+                *a = x / divisor;
+            }
+            for rank in 1..group_size {
+                let row = &values[rank * rank_words + first..rank * rank_words + first + n];
+                for (a, &x) in acc.iter_mut().zip(row) {
+                    *a += x / divisor;
+                }
+            }
+            for rank in 0..group_size {
+                values[rank * rank_words + first..rank * rank_words + first + n]
+                    .copy_from_slice(acc);
+            }
+            first += n;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::test_arenas::{SIZES, Values, arena, copy, same};
+    use crate::backend::kernels::average_reference;
+    use crate::backend::layout_params;
+
+    #[test]
+    fn average_matches_the_reference_bit_for_bit() {
+        let (offsets, rank_len) = layout_params(&SIZES);
+        let starts = ParamStarts(offsets.iter().map(|&o| o as u32).collect());
+        let mut v = Values(3);
+        for (ranks, group) in [(4, 2), (6, 3), (8, 8), (3, 1)] {
+            let a = arena(StorageFormat::F32, ranks, rank_len, &mut v);
+            let active: Vec<bool> = (0..SIZES.len()).map(|j| j % 3 != 2).collect();
+            let mut want = copy(&a);
+            average_reference(&mut want, group, StorageFormat::F32, &starts, &active).unwrap();
+            // The by-group fallback (other formats, layouts off the slots) computes the same.
+            let mut got = copy(&a);
+            average_by_group(&mut got, group, StorageFormat::F32, &starts, &active).unwrap();
+            same(
+                &got,
+                &want,
+                &format!("average R={ranks} g={group} by group"),
+            );
+            for threads in [1, 2, 5] {
+                let mut got = copy(&a);
+                average(
+                    threads,
+                    &mut got,
+                    group,
+                    StorageFormat::F32,
+                    &starts,
+                    &active,
+                )
+                .unwrap();
+                same(
+                    &got,
+                    &want,
+                    &format!("average R={ranks} g={group} threads {threads}"),
+                );
+            }
+        }
+    }
+}

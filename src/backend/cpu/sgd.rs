@@ -1,0 +1,453 @@
+//! The CPU backend's `torch.optim.SGD` step: one fused pass over memory, split into equal
+//! element ranges across the host's threads ([`super::parts`]), the per-(rank, parameter)
+//! choices hoisted out of the element loops so that they vectorize, float16 and bfloat16 read
+//! and written in place ([`super::storage`]); float64 arenas and layouts that are not
+//! slot-aligned run the reference's arithmetic rank by rank. Bit for bit the reference in
+//! `backend/kernels/sgd.rs`; its GPU twins are `backend/gpu/sgd.rs` and `shaders/sgd.wgsl`.
+
+use super::half::{BFloat16, Binary16};
+use super::parts::{
+    PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
+};
+use super::storage::{Exact, ExactFused, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
+use super::threads::{for_each_rank, run_parts};
+use crate::backend::Arena;
+use crate::backend::kernels::{
+    ParamStarts, SgdScalars, check_sgd_arenas, host_words, host_words_mut, optional_rank_slices,
+    sgd_rank,
+};
+use crate::dtype::StorageFormat;
+use crate::error::Result;
+
+/// One (rank, parameter)'s SGD constants in float32.
+#[derive(Clone, Copy)]
+struct Sgd {
+    flip: u32,
+    neg_lr: f32,
+    wd: f32,
+    momentum: f32,
+    momentum_alpha: f32,
+    damp: f32,
+}
+
+impl Sgd {
+    /// The constants as the kernel uses them: the scalars of `add(alpha=)` rounded to the
+    /// storage format (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
+    fn of<S: Storage>(s: &SgdScalars, rnd: S) -> Sgd {
+        Sgd {
+            flip: if s.maximize { 0x8000_0000 } else { 0 },
+            neg_lr: rnd.r(-s.lr as f32),
+            wd: rnd.r(s.weight_decay as f32),
+            momentum: s.momentum as f32,
+            momentum_alpha: rnd.r(s.momentum as f32),
+            damp: rnd.r(s.one_minus_dampening as f32),
+        }
+    }
+}
+
+/// The SGD update of `sgd_rank` in `backend/kernels/`, element by element. `MOM`: 0 no
+/// momentum buffer, 1 first step (the buffer starts as the gradient), 2 a running buffer.
+#[inline(always)]
+fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
+    c: Sgd,
+    st: S,
+    p: &mut [S::Elem],
+    g: &[S::Elem],
+    b: &mut [S::Elem],
+) {
+    let r = |x| st.r(x);
+    let add = |x, alpha, y| add_scaled(st, x, alpha, y);
+    let n = p.len().min(g.len());
+    let (p, g) = (&mut p[..n], &g[..n]);
+    if S::FUSED {
+        sgd_block_fused::<WD, MOM, NESTEROV, S>(c, st, p, g, b);
+        return;
+    }
+    if MOM == 0 {
+        for (p, &g) in p.iter_mut().zip(g) {
+            let param = st.load(*p);
+            let mut grad = signed(st.load(g), c.flip);
+            if WD {
+                grad = add(grad, c.wd, param);
+            }
+            *p = st.store(add(param, c.neg_lr, grad));
+        }
+        return;
+    }
+    let b = &mut b[..n];
+    for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
+        let param = st.load(*p);
+        let mut grad = signed(st.load(g), c.flip);
+        if WD {
+            grad = add(grad, c.wd, param);
+        }
+        let buf = if MOM == 1 {
+            grad
+        } else {
+            add(r(st.load(*b) * c.momentum), c.damp, grad)
+        };
+        *b = st.store(buf);
+        grad = if NESTEROV {
+            add(grad, c.momentum_alpha, buf)
+        } else {
+            buf
+        };
+        *p = st.store(add(param, c.neg_lr, grad));
+    }
+}
+
+/// [`sgd_block`] under `fused=True`: the fused branch of `sgd_rank` in `backend/kernels/`
+/// (float32 throughout, its multiply-adds fused, one rounding per store).
+#[inline(always)]
+fn sgd_block_fused<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
+    c: Sgd,
+    st: S,
+    p: &mut [S::Elem],
+    g: &[S::Elem],
+    b: &mut [S::Elem],
+) {
+    let n = p.len().min(g.len());
+    let (p, g) = (&mut p[..n], &g[..n]);
+    if MOM == 0 {
+        for (p, &g) in p.iter_mut().zip(g) {
+            let param = st.load(*p);
+            let mut grad = signed(st.load(g), c.flip);
+            if WD {
+                grad = param.mul_add(c.wd, grad);
+            }
+            *p = st.store(grad.mul_add(c.neg_lr, param));
+        }
+        return;
+    }
+    let b = &mut b[..n];
+    for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
+        let param = st.load(*p);
+        let mut grad = signed(st.load(g), c.flip);
+        if WD {
+            grad = param.mul_add(c.wd, grad);
+        }
+        let buf = if MOM == 1 {
+            grad
+        } else {
+            grad.mul_add(c.damp, st.load(*b) * c.momentum)
+        };
+        *b = st.store(buf);
+        if NESTEROV {
+            grad = buf.mul_add(c.momentum, grad);
+        } else {
+            grad = buf;
+        }
+        *p = st.store(grad.mul_add(c.neg_lr, param));
+    }
+}
+
+#[inline(always)]
+fn sgd_dispatch<S: Storage>(
+    s: &SgdScalars,
+    rnd: S,
+    p: &mut [S::Elem],
+    g: &[S::Elem],
+    b: &mut [S::Elem],
+) {
+    let c = Sgd::of(s, rnd);
+    let wd = s.weight_decay != 0.0;
+    let mom = match (s.momentum != 0.0, s.first_step) {
+        (false, _) => 0,
+        (true, true) => 1,
+        (true, false) => 2,
+    };
+    macro_rules! go {
+        ($wd:literal, $mom:literal, $nest:literal) => {
+            sgd_block::<$wd, $mom, $nest, S>(c, rnd, p, g, b)
+        };
+    }
+    match (wd, mom, s.nesterov && mom != 0) {
+        (false, 0, _) => go!(false, 0, false),
+        (true, 0, _) => go!(true, 0, false),
+        (false, 1, false) => go!(false, 1, false),
+        (false, 1, true) => go!(false, 1, true),
+        (true, 1, false) => go!(true, 1, false),
+        (true, 1, true) => go!(true, 1, true),
+        (false, _, false) => go!(false, 2, false),
+        (false, _, true) => go!(false, 2, true),
+        (true, _, false) => go!(true, 2, false),
+        (true, _, true) => go!(true, 2, true),
+    }
+}
+
+/// `torch.optim.SGD`'s step over every rank and parameter of host arenas: the fused,
+/// multi-threaded twin of [`sgd_reference`](crate::backend::kernels::sgd_reference) (bit for bit
+/// the same results).
+pub(crate) fn sgd(
+    threads: usize,
+    params: &mut Arena,
+    grads: &Arena,
+    momentum: Option<&mut Arena>,
+    starts: &ParamStarts,
+    scalars: &[SgdScalars],
+) -> Result<()> {
+    let format = params.format();
+    let aligned = plan(
+        params.ranks(),
+        params.rank_len(),
+        starts,
+        |e| scalars.get(e).is_some_and(|s| s.active),
+        threads,
+    );
+    let plan = match aligned {
+        Some(plan)
+            if format != StorageFormat::F64
+                && check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)
+                    .is_ok() =>
+        {
+            plan
+        }
+        _ => return sgd_by_rank(params, grads, momentum, starts, scalars),
+    };
+    let g = split_words_ref(host_words(grads)?, format, &plan.bounds);
+    let b = split_optional(
+        momentum.map(host_words_mut).transpose()?,
+        format,
+        &plan.bounds,
+    );
+    let p = split_words(host_words_mut(params)?, format, &plan.bounds);
+    let work: Vec<_> = plan
+        .parts
+        .into_iter()
+        .zip(p)
+        .zip(g)
+        .zip(b)
+        .map(|(((segments, p), g), b)| (segments, p, g, b))
+        .collect();
+    run_parts(work, |(segments, p, g, b)| {
+        run_best(SgdPart {
+            format,
+            scalars,
+            segments,
+            p,
+            g,
+            b,
+        })
+    });
+    Ok(())
+}
+
+/// One part of an SGD step.
+struct SgdPart<'a> {
+    format: StorageFormat,
+    scalars: &'a [SgdScalars],
+    segments: Vec<Segment>,
+    p: &'a mut [u32],
+    g: &'a [u32],
+    b: Option<&'a mut [u32]>,
+}
+
+impl PartWork for SgdPart<'_> {
+    #[inline(always)]
+    fn run(mut self) {
+        for seg in &self.segments {
+            let s = &self.scalars[seg.entry];
+            let mut empty: [u32; 0] = [];
+            let b: &mut [u32] = match (&mut self.b, s.momentum != 0.0) {
+                (Some(b), true) => b,
+                _ => &mut empty,
+            };
+            sgd_segment(self.format, s, seg, self.p, self.g, b);
+        }
+    }
+}
+
+#[inline(always)]
+fn sgd_segment(
+    format: StorageFormat,
+    s: &SgdScalars,
+    seg: &Segment,
+    p: &mut [u32],
+    g: &[u32],
+    b: &mut [u32],
+) {
+    #[inline(always)]
+    fn go<S: Storage>(
+        st: S,
+        s: &SgdScalars,
+        seg: &Segment,
+        p: &mut [u32],
+        g: &[u32],
+        b: &mut [u32],
+    ) {
+        sgd_dispatch(s, st, rows_mut(p, seg), rows(g, seg), rows_mut(b, seg));
+    }
+    use std::marker::PhantomData as M;
+    match (format, s.fused) {
+        (StorageFormat::F32, false) => go(Exact, s, seg, p, g, b),
+        (StorageFormat::F32, true) => go(ExactFused, s, seg, p, g, b),
+        (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, p, g, b),
+        (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, p, g, b),
+        (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, p, g, b),
+        (StorageFormat::BF16, true) => go(Opmath::<BFloat16>(M), s, seg, p, g, b),
+        (StorageFormat::F64, _) => unreachable!("float64 runs the reference"),
+    }
+}
+
+/// The reference's arithmetic (`sgd_rank` in `backend/kernels/sgd.rs`) over every rank, whole
+/// ranks on scoped threads when the arena is large enough, float32 without `fused` on its
+/// vectorizing twin [`sgd_rank_f32`]: what float64 arenas and layouts that are not slot-aligned
+/// run (the same results as the reference).
+fn sgd_by_rank(
+    params: &mut Arena,
+    grads: &Arena,
+    momentum: Option<&mut Arena>,
+    starts: &ParamStarts,
+    scalars: &[SgdScalars],
+) -> Result<()> {
+    check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)?;
+    let format = params.format();
+    let (ranks, len) = (params.ranks(), params.rank_len());
+    let rank_words = format.words_for(len);
+    let g = host_words(grads)?;
+    let buffers =
+        optional_rank_slices(momentum.map(host_words_mut).transpose()?, rank_words, ranks);
+    let p = host_words_mut(params)?;
+    let items: Vec<_> = p
+        .chunks_mut(rank_words.max(1))
+        .zip(g.chunks(rank_words.max(1)))
+        .zip(buffers)
+        .collect();
+    let count = starts.0.len();
+    for_each_rank(items, len, |rank, ((p, g), buf)| {
+        let table = &scalars[rank * count..(rank + 1) * count];
+        if format == StorageFormat::F64 {
+            sgd_rank::<f64>(format, p, g, buf, starts, table, len);
+        } else if format == StorageFormat::F32 && !table.iter().any(|s| s.fused) {
+            sgd_rank_f32(p, g, buf, starts, table, len);
+        } else {
+            sgd_rank::<f32>(format, p, g, buf, starts, table, len);
+        }
+    });
+    Ok(())
+}
+
+/// `sgd_rank` (`backend/kernels/sgd.rs`) for float32 storage without `fused`: the same operations
+/// on `f32` slices, with the per-parameter choices taken outside the element loops so that they
+/// vectorize.
+fn sgd_rank_f32(
+    p: &mut [u32],
+    g: &[u32],
+    mut buf: Option<&mut [u32]>,
+    starts: &ParamStarts,
+    table: &[SgdScalars],
+    len: usize,
+) {
+    let p: &mut [f32] = bytemuck::cast_slice_mut(p);
+    let g: &[f32] = bytemuck::cast_slice(g);
+    for (j, s) in table.iter().enumerate() {
+        if !s.active {
+            continue;
+        }
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        let (p, g) = (&mut p[start..end], &g[start..end]);
+        let (lr, wd, mom, damp) = (
+            -s.lr as f32,
+            s.weight_decay as f32,
+            s.momentum as f32,
+            s.one_minus_dampening as f32,
+        );
+        let sign = if s.maximize { -1.0f32 } else { 1.0 };
+        let momentum = match buf.as_deref_mut() {
+            Some(b) if s.momentum != 0.0 => {
+                Some(&mut bytemuck::cast_slice_mut::<u32, f32>(b)[start..end])
+            }
+            _ => None,
+        };
+        match momentum {
+            None if s.weight_decay == 0.0 => {
+                for (p, &g) in p.iter_mut().zip(g) {
+                    *p += lr * (sign * g);
+                }
+            }
+            None => {
+                for (p, &g) in p.iter_mut().zip(g) {
+                    let grad = sign * g + wd * *p;
+                    *p += lr * grad;
+                }
+            }
+            Some(b) => {
+                for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
+                    let mut grad = sign * g;
+                    if s.weight_decay != 0.0 {
+                        grad += wd * *p;
+                    }
+                    let new = if s.first_step {
+                        grad
+                    } else {
+                        *b * mom + damp * grad
+                    };
+                    *b = new;
+                    grad = if s.nesterov { grad + mom * new } else { new };
+                    *p += lr * grad;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::test_arenas::{FORMATS, SIZES, Values, arena, copy, same};
+    use crate::backend::kernels::sgd_reference;
+    use crate::backend::layout_params;
+
+    #[test]
+    fn sgd_matches_the_reference_bit_for_bit() {
+        let (offsets, rank_len) = layout_params(&SIZES);
+        let starts = ParamStarts(offsets.iter().map(|&o| o as u32).collect());
+        let ranks = 3;
+        let mut v = Values(7);
+        for format in FORMATS {
+            for variant in 0..32u32 {
+                if variant & 16 == 16 && format == StorageFormat::F64 {
+                    continue; // float64 runs the reference, fused or not
+                }
+                let scalars: Vec<SgdScalars> = (0..ranks * SIZES.len())
+                    .map(|e| SgdScalars {
+                        active: !(e as u32 + variant).is_multiple_of(5),
+                        first_step: variant & 1 == 1,
+                        nesterov: variant & 2 == 2 && e % 2 == 0,
+                        maximize: e % 3 == 0,
+                        lr: 0.1,
+                        momentum: if variant & 4 == 4 { 0.0 } else { 0.9 },
+                        one_minus_dampening: if e % 2 == 0 { 1.0 } else { 0.7 },
+                        weight_decay: if variant & 8 == 8 || e % 4 == 1 {
+                            0.01
+                        } else {
+                            0.0
+                        },
+                        fused: variant & 16 == 16,
+                    })
+                    .collect();
+                let (p, g, b) = (
+                    arena(format, ranks, rank_len, &mut v),
+                    arena(format, ranks, rank_len, &mut v),
+                    arena(format, ranks, rank_len, &mut v),
+                );
+                let (mut p0, mut b0) = (copy(&p), copy(&b));
+                sgd_reference(&mut p0, &g, Some(&mut b0), &starts, &scalars).unwrap();
+                for threads in [1, 2, 3] {
+                    let (mut p1, mut b1) = (copy(&p), copy(&b));
+                    sgd(threads, &mut p1, &g, Some(&mut b1), &starts, &scalars).unwrap();
+                    let what = format!("sgd {format:?} variant {variant} threads {threads}");
+                    same(&p1, &p0, &format!("{what}: params"));
+                    same(&b1, &b0, &format!("{what}: momentum"));
+                }
+                // The by-rank fallback (float64, layouts off the slots) computes the same.
+                let (mut p1, mut b1) = (copy(&p), copy(&b));
+                sgd_by_rank(&mut p1, &g, Some(&mut b1), &starts, &scalars).unwrap();
+                let what = format!("sgd {format:?} variant {variant} by rank");
+                same(&p1, &p0, &format!("{what}: params"));
+                same(&b1, &b0, &format!("{what}: momentum"));
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! How the CPU backend's optimizer kernels read and write each storage format in place
+//! ([`Storage`]: float32 as it is, float16 and bfloat16 widened on load and rounded after every
+//! tensor operation, or once on store under `fused=True`), the segment rows of a part's words,
+//! and the element operations SGD (`sgd.rs`) and Adam (`adam.rs`) share.
+//!
+//! The kernels compute exactly what the reference kernels in `backend/kernels/` compute,
+//! operation by operation (the same IEEE float32 operations in the same order, each PyTorch
+//! tensor operation's result rounded to the storage format), so the two agree bit for bit; the
+//! reference stays the readable twin every backend is tested against. float32 runs on the
+//! arena's words in place; float16 and bfloat16 run the same loops over the arena's 16-bit
+//! elements in place: each element is widened to float32 as it is loaded, every tensor
+//! operation's result is rounded to the format, and the rounded value is stored back, in one
+//! pass.
+
+use super::half::HalfFormat;
+use super::parts::Segment;
+
+// The packed 16-bit arenas are read as `u16` slices: element `2k` is the low half of word `k`.
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "16-bit arenas are read as u16 slices"
+);
+
+/// How the element loops read and write one storage format, and round a tensor operation's
+/// float32 result to it. Every loop computes in float32.
+pub(super) trait Storage: Copy {
+    /// One element as the arena stores it.
+    type Elem: bytemuck::Pod;
+    /// PyTorch's `fused=True` arithmetic: the multiply-adds its fused kernels single-round
+    /// are fused multiply-adds here (see `sgd_rank` and `adam_rank` in `backend/kernels/`).
+    const FUSED: bool = false;
+    /// A tensor operation's float32 result rounded to the format.
+    fn r(self, x: f32) -> f32;
+    /// An element, widened to float32 (exact).
+    fn load(self, e: Self::Elem) -> f32;
+    /// A value already rounded by [`r`](Self::r), as the arena stores it (exact).
+    fn store(self, x: f32) -> Self::Elem;
+}
+
+/// float32 storage: the result is already rounded.
+#[derive(Clone, Copy)]
+pub(super) struct Exact;
+impl Storage for Exact {
+    type Elem = f32;
+    #[inline(always)]
+    fn r(self, x: f32) -> f32 {
+        x
+    }
+    #[inline(always)]
+    fn load(self, e: f32) -> f32 {
+        e
+    }
+    #[inline(always)]
+    fn store(self, x: f32) -> f32 {
+        x
+    }
+}
+
+/// float32 storage under PyTorch's `fused=True`: [`Exact`] with its multiply-adds fused.
+#[derive(Clone, Copy)]
+pub(super) struct ExactFused;
+impl Storage for ExactFused {
+    type Elem = f32;
+    const FUSED: bool = true;
+    #[inline(always)]
+    fn r(self, x: f32) -> f32 {
+        x
+    }
+    #[inline(always)]
+    fn load(self, e: f32) -> f32 {
+        e
+    }
+    #[inline(always)]
+    fn store(self, x: f32) -> f32 {
+        x
+    }
+}
+
+/// A 16-bit storage format, read and written in place: decoded on load, rounded after every
+/// tensor operation, encoded on store.
+#[derive(Clone, Copy)]
+pub(super) struct To<H>(pub(super) std::marker::PhantomData<H>);
+impl<H: HalfFormat + Copy> Storage for To<H> {
+    type Elem = u16;
+    #[inline(always)]
+    fn r(self, x: f32) -> f32 {
+        H::round(x)
+    }
+    #[inline(always)]
+    fn load(self, e: u16) -> f32 {
+        H::decode(u32::from(e))
+    }
+    #[inline(always)]
+    fn store(self, x: f32) -> u16 {
+        H::encode_rounded(x) as u16
+    }
+}
+
+/// A 16-bit storage format under PyTorch's `fused=True`: decoded on load, computed in float32
+/// without rounding (its multiply-adds fused), rounded to the format once, as it is stored.
+#[derive(Clone, Copy)]
+pub(super) struct Opmath<H>(pub(super) std::marker::PhantomData<H>);
+impl<H: HalfFormat + Copy> Storage for Opmath<H> {
+    type Elem = u16;
+    const FUSED: bool = true;
+    #[inline(always)]
+    fn r(self, x: f32) -> f32 {
+        x
+    }
+    #[inline(always)]
+    fn load(self, e: u16) -> f32 {
+        H::decode_operand(u32::from(e))
+    }
+    #[inline(always)]
+    fn store(self, x: f32) -> u16 {
+        H::encode(x) as u16
+    }
+}
+
+/// A segment's elements of a part's words, as the format's elements (empty for an absent
+/// arena).
+#[inline(always)]
+pub(super) fn rows_mut<'a, T: bytemuck::Pod>(words: &'a mut [u32], seg: &Segment) -> &'a mut [T] {
+    if words.is_empty() {
+        &mut []
+    } else {
+        &mut bytemuck::cast_slice_mut::<u32, T>(words)[seg.first..seg.first + seg.len]
+    }
+}
+
+/// A segment's elements of a part's (read-only) words.
+#[inline(always)]
+pub(super) fn rows<'a, T: bytemuck::Pod>(words: &'a [u32], seg: &Segment) -> &'a [T] {
+    &bytemuck::cast_slice::<u32, T>(words)[seg.first..seg.first + seg.len]
+}
+
+/// `-g` when maximizing: a sign flip, as `-grad` is.
+#[inline(always)]
+pub(super) fn signed(g: f32, flip: u32) -> f32 {
+    f32::from_bits(g.to_bits() ^ flip)
+}
+
+/// PyTorch's `x.add(y, alpha=alpha)` on one element, `alpha` already rounded to the format:
+/// the product and the sum each rounded to the storage format (the reference's
+/// `kernels::add_scaled`; one product and one sum for float32).
+#[inline(always)]
+pub(super) fn add_scaled<S: Storage>(rnd: S, x: f32, alpha: f32, y: f32) -> f32 {
+    rnd.r(x + rnd.r(alpha * y))
+}

@@ -1,0 +1,173 @@
+//! What the GPU backend's per-parameter kernels share (SGD, Adam/AdamW, group averaging,
+//! DDP's scaled sum, DiLoCo's pseudo-gradient, format conversion: one file each beside this
+//! one, `sgd.rs` for `shaders/sgd.wgsl` and so on): the parameter table and the small storage
+//! tables they read, one launch per chunk of an arena ([`GpuBackend::launch`]), and the
+//! geometry check of their arenas.
+
+use wgpu::util::DeviceExt;
+
+use super::contract::{BLOCK_ELEMENTS, Dispatch};
+use super::kernel::Kernel;
+use super::{GpuArena, GpuBackend};
+use crate::backend::Arena;
+use crate::backend::kernels::ParamStarts;
+use crate::error::{Error, Result};
+
+/// `bit` where `on`, else 0: one flag of a kernel's table entry.
+pub(super) fn flag(on: bool, bit: u32) -> u32 {
+    if on { bit } else { 0 }
+}
+
+impl GpuBackend {
+    pub(super) fn storage_buffer<T: bytemuck::Pod>(
+        &self,
+        label: &str,
+        items: &[T],
+    ) -> wgpu::Buffer {
+        let bytes: &[u8] = bytemuck::cast_slice(items);
+        // WebGPU rejects zero-sized bindings.
+        let contents = if bytes.is_empty() {
+            &[0u8; 16][..]
+        } else {
+            bytes
+        };
+        self.shared
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage: wgpu::BufferUsages::STORAGE,
+            })
+    }
+
+    /// The parameter starts followed by, for every block of [`BLOCK_ELEMENTS`] elements of the
+    /// rank space, the parameter its first element belongs to: a kernel then finds an
+    /// element's parameter by a short forward scan from its block's entry, so the cost of the
+    /// lookup does not grow with the number of parameters.
+    pub(super) fn param_table_buffer(&self, starts: &ParamStarts, rank_len: usize) -> wgpu::Buffer {
+        let blocks = rank_len.div_ceil(BLOCK_ELEMENTS);
+        let mut table = Vec::with_capacity(starts.0.len() + blocks);
+        table.extend_from_slice(&starts.0);
+        let mut j = 0usize;
+        for block in 0..blocks {
+            let element = block * BLOCK_ELEMENTS;
+            while j + 1 < starts.0.len() && starts.0[j + 1] as usize <= element {
+                j += 1;
+            }
+            table.push(j as u32);
+        }
+        self.storage_buffer("distopt param table", &table)
+    }
+
+    /// One launch of a per-parameter kernel: for every chunk of `layout`'s arenas, the
+    /// [`Dispatch`] geometry, the parameter table, `launch.tables` and each arena's chunk
+    /// (the placeholder for an absent one), bound in that order; one compute pass.
+    pub(super) fn launch(
+        &self,
+        layout: &Arena,
+        starts: &ParamStarts,
+        launch: PerParam<'_>,
+    ) -> Result<()> {
+        let PerParam {
+            kernel,
+            overrides,
+            lanes,
+            group_size,
+            tables,
+            arenas,
+        } = launch;
+        let gpu = self.gpu(layout)?;
+        let starts_buffer = self.param_table_buffer(starts, layout.rank_len());
+        let pipeline = kernel.pipeline(&self.shared, overrides);
+        let device = &self.shared.device;
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            let mut first_element = 0usize;
+            for (c, chunk) in gpu.chunks.iter().enumerate() {
+                let geometry = Dispatch {
+                    // Chunks hold whole 64-element parameter slots: eight-element groups and
+                    // whole vec4<u32> words per rank.
+                    octets: (chunk.len / 8) as u32,
+                    first_octet: (first_element / 8) as u32,
+                    rank_quads: (chunk.rank_words / 4) as u32,
+                    ranks: lanes as u32,
+                    params: starts.0.len() as u32,
+                    group_size: group_size as u32,
+                    _pad: [0; 2],
+                };
+                let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("distopt geometry"),
+                    contents: bytemuck::bytes_of(&geometry),
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+                let mut buffers: Vec<&wgpu::Buffer> = vec![&uniform, &starts_buffer];
+                buffers.extend_from_slice(tables);
+                buffers.extend(
+                    arenas
+                        .iter()
+                        .map(|a| a.map_or(&self.placeholder, |a| &a.chunks[c].buffer)),
+                );
+                pass.set_bind_group(0, &kernel.bind(device, &buffers), &[]);
+                let (x, y) = self.grid(chunk.len / 8 * lanes);
+                pass.dispatch_workgroups(x, y, 1);
+                first_element += chunk.len;
+            }
+        }
+        self.shared.queue.submit([encoder.finish()]);
+        self.shared.take_uncaptured()
+    }
+
+    /// One `u32` flag per entry (1 where set), as a storage buffer.
+    pub(super) fn flags_buffer(&self, label: &str, flags: &[bool]) -> wgpu::Buffer {
+        let words: Vec<u32> = flags.iter().map(|&f| u32::from(f)).collect();
+        self.storage_buffer(label, &words)
+    }
+
+    /// The arena of `arena` if it is given.
+    pub(super) fn gpu_opt<'a>(&self, arena: Option<&'a Arena>) -> Result<Option<&'a GpuArena>> {
+        arena.map(|a| self.gpu(a)).transpose()
+    }
+}
+
+/// What [`GpuBackend::launch`] binds and how it spreads the grid.
+pub(super) struct PerParam<'a> {
+    pub(super) kernel: &'a Kernel,
+    /// The values of the kernel's `override` constants, in its spec's order.
+    pub(super) overrides: &'a [u32],
+    /// Lanes of the grid per eight elements (ranks, or groups when averaging).
+    pub(super) lanes: usize,
+    /// [`Dispatch::group_size`].
+    pub(super) group_size: usize,
+    /// The storage buffers bound after the parameter table.
+    pub(super) tables: &'a [&'a wgpu::Buffer],
+    /// The arenas bound after the tables, one chunk at a time.
+    pub(super) arenas: &'a [Option<&'a GpuArena>],
+}
+
+pub(super) fn check_geometry(
+    what: &str,
+    params: &Arena,
+    other: &Arena,
+    starts: &ParamStarts,
+    entries: usize,
+) -> Result<()> {
+    if params.ranks() != other.ranks()
+        || params.rank_len() != other.rank_len()
+        || params.chunk_len() != other.chunk_len()
+        || params.format() != other.format()
+    {
+        return Err(Error::value(format!(
+            "{what}: arenas do not match ({params:?} vs {other:?})"
+        )));
+    }
+    if starts.0.is_empty() || entries != params.ranks() * starts.0.len() {
+        return Err(Error::value(format!(
+            "{what}: table has {entries} entries for {} ranks of {} parameters",
+            params.ranks(),
+            starts.0.len()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! `torch.optim.Adam`/`AdamW`'s single-tensor step, the plain-Rust reference: its arenas, their
+//! checks and the arithmetic of the model in [`super`], element by element. Its twins: the CPU
+//! backend's fused, multi-threaded kernel in `backend/cpu/adam.rs`, the GPU dispatch in
+//! `backend/gpu/adam.rs` and the shader `shaders/adam.wgsl`.
+
+use super::{
+    AdamScalars, Arena, ParamStarts, Real, add_scaled, check_same_layout, check_table, host_words,
+    host_words_mut, optional_rank_slices, rounding_format,
+};
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+
+/// A `ValueError` when an active entry has amsgrad but no `max_exp_avg_sq` arena is given
+/// (every backend's Adam).
+pub(crate) fn check_adam_state(has_max: bool, scalars: &[AdamScalars]) -> Result<()> {
+    if scalars.iter().any(|s| s.active && s.amsgrad) && !has_max {
+        return Err(Error::value(
+            "adam: amsgrad is set but no max_exp_avg_sq arena was given",
+        ));
+    }
+    Ok(())
+}
+
+/// The four arenas of an Adam step.
+pub struct AdamArenas<'a> {
+    /// Parameters (updated).
+    pub params: &'a mut Arena,
+    /// Gradients.
+    pub grads: &'a Arena,
+    /// First moments (updated).
+    pub exp_avg: &'a mut Arena,
+    /// Second moments (updated).
+    pub exp_avg_sq: &'a mut Arena,
+    /// Running maxima of the second moments (amsgrad only).
+    pub max_exp_avg_sq: Option<&'a mut Arena>,
+}
+
+/// Checks the arenas and table of an Adam step (shared by every host implementation).
+pub(crate) fn check_adam_arenas(
+    arenas: &AdamArenas<'_>,
+    starts: &ParamStarts,
+    scalars: &[AdamScalars],
+) -> Result<()> {
+    let params = &*arenas.params;
+    check_same_layout("adam", params, arenas.grads)?;
+    check_same_layout("adam exp_avg", params, arenas.exp_avg)?;
+    check_same_layout("adam exp_avg_sq", params, arenas.exp_avg_sq)?;
+    check_table("adam", params, starts, scalars)?;
+    if let Some(x) = &arenas.max_exp_avg_sq {
+        check_same_layout("adam max_exp_avg_sq", params, x)?;
+    }
+    check_adam_state(arenas.max_exp_avg_sq.is_some(), scalars)
+}
+
+/// `torch.optim.Adam`/`AdamW`'s single-tensor step over every rank and parameter of an arena.
+///
+/// # Errors
+/// A `ValueError` when an arena differs from the parameters in ranks, length or format, when
+/// `starts` is empty or `scalars` does not hold one entry per (rank, parameter), or when an
+/// active entry has `amsgrad` but no `max_exp_avg_sq` arena is given; a `RuntimeError` when an
+/// arena lives on a GPU device.
+pub fn adam_reference(
+    arenas: AdamArenas<'_>,
+    starts: &ParamStarts,
+    scalars: &[AdamScalars],
+) -> Result<()> {
+    check_adam_arenas(&arenas, starts, scalars)?;
+    let AdamArenas {
+        params,
+        grads,
+        exp_avg,
+        exp_avg_sq,
+        max_exp_avg_sq,
+    } = arenas;
+    let format = params.format();
+    let (ranks, len) = (params.ranks(), params.rank_len());
+    let rank_words = format.words_for(len).max(1);
+    let g = host_words(grads)?;
+    let m = host_words_mut(exp_avg)?;
+    let v = host_words_mut(exp_avg_sq)?;
+    let maxes = optional_rank_slices(
+        max_exp_avg_sq.map(host_words_mut).transpose()?,
+        rank_words,
+        ranks,
+    );
+    let p = host_words_mut(params)?;
+    let items = p
+        .chunks_mut(rank_words)
+        .zip(g.chunks(rank_words))
+        .zip(m.chunks_mut(rank_words))
+        .zip(v.chunks_mut(rank_words))
+        .zip(maxes);
+    let count = starts.0.len();
+    for (rank, ((((p, g), m), v), vmax)) in items.enumerate() {
+        let table = &scalars[rank * count..(rank + 1) * count];
+        if format == StorageFormat::F64 {
+            adam_rank::<f64>(format, AdamSlices { p, g, m, v, vmax }, starts, table, len);
+        } else {
+            adam_rank::<f32>(format, AdamSlices { p, g, m, v, vmax }, starts, table, len);
+        }
+    }
+    Ok(())
+}
+
+/// One rank's words of the arenas of an Adam step.
+pub(in crate::backend) struct AdamSlices<'a> {
+    pub(in crate::backend) p: &'a mut [u32],
+    pub(in crate::backend) g: &'a [u32],
+    pub(in crate::backend) m: &'a mut [u32],
+    pub(in crate::backend) v: &'a mut [u32],
+    pub(in crate::backend) vmax: Option<&'a mut [u32]>,
+}
+
+/// One rank's Adam update: every active parameter of `table`, element by element.
+pub(in crate::backend) fn adam_rank<T: Real>(
+    format: StorageFormat,
+    slices: AdamSlices<'_>,
+    starts: &ParamStarts,
+    table: &[AdamScalars],
+    len: usize,
+) {
+    let AdamSlices {
+        p,
+        g,
+        m,
+        v,
+        mut vmax,
+    } = slices;
+    for (j, s) in table.iter().enumerate() {
+        if !s.active {
+            continue;
+        }
+        let rounding = rounding_format(format, s.fused);
+        let r = |x: T| T::round(rounding, x);
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        let w = T::scalar(s.one_minus_beta1);
+        let (wd, decay) = (T::scalar(s.weight_decay), T::scalar(s.decay_factor));
+        let (beta2, one_minus_beta2) = (T::scalar(s.beta2), T::scalar(s.one_minus_beta2));
+        let (neg_step, bc2, eps) = (
+            T::scalar(-s.step_size),
+            T::scalar(s.bias_correction2_sqrt),
+            T::scalar(s.eps),
+        );
+        for i in start..end {
+            let mut param = T::load(format, p, i);
+            let mut grad = T::load(format, g, i);
+            if s.maximize {
+                grad = -grad;
+            }
+            // With `fused`, PyTorch's fused kernel (FusedAdamKernel.cpp) single-rounds three
+            // multiply-adds: the L2 term, the lerp (`vec::fmadd`) and the second moment's
+            // `(1 - beta2) * g * g` term (contracted by the compiler, in the vector body and
+            // the scalar tail alike).
+            if s.decoupled {
+                param = r(param * decay);
+            } else if s.weight_decay != 0.0 {
+                grad = if s.fused {
+                    param.mul_add(wd, grad)
+                } else {
+                    add_scaled(rounding, grad, wd, param)
+                };
+            }
+            // exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two-sided lerp formula.
+            let m_old = T::load(format, m, i);
+            let diff = grad - m_old;
+            let m_new = match (w < T::HALF, s.fused) {
+                (true, false) => r(m_old + w * diff),
+                (false, false) => r(grad - diff * (T::ONE - w)),
+                (true, true) => w.mul_add(diff, m_old),
+                (false, true) => (w - T::ONE).mul_add(diff, grad),
+            };
+            T::store(format, m, i, m_new);
+            let v_scaled = r(T::load(format, v, i) * beta2);
+            let v_new = if s.fused {
+                (one_minus_beta2 * grad).mul_add(grad, v_scaled)
+            } else {
+                r(v_scaled + (one_minus_beta2 * grad) * grad)
+            };
+            T::store(format, v, i, v_new);
+            let second = match vmax.as_deref_mut() {
+                Some(vmax) if s.amsgrad => {
+                    let old = T::load(format, vmax, i);
+                    // torch.maximum propagates NaN.
+                    let new = if v_new.is_nan() || old.is_nan() {
+                        if v_new.is_nan() { v_new } else { old }
+                    } else if v_new > old {
+                        v_new
+                    } else {
+                        old
+                    };
+                    T::store(format, vmax, i, new);
+                    new
+                }
+                _ => v_new,
+            };
+            // `(sqrt / bc2).add_(eps)`: `eps` becomes a tensor of the parameter's dtype first.
+            let denom = add_scaled(rounding, r(r(second.sqrt()) / bc2), T::ONE, eps);
+            // `param.addcdiv_(exp_avg, denom, value=-step_size)`: `p + value * m / d`, left to
+            // right, in the compute precision, rounded once.
+            T::store(format, p, i, r(param + neg_step * m_new / denom));
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! DiLoCo's pseudo-gradient, the plain-Rust reference. The CPU backend runs it as it is
+//! (`backend/cpu/mod.rs`); its GPU twins are the dispatch in `backend/gpu/pseudo_gradient.rs`
+//! and the shader `shaders/pseudo_gradient.wgsl`.
+
+use super::{Arena, ParamStarts, check_same_layout, host_words, host_words_mut};
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+
+/// DiLoCo's pseudo-gradient over three arenas of one layout, every rank at once, for the
+/// parameters flagged in `active`: `grads = round(backup - params)` (one subtraction in the
+/// format's precision: float32 for the 32- and 16-bit formats, rounded once to the format;
+/// float64 for float64), then `params = backup` (the bits). Inactive parameters are left
+/// alone in all three arenas.
+///
+/// # Errors
+/// A `ValueError` when `backup` or `grads` differ from `params` in ranks, length or format, or
+/// `active` does not hold one flag per parameter of `starts`; a `RuntimeError` when an arena
+/// lives on a GPU device.
+pub fn pseudo_gradient_reference(
+    params: &mut Arena,
+    backup: &Arena,
+    grads: &mut Arena,
+    starts: &ParamStarts,
+    active: &[bool],
+) -> Result<()> {
+    check_same_layout("pseudo_gradient backup", params, backup)?;
+    check_same_layout("pseudo_gradient grads", params, grads)?;
+    if active.len() != starts.0.len() {
+        return Err(Error::value(format!(
+            "pseudo_gradient: {} flags for {} parameters",
+            active.len(),
+            starts.0.len()
+        )));
+    }
+    let format = params.format();
+    let (ranks, len) = (params.ranks(), params.rank_len());
+    let from = host_words(backup)?;
+    let to = host_words_mut(grads)?;
+    let current = host_words_mut(params)?;
+    for rank in 0..ranks {
+        for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {
+            // Parameters start at multiples of 64 elements and run to the next start: whole
+            // words in every format.
+            let start = rank * len + starts.0[j] as usize;
+            let end = rank * len + starts.0.get(j + 1).map_or(len, |&e| e as usize);
+            match format {
+                StorageFormat::F32 => {
+                    let (o, p, g): (&[f32], &[f32], &mut [f32]) = (
+                        bytemuck::cast_slice(&from[start..end]),
+                        bytemuck::cast_slice(&current[start..end]),
+                        bytemuck::cast_slice_mut(&mut to[start..end]),
+                    );
+                    for ((g, &o), &p) in g.iter_mut().zip(o).zip(p) {
+                        *g = o - p;
+                    }
+                }
+                StorageFormat::F64 => {
+                    for i in start..end {
+                        let d = format.load_f64(from, i) - format.load_f64(current, i);
+                        format.store_f64(to, i, d);
+                    }
+                }
+                _ => {
+                    for i in start..end {
+                        let d = format.load(from, i) - format.load(current, i);
+                        format.store(to, i, d);
+                    }
+                }
+            }
+            let words = format.word_of(start)..format.word_of(end);
+            current[words.clone()].copy_from_slice(&from[words]);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! DDP's gradient all-reduce with joined ranks (the scaled sum), the plain-Rust reference. The
+//! CPU backend runs it as it is (`backend/cpu/mod.rs`); its GPU twins are the dispatch in
+//! `backend/gpu/scaled_sum.rs` and the shader `shaders/scaled_sum.wgsl`.
+
+use super::{Arena, ParamStarts, Real, host_words_mut};
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+
+/// Checks the tables of a scaled sum against its arena.
+pub(crate) fn check_scaled_sum(
+    arena: &Arena,
+    starts: &ParamStarts,
+    reduced: &[bool],
+    scales: &[Option<f64>],
+    present: &[bool],
+) -> Result<()> {
+    let (ranks, params) = (arena.ranks(), starts.0.len());
+    if reduced.len() != params || scales.len() != ranks || present.len() != ranks * params {
+        return Err(Error::value(format!(
+            "scaled sum: {} reduced flags, {} scales and {} presence flags for {ranks} ranks of {params} parameters",
+            reduced.len(),
+            scales.len(),
+            present.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The data-parallel gradient all-reduce of `DistributedDataParallel`, joined ranks included:
+/// for every element of the parameters flagged `reduced`, the sum over the ranks in rank order
+/// of `c_r = round(x_r · scale_r)` for a rank with `scales[r] = Some(scale_r)` whose
+/// value is `present` (`present[r * params + j]`), and of `+0` for the others (a joined rank,
+/// an absent gradient: DDP's bucket holds zeros there). The scale is taken in the compute
+/// precision (float32, float64 for float64), every product and every partial sum is rounded
+/// to the `arith` precision; the sum, rounded to the arena's format,
+/// is written to every rank whose scale is `Some`. Ranks with `None` keep their data.
+///
+/// # Errors
+/// A `ValueError` when `reduced` does not hold one flag per parameter, `scales` one entry per
+/// rank or `present` one flag per (rank, parameter); a `RuntimeError` when the arena lives on
+/// a GPU device.
+pub fn scaled_sum_reference(
+    arena: &mut Arena,
+    arith: StorageFormat,
+    starts: &ParamStarts,
+    reduced: &[bool],
+    scales: &[Option<f64>],
+    present: &[bool],
+) -> Result<()> {
+    check_scaled_sum(arena, starts, reduced, scales, present)?;
+    let format = arena.format();
+    let (ranks, len, params) = (arena.ranks(), arena.rank_len(), starts.0.len());
+    let rank_words = format.words_for(len).max(1);
+    let words = host_words_mut(arena)?;
+    if arith == StorageFormat::F64 {
+        scaled_sum_ranks::<f64>(
+            format, arith, words, rank_words, ranks, params, starts, reduced, scales, present, len,
+        );
+    } else {
+        scaled_sum_ranks::<f32>(
+            format, arith, words, rank_words, ranks, params, starts, reduced, scales, present, len,
+        );
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scaled_sum_ranks<T: Real>(
+    format: StorageFormat,
+    arith: StorageFormat,
+    words: &mut [u32],
+    rank_words: usize,
+    ranks: usize,
+    params: usize,
+    starts: &ParamStarts,
+    reduced: &[bool],
+    scales: &[Option<f64>],
+    present: &[bool],
+    len: usize,
+) {
+    let round = |x: T| T::round(arith, x);
+    // The scale in the compute precision (PyTorch's opmath), not rounded to a 16-bit ARITH.
+    let scales: Vec<Option<T>> = scales.iter().map(|s| s.map(T::scalar)).collect();
+    let zero = T::scalar(0.0);
+    for (j, _) in reduced.iter().enumerate().filter(|(_, r)| **r) {
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        let contribution = |words: &[u32], rank: usize, i: usize| match scales[rank] {
+            Some(s) if present[rank * params + j] => {
+                round(T::load(format, &words[rank * rank_words..], i) * s)
+            }
+            _ => zero,
+        };
+        for i in start..end {
+            let mut acc = contribution(words, 0, i);
+            for rank in 1..ranks {
+                acc = round(acc + contribution(words, rank, i));
+            }
+            for rank in (0..ranks).filter(|&r| scales[r].is_some()) {
+                T::store(format, &mut words[rank * rank_words..], i, acc);
+            }
+        }
+    }
+}

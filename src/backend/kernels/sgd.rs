@@ -1,0 +1,156 @@
+//! `torch.optim.SGD`'s single-tensor step, the plain-Rust reference: its arguments' checks and
+//! the arithmetic of the model in [`super`], element by element. Its twins: the CPU backend's
+//! fused, multi-threaded kernel in `backend/cpu/sgd.rs`, the GPU dispatch in
+//! `backend/gpu/sgd.rs` and the shader `shaders/sgd.wgsl`.
+
+use super::{
+    Arena, ParamStarts, Real, SgdScalars, add_scaled, check_same_layout, check_table, host_words,
+    host_words_mut, optional_rank_slices, rounding_format,
+};
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+
+/// Checks the arenas and table of an SGD step (shared by every host implementation).
+pub(crate) fn check_sgd_arenas(
+    params: &Arena,
+    grads: &Arena,
+    momentum: Option<&Arena>,
+    starts: &ParamStarts,
+    scalars: &[SgdScalars],
+) -> Result<()> {
+    check_same_layout("sgd", params, grads)?;
+    check_table("sgd", params, starts, scalars)?;
+    if let Some(m) = momentum {
+        check_same_layout("sgd momentum", params, m)?;
+    }
+    check_sgd_state(momentum.is_some(), scalars)
+}
+
+/// A `ValueError` when an active entry has momentum but no momentum arena is given (every
+/// backend's SGD).
+pub(crate) fn check_sgd_state(has_momentum: bool, scalars: &[SgdScalars]) -> Result<()> {
+    let needs_momentum = scalars.iter().any(|s| s.active && s.momentum != 0.0);
+    if needs_momentum && !has_momentum {
+        return Err(Error::value(
+            "sgd: momentum is set but no momentum arena was given",
+        ));
+    }
+    Ok(())
+}
+
+/// `torch.optim.SGD`'s single-tensor step over every rank and parameter of an arena.
+///
+/// # Errors
+/// A `ValueError` when `grads` or `momentum` differ from `params` in ranks, length or format,
+/// when `starts` is empty or `scalars` does not hold one entry per (rank, parameter), or when
+/// an active entry has momentum but no momentum arena is given; a `RuntimeError` when an arena
+/// lives on a GPU device (the reference runs on host arenas).
+pub fn sgd_reference(
+    params: &mut Arena,
+    grads: &Arena,
+    momentum: Option<&mut Arena>,
+    starts: &ParamStarts,
+    scalars: &[SgdScalars],
+) -> Result<()> {
+    check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)?;
+    let format = params.format();
+    let (ranks, len) = (params.ranks(), params.rank_len());
+    let rank_words = format.words_for(len);
+    let g = host_words(grads)?;
+    let buffers =
+        optional_rank_slices(momentum.map(host_words_mut).transpose()?, rank_words, ranks);
+    let p = host_words_mut(params)?;
+    let items = p
+        .chunks_mut(rank_words.max(1))
+        .zip(g.chunks(rank_words.max(1)))
+        .zip(buffers);
+    let count = starts.0.len();
+    for (rank, ((p, g), buf)) in items.enumerate() {
+        let table = &scalars[rank * count..(rank + 1) * count];
+        if format == StorageFormat::F64 {
+            sgd_rank::<f64>(format, p, g, buf, starts, table, len);
+        } else {
+            sgd_rank::<f32>(format, p, g, buf, starts, table, len);
+        }
+    }
+    Ok(())
+}
+
+/// One rank's SGD update: every active parameter of `table`, element by element.
+pub(in crate::backend) fn sgd_rank<T: Real>(
+    format: StorageFormat,
+    p: &mut [u32],
+    g: &[u32],
+    mut buf: Option<&mut [u32]>,
+    starts: &ParamStarts,
+    table: &[SgdScalars],
+    len: usize,
+) {
+    for (j, s) in table.iter().enumerate() {
+        if !s.active {
+            continue;
+        }
+        let rounding = rounding_format(format, s.fused);
+        let r = |x: T| T::round(rounding, x);
+        // `x.add(y, alpha=a)` (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
+        let add = |x: T, alpha: T, y: T| add_scaled(rounding, x, alpha, y);
+        let start = starts.0[j] as usize;
+        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+        let (lr, wd, mom, damp) = (
+            T::scalar(-s.lr),
+            T::scalar(s.weight_decay),
+            T::scalar(s.momentum),
+            T::scalar(s.one_minus_dampening),
+        );
+        if s.fused {
+            // PyTorch's fused kernel (FusedSGDKernel.cpp): the compute precision throughout,
+            // its multiply-adds single-rounded (`vec::fmadd`, and the scalar tail's
+            // expressions contracted alike), each tensor rounded once, when stored.
+            for i in start..end {
+                let param = T::load(format, p, i);
+                let mut grad = T::load(format, g, i);
+                if s.maximize {
+                    grad = -grad;
+                }
+                if s.weight_decay != 0.0 {
+                    grad = param.mul_add(wd, grad);
+                }
+                if s.momentum != 0.0 {
+                    if let Some(buf) = buf.as_deref_mut() {
+                        let b = if s.first_step {
+                            grad
+                        } else {
+                            grad.mul_add(damp, T::load(format, buf, i) * mom)
+                        };
+                        T::store(format, buf, i, b);
+                        grad = if s.nesterov { b.mul_add(mom, grad) } else { b };
+                    }
+                }
+                T::store(format, p, i, grad.mul_add(lr, param));
+            }
+            continue;
+        }
+        for i in start..end {
+            let param = T::load(format, p, i);
+            let mut grad = T::load(format, g, i);
+            if s.maximize {
+                grad = -grad;
+            }
+            if s.weight_decay != 0.0 {
+                grad = add(grad, wd, param);
+            }
+            if s.momentum != 0.0 {
+                if let Some(buf) = buf.as_deref_mut() {
+                    let b = if s.first_step {
+                        grad
+                    } else {
+                        add(r(T::load(format, buf, i) * mom), damp, grad)
+                    };
+                    T::store(format, buf, i, b);
+                    grad = if s.nesterov { add(grad, mom, b) } else { b };
+                }
+            }
+            T::store(format, p, i, add(param, lr, grad));
+        }
+    }
+}
