@@ -98,11 +98,13 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
 const ALLOWED_CYCLES: &[(&[&str], &str)] = &[
     (
         &["src/backend/"],
-        // Left to the split of kernels.rs and the CPU and GPU optim.rs into one file per
-        // kernel, under way on another branch: the backends use `backend/mod.rs` (the trait,
-        // the arena) and `mod.rs` uses them (`select_backend`, the re-exports its own code
-        // names), `cpu/mod.rs` and `cpu/step.rs` use each other.
-        "the backends and their facade: being split on another branch",
+        // The backends use `backend/mod.rs` (the `Backend` trait, `Arena`, the formats) and
+        // `mod.rs` uses them (`select_backend`, `host_step`'s types in the trait, the GPU
+        // arena inside `Arena`); `kernels/mod.rs` and each kernel file share the tables both
+        // ways; `cpu/mod.rs` and `cpu/step.rs`, `gpu/mod.rs` and its arena and kernel use
+        // each other. Breaking it means moving the trait and `Arena` out of the facade into
+        // files of their own, and the tables out of `kernels/mod.rs`: not done yet.
+        "the backend facade (trait and Arena in mod.rs) and its backends",
     ),
     (
         &[
