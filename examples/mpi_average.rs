@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager};
 use distopt::comm::Communicator;
 use distopt::comm::mpi::{MpiWorld, install_panic_hook};
@@ -49,14 +50,14 @@ fn run(world: &Arc<MpiWorld>) -> Result<()> {
     let mut averager = HierarchicalModelAverager::new(&levels, 0, world.clone())?;
     for step in 1..=8 {
         // A local step: each rank moves by its own amount.
-        let current = model.param_blocking(0, 0)?.values_f64()?;
+        let current = model.param(0, 0).block_on()?.values_f64()?;
         let moved: Vec<f32> = current
             .iter()
             .map(|v| (*v + (rank + 1) as f64) as f32)
             .collect();
         model.set_param(0, 0, &Tensor::from_f32(&[4], moved)?)?;
         let group = averager.average_parameters(&mut model, None)?;
-        let value = model.param_blocking(0, 0)?.values_f64()?[0];
+        let value = model.param(0, 0).block_on()?.values_f64()?[0];
         println!(
             "rank {rank} step {step}: {value:6.2}{}",
             group.map_or(String::new(), |g| format!("  (averaged over {g} ranks)"))

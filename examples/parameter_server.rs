@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use distopt::backend::{BackendChoice, select_backend_blocking};
+use distopt::BlockOn;
+use distopt::backend::{BackendChoice, select_backend};
 use distopt::optim::OptionMap;
 use distopt::rpc::{DistributedOptimizer, LocalOptimizerKind, RpcWorld};
 use distopt::{Result, Tensor};
@@ -41,7 +42,7 @@ fn main() -> Result<()> {
     };
     let steps: usize = option("--steps").and_then(|s| s.parse().ok()).unwrap_or(30);
     let choice = BackendChoice::parse(&option("--backend").unwrap_or_else(|| "cpu".into()))?;
-    let selection = select_backend_blocking(choice)?;
+    let selection = select_backend(choice).block_on()?;
     println!(
         "backend: {} ({})",
         selection.backend.info().name,
@@ -145,7 +146,7 @@ fn main() -> Result<()> {
                 .record_gradient(context.id(), param, grad)
                 .now_or_wait()?;
         }
-        optimizer.step_blocking(context.id())?;
+        optimizer.step(context.id()).block_on()?;
         let step_ms = step_start.elapsed().as_secs_f64() * 1e3;
         if step % 5 == 0 || step + 1 == steps {
             println!(

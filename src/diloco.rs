@@ -337,6 +337,7 @@ enum Target {
 /// world's mean pseudo-gradient.
 ///
 /// ```
+/// use distopt::BlockOn;
 /// use std::sync::Arc;
 /// use distopt::comm::SimulatedWorld;
 /// use distopt::diloco::DiLoCo;
@@ -356,7 +357,7 @@ enum Target {
 ///     model.set_grads(rank, &[Some(Tensor::from_f32(&[1], vec![g]).unwrap())]).unwrap();
 /// }
 /// assert!(diloco.step(&mut model).unwrap()); // synced: both ranks at the mean, 1 - 0.5·3
-/// assert_eq!(model.param_blocking(1, 0).unwrap().values_f64().unwrap(), vec![-0.5]);
+/// assert_eq!(model.param(1, 0).block_on().unwrap().values_f64().unwrap(), vec![-0.5]);
 /// ```
 #[derive(Debug)]
 pub struct DiLoCo {
@@ -1014,15 +1015,6 @@ impl DiLoCo {
             "original_parameters": original,
             "pending": pending,
         }))
-    }
-
-    /// Blocking [`DiLoCo::state_dict`].
-    ///
-    /// # Errors
-    /// As [`DiLoCo::state_dict`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn state_dict_blocking(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
-        pollster::block_on(self.state_dict(replicas, rank))
     }
 
     /// Loads rank `rank`'s (a local index) state saved by [`DiLoCo::state_dict`]: both

@@ -6,18 +6,19 @@
 //! simulated on one device, their parameters kept in *replica arenas*: all parameters of one
 //! dtype, for all ranks, in one flat buffer, so every kernel is one dispatch.
 //!
-//! The core API is `async` (browser readback is asynchronous); native callers use the
-//! `*_blocking` wrappers.
+//! The core API is `async` (browser readback is asynchronous), with one form per operation;
+//! native callers wait for a call with `.block_on()` ([`BlockOn`], [`block_on`]).
 //!
 //! ```
-//! use distopt::{BackendChoice, Tensor, select_backend_blocking, sgd_step_blocking};
-//! let backend = select_backend_blocking(BackendChoice::Cpu).unwrap().backend;
+//! use distopt::BlockOn;
+//! use distopt::{BackendChoice, Tensor, select_backend, sgd_step};
+//! let backend = select_backend(BackendChoice::Cpu).block_on().unwrap().backend;
 //! let params = vec![vec![Tensor::from_f32(&[2], vec![1.0, -1.0]).unwrap()]; 2];
 //! let grads = vec![
 //!     vec![Some(Tensor::from_f32(&[2], vec![2.0, 4.0]).unwrap())],
 //!     vec![Some(Tensor::from_f32(&[2], vec![0.0, 0.0]).unwrap())],
 //! ];
-//! let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 0.5).unwrap();
+//! let out = sgd_step(backend.as_ref(), &params, &grads, 0.5).block_on().unwrap();
 //! assert_eq!(out.mean_gradients[0].values_f64().unwrap(), vec![1.0, 2.0]);
 //! assert_eq!(out.updated_replicas[0][0].values_f64().unwrap(), vec![0.5, -2.0]);
 //! ```
@@ -35,6 +36,8 @@
 pub mod averaging;
 pub mod backend;
 pub mod bench;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod blocking;
 pub mod budget;
 pub mod comm;
 pub mod ddp;
@@ -58,18 +61,16 @@ pub(crate) mod transfer;
 pub mod warnings;
 pub mod zero;
 
-#[cfg(not(target_arch = "wasm32"))]
-pub use backend::select_backend_blocking;
 pub use backend::{
     Arena, Backend, BackendChoice, BackendInfo, BackendKind, CpuBackend, GpuBackend, Selection,
     select_backend,
 };
+#[cfg(not(target_arch = "wasm32"))]
+pub use blocking::{BlockOn, block_on};
 pub use dtype::{DType, StorageFormat};
 pub use error::{Error, ErrorKind, RankErrors, Result};
 pub use host_data::HostData;
 pub use step::{ReplicaOutputs, StepOutput, sgd_step, sgd_step_in, sgd_step_with, to_device};
-#[cfg(not(target_arch = "wasm32"))]
-pub use step::{sgd_step_blocking, sgd_step_in_blocking};
 pub use tensor::{Storage, Tensor};
 
 /// The README's examples, compiled and run as doctests.

@@ -85,15 +85,6 @@ impl PostLocalSgdOptimizer {
         Ok(state_dict)
     }
 
-    /// Blocking [`PostLocalSgdOptimizer::state_dict`].
-    ///
-    /// # Errors
-    /// As [`PostLocalSgdOptimizer::state_dict`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn state_dict_blocking(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
-        pollster::block_on(self.state_dict(replicas, rank))
-    }
-
     /// `load_state_dict()` on rank `rank`: the local optimizer's state, and the averager's step
     /// counter from `"step"` — or, without it, a warning and a counter of 0.
     ///
@@ -231,6 +222,7 @@ impl PostLocalSgdState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::BlockOn;
     use crate::averaging::PeriodicModelAverager;
     use crate::backend::CpuBackend;
     use crate::comm::SimulatedWorld;
@@ -261,7 +253,7 @@ mod tests {
         let param = Tensor::new(&[2], HostData::Float32(vec![1.0, 2.0])).unwrap();
         let mut replicas = Replicas::replicate(backend, 2, &[param]).unwrap();
         let mut target = post_local(&replicas);
-        let before = target.state_dict_blocking(&replicas, 0).unwrap();
+        let before = target.state_dict(&replicas, 0).block_on().unwrap();
         let mut incoming = before.clone();
         incoming["param_groups"][0]["lr"] = json!(0.5);
         for step in [json!(2.9), json!(-1), json!("3")] {
@@ -274,11 +266,11 @@ mod tests {
                 error.message(),
                 format!("\"step\" must be a non-negative integer, got {step}")
             );
-            assert_eq!(target.state_dict_blocking(&replicas, 0).unwrap(), before);
+            assert_eq!(target.state_dict(&replicas, 0).block_on().unwrap(), before);
         }
         incoming["step"] = json!(3);
         target.load_state_dict(&mut replicas, 0, &incoming).unwrap();
-        let after = target.state_dict_blocking(&replicas, 0).unwrap();
+        let after = target.state_dict(&replicas, 0).block_on().unwrap();
         assert_eq!(after["step"], json!(3));
         assert_eq!(after["param_groups"][0]["lr"], json!(0.5));
     }

@@ -197,15 +197,6 @@ impl Tensor {
         }
     }
 
-    /// Blocking [`Tensor::to_host`] for native callers.
-    ///
-    /// # Errors
-    /// As [`Tensor::to_host`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn to_host_blocking(&self) -> Result<Tensor> {
-        pollster::block_on(self.to_host())
-    }
-
     /// All values as `f64` (host tensors only; exact).
     ///
     /// # Errors

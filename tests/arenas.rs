@@ -3,6 +3,7 @@
 
 mod common;
 
+use distopt::BlockOn;
 use distopt::{Backend, ErrorKind, StorageFormat};
 
 #[test]
@@ -77,7 +78,7 @@ fn optimizer_state_a_step_needs_is_checked_on_both_backends() {
 /// new arena is zeros all the same, a scratch arena may show the old values.
 #[test]
 fn a_kept_gpu_buffer_makes_a_zeroed_arena() {
-    let Ok(gpu) = distopt::GpuBackend::new_blocking() else {
+    let Ok(gpu) = distopt::GpuBackend::new().block_on() else {
         assert!(common::gpu_backend().is_none());
         return;
     };

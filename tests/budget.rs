@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::replicas::Replicas;
 use distopt::{Backend, CpuBackend, DType, ErrorKind, StorageFormat, Tensor, budget};
 
@@ -51,7 +52,7 @@ fn the_budget_refuses_what_does_not_fit_and_releases_what_is_dropped() {
     budget::set_limit(11 << 20);
     let fits = Replicas::replicate(backend.clone(), 2, std::slice::from_ref(&big)).unwrap();
     assert_eq!(
-        fits.param_blocking(1, 0).unwrap().values_f64().unwrap()[..3],
+        fits.param(1, 0).block_on().unwrap().values_f64().unwrap()[..3],
         [1.0, 1.0, 1.0]
     );
     drop(fits);
@@ -91,7 +92,7 @@ fn the_budget_refuses_what_does_not_fit_and_releases_what_is_dropped() {
     let g = Some(Tensor::from_f32(&[1 << 17], vec![2.0; 1 << 17]).unwrap());
     let params = vec![vec![p.clone()], vec![p.clone()]];
     let grads = vec![vec![g.clone()], vec![g.clone()]];
-    let Err(err) = distopt::sgd_step_blocking(backend.as_ref(), &params, &grads, 0.5) else {
+    let Err(err) = distopt::sgd_step(backend.as_ref(), &params, &grads, 0.5).block_on() else {
         panic!("a step over the budget ran");
     };
     assert_eq!(err.kind(), ErrorKind::RuntimeError, "{err}");
@@ -111,7 +112,9 @@ fn the_budget_refuses_what_does_not_fit_and_releases_what_is_dropped() {
     // The default returns, and with it everything works again.
     budget::reset_limit();
     assert!(budget::limit() > 1 << 28, "{}", budget::limit());
-    let out = distopt::sgd_step_blocking(backend.as_ref(), &params, &grads, 0.5).unwrap();
+    let out = distopt::sgd_step(backend.as_ref(), &params, &grads, 0.5)
+        .block_on()
+        .unwrap();
     assert_eq!(out.updated_replicas[1][0].values_f64().unwrap()[0], 0.0);
     assert_eq!(budget::in_use(), idle);
 }

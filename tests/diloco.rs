@@ -12,6 +12,7 @@ mod common;
 
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::backend::kernels::ParamStarts;
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::diloco::{Compression, DiLoCo, DiLoCoOptions};
@@ -315,7 +316,8 @@ fn step(replicas: &mut Replicas, diloco: &mut DiLoCo, grads: &[Vec<Option<Tensor
 /// Every rank's parameters as (dtype, bits) per element.
 fn param_bits(replicas: &Replicas) -> Vec<Vec<Vec<u64>>> {
     replicas
-        .all_params_blocking()
+        .all_params()
+        .block_on()
         .unwrap()
         .iter()
         .map(|rank| {
@@ -350,7 +352,7 @@ fn a_run_resumed_from_a_state_dict_at_any_step_has_the_straight_runs_bits() {
         assert_ne!(straight[3][0], straight[3][1], "{label}");
         assert_eq!(straight[5][0], straight[5][2], "{label}");
         let final_states: Vec<Value> = (0..WORLD)
-            .map(|r| diloco.state_dict_blocking(&replicas, r).unwrap())
+            .map(|r| diloco.state_dict(&replicas, r).block_on().unwrap())
             .collect();
         for stop in 1..STEPS {
             let (mut replicas, mut diloco) = fresh(&backend, &vec![initial_params(); WORLD]);
@@ -358,7 +360,7 @@ fn a_run_resumed_from_a_state_dict_at_any_step_has_the_straight_runs_bits() {
                 step(&mut replicas, &mut diloco, g);
             }
             let saved: Vec<Value> = (0..WORLD)
-                .map(|r| diloco.state_dict_blocking(&replicas, r).unwrap())
+                .map(|r| diloco.state_dict(&replicas, r).block_on().unwrap())
                 .collect();
             assert_eq!(
                 saved[0]["local_step"],
@@ -366,7 +368,7 @@ fn a_run_resumed_from_a_state_dict_at_any_step_has_the_straight_runs_bits() {
                 "{label} stop {stop}"
             );
             // The model's parameters are saved apart from the optimizer, as in PyTorch.
-            let params = replicas.all_params_blocking().unwrap();
+            let params = replicas.all_params().block_on().unwrap();
             drop((replicas, diloco));
             let (mut replicas, mut diloco) = fresh(&backend, &params);
             for (rank, sd) in saved.iter().enumerate() {
@@ -385,7 +387,7 @@ fn a_run_resumed_from_a_state_dict_at_any_step_has_the_straight_runs_bits() {
             }
             for (rank, want) in final_states.iter().enumerate() {
                 assert_eq!(
-                    &diloco.state_dict_blocking(&replicas, rank).unwrap(),
+                    &diloco.state_dict(&replicas, rank).block_on().unwrap(),
                     want,
                     "{label}: resumed after step {stop}, final state dict of rank {rank}"
                 );
@@ -429,7 +431,8 @@ fn a_sync_all_reduces_every_parameter_once_in_its_dtype() {
     for rank in 0..4 {
         assert_eq!(
             replicas
-                .param_blocking(rank, 0)
+                .param(rank, 0)
+                .block_on()
                 .unwrap()
                 .values_f64()
                 .unwrap(),
@@ -437,7 +440,8 @@ fn a_sync_all_reduces_every_parameter_once_in_its_dtype() {
         );
         assert_eq!(
             replicas
-                .param_blocking(rank, 1)
+                .param(rank, 1)
+                .block_on()
                 .unwrap()
                 .values_f64()
                 .unwrap(),
@@ -481,7 +485,7 @@ fn bad_arguments_and_state_dicts_are_typed_errors() {
     let err = diloco.step(&mut other).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ValueError);
 
-    let good = diloco.state_dict_blocking(&replicas, 1).unwrap();
+    let good = diloco.state_dict(&replicas, 1).block_on().unwrap();
     assert_eq!(good["local_step"], json!(0));
     assert_eq!(
         good["original_parameters"][0]["data"],
@@ -707,8 +711,8 @@ fn a_streaming_sync_with_outer_sgd_lr_1_averages_the_fragment_like_model_averagi
             .unwrap();
         }
         let (pa, pb) = (
-            a.all_params_blocking().unwrap(),
-            b.all_params_blocking().unwrap(),
+            a.all_params().block_on().unwrap(),
+            b.all_params().block_on().unwrap(),
         );
         for rank in 0..4 {
             for j in 0..params.len() {
@@ -746,9 +750,9 @@ fn the_trainer_runs_diloco_meeting_only_at_syncs() {
             ..TrainConfig::default()
         };
         let mut trainer = Trainer::new(backend, task.clone(), config).unwrap();
-        let initial = trainer.evaluate_blocking().unwrap().mean_model_loss;
+        let initial = trainer.evaluate().block_on().unwrap().mean_model_loss;
         for step in 1..=40u64 {
-            let report = trainer.step_blocking().unwrap();
+            let report = trainer.step().block_on().unwrap();
             assert_eq!(report.gradients_reduced, None, "{label} step {step}");
             let synced = step.is_multiple_of(5);
             assert_eq!(
@@ -766,7 +770,7 @@ fn the_trainer_runs_diloco_meeting_only_at_syncs() {
                 "{label} step {step}"
             );
         }
-        let trained = trainer.evaluate_blocking().unwrap();
+        let trained = trainer.evaluate().block_on().unwrap();
         assert!(
             trained.mean_model_loss < 0.5 * initial,
             "{label}: loss {initial} -> {}",
@@ -939,7 +943,8 @@ fn one_compressed_sync(backend: &Arc<dyn Backend>, compression: Compression) -> 
         .collect();
     assert!(!step(&mut replicas, &mut diloco, &grads));
     let before: Vec<Vec<Vec<f64>>> = replicas
-        .all_params_blocking()
+        .all_params()
+        .block_on()
         .unwrap()
         .iter()
         .map(|rank| rank.iter().map(|t| t.values_f64().unwrap()).collect())
@@ -948,10 +953,16 @@ fn one_compressed_sync(backend: &Arc<dyn Backend>, compression: Compression) -> 
     assert!(step(&mut replicas, &mut diloco, &none));
     let after: Vec<Vec<f64>> = (0..initial.len())
         .map(|j| {
-            let p0 = replicas.param_blocking(0, j).unwrap().values_f64().unwrap();
+            let p0 = replicas
+                .param(0, j)
+                .block_on()
+                .unwrap()
+                .values_f64()
+                .unwrap();
             for rank in 1..WORLD {
                 let p = replicas
-                    .param_blocking(rank, j)
+                    .param(rank, j)
+                    .block_on()
                     .unwrap()
                     .values_f64()
                     .unwrap();
@@ -1117,12 +1128,22 @@ fn comm_stats_count_two_bytes_per_element_when_compressed() {
             );
             // 1 - 0.5·mean(0, 1, 2, 3) = 0.25 exactly in every wire format.
             assert_eq!(
-                replicas.param_blocking(3, 0).unwrap().values_f64().unwrap(),
+                replicas
+                    .param(3, 0)
+                    .block_on()
+                    .unwrap()
+                    .values_f64()
+                    .unwrap(),
                 vec![0.25; 10],
                 "{label} {compression:?}"
             );
             assert_eq!(
-                replicas.param_blocking(2, 2).unwrap().values_f64().unwrap(),
+                replicas
+                    .param(2, 2)
+                    .block_on()
+                    .unwrap()
+                    .values_f64()
+                    .unwrap(),
                 vec![2.25; 4],
                 "{label} {compression:?}"
             );
@@ -1153,10 +1174,10 @@ fn the_trainer_converges_with_compressed_pseudo_gradients() {
                 ..TrainConfig::default()
             };
             let mut trainer = Trainer::new(backend, task.clone(), config).unwrap();
-            let initial = trainer.evaluate_blocking().unwrap().mean_model_loss;
+            let initial = trainer.evaluate().block_on().unwrap().mean_model_loss;
             let mut report = None;
             for _ in 0..40 {
-                report = Some(trainer.step_blocking().unwrap());
+                report = Some(trainer.step().block_on().unwrap());
             }
             // Eight syncs of the float32 model at 2 bytes per element.
             assert_eq!(
@@ -1164,7 +1185,7 @@ fn the_trainer_converges_with_compressed_pseudo_gradients() {
                 8 * 2 * (ranks as u64 - 1) * 2 * model_elements / ranks as u64,
                 "{label} {compress:?}"
             );
-            let trained = trainer.evaluate_blocking().unwrap().mean_model_loss;
+            let trained = trainer.evaluate().block_on().unwrap().mean_model_loss;
             assert!(
                 trained < 0.5 * initial,
                 "{label} {compress:?}: loss {initial} -> {trained}"
@@ -1350,7 +1371,7 @@ impl Communicator for FailingWorld {
 /// Every rank's state dict (both optimizers, the counter, the backups).
 fn states(diloco: &DiLoCo, replicas: &Replicas) -> Vec<Value> {
     (0..replicas.ranks())
-        .map(|r| diloco.state_dict_blocking(replicas, r).unwrap())
+        .map(|r| diloco.state_dict(replicas, r).block_on().unwrap())
         .collect()
 }
 
@@ -1522,7 +1543,7 @@ fn streaming_delay_and_alpha_follow_torchfts_schedule_and_resume_mid_delay_bit_f
                     pending[stop - 1].is_none(),
                     "{label} stop {stop}"
                 );
-                let params = replicas.all_params_blocking().unwrap();
+                let params = replicas.all_params().block_on().unwrap();
                 drop((replicas, diloco));
                 let (mut replicas, mut diloco) =
                     fresh_streaming(&backend, &params, delay, alpha, world());
@@ -1579,7 +1600,7 @@ fn alpha_one_keeps_the_local_parameters_and_alpha_zero_the_outer_steps_result() 
             a0.set_grads(rank, g).unwrap();
         }
         for f in d0.step_fragments(&mut a0).unwrap() {
-            let params = a0.all_params_blocking().unwrap();
+            let params = a0.all_params().block_on().unwrap();
             for (rank, sd) in states(&d0, &a0).iter().enumerate() {
                 for &j in &d0.fragments()[f] {
                     let backup =
@@ -1728,7 +1749,7 @@ fn streaming_options_and_pending_state_are_checked_with_torchfts_messages() {
     let (mut replicas, mut diloco) =
         fresh_streaming(&backend, &vec![initial_params(); WORLD], 1, 0.5, world());
     step(&mut replicas, &mut diloco, &grads[0]);
-    let in_flight = diloco.state_dict_blocking(&replicas, 0).unwrap();
+    let in_flight = diloco.state_dict(&replicas, 0).block_on().unwrap();
     assert_eq!(in_flight["pending"]["fragment"], json!(0));
     assert_eq!(
         in_flight["pending"]["pseudo_gradients"]
@@ -1794,7 +1815,7 @@ fn sync_mid_delay_applies_the_fragment_in_flight_once_and_every_other_fragment()
         assert_eq!(diloco.pending_fragment(), Some(0), "{label}");
         diloco.sync(&mut replicas).unwrap();
         assert_eq!((diloco.local_step(), diloco.pending_fragment()), (0, None));
-        let sd = diloco.state_dict_blocking(&replicas, 0).unwrap();
+        let sd = diloco.state_dict(&replicas, 0).block_on().unwrap();
         for j in 0..5 {
             let step = &sd["outer_optimizer"]["state"][j.to_string()]["step"];
             let step = distopt::json::tensor_from_json(step, "step").unwrap();

@@ -12,6 +12,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::averaging::PeriodicModelAverager;
 use distopt::comm::SimulatedWorld;
 use distopt::diloco::DiLoCo;
@@ -20,7 +21,7 @@ use distopt::post_local_sgd::PostLocalSgdOptimizer;
 use distopt::replicas::Replicas;
 use distopt::step::step_request_from_json;
 use distopt::zero::{ZeroOptions, ZeroRedundancyOptimizer};
-use distopt::{CpuBackend, DType, Tensor, sgd_step_blocking, warnings};
+use distopt::{CpuBackend, DType, Tensor, sgd_step, warnings};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{Map, Value, json};
@@ -296,12 +297,13 @@ fn step_requests() {
                 return Ok(());
             };
             if let Ok(request) = step_request_from_json(&input) {
-                let _ = sgd_step_blocking(
+                let _ = sgd_step(
                     backend.as_ref(),
                     &request.parameter_replicas,
                     &request.gradient_replicas,
                     request.learning_rate,
-                );
+                )
+                .block_on();
             }
             Ok(())
         })
@@ -371,7 +373,7 @@ fn zero(name: &str, replicas: &mut Replicas) -> ZeroRedundancyOptimizer {
     )
     .unwrap();
     zero.step(replicas).unwrap();
-    zero.consolidate_state_dict_blocking(replicas, 0).unwrap();
+    zero.consolidate_state_dict(replicas, 0).block_on().unwrap();
     zero
 }
 
@@ -396,7 +398,9 @@ fn zero_state_dicts() {
                     let _ = zero.step(&mut replicas);
                 }
                 Err(error) => {
-                    zero.consolidate_state_dict_blocking(&replicas, 0).unwrap();
+                    zero.consolidate_state_dict(&replicas, 0)
+                        .block_on()
+                        .unwrap();
                     let after = zero.state_dict(0).unwrap();
                     check(after == before, || {
                         format!("a refused ZeRO load changed the state ({error})")
@@ -427,10 +431,12 @@ fn post_local_sgd_and_diloco_state_dicts() {
     let mut replicas = model_of(DType::Float32);
     let seeds = vec![
         post(&mut replicas)
-            .state_dict_blocking(&replicas, 0)
+            .state_dict(&replicas, 0)
+            .block_on()
             .unwrap(),
         diloco(&mut replicas)
-            .state_dict_blocking(&replicas, 0)
+            .state_dict(&replicas, 0)
+            .block_on()
             .unwrap(),
     ];
     runner()
@@ -440,9 +446,9 @@ fn post_local_sgd_and_diloco_state_dicts() {
             };
             let mut replicas = model_of(DType::Float32);
             let mut p = post(&mut replicas);
-            let before = p.state_dict_blocking(&replicas, 1).unwrap();
+            let before = p.state_dict(&replicas, 1).block_on().unwrap();
             if let Err(error) = p.load_state_dict(&mut replicas, 1, &input) {
-                let after = p.state_dict_blocking(&replicas, 1).unwrap();
+                let after = p.state_dict(&replicas, 1).block_on().unwrap();
                 check(after == before, || {
                     format!("a refused post-local load changed the state ({error})")
                 })?;
@@ -452,9 +458,9 @@ fn post_local_sgd_and_diloco_state_dicts() {
             }
             let mut replicas = model_of(DType::Float32);
             let mut d = diloco(&mut replicas);
-            let before = d.state_dict_blocking(&replicas, 1).unwrap();
+            let before = d.state_dict(&replicas, 1).block_on().unwrap();
             if let Err(error) = d.load_state_dict(&mut replicas, 1, &input) {
-                let after = d.state_dict_blocking(&replicas, 1).unwrap();
+                let after = d.state_dict(&replicas, 1).block_on().unwrap();
                 check(after == before, || {
                     format!("a refused DiLoCo load changed the state ({error})")
                 })?;

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use common::{
     Case, compare_error, compare_tensor, files_per_kind, golden_dirs, gpu_backend, load_golden,
 };
+use distopt::BlockOn;
 use distopt::step::step_request_from_json;
-use distopt::{Backend, CpuBackend, sgd_step_blocking};
+use distopt::{Backend, CpuBackend, sgd_step};
 
 enum Outcome {
     Passed { bit_exact: bool },
@@ -26,12 +27,13 @@ enum Outcome {
 
 fn run_dp_sgd_step(backend: &dyn Backend, case: &Case) -> Result<bool, String> {
     let result = step_request_from_json(case.input()).and_then(|request| {
-        sgd_step_blocking(
+        sgd_step(
             backend,
             &request.parameter_replicas,
             &request.gradient_replicas,
             request.learning_rate,
         )
+        .block_on()
     });
     let expected = case.expected();
     if expected.get("error").is_some() {

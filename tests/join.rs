@@ -10,6 +10,7 @@ mod common;
 
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::backend::kernels::ParamStarts;
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::ddp::DistributedDataParallel;
@@ -37,7 +38,8 @@ fn model(backend: &Arc<dyn Backend>, ranks: usize, len: usize) -> Replicas {
 
 fn grads(model: &Replicas) -> Vec<Option<Vec<f64>>> {
     model
-        .all_grads_blocking()
+        .all_grads()
+        .block_on()
         .unwrap()
         .into_iter()
         .map(|g| g[0].as_ref().map(|t| t.values_f64().unwrap()))
@@ -46,7 +48,8 @@ fn grads(model: &Replicas) -> Vec<Option<Vec<f64>>> {
 
 fn params(model: &Replicas) -> Vec<Vec<f64>> {
     model
-        .all_params_blocking()
+        .all_params()
+        .block_on()
         .unwrap()
         .into_iter()
         .map(|p| p[0].values_f64().unwrap())

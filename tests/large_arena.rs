@@ -16,7 +16,8 @@ mod common;
 
 use std::sync::Mutex;
 
-use distopt::{Backend, CpuBackend, StepOutput, Tensor, sgd_step_blocking};
+use distopt::BlockOn;
+use distopt::{Backend, CpuBackend, StepOutput, Tensor, sgd_step};
 
 const ELEMENTS: usize = 1 << 25;
 const LEARNING_RATE: f64 = 0.25;
@@ -58,7 +59,7 @@ fn inputs(ranks: usize) -> (Vec<Vec<Tensor>>, Vec<Vec<Option<Tensor>>>) {
 
 fn values(tensor: &Tensor) -> Vec<f32> {
     assert_eq!(tensor.shape(), [ELEMENTS]);
-    match tensor.to_host_blocking().unwrap().host_data().unwrap() {
+    match tensor.to_host().block_on().unwrap().host_data().unwrap() {
         distopt::HostData::Float32(v) => v.clone(),
         other => panic!("expected float32 values, got {:?}", other.dtype()),
     }
@@ -97,7 +98,8 @@ fn check(output: &StepOutput, ranks: usize, who: &str) {
 
 fn run(backend: &dyn Backend, ranks: usize, who: &str) {
     let (params, grads) = inputs(ranks);
-    let output = sgd_step_blocking(backend, &params, &grads, LEARNING_RATE)
+    let output = sgd_step(backend, &params, &grads, LEARNING_RATE)
+        .block_on()
         .unwrap_or_else(|e| panic!("{who}: {e}"));
     drop((params, grads));
     check(&output, ranks, who);

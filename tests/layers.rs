@@ -32,6 +32,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
             "pyfmt",
             "warnings",
             "budget",
+            "blocking",
         ]],
     ),
     ("compute", &[&["backend"]]),

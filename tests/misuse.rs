@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::averaging::PeriodicModelAverager;
 use distopt::comm::SimulatedWorld;
 use distopt::diloco::DiLoCo;
@@ -70,7 +71,14 @@ fn state(optim: &dyn LocalOptimizer, replicas: &Replicas, rank: usize) -> Value 
 fn params(replicas: &Replicas) -> Vec<Vec<f64>> {
     (0..replicas.ranks())
         .flat_map(|r| (0..replicas.len()).map(move |j| (r, j)))
-        .map(|(r, j)| replicas.param_blocking(r, j).unwrap().values_f64().unwrap())
+        .map(|(r, j)| {
+            replicas
+                .param(r, j)
+                .block_on()
+                .unwrap()
+                .values_f64()
+                .unwrap()
+        })
         .collect()
 }
 
@@ -108,7 +116,12 @@ fn add_param_group_refuses_a_parameter_another_group_holds() {
         // One step moves parameter 2 once, by lr 0.5 (SGD: 6 - 0.5 · 0.5).
         optim.step(&mut replicas).unwrap();
         if name == "SGD" {
-            let p = replicas.param_blocking(0, 2).unwrap().values_f64().unwrap();
+            let p = replicas
+                .param(0, 2)
+                .block_on()
+                .unwrap()
+                .values_f64()
+                .unwrap();
             assert_eq!(p, vec![5.75]);
         }
         let saved = state(optim.as_ref(), &replicas, 0);
@@ -125,7 +138,12 @@ fn a_parameter_twice_in_one_group_warns_as_pytorch_and_is_optimized_once() {
     assert_eq!(sgd.param_groups(), vec![vec![0, 1]]);
     sgd.step(&mut replicas).unwrap();
     assert_eq!(
-        replicas.param_blocking(0, 0).unwrap().values_f64().unwrap(),
+        replicas
+            .param(0, 0)
+            .block_on()
+            .unwrap()
+            .values_f64()
+            .unwrap(),
         vec![0.5, 1.5]
     );
     // add_param_group warns the same way.
@@ -508,7 +526,7 @@ fn zero_refuses_another_classes_state_dict_and_keeps_its_own() {
         )
         .unwrap();
         zero.step(replicas).unwrap();
-        zero.consolidate_state_dict_blocking(replicas, 0).unwrap();
+        zero.consolidate_state_dict(replicas, 0).block_on().unwrap();
         zero
     };
     let mut adam_model = model(2);
@@ -517,7 +535,8 @@ fn zero_refuses_another_classes_state_dict_and_keeps_its_own() {
     let mut replicas = model(2);
     let mut sgd = zero("SGD", &mut replicas);
     let before = sgd.state_dict(0).unwrap();
-    let error = sgd.load_state_dict(&replicas, &foreign).unwrap_err();
+    // Every local rank's error is the same: the first is the one to check.
+    let error = distopt::Error::from(sgd.load_state_dict(&replicas, &foreign).unwrap_err());
     assert_eq!(error.kind(), ErrorKind::ValueError);
     assert!(
         error
@@ -525,7 +544,7 @@ fn zero_refuses_another_classes_state_dict_and_keeps_its_own() {
             .starts_with("cannot load a state dict of Adam into SGD"),
         "{error}"
     );
-    sgd.consolidate_state_dict_blocking(&replicas, 0).unwrap();
+    sgd.consolidate_state_dict(&replicas, 0).block_on().unwrap();
     assert_eq!(sgd.state_dict(0).unwrap(), before);
     // Usable: a step still moves the parameters.
     grads(&mut replicas);
@@ -540,7 +559,7 @@ fn post_local_sgd_refuses_a_fractional_step_before_changing_anything() {
     let (mut replicas, sgd) = stepped_state("SGD", 2);
     let averager = PeriodicModelAverager::new(2, 0, world).unwrap();
     let mut post = PostLocalSgdOptimizer::new(sgd, Box::new(averager));
-    let mut saved = post.state_dict_blocking(&replicas, 0).unwrap();
+    let mut saved = post.state_dict(&replicas, 0).block_on().unwrap();
     let before = saved.clone();
     saved["step"] = json!(2.9);
     saved["param_groups"][0]["lr"] = json!(0.5);
@@ -549,11 +568,11 @@ fn post_local_sgd_refuses_a_fractional_step_before_changing_anything() {
         ErrorKind::ValueError,
         "\"step\" must be a non-negative integer, got 2.9",
     );
-    assert_eq!(post.state_dict_blocking(&replicas, 0).unwrap(), before);
+    assert_eq!(post.state_dict(&replicas, 0).block_on().unwrap(), before);
     saved["step"] = json!(3);
     post.load_state_dict(&mut replicas, 0, &saved).unwrap();
     assert_eq!(
-        post.state_dict_blocking(&replicas, 0).unwrap()["step"],
+        post.state_dict(&replicas, 0).block_on().unwrap()["step"],
         json!(3)
     );
     post.step(&mut replicas).unwrap();
@@ -575,7 +594,7 @@ fn diloco_checks_both_optimizers_before_loading_either() {
     let (inner, outer) = (sgd(0.1), sgd(0.7));
     let mut diloco = DiLoCo::new(&replicas, inner, outer, 2, world).unwrap();
     diloco.step(&mut replicas).unwrap();
-    let before = diloco.state_dict_blocking(&replicas, 0).unwrap();
+    let before = diloco.state_dict(&replicas, 0).block_on().unwrap();
     let (r, adam) = stepped_state("Adam", 1);
     let mut bad = before.clone();
     bad["inner_optimizer"]["param_groups"][0]["lr"] = json!(0.3);
@@ -583,7 +602,7 @@ fn diloco_checks_both_optimizers_before_loading_either() {
     // Adam's state dict has two groups: refused before the inner optimizer changes.
     let error = diloco.load_state_dict(&mut replicas, 0, &bad).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::ValueError, "{error}");
-    assert_eq!(diloco.state_dict_blocking(&replicas, 0).unwrap(), before);
+    assert_eq!(diloco.state_dict(&replicas, 0).block_on().unwrap(), before);
     grads(&mut replicas);
     diloco.step(&mut replicas).unwrap();
 }
@@ -602,9 +621,11 @@ fn zero_add_param_group_that_fails_leaves_the_optimizer_as_it_was() {
     )
     .unwrap();
     let groups = zero.param_groups();
-    let error = zero
-        .add_param_group_blocking(&replicas, vec![2], &options(json!({"lr": 0.5, "nope": 1})))
-        .unwrap_err();
+    let error = distopt::Error::from(
+        zero.add_param_group(&replicas, vec![2], &options(json!({"lr": 0.5, "nope": 1})))
+            .block_on()
+            .unwrap_err(),
+    );
     assert_eq!(error.kind(), ErrorKind::TypeError, "{error}");
     assert_eq!(
         zero.param_groups(),
@@ -612,7 +633,8 @@ fn zero_add_param_group_that_fails_leaves_the_optimizer_as_it_was() {
         "the refused group is not recorded"
     );
     // The same group is accepted afterwards, and a step updates every parameter.
-    zero.add_param_group_blocking(&replicas, vec![2], &options(json!({"lr": 0.5})))
+    zero.add_param_group(&replicas, vec![2], &options(json!({"lr": 0.5})))
+        .block_on()
         .unwrap();
     assert_eq!(zero.param_groups().len(), 2);
     let p = params(&replicas);
@@ -757,7 +779,8 @@ mod failing_world {
 
 fn grads_of(replicas: &Replicas) -> Vec<Vec<Option<Vec<f64>>>> {
     replicas
-        .all_grads_blocking()
+        .all_grads()
+        .block_on()
         .unwrap()
         .into_iter()
         .map(|rank| {
@@ -867,13 +890,13 @@ fn post_local_sgd_optimizer_refuses_before_its_local_step() {
     let mut post = PostLocalSgdOptimizer::new(sgd, Box::new(averager));
     let (before, state_before) = (
         params(&replicas),
-        post.state_dict_blocking(&replicas, 0).unwrap(),
+        post.state_dict(&replicas, 0).block_on().unwrap(),
     );
     let error = post.step(&mut replicas).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::ValueError, "{error}");
     assert_eq!(params(&replicas), before, "the local step did not run");
     assert_eq!(
-        post.state_dict_blocking(&replicas, 0).unwrap(),
+        post.state_dict(&replicas, 0).block_on().unwrap(),
         state_before
     );
     assert_eq!(post.averager().step(), 0);

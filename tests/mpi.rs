@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Case, load_cases};
+use distopt::BlockOn;
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
 use distopt::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
 use distopt::backend::{BoxFuture, CopyRegion};
@@ -41,8 +42,7 @@ use distopt::comm::mpi::{MpiWorld, install_panic_hook};
 use distopt::replicas::Replicas;
 use distopt::step::step_request_from_json;
 use distopt::{
-    Arena, Backend, BackendInfo, BackendKind, CpuBackend, StorageFormat, Tensor,
-    sgd_step_in_blocking,
+    Arena, Backend, BackendInfo, BackendKind, CpuBackend, StorageFormat, Tensor, sgd_step_in,
 };
 
 const WORKER: &str = "DISTOPT_MPI_WORKER";
@@ -175,13 +175,14 @@ fn dp_sgd_step(world: &Arc<MpiWorld>, backend: &Recording, case: &Case) -> runne
     backend.take_runs();
     // Every process parses the whole request, so a malformed one fails everywhere alike.
     let result = step_request_from_json(case.input()).and_then(|request| {
-        sgd_step_in_blocking(
+        sgd_step_in(
             world.as_ref(),
             backend,
             &request.parameter_replicas[rank..rank + 1],
             &request.gradient_replicas[rank..rank + 1],
             request.learning_rate,
         )
+        .block_on()
     });
     if expected.get("error").is_some() {
         return match result {
@@ -458,10 +459,10 @@ fn zero_vs_simulated(world: &Arc<MpiWorld>) -> Result<(), String> {
             sim_model.set_grads(r, &grads(r, t)).map_err(s)?;
         }
         model.set_grads(0, &grads(rank, t)).map_err(s)?;
-        sim.step(&mut sim_model).map_err(s)?;
-        zero.step(&mut model).map_err(s)?;
-        let want = sim_model.all_params_blocking().map_err(s)?;
-        let got = model.all_params_blocking().map_err(s)?;
+        sim.step(&mut sim_model).map_err(|e| e.to_string())?;
+        zero.step(&mut model).map_err(|e| e.to_string())?;
+        let want = sim_model.all_params().block_on().map_err(s)?;
+        let got = model.all_params().block_on().map_err(s)?;
         for (j, (a, b)) in got[0].iter().zip(&want[rank]).enumerate() {
             if a.values_f64().map_err(s)? != b.values_f64().map_err(s)? {
                 return Err(format!(
@@ -471,10 +472,12 @@ fn zero_vs_simulated(world: &Arc<MpiWorld>) -> Result<(), String> {
         }
     }
     let last = size as i64 - 1;
-    sim.consolidate_state_dict_blocking(&sim_model, last)
-        .map_err(s)?;
-    zero.consolidate_state_dict_blocking(&model, last)
-        .map_err(s)?;
+    sim.consolidate_state_dict(&sim_model, last)
+        .block_on()
+        .map_err(|e| e.to_string())?;
+    zero.consolidate_state_dict(&model, last)
+        .block_on()
+        .map_err(|e| e.to_string())?;
     if rank == size - 1 {
         let (a, b) = (
             zero.state_dict(rank).map_err(s)?,

@@ -6,6 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::averaging::average_parameters;
 use distopt::backend::gpu::GpuOptions;
 use distopt::comm::SimulatedWorld;
@@ -65,8 +66,8 @@ fn model(backend: Arc<dyn Backend>, dtype: DType, seed: u64) -> Replicas {
 
 fn assert_close(gpu: &Replicas, cpu: &Replicas, what: &str) {
     let (a, b) = (
-        gpu.all_params_blocking().unwrap(),
-        cpu.all_params_blocking().unwrap(),
+        gpu.all_params().block_on().unwrap(),
+        cpu.all_params().block_on().unwrap(),
     );
     for (rank, (x, y)) in a.iter().zip(&b).enumerate() {
         for (j, (x, y)) in x.iter().zip(y).enumerate() {

@@ -18,6 +18,7 @@ mod common;
 use std::sync::Arc;
 
 use common::Case;
+use distopt::BlockOn;
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::json::tensor_from_json;
 use distopt::optim::{self, LocalOptimizer, option_map};
@@ -89,7 +90,7 @@ fn check_tensor(case: &Case, actual: &Tensor, expected: &Value, exact: bool, wha
         "{}: {what}: shape",
         case.name
     );
-    let a = actual.to_host_blocking().unwrap().values_f64().unwrap();
+    let a = actual.to_host().block_on().unwrap().values_f64().unwrap();
     let e = expected.values_f64().unwrap();
     let (rtol, atol) = case.tolerance(actual.dtype());
     let bits = exact || is_16_bit(actual.dtype());
@@ -237,7 +238,7 @@ fn sixteen_bit_trajectories_and_state_are_pytorchs_bits() {
                 optimizer.zero_grad(&mut replicas);
                 replicas.set_grads(0, &step_grads(case, t)).unwrap();
                 optimizer.step(&mut replicas).unwrap();
-                for (j, p) in replicas.all_params_blocking().unwrap()[0]
+                for (j, p) in replicas.all_params().block_on().unwrap()[0]
                     .iter()
                     .enumerate()
                 {
@@ -278,7 +279,7 @@ fn set_zero_grads(case: &Case, t: usize, replicas: &mut Replicas, owner: &[usize
                 }
                 let like = g
                     .clone()
-                    .unwrap_or_else(|| replicas.param_blocking(0, i).unwrap());
+                    .unwrap_or_else(|| replicas.param(0, i).block_on().unwrap());
                 let values: Vec<f64> = like
                     .values_f64()
                     .unwrap()
@@ -305,7 +306,7 @@ fn zero_run(
         zero.zero_grad(replicas);
         set_zero_grads(case, t, replicas, &owner);
         zero.step(replicas).unwrap();
-        for (rank, params) in replicas.all_params_blocking().unwrap().iter().enumerate() {
+        for (rank, params) in replicas.all_params().block_on().unwrap().iter().enumerate() {
             for (i, p) in params.iter().enumerate() {
                 let want = &case.expected()["params_after_step"][t][i];
                 check_tensor(
@@ -350,13 +351,15 @@ fn zero_replays_pytorchs_optimizers_and_reloads_their_state() {
                 )
                 .unwrap();
                 zero_run(&case, &mut zero, &mut replicas, 0..half, &what);
-                zero.consolidate_state_dict_blocking(&replicas, 1).unwrap();
+                zero.consolidate_state_dict(&replicas, 1)
+                    .block_on()
+                    .unwrap();
                 let saved = through_text(&zero.state_dict(1).unwrap());
 
                 // A fresh ZeRO over two ranks, built with other hyper-parameters, from the
                 // parameters after `half` steps and the saved state only.
                 let what = format!("{what}, reloaded into W=2 bucket {}", !bucket);
-                let values = replicas.all_params_blocking().unwrap().swap_remove(0);
+                let values = replicas.all_params().block_on().unwrap().swap_remove(0);
                 let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(2).unwrap());
                 let mut replicas = Replicas::replicate(backend.clone(), 2, &values).unwrap();
                 let other = option_map(&other_options(&case)).unwrap();
@@ -374,7 +377,9 @@ fn zero_replays_pytorchs_optimizers_and_reloads_their_state() {
                 .unwrap();
                 zero.load_state_dict(&replicas, &saved).unwrap();
                 zero_run(&case, &mut zero, &mut replicas, half..total, &what);
-                zero.consolidate_state_dict_blocking(&replicas, 0).unwrap();
+                zero.consolidate_state_dict(&replicas, 0)
+                    .block_on()
+                    .unwrap();
                 let state_dict = through_text(&zero.state_dict(0).unwrap());
                 check_state_dict(
                     &case,
@@ -452,7 +457,7 @@ fn reloads_into_fresh_optimizers_continue_pytorchs_trajectories() {
                     second.zero_grad(&mut replicas);
                     replicas.set_grads(0, &step_grads(&case, t)).unwrap();
                     second.step(&mut replicas).unwrap();
-                    for (j, p) in replicas.all_params_blocking().unwrap()[0]
+                    for (j, p) in replicas.all_params().block_on().unwrap()[0]
                         .iter()
                         .enumerate()
                     {
@@ -574,7 +579,7 @@ fn sixteen_bit_kernels_agree_on_both_backends_for_every_option() {
                     optimizer.step(&mut replicas).unwrap();
                 }
                 let mut tensors: Vec<(String, Vec<Value>)> =
-                    replicas.all_params_blocking().unwrap()[0]
+                    replicas.all_params().block_on().unwrap()[0]
                         .iter()
                         .enumerate()
                         .map(|(j, p)| {
@@ -645,7 +650,12 @@ fn adam_casts_eps_to_the_parameters_dtype() {
             let g = Tensor::from_f64(*dtype, &[1], &[*grad]).unwrap();
             replicas.set_grads(0, &[Some(g)]).unwrap();
             adam.step(&mut replicas).unwrap();
-            let after = replicas.param_blocking(0, 0).unwrap().values_f64().unwrap();
+            let after = replicas
+                .param(0, 0)
+                .block_on()
+                .unwrap()
+                .values_f64()
+                .unwrap();
             let same = after
                 .iter()
                 .zip(want)

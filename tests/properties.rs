@@ -16,10 +16,9 @@ mod common;
 
 use std::sync::{Arc, OnceLock};
 
+use distopt::BlockOn;
 use distopt::backend::gpu::GpuOptions;
-use distopt::{
-    Backend, CpuBackend, DType, HostData, StepOutput, Tensor, sgd_step_blocking, to_device,
-};
+use distopt::{Backend, CpuBackend, DType, HostData, StepOutput, Tensor, sgd_step, to_device};
 use half::{bf16, f16};
 
 // ---------------------------------------------------------------------------------------------
@@ -378,7 +377,8 @@ fn bits(data: &HostData, i: usize) -> Option<u64> {
 
 fn host(tensor: &Tensor) -> HostData {
     tensor
-        .to_host_blocking()
+        .to_host()
+        .block_on()
         .expect("readback")
         .host_data()
         .expect("host tensor")
@@ -480,7 +480,8 @@ fn gpu_small() -> Option<Arc<dyn Backend>> {
 }
 
 fn step(backend: &dyn Backend, case: &Case) -> StepOutput {
-    sgd_step_blocking(backend, &case.params, &case.grads, case.lr)
+    sgd_step(backend, &case.params, &case.grads, case.lr)
+        .block_on()
         .unwrap_or_else(|e| panic!("{}: step failed: {e}", case.label))
 }
 

@@ -7,6 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::comm::{SimulatedWorld, Subgroups};
 use distopt::optim::{self, OptimizerKind};
 use distopt::replicas::{Replicas, Values};
@@ -37,7 +38,8 @@ fn mixed(backend: Arc<dyn Backend>) -> Replicas {
 }
 
 fn values(m: &Replicas) -> Vec<Vec<Vec<f64>>> {
-    m.all_params_blocking()
+    m.all_params()
+        .block_on()
         .unwrap()
         .into_iter()
         .map(|rank| rank.iter().map(|t| t.values_f64().unwrap()).collect())
@@ -191,10 +193,11 @@ fn copies_between_replicas_move_one_rank_s_values_and_check_dtypes() {
             .unwrap();
         src.copy_to(Values::Grads, 1, &mut dst, 0, &[(2, 0)])
             .unwrap();
-        let params = dst.all_params_blocking().unwrap();
+        let params = dst.all_params().block_on().unwrap();
         assert_eq!(params[0][0].values_f64().unwrap(), vec![4.0, 5.0]);
         assert_eq!(params[0][1].values_f64().unwrap(), vec![1.0, 2.0, 3.0]);
-        dst.set_grad_blocking(0, 0, Some(&dst.param_blocking(0, 0).unwrap()))
+        dst.set_grad(0, 0, Some(&dst.param(0, 0).block_on().unwrap()))
+            .block_on()
             .unwrap();
         src.copy_to(Values::Grads, 1, &mut dst, 0, &[(2, 0)])
             .unwrap();
@@ -207,7 +210,7 @@ fn copies_between_replicas_move_one_rank_s_values_and_check_dtypes() {
             vec![1.0, 4.0],
             "rank 1's gradient of parameter 2"
         );
-        let before = dst.all_params_blocking().unwrap()[0][0]
+        let before = dst.all_params().block_on().unwrap()[0][0]
             .values_f64()
             .unwrap();
         let err = src
@@ -215,7 +218,7 @@ fn copies_between_replicas_move_one_rank_s_values_and_check_dtypes() {
             .unwrap_err();
         assert!(err.to_string().contains("cannot copy parameter 0"), "{err}");
         assert_eq!(
-            dst.all_params_blocking().unwrap()[0][0]
+            dst.all_params().block_on().unwrap()[0][0]
                 .values_f64()
                 .unwrap(),
             before
@@ -273,14 +276,14 @@ fn a_dtype_mismatch_is_cast_into_a_parameter_and_refused_as_a_gradient() {
         // nearest even, overflowing to inf (torch.tensor([0.1, 1e300]).float()).
         m.set_param(1, 2, &Tensor::from_f32(&[2], vec![0.1, -2.5]).unwrap())
             .unwrap();
-        let p = m.param_blocking(1, 2).unwrap();
+        let p = m.param(1, 2).block_on().unwrap();
         assert_eq!(p.dtype(), DType::Float64);
         assert_eq!(p.values_f64().unwrap(), vec![f64::from(0.1f32), -2.5]);
         let wide = Tensor::from_f64(DType::Float64, &[2], &[0.1, 1e300]).unwrap();
-        let p1 = m.param_blocking(0, 1).unwrap();
-        let p2 = m.param_blocking(0, 2).unwrap();
+        let p1 = m.param(0, 1).block_on().unwrap();
+        let p2 = m.param(0, 2).block_on().unwrap();
         m.set_params(0, &[wide, p1, p2]).unwrap();
-        let p = m.param_blocking(0, 0).unwrap();
+        let p = m.param(0, 0).block_on().unwrap();
         assert_eq!(p.dtype(), DType::Float32);
         assert_eq!(
             p.values_f64().unwrap(),
@@ -289,7 +292,8 @@ fn a_dtype_mismatch_is_cast_into_a_parameter_and_refused_as_a_gradient() {
 
         // A float32 gradient for a float64 parameter: refused, nothing written.
         let grads_now = |m: &Replicas| -> Vec<Vec<Option<Vec<f64>>>> {
-            m.all_grads_blocking()
+            m.all_grads()
+                .block_on()
                 .unwrap()
                 .iter()
                 .map(|rank| {
@@ -301,7 +305,7 @@ fn a_dtype_mismatch_is_cast_into_a_parameter_and_refused_as_a_gradient() {
         };
         let before = grads_now(&m);
         let narrow = Tensor::from_f32(&[3], vec![9.0; 3]).unwrap();
-        let error = m.set_grad_blocking(0, 1, Some(&narrow)).unwrap_err();
+        let error = m.set_grad(0, 1, Some(&narrow)).block_on().unwrap_err();
         assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
         assert_eq!(
             error.message(),
@@ -316,15 +320,16 @@ fn a_dtype_mismatch_is_cast_into_a_parameter_and_refused_as_a_gradient() {
         assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
         // The dtype is checked before the shape, as PyTorch's `.grad` setter does.
         let error = m
-            .set_grad_blocking(0, 1, Some(&Tensor::from_f32(&[5], vec![1.0; 5]).unwrap()))
+            .set_grad(0, 1, Some(&Tensor::from_f32(&[5], vec![1.0; 5]).unwrap()))
+            .block_on()
             .unwrap_err();
         assert_eq!(error.kind(), ErrorKind::RuntimeError, "{error}");
         // A shape that differs is a ValueError.
         let long = Tensor::from_f64(DType::Float64, &[4], &[1.0; 4]).unwrap();
-        let error = m.set_grad_blocking(0, 1, Some(&long)).unwrap_err();
+        let error = m.set_grad(0, 1, Some(&long)).block_on().unwrap_err();
         assert_eq!(error.kind(), ErrorKind::ValueError, "{error}");
         assert_eq!(grads_now(&m), before, "nothing was written");
-        m.set_grad_blocking(0, 1, Some(&good)).unwrap();
+        m.set_grad(0, 1, Some(&good)).block_on().unwrap();
 
         // Ranks that disagree on a dtype: a ValueError, checked before the shape.
         let rank0 = vec![Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap()];

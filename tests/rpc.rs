@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use distopt::BlockOn;
 use distopt::optim::OptionMap;
 use distopt::rpc::{DistributedOptimizer, LocalOptimizerKind, RpcWorld};
 use distopt::{CpuBackend, ErrorKind, Tensor};
@@ -59,7 +60,7 @@ fn step_issues_every_owners_update_before_waiting_on_any() {
         let world = world.clone();
         std::thread::spawn(move || {
             let _keep = &world;
-            dopt.step_blocking(id)
+            dopt.step(id).block_on()
         })
     };
     let start = Instant::now();
@@ -148,7 +149,7 @@ fn finished_or_unknown_contexts_are_rejected() {
         let context = world.context();
         context.id()
     };
-    let err = dopt.step_blocking(finished).unwrap_err();
+    let err = dopt.step(finished).block_on().unwrap_err();
     assert!(
         err.message()
             .contains("Could not find autograd context with id"),
@@ -216,7 +217,7 @@ fn a_worker_error_during_step_is_raised_by_step() {
     .unwrap();
     let context = world.context();
     world.shutdown_worker("worker1").unwrap();
-    let err = dopt.step_blocking(context.id()).unwrap_err();
+    let err = dopt.step(context.id()).block_on().unwrap_err();
     assert!(err.message().contains("worker1 has shut down"), "{err}");
     assert!(
         DistributedOptimizer::new(
@@ -259,7 +260,7 @@ fn two_distributed_optimizers_on_one_owner_step_their_own_parameters() {
             .now_or_wait()
             .unwrap();
     }
-    second.step_blocking(context.id()).unwrap();
+    second.step(context.id()).block_on().unwrap();
     let value = |p: &distopt::rpc::RRef| {
         p.to_here(&world)
             .now_or_wait()
@@ -277,7 +278,7 @@ fn two_distributed_optimizers_on_one_owner_step_their_own_parameters() {
         vec![0.5],
         "the second stepped its own, with its own lr"
     );
-    first.step_blocking(context.id()).unwrap();
+    first.step(context.id()).block_on().unwrap();
     assert_eq!(value(&a), vec![0.0]);
     assert_eq!(value(&b), vec![0.5]);
 }

@@ -6,11 +6,11 @@
 
 mod common;
 
+use distopt::BlockOn;
 use distopt::json::{number_to_json, tensor_from_json, tensor_to_json};
 use distopt::step::{step_output_to_json, step_request_from_json};
 use distopt::{
-    Backend, CpuBackend, DType, Error, ErrorKind, HostData, StepOutput, Tensor, sgd_step_blocking,
-    to_device,
+    Backend, CpuBackend, DType, Error, ErrorKind, HostData, StepOutput, Tensor, sgd_step, to_device,
 };
 use half::{bf16, f16};
 use serde_json::{Value, json};
@@ -20,14 +20,14 @@ fn f32s(shape: &[usize], values: &[f32]) -> Tensor {
 }
 
 fn values(t: &Tensor) -> Vec<f64> {
-    t.to_host_blocking().unwrap().values_f64().unwrap()
+    t.to_host().block_on().unwrap().values_f64().unwrap()
 }
 
 /// The step's error on every backend; all backends must report the same error.
 fn step_error(params: &[Vec<Tensor>], grads: &[Vec<Option<Tensor>>], learning_rate: f64) -> Error {
     let mut first: Option<Error> = None;
     for (name, backend) in common::named_backends() {
-        let err = match sgd_step_blocking(backend.as_ref(), params, grads, learning_rate) {
+        let err = match sgd_step(backend.as_ref(), params, grads, learning_rate).block_on() {
             Ok(_) => panic!("{name}: expected an error, the step succeeded"),
             Err(err) => err,
         };
@@ -112,7 +112,9 @@ fn another_ranks_replica_dtype_is_not_read() {
     let params = vec![vec![f32s(&[2], &[1.0, 2.0])], vec![wide]];
     let grads = vec![vec![Some(f32s(&[2], &[2.0, 4.0]))], vec![None]];
     for (name, backend) in common::named_backends() {
-        let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 0.5).unwrap();
+        let out = sgd_step(backend.as_ref(), &params, &grads, 0.5)
+            .block_on()
+            .unwrap();
         assert_eq!(values(&out.mean_gradients[0]), [1.0, 2.0], "{name}");
         for rank in &out.updated_replicas {
             assert_eq!(rank[0].dtype(), DType::Float32, "{name}");
@@ -128,12 +130,13 @@ fn another_ranks_replica_dtype_is_not_read() {
         "learning_rate": 0.1,
     });
     let request = step_request_from_json(&json).unwrap();
-    let out = sgd_step_blocking(
+    let out = sgd_step(
         &CpuBackend::new(),
         &request.parameter_replicas,
         &request.gradient_replicas,
         request.learning_rate,
     )
+    .block_on()
     .unwrap();
     assert_eq!(out.updated_replicas[1][0].dtype(), DType::Float16);
     assert_eq!(values(&out.updated_replicas[1][0]), [1.0]);
@@ -248,7 +251,7 @@ fn tensors_resident_on_another_backend_are_an_error_or_read_correctly() {
                 .unwrap()
                 .remove(0);
             let grads = vec![vec![Some(f32s(&[2], &[2.0, 4.0]))]];
-            match sgd_step_blocking(to.as_ref(), &[vec![p]], &grads, 0.5) {
+            match sgd_step(to.as_ref(), &[vec![p]], &grads, 0.5).block_on() {
                 Ok(out) => assert_eq!(values(&out.updated_replicas[0][0]), [0.0, 0.0]),
                 Err(err) => {
                     assert_eq!(
@@ -273,19 +276,24 @@ fn non_finite_learning_rates_are_computed_not_rejected() {
             vec![Some(f32s(&[3], &[2.0, 0.0, -4.0]))],
             vec![Some(f32s(&[3], &[4.0, 0.0, -2.0]))],
         ];
-        let out = sgd_step_blocking(backend.as_ref(), &params, &grads, f64::NAN)
+        let out = sgd_step(backend.as_ref(), &params, &grads, f64::NAN)
+            .block_on()
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(values(&out.mean_gradients[0]), [3.0, 0.0, -3.0], "{name}");
         for replica in &out.updated_replicas {
             assert!(values(&replica[0]).iter().all(|v| v.is_nan()), "{name}");
         }
-        let out = sgd_step_blocking(backend.as_ref(), &params, &grads, f64::INFINITY).unwrap();
+        let out = sgd_step(backend.as_ref(), &params, &grads, f64::INFINITY)
+            .block_on()
+            .unwrap();
         let updated = values(&out.updated_replicas[1][0]);
         assert_eq!(updated[0], f64::NEG_INFINITY, "{name}");
         assert!(updated[1].is_nan(), "{name}: inf * 0 is NaN");
         assert_eq!(updated[2], f64::INFINITY, "{name}");
         // A learning rate beyond float32's range rounds to infinity first.
-        let out = sgd_step_blocking(backend.as_ref(), &params, &grads, -1e39).unwrap();
+        let out = sgd_step(backend.as_ref(), &params, &grads, -1e39)
+            .block_on()
+            .unwrap();
         assert_eq!(
             values(&out.updated_replicas[0][0])[0],
             f64::INFINITY,
@@ -303,7 +311,9 @@ fn all_gradients_missing_gives_zero_means() {
             vec![None, None],
             vec![None, None],
         ];
-        let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 0.5).unwrap();
+        let out = sgd_step(backend.as_ref(), &params, &grads, 0.5)
+            .block_on()
+            .unwrap();
         let mean = values(&out.mean_gradients[0]);
         assert_eq!(mean, [0.0, 0.0], "{name}");
         assert!(mean.iter().all(|v| v.is_sign_positive()), "{name}: +0.0");
@@ -333,7 +343,9 @@ fn outputs_keep_shape_dtype_and_are_one_copy_per_rank() {
             ];
             4
         ];
-        let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 1.0).unwrap();
+        let out = sgd_step(backend.as_ref(), &params, &grads, 1.0)
+            .block_on()
+            .unwrap();
         assert_eq!(out.updated_replicas.len(), 4, "{name}");
         for replicas in std::iter::once(&out.mean_gradients).chain(&out.updated_replicas) {
             assert_eq!(replicas.len(), 3);
@@ -348,7 +360,7 @@ fn outputs_keep_shape_dtype_and_are_one_copy_per_rank() {
 }
 
 fn bit_image(t: &Tensor) -> (DType, Vec<usize>, Vec<u64>) {
-    let host = t.to_host_blocking().unwrap();
+    let host = t.to_host().block_on().unwrap();
     let data = host.host_data().unwrap();
     let bits = (0..data.len())
         .map(|i| match data {
@@ -402,7 +414,9 @@ fn inputs_are_not_modified() {
             .map(|r| r.iter().map(|g| g.as_ref().map(bit_image)).collect())
             .collect();
         for _ in 0..2 {
-            sgd_step_blocking(backend.as_ref(), &params, &grads, 0.5).unwrap();
+            sgd_step(backend.as_ref(), &params, &grads, 0.5)
+                .block_on()
+                .unwrap();
         }
         let after_params: Vec<Vec<_>> = params
             .iter()
@@ -441,7 +455,8 @@ fn seed_example_1() {
             vec![Some(f32s(&[2], &[2.0, 4.0]))],
             vec![Some(f32s(&[2], &[4.0, 6.0]))],
         ];
-        let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 0.1)
+        let out = sgd_step(backend.as_ref(), &params, &grads, 0.1)
+            .block_on()
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         // 0.7 as float32 is 0.699999988079071.
         check_example(&out, &[&[3.0, 5.0]], &[&[0.699999988079071, 1.5]], 2);
@@ -457,7 +472,8 @@ fn seed_example_2() {
             vec![Some(f32s(&[2], &[2.0, 4.0]))],
             vec![Some(f32s(&[2], &[0.0, 0.0]))],
         ];
-        let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 0.5)
+        let out = sgd_step(backend.as_ref(), &params, &grads, 0.5)
+            .block_on()
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         check_example(&out, &[&[1.0, 2.0]], &[&[0.5, -2.0]], 2);
     }
@@ -494,7 +510,8 @@ fn example_3() -> (Vec<Vec<Tensor>>, Vec<Vec<Option<Tensor>>>) {
 fn seed_example_3() {
     for (name, backend) in common::named_backends() {
         let (params, grads) = example_3();
-        let out = sgd_step_blocking(backend.as_ref(), &params, &grads, 0.25)
+        let out = sgd_step(backend.as_ref(), &params, &grads, 0.25)
+            .block_on()
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         check_example(
             &out,
@@ -512,12 +529,13 @@ fn seed_example_3() {
 
 fn json_step(backend: &dyn Backend, request: &Value) -> Result<Value, Error> {
     let request = step_request_from_json(request)?;
-    let out = sgd_step_blocking(
+    let out = sgd_step(
         backend,
         &request.parameter_replicas,
         &request.gradient_replicas,
         request.learning_rate,
-    )?;
+    )
+    .block_on()?;
     pollster::block_on(step_output_to_json(&out))
 }
 
@@ -1083,7 +1101,9 @@ fn host_inputs_and_arena_inputs_give_the_same_bits() {
                     .collect()
             })
             .collect();
-        let arena = sgd_step_blocking(&cpu, &on_device, &device_grads, 0.25).unwrap();
+        let arena = sgd_step(&cpu, &on_device, &device_grads, 0.25)
+            .block_on()
+            .unwrap();
         for replicas in [ReplicaOutputs::Shared, ReplicaOutputs::Separate] {
             let host =
                 pollster::block_on(sgd_step_with(&cpu, &params, &grads, 0.25, replicas)).unwrap();
@@ -1161,10 +1181,16 @@ fn gpu_steps_in_kept_arenas_treat_missing_gradients_as_zero() {
     // First every gradient (the arenas fill up), then gaps: rank 1 lacks parameter 0, rank 2
     // lacks every gradient.
     let full = grads(10, &|_, _| false);
-    drop(sgd_step_blocking(gpu.as_ref(), &params, &full, 0.5).unwrap());
+    drop(
+        sgd_step(gpu.as_ref(), &params, &full, 0.5)
+            .block_on()
+            .unwrap(),
+    );
     let gappy = grads(20, &|r, j| (r == 1 && j == 0) || r == 2);
-    let on_gpu = sgd_step_blocking(gpu.as_ref(), &params, &gappy, 0.5).unwrap();
-    let on_cpu = sgd_step_blocking(&cpu, &params, &gappy, 0.5).unwrap();
+    let on_gpu = sgd_step(gpu.as_ref(), &params, &gappy, 0.5)
+        .block_on()
+        .unwrap();
+    let on_cpu = sgd_step(&cpu, &params, &gappy, 0.5).block_on().unwrap();
     for j in 0..sizes.len() {
         same_bits(
             &on_gpu.mean_gradients[j],

@@ -8,6 +8,7 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::train::{Algorithm, StepReport, SyntheticTask, TaskConfig, TrainConfig, Trainer};
 use distopt::{Backend, CpuBackend};
 use serde_json::Value;
@@ -47,7 +48,7 @@ fn trainer(backend: &Arc<dyn Backend>, task: &Arc<SyntheticTask>, algorithm: Alg
 
 fn run(trainer: &mut Trainer, steps: usize) -> Vec<StepReport> {
     (0..steps)
-        .map(|_| trainer.step_blocking().unwrap())
+        .map(|_| trainer.step().block_on().unwrap())
         .collect()
 }
 
@@ -63,9 +64,9 @@ fn loss_falls(backend: Arc<dyn Backend>) {
     for algorithm in algorithms() {
         let name = algorithm.name();
         let mut trainer = trainer(&backend, &task, algorithm);
-        let before = trainer.evaluate_blocking().unwrap();
+        let before = trainer.evaluate().block_on().unwrap();
         let reports = run(&mut trainer, 60);
-        let after = trainer.evaluate_blocking().unwrap();
+        let after = trainer.evaluate().block_on().unwrap();
         let first = mean(reports[..5].iter().map(|r| r.mean_loss));
         let last = mean(reports[reports.len() - 5..].iter().map(|r| r.mean_loss));
         assert!(
@@ -132,7 +133,7 @@ fn sync_sgd_keeps_replicas_identical() {
         // The ranks see different data, so their losses differ.
         assert!(report.loss_per_rank.windows(2).any(|w| w[0] != w[1]));
     }
-    let params = trainer.replicas().all_params_blocking().unwrap();
+    let params = trainer.replicas().all_params().block_on().unwrap();
     for rank in 1..RANKS {
         for (a, b) in params[0].iter().zip(&params[rank]) {
             assert_eq!(a.values_f64().unwrap(), b.values_f64().unwrap());
@@ -191,7 +192,7 @@ fn hierarchical_subgroup_average_is_partial() {
     };
     let mut trainer = trainer(&backend, &task(), algorithm);
     for _ in 0..12 {
-        let report = trainer.step_blocking().unwrap();
+        let report = trainer.step().block_on().unwrap();
         let s = report.step - 1; // the averager's step counter
         let expected = if s.is_multiple_of(8) {
             Some(RANKS)
@@ -203,7 +204,7 @@ fn hierarchical_subgroup_average_is_partial() {
         assert_eq!(report.averaged, expected, "step {}", report.step);
         if expected == Some(2) {
             assert!(report.divergence > 0.0);
-            let params = trainer.replicas().all_params_blocking().unwrap();
+            let params = trainer.replicas().all_params().block_on().unwrap();
             for (a, b) in params[0].iter().zip(&params[1]) {
                 assert_eq!(a.values_f64().unwrap(), b.values_f64().unwrap());
             }
@@ -369,10 +370,10 @@ fn hierarchical_with_subgroup_gradient_allreduce() {
     };
     let mut trainer = trainer(&backend, &task(), algorithm);
     for _ in 0..7 {
-        let report = trainer.step_blocking().unwrap();
+        let report = trainer.step().block_on().unwrap();
         let expected = if report.step <= 2 { RANKS } else { 2 };
         assert_eq!(report.gradients_reduced, Some(expected));
-        let params = trainer.replicas().all_params_blocking().unwrap();
+        let params = trainer.replicas().all_params().block_on().unwrap();
         for (a, b) in params[2].iter().zip(&params[3]) {
             assert_eq!(a.values_f64().unwrap(), b.values_f64().unwrap());
         }
@@ -468,11 +469,11 @@ fn every_algorithm_learns_the_digits() {
             ..TrainConfig::default()
         };
         let mut trainer = Trainer::new(backend.clone(), task.clone(), config).unwrap();
-        let before = trainer.evaluate_blocking().unwrap();
+        let before = trainer.evaluate().block_on().unwrap();
         assert_eq!(before.samples, 359);
         assert!(before.held_out);
         run(&mut trainer, 150);
-        let after = trainer.evaluate_blocking().unwrap();
+        let after = trainer.evaluate().block_on().unwrap();
         eprintln!(
             "{}: held-out accuracy {:.3} -> {:.3}, loss {:.3} -> {:.3}",
             algorithm.describe(),

@@ -13,6 +13,7 @@ use crate::replicas::Replicas;
 /// call number `s` averages iff `s >= warmup_steps` and `(s - warmup_steps) % period == 0`.
 ///
 /// ```
+/// use distopt::BlockOn;
 /// use std::sync::Arc;
 /// use distopt::averaging::{ModelAverager, PeriodicModelAverager};
 /// use distopt::comm::SimulatedWorld;
@@ -24,7 +25,7 @@ use crate::replicas::Replicas;
 /// for rank in 0..2 { model.set_grads(rank, &[Some(Tensor::from_f32(&[1], vec![0.0]).unwrap())]).unwrap(); }
 /// let mut averager = PeriodicModelAverager::new(2, 0, world).unwrap();
 /// assert_eq!(averager.average_parameters(&mut model, None).unwrap(), Some(2));
-/// assert_eq!(model.param_blocking(1, 0).unwrap().values_f64().unwrap(), vec![2.0]);
+/// assert_eq!(model.param(1, 0).block_on().unwrap().values_f64().unwrap(), vec![2.0]);
 /// assert_eq!(averager.average_parameters(&mut model, None).unwrap(), None); // step 1: no
 /// assert!(PeriodicModelAverager::new(0, 0, Arc::new(SimulatedWorld::new(2).unwrap())).is_err());
 /// ```

@@ -725,12 +725,3 @@ pub async fn select_backend(choice: BackendChoice) -> Result<Selection> {
         },
     }
 }
-
-/// Blocking [`select_backend`] for native callers.
-///
-/// # Errors
-/// As [`select_backend`].
-#[cfg(not(target_arch = "wasm32"))]
-pub fn select_backend_blocking(choice: BackendChoice) -> Result<Selection> {
-    pollster::block_on(select_backend(choice))
-}

@@ -17,6 +17,7 @@
 //! joined, then the post-hooks.
 //!
 //! ```
+//! use distopt::BlockOn;
 //! use std::sync::Arc;
 //! use distopt::comm::SimulatedWorld;
 //! use distopt::ddp::DistributedDataParallel;
@@ -43,7 +44,7 @@
 //! join.exit(&mut [&mut ddp as &mut dyn Joinable], &mut model).unwrap();
 //! // At the second iteration rank 0 had joined: it contributed zeros, and the sum is still
 //! // divided by the initial world size.
-//! let g = model.all_grads_blocking().unwrap()[1][0].clone().unwrap();
+//! let g = model.all_grads().block_on().unwrap()[1][0].clone().unwrap();
 //! assert_eq!(g.values_f64().unwrap(), vec![2.0, 4.0]);
 //! ```
 

@@ -173,6 +173,7 @@ pub struct SgdMath {
 /// `torch.optim.SGD` on every rank of a [`Replicas`].
 ///
 /// ```
+/// use distopt::BlockOn;
 /// use std::sync::Arc;
 /// use distopt::{CpuBackend, Tensor};
 /// use distopt::optim::{LocalOptimizer, Sgd, SgdOptions};
@@ -182,7 +183,7 @@ pub struct SgdMath {
 /// let mut sgd = Sgd::new(&model, SgdOptions::default().with_lr(0.5)).unwrap();
 /// model.set_grads(0, &[Some(Tensor::from_f32(&[2], vec![1.0, 1.0]).unwrap())]).unwrap();
 /// sgd.step(&mut model).unwrap();
-/// assert_eq!(model.param_blocking(0, 0).unwrap().values_f64().unwrap(), vec![0.5, 1.5]);
+/// assert_eq!(model.param(0, 0).block_on().unwrap().values_f64().unwrap(), vec![0.5, 1.5]);
 /// assert!(Sgd::new(&model, SgdOptions::default().with_lr(-0.1)).is_err());
 /// ```
 pub type Sgd = Optimizer<SgdMath>;

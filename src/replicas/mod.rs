@@ -53,15 +53,16 @@ struct ParamInfo {
 /// and `gradient shape mismatch`), and every refused call writes nothing.
 ///
 /// ```
+/// use distopt::BlockOn;
 /// use std::sync::Arc;
 /// use distopt::{CpuBackend, Tensor};
 /// use distopt::replicas::Replicas;
 /// let backend = Arc::new(CpuBackend::new());
 /// let w = Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap();
 /// let mut model = Replicas::replicate(backend, 4, &[w]).unwrap();
-/// model.set_grad_blocking(3, 0, Some(&Tensor::from_f32(&[2], vec![0.5, 0.5]).unwrap())).unwrap();
+/// model.set_grad(3, 0, Some(&Tensor::from_f32(&[2], vec![0.5, 0.5]).unwrap())).block_on().unwrap();
 /// assert!(model.has_grad(3, 0) && !model.has_grad(0, 0));
-/// assert_eq!(model.param_blocking(2, 0).unwrap().values_f64().unwrap(), vec![1.0, 2.0]);
+/// assert_eq!(model.param(2, 0).block_on().unwrap().values_f64().unwrap(), vec![1.0, 2.0]);
 /// ```
 #[derive(Debug)]
 pub struct Replicas {
@@ -441,20 +442,6 @@ impl Replicas {
         Ok(())
     }
 
-    /// Blocking [`Replicas::set_grad`].
-    ///
-    /// # Errors
-    /// As [`Replicas::set_grad`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn set_grad_blocking(
-        &mut self,
-        rank: usize,
-        j: usize,
-        grad: Option<&Tensor>,
-    ) -> Result<()> {
-        pollster::block_on(self.set_grad(rank, j, grad))
-    }
-
     /// `zero_grad(set_to_none=True)` on every rank.
     pub fn zero_grad(&mut self) {
         self.has_grad.fill(false);
@@ -488,15 +475,6 @@ impl Replicas {
     /// fails (a device error, a lost device).
     pub async fn param(&self, rank: usize, j: usize) -> Result<Tensor> {
         self.read(rank, j, Values::Params).await
-    }
-
-    /// Blocking [`Replicas::param`].
-    ///
-    /// # Errors
-    /// As [`Replicas::param`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn param_blocking(&self, rank: usize, j: usize) -> Result<Tensor> {
-        pollster::block_on(self.param(rank, j))
     }
 
     /// Gradient `j` of rank `rank`, or `None`.
@@ -561,23 +539,5 @@ impl Replicas {
             }
         }
         Ok(out)
-    }
-
-    /// Blocking [`Replicas::all_params`].
-    ///
-    /// # Errors
-    /// As [`Replicas::all_params`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn all_params_blocking(&self) -> Result<Vec<Vec<Tensor>>> {
-        pollster::block_on(self.all_params())
-    }
-
-    /// Blocking [`Replicas::all_grads`].
-    ///
-    /// # Errors
-    /// As [`Replicas::all_grads`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn all_grads_blocking(&self) -> Result<Vec<Vec<Option<Tensor>>>> {
-        pollster::block_on(self.all_grads())
     }
 }

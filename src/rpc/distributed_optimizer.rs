@@ -263,13 +263,4 @@ impl DistributedOptimizer {
         }
         first_error.map_or(Ok(()), Err)
     }
-
-    /// Blocking [`DistributedOptimizer::step`].
-    ///
-    /// # Errors
-    /// As [`DistributedOptimizer::step`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn step_blocking(&self, context: ContextId) -> Result<()> {
-        pollster::block_on(self.step(context))
-    }
 }

@@ -45,11 +45,12 @@ pub struct StepOutput {
 /// As [`sgd_step_with`].
 ///
 /// ```
-/// use distopt::{CpuBackend, Tensor, sgd_step_blocking};
+/// use distopt::BlockOn;
+/// use distopt::{CpuBackend, Tensor, sgd_step};
 /// let p = || Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap();
 /// let g = |a: f32, b: f32| Some(Tensor::from_f32(&[2], vec![a, b]).unwrap());
-/// let out = sgd_step_blocking(&CpuBackend::new(), &[vec![p()], vec![p()]],
-///                             &[vec![g(2.0, 4.0)], vec![g(4.0, 6.0)]], 0.1).unwrap();
+/// let out = sgd_step(&CpuBackend::new(), &[vec![p()], vec![p()]],
+///                             &[vec![g(2.0, 4.0)], vec![g(4.0, 6.0)]], 0.1).block_on().unwrap();
 /// assert_eq!(out.mean_gradients[0].values_f64().unwrap(), vec![3.0, 5.0]);
 /// assert_eq!(out.updated_replicas[1][0].values_f64().unwrap(), vec![0.7f32 as f64, 1.5]);
 /// ```
@@ -432,46 +433,6 @@ pub async fn sgd_step_in(
         ReplicaOutputs::Shared,
     )
     .await
-}
-
-/// Blocking [`sgd_step_in`] for native callers.
-///
-/// # Errors
-/// As [`sgd_step_in`].
-#[cfg(not(target_arch = "wasm32"))]
-pub fn sgd_step_in_blocking(
-    world: &dyn Communicator,
-    backend: &dyn Backend,
-    parameter_replicas: &[Vec<Tensor>],
-    gradient_replicas: &[Vec<Option<Tensor>>],
-    learning_rate: f64,
-) -> Result<StepOutput> {
-    pollster::block_on(sgd_step_in(
-        world,
-        backend,
-        parameter_replicas,
-        gradient_replicas,
-        learning_rate,
-    ))
-}
-
-/// Blocking [`sgd_step`] for native callers.
-///
-/// # Errors
-/// As [`sgd_step`].
-#[cfg(not(target_arch = "wasm32"))]
-pub fn sgd_step_blocking(
-    backend: &dyn Backend,
-    parameter_replicas: &[Vec<Tensor>],
-    gradient_replicas: &[Vec<Option<Tensor>>],
-    learning_rate: f64,
-) -> Result<StepOutput> {
-    pollster::block_on(sgd_step(
-        backend,
-        parameter_replicas,
-        gradient_replicas,
-        learning_rate,
-    ))
 }
 
 /// The parameters of one storage format: their arena layout and the gradients' format.

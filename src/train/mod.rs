@@ -25,16 +25,17 @@
 //! are gathered so that every process sees the whole world's.
 //!
 //! Nothing here blocks or reads a clock: the core is `async` (on wasm32 a step awaits the
-//! device's readback); native callers use the `*_blocking` wrappers.
+//! device's readback); native callers wait with `.block_on()` ([`crate::BlockOn`]).
 //!
 //! ```
+//! use distopt::BlockOn;
 //! use std::sync::Arc;
 //! use distopt::CpuBackend;
 //! use distopt::train::{Algorithm, SyntheticTask, TaskConfig, TrainConfig, Trainer};
 //! let task = Arc::new(SyntheticTask::new(TaskConfig { samples: 512, ..TaskConfig::default() }, 4).unwrap());
 //! let config = TrainConfig { algorithm: Algorithm::SyncSgd, ..TrainConfig::default() };
 //! let mut trainer = Trainer::new(Arc::new(CpuBackend::new()), task, config).unwrap();
-//! let first = trainer.step_blocking().unwrap();
+//! let first = trainer.step().block_on().unwrap();
 //! assert_eq!(first.step, 1);
 //! assert_eq!(first.divergence, 0.0); // synchronous SGD keeps the replicas identical
 //! assert!(first.bytes_communicated_per_rank > 0);
@@ -43,8 +44,8 @@
 //! let digits = Arc::new(distopt::train::DatasetTask::digits(4).unwrap());
 //! let config = TrainConfig { algorithm: Algorithm::Zero, ..TrainConfig::default() };
 //! let mut trainer = Trainer::new(Arc::new(CpuBackend::new()), digits, config).unwrap();
-//! trainer.step_blocking().unwrap();
-//! let evaluation = trainer.evaluate_blocking().unwrap();
+//! trainer.step().block_on().unwrap();
+//! let evaluation = trainer.evaluate().block_on().unwrap();
 //! assert!(evaluation.held_out && evaluation.samples == 359);
 //! ```
 

@@ -670,15 +670,6 @@ impl Trainer {
         })
     }
 
-    /// Blocking [`Trainer::step`].
-    ///
-    /// # Errors
-    /// As [`Trainer::step`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn step_blocking(&mut self) -> Result<StepReport> {
-        pollster::block_on(self.step())
-    }
-
     /// The loss of each replica and of their mean (and the mean's accuracy) on the task's
     /// evaluation samples ([`Task::evaluate`]: the held-out split of a data set).
     ///
@@ -701,15 +692,6 @@ impl Trainer {
             held_out: task.held_out(),
             samples: task.evaluation_len(),
         })
-    }
-
-    /// Blocking [`Trainer::evaluate`].
-    ///
-    /// # Errors
-    /// As [`Trainer::evaluate`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn evaluate_blocking(&mut self) -> Result<Evaluation> {
-        pollster::block_on(self.evaluate())
     }
 }
 

@@ -497,16 +497,8 @@ impl ZeroRedundancyOptimizer {
 
     /// One ZeRO step: every local rank's optimizer updates the parameters it owns from its own
     /// gradients, then each rank's updated parameters are broadcast to every rank (one
-    /// transfer per rank with `parameters_as_bucket_view`, one per parameter otherwise). An
-    /// error is the lowest local rank's (see [`ZeroRedundancyOptimizer::step_on_ranks`]).
-    ///
-    /// # Errors
-    /// The lowest local rank's error of [`ZeroRedundancyOptimizer::step_on_ranks`].
-    pub fn step(&mut self, replicas: &mut Replicas) -> Result<()> {
-        self.step_on_ranks(replicas).map_err(Error::from)
-    }
-
-    /// [`ZeroRedundancyOptimizer::step`], with each local rank's error. In a join context of
+    /// transfer per rank with `parameters_as_bucket_view`, one per parameter otherwise), with
+    /// each local rank's error (`?` turns it into the lowest local rank's). In a join context of
     /// which ZeRO is the first joinable it notifies the context first; local ranks that have
     /// joined run ZeRO's main hook, which is this same step (their broadcasts pair with the
     /// active ranks'), with the gradients they still hold.
@@ -518,7 +510,7 @@ impl ZeroRedundancyOptimizer {
     /// `replicas` has other ranks or parameters than ZeRO was built for, the local optimizers'
     /// errors ([`LocalOptimizer::step`]), and the copies' and broadcasts' errors (a `RuntimeError`
     /// for a GPU error or a lost device). With `overlap_with_ddp` it only warns.
-    pub fn step_on_ranks(&mut self, replicas: &mut Replicas) -> Result<(), RankErrors> {
+    pub fn step(&mut self, replicas: &mut Replicas) -> Result<(), RankErrors> {
         let local = self.world.local_ranks();
         if self.options.overlap_with_ddp {
             warnings::emit(Warning::logged(OVERLAP_STEP_WARNING).on_ranks(local));
@@ -658,18 +650,8 @@ impl ZeroRedundancyOptimizer {
         Ok(())
     }
 
-    /// `add_param_group`: a new group of replica indices with its own options. The partition
-    /// is recomputed; earlier parameters keep their ranks (the algorithm is deterministic and
-    /// processes groups in order), and every rank's local optimizer gets the new group.
-    ///
-    /// # Errors
-    /// A `RuntimeError` with `overlap_with_ddp` (one group only); an `IndexError` for an index
-    /// outside the replicas; a `ValueError` for a parameter already in a group; a `RuntimeError`
-    /// when a local optimizer's state cannot be read back. Then, with the group already recorded
-    /// (it is kept), the errors of rebuilding the shards: a `TypeError` for an unknown keyword or
-    /// an option of the wrong type, a `RuntimeError` for an arena over the memory budget or a
-    /// backend failure.
-    pub async fn add_param_group(
+    /// [`ZeroRedundancyOptimizer::add_param_group`] with one error for all the local ranks.
+    async fn add_param_group_here(
         &mut self,
         replicas: &Replicas,
         params: Vec<usize>,
@@ -718,60 +700,34 @@ impl ZeroRedundancyOptimizer {
         Ok(())
     }
 
-    /// Blocking [`ZeroRedundancyOptimizer::add_param_group`].
+    /// `add_param_group`: a new group of replica indices with its own options. The partition
+    /// is recomputed; earlier parameters keep their ranks (the algorithm is deterministic and
+    /// processes groups in order), and every rank's local optimizer gets the new group.
     ///
     /// # Errors
-    /// As [`ZeroRedundancyOptimizer::add_param_group`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn add_param_group_blocking(
-        &mut self,
-        replicas: &Replicas,
-        params: Vec<usize>,
-        options: &OptionMap,
-    ) -> Result<()> {
-        pollster::block_on(self.add_param_group(replicas, params, options))
-    }
-
-    /// [`ZeroRedundancyOptimizer::add_param_group`] as every local rank calls it: a failure
-    /// is each rank's (they all run the same checks).
+    /// A `RuntimeError` with `overlap_with_ddp` (one group only); an `IndexError` for an index
+    /// outside the replicas; a `ValueError` for a parameter already in a group; a `RuntimeError`
+    /// when a local optimizer's state cannot be read back. Then, with the group already recorded
+    /// (it is kept), the errors of rebuilding the shards: a `TypeError` for an unknown keyword or
+    /// an option of the wrong type, a `RuntimeError` for an arena over the memory budget or a
+    /// backend failure.
     ///
-    /// # Errors
-    /// The error of [`ZeroRedundancyOptimizer::add_param_group`], on every local rank.
-    pub async fn add_param_group_on_ranks(
+    /// Every local rank calls it and gets the error (they all run the same checks); `?` turns
+    /// it into the lowest local rank's.
+    pub async fn add_param_group(
         &mut self,
         replicas: &Replicas,
         params: Vec<usize>,
         options: &OptionMap,
     ) -> Result<(), RankErrors> {
         let local = self.world.local_ranks();
-        self.add_param_group(replicas, params, options)
+        self.add_param_group_here(replicas, params, options)
             .await
             .map_err(|e| RankErrors::all(local, e))
     }
 
-    /// Blocking [`ZeroRedundancyOptimizer::add_param_group_on_ranks`].
-    ///
-    /// # Errors
-    /// As [`ZeroRedundancyOptimizer::add_param_group_on_ranks`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn add_param_group_on_ranks_blocking(
-        &mut self,
-        replicas: &Replicas,
-        params: Vec<usize>,
-        options: &OptionMap,
-    ) -> Result<(), RankErrors> {
-        pollster::block_on(self.add_param_group_on_ranks(replicas, params, options))
-    }
-
-    /// Gathers every rank's shard of the optimizer state to rank `to` (a collective: every
-    /// rank calls it). A `to` outside the world does not fail, but nobody keeps the state (as
-    /// in PyTorch).
-    ///
-    /// # Errors
-    /// A `RuntimeError` when the optimizer is not initialized (`overlap_with_ddp`); a
-    /// `RuntimeError` when a state readback fails or a rank sends a malformed state; the gather's
-    /// errors ([`Communicator::gather_bytes`]).
-    pub async fn consolidate_state_dict(&mut self, replicas: &Replicas, to: i64) -> Result<()> {
+    /// [`ZeroRedundancyOptimizer::consolidate_state_dict`] with one error for all the local ranks.
+    async fn consolidate_state_dict_here(&mut self, replicas: &Replicas, to: i64) -> Result<()> {
         self.initialized()?;
         let _ = replicas;
         // Each local rank's state, keyed by global parameter index.
@@ -842,42 +798,26 @@ impl ZeroRedundancyOptimizer {
         Ok(())
     }
 
-    /// Blocking [`ZeroRedundancyOptimizer::consolidate_state_dict`].
+    /// Gathers every rank's shard of the optimizer state to rank `to` (a collective: every
+    /// rank calls it). A `to` outside the world does not fail, but nobody keeps the state (as
+    /// in PyTorch).
     ///
     /// # Errors
-    /// As [`ZeroRedundancyOptimizer::consolidate_state_dict`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn consolidate_state_dict_blocking(&mut self, replicas: &Replicas, to: i64) -> Result<()> {
-        pollster::block_on(self.consolidate_state_dict(replicas, to))
-    }
-
-    /// [`ZeroRedundancyOptimizer::consolidate_state_dict`] as every local rank calls it: a
-    /// failure is each rank's.
+    /// A `RuntimeError` when the optimizer is not initialized (`overlap_with_ddp`); a
+    /// `RuntimeError` when a state readback fails or a rank sends a malformed state; the gather's
+    /// errors ([`Communicator::gather_bytes`]).
     ///
-    /// # Errors
-    /// The error of [`ZeroRedundancyOptimizer::consolidate_state_dict`], on every local rank.
-    pub async fn consolidate_state_dict_on_ranks(
+    /// Every local rank calls it and gets the error (they all run the same checks); `?` turns
+    /// it into the lowest local rank's.
+    pub async fn consolidate_state_dict(
         &mut self,
         replicas: &Replicas,
         to: i64,
     ) -> Result<(), RankErrors> {
         let local = self.world.local_ranks();
-        self.consolidate_state_dict(replicas, to)
+        self.consolidate_state_dict_here(replicas, to)
             .await
             .map_err(|e| RankErrors::all(local, e))
-    }
-
-    /// Blocking [`ZeroRedundancyOptimizer::consolidate_state_dict_on_ranks`].
-    ///
-    /// # Errors
-    /// As [`ZeroRedundancyOptimizer::consolidate_state_dict_on_ranks`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn consolidate_state_dict_on_ranks_blocking(
-        &mut self,
-        replicas: &Replicas,
-        to: i64,
-    ) -> Result<(), RankErrors> {
-        pollster::block_on(self.consolidate_state_dict_on_ranks(replicas, to))
     }
 
     /// Group `g`'s options as the local optimizers report them (their defaults filled in).
@@ -905,17 +845,8 @@ impl ZeroRedundancyOptimizer {
         }
     }
 
-    /// `load_state_dict(state_dict)` on every rank: each rank keeps the state of the parameters
-    /// it owns in the current partition (whatever world size the dict was saved with).
-    ///
-    /// # Errors
-    /// A `RuntimeError` when the optimizer is not initialized (`overlap_with_ddp`); a `TypeError`
-    /// for a `state` key that is not an index; an `IndexError` for an index beyond the parameters;
-    /// a `ValueError` when `param_groups` is missing or its groups differ in number or size from
-    /// ZeRO's; the local optimizers' errors ([`LocalOptimizer::check_state_dict`]), checked on
-    /// every shard before any changes; a `RuntimeError` when a state arena does not fit the memory
-    /// budget.
-    pub fn load_state_dict(&mut self, replicas: &Replicas, state_dict: &Value) -> Result<()> {
+    /// [`ZeroRedundancyOptimizer::load_state_dict`] with one error for all the local ranks.
+    fn load_state_dict_here(&mut self, replicas: &Replicas, state_dict: &Value) -> Result<()> {
         self.initialized()?;
         let _ = replicas;
         let state = state_dict
@@ -1000,18 +931,26 @@ impl ZeroRedundancyOptimizer {
         Ok(())
     }
 
-    /// [`ZeroRedundancyOptimizer::load_state_dict`] as every local rank calls it: a failure is
-    /// each rank's.
+    /// `load_state_dict(state_dict)` on every rank: each rank keeps the state of the parameters
+    /// it owns in the current partition (whatever world size the dict was saved with).
     ///
     /// # Errors
-    /// The error of [`ZeroRedundancyOptimizer::load_state_dict`], on every local rank.
-    pub fn load_state_dict_on_ranks(
+    /// A `RuntimeError` when the optimizer is not initialized (`overlap_with_ddp`); a `TypeError`
+    /// for a `state` key that is not an index; an `IndexError` for an index beyond the parameters;
+    /// a `ValueError` when `param_groups` is missing or its groups differ in number or size from
+    /// ZeRO's; the local optimizers' errors ([`LocalOptimizer::check_state_dict`]), checked on
+    /// every shard before any changes; a `RuntimeError` when a state arena does not fit the memory
+    /// budget.
+    ///
+    /// Every local rank calls it and gets the error (they all run the same checks); `?` turns
+    /// it into the lowest local rank's.
+    pub fn load_state_dict(
         &mut self,
         replicas: &Replicas,
         state_dict: &Value,
     ) -> Result<(), RankErrors> {
         let local = self.world.local_ranks();
-        self.load_state_dict(replicas, state_dict)
+        self.load_state_dict_here(replicas, state_dict)
             .map_err(|e| RankErrors::all(local, e))
     }
 

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use distopt::BlockOn;
 use distopt::json::tensor_from_json;
 use distopt::{Backend, CpuBackend, DType, Error, GpuBackend, Tensor};
 use serde_json::Value;
@@ -203,7 +204,8 @@ pub fn compare_tensor(
         ));
     }
     let actual = actual
-        .to_host_blocking()
+        .to_host()
+        .block_on()
         .map_err(|e| format!("{what}: {e}"))?;
     let (a, e) = (actual.values_f64().unwrap(), expected.values_f64().unwrap());
     let (rtol, atol) = case.tolerance(actual.dtype());
@@ -263,7 +265,7 @@ pub fn compare_error(case: &Case, error: &Error) -> Result<(), String> {
 /// The GPU backend, or `None` when there is no adapter and `DISTOPT_ALLOW_NO_GPU=1`.
 /// Without that variable a missing adapter is a failure: the GPU tests must really run.
 pub fn gpu_backend() -> Option<Arc<dyn Backend>> {
-    match GpuBackend::new_blocking() {
+    match GpuBackend::new().block_on() {
         Ok(gpu) => Some(Arc::new(gpu)),
         Err(err) if std::env::var("DISTOPT_ALLOW_NO_GPU").as_deref() == Ok("1") => {
             eprintln!("no GPU adapter ({err}); GPU tests skipped because DISTOPT_ALLOW_NO_GPU=1");

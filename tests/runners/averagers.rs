@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
 use distopt::comm::Communicator;
 use distopt::replicas::Replicas;
@@ -86,7 +87,10 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> O
     let mut group_sizes = Vec::new();
     let mut exact = true;
     for (t, step_updates) in updates.iter().enumerate() {
-        let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
+        let params = replicas
+            .all_params()
+            .block_on()
+            .map_err(|e| e.to_string())?;
         let step_updates = per_rank_tensors(step_updates, &format!("updates[{t}]"))?;
         for rank in local.clone() {
             let index = rank - local.start;
@@ -114,7 +118,10 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> O
         if expected.get("error").is_some() {
             continue;
         }
-        let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
+        let params = replicas
+            .all_params()
+            .block_on()
+            .map_err(|e| e.to_string())?;
         for (rank, rank_params) in local.clone().zip(&params) {
             exact &= compare_tensors(
                 case,

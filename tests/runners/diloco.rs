@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use distopt::Backend;
+use distopt::BlockOn;
 use distopt::diloco::DiLoCo;
 use distopt::optim::LocalOptimizer;
 use distopt::replicas::Replicas;
@@ -62,7 +63,10 @@ pub fn run(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Out
         {
             synced_at.push(Value::from(t));
         }
-        let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
+        let params = replicas
+            .all_params()
+            .block_on()
+            .map_err(|e| e.to_string())?;
         for (rank, p) in local.clone().zip(&params) {
             exact &= compare_tensors(
                 case,
@@ -81,7 +85,8 @@ pub fn run(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Out
     for rank in local.clone() {
         let index = rank - local.start;
         let sd = diloco
-            .state_dict_blocking(&replicas, index)
+            .state_dict(&replicas, index)
+            .block_on()
             .map_err(|e| e.to_string())?;
         exact &= compare_json(
             case,

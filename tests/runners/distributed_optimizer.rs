@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::json::tensor_from_json;
 use distopt::optim::option_map;
 use distopt::rpc::{DRIVER, DistributedOptimizer, LocalOptimizerKind, RRef, RpcWorld};
@@ -65,7 +66,8 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
                     .map_err(s)?;
             }
         }
-        dopt.step_blocking(context.id())
+        dopt.step(context.id())
+            .block_on()
             .map_err(|e| format!("step {t}: {e}"))?;
         let mut params = Vec::new();
         let mut in_context = Vec::new();

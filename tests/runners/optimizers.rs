@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use distopt::Backend;
+use distopt::BlockOn;
 use distopt::optim::{self, option_map};
 use distopt::replicas::Replicas;
 use serde_json::Value;
@@ -49,7 +50,10 @@ pub fn run(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
         optimizer
             .step(&mut replicas)
             .map_err(|e| format!("step {t}: {e}"))?;
-        let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
+        let params = replicas
+            .all_params()
+            .block_on()
+            .map_err(|e| e.to_string())?;
         exact &= compare_tensors(
             case,
             &params[0],

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
 use distopt::comm::{Communicator, local_index};
 use distopt::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
@@ -64,7 +65,10 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> O
         replicas
             .broadcast_params(world.as_ref(), 0)
             .map_err(|e| e.to_string())?;
-        let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
+        let params = replicas
+            .all_params()
+            .block_on()
+            .map_err(|e| e.to_string())?;
         for (rank, p) in local.clone().zip(&params) {
             exact &= compare_tensors(
                 case,
@@ -102,7 +106,7 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> O
         if let Some(hook) = hook.as_mut() {
             hook.synchronize_gradients(&mut replicas)
                 .map_err(|e| e.to_string())?;
-            let grads = replicas.all_grads_blocking().map_err(|e| e.to_string())?;
+            let grads = replicas.all_grads().block_on().map_err(|e| e.to_string())?;
             for (rank, g) in local.clone().zip(&grads) {
                 exact &= compare_optional_tensors(
                     case,
@@ -120,7 +124,10 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> O
             averaged_at.push(Value::from(t));
         }
         sizes.push(used);
-        let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
+        let params = replicas
+            .all_params()
+            .block_on()
+            .map_err(|e| e.to_string())?;
         for (rank, p) in local.clone().zip(&params) {
             exact &= compare_tensors(
                 case,
@@ -133,7 +140,8 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> O
             let mut saved = Vec::new();
             for index in 0..local.len() {
                 saved.push(
-                    opt.state_dict_blocking(&replicas, index)
+                    opt.state_dict(&replicas, index)
+                        .block_on()
                         .map_err(|e| e.to_string())?,
                 );
             }
@@ -198,7 +206,8 @@ fn run_inner(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> O
     }
     for rank in local.clone() {
         let sd = opt
-            .state_dict_blocking(&replicas, rank - local.start)
+            .state_dict(&replicas, rank - local.start)
+            .block_on()
             .map_err(|e| e.to_string())?;
         exact &= compare_json(
             case,

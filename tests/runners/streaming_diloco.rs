@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use distopt::Backend;
+use distopt::BlockOn;
 use distopt::diloco::{DiLoCo, DiLoCoOptions};
 use distopt::replicas::Replicas;
 use serde_json::{Value, json};
@@ -90,7 +91,10 @@ pub fn run(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Out
         if let Some(f) = after.filter(|_| after != before) {
             prepared_at.push(json!([t, f]));
         }
-        let params = replicas.all_params_blocking().map_err(|e| e.to_string())?;
+        let params = replicas
+            .all_params()
+            .block_on()
+            .map_err(|e| e.to_string())?;
         for (rank, p) in local.clone().zip(&params) {
             exact &= compare_tensors(
                 case,
@@ -111,7 +115,8 @@ pub fn run(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Out
     for rank in local.clone() {
         let index = rank - local.start;
         let sd = diloco
-            .state_dict_blocking(&replicas, index)
+            .state_dict(&replicas, index)
+            .block_on()
             .map_err(|e| e.to_string())?;
         exact &= compare_json(
             case,

@@ -4,6 +4,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use distopt::BlockOn;
 use distopt::comm::{Communicator, SimulatedWorld, local_index};
 use distopt::ddp::DistributedDataParallel;
 use distopt::join::{Join, JoinOptions, Joinable};
@@ -21,8 +22,9 @@ use super::{
 };
 use crate::common::{Case, compare_error};
 
-fn s(e: Error) -> String {
-    e.to_string()
+/// An error as text: a per-rank error is its lowest local rank's.
+fn s(e: impl Into<Error>) -> String {
+    e.into().to_string()
 }
 
 fn indices(value: &Value) -> Vec<usize> {
@@ -166,7 +168,8 @@ fn partition(backend: &Arc<dyn Backend>, case: &Case) -> Outcome {
     if added.is_object() {
         check(&zero, &expected["before_add"], "before_add")?;
         let options = option_map(&added["options"]).map_err(s)?;
-        zero.add_param_group_blocking(&replicas, added_range.collect(), &options)
+        zero.add_param_group(&replicas, added_range.collect(), &options)
+            .block_on()
             .map_err(s)?;
     }
     check(&zero, expected, "after")?;
@@ -195,7 +198,8 @@ impl Trajectory<'_> {
         for (t, step) in grads.as_array().ok_or("grads")?.iter().enumerate() {
             if let Some((at, params, options)) = &added {
                 if *at == t {
-                    zero.add_param_group_blocking(replicas, params.clone(), options)
+                    zero.add_param_group(replicas, params.clone(), options)
+                        .block_on()
                         .map_err(s)?;
                 }
             }
@@ -205,7 +209,7 @@ impl Trajectory<'_> {
                 replicas.set_grads(rank - local.start, &g).map_err(s)?;
             }
             zero.step(replicas).map_err(|e| format!("step {t}: {e}"))?;
-            let params = replicas.all_params_blocking().map_err(s)?;
+            let params = replicas.all_params().block_on().map_err(s)?;
             for (rank, p) in local.clone().zip(&params) {
                 let want = &expected_params[t][rank];
                 let n = want.as_array().map_or(0, Vec::len);
@@ -228,7 +232,8 @@ impl Trajectory<'_> {
         expected: &Value,
     ) -> Result<(), String> {
         // A collective: every process calls it; the state dict lands on rank 0's.
-        zero.consolidate_state_dict_blocking(replicas, 0)
+        zero.consolidate_state_dict(replicas, 0)
+            .block_on()
             .map_err(s)?;
         if local_index(world, 0).is_some() {
             let sd = zero.state_dict(0).map_err(s)?;
@@ -775,22 +780,22 @@ fn errors(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outc
                     let to = call["to"].as_i64().unwrap_or(0);
                     rank_outcomes(
                         &local,
-                        zero.consolidate_state_dict_on_ranks_blocking(&replicas, to),
+                        zero.consolidate_state_dict(&replicas, to).block_on(),
                     )
                 }
-                "step" => rank_outcomes(&local, zero.step_on_ranks(&mut replicas)),
+                "step" => rank_outcomes(&local, zero.step(&mut replicas)),
                 "add_param_group" => {
                     let ids = added.next().ok_or("add_param_group tensors")?;
                     let j = to_replica(&ids)?;
                     rank_outcomes(
                         &local,
-                        zero.add_param_group_on_ranks_blocking(&replicas, j, &Default::default()),
+                        zero.add_param_group(&replicas, j, &Default::default())
+                            .block_on(),
                     )
                 }
-                "load_state_dict" => rank_outcomes(
-                    &local,
-                    zero.load_state_dict_on_ranks(&replicas, &call["state_dict"]),
-                ),
+                "load_state_dict" => {
+                    rank_outcomes(&local, zero.load_state_dict(&replicas, &call["state_dict"]))
+                }
                 other => return Err(format!("unknown call {other:?}")),
             };
             stages.push(Stage {
@@ -811,7 +816,7 @@ fn errors(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outc
         .get("params_after_per_rank")
         .and_then(Value::as_array)
     {
-        let params = replicas.all_params_blocking().map_err(s)?;
+        let params = replicas.all_params().block_on().map_err(s)?;
         for (index, rank) in local.clone().enumerate() {
             let actual: Vec<Option<Tensor>> = dense[..constructed]
                 .iter()
@@ -902,7 +907,7 @@ fn join(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcom
         }
         ddp.synchronize_gradients(&mut replicas)
             .map_err(|e| format!("iteration {t}: {e}"))?;
-        let after_backward = replicas.all_grads_blocking().map_err(s)?;
+        let after_backward = replicas.all_grads().block_on().map_err(s)?;
         for (index, rank) in local.clone().enumerate().filter(|&(i, _)| has_input[i]) {
             exact &= compare_optional_tensors(
                 case,
@@ -911,14 +916,14 @@ fn join(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcom
                 &format!("grads_after_backward[{t}][{rank}]"),
             )?;
         }
-        zero.step_on_ranks(&mut replicas)
+        zero.step(&mut replicas)
             .map_err(|e| format!("iteration {t}: {e}"))?;
         if !before_forward {
             for index in (0..local.len()).filter(|&i| has_input[i]) {
                 replicas.zero_grad_rank(index);
             }
         }
-        let params = replicas.all_params_blocking().map_err(s)?;
+        let params = replicas.all_params().block_on().map_err(s)?;
         for (index, rank) in local.clone().enumerate().filter(|&(i, _)| has_input[i]) {
             exact &= compare_tensors(
                 case,
@@ -933,8 +938,8 @@ fn join(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Outcom
         &mut replicas,
     )
     .map_err(|e| format!("exit: {e}"))?;
-    let params = replicas.all_params_blocking().map_err(s)?;
-    let grads = replicas.all_grads_blocking().map_err(s)?;
+    let params = replicas.all_params().block_on().map_err(s)?;
+    let grads = replicas.all_grads().block_on().map_err(s)?;
     for (index, rank) in local.clone().enumerate() {
         exact &= compare_tensors(
             case,

@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use distopt::BlockOn;
 use distopt::backend::{BackendChoice, layout_params};
 use distopt::bench::{self, LEARNING_RATE, ResidentStep};
 use distopt::{
@@ -306,7 +307,7 @@ fn bench_step(config: &Config) -> Result<Report, Error> {
             Some("--backend cpu: the GPU rows were skipped".to_string()),
             "cpu",
         ),
-        BackendChoice::Auto | BackendChoice::Gpu => match GpuBackend::new_blocking() {
+        BackendChoice::Auto | BackendChoice::Gpu => match GpuBackend::new().block_on() {
             Ok(gpu) => (Some(gpu), None, "gpu"),
             Err(err) => (None, Some(err.message().to_string()), "cpu"),
         },

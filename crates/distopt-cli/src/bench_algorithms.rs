@@ -9,8 +9,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use distopt::BlockOn;
 use distopt::averaging::average_parameters;
-use distopt::backend::select_backend_blocking;
+use distopt::backend::select_backend;
 use distopt::comm::{Communicator, SimulatedWorld, Subgroups};
 use distopt::optim::{Adam, AdamOptions, LocalOptimizer, OptionMap, Sgd, SgdOptions};
 use distopt::replicas::Replicas;
@@ -96,9 +97,9 @@ impl Config {
             }
         };
         check_size(name, ranks, elements, &params, arenas)?;
-        let selection = select_backend_blocking(args.backend)?;
+        let selection = select_backend(args.backend).block_on()?;
         let gpu = if selection.backend.info().kind == distopt::BackendKind::Gpu {
-            distopt::GpuBackend::new_blocking().ok()
+            distopt::GpuBackend::new().block_on().ok()
         } else {
             None
         };
@@ -461,7 +462,7 @@ pub fn zero(args: ZeroBenchArgs) -> Result<(), Error> {
         zero.step(&mut replicas)?;
         world.reset_stats();
         let seconds = median_seconds(config.backend.as_ref(), config.repeats, || {
-            zero.step(&mut replicas)
+            zero.step(&mut replicas).map_err(Error::from)
         })?;
         let state = zero.state_bytes_per_rank();
         let stats = world.stats();

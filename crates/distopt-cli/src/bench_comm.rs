@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distopt::BlockOn;
 use distopt::Error;
 use distopt::backend::PARAM_ALIGN_ELEMENTS;
 use distopt::backend::kernels::ParamStarts;
-use distopt::backend::{Arena, select_backend_blocking};
+use distopt::backend::{Arena, select_backend};
 use distopt::comm::{Communicator, MpiWorld, Subgroups, all_gather_f64};
 use distopt::dtype::StorageFormat;
 use serde_json::json;
@@ -19,7 +20,7 @@ use crate::args::BenchCommArgs;
 pub fn run(args: BenchCommArgs, world: &Arc<MpiWorld>) -> Result<(), Error> {
     let (elements, repeats, choice, as_json) =
         (args.elements, args.repeats, args.backend, args.json);
-    let selection = select_backend_blocking(choice)?;
+    let selection = select_backend(choice).block_on()?;
     let backend = selection.backend.clone();
     let size = world.world_size();
     let rank = world.rank();

@@ -5,8 +5,9 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
+use distopt::BlockOn;
 use distopt::Error;
-use distopt::backend::{BackendChoice, select_backend_blocking};
+use distopt::backend::{BackendChoice, select_backend};
 use serde_json::json;
 
 mod args;
@@ -166,13 +167,14 @@ fn step(args: args::StepArgs) -> Result<(), Error> {
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::value(format!("invalid JSON: {e}")))?;
     let request = distopt::step::step_request_from_json(&value)?;
-    let selection = select_backend_blocking(args.backend)?;
-    let output = distopt::sgd_step_blocking(
+    let selection = select_backend(args.backend).block_on()?;
+    let output = distopt::sgd_step(
         selection.backend.as_ref(),
         &request.parameter_replicas,
         &request.gradient_replicas,
         request.learning_rate,
-    )?;
+    )
+    .block_on()?;
     let json = pollster::block_on(distopt::step::step_output_to_json(&output))?;
     println!("{json}");
     Ok(())
@@ -181,8 +183,8 @@ fn step(args: args::StepArgs) -> Result<(), Error> {
 /// `distopt info [--json]`: the adapter wgpu finds, the backend `auto` picks and why, and the
 /// memory budget.
 fn info(as_json: bool) -> Result<(), Error> {
-    let gpu = distopt::GpuBackend::new_blocking();
-    let auto = select_backend_blocking(BackendChoice::Auto)?;
+    let gpu = distopt::GpuBackend::new().block_on();
+    let auto = select_backend(BackendChoice::Auto).block_on()?;
     let picked = auto.backend.info();
     let budget = distopt::budget::limit();
     let budget_source = if std::env::var_os(distopt::budget::ENV_VAR).is_some() {

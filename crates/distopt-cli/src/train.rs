@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distopt::backend::{BackendChoice, Selection, select_backend_blocking};
+use distopt::BlockOn;
+use distopt::backend::{BackendChoice, Selection, select_backend};
 use distopt::comm::Communicator;
 use distopt::diloco::Compression;
 use distopt::train::{
@@ -46,7 +47,7 @@ pub fn run_in(args: TrainArgs, world: Option<Arc<dyn Communicator>>) -> Result<(
         options.rebuild_hierarchy();
         options.processes = Some(size);
     }
-    let selection = select_backend_blocking(options.choice)?;
+    let selection = select_backend(options.choice).block_on()?;
     let task: Arc<dyn Task> = match options.task_kind {
         TrainTask::Synthetic => Arc::new(SyntheticTask::new(options.task.clone(), options.ranks)?),
         TrainTask::Digits => Arc::new(DatasetTask::new(
@@ -269,7 +270,7 @@ fn train_one(
     for warning in warnings::take() {
         eprintln!("distopt: warning: {warning}");
     }
-    let initial = trainer.evaluate_blocking()?;
+    let initial = trainer.evaluate().block_on()?;
     let mut bar = Progress::new(algorithm.name(), options.steps, first_rank);
     let mut mean_loss = Vec::new();
     let mut divergence = Vec::new();
@@ -277,7 +278,7 @@ fn train_one(
     let mut elapsed = Duration::ZERO;
     for _ in 0..options.steps {
         let start = Instant::now();
-        let report = trainer.step_blocking()?;
+        let report = trainer.step().block_on()?;
         elapsed += start.elapsed();
         if !report.mean_loss.is_finite() {
             bar.finish();
@@ -295,7 +296,7 @@ fn train_one(
     }
     bar.finish();
     let stats = trainer.comm_stats();
-    let evaluation = trainer.evaluate_blocking()?;
+    let evaluation = trainer.evaluate().block_on()?;
     Ok(RunResult {
         algorithm,
         mean_loss,

@@ -403,7 +403,7 @@ impl ZeroRedundancyOptimizerJs {
     pub fn step(&self) -> JsResult<()> {
         let mut zero = js(self.zero_mut())?;
         let mut replicas = js(borrow_mut(&self.inner.replicas))?;
-        js_ranks(zero.step_on_ranks(&mut replicas))
+        js_ranks(zero.step(&mut replicas))
     }
 
     /// `zero_grad(set_to_none=True)` on every rank.
@@ -485,7 +485,7 @@ impl ZeroRedundancyOptimizerJs {
         let state_dict = js(json_from_js(&state_dict, "stateDict"))?;
         let mut zero = js(self.zero_mut())?;
         let replicas = js(borrow(&self.inner.replicas))?;
-        js_ranks(zero.load_state_dict_on_ranks(&replicas, &state_dict))
+        js_ranks(zero.load_state_dict(&replicas, &state_dict))
     }
 
     /// Per rank: its local optimizer's parameter groups, each as the global indices of its
@@ -574,15 +574,12 @@ async fn add_param_group(
 ) -> JsResult<()> {
     let mut zero = js(zero.try_borrow_mut().map_err(|_| busy("optimizer")))?;
     let replicas = js(borrow(replicas))?;
-    js_ranks(
-        zero.add_param_group_on_ranks(&replicas, params, options)
-            .await,
-    )
+    js_ranks(zero.add_param_group(&replicas, params, options).await)
 }
 
 #[allow(clippy::await_holding_refcell_ref)]
 async fn consolidate(zero: &SharedZero, replicas: &SharedReplicas, to: i64) -> JsResult<()> {
     let mut zero = js(zero.try_borrow_mut().map_err(|_| busy("optimizer")))?;
     let replicas = js(borrow(replicas))?;
-    js_ranks(zero.consolidate_state_dict_on_ranks(&replicas, to).await)
+    js_ranks(zero.consolidate_state_dict(&replicas, to).await)
 }

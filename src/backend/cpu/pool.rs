@@ -426,8 +426,9 @@ mod tests {
                     while !started.load(Ordering::Acquire) {
                         std::hint::spin_loop();
                     }
-                } else {
-                    started.store(true, Ordering::Release);
+                } else if !started.swap(true, Ordering::AcqRel) {
+                    // The first worker to take a part runs `on_worker`; when both parts went
+                    // to workers, the second one has nothing to do.
                     on_worker();
                 }
             });

@@ -169,15 +169,6 @@ impl GpuBackend {
         Self::with_options(GpuOptions::default()).await
     }
 
-    /// Blocking [`GpuBackend::new`] for native callers.
-    ///
-    /// # Errors
-    /// As [`Self::new`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn new_blocking() -> Result<GpuBackend> {
-        pollster::block_on(Self::new())
-    }
-
     /// Opens the best adapter with `options`.
     ///
     /// # Errors
