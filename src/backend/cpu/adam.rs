@@ -12,8 +12,8 @@ use super::parts::{
 use super::storage::{Exact, ExactFused, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
-    AdamArenas, AdamScalars, AdamSlices, ParamStarts, adam_rank, check_adam_arenas, host_words,
-    host_words_mut, optional_rank_slices,
+    AdamArenas, AdamScalars, AdamSlices, ParamStarts, adam_rank, adam_rank_slices,
+    check_adam_arenas, host_words, host_words_mut,
 };
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -297,42 +297,17 @@ fn adam_by_rank(
     starts: &ParamStarts,
     scalars: &[AdamScalars],
 ) -> Result<()> {
-    check_adam_arenas(&arenas, starts, scalars)?;
-    let AdamArenas {
-        params,
-        grads,
-        exp_avg,
-        exp_avg_sq,
-        max_exp_avg_sq,
-    } = arenas;
-    let format = params.format();
-    let (ranks, len) = (params.ranks(), params.rank_len());
-    let rank_words = format.words_for(len).max(1);
-    let g = host_words(grads)?;
-    let m = host_words_mut(exp_avg)?;
-    let v = host_words_mut(exp_avg_sq)?;
-    let maxes = optional_rank_slices(
-        max_exp_avg_sq.map(host_words_mut).transpose()?,
-        rank_words,
-        ranks,
-    );
-    let p = host_words_mut(params)?;
-    let items: Vec<_> = p
-        .chunks_mut(rank_words)
-        .zip(g.chunks(rank_words))
-        .zip(m.chunks_mut(rank_words))
-        .zip(v.chunks_mut(rank_words))
-        .zip(maxes)
-        .collect();
+    let (format, len) = (arenas.params.format(), arenas.params.rank_len());
     let count = starts.0.len();
-    for_each_rank(items, len, |rank, ((((p, g), m), v), vmax)| {
+    let ranks = adam_rank_slices(arenas, starts, scalars)?;
+    for_each_rank(ranks, len, |rank, slices| {
         let table = &scalars[rank * count..(rank + 1) * count];
         if format == StorageFormat::F64 {
-            adam_rank::<f64>(format, AdamSlices { p, g, m, v, vmax }, starts, table, len);
+            adam_rank::<f64>(format, slices, starts, table, len);
         } else if format == StorageFormat::F32 && !table.iter().any(|s| s.amsgrad || s.fused) {
-            adam_rank_f32(AdamSlices { p, g, m, v, vmax }, starts, table, len);
+            adam_rank_f32(slices, starts, table, len);
         } else {
-            adam_rank::<f32>(format, AdamSlices { p, g, m, v, vmax }, starts, table, len);
+            adam_rank::<f32>(format, slices, starts, table, len);
         }
     });
     Ok(())

@@ -7,7 +7,7 @@
 use super::parts::{PartWork, Segment, plan, run_best};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::Arena;
-use crate::backend::kernels::{ParamStarts, average_group, check_average, host_words_mut};
+use crate::backend::kernels::{ParamStarts, average_group, group_slices, host_words_mut};
 use crate::backend::quotient::{ByDivision, ByScale, Divide, Quotient};
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -126,14 +126,11 @@ fn average_by_group(
     starts: &ParamStarts,
     active: &[bool],
 ) -> Result<()> {
-    check_average(arena, group_size, starts, active)?;
-    let format = arena.format();
-    let len = arena.rank_len();
+    let (format, len) = (arena.format(), arena.rank_len());
     let rank_words = format.words_for(len).max(1);
-    let words = host_words_mut(arena)?;
-    // Each group's ranks are contiguous: one work item per group.
-    let items: Vec<&mut [u32]> = words.chunks_mut(rank_words * group_size).collect();
-    for_each_rank(items, len * group_size, |_, group| {
+    // One work item per group.
+    let groups = group_slices(arena, group_size, starts, active)?;
+    for_each_rank(groups, len * group_size, |_, group| {
         if arith == StorageFormat::F64 {
             average_group::<f64>(
                 format, arith, group, rank_words, group_size, starts, active, len,

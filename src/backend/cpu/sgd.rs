@@ -13,8 +13,8 @@ use super::storage::{Exact, ExactFused, Opmath, Storage, To, add_scaled, rows, r
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::Arena;
 use crate::backend::kernels::{
-    ParamStarts, SgdScalars, check_sgd_arenas, host_words, host_words_mut, optional_rank_slices,
-    sgd_rank,
+    ParamStarts, SgdScalars, check_sgd_arenas, host_words, host_words_mut, sgd_rank,
+    sgd_rank_slices,
 };
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -300,21 +300,10 @@ fn sgd_by_rank(
     starts: &ParamStarts,
     scalars: &[SgdScalars],
 ) -> Result<()> {
-    check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)?;
-    let format = params.format();
-    let (ranks, len) = (params.ranks(), params.rank_len());
-    let rank_words = format.words_for(len);
-    let g = host_words(grads)?;
-    let buffers =
-        optional_rank_slices(momentum.map(host_words_mut).transpose()?, rank_words, ranks);
-    let p = host_words_mut(params)?;
-    let items: Vec<_> = p
-        .chunks_mut(rank_words.max(1))
-        .zip(g.chunks(rank_words.max(1)))
-        .zip(buffers)
-        .collect();
+    let (format, len) = (params.format(), params.rank_len());
     let count = starts.0.len();
-    for_each_rank(items, len, |rank, ((p, g), buf)| {
+    let ranks = sgd_rank_slices(params, grads, momentum, starts, scalars)?;
+    for_each_rank(ranks, len, |rank, (p, g, buf)| {
         let table = &scalars[rank * count..(rank + 1) * count];
         if format == StorageFormat::F64 {
             sgd_rank::<f64>(format, p, g, buf, starts, table, len);

@@ -64,6 +64,27 @@ pub fn adam_reference(
     starts: &ParamStarts,
     scalars: &[AdamScalars],
 ) -> Result<()> {
+    let (format, len) = (arenas.params.format(), arenas.params.rank_len());
+    let count = starts.0.len();
+    let ranks = adam_rank_slices(arenas, starts, scalars)?;
+    for (rank, slices) in ranks.into_iter().enumerate() {
+        let table = &scalars[rank * count..(rank + 1) * count];
+        if format == StorageFormat::F64 {
+            adam_rank::<f64>(format, slices, starts, table, len);
+        } else {
+            adam_rank::<f32>(format, slices, starts, table, len);
+        }
+    }
+    Ok(())
+}
+
+/// The arenas of an Adam step, checked ([`check_adam_arenas`]) and cut into one
+/// [`AdamSlices`] per rank (what the reference walks in turn and the CPU backend on threads).
+pub(in crate::backend) fn adam_rank_slices<'a>(
+    arenas: AdamArenas<'a>,
+    starts: &ParamStarts,
+    scalars: &[AdamScalars],
+) -> Result<Vec<AdamSlices<'a>>> {
     check_adam_arenas(&arenas, starts, scalars)?;
     let AdamArenas {
         params,
@@ -84,22 +105,13 @@ pub fn adam_reference(
         ranks,
     );
     let p = host_words_mut(params)?;
-    let items = p
-        .chunks_mut(rank_words)
+    Ok(p.chunks_mut(rank_words)
         .zip(g.chunks(rank_words))
         .zip(m.chunks_mut(rank_words))
         .zip(v.chunks_mut(rank_words))
-        .zip(maxes);
-    let count = starts.0.len();
-    for (rank, ((((p, g), m), v), vmax)) in items.enumerate() {
-        let table = &scalars[rank * count..(rank + 1) * count];
-        if format == StorageFormat::F64 {
-            adam_rank::<f64>(format, AdamSlices { p, g, m, v, vmax }, starts, table, len);
-        } else {
-            adam_rank::<f32>(format, AdamSlices { p, g, m, v, vmax }, starts, table, len);
-        }
-    }
-    Ok(())
+        .zip(maxes)
+        .map(|((((p, g), m), v), vmax)| AdamSlices { p, g, m, v, vmax })
+        .collect())
 }
 
 /// One rank's words of the arenas of an Adam step.

@@ -24,13 +24,9 @@ pub fn average_reference(
     starts: &ParamStarts,
     active: &[bool],
 ) -> Result<()> {
-    check_average(arena, group_size, starts, active)?;
-    let format = arena.format();
-    let len = arena.rank_len();
+    let (format, len) = (arena.format(), arena.rank_len());
     let rank_words = format.words_for(len).max(1);
-    let words = host_words_mut(arena)?;
-    // Each group's ranks are contiguous.
-    for group in words.chunks_mut(rank_words * group_size) {
+    for group in group_slices(arena, group_size, starts, active)? {
         if arith == StorageFormat::F64 {
             average_group::<f64>(
                 format, arith, group, rank_words, group_size, starts, active, len,
@@ -42,6 +38,22 @@ pub fn average_reference(
         }
     }
     Ok(())
+}
+
+/// The arena of an average, checked ([`check_average`]) and cut into its groups' words (each
+/// group's ranks are contiguous): what the reference walks in turn and the CPU backend on
+/// threads.
+pub(in crate::backend) fn group_slices<'a>(
+    arena: &'a mut Arena,
+    group_size: usize,
+    starts: &ParamStarts,
+    active: &[bool],
+) -> Result<Vec<&'a mut [u32]>> {
+    check_average(arena, group_size, starts, active)?;
+    let rank_words = arena.format().words_for(arena.rank_len()).max(1);
+    Ok(host_words_mut(arena)?
+        .chunks_mut(rank_words * group_size)
+        .collect())
 }
 
 /// A `ValueError` when `group_size` is 0 or does not divide the arena's ranks, or `active`

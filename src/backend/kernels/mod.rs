@@ -59,18 +59,18 @@ mod scaled_sum;
 mod sgd;
 
 pub use adam::{AdamArenas, adam_reference};
-pub(in crate::backend) use adam::{AdamSlices, adam_rank};
+pub(in crate::backend) use adam::{AdamSlices, adam_rank, adam_rank_slices};
 pub(crate) use adam::{check_adam_arenas, check_adam_state};
 pub use average::average_reference;
-pub(in crate::backend) use average::{average_group, check_average};
+pub(in crate::backend) use average::{average_group, group_slices};
 pub(crate) use convert::check_convert;
 pub use convert::convert_reference;
 pub use pseudo_gradient::pseudo_gradient_reference;
 pub(crate) use scaled_sum::check_scaled_sum;
 pub use scaled_sum::scaled_sum_reference;
-pub(in crate::backend) use sgd::sgd_rank;
 pub use sgd::sgd_reference;
 pub(crate) use sgd::{check_sgd_arenas, check_sgd_state};
+pub(in crate::backend) use sgd::{sgd_rank, sgd_rank_slices};
 
 use super::{Arena, ArenaStorage};
 use crate::dtype::StorageFormat;

@@ -52,20 +52,10 @@ pub fn sgd_reference(
     starts: &ParamStarts,
     scalars: &[SgdScalars],
 ) -> Result<()> {
-    check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)?;
-    let format = params.format();
-    let (ranks, len) = (params.ranks(), params.rank_len());
-    let rank_words = format.words_for(len);
-    let g = host_words(grads)?;
-    let buffers =
-        optional_rank_slices(momentum.map(host_words_mut).transpose()?, rank_words, ranks);
-    let p = host_words_mut(params)?;
-    let items = p
-        .chunks_mut(rank_words.max(1))
-        .zip(g.chunks(rank_words.max(1)))
-        .zip(buffers);
+    let (format, len) = (params.format(), params.rank_len());
     let count = starts.0.len();
-    for (rank, ((p, g), buf)) in items.enumerate() {
+    let ranks = sgd_rank_slices(params, grads, momentum, starts, scalars)?;
+    for (rank, (p, g, buf)) in ranks.into_iter().enumerate() {
         let table = &scalars[rank * count..(rank + 1) * count];
         if format == StorageFormat::F64 {
             sgd_rank::<f64>(format, p, g, buf, starts, table, len);
@@ -74,6 +64,33 @@ pub fn sgd_reference(
         }
     }
     Ok(())
+}
+
+/// One rank's words of an SGD step's arenas: parameters, gradients and momentum buffers.
+pub(in crate::backend) type SgdSlices<'a> = (&'a mut [u32], &'a [u32], Option<&'a mut [u32]>);
+
+/// The arenas of an SGD step, checked ([`check_sgd_arenas`]) and cut into one
+/// [`SgdSlices`] per rank (what the reference walks in turn and the CPU backend on threads).
+pub(in crate::backend) fn sgd_rank_slices<'a>(
+    params: &'a mut Arena,
+    grads: &'a Arena,
+    momentum: Option<&'a mut Arena>,
+    starts: &ParamStarts,
+    scalars: &[SgdScalars],
+) -> Result<Vec<SgdSlices<'a>>> {
+    check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)?;
+    let format = params.format();
+    let (ranks, len) = (params.ranks(), params.rank_len());
+    let rank_words = format.words_for(len);
+    let g = host_words(grads)?;
+    let buffers =
+        optional_rank_slices(momentum.map(host_words_mut).transpose()?, rank_words, ranks);
+    let p = host_words_mut(params)?;
+    Ok(p.chunks_mut(rank_words.max(1))
+        .zip(g.chunks(rank_words.max(1)))
+        .zip(buffers)
+        .map(|((p, g), buf)| (p, g, buf))
+        .collect())
 }
 
 /// One rank's SGD update: every active parameter of `table`, element by element.
