@@ -1,4 +1,6 @@
-// Type definitions for distopt (hand-written; checked by tests/js/types with `tsc --noEmit`).
+// Type definitions for distopt (hand-written; checked by tests/js/types with `tsc --noEmit`, and
+// against the declarations wasm-bindgen generates for the module by tests/js/typings-drift.test.js:
+// the same classes, members, parameter counts and promises).
 //
 // distopt is PyTorch's data-parallel optimizer family — the synchronous data-parallel SGD step,
 // SGD / Adam / AdamW, PeriodicModelAverager, HierarchicalModelAverager, PostLocalSGDOptimizer,

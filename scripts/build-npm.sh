@@ -50,6 +50,11 @@ rm -rf "$PKG"
 mkdir -p "$PKG/wasm"
 echo "build-npm: wasm-bindgen $WB_VERSION --target web"
 wasm-bindgen --target web --no-typescript --out-dir "$PKG/wasm" --out-name distopt_wasm "$WASM"
+# The glue's own declarations, not shipped: tests/js/typings-drift.test.js checks npm/index.d.ts
+# against them (every class, member, parameter count and promise the module really has).
+rm -rf "$OUT/glue-types"
+wasm-bindgen --target web --out-dir "$OUT/glue-types" --out-name distopt_wasm "$WASM"
+rm -f "$OUT/glue-types"/*.js "$OUT/glue-types"/*.wasm
 
 size_line() {
   echo "$(stat -c %s "$1") bytes raw, $(gzip -9 -c "$1" | wc -c) bytes gzipped (-9)"
