@@ -20,6 +20,9 @@
 // otherwise. Returned float16 tensors keep their documented form (Uint16Array bit patterns).
 
 import * as glue from './wasm/distopt_wasm.js';
+// The parameter names of every call of the module, generated at build time from wasm-bindgen's
+// declarations (scripts/glue-params.mjs): they name arguments in messages.
+import PARAMS from './wasm/params.js';
 
 const loadModule = glue.default;
 
@@ -411,26 +414,9 @@ function plain(value, path, depth, stack, seen = { elements: 0 }) {
   }
 }
 
-function camel(name) {
-  return name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
-}
-
-/** The parameter names of a glue function, from its source (for messages). */
-function parameterNames(fn) {
-  try {
-    const source = Function.prototype.toString.call(fn);
-    const match = source.startsWith('class')
-      ? /\bconstructor\s*\(([^)]*)\)/.exec(source)
-      : /^[^(]*\(([^)]*)\)/.exec(source);
-    if (!match) return [];
-    return match[1]
-      .split(',')
-      .map((p) => p.trim())
-      .filter(Boolean)
-      .map(camel);
-  } catch {
-    return [];
-  }
+/** The parameter names of `member` of class `cls` (`''`: a function of the module). */
+function parameterNames(cls, member) {
+  return PARAMS[cls]?.[member] ?? [];
 }
 
 /** Every argument as plain data; a failure is thrown as the named error it is. */
@@ -473,7 +459,7 @@ function enter(what, call) {
 // Guarding the glue
 
 function guardFunction(name, fn, { async = false } = {}) {
-  const names = parameterNames(fn);
+  const names = parameterNames('', name);
   const guarded = {
     [name](...args) {
       try {
@@ -505,9 +491,8 @@ function checkReceiver(cls, self, what) {
   }
 }
 
-function guardMethod(cls, key, fn) {
+function guardMethod(cls, key, fn, names) {
   const what = `${cls.name}.${key}`;
-  const names = parameterNames(fn);
   return {
     [key](...args) {
       checkUsable(what);
@@ -535,9 +520,10 @@ function guardClass(cls) {
       Object.defineProperty(proto, key, desc);
       continue;
     }
-    if (typeof desc.value === 'function') desc.value = guardMethod(cls, key, desc.value);
-    if (typeof desc.get === 'function') desc.get = guardMethod(cls, key, desc.get);
-    if (typeof desc.set === 'function') desc.set = guardMethod(cls, key, desc.set);
+    if (typeof desc.value === 'function') desc.value = guardMethod(cls, key, desc.value, parameterNames(cls.name, key));
+    if (typeof desc.get === 'function') desc.get = guardMethod(cls, key, desc.get, []);
+    // A setter's one argument is named after the property (`averager.step = …`: "step").
+    if (typeof desc.set === 'function') desc.set = guardMethod(cls, key, desc.set, [key]);
     Object.defineProperty(proto, key, desc);
   }
   if (typeof Symbol.dispose === 'symbol' && typeof proto[Symbol.dispose] === 'function') {
@@ -556,7 +542,7 @@ function guardClass(cls) {
     } else if (!key.startsWith('__')) {
       const fn = desc.value;
       const what = `${cls.name}.${key}`;
-      const names = parameterNames(fn);
+      const names = parameterNames(cls.name, `static ${key}`);
       const returnsPromise = key === 'create';
       desc.value = {
         [key](...args) {
@@ -573,7 +559,7 @@ function guardClass(cls) {
     }
     Object.defineProperty(cls, key, desc);
   }
-  const names = parameterNames(cls);
+  const names = parameterNames(cls.name, 'new');
   return new Proxy(cls, {
     construct(target, args, newTarget) {
       const what = `new ${cls.name}`;

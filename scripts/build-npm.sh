@@ -55,6 +55,8 @@ wasm-bindgen --target web --no-typescript --out-dir "$PKG/wasm" --out-name disto
 rm -rf "$OUT/glue-types"
 wasm-bindgen --target web --out-dir "$OUT/glue-types" --out-name distopt_wasm "$WASM"
 rm -f "$OUT/glue-types"/*.js "$OUT/glue-types"/*.wasm
+# The parameter names index.js gives arguments in its messages, from those declarations.
+node scripts/glue-params.mjs "$OUT/glue-types/distopt_wasm.d.ts" "$PKG/wasm/params.js"
 
 size_line() {
   echo "$(stat -c %s "$1") bytes raw, $(gzip -9 -c "$1" | wc -c) bytes gzipped (-9)"
@@ -104,6 +106,8 @@ if [ "$HAVE_THREADS" = 1 ]; then
     "${WASM_OPT_CMD[@]}" -Oz "${WASM_FEATURES[@]}" --enable-threads \
       "$PKG/wasm-threads/distopt_wasm_bg.wasm" -o "$PKG/wasm-threads/distopt_wasm_bg.wasm"
   fi
+  # The same parameter names (the threaded glue exports the same calls).
+  cp "$PKG/wasm/params.js" "$PKG/wasm-threads/params.js"
   # The same guarded API, wrapping the threaded glue.
   sed -e "s#'\./wasm/#'../wasm-threads/#g" \
     -e "s#^const threadedBuild = false; // distopt/threads: build\$#const threadedBuild = true;#" \

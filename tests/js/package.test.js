@@ -79,10 +79,12 @@ test('the tarball holds the package and nothing else', () => {
           'package/threads/worker.js',
           'package/wasm-threads/distopt_wasm.js',
           'package/wasm-threads/distopt_wasm_bg.wasm',
+          'package/wasm-threads/params.js',
         ]
       : []),
     'package/wasm/distopt_wasm.js',
     'package/wasm/distopt_wasm_bg.wasm',
+    'package/wasm/params.js',
   ]);
   const manifest = JSON.parse(fs.readFileSync(path.join(OUT, 'package/package.json'), 'utf8'));
   assert.equal('./threads' in manifest.exports, THREADED, 'distopt/threads is exported exactly when it was built');
@@ -340,7 +342,9 @@ test('a page loads the .wasm from another path: init({wasm}) with a URL, a Respo
   fs.mkdirSync(path.join(dir, 'blobs'));
   const pkg = path.join(work, 'page/node_modules/distopt');
   fs.copyFileSync(path.join(pkg, 'index.js'), path.join(dir, 'lib/index.js'));
-  fs.copyFileSync(path.join(pkg, 'wasm/distopt_wasm.js'), path.join(dir, 'lib/wasm/distopt_wasm.js'));
+  for (const script of ['distopt_wasm.js', 'params.js']) {
+    fs.copyFileSync(path.join(pkg, 'wasm', script), path.join(dir, 'lib/wasm', script));
+  }
   fs.copyFileSync(path.join(pkg, 'wasm/distopt_wasm_bg.wasm'), path.join(dir, 'blobs/model-code.wasm'));
   const pages = {
     url: `new URL('/blobs/model-code.wasm', location.href)`,
