@@ -1,3 +1,7 @@
+// #import packing
+// #import param_table
+// #import optim_math
+//
 // torch.optim.Adam / AdamW's single-tensor step over every rank and parameter of an arena
 // chunk. The host precomputes each (rank, parameter)'s bias corrections from its own step
 // count. Every tensor operation's result is rounded to the storage format (FORMAT); with the
@@ -6,41 +10,22 @@
 // moment's `(1 - beta2) * g * g` term) are single-rounded here too (`exact_fma`; see
 // `adam_rank` in src/backend/kernels.rs).
 
-// Uses shaders/optim_math.wgsl (its prelude): `fused`, `one`, `r`, `add_scaled`, `exact_fma`.
+// From optim_math: `fused`, `one`, `r`, `add_scaled`, `exact_fma`. `struct AdamScalars` and the
+// flag bits (ACTIVE, MAXIMIZE, AMSGRAD, DECOUPLED, FUSED) are declared in front of this file from
+// the Rust side (`ADAM` in src/backend/gpu/contract.rs).
 
 override FORMAT: u32 = 0u;
-
-const ACTIVE: u32 = 1u;
-const MAXIMIZE: u32 = 2u;
-const AMSGRAD: u32 = 4u;
-const DECOUPLED: u32 = 8u;
-const FUSED: u32 = 16u;
-
-struct AdamScalars {
-    flags: u32,
-    weight_decay: f32,
-    decay_factor: f32,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    neg_step_size: f32,
-    bias_correction2_sqrt: f32,
-    eps: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
 
 @group(0) @binding(0) var<uniform> geometry: Dispatch;
 @group(0) @binding(1) var<storage, read> starts: array<u32>;
 @group(0) @binding(2) var<storage, read> scalars: array<AdamScalars>;
-@group(0) @binding(3) var<storage, read_write> params: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read> grads: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> exp_avg: array<vec4<u32>>;
-@group(0) @binding(6) var<storage, read_write> exp_avg_sq: array<vec4<u32>>;
-@group(0) @binding(7) var<storage, read_write> max_exp_avg_sq: array<vec4<u32>>;
-// The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
-// side of the contract (src/backend/gpu/contract.rs).
+@group(0) @binding(3) var<storage, read_write> params: array<vec4<u32>>; // #arena FORMAT
+@group(0) @binding(4) var<storage, read> grads: array<vec4<u32>>; // #arena FORMAT
+@group(0) @binding(5) var<storage, read_write> exp_avg: array<vec4<u32>>; // #arena FORMAT
+@group(0) @binding(6) var<storage, read_write> exp_avg_sq: array<vec4<u32>>; // #arena FORMAT
+@group(0) @binding(7) var<storage, read_write> max_exp_avg_sq: array<vec4<u32>>; // #arena FORMAT
+// `// #arena FORMAT`: the assembler generates load_<binding> (and, read_write, store_<binding>)
+// for the packed arena, in that storage format (src/backend/gpu/bindings.rs).
 
 // Whether `a` is a NaN, from its bits: a compiler may fold `a != a` to false (llvmpipe does).
 fn is_nan(a: f32) -> bool {
@@ -113,7 +98,7 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
     return array<vec4<f32>, 4>(r(p + s.neg_step_size * m / denom), m, v, second);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WORKGROUP_SIZE)
 fn main(id: Invocation) {
     let at = place(id);
     if (!at.valid) {

@@ -1,3 +1,6 @@
+// #import packing
+// #import param_table
+//
 // Group averaging (PyTorch's model averagers and the post-local-SGD gradient hook): for every
 // group of `group_size` consecutive ranks, each value is divided by the group size, the
 // quotients are summed in rank order, both in the ARITH precision (PyTorch's promoted dtype of
@@ -11,9 +14,9 @@ override ARITH: u32 = 0u;
 @group(0) @binding(0) var<uniform> geometry: Dispatch;
 @group(0) @binding(1) var<storage, read> starts: array<u32>;
 @group(0) @binding(2) var<storage, read> averaged: array<u32>;
-@group(0) @binding(3) var<storage, read_write> arena: array<vec4<u32>>;
-// The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
-// side of the contract (src/backend/gpu/contract.rs).
+@group(0) @binding(3) var<storage, read_write> arena: array<vec4<u32>>; // #arena FORMAT
+// `// #arena FORMAT`: the assembler generates load_<binding> (and, read_write, store_<binding>)
+// for the packed arena, in that storage format (src/backend/gpu/bindings.rs).
 
 // `value / divisor`; as `value * scale` when the divisor is a power of two and `scale` its
 // reciprocal: the same number, exactly, where WGSL lets a division be 2.5 ulp off, and cheaper.
@@ -25,7 +28,7 @@ fn quotient(rank: u32, octet: u32, divisor: f32, scale: f32) -> Eight {
     return Eight(round4(ARITH, v.lo / divisor), round4(ARITH, v.hi / divisor));
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WORKGROUP_SIZE)
 fn main(id: Invocation) {
     let at = place(id);
     if (!at.valid) {

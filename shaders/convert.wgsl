@@ -1,3 +1,6 @@
+// #import packing
+// #import param_table
+//
 // Converts one chunk of an arena into another arena of the same layout and another storage
 // format, for the parameters whose flag is set (DiLoCo's compressed pseudo-gradients):
 //
@@ -20,7 +23,7 @@ override DST_FORMAT: u32 = 2u;
 @group(0) @binding(3) var<storage, read> src: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read_write> dst: array<vec4<u32>>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WORKGROUP_SIZE)
 fn main(id: Invocation) {
     let at = place(id);
     if (!at.valid) {

@@ -1,3 +1,5 @@
+// #import packing
+//
 // The synchronous data-parallel SGD step over one chunk of a replica arena.
 //
 // Per element i:  acc = sum_r grad[r][i] (f32, rank order, from +0.0)
@@ -13,25 +15,17 @@
 override PARAM_FORMAT: u32 = 0u;
 override GRAD_FORMAT: u32 = 0u;
 
-struct StepUniforms {
-    octets: u32,            // groups of eight elements in this chunk (per rank)
-    ranks: u32,
-    param_rank_quads: u32,  // vec4<u32> words between consecutive ranks of the parameter chunk
-    grad_rank_quads: u32,
-    learning_rate: f32,
-    divisor: f32,           // R as f32
-    _pad0: u32,
-    _pad1: u32,
-}
+// `struct StepUniforms` is declared in front of this file from the Rust side (`DP_SGD_STEP` in
+// src/backend/gpu/contract.rs, whose `StepUniforms` documents the fields).
 
 @group(0) @binding(0) var<uniform> step: StepUniforms;
-@group(0) @binding(1) var<storage, read> grads: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> params: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> grads: array<vec4<u32>>; // #arena GRAD_FORMAT
+@group(0) @binding(2) var<storage, read_write> params: array<vec4<u32>>; // #arena PARAM_FORMAT
 @group(0) @binding(3) var<storage, read_write> means: array<vec4<u32>>;
-// The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
-// side of the contract (src/backend/gpu/contract.rs).
+// `// #arena <FORMAT>`: the assembler generates load_<binding> (and, read_write, store_<binding>)
+// for the packed arena, in that storage format (src/backend/gpu/bindings.rs).
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WORKGROUP_SIZE)
 fn main(id: Invocation) {
     let octet = pair_index(id);
     if (octet >= step.octets) {

@@ -1,7 +1,7 @@
-// The arithmetic the optimizer kernels share (sgd.wgsl, adam.wgsl), assembled after
-// packing.wgsl and before the kernel's own file (`KernelSpec::prelude` in
-// src/backend/gpu/contract.rs). It reads the kernel's `FORMAT` override. A kernel's `main`
-// sets `fused` and `one` before any of these run.
+// #import packing
+//
+// The arithmetic the optimizer kernels share (sgd.wgsl, adam.wgsl import it). It reads the
+// kernel's `FORMAT` override. A kernel's `main` sets `fused` and `one` before any of these run.
 
 // Set per invocation: a fused update (PyTorch's `fused=True`) rounds only when it stores.
 var<private> fused: bool;

@@ -9,9 +9,8 @@
 // subnormals kept). Reads decode with integer operations too, so no adapter can flush a
 // float16 subnormal on the way in.
 
-const FORMAT_F32: u32 = 0u;
-const FORMAT_F16: u32 = 1u;
-const FORMAT_BF16: u32 = 2u;
+// FORMAT_F32, FORMAT_F16 and FORMAT_BF16 (these codes) and WORKGROUP_SIZE are declared in front
+// of this file from the Rust side (`PACKING` in src/backend/gpu/contract.rs).
 
 fn f16_bits_to_f32(h: u32) -> f32 {
     let sign = (h & 0x8000u) << 16u;
@@ -138,8 +137,7 @@ fn round4(format: u32, v: vec4<f32>) -> vec4<f32> {
 
 
 // Every kernel runs one invocation per element group, 256 per workgroup, on a 2-D grid so that
-// more than 65,535 workgroups fit (the host spreads them over x and y).
-const WORKGROUP_SIZE: u32 = 256u;
+// more than 65,535 workgroups fit (the host spreads them over x and y): WORKGROUP_SIZE.
 
 // The built-in values every kernel's entry point takes.
 struct Invocation {

@@ -1,22 +1,15 @@
+// #import packing
+//
 // Shared by the per-parameter kernels (optimizers, averaging): which parameter an element
-// belongs to, and the dispatch geometry of one arena chunk.
-
-struct Dispatch {
-    octets: u32,       // groups of eight elements per rank in this chunk
-    first_octet: u32,  // the chunk's first group in the rank's element space
-    rank_quads: u32,   // vec4<u32> words per rank in this chunk
-    ranks: u32,       // ranks covered by the grid (SGD/Adam: every rank; averaging: groups)
-    params: u32,      // parameters in the arena
-    group_size: u32,  // averaging only
-    _pad0: u32,
-    _pad1: u32,
-}
+// belongs to, and the dispatch geometry of one arena chunk. The kernel declares the bindings
+// `geometry: Dispatch` and `starts: array<u32>` these read. `struct Dispatch` and
+// BLOCK_ELEMENTS are declared in front of this file from the Rust side (`PARAM_TABLE` in
+// src/backend/gpu/contract.rs, whose `Dispatch` documents the fields).
 
 // The parameter table: starts[j] is parameter j's first element (ascending; a parameter runs
 // to the next start), for j < count; then, for every block of BLOCK_ELEMENTS elements of the
 // rank space, the parameter that the block's first element belongs to. An element's parameter
 // is its block's entry plus a short forward scan, whatever the number of parameters.
-const BLOCK_ELEMENTS: u32 = 512u;
 
 fn find_param(element: u32, count: u32) -> u32 {
     var j = starts[count + element / BLOCK_ELEMENTS];

@@ -1,3 +1,6 @@
+// #import packing
+// #import param_table
+//
 // DiLoCo's pseudo-gradient over one chunk of three arenas of one layout (parameters, the
 // backup of the parameters at the last sync, gradients), for the parameters whose flag is set:
 //
@@ -19,7 +22,7 @@ override FORMAT: u32 = 0u;
 @group(0) @binding(4) var<storage, read_write> params: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> grads: array<vec4<u32>>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WORKGROUP_SIZE)
 fn main(id: Invocation) {
     let at = place(id);
     if (!at.valid) {

@@ -1,3 +1,6 @@
+// #import packing
+// #import param_table
+//
 // The data-parallel gradient all-reduce of DistributedDataParallel, joined ranks included
 // (`kernels::scaled_sum_reference` is the reference): for every element of a reduced parameter,
 // the sum over all ranks, in rank order, of round(x_r * scale_r) for a rank that contributes
@@ -9,8 +12,8 @@
 override FORMAT: u32 = 0u;
 override ARITH: u32 = 0u;
 
-const CONTRIBUTES: u32 = 1u;
-const RECEIVES: u32 = 2u;
+// The table bits CONTRIBUTES and RECEIVES are declared in front of this file from the Rust side
+// (`SCALED_SUM` in src/backend/gpu/contract.rs).
 
 @group(0) @binding(0) var<uniform> geometry: Dispatch;
 @group(0) @binding(1) var<storage, read> starts: array<u32>;
@@ -18,9 +21,9 @@ const RECEIVES: u32 = 2u;
 // Per rank: the scale (float32). Per (rank, parameter), rank-major: flags.
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
 @group(0) @binding(4) var<storage, read> table: array<u32>;
-@group(0) @binding(5) var<storage, read_write> arena: array<vec4<u32>>;
-// The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
-// side of the contract (src/backend/gpu/contract.rs).
+@group(0) @binding(5) var<storage, read_write> arena: array<vec4<u32>>; // #arena FORMAT
+// `// #arena FORMAT`: the assembler generates load_<binding> (and, read_write, store_<binding>)
+// for the packed arena, in that storage format (src/backend/gpu/bindings.rs).
 
 fn contribution(rank: u32, j: u32, octet: u32) -> Eight {
     if ((table[rank * geometry.params + j] & CONTRIBUTES) == 0u) {
@@ -31,7 +34,7 @@ fn contribution(rank: u32, j: u32, octet: u32) -> Eight {
     return Eight(round4(ARITH, v.lo * s), round4(ARITH, v.hi * s));
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WORKGROUP_SIZE)
 fn main(id: Invocation) {
     // One lane (geometry.ranks = 1): every rank is summed in the loop below.
     let at = place(id);

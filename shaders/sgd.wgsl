@@ -1,3 +1,7 @@
+// #import packing
+// #import param_table
+// #import optim_math
+//
 // torch.optim.SGD's single-tensor step over every rank and parameter of an arena chunk.
 // Every tensor operation's result is rounded to the storage format (FORMAT); the arithmetic
 // is float32. With the FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored,
@@ -5,35 +9,20 @@
 // (`exact_fma`; see `sgd_rank` in src/backend/kernels.rs).
 // A parameter without a gradient on a rank (flags bit 0 clear) is skipped.
 
-// Uses shaders/optim_math.wgsl (its prelude): `fused`, `one`, `r`, `add_scaled`, `exact_fma`.
+// From optim_math: `fused`, `one`, `r`, `add_scaled`, `exact_fma`. `struct SgdScalars` and the
+// flag bits (ACTIVE, FIRST_STEP, NESTEROV, MAXIMIZE, FUSED) are declared in front of this file
+// from the Rust side (`SGD` in src/backend/gpu/contract.rs).
 
 override FORMAT: u32 = 0u;
-
-const ACTIVE: u32 = 1u;
-const FIRST_STEP: u32 = 2u;
-const NESTEROV: u32 = 4u;
-const MAXIMIZE: u32 = 8u;
-const FUSED: u32 = 16u;
-
-struct SgdScalars {
-    flags: u32,
-    lr: f32,
-    momentum: f32,
-    one_minus_dampening: f32,
-    weight_decay: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
 
 @group(0) @binding(0) var<uniform> geometry: Dispatch;
 @group(0) @binding(1) var<storage, read> starts: array<u32>;
 @group(0) @binding(2) var<storage, read> scalars: array<SgdScalars>;
-@group(0) @binding(3) var<storage, read_write> params: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read> grads: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> momentum: array<vec4<u32>>;
-// The load_<binding>/store_<binding> helpers of the arena bindings are generated with the host
-// side of the contract (src/backend/gpu/contract.rs).
+@group(0) @binding(3) var<storage, read_write> params: array<vec4<u32>>; // #arena FORMAT
+@group(0) @binding(4) var<storage, read> grads: array<vec4<u32>>; // #arena FORMAT
+@group(0) @binding(5) var<storage, read_write> momentum: array<vec4<u32>>; // #arena FORMAT
+// `// #arena FORMAT`: the assembler generates load_<binding> (and, read_write, store_<binding>)
+// for the packed arena, in that storage format (src/backend/gpu/bindings.rs).
 
 
 // `update` under PyTorch's `fused=True`: float32 throughout, its multiply-adds fused.
@@ -86,7 +75,7 @@ fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> arr
     return array<vec4<f32>, 2>(add_scaled(p, -s.lr, g), b);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WORKGROUP_SIZE)
 fn main(id: Invocation) {
     let at = place(id);
     if (!at.valid) {

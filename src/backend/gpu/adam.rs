@@ -50,21 +50,21 @@ impl GpuBackend {
             .collect();
         let table_buffer = self.storage_buffer("distopt adam scalars", &table);
         let arenas = [
-            Some(self.gpu(params)?),
-            Some(self.gpu(grads)?),
-            Some(self.gpu(exp_avg)?),
-            Some(self.gpu(exp_avg_sq)?),
-            self.gpu_opt(max_exp_avg_sq.as_deref())?,
+            ("params", Some(self.gpu(params)?)),
+            ("grads", Some(self.gpu(grads)?)),
+            ("exp_avg", Some(self.gpu(exp_avg)?)),
+            ("exp_avg_sq", Some(self.gpu(exp_avg_sq)?)),
+            ("max_exp_avg_sq", self.gpu_opt(max_exp_avg_sq.as_deref())?),
         ];
         self.launch(
             params,
             starts,
             PerParam {
                 kernel: &self.kernels.adam,
-                overrides: &[params.format().shader_code()],
+                overrides: &[("FORMAT", params.format().shader_code())],
                 lanes: params.ranks(),
                 group_size: 0,
-                tables: &[&table_buffer],
+                tables: &[("scalars", &table_buffer)],
                 arenas: &arenas,
             },
         )

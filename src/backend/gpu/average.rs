@@ -43,11 +43,14 @@ impl GpuBackend {
             starts,
             PerParam {
                 kernel: &self.kernels.average,
-                overrides: &[arena.format().shader_code(), arith.shader_code()],
+                overrides: &[
+                    ("FORMAT", arena.format().shader_code()),
+                    ("ARITH", arith.shader_code()),
+                ],
                 lanes: ranks / group_size,
                 group_size,
-                tables: &[&flags_buffer],
-                arenas: &[Some(self.gpu(arena)?)],
+                tables: &[("averaged", &flags_buffer)],
+                arenas: &[("arena", Some(self.gpu(arena)?))],
             },
         )
     }

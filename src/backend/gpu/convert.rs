@@ -31,11 +31,14 @@ impl GpuBackend {
             starts,
             PerParam {
                 kernel: &self.kernels.convert,
-                overrides: &[src.format().shader_code(), dst.format().shader_code()],
+                overrides: &[
+                    ("SRC_FORMAT", src.format().shader_code()),
+                    ("DST_FORMAT", dst.format().shader_code()),
+                ],
                 lanes: src.ranks(),
                 group_size: 0,
-                tables: &[&flags_buffer],
-                arenas: &[Some(self.gpu(src)?), Some(self.gpu(dst)?)],
+                tables: &[("converted", &flags_buffer)],
+                arenas: &[("src", Some(self.gpu(src)?)), ("dst", Some(self.gpu(dst)?))],
             },
         )
     }

@@ -1,44 +1,55 @@
-//! One compute kernel family: a shader module, its explicit bind group layout, and the
-//! pipelines specialised by `override` constants, created on first use and cached.
+//! One compute kernel family: a shader module, its bind group layout (built from the bindings
+//! the shader declares), and the pipelines specialised by `override` constants, created on
+//! first use and cached. Buffers are bound, and overrides set, by the names the shader gives
+//! them.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::GpuShared;
-use super::contract::{Binding, KernelSpec};
+use super::assemble::{ShaderError, assemble};
+use super::bindings::{Access, Bindings};
+use super::contract::{KernelSpec, LIBRARIES};
 
 pub(crate) struct Kernel {
     name: &'static str,
     module: wgpu::ShaderModule,
     pub(crate) layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
-    /// The names of the shader's `override` constants, in the order values are given.
-    constants: &'static [&'static str],
+    bindings: Bindings,
+    /// The names of the shader's `override` constants, in declaration order.
+    overrides: Vec<String>,
     pipelines: Mutex<HashMap<Vec<u32>, wgpu::ComputePipeline>>,
 }
 
 impl Kernel {
     /// The kernel `spec` describes: its module (the assembled WGSL), its bind group layout
     /// and its pipeline layout.
-    pub(crate) fn new(device: &wgpu::Device, spec: &'static KernelSpec) -> Kernel {
+    ///
+    /// # Errors
+    /// A [`ShaderError`] when its WGSL cannot be assembled (an unknown or duplicate import, an
+    /// unreadable binding).
+    pub(crate) fn new(
+        device: &wgpu::Device,
+        spec: &'static KernelSpec,
+    ) -> Result<Kernel, ShaderError> {
         let name = spec.name;
+        let assembled = assemble(spec, LIBRARIES)?;
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(spec.source().into()),
+            source: wgpu::ShaderSource::Wgsl(assembled.source.into()),
         });
-        let entries: Vec<wgpu::BindGroupLayoutEntry> = spec
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = assembled
             .bindings
             .iter()
-            .map(|b| b.kind)
-            .enumerate()
-            .map(|(i, binding)| wgpu::BindGroupLayoutEntry {
-                binding: i as u32,
+            .map(|b| wgpu::BindGroupLayoutEntry {
+                binding: b.number,
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
-                    ty: match binding {
-                        Binding::Uniform => wgpu::BufferBindingType::Uniform,
-                        Binding::Read => wgpu::BufferBindingType::Storage { read_only: true },
-                        Binding::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+                    ty: match b.access {
+                        Access::Uniform => wgpu::BufferBindingType::Uniform,
+                        Access::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                        Access::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
                     },
                     has_dynamic_offset: false,
                     min_binding_size: None,
@@ -55,27 +66,47 @@ impl Kernel {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        Kernel {
+        Ok(Kernel {
             name,
             module,
             layout,
             pipeline_layout,
-            constants: spec.overrides,
+            bindings: assembled.bindings,
+            overrides: assembled.overrides,
             pipelines: Mutex::new(HashMap::new()),
-        }
+        })
     }
 
-    /// The pipeline specialised for `values` of the override constants (cached).
-    pub(crate) fn pipeline(&self, shared: &GpuShared, values: &[u32]) -> wgpu::ComputePipeline {
+    /// The pipeline specialised for `values` of the override constants, by name (cached).
+    ///
+    /// # Errors
+    /// A [`ShaderError`] unless `values` names each of the shader's overrides once.
+    pub(crate) fn pipeline(
+        &self,
+        shared: &GpuShared,
+        values: &[(&str, u32)],
+    ) -> Result<wgpu::ComputePipeline, ShaderError> {
+        let ordered: Option<Vec<u32>> = self
+            .overrides
+            .iter()
+            .map(|name| values.iter().find(|(n, _)| n == name).map(|&(_, v)| v))
+            .collect();
+        let ordered = ordered
+            .filter(|_| values.len() == self.overrides.len())
+            .ok_or_else(|| ShaderError::Overrides {
+                kernel: self.name.into(),
+                given: values.iter().map(|(n, _)| n.to_string()).collect(),
+                declared: self.overrides.clone(),
+            })?;
         let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
-        cache
-            .entry(values.to_vec())
-            .or_insert_with(|| {
+        Ok(cache
+            .entry(ordered)
+            .or_insert_with_key(|ordered| {
                 let constants: Vec<(&str, f64)> = self
-                    .constants
+                    .overrides
                     .iter()
-                    .zip(values)
-                    .map(|(name, &v)| (*name, f64::from(v)))
+                    .zip(ordered)
+                    .map(|(name, &v)| (name.as_str(), f64::from(v)))
                     .collect();
                 shared
                     .device
@@ -91,7 +122,7 @@ impl Kernel {
                         cache: None,
                     })
             })
-            .clone()
+            .clone())
     }
 
     /// Pipelines created so far.
@@ -102,20 +133,28 @@ impl Kernel {
             .len()
     }
 
-    /// A bind group of `buffers`, in binding order.
-    pub(crate) fn bind(&self, device: &wgpu::Device, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, buffer)| wgpu::BindGroupEntry {
-                binding: i as u32,
+    /// A bind group of `buffers`, each bound to the binding of its name.
+    ///
+    /// # Errors
+    /// A [`ShaderError`] unless `buffers` names each of the shader's bindings once.
+    pub(crate) fn bind(
+        &self,
+        device: &wgpu::Device,
+        buffers: &[(&str, &wgpu::Buffer)],
+    ) -> Result<wgpu::BindGroup, ShaderError> {
+        let entries: Vec<wgpu::BindGroupEntry> = self
+            .bindings
+            .resolve(buffers)?
+            .into_iter()
+            .map(|(binding, buffer)| wgpu::BindGroupEntry {
+                binding,
                 resource: buffer.as_entire_binding(),
             })
             .collect();
-        device.create_bind_group(&wgpu::BindGroupDescriptor {
+        Ok(device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(self.name),
             layout: &self.layout,
             entries: &entries,
-        })
+        }))
     }
 }

@@ -7,7 +7,9 @@
 
 mod adam;
 mod arena;
+mod assemble;
 mod average;
+mod bindings;
 mod contract;
 mod convert;
 mod kernel;
@@ -173,8 +175,9 @@ impl GpuBackend {
     ///
     /// # Errors
     /// A `RuntimeError` when WebGPU is unavailable (in a browser), no adapter is found, the
-    /// device cannot be opened, or the device reports an error (or is lost) while the kernels
-    /// are set up.
+    /// device cannot be opened, a kernel's WGSL cannot be assembled (an unknown or duplicate
+    /// `// #import`, an unreadable binding), or the device reports an error (or is lost) while
+    /// the kernels are set up.
     pub async fn with_options(options: GpuOptions) -> Result<GpuBackend> {
         #[cfg(target_arch = "wasm32")]
         if !wgpu::util::is_browser_webgpu_supported().await {
@@ -248,14 +251,14 @@ impl GpuBackend {
             threads: 1,
         };
         let kernels = Kernels {
-            dp_sgd_step: Kernel::new(&device, &contract::DP_SGD_STEP),
-            sgd: Kernel::new(&device, &contract::SGD),
-            adam: Kernel::new(&device, &contract::ADAM),
-            average: Kernel::new(&device, &contract::AVERAGE),
-            scaled_sum: Kernel::new(&device, &contract::SCALED_SUM),
-            copy: Kernel::new(&device, &contract::COPY),
-            pseudo_gradient: Kernel::new(&device, &contract::PSEUDO_GRADIENT),
-            convert: Kernel::new(&device, &contract::CONVERT),
+            dp_sgd_step: Kernel::new(&device, &contract::DP_SGD_STEP)?,
+            sgd: Kernel::new(&device, &contract::SGD)?,
+            adam: Kernel::new(&device, &contract::ADAM)?,
+            average: Kernel::new(&device, &contract::AVERAGE)?,
+            scaled_sum: Kernel::new(&device, &contract::SCALED_SUM)?,
+            copy: Kernel::new(&device, &contract::COPY)?,
+            pseudo_gradient: Kernel::new(&device, &contract::PSEUDO_GRADIENT)?,
+            convert: Kernel::new(&device, &contract::CONVERT)?,
         };
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("distopt placeholder"),
@@ -361,7 +364,7 @@ impl GpuBackend {
         }
         let (from, to) = (self.gpu(src)?, self.gpu(dst)?);
         let kernel = &self.kernels.copy;
-        let pipeline = kernel.pipeline(&self.shared, &[]);
+        let pipeline = kernel.pipeline(&self.shared, &[])?;
         let device = &self.shared.device;
         let mut encoder = device.create_command_encoder(&Default::default());
         {
@@ -379,7 +382,10 @@ impl GpuBackend {
                     contents: bytemuck::bytes_of(&uniforms),
                     usage: wgpu::BufferUsages::UNIFORM,
                 });
-                let bind_group = kernel.bind(device, &[&uniform, &a.buffer, &b.buffer]);
+                let bind_group = kernel.bind(
+                    device,
+                    &[("copy", &uniform), ("src", &a.buffer), ("dst", &b.buffer)],
+                )?;
                 pass.set_bind_group(0, &bind_group, &[]);
                 let (x, y) = self.grid(octets as usize);
                 pass.dispatch_workgroups(x, y, 1);
@@ -520,8 +526,11 @@ impl Backend for GpuBackend {
         let kernel = &self.kernels.dp_sgd_step;
         let pipeline = kernel.pipeline(
             &self.shared,
-            &[param_format.shader_code(), grad_format.shader_code()],
-        );
+            &[
+                ("PARAM_FORMAT", param_format.shader_code()),
+                ("GRAD_FORMAT", grad_format.shader_code()),
+            ],
+        )?;
         let (p, g, m) = (self.gpu(params)?, self.gpu(grads)?, self.gpu(means)?);
         let device = &self.shared.device;
         let mut encoder = device.create_command_encoder(&Default::default());
@@ -545,8 +554,15 @@ impl Backend for GpuBackend {
                     contents: bytemuck::bytes_of(&uniforms),
                     usage: wgpu::BufferUsages::UNIFORM,
                 });
-                let bind_group =
-                    kernel.bind(device, &[&uniform, &gc.buffer, &pc.buffer, &mc.buffer]);
+                let bind_group = kernel.bind(
+                    device,
+                    &[
+                        ("step", &uniform),
+                        ("grads", &gc.buffer),
+                        ("params", &pc.buffer),
+                        ("means", &mc.buffer),
+                    ],
+                )?;
                 pass.set_bind_group(0, &bind_group, &[]);
                 let (x, y) = self.grid(pc.len / 8);
                 pass.dispatch_workgroups(x, y, 1);

@@ -60,8 +60,9 @@ impl GpuBackend {
     }
 
     /// One launch of a per-parameter kernel: for every chunk of `layout`'s arenas, the
-    /// [`Dispatch`] geometry, the parameter table, `launch.tables` and each arena's chunk
-    /// (the placeholder for an absent one), bound in that order; one compute pass.
+    /// [`Dispatch`] geometry (bound as `geometry`), the parameter table (`starts`),
+    /// `launch.tables` and each arena's chunk (the placeholder for an absent one), each bound
+    /// by its name; one compute pass.
     pub(super) fn launch(
         &self,
         layout: &Arena,
@@ -78,7 +79,7 @@ impl GpuBackend {
         } = launch;
         let gpu = self.gpu(layout)?;
         let starts_buffer = self.param_table_buffer(starts, layout.rank_len());
-        let pipeline = kernel.pipeline(&self.shared, overrides);
+        let pipeline = kernel.pipeline(&self.shared, overrides)?;
         let device = &self.shared.device;
         let mut encoder = device.create_command_encoder(&Default::default());
         {
@@ -102,14 +103,13 @@ impl GpuBackend {
                     contents: bytemuck::bytes_of(&geometry),
                     usage: wgpu::BufferUsages::UNIFORM,
                 });
-                let mut buffers: Vec<&wgpu::Buffer> = vec![&uniform, &starts_buffer];
+                let mut buffers: Vec<(&str, &wgpu::Buffer)> =
+                    vec![("geometry", &uniform), ("starts", &starts_buffer)];
                 buffers.extend_from_slice(tables);
-                buffers.extend(
-                    arenas
-                        .iter()
-                        .map(|a| a.map_or(&self.placeholder, |a| &a.chunks[c].buffer)),
-                );
-                pass.set_bind_group(0, &kernel.bind(device, &buffers), &[]);
+                buffers.extend(arenas.iter().map(|&(name, a)| {
+                    (name, a.map_or(&self.placeholder, |a| &a.chunks[c].buffer))
+                }));
+                pass.set_bind_group(0, &kernel.bind(device, &buffers)?, &[]);
                 let (x, y) = self.grid(chunk.len / 8 * lanes);
                 pass.dispatch_workgroups(x, y, 1);
                 first_element += chunk.len;
@@ -134,16 +134,16 @@ impl GpuBackend {
 /// What [`GpuBackend::launch`] binds and how it spreads the grid.
 pub(super) struct PerParam<'a> {
     pub(super) kernel: &'a Kernel,
-    /// The values of the kernel's `override` constants, in its spec's order.
-    pub(super) overrides: &'a [u32],
+    /// The values of the kernel's `override` constants, by name.
+    pub(super) overrides: &'a [(&'a str, u32)],
     /// Lanes of the grid per eight elements (ranks, or groups when averaging).
     pub(super) lanes: usize,
     /// [`Dispatch::group_size`].
     pub(super) group_size: usize,
-    /// The storage buffers bound after the parameter table.
-    pub(super) tables: &'a [&'a wgpu::Buffer],
-    /// The arenas bound after the tables, one chunk at a time.
-    pub(super) arenas: &'a [Option<&'a GpuArena>],
+    /// The kernel's other storage buffers, by binding name.
+    pub(super) tables: &'a [(&'a str, &'a wgpu::Buffer)],
+    /// The arenas, by binding name, one chunk at a time.
+    pub(super) arenas: &'a [(&'a str, Option<&'a GpuArena>)],
 }
 
 pub(super) fn check_geometry(

@@ -33,14 +33,14 @@ impl GpuBackend {
             starts,
             PerParam {
                 kernel: &self.kernels.pseudo_gradient,
-                overrides: &[params.format().shader_code()],
+                overrides: &[("FORMAT", params.format().shader_code())],
                 lanes: params.ranks(),
                 group_size: 0,
-                tables: &[&flags_buffer],
+                tables: &[("synced", &flags_buffer)],
                 arenas: &[
-                    Some(self.gpu(backup)?),
-                    Some(self.gpu(params)?),
-                    Some(self.gpu(grads)?),
+                    ("backup", Some(self.gpu(backup)?)),
+                    ("params", Some(self.gpu(params)?)),
+                    ("grads", Some(self.gpu(grads)?)),
                 ],
             },
         )

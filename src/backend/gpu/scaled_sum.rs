@@ -50,12 +50,19 @@ impl GpuBackend {
             starts,
             PerParam {
                 kernel: &self.kernels.scaled_sum,
-                overrides: &[arena.format().shader_code(), arith.shader_code()],
+                overrides: &[
+                    ("FORMAT", arena.format().shader_code()),
+                    ("ARITH", arith.shader_code()),
+                ],
                 // One lane: the kernel sums every rank in a loop.
                 lanes: 1,
                 group_size: ranks,
-                tables: &[&flags_buffer, &scales_buffer, &table_buffer],
-                arenas: &[Some(self.gpu(arena)?)],
+                tables: &[
+                    ("reduced", &flags_buffer),
+                    ("scales", &scales_buffer),
+                    ("table", &table_buffer),
+                ],
+                arenas: &[("arena", Some(self.gpu(arena)?))],
             },
         )
     }

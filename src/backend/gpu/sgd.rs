@@ -45,11 +45,15 @@ impl GpuBackend {
             starts,
             PerParam {
                 kernel: &self.kernels.sgd,
-                overrides: &[params.format().shader_code()],
+                overrides: &[("FORMAT", params.format().shader_code())],
                 lanes: params.ranks(),
                 group_size: 0,
-                tables: &[&table_buffer],
-                arenas: &[Some(self.gpu(params)?), Some(self.gpu(grads)?), momentum],
+                tables: &[("scalars", &table_buffer)],
+                arenas: &[
+                    ("params", Some(self.gpu(params)?)),
+                    ("grads", Some(self.gpu(grads)?)),
+                    ("momentum", momentum),
+                ],
             },
         )
     }

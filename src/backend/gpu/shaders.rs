@@ -1,7 +1,7 @@
-//! The WGSL sources, embedded at compile time: the shared parts (storage formats and the
-//! dispatch grid; the parameter table) and each kernel's own file. A kernel's complete source
-//! is assembled by its `KernelSpec` (`gpu::contract`), which adds the generated
-//! arena accessors.
+//! The WGSL sources, embedded at compile time: the shared libraries (storage formats and the
+//! dispatch grid; the parameter table; the optimizers' arithmetic) and each kernel's own file.
+//! A kernel's complete module is assembled by `gpu::assemble`: the libraries its file
+//! `// #import`s, the declarations generated from `gpu::contract`, the arena accessors.
 
 /// Storage formats, exact rounding and the 2-D dispatch grid, shared by every kernel.
 pub const PACKING: &str = include_str!("../../../shaders/packing.wgsl");
@@ -40,20 +40,25 @@ pub const COPY: &str = include_str!("../../../shaders/copy.wgsl");
 #[cfg(test)]
 mod tests {
     //! Every shader parses and validates with naga (the WGSL front end wgpu itself uses), both
-    //! as written (with its `override` constants unresolved) and specialised for every storage
-    //! format the backend can select, and the shader side of the host/shader contract (override
-    //! names, format codes, workgroup size, uniform layout, bindings) matches the Rust side.
+    //! as assembled (with its `override` constants unresolved, the declarations generated from
+    //! the Rust side included) and specialised for every storage format the backend can select.
 
     use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
     use naga::{Expression, Module, ShaderStage};
 
-    use super::PACKING;
-    use crate::backend::gpu::contract::ALL;
+    use crate::backend::gpu::assemble::assemble;
+    use crate::backend::gpu::contract::{ALL, KernelSpec, LIBRARIES, PACKING};
     use crate::dtype::StorageFormat;
 
     /// The formats a kernel's `*FORMAT` override can take on a GPU.
     const GPU_FORMATS: [StorageFormat; 3] =
         [StorageFormat::F32, StorageFormat::F16, StorageFormat::BF16];
+
+    fn source(spec: &KernelSpec) -> String {
+        assemble(spec, LIBRARIES)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .source
+    }
 
     fn parse(name: &str, source: &str) -> Module {
         naga::front::wgsl::parse_str(source)
@@ -94,7 +99,7 @@ mod tests {
     fn every_shader_parses_and_validates_as_written() {
         assert!(!ALL.is_empty());
         for spec in ALL {
-            let (name, source) = (spec.name, &spec.source());
+            let (name, source) = (spec.name, &source(spec));
             let module = parse(name, source);
             validate(name, source, &module);
             assert!(
@@ -109,8 +114,9 @@ mod tests {
 
     #[test]
     fn packing_library_parses_and_validates_alone() {
-        let module = parse("packing", PACKING);
-        validate("packing", PACKING, &module);
+        let packing = source(&PACKING);
+        let module = parse("packing", &packing);
+        validate("packing", &packing, &module);
     }
 
     /// What wgpu does at pipeline creation on Vulkan: resolve the overrides (naga re-validates
@@ -118,7 +124,7 @@ mod tests {
     #[test]
     fn every_format_specialisation_validates_and_compiles_to_spirv() {
         for spec in ALL {
-            let (name, source) = (spec.name, &spec.source());
+            let (name, source) = (spec.name, &source(spec));
             let module = parse(name, source);
             let info = validate(name, source, &module);
             let assignments = format_assignments(&module);
