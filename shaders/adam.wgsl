@@ -8,7 +8,7 @@
 // FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored, and the three
 // multiply-adds PyTorch's fused kernel single-rounds (the L2 term, the lerp, the second
 // moment's `(1 - beta2) * g * g` term) are single-rounded here too (`exact_fma`; see
-// `adam_rank` in src/backend/kernels.rs).
+// `adam_rank` in src/backend/kernels/adam.rs).
 
 // From optim_math: `fused`, `one`, `r`, `add_scaled`, `exact_fma`. `struct AdamScalars` and the
 // flag bits (ACTIVE, MAXIMIZE, AMSGRAD, DECOUPLED, FUSED) are declared in front of this file from

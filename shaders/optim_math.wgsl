@@ -13,7 +13,7 @@ var<private> fused: bool;
 // range where the split is exact (a product, factor or addend of 2^100 or more, a
 // non-finite operand) and for a product below 2^-60 (where the error terms could leave the
 // normal range) it is `a * b + c`. The twin of the
-// `mul_add` of `adam_rank`/`sgd_rank` in src/backend/kernels.rs.
+// `mul_add` of `adam_rank`/`sgd_rank` in src/backend/kernels/{adam,sgd}.rs.
 // 1.0, from a value the compiler cannot see (set in `main`): `x * one` keeps a shader compiler
 // from rewriting the error-free transformations algebraically (Mesa's NIR does, on
 // lavapipe: `(a + b) - a` is not `b` in floating point).
@@ -80,7 +80,7 @@ fn r(x: vec4<f32>) -> vec4<f32> {
 
 // `x.add(y, alpha=alpha)` as PyTorch's CPU kernel computes it in the tensor's own type: for
 // float16/bfloat16, alpha and the product are rounded to the format before the sum (see
-// `add_scaled` in src/backend/kernels.rs). For float32 `r` is the identity.
+// `add_scaled` in src/backend/kernels/mod.rs). For float32 `r` is the identity.
 fn add_scaled(x: vec4<f32>, alpha: f32, y: vec4<f32>) -> vec4<f32> {
     return r(x + r(r(vec4<f32>(alpha)) * y));
 }

@@ -6,7 +6,7 @@
 // Every tensor operation's result is rounded to the storage format (FORMAT); the arithmetic
 // is float32. With the FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored,
 // and the multiply-adds PyTorch's fused kernel single-rounds are single-rounded here too
-// (`exact_fma`; see `sgd_rank` in src/backend/kernels.rs).
+// (`exact_fma`; see `sgd_rank` in src/backend/kernels/sgd.rs).
 // A parameter without a gradient on a rank (flags bit 0 clear) is skipped.
 
 // From optim_math: `fused`, `one`, `r`, `add_scaled`, `exact_fma`. `struct SgdScalars` and the
