@@ -337,15 +337,12 @@ fn the_lock_step_api_reports_misuse() {
 // ---------------------------------------------------------------------------------------------
 // The scaled-sum kernel: GPU against CPU.
 
-struct Rng(u64);
+/// The library's SplitMix64 with the draws this test needs.
+struct Rng(distopt::rng::SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     fn below(&mut self, n: usize) -> usize {
@@ -405,7 +402,7 @@ fn gpu_scaled_sum_matches_the_cpu_bit_for_bit() {
         return;
     }
     let cpu = CpuBackend::new();
-    let mut rng = Rng(0x5eed_0707);
+    let mut rng = Rng(distopt::rng::SplitMix64::from_state(0x5eed_0707));
     let mut cases = 0;
     for format in [StorageFormat::F32, StorageFormat::F16, StorageFormat::BF16] {
         for _ in 0..40 {
