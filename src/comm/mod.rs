@@ -8,6 +8,7 @@
 
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub mod mpi;
+pub mod wire;
 
 use std::collections::BTreeMap;
 use std::ops::Range;

@@ -1,0 +1,671 @@
+//! The frames a networked world's ranks exchange: a message (one rank's contribution to one
+//! collective) cut into frames under the transport's largest payload, each naming its run,
+//! membership epoch, collective sequence number, sender and chunk, and carrying a CRC-32 of
+//! itself; and the [`Assembler`] that puts one expected message back together.
+//!
+//! Nothing a peer sends is trusted: a frame is parsed ([`Frame::parse`]) before anything is
+//! read from it, the sizes it declares are checked against each other, against the size
+//! expected and against the memory budget before any buffer is allocated, and the assembled
+//! message is handed over only once every chunk has arrived intact. A frame of another run, of
+//! an older epoch or collective, or one already received is [`WireError::is_stale`]: a
+//! receiver drops it. Any other defect is an error of the collective it belongs to. So a
+//! malformed, resized, stale, out-of-order or duplicated frame is never summed into parameters.
+//!
+//! Layout (little-endian, [`HEADER_BYTES`] bytes, then the payload):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..4 | magic `DOPT` |
+//! | 4 | version (1) |
+//! | 5 | kind: what the message is, the caller's tag |
+//! | 6..8 | reserved, 0 |
+//! | 8..16 | run ([`run_id`] of the run's name) |
+//! | 16..24 | membership epoch |
+//! | 24..32 | collective sequence number |
+//! | 32..36 | sender's rank |
+//! | 36..40 | chunk index |
+//! | 40..44 | chunk count |
+//! | 44..48 | this chunk's payload bytes |
+//! | 48..52 | the message's chunk length (every chunk but the last has it) |
+//! | 52..60 | the whole message's bytes |
+//! | 60..64 | CRC-32 (IEEE) of bytes 0..60 and the payload |
+
+use std::fmt;
+
+use crate::budget;
+use crate::error::Error;
+
+/// Bytes of a frame's header.
+pub const HEADER_BYTES: usize = 64;
+const MAGIC: [u8; 4] = *b"DOPT";
+const VERSION: u8 = 1;
+
+/// A stable 64-bit id of a run's name (FNV-1a): what frames carry instead of the name.
+pub fn run_id(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Which message a frame belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MessageId {
+    /// [`run_id`] of the run.
+    pub run: u64,
+    /// The membership epoch the collective runs in.
+    pub epoch: u64,
+    /// The collective's sequence number within the epoch.
+    pub seq: u64,
+    /// The sending rank.
+    pub from: u32,
+    /// The caller's tag for what the message is (a contribution, a result, a broadcast, …).
+    pub kind: u8,
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "message {} of rank {} (epoch {}, collective {}, run {:#x})",
+            self.kind, self.from, self.epoch, self.seq, self.run
+        )
+    }
+}
+
+/// What is wrong with a frame, naming it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    /// Not a frame of this protocol: too short, another magic or version, sizes that
+    /// contradict each other, a reserved field set.
+    Malformed(String),
+    /// The CRC-32 does not match: the frame was damaged in transit.
+    Checksum {
+        /// The message the damaged frame says it belongs to.
+        id: MessageId,
+        /// Its chunk index.
+        chunk: u32,
+    },
+    /// A frame of another run (dropped).
+    OtherRun {
+        /// The frame's message.
+        id: MessageId,
+    },
+    /// A frame of an older epoch or an earlier collective (dropped).
+    Stale {
+        /// The frame's message.
+        id: MessageId,
+        /// The message awaited.
+        expected: MessageId,
+    },
+    /// A chunk that has already arrived (dropped).
+    Duplicate {
+        /// The frame's message.
+        id: MessageId,
+        /// The chunk that arrived again.
+        chunk: u32,
+    },
+    /// A frame of a later epoch or collective than the one being assembled, or from another
+    /// rank or of another kind than expected: the peers disagree on the collective.
+    OutOfOrder {
+        /// The frame's message.
+        id: MessageId,
+        /// The message awaited.
+        expected: MessageId,
+    },
+    /// The message's size differs from the size expected, or its frames disagree on it.
+    Size(String),
+    /// The message would not fit the memory budget (nothing was allocated).
+    Budget(String),
+}
+
+impl WireError {
+    /// Whether a receiver drops the frame and goes on waiting (another run's, an older
+    /// epoch's or collective's, a chunk received already), rather than failing the collective.
+    pub fn is_stale(&self) -> bool {
+        matches!(
+            self,
+            WireError::OtherRun { .. } | WireError::Stale { .. } | WireError::Duplicate { .. }
+        )
+    }
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Malformed(why) => write!(f, "a malformed frame: {why}"),
+            WireError::Checksum { id, chunk } => {
+                write!(f, "chunk {chunk} of {id} is damaged (CRC-32 mismatch)")
+            }
+            WireError::OtherRun { id } => write!(f, "{id} belongs to another run"),
+            WireError::Stale { id, expected } => {
+                write!(f, "{id} is older than the awaited {expected}")
+            }
+            WireError::Duplicate { id, chunk } => {
+                write!(f, "chunk {chunk} of {id} arrived twice")
+            }
+            WireError::OutOfOrder { id, expected } => {
+                write!(f, "{id} arrived while {expected} was awaited")
+            }
+            WireError::Size(why) | WireError::Budget(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+impl From<WireError> for Error {
+    /// A `RuntimeError` saying what the frame was and what is wrong with it.
+    fn from(e: WireError) -> Error {
+        Error::runtime(e.to_string())
+    }
+}
+
+/// One frame, parsed and checked ([`Frame::parse`]); `payload` borrows the received bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// The message it belongs to.
+    pub id: MessageId,
+    /// Its index among the message's chunks.
+    pub chunk: u32,
+    /// The message's chunk count.
+    pub chunks: u32,
+    /// The message's chunk length: chunk `k` holds bytes `k * stride ..` of the message.
+    pub stride: u32,
+    /// The whole message's bytes.
+    pub total: u64,
+    /// This chunk of the message.
+    pub payload: &'a [u8],
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn checksum(header: &[u8], payload: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header[..HEADER_BYTES - 4]);
+    crc.update(payload);
+    crc.finalize()
+}
+
+impl<'a> Frame<'a> {
+    /// Reads a frame from `bytes` (a whole transport message), checking its magic, version,
+    /// sizes and CRC-32 before anything else is trusted.
+    ///
+    /// # Errors
+    /// [`WireError::Malformed`] or [`WireError::Checksum`].
+    pub fn parse(bytes: &'a [u8]) -> Result<Frame<'a>, WireError> {
+        let malformed = |why: String| Err(WireError::Malformed(why));
+        if bytes.len() < HEADER_BYTES {
+            return malformed(format!(
+                "{} bytes, shorter than the {HEADER_BYTES}-byte header",
+                bytes.len()
+            ));
+        }
+        if bytes[0..4] != MAGIC {
+            return malformed("not a distopt frame (no DOPT magic)".into());
+        }
+        if bytes[4] != VERSION {
+            return malformed(format!(
+                "protocol version {}, this build speaks {VERSION}",
+                bytes[4]
+            ));
+        }
+        if bytes[6..8] != [0, 0] {
+            return malformed("reserved bytes are set".into());
+        }
+        let id = MessageId {
+            run: u64_at(bytes, 8),
+            epoch: u64_at(bytes, 16),
+            seq: u64_at(bytes, 24),
+            from: u32_at(bytes, 32),
+            kind: bytes[5],
+        };
+        let (chunk, chunks) = (u32_at(bytes, 36), u32_at(bytes, 40));
+        let (len, stride, total) = (u32_at(bytes, 44), u32_at(bytes, 48), u64_at(bytes, 52));
+        let payload = &bytes[HEADER_BYTES..];
+        if payload.len() != len as usize {
+            return malformed(format!(
+                "chunk {chunk} of {id} declares {len} payload bytes and carries {}",
+                payload.len()
+            ));
+        }
+        // The chunking must follow from the size: `chunks` chunks of `stride` bytes, the last
+        // one holding the rest (an empty message is one empty chunk).
+        let expected_chunks = total.div_ceil(u64::from(stride.max(1))).max(1);
+        let start = u64::from(chunk) * u64::from(stride);
+        let expected_len = u64::from(stride).min(total.saturating_sub(start));
+        if stride == 0
+            || u64::from(chunks) != expected_chunks
+            || chunk >= chunks
+            || u64::from(len) != expected_len
+        {
+            return malformed(format!(
+                "chunk {chunk} of {chunks} of {id} carries {len} bytes, which does not fit a {total}-byte message in chunks of {stride}"
+            ));
+        }
+        if checksum(bytes, payload) != u32_at(bytes, 60) {
+            return Err(WireError::Checksum { id, chunk });
+        }
+        Ok(Frame {
+            id,
+            chunk,
+            chunks,
+            stride,
+            total,
+            payload,
+        })
+    }
+}
+
+/// `payload` as the frames of message `id`, each at most `max_frame` bytes (the transport's
+/// largest payload, say NATS's `max_payload`), in chunk order. An empty payload is one frame.
+///
+/// # Errors
+/// A `ValueError` when `max_frame` leaves no room for payload after the header, or the message
+/// needs more than 2³² chunks.
+pub fn frames(
+    id: &MessageId,
+    payload: &[u8],
+    max_frame: usize,
+) -> crate::error::Result<Vec<Vec<u8>>> {
+    if max_frame <= HEADER_BYTES {
+        return Err(Error::value(format!(
+            "a frame of at most {max_frame} bytes has no room after its {HEADER_BYTES}-byte header"
+        )));
+    }
+    let room = (max_frame - HEADER_BYTES).min(u32::MAX as usize);
+    let chunks = payload.len().div_ceil(room).max(1);
+    let chunks = u32::try_from(chunks).map_err(|_| {
+        Error::value(format!(
+            "a message of {} bytes needs {chunks} frames of {max_frame} bytes, more than 2^32",
+            payload.len()
+        ))
+    })?;
+    let mut out = Vec::with_capacity(chunks as usize);
+    for chunk in 0..chunks {
+        let start = chunk as usize * room;
+        let part = &payload[start.min(payload.len())..(start + room).min(payload.len())];
+        let mut frame = Vec::with_capacity(HEADER_BYTES + part.len());
+        frame.extend_from_slice(&MAGIC);
+        frame.push(VERSION);
+        frame.push(id.kind);
+        frame.extend_from_slice(&[0, 0]);
+        frame.extend_from_slice(&id.run.to_le_bytes());
+        frame.extend_from_slice(&id.epoch.to_le_bytes());
+        frame.extend_from_slice(&id.seq.to_le_bytes());
+        frame.extend_from_slice(&id.from.to_le_bytes());
+        frame.extend_from_slice(&chunk.to_le_bytes());
+        frame.extend_from_slice(&chunks.to_le_bytes());
+        frame.extend_from_slice(&(part.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&(room as u32).to_le_bytes());
+        frame.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        frame.extend_from_slice(&[0; 4]);
+        let crc = checksum(&frame, part);
+        frame[60..64].copy_from_slice(&crc.to_le_bytes());
+        frame.extend_from_slice(part);
+        out.push(frame);
+    }
+    Ok(out)
+}
+
+/// Puts one expected message back together from its frames, in any order.
+#[derive(Debug)]
+pub struct Assembler {
+    expected: MessageId,
+    size: usize,
+    /// `(chunks, stride)` of the message, from its first frame.
+    layout: Option<(u32, u32)>,
+    received: Vec<bool>,
+    missing: u32,
+    data: Vec<u8>,
+}
+
+impl Assembler {
+    /// Awaits message `expected` of exactly `size` bytes (both sides of a collective know the
+    /// size of each contribution). The buffer is allocated when the first frame arrives, after
+    /// the memory budget's check.
+    pub fn new(expected: MessageId, size: usize) -> Assembler {
+        Assembler {
+            expected,
+            size,
+            layout: None,
+            received: Vec::new(),
+            missing: 0,
+            data: Vec::new(),
+        }
+    }
+
+    /// The message awaited.
+    pub fn expected(&self) -> &MessageId {
+        &self.expected
+    }
+
+    /// Takes one frame: `Ok(Some(message))` when it was the last one missing, `Ok(None)` when
+    /// more are awaited. A refused frame changes nothing.
+    ///
+    /// # Errors
+    /// A [`WireError`] saying why the frame is refused: [`WireError::is_stale`] ones are to be
+    /// dropped; the others fail the collective.
+    pub fn accept(&mut self, frame: &Frame<'_>) -> Result<Option<Vec<u8>>, WireError> {
+        let (id, expected) = (frame.id, self.expected);
+        if id.run != expected.run {
+            return Err(WireError::OtherRun { id });
+        }
+        if (id.epoch, id.seq) < (expected.epoch, expected.seq) {
+            return Err(WireError::Stale { id, expected });
+        }
+        if id != expected {
+            return Err(WireError::OutOfOrder { id, expected });
+        }
+        if frame.total != self.size as u64 {
+            return Err(WireError::Size(format!(
+                "{id} has {} bytes, {} were expected",
+                frame.total, self.size
+            )));
+        }
+        match self.layout {
+            Some((chunks, stride)) if (frame.chunks, frame.stride) != (chunks, stride) => {
+                return Err(WireError::Size(format!(
+                    "chunk {} of {id} says {} chunks of {} bytes, its first frame said {chunks} of {stride}",
+                    frame.chunk, frame.chunks, frame.stride
+                )));
+            }
+            Some(_) => {}
+            None => {
+                let what = id.to_string();
+                budget::check(self.size, &what)
+                    .map_err(|e| WireError::Budget(e.message().to_string()))?;
+                let mut data = Vec::new();
+                data.try_reserve_exact(self.size).map_err(|_| {
+                    WireError::Budget(format!(
+                        "not enough memory for the {} bytes of {what}",
+                        self.size
+                    ))
+                })?;
+                data.resize(self.size, 0);
+                self.data = data;
+                self.received = vec![false; frame.chunks as usize];
+                self.missing = frame.chunks;
+                self.layout = Some((frame.chunks, frame.stride));
+            }
+        }
+        let k = frame.chunk as usize;
+        if self.received[k] {
+            return Err(WireError::Duplicate {
+                id,
+                chunk: frame.chunk,
+            });
+        }
+        let start = k * frame.stride as usize;
+        self.data[start..start + frame.payload.len()].copy_from_slice(frame.payload);
+        self.received[k] = true;
+        self.missing -= 1;
+        if self.missing > 0 {
+            return Ok(None);
+        }
+        self.layout = None;
+        Ok(Some(std::mem::take(&mut self.data)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> MessageId {
+        MessageId {
+            run: run_id("test run"),
+            epoch: 3,
+            seq: 17,
+            from: 2,
+            kind: 1,
+        }
+    }
+
+    fn payload(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 31 + 7) as u8).collect()
+    }
+
+    /// A frame with any header fields (and a valid CRC-32), to forge what a peer could send.
+    fn forged(
+        id: &MessageId,
+        chunk: u32,
+        chunks: u32,
+        stride: u32,
+        total: u64,
+        part: &[u8],
+    ) -> Vec<u8> {
+        let mut f = frames(id, &[], 1024).unwrap().remove(0);
+        f.truncate(HEADER_BYTES);
+        f[36..40].copy_from_slice(&chunk.to_le_bytes());
+        f[40..44].copy_from_slice(&chunks.to_le_bytes());
+        f[44..48].copy_from_slice(&(part.len() as u32).to_le_bytes());
+        f[48..52].copy_from_slice(&stride.to_le_bytes());
+        f[52..60].copy_from_slice(&total.to_le_bytes());
+        let crc = checksum(&f, part);
+        f[60..64].copy_from_slice(&crc.to_le_bytes());
+        f.extend_from_slice(part);
+        f
+    }
+
+    fn assemble(
+        expected: MessageId,
+        size: usize,
+        frames: &[Vec<u8>],
+    ) -> Result<Vec<u8>, WireError> {
+        let mut a = Assembler::new(expected, size);
+        let mut out = None;
+        for f in frames {
+            let frame = Frame::parse(f)?;
+            if let Some(message) = a.accept(&frame)? {
+                assert!(out.is_none(), "a message completed twice");
+                out = Some(message);
+            }
+        }
+        Ok(out.expect("every frame was given"))
+    }
+
+    #[test]
+    fn messages_round_trip_in_any_chunk_order() {
+        for n in [0, 1, 3, 4, 63, 64, 65, 1000, 4096] {
+            for max_frame in [
+                HEADER_BYTES + 1,
+                HEADER_BYTES + 4,
+                100,
+                4096 + HEADER_BYTES,
+                1 << 20,
+            ] {
+                let data = payload(n);
+                let mut fs = frames(&id(), &data, max_frame).unwrap();
+                let room = max_frame - HEADER_BYTES;
+                assert_eq!(fs.len(), n.div_ceil(room).max(1), "n {n}, max {max_frame}");
+                assert!(fs.iter().all(|f| f.len() <= max_frame));
+                assert_eq!(assemble(id(), n, &fs).unwrap(), data);
+                fs.reverse();
+                assert_eq!(assemble(id(), n, &fs).unwrap(), data);
+                if fs.len() > 2 {
+                    let mid = fs.len() / 2;
+                    fs.swap(0, mid);
+                    assert_eq!(assemble(id(), n, &fs).unwrap(), data);
+                }
+            }
+        }
+        assert!(
+            frames(&id(), &[1], HEADER_BYTES).is_err(),
+            "no room for a payload"
+        );
+    }
+
+    #[test]
+    fn every_damaged_or_truncated_byte_is_refused() {
+        let fs = frames(&id(), &payload(40), HEADER_BYTES + 16).unwrap();
+        assert_eq!(fs.len(), 3);
+        for f in &fs {
+            for at in 0..f.len() {
+                for bit in [0x01u8, 0x80] {
+                    let mut bad = f.clone();
+                    bad[at] ^= bit;
+                    assert!(Frame::parse(&bad).is_err(), "byte {at} ^ {bit:#x} passed");
+                }
+            }
+            for len in 0..f.len() {
+                assert!(
+                    Frame::parse(&f[..len]).is_err(),
+                    "a prefix of {len} bytes passed"
+                );
+            }
+            let mut longer = f.clone();
+            longer.push(0);
+            assert!(matches!(
+                Frame::parse(&longer),
+                Err(WireError::Malformed(_))
+            ));
+        }
+        let mut other = fs[0].clone();
+        other[0] = b'X';
+        assert!(
+            matches!(Frame::parse(&other), Err(WireError::Malformed(m)) if m.contains("magic"))
+        );
+    }
+
+    #[test]
+    fn chunkings_that_contradict_the_size_are_malformed() {
+        let id = id();
+        // Claims 2 chunks of 8 for a 9-byte message but carries 5 bytes in the last one.
+        let f = forged(&id, 1, 2, 8, 9, &[0; 5]);
+        assert!(matches!(Frame::parse(&f), Err(WireError::Malformed(_))));
+        // Chunk index past the count, a zero stride, a chunk count that does not follow.
+        for f in [
+            forged(&id, 2, 2, 8, 9, &[0; 1]),
+            forged(&id, 0, 1, 0, 0, &[]),
+            forged(&id, 0, 3, 8, 9, &[0; 8]),
+        ] {
+            assert!(
+                matches!(Frame::parse(&f), Err(WireError::Malformed(_))),
+                "{f:?}"
+            );
+        }
+        // A well-formed empty message.
+        let f = forged(&id, 0, 1, 8, 0, &[]);
+        assert_eq!(Frame::parse(&f).unwrap().payload, &[] as &[u8]);
+    }
+
+    #[test]
+    fn frames_of_other_runs_epochs_collectives_and_ranks_are_told_apart() {
+        let data = payload(100);
+        let ok = frames(&id(), &data, HEADER_BYTES + 40).unwrap();
+        let of = |change: fn(&mut MessageId)| {
+            let mut other = id();
+            change(&mut other);
+            frames(&other, &data, HEADER_BYTES + 40).unwrap().remove(0)
+        };
+        // (how the frame's message differs, whether the frame is stale)
+        type Case = (fn(&mut MessageId), bool);
+        let cases: [Case; 7] = [
+            (|m| m.run = run_id("another run"), true),
+            (|m| m.epoch -= 1, true),
+            (|m| m.seq -= 1, true),
+            (|m| m.epoch += 1, false),
+            (|m| m.seq += 1, false),
+            (|m| m.from = 0, false),
+            (|m| m.kind = 9, false),
+        ];
+        for (change, stale) in cases {
+            let frame_bytes = of(change);
+            let frame = Frame::parse(&frame_bytes).unwrap();
+            let mut a = Assembler::new(id(), data.len());
+            let error = a.accept(&frame).unwrap_err();
+            assert_eq!(error.is_stale(), stale, "{error}");
+            assert!(matches!(
+                error,
+                WireError::OtherRun { .. } | WireError::Stale { .. } | WireError::OutOfOrder { .. }
+            ));
+            // Refused: the assembler still completes the awaited message.
+            for f in &ok[..ok.len() - 1] {
+                assert_eq!(a.accept(&Frame::parse(f).unwrap()).unwrap(), None);
+            }
+            let last = Frame::parse(ok.last().unwrap()).unwrap();
+            assert_eq!(a.accept(&last).unwrap(), Some(data.clone()));
+        }
+        let message = format!(
+            "{}",
+            Assembler::new(id(), 100)
+                .accept(&Frame::parse(&of(|m| m.seq += 1)).unwrap())
+                .unwrap_err()
+        );
+        assert!(
+            message.contains("rank 2") && message.contains("collective 18"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn duplicates_and_resized_messages_are_refused_and_change_nothing() {
+        let data = payload(100);
+        let fs = frames(&id(), &data, HEADER_BYTES + 40).unwrap();
+        let mut a = Assembler::new(id(), data.len());
+        assert_eq!(a.accept(&Frame::parse(&fs[0]).unwrap()).unwrap(), None);
+        let again = a.accept(&Frame::parse(&fs[0]).unwrap()).unwrap_err();
+        assert!(matches!(again, WireError::Duplicate { chunk: 0, .. }) && again.is_stale());
+        // The same message cut into other chunks: its frames disagree with the first one.
+        let recut = frames(&id(), &data, HEADER_BYTES + 30).unwrap();
+        let e = a.accept(&Frame::parse(&recut[1]).unwrap()).unwrap_err();
+        assert!(matches!(e, WireError::Size(_)) && !e.is_stale(), "{e}");
+        for f in &fs[1..fs.len() - 1] {
+            assert_eq!(a.accept(&Frame::parse(f).unwrap()).unwrap(), None);
+        }
+        assert_eq!(
+            a.accept(&Frame::parse(fs.last().unwrap()).unwrap())
+                .unwrap(),
+            Some(data)
+        );
+        // Another size than the one expected.
+        let e = Assembler::new(id(), 99)
+            .accept(&Frame::parse(&fs[0]).unwrap())
+            .unwrap_err();
+        assert!(
+            matches!(e, WireError::Size(ref m) if m.contains("100 bytes, 99 were expected")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_message_beyond_the_memory_budget_is_refused_before_any_allocation() {
+        // The last chunk of a message just over the budget: its header is consistent, only
+        // its size is too large.
+        let stride = 1u32 << 31;
+        let total = (budget::limit() as u64 / u64::from(stride) + 1) * u64::from(stride) + 8;
+        let chunks = u32::try_from(total.div_ceil(u64::from(stride))).unwrap();
+        let f = forged(&id(), chunks - 1, chunks, stride, total, &[7; 8]);
+        let frame = Frame::parse(&f).unwrap();
+        let before = budget::in_use();
+        let e = Assembler::new(id(), total as usize)
+            .accept(&frame)
+            .unwrap_err();
+        assert!(matches!(e, WireError::Budget(_)), "{e}");
+        assert_eq!(budget::in_use(), before);
+        assert_eq!(Error::from(e).kind(), crate::error::ErrorKind::RuntimeError);
+    }
+
+    #[test]
+    fn random_messages_round_trip() {
+        let mut rng = crate::rng::SplitMix64::from_state(0x0001_f00d);
+        for _ in 0..200 {
+            let n = rng.below(3000);
+            let max_frame = HEADER_BYTES + 1 + rng.below(600);
+            let data: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
+            let mut fs = frames(&id(), &data, max_frame).unwrap();
+            rng.shuffle(&mut fs);
+            assert_eq!(
+                assemble(id(), n, &fs).unwrap(),
+                data,
+                "n {n}, max {max_frame}"
+            );
+        }
+    }
+}
