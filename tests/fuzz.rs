@@ -1,7 +1,7 @@
 //! Property/fuzz tests (proptest): arbitrary and mutated JSON fed to the JSON step request
 //! parser (and the step), the state-dict loaders (SGD, Adam, AdamW, ZeroRedundancyOptimizer,
-//! PostLocalSGDOptimizer, DiLoCo; from JSON text) and the golden-case reader. Each input must
-//! give `Ok` or a typed `Err`, never a panic; a refused state dict must leave the object as it
+//! PostLocalSGDOptimizer, DiLoCo, and Streaming DiLoCo with a fragment in flight; from JSON
+//! text) and the golden-case reader. Each input must give `Ok` or a typed `Err`, never a panic; a refused state dict must leave the object as it
 //! was, and an accepted one must leave it usable (it steps).
 //!
 //! Cases per target: `$DISTOPT_FUZZ_CASES` (default 500: under 10 s in release). A long run:
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use distopt::BlockOn;
 use distopt::averaging::PeriodicModelAverager;
 use distopt::comm::SimulatedWorld;
-use distopt::diloco::DiLoCo;
+use distopt::diloco::{DiLoCo, DiLoCoOptions};
 use distopt::optim::{self, LocalOptimizer, option_map};
 use distopt::post_local_sgd::PostLocalSgdOptimizer;
 use distopt::replicas::Replicas;
@@ -71,6 +71,9 @@ const KEYS: &[&str] = &[
     "outer_optimizer",
     "local_step",
     "original_parameters",
+    "pending",
+    "fragment",
+    "pseudo_gradients",
     "parameter_replicas",
     "gradient_replicas",
     "learning_rate",
@@ -428,6 +431,21 @@ fn post_local_sgd_and_diloco_state_dicts() {
         diloco.step(replicas).unwrap();
         diloco
     };
+    // Streaming DiLoCo with fragment 0's all-reduce in flight after one step (H = 4, two
+    // fragments, fragment_sync_delay 1): its state dict carries a `pending` entry.
+    let streaming = |replicas: &mut Replicas| {
+        let (inner, outer) = (local("SGD", replicas), local("SGD", replicas));
+        let options = DiLoCoOptions {
+            fragments: Some(vec![vec![0], vec![1]]),
+            fragment_sync_delay: 1,
+            fragment_update_alpha: 0.25,
+            ..DiLoCoOptions::default()
+        };
+        let mut diloco =
+            DiLoCo::with_options(replicas, inner, outer, 4, world.clone(), options).unwrap();
+        diloco.step(replicas).unwrap();
+        diloco
+    };
     let mut replicas = model_of(DType::Float32);
     let seeds = vec![
         post(&mut replicas)
@@ -438,7 +456,15 @@ fn post_local_sgd_and_diloco_state_dicts() {
             .state_dict(&replicas, 0)
             .block_on()
             .unwrap(),
+        streaming(&mut replicas)
+            .state_dict(&replicas, 0)
+            .block_on()
+            .unwrap(),
     ];
+    assert!(
+        !seeds[2]["pending"].is_null(),
+        "the streaming seed has a fragment in flight"
+    );
     runner()
         .run(&arb_input(seeds), |input| {
             let Some(input) = through_text(&input) else {
@@ -463,6 +489,18 @@ fn post_local_sgd_and_diloco_state_dicts() {
                 let after = d.state_dict(&replicas, 1).block_on().unwrap();
                 check(after == before, || {
                     format!("a refused DiLoCo load changed the state ({error})")
+                })?;
+            } else {
+                grads(&mut replicas);
+                let _ = d.step(&mut replicas);
+            }
+            let mut replicas = model_of(DType::Float32);
+            let mut d = streaming(&mut replicas);
+            let before = d.state_dict(&replicas, 1).block_on().unwrap();
+            if let Err(error) = d.load_state_dict(&mut replicas, 1, &input) {
+                let after = d.state_dict(&replicas, 1).block_on().unwrap();
+                check(after == before, || {
+                    format!("a refused Streaming DiLoCo load changed the state ({error})")
                 })?;
             } else {
                 grads(&mut replicas);
