@@ -1,8 +1,9 @@
 //! Property/fuzz tests (proptest): arbitrary and mutated JSON fed to the JSON step request
 //! parser (and the step), the state-dict loaders (SGD, Adam, AdamW, ZeroRedundancyOptimizer,
 //! PostLocalSGDOptimizer, DiLoCo, and Streaming DiLoCo with a fragment in flight; from JSON
-//! text) and the golden-case reader. Each input must give `Ok` or a typed `Err`, never a panic; a refused state dict must leave the object as it
-//! was, and an accepted one must leave it usable (it steps).
+//! text) and the golden-case reader. Each input must give `Ok` or a typed `Err`, never a
+//! panic; a refused state dict must leave the object as it was, and an accepted one must leave
+//! it usable (it steps).
 //!
 //! Cases per target: `$DISTOPT_FUZZ_CASES` (default 500: under 10 s in release). A long run:
 //! `DISTOPT_FUZZ_CASES=20000 cargo test --release --test fuzz`.
