@@ -122,12 +122,6 @@ const ALLOWED_CYCLES: &[(&[&str], &str)] = &[
         // option names without naming their files.
         "the optimizer facade, the factory and the shell",
     ),
-    (
-        &["src/join/mod.rs", "src/join/context.rs"],
-        // `JoinConfig` (mod.rs) holds the `JoinContext` (context.rs), which drives the
-        // `Joinable`s and reads the options and messages of mod.rs.
-        "the join context and the joinables' configuration",
-    ),
 ];
 
 // ---------------------------------------------------------------------------------------------

@@ -49,84 +49,24 @@
 //! ```
 
 mod context;
+mod manager;
+mod messages;
+mod options;
 
 use std::sync::Arc;
 
-pub use context::Join;
 pub(crate) use context::JoinContext;
+pub use manager::Join;
+pub use messages::{
+    EARLY_TERMINATION, MULTIPLE_PROCESS_GROUPS, NO_JOINABLES, WARN_THRESHOLD, exhausted_message,
+    skew_warning,
+};
+pub use options::JoinOptions;
 
 use crate::backend::BackendInfo;
 use crate::comm::{Communicator, Subgroups};
 use crate::error::{RankErrors, Result};
 use crate::replicas::Replicas;
-
-/// `ValueError` of a context without joinables.
-pub const NO_JOINABLES: &str = "The join context manager requires at least one joinable";
-/// `ValueError` of joinables on different process groups.
-pub const MULTIPLE_PROCESS_GROUPS: &str = "Using join context manager with multiple process groups";
-/// `RuntimeError` of a rank that still had inputs, with `throw_on_early_termination`.
-pub const EARLY_TERMINATION: &str =
-    "Detected at least one rank that exhausted inputs. Throwing across all ranks.";
-/// Shadow iterations after which a joined rank warns about the skew of the inputs.
-pub const WARN_THRESHOLD: u64 = 1000;
-
-/// `RuntimeError` of a rank that ran out of inputs, with `throw_on_early_termination`.
-pub fn exhausted_message(rank: usize) -> String {
-    format!("Rank {rank} exhausted all inputs.")
-}
-
-/// The `UserWarning` of a rank that has run more than [`WARN_THRESHOLD`] shadow iterations.
-pub fn skew_warning(rank: usize) -> String {
-    format!(
-        "Detected uneven input skew of greater than {WARN_THRESHOLD}. This means that rank {rank} has at least {WARN_THRESHOLD} fewer inputs than other currently-active ranks. This level of skew could lead to performance degradation during training."
-    )
-}
-
-/// `Join(joinables, enable, throw_on_early_termination, **kwargs)`'s options, with the one
-/// keyword argument a distopt joinable reads.
-/// Build them with `JoinOptions::default().with_…(..)` (the struct may gain fields).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct JoinOptions {
-    /// Uneven-input detection on (`True` by default). Off, the context does nothing, and the
-    /// ranks must have even inputs.
-    pub enable: bool,
-    /// Raise on every rank as soon as one rank runs out of inputs (`False` by default).
-    pub throw_on_early_termination: bool,
-    /// DDP's join hook keyword: divide the gradient sum by the initial world size even when
-    /// some ranks have joined (`True` by default); otherwise by the number of active ranks.
-    pub divide_by_initial_world_size: bool,
-}
-
-impl JoinOptions {
-    /// With `enable` set to `on`.
-    pub fn with_enable(mut self, on: bool) -> Self {
-        self.enable = on;
-        self
-    }
-
-    /// With `throw_on_early_termination` set to `on`.
-    pub fn with_throw_on_early_termination(mut self, on: bool) -> Self {
-        self.throw_on_early_termination = on;
-        self
-    }
-
-    /// With `divide_by_initial_world_size` set to `on`.
-    pub fn with_divide_by_initial_world_size(mut self, on: bool) -> Self {
-        self.divide_by_initial_world_size = on;
-        self
-    }
-}
-
-impl Default for JoinOptions {
-    fn default() -> Self {
-        JoinOptions {
-            enable: true,
-            throw_on_early_termination: false,
-            divide_by_initial_world_size: true,
-        }
-    }
-}
 
 /// The process group a joinable's collectives run on: a world and a partition of it (the
 /// context needs the whole world).
