@@ -1126,6 +1126,16 @@ export interface TrainerSettings {
   period?: number;
   /** `diloco`: fragments of Streaming DiLoCo, syncing staggered (default 1: plain DiLoCo; at most `period`). */
   fragments?: number;
+  /**
+   * `diloco`: torchft's `fragment_sync_delay`, inner steps between a fragment's all-reduce and
+   * its outer step (default 0; smaller than `period / fragments`). Another algorithm: ValueError.
+   */
+  fragmentSyncDelay?: number;
+  /**
+   * `diloco`: torchft's `fragment_update_alpha`, the weight of the local parameters mixed with
+   * the outer step's result (default 0, in [0, 1]). Another algorithm: ValueError.
+   */
+  fragmentUpdateAlpha?: number;
   /** `diloco`: the pseudo-gradients' wire format (default `'none'`: each parameter's own dtype). */
   compress?: 'none' | 'bf16' | 'f16';
   /** Warm-up steps of synchronous SGD before local SGD (default 20, as the command line's `--warmup`). */

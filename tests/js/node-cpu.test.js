@@ -852,6 +852,30 @@ test('the trainer runs DiLoCo: local steps, an outer step every period, a quarte
   for (let i = 0; i < 40; i++) squeezed.push(await compressed.step());
   assert.equal(squeezed[39].bytesCommunicatedPerRank * 2, reports[39].bytesCommunicatedPerRank);
   assert.ok(mean(squeezed.slice(-4)) < 0.6 * mean(squeezed.slice(0, 4)), `${mean(squeezed.slice(0, 4))} -> ${mean(squeezed.slice(-4))}`);
+  // torchft's fragment_sync_delay and fragment_update_alpha: the same steps, another trajectory
+  // (the outer steps land a step later and are mixed with the local parameters).
+  const overlapped = new api.Trainer({ ranks: 4, algorithm: 'diloco', period: 4, fragments: 2, fragmentSyncDelay: 1, fragmentUpdateAlpha: 0.5, task: { samples: 1024 } });
+  const again = new api.Trainer({ ranks: 4, algorithm: 'diloco', period: 4, fragments: 2, task: { samples: 1024 } });
+  const [lossesOverlapped, lossesPlain] = [[], []];
+  for (let i = 0; i < 8; i++) {
+    lossesOverlapped.push((await overlapped.step()).meanLoss);
+    lossesPlain.push((await again.step()).meanLoss);
+  }
+  assert.deepEqual(lossesOverlapped.slice(0, 2), lossesPlain.slice(0, 2), 'before the first outer step the runs agree');
+  assert.notDeepEqual(lossesOverlapped, lossesPlain, 'the delay and the mixing change the trajectory');
+  overlapped.free();
+  again.free();
+  for (const [settings, name, text] of [
+    [{ algorithm: 'diloco', fragments: 2, fragmentSyncDelay: 2 }, 'ValueError', 'fragment_sync_delay'],
+    [{ algorithm: 'diloco', fragmentUpdateAlpha: 1.5 }, 'ValueError', 'fragment_update_alpha'],
+    [{ algorithm: 'diloco', fragmentSyncDelay: 'x' }, 'TypeError', "'fragmentSyncDelay'"],
+    [{ algorithm: 'periodic', fragmentSyncDelay: 1 }, 'ValueError', "'fragmentSyncDelay' applies to algorithm 'diloco' only"],
+    [{ algorithm: 'sync', fragmentUpdateAlpha: 0.5 }, 'ValueError', "'fragmentUpdateAlpha' applies to algorithm 'diloco' only"],
+  ]) {
+    const e = await thrown(() => new api.Trainer({ ranks: 4, period: 4, ...settings }));
+    assert.equal(e.name, name, `${JSON.stringify(settings)}: ${e.message}`);
+    assert.ok(e.message.includes(text), e.message);
+  }
   const notDiLoCo = await thrown(() => new api.Trainer({ ranks: 4, algorithm: 'sync', compress: 'bf16' }));
   assert.equal(notDiLoCo.name, 'ValueError');
   assert.match(notDiLoCo.message, /'compress' applies to algorithm 'diloco' only/);

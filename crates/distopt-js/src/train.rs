@@ -21,11 +21,13 @@ use distopt::train::{
 };
 
 /// Settings a `new Trainer({...})` accepts.
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 15] = [
     "ranks",
     "algorithm",
     "period",
     "fragments",
+    "fragmentSyncDelay",
+    "fragmentUpdateAlpha",
     "compress",
     "warmup",
     "levels",
@@ -135,6 +137,18 @@ fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algor
     settings.period = get_u64(map, "period", defaults.period)?;
     settings.warmup = get_u64(map, "warmup", defaults.warmup)?;
     settings.fragments = get_usize(map, "fragments", defaults.fragments)?;
+    // torchft's Streaming DiLoCo knobs: DiLoCo's only, as the CLI's flags are.
+    for key in ["fragmentSyncDelay", "fragmentUpdateAlpha"] {
+        let given = !matches!(map.get(key), None | Some(Value::Null));
+        if given && name != AlgorithmName::DiLoCo {
+            return Err(Error::value(format!(
+                "'{key}' applies to algorithm 'diloco' only"
+            )));
+        }
+    }
+    settings.fragment_sync_delay = get_u64(map, "fragmentSyncDelay", defaults.fragment_sync_delay)?;
+    settings.fragment_update_alpha =
+        get_f64(map, "fragmentUpdateAlpha", defaults.fragment_update_alpha)?;
     settings.compress = match map.get("compress") {
         None | Some(Value::Null) => Compression::None,
         Some(Value::String(name)) => Compression::parse(name)?,
@@ -362,9 +376,11 @@ impl TrainerJs {
 #[wasm_bindgen(js_class = Trainer)]
 impl TrainerJs {
     /// `{ranks, algorithm: "sync" | "periodic" | "hierarchical" | "zero" | "diloco", period,
-    /// fragments, warmup, levels, subgroupSize, lr, momentum, batchSize, seed, task: {features,
-    /// hidden, classes, samples, heterogeneity, seed}}`; everything but `ranks` has a default.
-    /// DiLoCo syncs every `period` steps; `fragments` > 1 makes it Streaming DiLoCo. A real data
+    /// fragments, fragmentSyncDelay, fragmentUpdateAlpha, warmup, levels, subgroupSize, lr,
+    /// momentum, batchSize, seed, task: {features, hidden, classes, samples, heterogeneity,
+    /// seed}}`; everything but `ranks` has a default. DiLoCo syncs every `period` steps;
+    /// `fragments` > 1 makes it Streaming DiLoCo, with torchft's `fragmentSyncDelay` and
+    /// `fragmentUpdateAlpha` (DiLoCo's settings only). A real data
     /// set: `task: {dataset: {features, labels, classes, name}, hidden, testFraction,
     /// heterogeneity, seed}` (`features`: row-major, `labels.length` rows; e.g. what
     /// `Trainer.parseDigits` returns), split into a held-out test set and non-IID shards
