@@ -4,8 +4,9 @@
 //! `shaders/average.wgsl`.
 
 use super::{Arena, ParamStarts, Real, host_words_mut};
+use crate::backend::check_average_args;
 use crate::dtype::StorageFormat;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Averages every group of `group_size` consecutive ranks, element by element, over the
 /// parameters whose `active` flag is set: each value is divided by the group size, then the
@@ -40,7 +41,7 @@ pub fn average_reference(
     Ok(())
 }
 
-/// The arena of an average, checked ([`check_average`]) and cut into its groups' words (each
+/// The arena of an average, checked ([`check_average_args`]) and cut into its groups' words (each
 /// group's ranks are contiguous): what the reference walks in turn and the CPU backend on
 /// threads.
 pub(in crate::backend) fn group_slices<'a>(
@@ -49,30 +50,11 @@ pub(in crate::backend) fn group_slices<'a>(
     starts: &ParamStarts,
     active: &[bool],
 ) -> Result<Vec<&'a mut [u32]>> {
-    check_average(arena, group_size, starts, active)?;
+    check_average_args(arena, group_size, starts, active)?;
     let rank_words = arena.format().words_for(arena.rank_len()).max(1);
     Ok(host_words_mut(arena)?
         .chunks_mut(rank_words * group_size)
         .collect())
-}
-
-/// A `ValueError` when `group_size` is 0 or does not divide the arena's ranks, or `active`
-/// does not hold one flag per parameter of `starts` (every host implementation).
-pub(in crate::backend) fn check_average(
-    arena: &Arena,
-    group_size: usize,
-    starts: &ParamStarts,
-    active: &[bool],
-) -> Result<()> {
-    let ranks = arena.ranks();
-    if group_size == 0 || !ranks.is_multiple_of(group_size) || active.len() != starts.0.len() {
-        return Err(Error::value(format!(
-            "average: group size {group_size} does not divide {ranks} ranks, or {} flags for {} parameters",
-            active.len(),
-            starts.0.len()
-        )));
-    }
-    Ok(())
 }
 
 /// One group's mean, written to each of its ranks: `group` holds the group's ranks, each
