@@ -10,7 +10,7 @@
 //! arena's whole readback (`Arena::read_all`).
 
 use crate::backend::Arena;
-#[cfg(feature = "mpi")]
+#[cfg(any(feature = "mpi", feature = "nats"))]
 use crate::backend::{ArenaStorage, kernels::host_words, kernels::host_words_mut};
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
@@ -95,7 +95,7 @@ pub(crate) fn tensor_in_rows(
 /// Runs `work` on the words of row 0 of `arena` covering elements `span` (word aligned): in
 /// place on a host arena (the whole row; `work` gets element index 0 for its first word), on a
 /// staged copy of a device arena that is written back afterwards (`work` gets `span.start`).
-#[cfg(feature = "mpi")]
+#[cfg(any(feature = "mpi", feature = "nats"))]
 pub(crate) fn with_row_words(
     arena: &mut Arena,
     span: std::ops::Range<usize>,
@@ -113,7 +113,7 @@ pub(crate) fn with_row_words(
 
 /// The words of row `rank`, elements `offset..offset + len` (word aligned), of any arena,
 /// blocking on a device readback.
-#[cfg(feature = "mpi")]
+#[cfg(any(feature = "mpi", feature = "nats"))]
 pub(crate) fn read_row_words(
     arena: &Arena,
     rank: usize,

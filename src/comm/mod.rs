@@ -8,6 +8,8 @@
 
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub mod mpi;
+#[cfg(all(feature = "nats", not(target_arch = "wasm32")))]
+pub mod nats;
 pub mod wire;
 
 use std::collections::BTreeMap;
@@ -21,6 +23,8 @@ use crate::error::{Error, Result};
 
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub use mpi::MpiWorld;
+#[cfg(all(feature = "nats", not(target_arch = "wasm32")))]
+pub use nats::{NatsOptions, NatsWorld};
 
 /// A partition of the world into contiguous groups `[k*g, (k+1)*g)`, as
 /// `torch.distributed.new_subgroups(group_size=g)` makes them. `g == world_size` is the world.

@@ -317,7 +317,9 @@ pub fn frames(
 #[derive(Debug)]
 pub struct Assembler {
     expected: MessageId,
-    size: usize,
+    /// The message's bytes when the receiver knows them; `None` takes the size the first frame
+    /// declares (after the memory budget's check).
+    size: Option<usize>,
     /// `(chunks, stride)` of the message, from its first frame.
     layout: Option<(u32, u32)>,
     received: Vec<bool>,
@@ -332,7 +334,21 @@ impl Assembler {
     pub fn new(expected: MessageId, size: usize) -> Assembler {
         Assembler {
             expected,
-            size,
+            size: Some(size),
+            layout: None,
+            received: Vec::new(),
+            missing: 0,
+            data: Vec::new(),
+        }
+    }
+
+    /// Awaits message `expected` of a size only its sender knows (a serialized object): the
+    /// size its first frame declares is checked against the memory budget, and every later
+    /// frame must declare the same.
+    pub fn any_size(expected: MessageId) -> Assembler {
+        Assembler {
+            expected,
+            size: None,
             layout: None,
             received: Vec::new(),
             missing: 0,
@@ -362,12 +378,17 @@ impl Assembler {
         if id != expected {
             return Err(WireError::OutOfOrder { id, expected });
         }
-        if frame.total != self.size as u64 {
-            return Err(WireError::Size(format!(
-                "{id} has {} bytes, {} were expected",
-                frame.total, self.size
-            )));
-        }
+        let size = match self.size {
+            Some(size) if frame.total != size as u64 => {
+                return Err(WireError::Size(format!(
+                    "{id} has {} bytes, {size} were expected",
+                    frame.total
+                )));
+            }
+            Some(size) => size,
+            None => usize::try_from(frame.total)
+                .map_err(|_| WireError::Budget(format!("{id} declares {} bytes", frame.total)))?,
+        };
         match self.layout {
             Some((chunks, stride)) if (frame.chunks, frame.stride) != (chunks, stride) => {
                 return Err(WireError::Size(format!(
@@ -378,16 +399,14 @@ impl Assembler {
             Some(_) => {}
             None => {
                 let what = id.to_string();
-                budget::check(self.size, &what)
+                budget::check(size, &what)
                     .map_err(|e| WireError::Budget(e.message().to_string()))?;
                 let mut data = Vec::new();
-                data.try_reserve_exact(self.size).map_err(|_| {
-                    WireError::Budget(format!(
-                        "not enough memory for the {} bytes of {what}",
-                        self.size
-                    ))
+                data.try_reserve_exact(size).map_err(|_| {
+                    WireError::Budget(format!("not enough memory for the {size} bytes of {what}"))
                 })?;
-                data.resize(self.size, 0);
+                data.resize(size, 0);
+                self.size = Some(size);
                 self.data = data;
                 self.received = vec![false; frame.chunks as usize];
                 self.missing = frame.chunks;

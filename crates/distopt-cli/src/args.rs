@@ -67,8 +67,10 @@ pub enum Command {
     /// pseudo-gradients all-reduced in bf16/f16). Prints final loss, divergence between
     /// replicas, bytes communicated per rank and time per step, with a progress bar on stderr
     /// when it is a terminal. Under `mpirun -np W` (a build with the `mpi` feature) each
-    /// process is one rank: the same flags, --ranks defaults to W, the first rank prints.
-    Train(TrainArgs),
+    /// process is one rank: the same flags, --ranks defaults to W, the first rank prints. With
+    /// --world nats://HOST:PORT --run NAME --ranks R (the `nats` feature), R processes started
+    /// on their own, on any machines reaching the server, train as one run.
+    Train(Box<TrainArgs>),
 }
 
 /// `distopt step`.
@@ -239,9 +241,24 @@ pub struct TrainArgs {
     /// The data set.
     #[arg(long, value_enum, default_value_t = TrainTask::Synthetic)]
     pub task: TrainTask,
-    /// Ranks R (default 8; under mpirun: the number of processes).
+    /// Ranks R (default 8; under mpirun: the number of processes; with --world: the processes
+    /// the run waits for).
     #[arg(long, value_name = "R")]
     pub ranks: Option<usize>,
+    /// One rank per process over a NATS server (a build with the `nats` feature): start this
+    /// command once per rank, each with the same --world, --run and --ranks; the first rank
+    /// prints the same report as the simulated run of the same flags.
+    #[arg(long, value_name = "nats://HOST:PORT")]
+    pub world: Option<String>,
+    /// The run's name (with --world): processes with the same name train together.
+    #[arg(long, value_name = "NAME", requires = "world")]
+    pub run: Option<String>,
+    /// The rank to take (with --world; default: the lowest free one).
+    #[arg(long, value_name = "K", requires = "world")]
+    pub rank: Option<usize>,
+    /// The server's authentication token (with --world; default: $DISTOPT_NATS_TOKEN).
+    #[arg(long, value_name = "SECRET", requires = "world")]
+    pub token: Option<String>,
     /// Training steps S.
     #[arg(long, value_name = "S", default_value_t = 200)]
     pub steps: u64,

@@ -44,7 +44,7 @@ fn main() -> ExitCode {
         Command::Step(args) => step(args),
         Command::Info(args) => info(args.json),
         Command::Bench(args) => bench::run(args.which),
-        Command::Train(args) => train::run(args),
+        Command::Train(args) => train::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -131,7 +131,7 @@ fn mpi_main(cli: Cli) -> ExitCode {
     };
     install_panic_hook(&world);
     let result = check_budget_variable().and_then(|()| match cli.command {
-        Command::Train(args) => train::run_in(args, Some(world.clone())),
+        Command::Train(args) => train::run_in(*args, Some(world.clone())),
         Command::Bench(args) => match args.which {
             Bench::Comm(args) => bench_comm::run(args, &world),
             _ => Err(Error::value(

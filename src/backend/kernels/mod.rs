@@ -169,7 +169,7 @@ pub(crate) fn host_words_mut(arena: &mut Arena) -> Result<&mut [u32]> {
 
 /// The compute precision of the arithmetic model: `f32` for float32/float16/bfloat16 storage
 /// (each operation computed natively is the correctly rounded one), `f64` for float64.
-pub(in crate::backend) trait Real:
+pub(crate) trait Real:
     Copy
     + PartialOrd
     + std::ops::Add<Output = Self>

