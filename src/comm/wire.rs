@@ -199,6 +199,22 @@ impl<'a> Frame<'a> {
     /// # Errors
     /// [`WireError::Malformed`] or [`WireError::Checksum`].
     pub fn parse(bytes: &'a [u8]) -> Result<Frame<'a>, WireError> {
+        let frame = Frame::parse_header(bytes)?;
+        if checksum(bytes, frame.payload) != u32_at(bytes, 60) {
+            return Err(WireError::Checksum {
+                id: frame.id,
+                chunk: frame.chunk,
+            });
+        }
+        Ok(frame)
+    }
+
+    /// [`Frame::parse`] without the CRC-32, for bytes this process parsed (and so checked)
+    /// before, as a receiver that keeps frames does when it reads them again.
+    ///
+    /// # Errors
+    /// [`WireError::Malformed`].
+    pub fn parse_header(bytes: &'a [u8]) -> Result<Frame<'a>, WireError> {
         let malformed = |why: String| Err(WireError::Malformed(why));
         if bytes.len() < HEADER_BYTES {
             return malformed(format!(
@@ -247,9 +263,6 @@ impl<'a> Frame<'a> {
             return malformed(format!(
                 "chunk {chunk} of {chunks} of {id} carries {len} bytes, which does not fit a {total}-byte message in chunks of {stride}"
             ));
-        }
-        if checksum(bytes, payload) != u32_at(bytes, 60) {
-            return Err(WireError::Checksum { id, chunk });
         }
         Ok(Frame {
             id,

@@ -208,6 +208,12 @@ pub struct BenchAllArgs {
 /// `distopt bench comm`.
 #[derive(Debug, Args)]
 pub struct BenchCommArgs {
+    /// Over NATS: --world nats://HOST:PORT --run NAME (and --ranks W), once per process.
+    #[command(flatten)]
+    pub world: WorldArgs,
+    /// Processes W of a NATS run (with --world).
+    #[arg(long, value_name = "W", requires = "world")]
+    pub ranks: Option<usize>,
     /// float32 elements N per rank.
     #[arg(long, value_name = "N", default_value = "2^22", value_parser = count)]
     pub elements: usize,
@@ -235,16 +241,9 @@ pub enum TrainTask {
     Digits,
 }
 
-/// `distopt train`.
-#[derive(Debug, Args)]
-pub struct TrainArgs {
-    /// The data set.
-    #[arg(long, value_enum, default_value_t = TrainTask::Synthetic)]
-    pub task: TrainTask,
-    /// Ranks R (default 8; under mpirun: the number of processes; with --world: the processes
-    /// the run waits for).
-    #[arg(long, value_name = "R")]
-    pub ranks: Option<usize>,
+/// One rank per process over a NATS server (`train`, `bench comm`).
+#[derive(Debug, Clone, Args)]
+pub struct WorldArgs {
     /// One rank per process over a NATS server (a build with the `nats` feature): start this
     /// command once per rank, each with the same --world, --run and --ranks; the first rank
     /// prints the same report as the simulated run of the same flags.
@@ -259,6 +258,21 @@ pub struct TrainArgs {
     /// The server's authentication token (with --world; default: $DISTOPT_NATS_TOKEN).
     #[arg(long, value_name = "SECRET", requires = "world")]
     pub token: Option<String>,
+}
+
+/// `distopt train`.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// The data set.
+    #[arg(long, value_enum, default_value_t = TrainTask::Synthetic)]
+    pub task: TrainTask,
+    /// Ranks R (default 8; under mpirun: the number of processes; with --world: the processes
+    /// the run waits for).
+    #[arg(long, value_name = "R")]
+    pub ranks: Option<usize>,
+    /// One rank per process over a NATS server: --world, --run, --rank, --token.
+    #[command(flatten)]
+    pub world: WorldArgs,
     /// Training steps S.
     #[arg(long, value_name = "S", default_value_t = 200)]
     pub steps: u64,

@@ -26,9 +26,19 @@ pub fn run(which: Bench) -> Result<(), Error> {
         Bench::Optim(args) => return crate::bench_algorithms::optim(args),
         Bench::Zero(args) => return crate::bench_algorithms::zero(args),
         Bench::All(args) => return crate::bench_all::run(args),
+        #[cfg(feature = "nats")]
+        Bench::Comm(args) if args.world.world.is_some() => {
+            let world = crate::world::join_nats(&args.world, args.ranks)?;
+            let peer = world.raw_peer()?;
+            let raw = crate::bench_comm::Nats {
+                world: &world,
+                peer,
+            };
+            return crate::bench_comm::run(args, world.clone(), &raw);
+        }
         Bench::Comm(_) => {
             return Err(Error::value(if cfg!(feature = "mpi") {
-                "bench comm measures MPI: run it under `mpirun -np W distopt bench comm`"
+                "bench comm measures MPI or NATS: run it under `mpirun -np W distopt bench comm`, or W times with --world nats://HOST:PORT --run NAME --ranks W"
             } else {
                 "bench comm needs the `mpi` feature: cargo build --release --features mpi, then `mpirun -np W distopt bench comm`"
             }));

@@ -1,6 +1,8 @@
-//! `distopt bench comm`, under `mpirun -np W`: distopt's all-reduce-mean over MPI (one rank's
-//! arena on the chosen backend, through the `Communicator` every algorithm uses) against a raw
-//! `MPI_Allreduce` of the same float32 bytes from and to host buffers, timed in the same run.
+//! `distopt bench comm`, under `mpirun -np W` or as W processes of `--world nats://…`:
+//! distopt's all-reduce-mean over the transport (one rank's arena on the chosen backend, through
+//! the `Communicator` every algorithm uses) against the transport with no distopt layer moving
+//! the same float32 bytes (a raw `MPI_Allreduce`; raw NATS publish/subscribe in the pattern of
+//! distopt's reduction), timed in the same run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,20 +12,76 @@ use distopt::Error;
 use distopt::backend::PARAM_ALIGN_ELEMENTS;
 use distopt::backend::kernels::ParamStarts;
 use distopt::backend::{Arena, select_backend};
-use distopt::comm::{Communicator, MpiWorld, Subgroups, all_gather_f64};
+use distopt::comm::{Communicator, Subgroups, all_gather_f64};
 use distopt::dtype::StorageFormat;
 use serde_json::json;
 
 use crate::args::BenchCommArgs;
 
+/// The transport without distopt's layer: what the benchmark compares with.
+pub trait RawTransport {
+    /// Waits for every rank.
+    fn barrier(&self) -> Result<(), Error>;
+    /// The transport's own all-reduce (sum) of `send` into `recv`, or its movement of the same
+    /// bytes.
+    fn all_reduce(&self, send: &[f32], recv: &mut [f32]) -> Result<(), Error>;
+    /// The transport's name ("MPI", "NATS"), the raw row's name and its JSON key.
+    fn labels(&self) -> (&'static str, &'static str, &'static str);
+}
+
+/// MPI: `MPI_Allreduce` of the float32 values.
+#[cfg(feature = "mpi")]
+pub struct Mpi(pub Arc<distopt::comm::MpiWorld>);
+
+#[cfg(feature = "mpi")]
+impl RawTransport for Mpi {
+    fn barrier(&self) -> Result<(), Error> {
+        self.0.barrier();
+        Ok(())
+    }
+    fn all_reduce(&self, send: &[f32], recv: &mut [f32]) -> Result<(), Error> {
+        self.0.raw_all_reduce_sum_f32(send, recv)
+    }
+    fn labels(&self) -> (&'static str, &'static str, &'static str) {
+        ("MPI", "raw MPI_Allreduce (sum)", "raw_mpi_all_reduce_ms")
+    }
+}
+
+/// NATS: plain publishes moving the bytes of one reduction (shards to owners and back).
+#[cfg(feature = "nats")]
+pub struct Nats<'a> {
+    /// The world, for its barrier.
+    pub world: &'a distopt::comm::NatsWorld,
+    /// The raw subjects.
+    pub peer: distopt::comm::nats::RawPeer<'a>,
+}
+
+#[cfg(feature = "nats")]
+impl RawTransport for Nats<'_> {
+    fn barrier(&self) -> Result<(), Error> {
+        self.world.barrier()
+    }
+    fn all_reduce(&self, send: &[f32], _recv: &mut [f32]) -> Result<(), Error> {
+        self.peer.all_reduce_bytes(send.len() * 4).map(|_| ())
+    }
+    fn labels(&self) -> (&'static str, &'static str, &'static str) {
+        ("NATS", "raw NATS pub/sub (same bytes)", "raw_nats_ms")
+    }
+}
+
 /// `distopt bench comm ARGS` on every rank of `world`; the first rank prints.
-pub fn run(args: BenchCommArgs, world: &Arc<MpiWorld>) -> Result<(), Error> {
+pub fn run(
+    args: BenchCommArgs,
+    world: Arc<dyn Communicator>,
+    raw_transport: &dyn RawTransport,
+) -> Result<(), Error> {
+    let (transport, raw_name, raw_key) = raw_transport.labels();
     let (elements, repeats, choice, as_json) =
         (args.elements, args.repeats, args.backend, args.json);
     let selection = select_backend(choice).block_on()?;
     let backend = selection.backend.clone();
     let size = world.world_size();
-    let rank = world.rank();
+    let rank = world.local_ranks().start;
     let rank_len = elements.div_ceil(PARAM_ALIGN_ELEMENTS) * PARAM_ALIGN_ELEMENTS;
     let mut arena = backend.create_arena(
         StorageFormat::F32,
@@ -75,13 +133,13 @@ pub fn run(args: BenchCommArgs, world: &Arc<MpiWorld>) -> Result<(), Error> {
     let mut ours = Vec::with_capacity(repeats);
     let mut raw = Vec::with_capacity(repeats);
     let time_raw = |recv: &mut [f32]| -> Result<Duration, Error> {
-        world.barrier();
+        raw_transport.barrier()?;
         let start = Instant::now();
-        world.raw_all_reduce_sum_f32(&send, recv)?;
+        raw_transport.all_reduce(&send, recv)?;
         Ok(start.elapsed())
     };
     let mut time_ours = || -> Result<Duration, Error> {
-        world.barrier();
+        raw_transport.barrier()?;
         let start = Instant::now();
         average(&mut arena)?;
         pollster::block_on(backend.synchronize())?;
@@ -123,17 +181,18 @@ pub fn run(args: BenchCommArgs, world: &Arc<MpiWorld>) -> Result<(), Error> {
                 "adapter": info.name,
                 "repeats": repeats,
                 "distopt_all_reduce_mean_ms": ours_ms,
-                "raw_mpi_all_reduce_ms": raw_ms,
+                "transport": transport,
+                raw_key: raw_ms,
                 "overhead_percent": overhead,
             })
         );
     } else {
         println!(
-            "distopt bench comm: {size} MPI processes, all-reduce-mean of {elements} float32 ({:.1} MiB) per rank, median of {repeats}, slowest rank\n\
+            "distopt bench comm: {size} {transport} processes, all-reduce-mean of {elements} float32 ({:.1} MiB) per rank, median of {repeats}, slowest rank\n\
              backend: {:?} ({})\n\
-             distopt all_reduce_mean   {ours_ms:8.3} ms  {:6.2} GB/s\n\
-             raw MPI_Allreduce (sum)   {raw_ms:8.3} ms  {:6.2} GB/s\n\
-             overhead                  {overhead:+7.1} %  (the division by the group size and, on a GPU, the staging through host memory)",
+             distopt all_reduce_mean        {ours_ms:8.3} ms  {:6.2} GB/s\n\
+             {raw_name:<30} {raw_ms:8.3} ms  {:6.2} GB/s\n\
+             overhead                       {overhead:+7.1} %  (the division by the group size, the frames and checksums, the rank-order sum and, on a GPU, the staging through host memory)",
             bytes as f64 / (1 << 20) as f64,
             info.kind,
             info.name,

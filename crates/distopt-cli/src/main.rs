@@ -14,10 +14,11 @@ mod args;
 mod bench;
 mod bench_algorithms;
 mod bench_all;
-#[cfg(feature = "mpi")]
+#[cfg(any(feature = "mpi", feature = "nats"))]
 mod bench_comm;
 mod progress;
 mod train;
+mod world;
 
 #[cfg(feature = "mpi")]
 use args::Bench;
@@ -133,7 +134,9 @@ fn mpi_main(cli: Cli) -> ExitCode {
     let result = check_budget_variable().and_then(|()| match cli.command {
         Command::Train(args) => train::run_in(*args, Some(world.clone())),
         Command::Bench(args) => match args.which {
-            Bench::Comm(args) => bench_comm::run(args, &world),
+            Bench::Comm(args) => {
+                bench_comm::run(args, world.clone(), &bench_comm::Mpi(world.clone()))
+            }
             _ => Err(Error::value(
                 "under mpirun, distopt runs `train` and `bench comm`",
             )),

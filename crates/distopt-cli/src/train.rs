@@ -26,42 +26,14 @@ use crate::args::{TrainArgs, TrainTask};
 const SMOOTHING_STEPS: usize = 10;
 
 /// `distopt train ARGS`: in a simulated world, or with `--world` as one rank of a NATS run.
-pub fn run(mut args: TrainArgs) -> Result<(), Error> {
-    let Some(url) = args.world.take() else {
+pub fn run(args: TrainArgs) -> Result<(), Error> {
+    if args.world.world.is_none() {
         return run_in(args, None);
-    };
-    join_nats(args, url)
-}
-
-/// One rank of the NATS run `--run` on the server `url`.
-#[cfg(feature = "nats")]
-fn join_nats(args: TrainArgs, url: String) -> Result<(), Error> {
-    use distopt::comm::{NatsOptions, NatsWorld};
-    let run = args
-        .run
-        .clone()
-        .ok_or_else(|| Error::value("--world needs --run NAME: the run's name"))?;
-    let ranks = args
-        .ranks
-        .ok_or_else(|| Error::value("--world needs --ranks R: the processes of the run"))?;
-    let mut options = NatsOptions::new(url, run, ranks);
-    options.rank = args.rank;
-    options.token = args
-        .token
-        .clone()
-        .or_else(|| std::env::var("DISTOPT_NATS_TOKEN").ok());
-    let world = NatsWorld::join(&options)?;
-    let rank = world.rank();
+    }
+    let world = crate::world::join(&args.world, args.ranks)?;
+    let (rank, ranks) = (world.local_ranks().start, world.world_size());
     run_in(args, Some(world))
         .map_err(|e| Error::new(e.kind(), format!("rank {rank} of {ranks}: {}", e.message())))
-}
-
-/// Without the `nats` feature, `--world` is an error that says how to build it.
-#[cfg(not(feature = "nats"))]
-fn join_nats(_args: TrainArgs, _url: String) -> Result<(), Error> {
-    Err(Error::value(
-        "--world needs the `nats` feature: cargo build --release -p distopt-cli --features nats",
-    ))
 }
 
 /// `distopt train ARGS`, in `world` when given (one rank per process under `mpirun`: the same

@@ -22,6 +22,9 @@
 
 mod inbox;
 mod join;
+mod raw;
+
+pub use raw::RawPeer;
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -275,20 +278,12 @@ impl NatsWorld {
         self.bound
     }
 
-    /// Elementwise float32 all-reduce (sum) over the world of `values` moved by raw NATS
-    /// publish/subscribe with no distopt layer (every rank publishes its values to every other
-    /// rank's subject and sums what it receives): the peer `distopt bench comm --world nats`
-    /// compares [`Communicator::all_reduce_mean`] with.
+    /// Waits until every rank has come here (an all-gather of nothing).
     ///
     /// # Errors
-    /// Those of the transport, as for a collective.
-    pub fn raw_all_reduce_sum_f32(&self, values: &[f32]) -> Result<Vec<f32>> {
-        self.reduce::<f32>(
-            StorageFormat::F32,
-            &(0..self.size).collect::<Vec<_>>(),
-            values,
-            true,
-        )
+    /// Those of [`Communicator::all_gather_bytes`].
+    pub fn barrier(&self) -> Result<()> {
+        self.all_gather_bytes(vec![Vec::new()]).map(|_| ())
     }
 
     fn id(&self, seq: u64, kind: u8) -> MessageId {
@@ -372,14 +367,21 @@ impl NatsWorld {
         let own = shard(me);
         let mut sum: Vec<T> = vec![T::scalar(0.0); own.len()];
         for (k, &rank) in members.iter().enumerate() {
-            let values: Vec<T> = if k == me {
-                mine[own.clone()].to_vec()
+            let received;
+            let values: &[u8] = if k == me {
+                bytemuck::cast_slice(&mine[own.clone()])
             } else {
-                let bytes = self.receive(seq, rank, KIND_CONTRIBUTION, Some(own.len() * size))?;
-                bytemuck::pod_collect_to_vec(&bytes)
+                received = self.receive(seq, rank, KIND_CONTRIBUTION, Some(own.len() * size))?;
+                &received
             };
+            // The bytes read in place (a received buffer need not be aligned for T).
+            let values = values
+                .chunks_exact(size)
+                .map(bytemuck::pod_read_unaligned::<T>);
             if k == 0 && !from_zero {
-                sum = values;
+                for (s, v) in sum.iter_mut().zip(values) {
+                    *s = v;
+                }
             } else {
                 for (s, v) in sum.iter_mut().zip(values) {
                     *s = T::round(arith, *s + v);
@@ -399,7 +401,7 @@ impl NatsWorld {
         for (k, &rank) in members.iter().enumerate().filter(|&(k, _)| k != me) {
             let range = shard(k);
             let bytes = self.receive(seq, rank, KIND_RESULT, Some(range.len() * size))?;
-            result[range].copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, T>(&bytes));
+            bytemuck::cast_slice_mut::<T, u8>(&mut result[range]).copy_from_slice(&bytes);
         }
         Ok(result)
     }
