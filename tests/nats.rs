@@ -15,7 +15,11 @@
 //!   (losses, divergence, all-reduce bytes);
 //! - a fourth process joining a running run of 3 is refused with a named error;
 //! - failures: a rank killed mid-run (SIGKILL) makes every survivor fail with the error naming
-//!   it within the failure bound plus a margin, and the time is printed.
+//!   it within the failure bound plus a margin, and the time is printed;
+//! - hostile peers: a client publishing forged frames into a run: another run's, stale,
+//!   impersonated heartbeats and far-ahead frames are dropped (the honest ranks' sums stay
+//!   exact); garbage, a damaged frame and a rank outside the world fail the honest ranks with
+//!   a named error, and no sum is ever wrong.
 //!
 //! Every process runs under a deadline, so a hang fails this test instead of stalling CI.
 
@@ -75,6 +79,7 @@ fn worker(role: &str) -> ExitCode {
     };
     let result = match role {
         "golden" => golden_worker(&world),
+        "honest" => honest_worker(&world),
         other => Err(format!("unknown role {other}")),
     };
     match result {
@@ -125,6 +130,27 @@ fn golden_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
         skipped.len(),
         skipped.join(" | "),
     );
+    Ok(())
+}
+
+/// Sums known values 40 times, checking each sum exactly, while the launcher's hostile client
+/// publishes forged frames into the run.
+fn honest_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
+    let rank = world.rank() as f32;
+    for i in 0..40 {
+        let values = vec![rank + 1.0 + i as f32; 4096];
+        let sum = world
+            .all_reduce_sum_f32(&[values])
+            .map_err(|e| format!("after {i} exact sums: {e}"))?;
+        let want = (0..world.world_size())
+            .map(|r| r as f32 + 1.0 + i as f32)
+            .sum::<f32>();
+        if sum.iter().any(|&s| s != want) {
+            return Err(format!("sum {i} is wrong: {} instead of {want}", sum[0]));
+        }
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    println!("rank {}: 40 exact sums", world.rank());
     Ok(())
 }
 
@@ -536,6 +562,136 @@ fn killed_rank(server: &Server, failures: &mut Vec<String>) {
     }
 }
 
+/// A frame as a peer would build it (the library's own framing, forged fields).
+fn forged(run: &str, seq: u64, from: u32, kind: u8, payload: &[u8]) -> Vec<u8> {
+    use distopt::comm::wire::{MessageId, frames, run_id};
+    let id = MessageId {
+        run: run_id(run),
+        epoch: 0,
+        seq,
+        from,
+        kind,
+    };
+    frames(&id, payload, 1 << 20)
+        .ok()
+        .and_then(|mut f| f.pop())
+        .unwrap_or_default()
+}
+
+/// Publishes `frames` to run `run`'s common subject every 10 ms while `honest` runs.
+fn hostile_client(
+    server: &Server,
+    run: &str,
+    frames: Vec<Vec<u8>>,
+    honest: Processes,
+) -> Vec<Exit> {
+    let url = server.url.clone();
+    let subject = format!("distopt.{run}.all");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let attacker = std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Runtime::new() else {
+            return 0usize;
+        };
+        runtime.block_on(async move {
+            let Ok(client) = async_nats::connect(url).await else {
+                return 0;
+            };
+            let mut sent = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                for frame in &frames {
+                    if client
+                        .publish(subject.clone(), bytes::Bytes::from(frame.clone()))
+                        .await
+                        .is_ok()
+                    {
+                        sent += 1;
+                    }
+                }
+                let _ = client.flush().await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            sent
+        })
+    });
+    let exits = honest.wait(Duration::from_secs(120));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = attacker.join().unwrap_or(0);
+    println!("  (the hostile client published {sent} frames)");
+    exits
+}
+
+fn hostile_peers(server: &Server, failures: &mut Vec<String>) {
+    // Frames a receiver drops: another run's, an earlier collective's (stale), heartbeats in
+    // another rank's name, and contributions for a collective far ahead.
+    let dropped = vec![
+        forged("another-run", 5, 1, 1, &[1; 64]),
+        forged("hostile-drop", 0, 1, 1, &[0xff; 16384]),
+        forged("hostile-drop", 0, 0, 9, &[]),
+        forged("hostile-drop", 1 << 40, 1, 1, &[0xff; 4096]),
+    ];
+    match Processes::start(ranks_of_this_binary(server, "honest", "hostile-drop", 2)) {
+        Err(e) => failures.push(e),
+        Ok(honest) => {
+            let exits = hostile_client(server, "hostile-drop", dropped, honest);
+            if exits
+                .iter()
+                .all(|e| e.status == Some(0) && e.stdout.contains("40 exact sums"))
+            {
+                println!(
+                    "stale, other-run and far-ahead frames published into a run are dropped: both honest ranks' 40 sums exact"
+                );
+            } else {
+                let why: Vec<String> = exits
+                    .iter()
+                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
+                    .collect();
+                failures.push(format!(
+                    "honest ranks under dropped frames must finish exact: {}",
+                    why.join("\n")
+                ));
+            }
+        }
+    }
+    // Frames a receiver refuses: not a frame, damaged, and a rank outside the world. The honest
+    // ranks fail with the named error; every sum they finished was exact.
+    let mut damaged = forged("hostile-refuse", 3, 1, 1, &[7; 256]);
+    if let Some(last) = damaged.last_mut() {
+        *last ^= 1;
+    }
+    let refused = vec![
+        b"not a frame at all".to_vec(),
+        damaged,
+        forged("hostile-refuse", 3, 7, 1, &[7; 256]),
+    ];
+    match Processes::start(ranks_of_this_binary(server, "honest", "hostile-refuse", 2)) {
+        Err(e) => failures.push(e),
+        Ok(honest) => {
+            let exits = hostile_client(server, "hostile-refuse", refused, honest);
+            let named = exits.iter().all(|e| {
+                e.status == Some(1)
+                    && e.stderr.contains("a frame was refused")
+                    && !e.stderr.contains("is wrong")
+            });
+            if named {
+                println!(
+                    "malformed, damaged and out-of-world frames fail the honest ranks with a named error, no sum wrong: {}",
+                    exits[0].stderr.lines().next().unwrap_or("").trim()
+                );
+            } else {
+                let why: Vec<String> = exits
+                    .iter()
+                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
+                    .collect();
+                failures.push(format!(
+                    "honest ranks under refused frames must fail with the named error: {}",
+                    why.join("\n")
+                ));
+            }
+        }
+    }
+}
+
 fn launcher() -> ExitCode {
     let server = match Server::start() {
         Ok(server) => server,
@@ -548,6 +704,7 @@ fn launcher() -> ExitCode {
     golden(&server, &mut failures);
     command_line(&server, &mut failures);
     killed_rank(&server, &mut failures);
+    hostile_peers(&server, &mut failures);
     drop(server);
     if failures.is_empty() {
         println!("nats: all passed");
