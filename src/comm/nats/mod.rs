@@ -105,6 +105,9 @@ pub struct NatsWorld {
     /// The next collective's sequence number.
     seq: Mutex<u64>,
     stats: Mutex<CommStats>,
+    /// Scratch for a reduction's contributions and sums, kept between calls (`u64` storage
+    /// keeps every element type aligned).
+    scratch: Mutex<(Vec<u64>, Vec<u64>)>,
     store: async_nats::jetstream::kv::Store,
     client: async_nats::Client,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -235,6 +238,7 @@ impl NatsWorld {
             inbox,
             seq: Mutex::new(1),
             stats: Mutex::new(CommStats::default()),
+            scratch: Mutex::new((Vec::new(), Vec::new())),
             store,
             client,
             tasks,
@@ -344,14 +348,16 @@ impl NatsWorld {
 
     /// The elementwise sum over `members` (world ranks, in order) of each member's `mine`, in
     /// member order with every addition rounded to `arith` (`from_zero`: the sum starts at 0,
-    /// else at the first member's values), on every member. Each member owns a shard.
+    /// else at the first member's values), written to `out` on every member. Each member owns
+    /// a shard: it sums the shard and sends it to the others.
     fn reduce<T: Real + bytemuck::Pod>(
         &self,
         arith: StorageFormat,
         members: &[usize],
         mine: &[T],
         from_zero: bool,
-    ) -> Result<Vec<T>> {
+        out: &mut [T],
+    ) -> Result<()> {
         let seq = self.begin();
         let (m, n) = (members.len(), mine.len());
         let me = members
@@ -365,7 +371,7 @@ impl NatsWorld {
             self.send(&self.subjects[rank], seq, KIND_CONTRIBUTION, part)?;
         }
         let own = shard(me);
-        let mut sum: Vec<T> = vec![T::scalar(0.0); own.len()];
+        let sum = &mut out[own.clone()];
         for (k, &rank) in members.iter().enumerate() {
             let received;
             let values: &[u8] = if k == me {
@@ -378,9 +384,14 @@ impl NatsWorld {
             let values = values
                 .chunks_exact(size)
                 .map(bytemuck::pod_read_unaligned::<T>);
-            if k == 0 && !from_zero {
+            if k == 0 {
+                let zero = T::scalar(0.0);
                 for (s, v) in sum.iter_mut().zip(values) {
-                    *s = v;
+                    *s = if from_zero {
+                        T::round(arith, zero + v)
+                    } else {
+                        v
+                    };
                 }
             } else {
                 for (s, v) in sum.iter_mut().zip(values) {
@@ -393,21 +404,21 @@ impl NatsWorld {
                 &self.subjects[rank],
                 seq,
                 KIND_RESULT,
-                bytemuck::cast_slice(&sum),
+                bytemuck::cast_slice(&out[own.clone()]),
             )?;
         }
-        let mut result = vec![T::scalar(0.0); n];
-        result[own.clone()].copy_from_slice(&sum);
         for (k, &rank) in members.iter().enumerate().filter(|&(k, _)| k != me) {
             let range = shard(k);
             let bytes = self.receive(seq, rank, KIND_RESULT, Some(range.len() * size))?;
-            bytemuck::cast_slice_mut::<T, u8>(&mut result[range]).copy_from_slice(&bytes);
+            bytemuck::cast_slice_mut::<T, u8>(&mut out[range]).copy_from_slice(&bytes);
         }
-        Ok(result)
+        Ok(())
     }
 
     /// Reduces the `runs` of this rank's arena over `members`: each element's `contribution`,
     /// the sum in rank order, and the sum stored where `store` (see [`NatsWorld::reduce`]).
+    /// The contributions go to a scratch buffer kept between calls; one run of elements stored
+    /// as `T` itself receives the sum where it is.
     fn reduce_arena<T: Real + bytemuck::Pod>(
         &self,
         arena: &mut Arena,
@@ -420,23 +431,41 @@ impl NatsWorld {
         let format = arena.format();
         let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
             // Nothing to reduce here, but the ranks still take part in the collective.
-            self.reduce::<T>(arith, members, &[], false)?;
+            self.reduce::<T>(arith, members, &[], false, &mut [])?;
             return Ok(());
         };
         let span = first.0.start..last.0.end;
+        let total: usize = runs.iter().map(|r| r.0.len()).sum();
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (mine_words, out_words) = &mut *scratch;
         transfer::with_row_words(arena, span, |words, base| {
-            let mut mine = Vec::with_capacity(runs.iter().map(|r| r.0.len()).sum());
+            let mine: &mut [T] = scratch_of(mine_words, total);
+            let mut k = 0;
             for (run, param) in runs {
                 for i in run.clone() {
-                    mine.push(contribution(T::load(format, words, i - base), *param));
+                    mine[k] = contribution(T::load(format, words, i - base), *param);
+                    k += 1;
                 }
             }
-            let sum = self.reduce::<T>(arith, members, &mine, false)?;
+            let natural = matches!(
+                (format, std::mem::size_of::<T>()),
+                (StorageFormat::F32, 4) | (StorageFormat::F64, 8)
+            );
+            if let ([(run, _)], true, true) = (runs, natural, store) {
+                let words_per = std::mem::size_of::<T>() / 4;
+                let place =
+                    &mut words[(run.start - base) * words_per..(run.end - base) * words_per];
+                if let Ok(out) = bytemuck::try_cast_slice_mut::<u32, T>(place) {
+                    return self.reduce::<T>(arith, members, mine, false, out);
+                }
+            }
+            let out: &mut [T] = scratch_of(out_words, total);
+            self.reduce::<T>(arith, members, mine, false, out)?;
             if store {
                 let mut k = 0;
                 for (run, _) in runs {
                     for i in run.clone() {
-                        T::store(format, words, i - base, sum[k]);
+                        T::store(format, words, i - base, out[k]);
                         k += 1;
                     }
                 }
@@ -501,6 +530,15 @@ impl Drop for NatsWorld {
             .await;
         });
     }
+}
+
+/// The first `len` elements of a scratch buffer viewed as `T`, growing it as needed.
+fn scratch_of<T: bytemuck::Pod>(buffer: &mut Vec<u64>, len: usize) -> &mut [T] {
+    let bytes = len * std::mem::size_of::<T>();
+    if buffer.len() * 8 < bytes {
+        buffer.resize(bytes.div_ceil(8), 0);
+    }
+    &mut bytemuck::cast_slice_mut(&mut buffer[..])[..len]
 }
 
 /// `(elements, parameter)` of each active parameter's element range.
@@ -709,7 +747,8 @@ impl Communicator for NatsWorld {
     fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> Result<Vec<f32>> {
         let mine = self.only(per_local_rank)?;
         let members: Vec<usize> = (0..self.size).collect();
-        let sum = self.reduce::<f32>(StorageFormat::F32, &members, mine, true)?;
+        let mut sum = vec![0f32; mine.len()];
+        self.reduce::<f32>(StorageFormat::F32, &members, mine, true, &mut sum)?;
         let bytes = (mine.len() * 4) as u64;
         self.record(|s| s.add_all_reduce(self.size, bytes));
         Ok(sum)
