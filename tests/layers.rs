@@ -84,6 +84,8 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
         &[
             // The command line and progress lines.
             &["args", "progress"],
+            // The run a process joins (`--world`).
+            &["world"],
             // The workloads.
             &["bench_algorithms", "bench_all", "bench_comm", "train"],
             // `bench`, which runs the algorithm and all-in-one workloads.
