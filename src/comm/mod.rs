@@ -10,6 +10,8 @@
 pub mod mpi;
 #[cfg(all(feature = "nats", not(target_arch = "wasm32")))]
 pub mod nats;
+#[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
+mod one_rank;
 pub mod wire;
 
 use std::collections::BTreeMap;

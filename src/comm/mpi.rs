@@ -31,7 +31,7 @@ use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::Communicator as _;
 use mpi::traits::*;
 
-use super::{BroadcastRegion, CommStats, Communicator, Subgroups};
+use super::{BroadcastRegion, CommStats, Communicator, Subgroups, one_rank};
 use crate::backend::gpu::GpuArena;
 use crate::backend::kernels::ParamStarts;
 use crate::backend::quotient::{divide_in_place, divide_into};
@@ -39,6 +39,9 @@ use crate::backend::{Arena, ArenaStorage, Backend};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::transfer;
+
+/// What the one-rank checks call a process of this world.
+const HOLDER: &str = "an MPI process";
 
 /// How long a failing rank waits for the others to fail the same way (so that every rank
 /// reports a configuration error) before it aborts the job.
@@ -231,23 +234,11 @@ impl MpiWorld {
     }
 
     fn check_one_rank(&self, arena: &Arena, what: &str) -> Result<()> {
-        if arena.ranks() != 1 {
-            return Err(Error::value(format!(
-                "{what}: an MPI process holds one rank, the arena has {}",
-                arena.ranks()
-            )));
-        }
-        Ok(())
+        one_rank::check_one_rank(arena, what, HOLDER)
     }
 
     fn check_root(&self, root: usize, what: &str) -> Result<()> {
-        if root >= self.size {
-            return Err(Error::value(format!(
-                "{what} from rank {root} in a world of {}",
-                self.size
-            )));
-        }
-        Ok(())
+        one_rank::check_root(root, self.size, what)
     }
 }
 
@@ -396,13 +387,7 @@ fn reduce_elements<T, O>(
 
 /// The data of the one rank an MPI process holds.
 fn only_rank<T>(per_local_rank: &[T]) -> Result<&T> {
-    match per_local_rank {
-        [mine] => Ok(mine),
-        _ => Err(Error::value(format!(
-            "an MPI process holds one rank, {} ranks' data passed",
-            per_local_rank.len()
-        ))),
-    }
+    one_rank::only_rank(per_local_rank, HOLDER)
 }
 
 /// An object's length as MPI counts it.

@@ -36,6 +36,8 @@ struct State {
 #[derive(Debug)]
 pub(super) struct Inbox {
     run: u64,
+    /// This process's rank once claimed (it does not hear its own heartbeats).
+    me: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
     arrived: Condvar,
 }
@@ -44,6 +46,7 @@ impl Inbox {
     pub(super) fn new(run: u64, ranks: usize) -> Inbox {
         Inbox {
             run,
+            me: std::sync::atomic::AtomicUsize::new(usize::MAX),
             state: Mutex::new(State {
                 frames: HashMap::new(),
                 held: 0,
@@ -94,6 +97,18 @@ impl Inbox {
         self.arrived.notify_all();
     }
 
+    /// This process holds rank `rank`.
+    pub(super) fn set_rank(&self, rank: usize) {
+        self.me.store(rank, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Every rank counts as heard now: the run is complete, and the time spent waiting for the
+    /// last rank to join is nobody's silence.
+    pub(super) fn all_heard(&self) {
+        let now = Instant::now();
+        self.lock().heard.iter_mut().for_each(|h| *h = now);
+    }
+
     /// Collectives before `seq` are over: their frames still held are dropped.
     pub(super) fn advance(&self, seq: u64) {
         let mut state = self.lock();
@@ -124,6 +139,7 @@ impl Inbox {
         run_name: &str,
     ) -> Result<Vec<u8>> {
         let id = *assembler.expected();
+        let me = self.me.load(std::sync::atomic::Ordering::Relaxed);
         let mut state = self.lock();
         loop {
             if let Some(why) = state.refused.take() {
@@ -144,12 +160,17 @@ impl Inbox {
                     }
                 }
             }
-            let silent = state.heard[id.from as usize].elapsed();
-            if silent > bound {
+            // Any rank silent past the bound ends the run for every survivor at once (the one
+            // awaited first): a survivor that waits on another survivor does not wait for that
+            // one to notice first.
+            let awaited = id.from as usize;
+            let gone = std::iter::once(awaited)
+                .chain(0..state.heard.len())
+                .find(|&r| r != me && state.heard[r].elapsed() > bound);
+            if let Some(rank) = gone {
                 return Err(Error::runtime(format!(
-                    "run '{run_name}': rank {} is gone: nothing heard from it for {:.1} s (the bound is {:.1} s) while its {id} was awaited",
-                    id.from,
-                    silent.as_secs_f64(),
+                    "run '{run_name}': rank {rank} is gone: nothing heard from it for {:.1} s (the bound is {:.1} s) while {id} was awaited",
+                    state.heard[rank].elapsed().as_secs_f64(),
                     bound.as_secs_f64()
                 )));
             }

@@ -95,9 +95,16 @@ pub(super) async fn tokens(
     loop {
         for (rank, slot) in tokens.iter_mut().enumerate() {
             if slot.is_none()
-                && let Ok(Some(value)) = store.get(rank_key(rank)).await
+                && let Ok(Some(entry)) = store.entry(rank_key(rank)).await
             {
-                *slot = Some(String::from_utf8_lossy(&value).into_owned());
+                if entry.operation != kv::Operation::Put {
+                    // The rank joined and has left already: the run started without this
+                    // process seeing it, and cannot go on.
+                    return Err(Error::runtime(format!(
+                        "run '{run}': rank {rank} joined and left before this process saw it"
+                    )));
+                }
+                *slot = Some(String::from_utf8_lossy(&entry.value).into_owned());
             }
         }
         let joined = tokens.iter().filter(|t| t.is_some()).count();

@@ -34,13 +34,16 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::wire::{self, Assembler, MessageId};
-use super::{BroadcastRegion, CommStats, Communicator, Subgroups};
+use super::{BroadcastRegion, CommStats, Communicator, Subgroups, one_rank};
 use crate::backend::kernels::{ParamStarts, Real};
 use crate::backend::{Arena, Backend};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::transfer;
 use inbox::{Inbox, KIND_HEARTBEAT};
+
+/// What the one-rank checks call a process of this world.
+const HOLDER: &str = "a process of a NATS run";
 
 /// How often a process says it is alive.
 pub const HEARTBEAT: Duration = Duration::from_millis(500);
@@ -212,6 +215,7 @@ impl NatsWorld {
             let js = async_nats::jetstream::new(client.clone());
             let store = join::open_bucket(&js, &run).await?;
             let rank = join::claim(&store, &run, options.ranks, options.rank, &token).await?;
+            inbox.set_rank(rank);
             let tokens = match join::tokens(&store, &run, options.ranks, options.join_timeout).await
             {
                 Ok(tokens) => tokens,
@@ -220,6 +224,7 @@ impl NatsWorld {
                     return Err(e);
                 }
             };
+            inbox.all_heard();
             Ok::<_, Error>((client, store, rank, tokens, tasks))
         })?;
         let max_frame = (client.server_info().max_payload).max(wire::HEADER_BYTES + 1024);
@@ -475,23 +480,11 @@ impl NatsWorld {
     }
 
     fn check_one_rank(&self, arena: &Arena, what: &str) -> Result<()> {
-        if arena.ranks() != 1 {
-            return Err(Error::value(format!(
-                "{what}: a process of a NATS run holds one rank, the arena has {}",
-                arena.ranks()
-            )));
-        }
-        Ok(())
+        one_rank::check_one_rank(arena, what, HOLDER)
     }
 
     fn check_root(&self, root: usize, what: &str) -> Result<()> {
-        if root >= self.size {
-            return Err(Error::value(format!(
-                "{what} from rank {root} in a world of {}",
-                self.size
-            )));
-        }
-        Ok(())
+        one_rank::check_root(root, self.size, what)
     }
 
     fn record(&self, update: impl FnOnce(&mut CommStats)) {
@@ -501,13 +494,53 @@ impl NatsWorld {
     }
 
     fn only<'a, T>(&self, per_local_rank: &'a [T]) -> Result<&'a T> {
-        match per_local_rank {
-            [mine] => Ok(mine),
-            _ => Err(Error::value(format!(
-                "a process of a NATS run holds one rank, {} ranks' data passed",
-                per_local_rank.len()
-            ))),
-        }
+        one_rank::only_rank(per_local_rank, HOLDER)
+    }
+
+    /// [`NatsWorld::reduce_arena`] of the mean over `members`: each value divided by their
+    /// number and rounded to `arith`, the sum stored.
+    fn mean_arena<T: Real + bytemuck::Pod>(
+        &self,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        members: &[usize],
+        runs: &[(Range<usize>, usize)],
+    ) -> Result<()> {
+        let divisor = T::scalar(members.len() as f64);
+        self.reduce_arena::<T>(
+            arena,
+            arith,
+            members,
+            runs,
+            |x, _| T::round(arith, x / divisor),
+            true,
+        )
+    }
+
+    /// [`NatsWorld::reduce_arena`] of DDP's scaled sum over the world: this rank's values of
+    /// the parameters it has times `scale` (zeros without a scale or a gradient), the sum
+    /// stored when this rank has a scale.
+    fn scaled_sum_arena<T: Real + bytemuck::Pod>(
+        &self,
+        arena: &mut Arena,
+        arith: StorageFormat,
+        runs: &[(Range<usize>, usize)],
+        scale: Option<f64>,
+        present: &[bool],
+    ) -> Result<()> {
+        let members: Vec<usize> = (0..self.size).collect();
+        let zero = T::scalar(0.0);
+        self.reduce_arena::<T>(
+            arena,
+            arith,
+            &members,
+            runs,
+            |x, j| match scale {
+                Some(s) if present[j] => T::round(arith, x * T::scalar(s)),
+                _ => zero,
+            },
+            scale.is_some(),
+        )
     }
 }
 
@@ -588,25 +621,9 @@ impl Communicator for NatsWorld {
         let members: Vec<usize> = groups.group_of(self.rank).collect();
         let runs = param_runs(starts, active, arena.rank_len());
         if arith == StorageFormat::F64 {
-            let divisor = g as f64;
-            self.reduce_arena::<f64>(
-                arena,
-                arith,
-                &members,
-                &runs,
-                |x, _| <f64 as Real>::round(arith, x / divisor),
-                true,
-            )?;
+            self.mean_arena::<f64>(arena, arith, &members, &runs)?;
         } else {
-            let divisor = g as f32;
-            self.reduce_arena::<f32>(
-                arena,
-                arith,
-                &members,
-                &runs,
-                |x, _| <f32 as Real>::round(arith, x / divisor),
-                true,
-            )?;
+            self.mean_arena::<f32>(arena, arith, &members, &runs)?;
         }
         self.record(|s| s.add_all_reduce(g, bytes_per_rank));
         Ok(())
@@ -625,33 +642,11 @@ impl Communicator for NatsWorld {
     ) -> Result<()> {
         self.check_one_rank(arena, "all_reduce")?;
         crate::backend::kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
-        let members: Vec<usize> = (0..self.size).collect();
         let runs = param_runs(starts, reduced, arena.rank_len());
-        let scale = scales[0];
         if arith == StorageFormat::F64 {
-            self.reduce_arena::<f64>(
-                arena,
-                arith,
-                &members,
-                &runs,
-                |x, j| match scale {
-                    Some(s) if present[j] => <f64 as Real>::round(arith, x * s),
-                    _ => 0.0,
-                },
-                scale.is_some(),
-            )?;
+            self.scaled_sum_arena::<f64>(arena, arith, &runs, scales[0], present)?;
         } else {
-            self.reduce_arena::<f32>(
-                arena,
-                arith,
-                &members,
-                &runs,
-                |x, j| match scale {
-                    Some(s) if present[j] => <f32 as Real>::round(arith, x * s as f32),
-                    _ => 0.0,
-                },
-                scale.is_some(),
-            )?;
+            self.scaled_sum_arena::<f32>(arena, arith, &runs, scales[0], present)?;
         }
         self.record(|s| s.add_all_reduce(self.size, bytes_per_rank));
         Ok(())
