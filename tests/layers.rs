@@ -94,38 +94,6 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
     ),
 ];
 
-/// Cycles tolerated for now: a cycle passes when every one of its files matches a pattern of
-/// one entry (a pattern ending in `/` matches the files under that folder, another one file;
-/// paths relative to the workspace root). Each is a known debt with its reason; a new cycle, or
-/// one that grows past its entry, fails.
-const ALLOWED_CYCLES: &[(&[&str], &str)] = &[
-    (
-        &["src/backend/"],
-        // The backends use `backend/mod.rs` (the `Backend` trait, `Arena`, the formats) and
-        // `mod.rs` uses them (`select_backend`, `host_step`'s types in the trait, the GPU
-        // arena inside `Arena`); `kernels/mod.rs` and each kernel file share the tables both
-        // ways; `cpu/mod.rs` and `cpu/step.rs`, `gpu/mod.rs` and its arena and kernel use
-        // each other. Breaking it means moving the trait and `Arena` out of the facade into
-        // files of their own, and the tables out of `kernels/mod.rs`: not done yet.
-        "the backend facade (trait and Arena in mod.rs) and its backends",
-    ),
-    (
-        &[
-            "src/optim/mod.rs",
-            "src/optim/options.rs",
-            "src/optim/shell.rs",
-            "src/optim/sgd.rs",
-            "src/optim/adam.rs",
-        ],
-        // `mod.rs` holds the `LocalOptimizer` trait and the `sealed` module that the shell and
-        // the options name, and the factory (`build`, `defaults_of`) that names SGD and Adam,
-        // which are built on the shell; the shell's `check_class` asks `defaults_of` for every
-        // other class's options. Breaking it needs the shell to learn the other classes'
-        // option names without naming their files.
-        "the optimizer facade, the factory and the shell",
-    ),
-];
-
 // ---------------------------------------------------------------------------------------------
 // Reading Rust: tokens without comments, strings and `#[cfg(test)]` items.
 
@@ -880,21 +848,6 @@ fn no_file_needs_a_file_that_needs_it() {
     for (name, krate) in &crates() {
         let graph = krate.graph();
         for component in cycles(&graph) {
-            let allowed = ALLOWED_CYCLES.iter().find(|(patterns, _)| {
-                component.iter().all(|file| {
-                    patterns.iter().any(|p| {
-                        if p.ends_with('/') {
-                            file.starts_with(p)
-                        } else {
-                            file == p
-                        }
-                    })
-                })
-            });
-            if let Some((_, reason)) = allowed {
-                eprintln!("tolerated cycle ({reason}): {}", component.join(", "));
-                continue;
-            }
             let members: BTreeSet<&str> = component.iter().map(String::as_str).collect();
             let mut text = format!("{name}: a cycle of {} files:", component.len());
             for file in &component {

@@ -4,179 +4,31 @@
 //!
 //! Every rank has its own optimizer state (as every process has its own optimizer in PyTorch);
 //! state dicts are per rank.
+//! A file a concept, imports pointing down: `sealed` and `kind` at the bottom; the options
+//! (`options`, `sgd_options`, `adam_options`) and `defaults` above them; `local` (the
+//! [`LocalOptimizer`] trait); the `shell` every optimizer is built on; each optimizer's math
+//! (`sgd`, `adam`); and `factory`, which names them all. This file only re-exports.
 
 mod adam;
+mod adam_options;
+mod defaults;
+mod factory;
 mod kind;
+mod local;
 mod options;
+pub(crate) mod sealed;
 mod sgd;
+mod sgd_options;
 mod shell;
 
-pub use adam::{Adam, AdamLoaded, AdamMath, AdamOptions, AdamWOptions};
+pub use adam::{Adam, AdamLoaded, AdamMath};
+pub use adam_options::{AdamOptions, AdamWOptions};
+pub use defaults::defaults_of;
+pub use factory::{build, create};
 pub use kind::OptimizerKind;
+pub use local::LocalOptimizer;
+pub(crate) use local::check_same_model;
 pub use options::{GroupOptions, OptionMap, option_map};
-pub use sgd::{Sgd, SgdMath, SgdOptions};
+pub use sgd::{Sgd, SgdMath};
+pub use sgd_options::SgdOptions;
 pub use shell::{DUPLICATE_WARNING, Optimizer, OptimizerMath, ParamGroup, Shell};
-
-use serde_json::Value;
-
-/// Seals [`OptimizerMath`] and [`GroupOptions`]: an optimizer's math and options are implemented
-/// inside the crate, next to their kernels (see ARCHITECTURE.md, "How to add an optimizer");
-/// [`LocalOptimizer`] stays open.
-pub(crate) mod sealed {
-    /// Implemented by the crate's optimizer algorithms and options only.
-    pub trait Sealed {}
-
-    impl Sealed for super::SgdMath {}
-    impl Sealed for super::AdamMath {}
-    impl Sealed for super::SgdOptions {}
-    impl Sealed for super::AdamOptions {}
-}
-
-use crate::backend::BoxFuture;
-use crate::error::{Error, Result};
-use crate::replicas::Replicas;
-
-/// What every local optimizer offers (PyTorch's `Optimizer` surface).
-pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
-    /// `"SGD"`, `"Adam"` or `"AdamW"`.
-    fn name(&self) -> &'static str;
-
-    /// The optimizer's class.
-    fn kind(&self) -> OptimizerKind;
-
-    /// One step on every rank: each parameter with a gradient on a rank is updated from it;
-    /// parameters without one are skipped, their state untouched.
-    ///
-    /// # Errors
-    /// A `ValueError` when `replicas` has other ranks or parameters than the optimizer was built
-    /// for; a `RuntimeError` when a state arena does not fit the memory budget or the backend fails
-    /// (a GPU error, a lost device).
-    fn step(&mut self, replicas: &mut Replicas) -> Result<()>;
-
-    /// Checks, changing nothing, that `replicas` has the ranks and parameters this optimizer
-    /// was built for (the first check of [`LocalOptimizer::step`]); the default accepts any.
-    ///
-    /// # Errors
-    /// A `ValueError` when `replicas` has other ranks or parameters than the optimizer was built
-    /// for.
-    fn check_model(&self, replicas: &Replicas) -> Result<()> {
-        let _ = replicas;
-        Ok(())
-    }
-
-    /// The global parameter indices of each parameter group.
-    fn param_groups(&self) -> Vec<Vec<usize>>;
-
-    /// Every group's options, complete (defaults filled in), as `state_dict()` lists them.
-    fn group_options(&self) -> Vec<OptionMap>;
-
-    /// Adds a group of parameters with its own options (others from the defaults).
-    ///
-    /// # Errors
-    /// PyTorch's, with nothing changed: an `IndexError` for an index outside the replicas, a
-    /// `TypeError` for an unknown keyword or an option of the wrong type, a `ValueError` for a
-    /// parameter another group holds. The group's values are not range-checked: as in PyTorch, only
-    /// the constructor's defaults are.
-    fn add_param_group(&mut self, params: Vec<usize>, options: &OptionMap) -> Result<()>;
-
-    /// `optimizer.state_dict()` of rank `rank`, in PyTorch's layout.
-    ///
-    /// # Errors
-    /// A `ValueError` when `replicas` has other ranks or parameters than the optimizer was built
-    /// for; an `IndexError` when `rank` is out of range; a `RuntimeError` when a state readback
-    /// fails (a GPU error, a lost device).
-    fn state_dict<'a>(
-        &'a self,
-        replicas: &'a Replicas,
-        rank: usize,
-    ) -> BoxFuture<'a, Result<Value>>;
-
-    /// Checks that [`LocalOptimizer::load_state_dict`] would accept `state_dict`, changing
-    /// nothing (so that a caller loading several optimizers can refuse before any changes).
-    ///
-    /// # Errors
-    /// The error `load_state_dict` would give.
-    fn check_state_dict(&self, replicas: &Replicas, rank: usize, state_dict: &Value) -> Result<()>;
-
-    /// `optimizer.load_state_dict(state_dict)` on rank `rank`. Transactional: a refused state
-    /// dict (PyTorch's `ValueError` for other group counts or sizes, the state dict of
-    /// another optimizer class, a malformed entry) leaves the optimizer as it was.
-    ///
-    /// # Errors
-    /// A `ValueError` or `TypeError` naming what does not fit; a `ValueError` when `replicas` has
-    /// other ranks or parameters than the optimizer was built for; an `IndexError` when `rank` is
-    /// out of range; a `RuntimeError` when a state arena does not fit the memory budget or the
-    /// backend fails.
-    fn load_state_dict(
-        &mut self,
-        replicas: &mut Replicas,
-        rank: usize,
-        state_dict: &Value,
-    ) -> Result<()>;
-
-    /// Bytes of optimizer state allocated per rank.
-    fn state_bytes_per_rank(&self) -> usize;
-
-    /// How many parameters have non-empty state on rank `rank` (`len(optimizer.state)`).
-    fn state_len(&self, rank: usize) -> usize;
-
-    /// `zero_grad(set_to_none=True)`.
-    fn zero_grad(&self, replicas: &mut Replicas) {
-        replicas.zero_grad();
-    }
-}
-
-/// Builds the optimizer named `name` (`"SGD"`, `"Adam"`, `"AdamW"`: PyTorch's class names)
-/// over `groups` of global parameter indices, each with its own options over `defaults`.
-///
-/// # Errors
-/// A `ValueError` for an unknown name; otherwise as [`build`].
-pub fn create(
-    name: &str,
-    replicas: &Replicas,
-    groups: Vec<(Vec<usize>, OptionMap)>,
-    defaults: &OptionMap,
-) -> Result<Box<dyn LocalOptimizer>> {
-    build(name.parse()?, replicas, groups, defaults)
-}
-
-/// Builds an optimizer of class `kind` over `groups` of global parameter indices, each with
-/// its own options over `defaults` (PyTorch's keyword names, parsed here once).
-///
-/// # Errors
-/// PyTorch's: a `TypeError` for an unknown keyword, a `ValueError` for an invalid
-/// hyper-parameter, an empty parameter list or a parameter in two groups; an `IndexError` for
-/// an index outside the replicas.
-pub fn build(
-    kind: OptimizerKind,
-    replicas: &Replicas,
-    groups: Vec<(Vec<usize>, OptionMap)>,
-    defaults: &OptionMap,
-) -> Result<Box<dyn LocalOptimizer>> {
-    Ok(match kind {
-        OptimizerKind::Sgd => Box::new(Sgd::from_options(replicas, groups, defaults)?),
-        OptimizerKind::Adam | OptimizerKind::AdamW => {
-            Box::new(Adam::from_options(kind, replicas, groups, defaults)?)
-        }
-    })
-}
-
-/// The complete defaults of `kind` (`optimizer.defaults`).
-pub fn defaults_of(kind: OptimizerKind) -> OptionMap {
-    match kind {
-        OptimizerKind::Sgd => SgdOptions::defaults(kind),
-        OptimizerKind::Adam | OptimizerKind::AdamW => AdamOptions::defaults(kind),
-    }
-}
-
-/// A `ValueError` unless `replicas` has the ranks and parameters an optimizer was built for.
-pub(crate) fn check_same_model(replicas: &Replicas, ranks: usize, params: usize) -> Result<()> {
-    if replicas.ranks() != ranks || replicas.len() != params {
-        return Err(Error::value(format!(
-            "this optimizer was built for {ranks} ranks of {params} parameters, not {} ranks of {}",
-            replicas.ranks(),
-            replicas.len()
-        )));
-    }
-    Ok(())
-}

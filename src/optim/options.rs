@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::OptimizerKind;
+use super::kind::OptimizerKind;
 use crate::error::{Error, Result};
 
 /// The typed hyper-parameters of one parameter group of an optimizer: parsed once from an

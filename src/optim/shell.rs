@@ -7,8 +7,9 @@
 
 use serde_json::{Map, Value, json};
 
+use super::kind::OptimizerKind;
+use super::local::LocalOptimizer;
 use super::options::{self, GroupOptions, OptionMap};
-use super::{LocalOptimizer, OptimizerKind};
 use crate::backend::{BoxFuture, MaybeSendSync};
 use crate::error::{Error, ErrorKind, Result};
 use crate::replicas::Replicas;
@@ -284,7 +285,7 @@ impl<O: GroupOptions> Shell<O> {
                 .unwrap_or(false);
             let other = OptimizerKind::ALL.into_iter().find(|&k| {
                 k != self.kind
-                    && super::defaults_of(k).contains_key(key)
+                    && super::defaults::defaults_of(k).contains_key(key)
                     && (k != OptimizerKind::Adam || !decoupled)
                     && (k != OptimizerKind::AdamW || decoupled)
             });

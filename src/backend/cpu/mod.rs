@@ -39,7 +39,8 @@ use self::threads::{PARALLEL_THRESHOLD, part_bounds, run_parts, split_ranks};
 use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
 use super::{
     Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, CopyRegion,
-    check_copy_regions, check_param_table,
+    check_copy_regions, check_param_table, check_same_format, host_words as host,
+    host_words_mut as host_mut,
 };
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -90,24 +91,6 @@ fn default_threads() -> usize {
     #[cfg(target_arch = "wasm32")]
     {
         pool::GLOBAL.workers() + 1
-    }
-}
-
-fn host(arena: &Arena) -> Result<&[u32]> {
-    match &arena.storage {
-        ArenaStorage::Host(words) => Ok(words),
-        ArenaStorage::Gpu(_) => Err(Error::runtime(
-            "this arena lives on a GPU device, not on the CPU backend",
-        )),
-    }
-}
-
-fn host_mut(arena: &mut Arena) -> Result<&mut [u32]> {
-    match &mut arena.storage {
-        ArenaStorage::Host(words) => Ok(words),
-        ArenaStorage::Gpu(_) => Err(Error::runtime(
-            "this arena lives on a GPU device, not on the CPU backend",
-        )),
     }
 }
 
@@ -331,41 +314,4 @@ impl Backend for CpuBackend {
     fn synchronize(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async { Ok(()) })
     }
-}
-
-pub(crate) fn check_same_format(src: &Arena, dst: &Arena) -> Result<()> {
-    if src.format() != dst.format() {
-        return Err(Error::value(format!(
-            "cannot copy between arenas of formats {:?} and {:?}",
-            src.format(),
-            dst.format()
-        )));
-    }
-    Ok(())
-}
-
-pub(crate) fn check_step_arenas(
-    params: &Arena,
-    grads: &Arena,
-    means: &Arena,
-    divisor: f32,
-) -> Result<()> {
-    if !(divisor > 0.0 && divisor.is_finite()) {
-        return Err(Error::value(format!(
-            "dp_sgd_step divisor must be positive and finite, got {divisor}"
-        )));
-    }
-    if params.ranks() != grads.ranks()
-        || means.ranks() != 1
-        || params.rank_len() != grads.rank_len()
-        || params.rank_len() != means.rank_len()
-        || params.format() != means.format()
-        || params.chunk_len() != grads.chunk_len()
-        || params.chunk_len() != means.chunk_len()
-    {
-        return Err(Error::value(format!(
-            "dp_sgd_step arenas do not match: params {params:?}, grads {grads:?}, means {means:?}"
-        )));
-    }
-    Ok(())
 }

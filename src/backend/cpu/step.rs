@@ -10,10 +10,10 @@ use super::f16c;
 use super::half::{BFloat16, Binary16, HalfFormat};
 use super::stream::{STREAMING_THRESHOLD_BYTES, store_fence, store_words};
 use super::threads::{BLOCK, PARALLEL_THRESHOLD, part_bounds, run_parts, split_ranks};
-use super::{host, host_mut};
 use crate::backend::Arena;
-use crate::backend::cpu::check_step_arenas;
+use crate::backend::check_step_arenas;
 use crate::backend::quotient::{ByDivision, ByScale, Divide, Quotient};
+use crate::backend::{host_words as host, host_words_mut as host_mut};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 

@@ -17,7 +17,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::GpuShared;
+use super::shared::GpuShared;
 use crate::backend::oneshot;
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -430,7 +430,7 @@ impl GpuArena {
     ) -> Result<Vec<u32>> {
         // A lost device would never map the staging buffer: say so instead of waiting.
         if let Some(reason) = self.shared.lost() {
-            return Err(super::device_lost_error(&reason));
+            return Err(super::shared::device_lost_error(&reason));
         }
         let device = &self.shared.device;
         let staging = device.create_buffer(&wgpu::BufferDescriptor {

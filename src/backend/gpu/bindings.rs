@@ -13,7 +13,7 @@
 //! Plain string processing, at backend start-up (natively and in the browser, where naga is
 //! not linked); the tests check the table against naga's reflection of every assembled module.
 
-use super::assemble::ShaderError;
+use super::shader_error::ShaderError;
 
 /// How a binding is used by the shader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

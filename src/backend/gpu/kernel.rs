@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::GpuShared;
 use super::assemble::{ShaderError, assemble};
 use super::bindings::{Access, Bindings};
 use super::contract::{KernelSpec, LIBRARIES};
+use super::shared::GpuShared;
 
 pub(crate) struct Kernel {
     name: &'static str,

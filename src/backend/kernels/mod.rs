@@ -52,15 +52,20 @@
 //! rounding of every intermediate.
 
 mod adam;
+mod arith;
 mod average;
 mod convert;
 mod pseudo_gradient;
 mod scaled_sum;
 mod sgd;
+mod slices;
+mod tables;
 
 pub use adam::{AdamArenas, adam_reference};
 pub(in crate::backend) use adam::{AdamSlices, adam_rank, adam_rank_slices};
 pub(crate) use adam::{check_adam_arenas, check_adam_state};
+pub(crate) use arith::Real;
+use arith::{add_scaled, rounding_format};
 pub use average::average_reference;
 pub(in crate::backend) use average::{average_group, group_slices};
 pub(crate) use convert::check_convert;
@@ -71,252 +76,9 @@ pub use scaled_sum::scaled_sum_reference;
 pub use sgd::sgd_reference;
 pub(crate) use sgd::{check_sgd_arenas, check_sgd_state};
 pub(in crate::backend) use sgd::{sgd_rank, sgd_rank_slices};
-
-use super::{Arena, ArenaStorage};
-use crate::dtype::StorageFormat;
-use crate::error::{Error, Result};
-
-/// Where each parameter of an arena starts in a rank's element space (ascending, one entry per
-/// parameter; a parameter runs to the next one's start).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParamStarts(pub Vec<u32>);
-
-impl ParamStarts {
-    /// The parameter that element `element` belongs to.
-    pub fn param_of(&self, element: usize) -> usize {
-        self.0
-            .partition_point(|&s| s as usize <= element)
-            .saturating_sub(1)
-    }
-}
-
-/// One SGD update's settings for one (rank, parameter).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct SgdScalars {
-    /// The parameter has a gradient on this rank this step (otherwise it is skipped).
-    pub active: bool,
-    /// The momentum buffer does not exist yet: it starts as a clone of the gradient.
-    pub first_step: bool,
-    /// Nesterov momentum.
-    pub nesterov: bool,
-    /// Maximize instead of minimize.
-    pub maximize: bool,
-    /// Learning rate.
-    pub lr: f64,
-    /// Momentum factor (0: no buffer).
-    pub momentum: f64,
-    /// `1 - dampening`, computed in double as PyTorch does.
-    pub one_minus_dampening: f64,
-    /// L2 penalty.
-    pub weight_decay: f64,
-    /// PyTorch's `fused=True`: the update is computed in the compute precision (float32 for
-    /// 16-bit formats, float64 for float64) with PyTorch's fused multiply-adds, and rounded to
-    /// the storage format only when a tensor is stored, instead of after every tensor
-    /// operation (see the module's arithmetic model).
-    pub fused: bool,
-}
-
-/// One Adam/AdamW update's settings for one (rank, parameter); the host precomputes the bias
-/// corrections from that parameter's own step count.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct AdamScalars {
-    /// The parameter has a gradient on this rank this step (otherwise it is skipped).
-    pub active: bool,
-    /// Maximize instead of minimize.
-    pub maximize: bool,
-    /// Keep the running maximum of the second moment.
-    pub amsgrad: bool,
-    /// AdamW: decay the parameter by `decay_factor` instead of adding an L2 term to the gradient.
-    pub decoupled: bool,
-    /// L2 penalty (Adam only; AdamW uses `decay_factor`).
-    pub weight_decay: f64,
-    /// `1 - lr * weight_decay` (AdamW).
-    pub decay_factor: f64,
-    /// `1 - beta1`, the lerp weight of the first moment.
-    pub one_minus_beta1: f64,
-    /// `beta2`.
-    pub beta2: f64,
-    /// `1 - beta2`.
-    pub one_minus_beta2: f64,
-    /// `lr / (1 - beta1^step)`.
-    pub step_size: f64,
-    /// `sqrt(1 - beta2^step)`.
-    pub bias_correction2_sqrt: f64,
-    /// `eps`.
-    pub eps: f64,
-    /// PyTorch's `fused=True`: rounded to the storage format only when stored (see
-    /// [`SgdScalars::fused`]).
-    pub fused: bool,
-}
-
-pub(crate) fn host_words(arena: &Arena) -> Result<&[u32]> {
-    match &arena.storage {
-        ArenaStorage::Host(words) => Ok(words),
-        ArenaStorage::Gpu(_) => Err(Error::runtime(
-            "this arena lives on a GPU device, not on the host",
-        )),
-    }
-}
-
-pub(crate) fn host_words_mut(arena: &mut Arena) -> Result<&mut [u32]> {
-    match &mut arena.storage {
-        ArenaStorage::Host(words) => Ok(words),
-        ArenaStorage::Gpu(_) => Err(Error::runtime(
-            "this arena lives on a GPU device, not on the host",
-        )),
-    }
-}
-
-/// The compute precision of the arithmetic model: `f32` for float32/float16/bfloat16 storage
-/// (each operation computed natively is the correctly rounded one), `f64` for float64.
-pub(crate) trait Real:
-    Copy
-    + PartialOrd
-    + std::ops::Add<Output = Self>
-    + std::ops::Sub<Output = Self>
-    + std::ops::Mul<Output = Self>
-    + std::ops::Div<Output = Self>
-    + std::ops::Neg<Output = Self>
-{
-    fn scalar(x: f64) -> Self;
-    fn load(format: StorageFormat, words: &[u32], i: usize) -> Self;
-    fn store(format: StorageFormat, words: &mut [u32], i: usize, value: Self);
-    /// A tensor operation's result rounded to the storage format.
-    fn round(format: StorageFormat, value: Self) -> Self;
-    fn sqrt(self) -> Self;
-    /// `self * b + c` rounded once (a fused multiply-add).
-    fn mul_add(self, b: Self, c: Self) -> Self;
-    fn is_nan(self) -> bool;
-    const ONE: Self;
-    const HALF: Self;
-}
-
-impl Real for f32 {
-    fn scalar(x: f64) -> f32 {
-        x as f32
-    }
-    #[inline(always)]
-    fn load(format: StorageFormat, words: &[u32], i: usize) -> f32 {
-        match format {
-            StorageFormat::F32 => f32::from_bits(words[i]),
-            other => other.load(words, i),
-        }
-    }
-    #[inline(always)]
-    fn store(format: StorageFormat, words: &mut [u32], i: usize, value: f32) {
-        match format {
-            StorageFormat::F32 => words[i] = value.to_bits(),
-            other => other.store(words, i, value),
-        }
-    }
-    #[inline(always)]
-    fn round(format: StorageFormat, value: f32) -> f32 {
-        match format {
-            StorageFormat::F32 | StorageFormat::F64 => value,
-            other => other.round(value),
-        }
-    }
-    fn sqrt(self) -> f32 {
-        f32::sqrt(self)
-    }
-    #[inline(always)]
-    fn mul_add(self, b: f32, c: f32) -> f32 {
-        f32::mul_add(self, b, c)
-    }
-    fn is_nan(self) -> bool {
-        f32::is_nan(self)
-    }
-    const ONE: f32 = 1.0;
-    const HALF: f32 = 0.5;
-}
-
-impl Real for f64 {
-    fn scalar(x: f64) -> f64 {
-        x
-    }
-    #[inline(always)]
-    fn load(format: StorageFormat, words: &[u32], i: usize) -> f64 {
-        format.load_f64(words, i)
-    }
-    #[inline(always)]
-    fn store(format: StorageFormat, words: &mut [u32], i: usize, value: f64) {
-        format.store_f64(words, i, value);
-    }
-    #[inline(always)]
-    fn round(format: StorageFormat, value: f64) -> f64 {
-        format.round_f64(value)
-    }
-    fn sqrt(self) -> f64 {
-        f64::sqrt(self)
-    }
-    #[inline(always)]
-    fn mul_add(self, b: f64, c: f64) -> f64 {
-        f64::mul_add(self, b, c)
-    }
-    fn is_nan(self) -> bool {
-        f64::is_nan(self)
-    }
-    const ONE: f64 = 1.0;
-    const HALF: f64 = 0.5;
-}
-
-/// `Some(slice)` per rank, or `None` per rank.
-pub(in crate::backend) fn optional_rank_slices(
-    words: Option<&mut [u32]>,
-    rank_words: usize,
-    ranks: usize,
-) -> Vec<Option<&mut [u32]>> {
-    match words {
-        Some(w) => w
-            .chunks_mut(rank_words.max(1))
-            .take(ranks)
-            .map(Some)
-            .collect(),
-        None => (0..ranks).map(|_| None).collect(),
-    }
-}
-
-fn check_same_layout(what: &str, a: &Arena, b: &Arena) -> Result<()> {
-    if a.ranks() != b.ranks() || a.rank_len() != b.rank_len() || a.format() != b.format() {
-        return Err(Error::value(format!(
-            "{what}: arenas do not match ({a:?} vs {b:?})"
-        )));
-    }
-    Ok(())
-}
-
-fn check_table<T>(what: &str, arena: &Arena, starts: &ParamStarts, scalars: &[T]) -> Result<()> {
-    if starts.0.is_empty() || scalars.len() != arena.ranks() * starts.0.len() {
-        return Err(Error::value(format!(
-            "{what}: table has {} entries for {} ranks of {} parameters",
-            scalars.len(),
-            arena.ranks(),
-            starts.0.len()
-        )));
-    }
-    Ok(())
-}
-
-/// `x.add(y, alpha=alpha)` (and `add_` with a tensor `y`) as PyTorch's CPU kernel computes it
-/// on one element: `x + alpha * y` with `alpha` and every intermediate in the tensor's own
-/// type. For float16/bfloat16 that is c10's `Half`/`BFloat16` arithmetic: `alpha` is rounded
-/// to the format (through float32, as `Scalar::to` converts), the product is rounded to the
-/// format, then the sum (ATen's `ufunc::add`, whose CPU kernel is generated for `scalar_t`, not
-/// for its float32 opmath type). For float32/float64 this is one product and one sum, each
-/// rounded (PyTorch may fuse them into one FMA; the cases' tolerance covers it).
-#[inline(always)]
-fn add_scaled<T: Real>(format: StorageFormat, x: T, alpha: T, y: T) -> T {
-    let r = |v: T| T::round(format, v);
-    r(x + r(r(alpha) * y))
-}
-
-/// The format each tensor operation's result is rounded to: the storage format, or, for a
-/// fused update, the compute precision's own (the identity): float64 for float64 storage,
-/// float32 for the others (PyTorch's `opmath_type`).
-fn rounding_format(format: StorageFormat, fused: bool) -> StorageFormat {
-    match (fused, format) {
-        (false, _) => format,
-        (true, StorageFormat::F64) => StorageFormat::F64,
-        (true, _) => StorageFormat::F32,
-    }
-}
+pub(in crate::backend) use slices::optional_rank_slices;
+pub use tables::{AdamScalars, ParamStarts, SgdScalars};
+use tables::{check_same_layout, check_table};
+// Host access to an arena's words, for the reference kernels (and the CPU backend).
+use crate::backend::Arena;
+pub(crate) use crate::backend::{host_words, host_words_mut};

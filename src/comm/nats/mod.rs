@@ -2,10 +2,10 @@
 //! [`Communicator`] of a *run*, a name that R processes join (each started on its own, on any
 //! machine that reaches the server), each holding one rank's arenas on its own backend.
 //!
-//! - **Rendezvous** ([`join`]): a JetStream key-value bucket per run assigns ranks.
+//! - **Rendezvous** (`join.rs`): a JetStream key-value bucket per run assigns ranks.
 //! - **Transport**: every process subscribes to a subject of its own (point-to-point) and to
 //!   the run's common subject (broadcasts, heartbeats). Messages are cut into the frames of
-//!   [`wire`](super::wire) under the server's `max_payload`, each naming run, epoch, collective
+//!   [`super::wire`] under the server's `max_payload`, each naming run, epoch, collective
 //!   and sender and carrying a CRC-32; nothing a peer sends is trusted before it is checked.
 //! - **Reductions in rank order**, so results are bit-identical to the [`SimulatedWorld`]'s:
 //!   each group member owns a contiguous shard of the elements, receives every member's

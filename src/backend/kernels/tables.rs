@@ -1,0 +1,104 @@
+//! The per-parameter tables the optimizer and averaging kernels read, the same on every
+//! backend, and their checks against the arenas they describe.
+
+use crate::backend::Arena;
+use crate::error::{Error, Result};
+
+/// Where each parameter of an arena starts in a rank's element space (ascending, one entry per
+/// parameter; a parameter runs to the next one's start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamStarts(pub Vec<u32>);
+
+impl ParamStarts {
+    /// The parameter that element `element` belongs to.
+    pub fn param_of(&self, element: usize) -> usize {
+        self.0
+            .partition_point(|&s| s as usize <= element)
+            .saturating_sub(1)
+    }
+}
+
+/// One SGD update's settings for one (rank, parameter).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SgdScalars {
+    /// The parameter has a gradient on this rank this step (otherwise it is skipped).
+    pub active: bool,
+    /// The momentum buffer does not exist yet: it starts as a clone of the gradient.
+    pub first_step: bool,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+    /// Maximize instead of minimize.
+    pub maximize: bool,
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum factor (0: no buffer).
+    pub momentum: f64,
+    /// `1 - dampening`, computed in double as PyTorch does.
+    pub one_minus_dampening: f64,
+    /// L2 penalty.
+    pub weight_decay: f64,
+    /// PyTorch's `fused=True`: the update is computed in the compute precision (float32 for
+    /// 16-bit formats, float64 for float64) with PyTorch's fused multiply-adds, and rounded to
+    /// the storage format only when a tensor is stored, instead of after every tensor
+    /// operation (see the module's arithmetic model).
+    pub fused: bool,
+}
+
+/// One Adam/AdamW update's settings for one (rank, parameter); the host precomputes the bias
+/// corrections from that parameter's own step count.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct AdamScalars {
+    /// The parameter has a gradient on this rank this step (otherwise it is skipped).
+    pub active: bool,
+    /// Maximize instead of minimize.
+    pub maximize: bool,
+    /// Keep the running maximum of the second moment.
+    pub amsgrad: bool,
+    /// AdamW: decay the parameter by `decay_factor` instead of adding an L2 term to the gradient.
+    pub decoupled: bool,
+    /// L2 penalty (Adam only; AdamW uses `decay_factor`).
+    pub weight_decay: f64,
+    /// `1 - lr * weight_decay` (AdamW).
+    pub decay_factor: f64,
+    /// `1 - beta1`, the lerp weight of the first moment.
+    pub one_minus_beta1: f64,
+    /// `beta2`.
+    pub beta2: f64,
+    /// `1 - beta2`.
+    pub one_minus_beta2: f64,
+    /// `lr / (1 - beta1^step)`.
+    pub step_size: f64,
+    /// `sqrt(1 - beta2^step)`.
+    pub bias_correction2_sqrt: f64,
+    /// `eps`.
+    pub eps: f64,
+    /// PyTorch's `fused=True`: rounded to the storage format only when stored (see
+    /// [`SgdScalars::fused`]).
+    pub fused: bool,
+}
+
+pub(super) fn check_same_layout(what: &str, a: &Arena, b: &Arena) -> Result<()> {
+    if a.ranks() != b.ranks() || a.rank_len() != b.rank_len() || a.format() != b.format() {
+        return Err(Error::value(format!(
+            "{what}: arenas do not match ({a:?} vs {b:?})"
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn check_table<T>(
+    what: &str,
+    arena: &Arena,
+    starts: &ParamStarts,
+    scalars: &[T],
+) -> Result<()> {
+    if starts.0.is_empty() || scalars.len() != arena.ranks() * starts.0.len() {
+        return Err(Error::value(format!(
+            "{what}: table has {} entries for {} ranks of {} parameters",
+            scalars.len(),
+            arena.ranks(),
+            starts.0.len()
+        )));
+    }
+    Ok(())
+}
