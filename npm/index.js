@@ -72,9 +72,9 @@ const MAX_INPUT_BYTES = 2 ** 31 - 1;
  */
 const ARRAY_ELEMENT_BYTES = 8;
 /**
- * The id getters of distopt's classes (`__distoptWorldId`, …) and wasm-bindgen's pointer: an
- * object that is not one made by distopt but carries one of them as its own property is
- * refused, never taken for the object it names.
+ * The id getters of distopt's classes (`__distoptWorldId`, …): an object that is not one made
+ * by distopt but carries one of them as its own property is refused, never taken for the
+ * object it names.
  */
 const INTERNAL_FIELDS = {
   __distoptWorldId: 'a World',
@@ -86,7 +86,6 @@ const INTERNAL_FIELDS = {
   __distoptRpcWorldId: 'an RpcWorld',
   __distoptRRefId: 'an RRef',
   __distoptContextId: 'an AutogradContext',
-  __wbg_ptr: 'an object',
 };
 const MAX_DEPTH = 64;
 const ECHO_CHARS = 64;
@@ -169,8 +168,15 @@ function readError(name, message) {
   return error;
 }
 
-/** Instances the glue made (constructors and `__wrap`): a Proxy or a copy of one is not one. */
+/**
+ * The one record of which objects are distopt's: every instance the module made (a
+ * constructor, or a value a call returned or a promise resolved to), by class. Only these
+ * pass as receivers and arguments; a Proxy or a copy of one is not one. `free()` moves an
+ * object to `freed`.
+ */
 const genuine = new WeakMap();
+/** Objects of `genuine` that were freed. */
+const freed = new WeakSet();
 /** The exported classes, filled in below. */
 const classes = [];
 
@@ -298,7 +304,7 @@ function plain(value, path, depth, stack, seen = { elements: 0 }) {
     if (genuine.get(value) !== cls) {
       throw readError('TypeError', `${path} is not a ${cls.name} made by distopt (a Proxy or a copy of one is not accepted)`);
     }
-    if (value.__wbg_ptr === 0) throw readError('TypeError', `${path} is a ${cls.name} that was freed (free() was called)`);
+    if (freed.has(value)) throw readError('TypeError', `${path} is a ${cls.name} that was freed (free() was called)`);
     return value;
   }
   const tag = typedArrayTag(value);
@@ -367,14 +373,15 @@ function plain(value, path, depth, stack, seen = { elements: 0 }) {
       }
       return out;
     }
-    if (value instanceof Date) return {};
+    if (value instanceof Date) return Object.create(null);
     let keys;
     try {
       keys = Object.keys(value);
     } catch (e) {
       readFailed(path, e);
     }
-    const out = {};
+    // Without a prototype: nothing the caller put on Object.prototype is read through it.
+    const out = Object.create(null);
     let float16Data = false;
     for (const key of keys) {
       if (Object.hasOwn(INTERNAL_FIELDS, key)) {
@@ -438,10 +445,25 @@ function plainArguments(args, names, what) {
   return out;
 }
 
-/** Runs a call into the module; a trap marks the module unusable and is reported by name. */
+/**
+ * Records `value`, a value the module returned, as distopt's own when it is an instance of
+ * one of its classes; a promise records what it resolves to.
+ */
+function adopt(value) {
+  if (value === null || typeof value !== 'object') return value;
+  if (value instanceof Promise) return value.then(adopt);
+  const cls = distoptClassOf(value);
+  if (cls !== null && !genuine.has(value)) genuine.set(value, cls);
+  return value;
+}
+
+/**
+ * Runs a call into the module and records the objects it returns (see `adopt`); a trap marks
+ * the module unusable and is reported by name.
+ */
 function enter(what, call) {
   try {
-    return call();
+    return adopt(call());
   } catch (e) {
     if (e instanceof WebAssembly.RuntimeError) {
       trapped = e;
@@ -486,7 +508,7 @@ function checkReceiver(cls, self, what) {
           : describe(self);
     throw namedError('TypeError', `${what} must be called on a ${cls.name}, not on ${got}`);
   }
-  if (self.__wbg_ptr === 0) {
+  if (freed.has(self)) {
     throw namedError('TypeError', `${what}: this ${cls.name} was freed (free() was called): it cannot be used any more`);
   }
 }
@@ -507,15 +529,18 @@ function guardClass(cls) {
   classes.push(cls);
   const proto = cls.prototype;
   for (const key of Object.getOwnPropertyNames(proto)) {
-    if (key === 'constructor' || key === '__destroy_into_raw') continue;
+    // wasm-bindgen's own members (`__destroy_into_raw`) stay as they are; distopt's id getters
+    // (`__distopt…Id`) are guarded like every method.
+    if (key === 'constructor' || (key.startsWith('__') && !key.startsWith('__distopt'))) continue;
     const desc = Object.getOwnPropertyDescriptor(proto, key);
     if (key === 'free') {
       const free = desc.value;
       desc.value = function free_() {
-        if (genuine.get(this) === cls && this.__wbg_ptr === 0) return; // freeing twice is harmless
+        if (genuine.get(this) === cls && freed.has(this)) return; // freeing twice is harmless
         checkUsable(`${cls.name}.free`);
         checkReceiver(cls, this, `${cls.name}.free`);
         free.call(this);
+        freed.add(this);
       };
       Object.defineProperty(proto, key, desc);
       continue;
@@ -532,14 +557,7 @@ function guardClass(cls) {
   for (const key of Object.getOwnPropertyNames(cls)) {
     const desc = Object.getOwnPropertyDescriptor(cls, key);
     if (typeof desc.value !== 'function') continue;
-    if (key === '__wrap') {
-      const wrap = desc.value;
-      desc.value = function __wrap(ptr) {
-        const object = wrap.call(this, ptr);
-        genuine.set(object, cls);
-        return object;
-      };
-    } else if (!key.startsWith('__')) {
+    if (!key.startsWith('__')) {
       const fn = desc.value;
       const what = `${cls.name}.${key}`;
       const names = parameterNames(cls.name, `static ${key}`);

@@ -38,12 +38,13 @@ impl<T> Registry<T> {
         id
     }
 
-    /// The live object behind `value` (a JS object whose `getter` returns its id). Only a
-    /// genuine object of the class passes: one that wasm-bindgen made (its own `__wbg_ptr`, a
-    /// non-zero number) and whose id comes from the class's getter, not from a property of
-    /// its own, so that a plain object carrying a copied id (`{__distoptWorldId: 1,
-    /// __wbg_ptr: 8}`) is a `TypeError`, never taken for the object it names. (The npm
-    /// package's argument layer refuses such objects first, by name.)
+    /// The live object behind `value` (a JS object whose `getter` returns its id). Which
+    /// objects are distopt's is decided once, by the npm package's argument layer (its record
+    /// of the objects the module made): it passes those as they are, runs the class's getters
+    /// only on them, and copies every other object into a fresh one without a prototype. Here
+    /// the id must come from a getter of the object's class, not from a property of its own,
+    /// so that a copied id (`{__distoptWorldId: 1}`) is a `TypeError`, never taken for the
+    /// object it names.
     pub(crate) fn resolve(&self, value: &JsValue, getter: &str, what: &str) -> Result<Rc<T>> {
         let id = genuine(value, getter).then(|| super::convert::get(value, getter).as_f64());
         id.flatten()
@@ -58,23 +59,13 @@ impl<T> Registry<T> {
     }
 }
 
-/// Whether `value` looks like an object of a wasm-bindgen class with the getter `getter`: its
-/// own `__wbg_ptr` is a non-zero number, and `getter` is not a property of its own (the
-/// class's getters live on its prototype). Anything that throws while looked at is not.
+/// Whether `value` is an object whose `getter` is not a property of its own (the class's
+/// getters live on its prototype). Anything that throws while looked at is not.
 fn genuine(value: &JsValue, getter: &str) -> bool {
     if !value.is_object() {
         return false;
     }
     let object: &js_sys::Object = value.unchecked_ref();
-    let own = |key: &str| {
-        js_sys::Reflect::get_own_property_descriptor(object, &JsValue::from_str(key))
-            .ok()
-            .map(|d| !d.is_undefined())
-    };
-    let pointer = js_sys::Reflect::get(value, &JsValue::from_str("__wbg_ptr"))
-        .ok()
-        .and_then(|p| p.as_f64());
-    own("__wbg_ptr") == Some(true)
-        && pointer.is_some_and(|p| p != 0.0)
-        && own(getter) == Some(false)
+    js_sys::Reflect::get_own_property_descriptor(object, &JsValue::from_str(getter))
+        .is_ok_and(|d| d.is_undefined())
 }
