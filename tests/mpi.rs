@@ -666,7 +666,7 @@ fn command_line(failures: &mut Vec<String>) {
     // bfloat16 rounding (not float32's); the bytes are the same (2 per element). A smoke test
     // of the compressed path over MPI: on this task the uncompressed curves differ from the
     // compressed ones by about 2e-4 too, so the curves alone cannot tell the wire formats
-    // apart; the rounding rule itself is checked in tests/diloco.rs.
+    // apart; the rounding rule itself is checked in tests/suite/diloco.rs.
     let diloco = [
         "train",
         "--algorithm",

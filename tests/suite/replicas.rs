@@ -3,7 +3,7 @@
 //! that uses some of a model's parameters finding them in their own bucket, whatever other
 //! dtypes the model holds. Every test runs on the CPU backend and on the GPU backend.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -6,9 +6,9 @@
 //! it usable (it steps).
 //!
 //! Cases per target: `$DISTOPT_FUZZ_CASES` (default 500: under 10 s in release). A long run:
-//! `DISTOPT_FUZZ_CASES=20000 cargo test --release --test fuzz`.
+//! `DISTOPT_FUZZ_CASES=20000 cargo test --release --test suite fuzz::`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

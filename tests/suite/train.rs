@@ -3,7 +3,7 @@
 //! averaging steps and a world-level average brings them back together, and synchronous SGD
 //! communicates more than post-local SGD.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::sync::Arc;

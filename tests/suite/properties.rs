@@ -12,7 +12,7 @@
 //! gradients, values with NaN/inf/-0.0/subnormals/huge magnitudes, learning rates of every
 //! sign (and NaN/inf/values that overflow float32).
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, OnceLock};
 

@@ -13,7 +13,7 @@
 //!   (`max_exp_avg_sq` included) and the saved hyper-parameters, and continues PyTorch's
 //!   trajectory.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -8,7 +8,7 @@
 //! * a sync's all-reduce traffic in `CommStats`;
 //! * typed errors for bad arguments and bad state dicts.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! parameters of mixed sizes (the per-parameter table lookup), every storage format, and arenas
 //! split into chunks with a 2-D dispatch grid.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

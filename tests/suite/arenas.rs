@@ -1,7 +1,7 @@
 //! Arena accesses on both backends: every read, write and copy starts on a word, whatever the
 //! format (a misaligned 16-bit offset used to be read from the element before it).
 
-mod common;
+use crate::common;
 
 use distopt::BlockOn;
 use distopt::{Backend, ErrorKind, StorageFormat};

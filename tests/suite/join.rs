@@ -6,7 +6,7 @@
 //! Expected values are PyTorch's float32 arithmetic written out (`fl32(7 · fl32(1/3))` is
 //! 2.3333334922790527, while `fl32(7 / 3)` is 2.3333332538604736).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 //! never modified; and the seed's worked examples give their documented results on every
 //! backend.
 
-mod common;
+use crate::common;
 
 use distopt::BlockOn;
 use distopt::json::{number_to_json, tensor_from_json, tensor_to_json};
