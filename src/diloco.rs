@@ -40,13 +40,22 @@
 //!
 //! torchft's `should_quantize` (an fp8 all-reduce that needs CUDA and Triton) is not
 //! supported; [`Compression`] is distopt's own, different 16-bit wire format.
+//!
+//! **Elastic.** Each fragment's all-reduce start is a sync point of the world's membership
+//! ([`Communicator::membership`]): the pseudo-gradients are averaged over that point's live
+//! ranks only ([`Communicator::all_reduce_mean_live`]), a rank outside it keeps its own
+//! pseudo-gradient (it goes on alone), and each rank that joins after the point is healed at
+//! the end of the step: the lowest live rank's parameters, backups, in-flight pseudo-gradient
+//! and both optimizers' states are copied over its own, so it takes part in the next sync from
+//! where the live ranks are. With a world whose membership never changes nothing of this
+//! happens; [`crate::comm::SimulatedWorld::with_schedule`] replays a membership schedule.
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use crate::backend::kernels::SgdScalars;
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
-use crate::comm::{Communicator, Subgroups};
+use crate::comm::{Communicator, Subgroups, local_index};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
@@ -389,6 +398,9 @@ pub struct DiLoCo {
     scratch: StateArenas,
     /// The fragment whose all-reduce has started and whose outer step is not applied yet.
     pending: Option<usize>,
+    /// The ranks admitted by this step's sync points, with the rank each is healed from at the
+    /// step's end.
+    joining: Vec<(usize, usize)>,
     ranks: usize,
     params: usize,
 }
@@ -483,6 +495,7 @@ impl DiLoCo {
             alpha: options.fragment_update_alpha,
             scratch: StateArenas::empty(replicas.buckets().len()),
             pending: None,
+            joining: Vec::new(),
             ranks: replicas.ranks(),
             params: replicas.len(),
         })
@@ -642,6 +655,7 @@ impl DiLoCo {
     /// partly synced.
     pub fn step_fragments(&mut self, replicas: &mut Replicas) -> Result<Vec<usize>> {
         check_same_model(replicas, self.ranks, self.params)?;
+        self.joining.clear();
         self.inner.step(replicas)?;
         let next = (self.local_step + 1) % self.sync_every;
         let mut applied = Vec::new();
@@ -665,6 +679,7 @@ impl DiLoCo {
                 self.pending = Some(f);
             }
         }
+        self.heal(replicas)?;
         self.local_step = next;
         Ok(applied)
     }
@@ -680,6 +695,7 @@ impl DiLoCo {
     /// Fragments synced before a failure stay synced; the counter is reset only on success.
     pub fn sync(&mut self, replicas: &mut Replicas) -> Result<()> {
         check_same_model(replicas, self.ranks, self.params)?;
+        self.joining.clear();
         let in_flight = self.pending;
         if let Some(f) = in_flight {
             self.finish(replicas, f)?;
@@ -692,7 +708,34 @@ impl DiLoCo {
             self.finish(replicas, f)?;
         }
         self.pending = None;
+        self.heal(replicas)?;
         self.local_step = 0;
+        Ok(())
+    }
+
+    /// Heals the ranks this step's sync points admitted: each gets its source rank's
+    /// parameters, backups, in-flight pseudo-gradient, and inner and outer optimizer states, so
+    /// that it starts the next period exactly where the live ranks are.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when the joining rank or its source is not held by this process (healing
+    /// across processes is a state transfer this world does not make); the backend's errors.
+    fn heal(&mut self, replicas: &mut Replicas) -> Result<()> {
+        for (joiner, source) in std::mem::take(&mut self.joining) {
+            let (Some(to), Some(from)) = (
+                local_index(self.world.as_ref(), joiner),
+                local_index(self.world.as_ref(), source),
+            ) else {
+                return Err(Error::runtime(format!(
+                    "rank {joiner} joins the run, but this process cannot heal it from rank {source}: one of them is held by another process"
+                )));
+            };
+            replicas.copy_rank_params(from, to)?;
+            self.backups.copy_rank(replicas, from, to)?;
+            self.scratch.copy_rank(replicas, from, to)?;
+            self.inner.copy_rank_state(replicas, from, to)?;
+            self.outer.copy_rank_state(replicas, from, to)?;
+        }
         Ok(())
     }
 
@@ -772,6 +815,8 @@ impl DiLoCo {
     ) -> Result<()> {
         let backend = replicas.backend().clone();
         let subgroups = Subgroups::world(self.world.world_size());
+        let membership = self.world.membership()?;
+        let live = &membership.live;
         let wire = self.compression.wire_format();
         let plans: Vec<(Vec<bool>, u64, Vec<CopyRegion>)> = (0..replicas.buckets().len())
             .map(|b| {
@@ -837,10 +882,11 @@ impl DiLoCo {
                 }
                 let arena = wire_arena.as_mut().expect("created above");
                 backend.convert(out, arena, starts, active)?;
-                self.world.all_reduce_mean(
+                self.world.all_reduce_mean_live(
                     backend.as_ref(),
                     arena,
                     subgroups,
+                    live,
                     wire,
                     starts,
                     active,
@@ -850,15 +896,20 @@ impl DiLoCo {
                 continue;
             }
             // The reference all-reduces each pseudo-gradient in its own dtype.
-            self.world.all_reduce_mean(
+            self.world.all_reduce_mean_live(
                 backend.as_ref(),
                 out,
                 subgroups,
+                live,
                 format,
                 starts,
                 active,
                 *bytes,
             )?;
+        }
+        if let Some(source) = membership.source() {
+            self.joining
+                .extend(membership.joining.iter().map(|&rank| (rank, source)));
         }
         Ok(())
     }

@@ -62,7 +62,12 @@ impl PostLocalSgdOptimizer {
         self.optim.check_model(replicas)?;
         self.averager.check_average(replicas, Some(&params))?;
         self.optim.step(replicas)?;
-        self.averager.average_parameters(replicas, Some(&params))
+        let used = self.averager.average_parameters(replicas, Some(&params))?;
+        // A rank the averaging healed gets its source's optimizer state too.
+        for &(to, from) in self.averager.healed() {
+            self.optim.copy_rank_state(replicas, from, to)?;
+        }
+        Ok(used)
     }
 
     /// `zero_grad()`.

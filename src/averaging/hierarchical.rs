@@ -29,6 +29,8 @@ pub struct HierarchicalModelAverager {
     warmup_steps: u64,
     step: u64,
     world: Arc<dyn Communicator>,
+    /// The ranks the last averaging healed (see [`ModelAverager::healed`]).
+    healed: Vec<(usize, usize)>,
 }
 
 impl HierarchicalModelAverager {
@@ -90,6 +92,7 @@ impl HierarchicalModelAverager {
             warmup_steps: warmup_steps as u64,
             step: 0,
             world,
+            healed: Vec::new(),
         })
     }
 
@@ -124,16 +127,21 @@ impl ModelAverager for HierarchicalModelAverager {
         replicas: &mut Replicas,
         params: Option<&[usize]>,
     ) -> Result<Option<usize>> {
+        self.healed.clear();
         let mut used = None;
         if self.step >= self.warmup_steps {
             if let Some(groups) = self.find_groups()? {
-                average_parameters(self.world.as_ref(), replicas, groups, params)?;
+                self.healed = average_parameters(self.world.as_ref(), replicas, groups, params)?;
                 used = Some(groups.group_size());
             }
         }
         // Counted only once the call has succeeded.
         self.step += 1;
         Ok(used)
+    }
+
+    fn healed(&self) -> &[(usize, usize)] {
+        &self.healed
     }
 
     fn check_average(&self, replicas: &Replicas, params: Option<&[usize]>) -> Result<()> {

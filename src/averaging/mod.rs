@@ -1,6 +1,7 @@
 //! Model averagers: `PeriodicModelAverager` and `HierarchicalModelAverager`, with PyTorch's
 //! schedules, validation errors and warnings. Averaging runs as one all-reduce-mean per arena
-//! over every group of the chosen partition at once.
+//! over every group of the chosen partition at once. Averaging is elastic: each averaging is a
+//! sync point of the world's membership (see [`average_parameters`]).
 
 mod hierarchical;
 mod periodic;
@@ -8,7 +9,7 @@ mod periodic;
 pub use hierarchical::HierarchicalModelAverager;
 pub use periodic::PeriodicModelAverager;
 
-use crate::comm::{Communicator, Subgroups};
+use crate::comm::{Communicator, Subgroups, local_index};
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
 use crate::replicas::{Replicas, Values};
@@ -56,6 +57,13 @@ pub trait ModelAverager: crate::backend::MaybeSendSync + std::fmt::Debug {
         let _ = (replicas, params);
         Ok(())
     }
+
+    /// The ranks the last averaging healed, `(joining rank, source rank)` as indices of this
+    /// process's ranks (see [`average_parameters`]); empty when it healed none or did not
+    /// average. The default heals none.
+    fn healed(&self) -> &[(usize, usize)] {
+        &[]
+    }
 }
 
 /// PyTorch's type promotion of the dtypes `torch.cat` flattens together.
@@ -83,15 +91,53 @@ pub fn promoted_format(dtypes: impl IntoIterator<Item = DType>) -> Option<Storag
 /// local ranks (all checked before any collective: see [`check_average_parameters`]); a
 /// `RuntimeError` from the backend or the transport (a GPU error, a lost device), in which case
 /// the storage formats averaged before the failure keep their means.
+///
+/// **Elastic**: each call is one sync point of the world's membership
+/// ([`Communicator::membership`]). Within every group the mean is over the group's live ranks
+/// (a group with none is skipped; the other ranks keep their parameters), and each rank that
+/// joins after this point gets its parameters from a live peer: the lowest live rank of its
+/// group, or of the world when its group has none. Returns those heals, `(joining rank, source
+/// rank)` as indices of this process's ranks, so that a caller holding more state (post-local
+/// SGD's optimizer) copies it too.
+/// Over a world whose membership is fixed, every rank is live and nobody joins.
+///
+/// A `RuntimeError` also when a joining rank or its source is held by another process (a
+/// networked world's heal is a state transfer this function does not make).
 pub fn average_parameters(
     world: &dyn Communicator,
     replicas: &mut Replicas,
     groups: Subgroups,
     params: Option<&[usize]>,
-) -> Result<()> {
+) -> Result<Vec<(usize, usize)>> {
     let (wanted, arith) = plan_average(world, replicas, groups, params)?;
-    replicas.all_reduce_mean(world, Values::Params, groups, &wanted, Some(arith))?;
-    Ok(())
+    let membership = world.membership()?;
+    replicas.all_reduce_mean_live(
+        world,
+        Values::Params,
+        groups,
+        &membership.live,
+        &wanted,
+        Some(arith),
+    )?;
+    let mut healed = Vec::with_capacity(membership.joining.len());
+    for &joiner in &membership.joining {
+        let Some(source) = groups
+            .group_of(joiner)
+            .find(|&rank| membership.live[rank])
+            .or(membership.source())
+        else {
+            continue;
+        };
+        let (Some(to), Some(from)) = (local_index(world, joiner), local_index(world, source))
+        else {
+            return Err(Error::runtime(format!(
+                "rank {joiner} joins the run, but this process cannot heal it from rank {source}: one of them is held by another process"
+            )));
+        };
+        replicas.copy_rank_params(from, to)?;
+        healed.push((to, from));
+    }
+    Ok(healed)
 }
 
 /// The checks of [`average_parameters`], changing nothing.

@@ -35,6 +35,8 @@ pub struct PeriodicModelAverager {
     warmup_steps: u64,
     step: u64,
     world: Arc<dyn Communicator>,
+    /// The ranks the last averaging healed (see [`ModelAverager::healed`]).
+    healed: Vec<(usize, usize)>,
     group: Subgroups,
 }
 
@@ -76,6 +78,7 @@ impl PeriodicModelAverager {
             step: 0,
             world,
             group,
+            healed: Vec::new(),
         })
     }
 
@@ -110,14 +113,19 @@ impl ModelAverager for PeriodicModelAverager {
         replicas: &mut Replicas,
         params: Option<&[usize]>,
     ) -> Result<Option<usize>> {
+        self.healed.clear();
         let mut used = None;
         if self.averages_now() {
-            average_parameters(self.world.as_ref(), replicas, self.group, params)?;
+            self.healed = average_parameters(self.world.as_ref(), replicas, self.group, params)?;
             used = Some(self.group.group_size());
         }
         // Counted only once the call has succeeded.
         self.step += 1;
         Ok(used)
+    }
+
+    fn healed(&self) -> &[(usize, usize)] {
+        &self.healed
     }
 
     fn check_average(&self, replicas: &Replicas, params: Option<&[usize]>) -> Result<()> {

@@ -6,27 +6,30 @@
 //! (feature `mpi`). Arenas passed to a communicator hold the local ranks, in order; every rank
 //! argument is a world rank. Algorithms written against the trait run unchanged on both.
 
+mod membership;
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub mod mpi;
 #[cfg(all(feature = "nats", not(target_arch = "wasm32")))]
 pub mod nats;
 #[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
 mod one_rank;
+mod simulated;
 pub mod wire;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::Mutex;
 
 use crate::backend::kernels::ParamStarts;
-use crate::backend::{Arena, Backend, CopyRegion};
+use crate::backend::{Arena, Backend};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
+pub use membership::{Membership, MembershipSchedule};
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub use mpi::MpiWorld;
 #[cfg(all(feature = "nats", not(target_arch = "wasm32")))]
 pub use nats::{NatsOptions, NatsWorld};
+pub use simulated::SimulatedWorld;
 
 /// A partition of the world into contiguous groups `[k*g, (k+1)*g)`, as
 /// `torch.distributed.new_subgroups(group_size=g)` makes them. `g == world_size` is the world.
@@ -200,6 +203,56 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
         bytes_per_rank: u64,
     ) -> Result<()>;
 
+    /// The membership of the next sync point of an elastic algorithm (see
+    /// [`Membership`]): every rank calls it once per sync point, at the same points, and gets the
+    /// same answer. A world whose membership never changes (the default) answers the whole
+    /// world, epoch 0, every time.
+    ///
+    /// # Errors
+    /// A networked world's failure to agree (a `RuntimeError` naming what failed).
+    fn membership(&self) -> Result<Membership> {
+        Ok(Membership::full(self.world_size(), 0))
+    }
+
+    /// [`Communicator::all_reduce_mean`] over the `live` ranks only (one flag per world rank,
+    /// as [`Membership::live`]): within every group of `groups`, each live rank's value divided
+    /// by the number of the group's live ranks, summed in rank order, written to the live
+    /// ranks, exactly as a world of only those ranks computes it; the other ranks keep their
+    /// data. With every rank live it is `all_reduce_mean`.
+    ///
+    /// # Errors
+    /// Those of `all_reduce_mean`; a `ValueError` when `live` does not hold one flag per world
+    /// rank or no rank is live; a `RuntimeError` when a rank is not live and this world cannot
+    /// leave ranks out (the default, which MPI uses: its communicator is fixed).
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_mean_live(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut Arena,
+        groups: Subgroups,
+        live: &[bool],
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+        bytes_per_rank: u64,
+    ) -> Result<()> {
+        check_live(live, self.world_size())?;
+        if let Some(rank) = live.iter().position(|&l| !l) {
+            return Err(Error::runtime(format!(
+                "rank {rank} is not live, and this world's membership is fixed: every rank takes part in every collective"
+            )));
+        }
+        self.all_reduce_mean(
+            backend,
+            arena,
+            groups,
+            arith,
+            starts,
+            active,
+            bytes_per_rank,
+        )
+    }
+
     /// `DistributedDataParallel`'s gradient all-reduce, joined ranks included (see
     /// [`Backend::scaled_sum`]): a local rank with a scale contributes its values of the
     /// `reduced` parameters times the scale (zeros where not `present`, which is
@@ -302,6 +355,23 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     fn reset_stats(&self);
 }
 
+/// Checks a live mask: one flag per rank of a world of `world_size`, at least one set.
+///
+/// # Errors
+/// A `ValueError` naming what is wrong.
+pub(crate) fn check_live(live: &[bool], world_size: usize) -> Result<()> {
+    if live.len() != world_size {
+        return Err(Error::value(format!(
+            "{} live flags for a world of {world_size} ranks",
+            live.len()
+        )));
+    }
+    if !live.contains(&true) {
+        return Err(Error::value("no rank is live"));
+    }
+    Ok(())
+}
+
 /// The index of world rank `rank` in this process's arenas, if it holds that rank.
 pub fn local_index(world: &dyn Communicator, rank: usize) -> Option<usize> {
     let local = world.local_ranks();
@@ -373,219 +443,4 @@ pub fn all_gather_f64(
                 .collect()
         })
         .collect())
-}
-
-/// Every rank in this process, on one device: collectives are kernels over the rank axis.
-#[derive(Debug)]
-pub struct SimulatedWorld {
-    size: usize,
-    stats: Mutex<CommStats>,
-}
-
-impl SimulatedWorld {
-    /// A world of `size` ranks (at least one).
-    ///
-    /// # Errors
-    /// A `ValueError` when `size` is 0.
-    pub fn new(size: usize) -> Result<SimulatedWorld> {
-        if size == 0 {
-            return Err(Error::value("a world needs at least one rank"));
-        }
-        Ok(SimulatedWorld {
-            size,
-            stats: Mutex::new(CommStats::default()),
-        })
-    }
-
-    fn check_local(&self, count: usize) -> Result<()> {
-        if count != self.size {
-            return Err(Error::value(format!(
-                "{count} ranks' data passed to a world that holds {} ranks",
-                self.size
-            )));
-        }
-        Ok(())
-    }
-
-    fn record(&self, update: impl FnOnce(&mut CommStats)) {
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        stats.collectives += 1;
-        update(&mut stats);
-    }
-}
-
-impl Communicator for SimulatedWorld {
-    fn world_size(&self) -> usize {
-        self.size
-    }
-
-    fn all_reduce_mean(
-        &self,
-        backend: &dyn Backend,
-        arena: &mut Arena,
-        groups: Subgroups,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-        bytes_per_rank: u64,
-    ) -> Result<()> {
-        if groups.world_size() != self.size || arena.ranks() != self.size {
-            return Err(Error::value(format!(
-                "all_reduce over {} ranks in a world of {}",
-                arena.ranks(),
-                self.size
-            )));
-        }
-        backend.average(arena, groups.group_size(), arith, starts, active)?;
-        self.record(|s| s.add_all_reduce(groups.group_size(), bytes_per_rank));
-        Ok(())
-    }
-
-    fn all_reduce_scaled_sum(
-        &self,
-        backend: &dyn Backend,
-        arena: &mut Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-        bytes_per_rank: u64,
-    ) -> Result<()> {
-        self.check_local(arena.ranks())?;
-        backend.scaled_sum(arena, arith, starts, reduced, scales, present)?;
-        self.record(|s| s.add_all_reduce(self.size, bytes_per_rank));
-        Ok(())
-    }
-
-    fn broadcast(
-        &self,
-        backend: &dyn Backend,
-        arena: &mut Arena,
-        root: usize,
-        offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        if root >= arena.ranks() {
-            return Err(Error::value(format!(
-                "broadcast from rank {root} in a world of {}",
-                arena.ranks()
-            )));
-        }
-        for rank in 0..arena.ranks() {
-            if rank != root {
-                backend.copy_between_ranks(arena, root, rank, offset, len)?;
-            }
-        }
-        let bytes = (len * arena.format().element_bytes()) as u64;
-        self.record(|s| s.broadcast_bytes += bytes);
-        Ok(())
-    }
-
-    fn broadcast_regions(
-        &self,
-        backend: &dyn Backend,
-        src: Option<&Arena>,
-        dst: &mut Arena,
-        root: usize,
-        regions: &[BroadcastRegion],
-    ) -> Result<()> {
-        let src = src.ok_or_else(|| {
-            Error::runtime(format!(
-                "broadcast from rank {root}: the simulated world holds every rank, so it needs the source"
-            ))
-        })?;
-        let copies: Vec<CopyRegion> = (0..dst.ranks())
-            .filter(|&rank| rank != root)
-            .flat_map(|rank| {
-                regions.iter().map(move |r| CopyRegion {
-                    src_rank: r.src_rank,
-                    src_offset: r.src_offset,
-                    dst_rank: rank,
-                    dst_offset: r.dst_offset,
-                    len: r.len,
-                })
-            })
-            .collect();
-        backend.copy_regions(src, dst, &copies)?;
-        // Bytes one receiving rank gets.
-        let bytes: usize = regions
-            .iter()
-            .map(|r| r.len * src.format().element_bytes())
-            .sum();
-        self.record(|s| s.broadcast_bytes += bytes as u64);
-        Ok(())
-    }
-
-    fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> Result<Vec<f32>> {
-        self.check_local(per_local_rank.len())?;
-        let len = per_local_rank[0].len();
-        if let Some(rank) = per_local_rank.iter().position(|v| v.len() != len) {
-            return Err(Error::value(format!(
-                "rank {rank} passed {} values to a sum of {len}",
-                per_local_rank[rank].len()
-            )));
-        }
-        let mut sum = vec![0f32; len];
-        for values in per_local_rank {
-            for (s, &v) in sum.iter_mut().zip(values) {
-                *s += v;
-            }
-        }
-        let bytes = (len * 4) as u64;
-        self.record(|s| s.add_all_reduce(self.size, bytes));
-        Ok(sum)
-    }
-
-    fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>> {
-        if root >= self.size {
-            return Err(Error::value(format!(
-                "broadcast from rank {root} in a world of {}",
-                self.size
-            )));
-        }
-        let data = data.ok_or_else(|| {
-            Error::value(format!("broadcast from rank {root}: its data is missing"))
-        })?;
-        let bytes = data.len() as u64;
-        self.record(|s| s.broadcast_bytes += bytes);
-        Ok(data)
-    }
-
-    fn all_gather_bytes(&self, per_local_rank: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
-        self.check_local(per_local_rank.len())?;
-        let bytes: usize = per_local_rank.iter().map(Vec::len).sum();
-        self.record(|s| s.gather_bytes += bytes as u64);
-        Ok(per_local_rank)
-    }
-
-    fn gather_bytes(
-        &self,
-        to: usize,
-        per_local_rank: Vec<Vec<u8>>,
-    ) -> Result<Option<Vec<Vec<u8>>>> {
-        self.check_local(per_local_rank.len())?;
-        if to >= self.size {
-            return Err(Error::value(format!(
-                "gather to rank {to} in a world of {}",
-                self.size
-            )));
-        }
-        let bytes: usize = per_local_rank
-            .iter()
-            .enumerate()
-            .filter(|&(rank, _)| rank != to)
-            .map(|(_, b)| b.len())
-            .sum();
-        self.record(|s| s.gather_bytes += bytes as u64);
-        Ok(Some(per_local_rank))
-    }
-
-    fn stats(&self) -> CommStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn reset_stats(&self) {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = CommStats::default();
-    }
 }

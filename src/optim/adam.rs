@@ -109,6 +109,14 @@ impl OptimizerMath for AdamMath {
         }
     }
 
+    fn state_arenas_mut(&mut self) -> Vec<&mut StateArenas> {
+        vec![
+            &mut self.exp_avg,
+            &mut self.exp_avg_sq,
+            &mut self.max_exp_avg_sq,
+        ]
+    }
+
     fn scalars(o: &AdamOptions, count: u64, has_grad: bool) -> AdamScalars {
         if !has_grad {
             return AdamScalars::default();

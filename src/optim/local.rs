@@ -86,6 +86,15 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
         state_dict: &Value,
     ) -> Result<()>;
 
+    /// Copies local rank `from`'s state (every state tensor and counter) over local rank `to`'s,
+    /// on the device: how an elastic run heals a rank that joins.
+    ///
+    /// # Errors
+    /// A `ValueError` when `replicas` has other ranks or parameters than the optimizer was built
+    /// for; an `IndexError` when `from` or `to` is out of range; a `RuntimeError` for a GPU
+    /// error or a lost device.
+    fn copy_rank_state(&mut self, replicas: &Replicas, from: usize, to: usize) -> Result<()>;
+
     /// Bytes of optimizer state allocated per rank.
     fn state_bytes_per_rank(&self) -> usize;
 

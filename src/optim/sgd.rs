@@ -73,6 +73,10 @@ impl OptimizerMath for SgdMath {
         }
     }
 
+    fn state_arenas_mut(&mut self) -> Vec<&mut StateArenas> {
+        vec![&mut self.momentum]
+    }
+
     fn scalars(o: &SgdOptions, count: u64, has_grad: bool) -> SgdScalars {
         SgdScalars {
             active: has_grad,

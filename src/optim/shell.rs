@@ -12,7 +12,7 @@ use super::local::LocalOptimizer;
 use super::options::{self, GroupOptions, OptionMap};
 use crate::backend::{BoxFuture, MaybeSendSync};
 use crate::error::{Error, ErrorKind, Result};
-use crate::replicas::Replicas;
+use crate::replicas::{Replicas, StateArenas};
 
 /// The warning of a parameter listed twice in one group (PyTorch's `add_param_group`); the
 /// parameter is then optimized once.
@@ -319,6 +319,9 @@ pub trait OptimizerMath:
     /// No state yet, for replicas of `buckets` format buckets.
     fn empty(buckets: usize) -> Self;
 
+    /// Every state tensor's arenas (for copies of a whole rank's state).
+    fn state_arenas_mut(&mut self) -> Vec<&mut StateArenas>;
+
     /// The table entry of a parameter under `options` whose counter is `count` (steps taken,
     /// as the shell keeps it), with a gradient on this rank or not.
     fn scalars(options: &Self::Options, count: u64, has_grad: bool) -> Self::Scalars;
@@ -578,6 +581,20 @@ impl<A: OptimizerMath> LocalOptimizer for Optimizer<A> {
                 .commit_entry(&mut self.shell, replicas, rank, j, entry)?;
         }
         self.shell.groups = groups;
+        Ok(())
+    }
+
+    fn copy_rank_state(&mut self, replicas: &Replicas, from: usize, to: usize) -> Result<()> {
+        self.shell.check_model(replicas)?;
+        self.shell.check_rank(from)?;
+        self.shell.check_rank(to)?;
+        for state in self.algorithm.state_arenas_mut() {
+            state.copy_rank(replicas, from, to)?;
+        }
+        for j in 0..self.shell.params {
+            let count = self.shell.count(from, j);
+            self.shell.set_count(to, j, count);
+        }
         Ok(())
     }
 

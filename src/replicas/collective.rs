@@ -28,6 +28,27 @@ impl Replicas {
         selected: &[bool],
         arith: Option<StorageFormat>,
     ) -> Result<()> {
+        let live = vec![true; world.world_size()];
+        self.all_reduce_mean_live(world, which, subgroups, &live, selected, arith)
+    }
+
+    /// [`Replicas::all_reduce_mean`] over the `live` ranks only (one flag per world rank): within
+    /// every group, the mean over the group's live ranks, written to them; the other ranks keep
+    /// their values (see [`Communicator::all_reduce_mean_live`]).
+    ///
+    /// # Errors
+    /// Those of `all_reduce_mean`, and of [`Communicator::all_reduce_mean_live`] (a `ValueError`
+    /// for a mask of another world size or with no live rank; a `RuntimeError` for a rank left
+    /// out of a world whose membership is fixed).
+    pub fn all_reduce_mean_live(
+        &mut self,
+        world: &dyn Communicator,
+        which: Values,
+        subgroups: Subgroups,
+        live: &[bool],
+        selected: &[bool],
+        arith: Option<StorageFormat>,
+    ) -> Result<()> {
         if selected.len() != self.len() {
             return Err(Error::value(format!(
                 "a selection of {} parameters for a model of {}",
@@ -50,10 +71,11 @@ impl Replicas {
                 .map(|&j| self.numel(j))
                 .sum();
             let (arena, starts) = self.buckets_mut()[b].arena_with_starts(which);
-            world.all_reduce_mean(
+            world.all_reduce_mean_live(
                 backend.as_ref(),
                 arena,
                 subgroups,
+                live,
                 arith,
                 starts,
                 &active,

@@ -300,6 +300,21 @@ impl Replicas {
         Ok(())
     }
 
+    /// Copies local rank `from`'s parameters over local rank `to`'s, on the device (a healed
+    /// rank's parameters).
+    ///
+    /// # Errors
+    /// A `ValueError` when `from` or `to` is out of range; a `RuntimeError` for a GPU error or a
+    /// lost device.
+    pub fn copy_rank_params(&mut self, from: usize, to: usize) -> Result<()> {
+        let backend = self.backend.clone();
+        for bucket in &mut self.buckets {
+            let rank_len = bucket.rank_len();
+            backend.copy_between_ranks(bucket.arena_mut(Values::Params), from, to, 0, rank_len)?;
+        }
+        Ok(())
+    }
+
     /// Whether rank `rank` has a gradient for parameter `j`.
     pub fn has_grad(&self, rank: usize, j: usize) -> bool {
         self.has_grad

@@ -12,6 +12,7 @@ mod common;
 
 mod arenas;
 mod diloco;
+mod elastic;
 mod fuzz;
 mod join;
 mod misuse;

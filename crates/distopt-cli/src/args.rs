@@ -308,6 +308,11 @@ pub struct TrainArgs {
     /// fragment's parameters become lerp(global, local, A) (--algorithm diloco only).
     #[arg(long, value_name = "A")]
     pub fragment_update_alpha: Option<f64>,
+    /// Replay ranks leaving and joining in the simulated world: the live ranks of each sync
+    /// point of the elastic algorithms (periodic, hierarchical, diloco), `;` between sync
+    /// points, `,` between ranks, for example `0,1,2,3;0,1,3;0,1,2,3` (the last list stays).
+    #[arg(long, value_name = "SCHEDULE", conflicts_with = "world")]
+    pub membership: Option<String>,
     /// Samples of the synthetic task (default 4096).
     #[arg(long, value_name = "N")]
     pub samples: Option<usize>,

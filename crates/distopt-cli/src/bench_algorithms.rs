@@ -317,6 +317,7 @@ pub fn average(args: AlgorithmBenchArgs) -> Result<(), Error> {
         let mut replicas = model(&config.backend, config.ranks, config.elements, params)?;
         let seconds = median_seconds(config.backend.as_ref(), config.repeats, || {
             average_parameters(&world, &mut replicas, Subgroups::world(config.ranks), None)
+                .map(drop)
         })?;
         // Every rank's values read once and written once.
         let bytes = (2 * config.ranks * config.elements * 4) as f64;

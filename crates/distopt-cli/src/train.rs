@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use distopt::BlockOn;
 use distopt::backend::{BackendChoice, Selection, select_backend};
-use distopt::comm::Communicator;
+use distopt::comm::{Communicator, MembershipSchedule, SimulatedWorld};
 use distopt::diloco::Compression;
 use distopt::train::{
     Algorithm, AlgorithmName, AlgorithmSettings, Dataset, DatasetConfig, DatasetTask, Evaluation,
@@ -42,6 +42,11 @@ pub fn run_in(args: TrainArgs, world: Option<Arc<dyn Communicator>>) -> Result<(
     let ranks_given = args.ranks.is_some();
     let mut options = Options::from_args(args)?;
     if let Some(world) = &world {
+        if options.membership.is_some() {
+            return Err(Error::value(
+                "--membership replays a schedule in the simulated world; a world of processes has the membership of its live processes",
+            ));
+        }
         let size = world.world_size();
         if ranks_given && options.ranks != size {
             return Err(Error::value(format!(
@@ -102,6 +107,8 @@ struct Options {
     choice: BackendChoice,
     task: TaskConfig,
     train: TrainConfig,
+    /// `--membership`: the simulated world's membership schedule.
+    membership: Option<MembershipSchedule>,
     json: bool,
 }
 
@@ -183,6 +190,12 @@ impl Options {
             .into_iter()
             .map(|name| name.build(&settings, ranks))
             .collect::<Result<Vec<_>, Error>>()?;
+        let membership = args
+            .membership
+            .as_deref()
+            .map(|text| MembershipSchedule::parse(ranks, text))
+            .transpose()
+            .map_err(|e| Error::value(format!("--membership: {}", e.message())))?;
         Ok(Options {
             task_kind: args.task,
             dataset: DatasetConfig {
@@ -212,6 +225,7 @@ impl Options {
                 batch_size,
                 seed,
             },
+            membership,
             json,
         })
     }
@@ -269,6 +283,13 @@ fn train_one(
     };
     warnings::take();
     let first_rank = world.as_ref().is_none_or(|w| w.local_ranks().start == 0);
+    // Each algorithm replays the schedule from its first sync point.
+    let world = match (world, &options.membership) {
+        (None, Some(schedule)) => {
+            Some(Arc::new(SimulatedWorld::with_schedule(schedule.clone())?) as Arc<dyn Communicator>)
+        }
+        (world, _) => world,
+    };
     let mut trainer = match world {
         Some(world) => Trainer::with_world(selection.backend.clone(), task.clone(), config, world)?,
         None => Trainer::new(selection.backend.clone(), task.clone(), config)?,
