@@ -21,7 +21,13 @@
 //!   exact); garbage, a damaged frame and a rank outside the world fail the honest ranks with
 //!   a named error, and no sum is ever wrong.
 //!
+//! - elastic DiLoCo: of three processes, one exits before the third sync point; the other two
+//!   finish on the bits of the simulated world replaying that membership, the sync without it
+//!   within the failure bound plus a margin.
+//!
 //! Every process runs under a deadline, so a hang fails this test instead of stalling CI.
+//! `DISTOPT_NATS_ONLY=PART` (golden, command_line, killed_rank, elastic, hostile_peers) runs one
+//! part alone.
 
 mod common;
 #[allow(dead_code)]
@@ -80,6 +86,7 @@ fn worker(role: &str) -> ExitCode {
     let result = match role {
         "golden" => golden_worker(&world),
         "honest" => honest_worker(&world),
+        "elastic" => elastic_worker(&world),
         other => Err(format!("unknown role {other}")),
     };
     match result {
@@ -151,6 +158,105 @@ fn honest_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(40));
     }
     println!("rank {}: 40 exact sums", world.rank());
+    Ok(())
+}
+
+/// The elastic DiLoCo run: `ELASTIC_STEPS` steps, a sync every `ELASTIC_SYNC_EVERY`; world rank
+/// `ELASTIC_LEAVER` leaves (exits without a word, as a killed process does) before sync point
+/// `ELASTIC_LEFT_BEFORE`.
+const ELASTIC_STEPS: usize = 12;
+const ELASTIC_SYNC_EVERY: i64 = 3;
+const ELASTIC_LEAVER: usize = 2;
+const ELASTIC_LEFT_BEFORE: usize = 2;
+
+fn elastic_params() -> Vec<distopt::Tensor> {
+    use distopt::{DType, Tensor};
+    vec![
+        Tensor::from_f64(DType::Float32, &[5], &[0.5, -0.25, 1.5, 0.125, -2.0]).unwrap(),
+        Tensor::from_f64(DType::BFloat16, &[3, 2], &[0.3, -0.7, 1.1, 0.05, -1.3, 2.2]).unwrap(),
+    ]
+}
+
+/// Rank `rank`'s gradients at step `t`.
+fn elastic_grads(rank: usize, t: usize) -> Vec<Option<distopt::Tensor>> {
+    use distopt::{DType, Tensor};
+    let mut rng = distopt::rng::SplitMix64::from_state((t * 31 + rank * 7 + 3) as u64);
+    let mut unit = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+    let a: Vec<f64> = (0..5).map(|_| unit()).collect();
+    let b: Vec<f64> = (0..6).map(|_| unit()).collect();
+    vec![
+        Some(Tensor::from_f64(DType::Float32, &[5], &a).unwrap()),
+        Some(Tensor::from_f64(DType::BFloat16, &[3, 2], &b).unwrap()),
+    ]
+}
+
+fn elastic_diloco(
+    replicas: &distopt::replicas::Replicas,
+    world: Arc<dyn Communicator>,
+) -> distopt::diloco::DiLoCo {
+    use distopt::optim::{self, option_map};
+    let make = |name: &str, options: serde_json::Value| {
+        optim::create(
+            name,
+            replicas,
+            vec![((0..replicas.len()).collect(), Default::default())],
+            &option_map(&options).unwrap(),
+        )
+        .unwrap()
+    };
+    let inner = make("SGD", serde_json::json!({"lr": 0.05, "momentum": 0.9}));
+    let outer = make(
+        "SGD",
+        serde_json::json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
+    );
+    distopt::diloco::DiLoCo::new(replicas, inner, outer, ELASTIC_SYNC_EVERY, world).unwrap()
+}
+
+/// Every local rank's parameters, as hex bits, one line per rank.
+fn elastic_bits(replicas: &distopt::replicas::Replicas) -> Vec<String> {
+    use distopt::BlockOn;
+    replicas
+        .all_params()
+        .block_on()
+        .unwrap()
+        .iter()
+        .map(|rank| {
+            rank.iter()
+                .flat_map(|t| t.values_f64().unwrap())
+                .map(|v| format!("{:x}", v.to_bits()))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect()
+}
+
+/// DiLoCo over the run; the leaver exits before its sync point, the others print their
+/// parameters' bits and the longest step (the one whose sync waited for the leaver).
+fn elastic_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
+    let rank = world.rank();
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let mut replicas = distopt::replicas::Replicas::replicate(backend, 1, &elastic_params())
+        .map_err(|e| e.to_string())?;
+    let mut diloco = elastic_diloco(&replicas, world.clone());
+    let mut slowest = Duration::ZERO;
+    for t in 0..ELASTIC_STEPS {
+        if rank == ELASTIC_LEAVER && t == ELASTIC_LEFT_BEFORE * ELASTIC_SYNC_EVERY as usize {
+            println!("elastic rank {rank} leaves");
+            // No clean leave: the process ends as a killed one does, mid-run.
+            std::process::exit(0);
+        }
+        let start = Instant::now();
+        diloco.zero_grad(&mut replicas);
+        replicas
+            .set_grads(0, &elastic_grads(rank, t))
+            .map_err(|e| e.to_string())?;
+        diloco
+            .step(&mut replicas)
+            .map_err(|e| format!("step {t}: {e}"))?;
+        slowest = slowest.max(start.elapsed());
+    }
+    println!("elastic rank {rank} bits {}", elastic_bits(&replicas)[0]);
+    println!("elastic rank {rank} slowest {}", slowest.as_millis());
     Ok(())
 }
 
@@ -698,6 +804,75 @@ fn hostile_peers(server: &Server, failures: &mut Vec<String>) {
     }
 }
 
+/// Three processes run DiLoCo; one leaves before a sync point. The survivors must finish, on
+/// the bits of the simulated world replaying that membership, and the sync without the leaver
+/// must complete within the failure bound plus a margin.
+fn elastic(server: &Server, failures: &mut Vec<String>) {
+    use distopt::comm::{MembershipSchedule, SimulatedWorld};
+    let processes = match Processes::start(ranks_of_this_binary(server, "elastic", "elastic", 3)) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    let exits = processes.wait(Duration::from_secs(120));
+    let mut bits = BTreeMap::new();
+    let mut slowest = Duration::ZERO;
+    for exit in &exits {
+        if exit.status != Some(0) {
+            return failures.push(format!(
+                "elastic DiLoCo: a process ended with {:?} (timed out: {}): {}",
+                exit.status, exit.timed_out, exit.stderr
+            ));
+        }
+        for line in exit.stdout.lines() {
+            let words: Vec<&str> = line.split(' ').collect();
+            if let ["elastic", "rank", r, "bits", b] = words[..] {
+                bits.insert(r.parse::<usize>().unwrap_or(usize::MAX), b.to_string());
+            }
+            if let ["elastic", "rank", _, "slowest", ms] = words[..] {
+                slowest = slowest.max(Duration::from_millis(ms.parse().unwrap_or(u64::MAX)));
+            }
+        }
+    }
+    let mut syncs = vec![vec![0, 1, 2]; ELASTIC_LEFT_BEFORE];
+    syncs.push(vec![0, 1]);
+    let schedule = MembershipSchedule::new(3, syncs).unwrap();
+    let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::with_schedule(schedule).unwrap());
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let mut replicas =
+        distopt::replicas::Replicas::replicate(backend, 3, &elastic_params()).unwrap();
+    let mut diloco = elastic_diloco(&replicas, world);
+    for t in 0..ELASTIC_STEPS {
+        diloco.zero_grad(&mut replicas);
+        for rank in 0..3 {
+            replicas.set_grads(rank, &elastic_grads(rank, t)).unwrap();
+        }
+        diloco.step(&mut replicas).unwrap();
+    }
+    let replay = elastic_bits(&replicas);
+    let want: BTreeMap<usize, String> = [(0, replay[0].clone()), (1, replay[1].clone())].into();
+    if bits != want {
+        failures.push(format!(
+            "elastic DiLoCo: the survivors must end on the simulated replay's bits\n got  {bits:?}\n want {want:?}"
+        ));
+    } else if slowest > BOUND + MARGIN {
+        failures.push(format!(
+            "elastic DiLoCo: the sync without the leaver took {:.1} s, over the bound {} s plus {} s",
+            slowest.as_secs_f64(),
+            BOUND.as_secs(),
+            MARGIN.as_secs()
+        ));
+    } else {
+        println!(
+            "elastic DiLoCo: rank {ELASTIC_LEAVER} left before sync {ELASTIC_LEFT_BEFORE} of 4; ranks 0 and 1 finished on the simulated replay's bits; the sync without it took {:.1} s (bound {} s)",
+            slowest.as_secs_f64(),
+            BOUND.as_secs()
+        );
+    }
+}
+
+/// One part of the launcher's checks: it pushes what failed.
+type Part = fn(&Server, &mut Vec<String>);
+
 fn launcher() -> ExitCode {
     let server = match Server::start() {
         Ok(server) => server,
@@ -707,10 +882,20 @@ fn launcher() -> ExitCode {
         }
     };
     let mut failures = Vec::new();
-    golden(&server, &mut failures);
-    command_line(&server, &mut failures);
-    killed_rank(&server, &mut failures);
-    hostile_peers(&server, &mut failures);
+    // `DISTOPT_NATS_ONLY=elastic` (a part's name) runs that part alone.
+    let only = std::env::var("DISTOPT_NATS_ONLY").ok();
+    let parts: [(&str, Part); 5] = [
+        ("golden", golden),
+        ("command_line", command_line),
+        ("killed_rank", killed_rank),
+        ("elastic", elastic),
+        ("hostile_peers", hostile_peers),
+    ];
+    for (name, part) in parts {
+        if only.as_deref().is_none_or(|o| o == name) {
+            part(&server, &mut failures);
+        }
+    }
     drop(server);
     if failures.is_empty() {
         println!("nats: all passed");

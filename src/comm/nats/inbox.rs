@@ -27,6 +27,9 @@ struct State {
     floor: u64,
     /// When each rank was last heard from.
     heard: Vec<Instant>,
+    /// The ranks of the current membership: only their silence ends a collective (a rank that
+    /// left at a sync point is not waited for).
+    live: Vec<bool>,
     /// Frames refused as they arrived (malformed, damaged, over the budget), with the last
     /// reason: the next collective fails with it.
     refused: Option<String>,
@@ -52,6 +55,7 @@ impl Inbox {
                 held: 0,
                 floor: 0,
                 heard: vec![Instant::now(); ranks],
+                live: vec![true; ranks],
                 refused: None,
             }),
             arrived: Condvar::new(),
@@ -124,6 +128,19 @@ impl Inbox {
         state.held -= freed;
     }
 
+    /// The ranks of the membership agreed at the last sync point.
+    pub(super) fn set_live(&self, live: &[bool]) {
+        self.lock().live = live.to_vec();
+    }
+
+    /// How long rank `rank` has been silent.
+    pub(super) fn silent_for(&self, rank: usize) -> Duration {
+        self.lock()
+            .heard
+            .get(rank)
+            .map_or(Duration::MAX, Instant::elapsed)
+    }
+
     /// Message `id`, assembled by `assembler`, waiting for its frames until its sender has been
     /// silent for `bound`.
     ///
@@ -160,12 +177,12 @@ impl Inbox {
                     }
                 }
             }
-            // Any rank silent past the bound ends the run for every survivor at once (the one
-            // awaited first): a survivor that waits on another survivor does not wait for that
-            // one to notice first.
+            // Any live rank silent past the bound ends the run for every survivor at once (the
+            // one awaited first): a survivor that waits on another survivor does not wait for
+            // that one to notice first. A rank that left at a sync point is not live.
             let awaited = id.from as usize;
             let gone = std::iter::once(awaited)
-                .chain(0..state.heard.len())
+                .chain((0..state.heard.len()).filter(|&r| state.live[r]))
                 .find(|&r| r != me && state.heard[r].elapsed() > bound);
             if let Some(rank) = gone {
                 return Err(Error::runtime(format!(

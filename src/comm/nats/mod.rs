@@ -17,11 +17,18 @@
 //!   on a rank that has been silent for the failure bound ([`NatsOptions::failure_bound`],
 //!   5 s unless set) fails with a `RuntimeError` naming the rank, so no survivor hangs and no
 //!   partial sum is stored.
+//! - **Elastic sync points** (`membership.rs`): DiLoCo's and the averagers' syncs agree on
+//!   their live ranks through the run's bucket ([`Communicator::membership`]); a rank that
+//!   left (silent for the failure bound) is dropped at the next sync point, and the survivors
+//!   average over each other only, on the bits of the simulated world replaying that
+//!   membership. A rank that dies *during* a sync still fails the survivors' collective, and a
+//!   process cannot join a running run yet.
 //!
 //! [`SimulatedWorld`]: super::SimulatedWorld
 
 mod inbox;
 mod join;
+mod membership;
 mod raw;
 
 pub use raw::RawPeer;
@@ -34,7 +41,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::wire::{self, Assembler, MessageId};
-use super::{BroadcastRegion, CommStats, Communicator, Subgroups, one_rank};
+use super::{BroadcastRegion, CommStats, Communicator, Membership, Subgroups, one_rank};
 use crate::backend::kernels::{ParamStarts, Real};
 use crate::backend::{Arena, Backend};
 use crate::dtype::StorageFormat;
@@ -107,6 +114,8 @@ pub struct NatsWorld {
     inbox: Arc<Inbox>,
     /// The next collective's sequence number.
     seq: Mutex<u64>,
+    /// Sync points so far, and the live ranks agreed at the last one.
+    elastic: Mutex<(u64, Vec<bool>)>,
     stats: Mutex<CommStats>,
     /// Scratch for a reduction's contributions and sums, kept between calls (`u64` storage
     /// keeps every element type aligned).
@@ -242,6 +251,7 @@ impl NatsWorld {
             max_frame,
             inbox,
             seq: Mutex::new(1),
+            elastic: Mutex::new((0, vec![true; options.ranks])),
             stats: Mutex::new(CommStats::default()),
             scratch: Mutex::new((Vec::new(), Vec::new())),
             store,
@@ -626,6 +636,67 @@ impl Communicator for NatsWorld {
             self.mean_arena::<f32>(arena, arith, &members, &runs)?;
         }
         self.record(|s| s.add_all_reduce(g, bytes_per_rank));
+        Ok(())
+    }
+
+    /// Agrees with the other live processes on the ranks of the next sync point through the
+    /// run's key-value bucket: the ranks of the last one that arrived, once every other one of
+    /// them has been silent for the failure bound. Ranks that left are not waited for again;
+    /// joining a running run is not supported yet (nobody joins).
+    fn membership(&self) -> Result<Membership> {
+        let mut elastic = self.elastic.lock().unwrap_or_else(|e| e.into_inner());
+        let (k, previous) = (elastic.0, elastic.1.clone());
+        let point = membership::Point {
+            store: &self.store,
+            inbox: &self.inbox,
+            run: &self.run,
+            rank: self.rank,
+            bound: self.bound,
+        };
+        let live = self.runtime.block_on(point.agree(k, &previous))?;
+        self.inbox.set_live(&live);
+        *elastic = (k + 1, live.clone());
+        Ok(Membership {
+            epoch: k,
+            live,
+            joining: Vec::new(),
+        })
+    }
+
+    fn all_reduce_mean_live(
+        &self,
+        _backend: &dyn Backend,
+        arena: &mut Arena,
+        groups: Subgroups,
+        live: &[bool],
+        arith: StorageFormat,
+        starts: &ParamStarts,
+        active: &[bool],
+        bytes_per_rank: u64,
+    ) -> Result<()> {
+        self.check_one_rank(arena, "all_reduce")?;
+        super::check_live(live, self.size)?;
+        if groups.world_size() != self.size || active.len() != starts.0.len() {
+            return Err(Error::value(format!(
+                "all_reduce over groups of a world of {} in a world of {}, or {} flags for {} parameters",
+                groups.world_size(),
+                self.size,
+                active.len(),
+                starts.0.len()
+            )));
+        }
+        if !live[self.rank] {
+            // Not in this sync: this rank keeps its data, as in the simulated world.
+            return Ok(());
+        }
+        let members: Vec<usize> = groups.group_of(self.rank).filter(|&r| live[r]).collect();
+        let runs = param_runs(starts, active, arena.rank_len());
+        if arith == StorageFormat::F64 {
+            self.mean_arena::<f64>(arena, arith, &members, &runs)?;
+        } else {
+            self.mean_arena::<f32>(arena, arith, &members, &runs)?;
+        }
+        self.record(|s| s.add_all_reduce(members.len(), bytes_per_rank));
         Ok(())
     }
 
