@@ -21,9 +21,10 @@
 //!   exact); garbage, a damaged frame and a rank outside the world fail the honest ranks with
 //!   a named error, and no sum is ever wrong.
 //!
-//! - elastic DiLoCo: of three processes, one exits before the third sync point; the other two
-//!   finish on the bits of the simulated world replaying that membership, the sync without it
-//!   within the failure bound plus a margin.
+//! - elastic runs: DiLoCo, Streaming DiLoCo (a fragment in flight included) and post-local SGD
+//!   over three processes, one exiting before a sync point; the other two finish on the bits of
+//!   the simulated world replaying that membership, the sync point without it within the
+//!   failure bound plus a margin.
 //!
 //! Every process runs under a deadline, so a hang fails this test instead of stalling CI.
 //! `DISTOPT_NATS_ONLY=PART` (golden, command_line, killed_rank, elastic, hostile_peers) runs one
@@ -161,13 +162,21 @@ fn honest_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
     Ok(())
 }
 
-/// The elastic DiLoCo run: `ELASTIC_STEPS` steps, a sync every `ELASTIC_SYNC_EVERY`; world rank
-/// `ELASTIC_LEAVER` leaves (exits without a word, as a killed process does) before sync point
-/// `ELASTIC_LEFT_BEFORE`.
+/// The elastic runs: `ELASTIC_STEPS` steps of an elastic algorithm in which world rank
+/// `ELASTIC_LEAVER` leaves (exits without a word, as a killed process does) before step T.
 const ELASTIC_STEPS: usize = 12;
-const ELASTIC_SYNC_EVERY: i64 = 3;
 const ELASTIC_LEAVER: usize = 2;
-const ELASTIC_LEFT_BEFORE: usize = 2;
+/// The scenario a worker runs: `ALGORITHM:T`.
+const ELASTIC: &str = "DISTOPT_ELASTIC";
+/// (algorithm, T): the leaver exits before step T. Together they cover a leave before the first
+/// sync point and later ones, and a Streaming DiLoCo fragment in flight when the leaver exits.
+const ELASTIC_SCENARIOS: [(&str, usize); 5] = [
+    ("diloco", 2),
+    ("diloco", 7),
+    ("streaming", 6),
+    ("streaming", 7),
+    ("post_local_sgd", 4),
+];
 
 fn elastic_params() -> Vec<distopt::Tensor> {
     use distopt::{DType, Tensor};
@@ -177,7 +186,7 @@ fn elastic_params() -> Vec<distopt::Tensor> {
     ]
 }
 
-/// Rank `rank`'s gradients at step `t`.
+/// World rank `rank`'s gradients at step `t`.
 fn elastic_grads(rank: usize, t: usize) -> Vec<Option<distopt::Tensor>> {
     use distopt::{DType, Tensor};
     let mut rng = distopt::rng::SplitMix64::from_state((t * 31 + rank * 7 + 3) as u64);
@@ -190,26 +199,84 @@ fn elastic_grads(rank: usize, t: usize) -> Vec<Option<distopt::Tensor>> {
     ]
 }
 
-fn elastic_diloco(
-    replicas: &distopt::replicas::Replicas,
-    world: Arc<dyn Communicator>,
-) -> distopt::diloco::DiLoCo {
-    use distopt::optim::{self, option_map};
-    let make = |name: &str, options: serde_json::Value| {
-        optim::create(
-            name,
-            replicas,
-            vec![((0..replicas.len()).collect(), Default::default())],
-            &option_map(&options).unwrap(),
-        )
-        .unwrap()
-    };
-    let inner = make("SGD", serde_json::json!({"lr": 0.05, "momentum": 0.9}));
-    let outer = make(
-        "SGD",
-        serde_json::json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
-    );
-    distopt::diloco::DiLoCo::new(replicas, inner, outer, ELASTIC_SYNC_EVERY, world).unwrap()
+/// One of the elastic algorithms over `replicas` (the ranks `world` holds here).
+enum Elastic {
+    DiLoCo(Box<distopt::diloco::DiLoCo>),
+    PostLocal(distopt::post_local_sgd::PostLocalSgdOptimizer),
+}
+
+impl Elastic {
+    fn new(
+        algorithm: &str,
+        replicas: &distopt::replicas::Replicas,
+        world: Arc<dyn Communicator>,
+    ) -> Elastic {
+        use distopt::diloco::{DiLoCo, DiLoCoOptions};
+        use distopt::optim::{self, option_map};
+        let make = |name: &str, options: serde_json::Value| {
+            optim::create(
+                name,
+                replicas,
+                vec![((0..replicas.len()).collect(), Default::default())],
+                &option_map(&options).unwrap(),
+            )
+            .unwrap()
+        };
+        let inner = make("SGD", serde_json::json!({"lr": 0.05, "momentum": 0.9}));
+        let outer = || {
+            make(
+                "SGD",
+                serde_json::json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
+            )
+        };
+        match algorithm {
+            "diloco" => Elastic::DiLoCo(Box::new(
+                DiLoCo::new(replicas, inner, outer(), 3, world).unwrap(),
+            )),
+            "streaming" => {
+                // Two fragments, sync every 4, each all-reduce started one step before its
+                // outer step: sync points at steps 2, 4, 6, … (counting from 1).
+                let options = DiLoCoOptions {
+                    fragments: Some(vec![vec![0], vec![1]]),
+                    fragment_sync_delay: 1,
+                    ..DiLoCoOptions::default()
+                };
+                let d = DiLoCo::with_options(replicas, inner, outer(), 4, world, options);
+                Elastic::DiLoCo(Box::new(d.unwrap()))
+            }
+            _ => {
+                let averager = distopt::averaging::PeriodicModelAverager::new(3, 0, world).unwrap();
+                Elastic::PostLocal(distopt::post_local_sgd::PostLocalSgdOptimizer::new(
+                    inner,
+                    Box::new(averager),
+                ))
+            }
+        }
+    }
+
+    /// Step `t`: fresh gradients on the local ranks `ranks` (world ranks, in order), then the
+    /// algorithm's step.
+    fn step(
+        &mut self,
+        replicas: &mut distopt::replicas::Replicas,
+        ranks: &[usize],
+        t: usize,
+    ) -> Result<(), String> {
+        match self {
+            Elastic::DiLoCo(d) => d.zero_grad(replicas),
+            Elastic::PostLocal(p) => p.zero_grad(replicas),
+        }
+        for (local, &rank) in ranks.iter().enumerate() {
+            replicas
+                .set_grads(local, &elastic_grads(rank, t))
+                .map_err(|e| e.to_string())?;
+        }
+        match self {
+            Elastic::DiLoCo(d) => d.step(replicas).map(drop),
+            Elastic::PostLocal(p) => p.step(replicas).map(drop),
+        }
+        .map_err(|e| format!("step {t}: {e}"))
+    }
 }
 
 /// Every local rank's parameters, as hex bits, one line per rank.
@@ -230,29 +297,29 @@ fn elastic_bits(replicas: &distopt::replicas::Replicas) -> Vec<String> {
         .collect()
 }
 
-/// DiLoCo over the run; the leaver exits before its sync point, the others print their
-/// parameters' bits and the longest step (the one whose sync waited for the leaver).
+/// The scenario of `DISTOPT_ELASTIC` over the run; the leaver exits before its step, the
+/// others print their parameters' bits and the longest step (the one whose sync point waited
+/// for the leaver).
 fn elastic_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
+    let scenario = std::env::var(ELASTIC).unwrap_or_default();
+    let (algorithm, leave) = scenario
+        .split_once(':')
+        .and_then(|(a, t)| Some((a.to_string(), t.parse::<usize>().ok()?)))
+        .ok_or_else(|| format!("{ELASTIC}={scenario} is not ALGORITHM:T"))?;
     let rank = world.rank();
     let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let mut replicas = distopt::replicas::Replicas::replicate(backend, 1, &elastic_params())
         .map_err(|e| e.to_string())?;
-    let mut diloco = elastic_diloco(&replicas, world.clone());
+    let mut elastic = Elastic::new(&algorithm, &replicas, world.clone());
     let mut slowest = Duration::ZERO;
     for t in 0..ELASTIC_STEPS {
-        if rank == ELASTIC_LEAVER && t == ELASTIC_LEFT_BEFORE * ELASTIC_SYNC_EVERY as usize {
+        if rank == ELASTIC_LEAVER && t == leave {
             println!("elastic rank {rank} leaves");
             // No clean leave: the process ends as a killed one does, mid-run.
             std::process::exit(0);
         }
         let start = Instant::now();
-        diloco.zero_grad(&mut replicas);
-        replicas
-            .set_grads(0, &elastic_grads(rank, t))
-            .map_err(|e| e.to_string())?;
-        diloco
-            .step(&mut replicas)
-            .map_err(|e| format!("step {t}: {e}"))?;
+        elastic.step(&mut replicas, &[rank], t)?;
         slowest = slowest.max(start.elapsed());
     }
     println!("elastic rank {rank} bits {}", elastic_bits(&replicas)[0]);
@@ -804,70 +871,88 @@ fn hostile_peers(server: &Server, failures: &mut Vec<String>) {
     }
 }
 
-/// Three processes run DiLoCo; one leaves before a sync point. The survivors must finish, on
-/// the bits of the simulated world replaying that membership, and the sync without the leaver
-/// must complete within the failure bound plus a margin.
+/// For each scenario, three processes run an elastic algorithm and one leaves before step T.
+/// The survivors must finish, on the bits of the simulated world replaying that membership
+/// (the leaver in every sync point before step T, in none after), and the sync point without
+/// the leaver must complete within the failure bound plus a margin. The scenarios run at once,
+/// each its own run.
 fn elastic(server: &Server, failures: &mut Vec<String>) {
     use distopt::comm::{MembershipSchedule, SimulatedWorld};
-    let processes = match Processes::start(ranks_of_this_binary(server, "elastic", "elastic", 3)) {
-        Ok(p) => p,
-        Err(e) => return failures.push(e),
-    };
-    let exits = processes.wait(Duration::from_secs(120));
-    let mut bits = BTreeMap::new();
+    let mut running = Vec::new();
+    for (i, (algorithm, leave)) in ELASTIC_SCENARIOS.iter().enumerate() {
+        let mut commands = ranks_of_this_binary(server, "elastic", &format!("elastic{i}"), 3);
+        for command in &mut commands {
+            command.env(ELASTIC, format!("{algorithm}:{leave}"));
+        }
+        match Processes::start(commands) {
+            Ok(p) => running.push(p),
+            Err(e) => return failures.push(e),
+        }
+    }
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let mut slowest = Duration::ZERO;
-    for exit in &exits {
-        if exit.status != Some(0) {
-            return failures.push(format!(
-                "elastic DiLoCo: a process ended with {:?} (timed out: {}): {}",
-                exit.status, exit.timed_out, exit.stderr
+    for ((algorithm, leave), processes) in ELASTIC_SCENARIOS.iter().zip(running) {
+        let scenario = format!("{algorithm}, rank {ELASTIC_LEAVER} leaving before step {leave}");
+        let exits = processes.wait(Duration::from_secs(120));
+        let mut bits = BTreeMap::new();
+        for exit in &exits {
+            if exit.status != Some(0) {
+                failures.push(format!(
+                    "elastic {scenario}: a process ended with {:?} (timed out: {}): {}",
+                    exit.status, exit.timed_out, exit.stderr
+                ));
+            }
+            for line in exit.stdout.lines() {
+                let words: Vec<&str> = line.split(' ').collect();
+                if let ["elastic", "rank", r, "bits", b] = words[..] {
+                    bits.insert(r.parse::<usize>().unwrap_or(usize::MAX), b.to_string());
+                }
+                if let ["elastic", "rank", _, "slowest", ms] = words[..] {
+                    slowest = slowest.max(Duration::from_millis(ms.parse().unwrap_or(u64::MAX)));
+                }
+            }
+        }
+        // The sync points the leaver took part in: those of the steps before it left.
+        let counting = Arc::new(SimulatedWorld::new(3).unwrap());
+        let all = [0, 1, 2];
+        let mut replicas =
+            distopt::replicas::Replicas::replicate(backend.clone(), 3, &elastic_params()).unwrap();
+        let mut fixed = Elastic::new(algorithm, &replicas, counting.clone());
+        for t in 0..*leave {
+            fixed.step(&mut replicas, &all, t).unwrap();
+        }
+        let mut syncs = vec![vec![0, 1, 2]; counting.sync_points() as usize];
+        syncs.push(vec![0, 1]);
+        let schedule = MembershipSchedule::new(3, syncs).unwrap();
+        let world = Arc::new(SimulatedWorld::with_schedule(schedule).unwrap());
+        let mut replicas =
+            distopt::replicas::Replicas::replicate(backend.clone(), 3, &elastic_params()).unwrap();
+        let mut replay = Elastic::new(algorithm, &replicas, world);
+        for t in 0..ELASTIC_STEPS {
+            replay.step(&mut replicas, &all, t).unwrap();
+        }
+        let replay = elastic_bits(&replicas);
+        let want: BTreeMap<usize, String> = [(0, replay[0].clone()), (1, replay[1].clone())].into();
+        if bits != want {
+            failures.push(format!(
+                "elastic {scenario}: the survivors must end on the simulated replay's bits\n got  {bits:?}\n want {want:?}"
             ));
         }
-        for line in exit.stdout.lines() {
-            let words: Vec<&str> = line.split(' ').collect();
-            if let ["elastic", "rank", r, "bits", b] = words[..] {
-                bits.insert(r.parse::<usize>().unwrap_or(usize::MAX), b.to_string());
-            }
-            if let ["elastic", "rank", _, "slowest", ms] = words[..] {
-                slowest = slowest.max(Duration::from_millis(ms.parse().unwrap_or(u64::MAX)));
-            }
-        }
     }
-    let mut syncs = vec![vec![0, 1, 2]; ELASTIC_LEFT_BEFORE];
-    syncs.push(vec![0, 1]);
-    let schedule = MembershipSchedule::new(3, syncs).unwrap();
-    let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::with_schedule(schedule).unwrap());
-    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
-    let mut replicas =
-        distopt::replicas::Replicas::replicate(backend, 3, &elastic_params()).unwrap();
-    let mut diloco = elastic_diloco(&replicas, world);
-    for t in 0..ELASTIC_STEPS {
-        diloco.zero_grad(&mut replicas);
-        for rank in 0..3 {
-            replicas.set_grads(rank, &elastic_grads(rank, t)).unwrap();
-        }
-        diloco.step(&mut replicas).unwrap();
-    }
-    let replay = elastic_bits(&replicas);
-    let want: BTreeMap<usize, String> = [(0, replay[0].clone()), (1, replay[1].clone())].into();
-    if bits != want {
+    if slowest > BOUND + MARGIN {
         failures.push(format!(
-            "elastic DiLoCo: the survivors must end on the simulated replay's bits\n got  {bits:?}\n want {want:?}"
-        ));
-    } else if slowest > BOUND + MARGIN {
-        failures.push(format!(
-            "elastic DiLoCo: the sync without the leaver took {:.1} s, over the bound {} s plus {} s",
+            "elastic: a sync point without the leaver took {:.1} s, over the bound {} s plus {} s",
             slowest.as_secs_f64(),
             BOUND.as_secs(),
             MARGIN.as_secs()
         ));
-    } else {
-        println!(
-            "elastic DiLoCo: rank {ELASTIC_LEAVER} left before sync {ELASTIC_LEFT_BEFORE} of 4; ranks 0 and 1 finished on the simulated replay's bits; the sync without it took {:.1} s (bound {} s)",
-            slowest.as_secs_f64(),
-            BOUND.as_secs()
-        );
     }
+    println!(
+        "elastic: {} runs of 3 processes (DiLoCo, Streaming DiLoCo, post-local SGD), rank {ELASTIC_LEAVER} leaving before a sync point: the survivors finished on the simulated replay's bits; the slowest sync point without the leaver took {:.1} s (bound {} s)",
+        ELASTIC_SCENARIOS.len(),
+        slowest.as_secs_f64(),
+        BOUND.as_secs()
+    );
 }
 
 /// One part of the launcher's checks: it pushes what failed.

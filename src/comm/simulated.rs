@@ -58,6 +58,11 @@ impl SimulatedWorld {
         Ok(world)
     }
 
+    /// Sync points so far: calls of [`Communicator::membership`] (the next one's index).
+    pub fn sync_points(&self) -> u64 {
+        *self.syncs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The membership schedule this world replays, if any.
     pub fn schedule(&self) -> Option<&MembershipSchedule> {
         self.schedule.as_ref()
