@@ -55,7 +55,7 @@ use serde_json::{Value, json};
 
 use crate::backend::kernels::SgdScalars;
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
-use crate::comm::{Communicator, Subgroups, local_index};
+use crate::comm::{Communicator, Subgroups, heal_indices};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
@@ -722,14 +722,7 @@ impl DiLoCo {
     /// across processes is a state transfer this world does not make); the backend's errors.
     fn heal(&mut self, replicas: &mut Replicas) -> Result<()> {
         for (joiner, source) in std::mem::take(&mut self.joining) {
-            let (Some(to), Some(from)) = (
-                local_index(self.world.as_ref(), joiner),
-                local_index(self.world.as_ref(), source),
-            ) else {
-                return Err(Error::runtime(format!(
-                    "rank {joiner} joins the run, but this process cannot heal it from rank {source}: one of them is held by another process"
-                )));
-            };
+            let (to, from) = heal_indices(self.world.as_ref(), joiner, source)?;
             replicas.copy_rank_params(from, to)?;
             self.backups.copy_rank(replicas, from, to)?;
             self.scratch.copy_rank(replicas, from, to)?;

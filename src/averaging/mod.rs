@@ -9,7 +9,7 @@ mod periodic;
 pub use hierarchical::HierarchicalModelAverager;
 pub use periodic::PeriodicModelAverager;
 
-use crate::comm::{Communicator, Subgroups, local_index};
+use crate::comm::{Communicator, Subgroups, heal_indices};
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
 use crate::replicas::{Replicas, Values};
@@ -128,12 +128,7 @@ pub fn average_parameters(
         else {
             continue;
         };
-        let (Some(to), Some(from)) = (local_index(world, joiner), local_index(world, source))
-        else {
-            return Err(Error::runtime(format!(
-                "rank {joiner} joins the run, but this process cannot heal it from rank {source}: one of them is held by another process"
-            )));
-        };
+        let (to, from) = heal_indices(world, joiner, source)?;
         replicas.copy_rank_params(from, to)?;
         healed.push((to, from));
     }

@@ -372,6 +372,24 @@ pub(crate) fn check_live(live: &[bool], world_size: usize) -> Result<()> {
     Ok(())
 }
 
+/// The local indices `(to, from)` of a heal of world rank `joiner` from world rank `source`.
+///
+/// # Errors
+/// A `RuntimeError` when either rank is held by another process (healing across processes is
+/// a state transfer this function does not make).
+pub fn heal_indices(
+    world: &dyn Communicator,
+    joiner: usize,
+    source: usize,
+) -> Result<(usize, usize)> {
+    match (local_index(world, joiner), local_index(world, source)) {
+        (Some(to), Some(from)) => Ok((to, from)),
+        _ => Err(Error::runtime(format!(
+            "rank {joiner} joins the run, but this process cannot heal it from rank {source}: one of them is held by another process"
+        ))),
+    }
+}
+
 /// The index of world rank `rank` in this process's arenas, if it holds that rank.
 pub fn local_index(world: &dyn Communicator, rank: usize) -> Option<usize> {
     let local = world.local_ranks();

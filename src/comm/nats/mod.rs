@@ -609,7 +609,7 @@ impl Communicator for NatsWorld {
 
     fn all_reduce_mean(
         &self,
-        _backend: &dyn Backend,
+        backend: &dyn Backend,
         arena: &mut Arena,
         groups: Subgroups,
         arith: StorageFormat,
@@ -617,26 +617,17 @@ impl Communicator for NatsWorld {
         active: &[bool],
         bytes_per_rank: u64,
     ) -> Result<()> {
-        self.check_one_rank(arena, "all_reduce")?;
-        if groups.world_size() != self.size || active.len() != starts.0.len() {
-            return Err(Error::value(format!(
-                "all_reduce over groups of a world of {} in a world of {}, or {} flags for {} parameters",
-                groups.world_size(),
-                self.size,
-                active.len(),
-                starts.0.len()
-            )));
-        }
-        let g = groups.group_size();
-        let members: Vec<usize> = groups.group_of(self.rank).collect();
-        let runs = param_runs(starts, active, arena.rank_len());
-        if arith == StorageFormat::F64 {
-            self.mean_arena::<f64>(arena, arith, &members, &runs)?;
-        } else {
-            self.mean_arena::<f32>(arena, arith, &members, &runs)?;
-        }
-        self.record(|s| s.add_all_reduce(g, bytes_per_rank));
-        Ok(())
+        let live = vec![true; self.size];
+        self.all_reduce_mean_live(
+            backend,
+            arena,
+            groups,
+            &live,
+            arith,
+            starts,
+            active,
+            bytes_per_rank,
+        )
     }
 
     /// Agrees with the other live processes on the ranks of the next sync point through the
