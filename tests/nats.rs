@@ -22,13 +22,17 @@
 //!   a named error, and no sum is ever wrong.
 //!
 //! - elastic runs: DiLoCo, Streaming DiLoCo (a fragment in flight included) and post-local SGD
-//!   over three processes, one exiting before a sync point; the other two finish on the bits of
-//!   the simulated world replaying that membership, the sync point without it within the
-//!   failure bound plus a margin.
+//!   over three processes, one exiting before a sync point or dying during one (a sync then
+//!   discarded on every survivor and taken again without it, or committed with it first); the
+//!   other two finish on the bits of the simulated world replaying the membership they
+//!   recorded, the sync point without it within the failure bound plus a margin.
 //!
 //! Every process runs under a deadline, so a hang fails this test instead of stalling CI.
-//! `DISTOPT_NATS_ONLY=PART` (golden, command_line, killed_rank, elastic, hostile_peers) runs one
-//! part alone.
+//! - the elastic command line: three `distopt train --world … --algorithm diloco` processes,
+//!   one killed mid-run; the two survivors finish and exit 0, the lowest live rank prints.
+//!
+//! `DISTOPT_NATS_ONLY=PART` (golden, command_line, killed_rank, elastic_command_line, elastic,
+//! hostile_peers) runs one part alone.
 
 mod common;
 #[allow(dead_code)]
@@ -170,12 +174,22 @@ const ELASTIC_LEAVER: usize = 2;
 const ELASTIC: &str = "DISTOPT_ELASTIC";
 /// (algorithm, T): the leaver exits before step T. Together they cover a leave before the first
 /// sync point and later ones, and a Streaming DiLoCo fragment in flight when the leaver exits.
-const ELASTIC_SCENARIOS: [(&str, usize); 5] = [
-    ("diloco", 2),
-    ("diloco", 7),
-    ("streaming", 6),
-    ("streaming", 7),
-    ("post_local_sgd", 4),
+const ELASTIC_SCENARIOS: [&str; 5] = [
+    "diloco:2",
+    "diloco:7",
+    "streaming:6",
+    "streaming:7",
+    "post_local_sgd:4",
+];
+/// The leaver dies MS ms into step T, a step with a sync point: mostly while the survivors
+/// are in that sync, whose mean is then applied without it on every survivor (or, when the
+/// sync completed first, with it on every survivor).
+const MID_SYNC_SCENARIOS: [&str; 5] = [
+    "diloco:5:0",
+    "diloco:5:4",
+    "diloco:8:1",
+    "streaming:5:4",
+    "post_local_sgd:5:4",
 ];
 
 fn elastic_params() -> Vec<distopt::Tensor> {
@@ -302,29 +316,63 @@ fn elastic_bits(replicas: &distopt::replicas::Replicas) -> Vec<String> {
 /// for the leaver).
 fn elastic_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
     let scenario = std::env::var(ELASTIC).unwrap_or_default();
-    let (algorithm, leave) = scenario
-        .split_once(':')
-        .and_then(|(a, t)| Some((a.to_string(), t.parse::<usize>().ok()?)))
-        .ok_or_else(|| format!("{ELASTIC}={scenario} is not ALGORITHM:T"))?;
+    let (algorithm, leave, during) = parse_scenario(&scenario)
+        .ok_or_else(|| format!("{ELASTIC}={scenario} is not ALGORITHM:T or ALGORITHM:T:MS"))?;
     let rank = world.rank();
     let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let mut replicas = distopt::replicas::Replicas::replicate(backend, 1, &elastic_params())
         .map_err(|e| e.to_string())?;
     let mut elastic = Elastic::new(&algorithm, &replicas, world.clone());
     let mut slowest = Duration::ZERO;
+    let mut lives = Vec::with_capacity(ELASTIC_STEPS);
     for t in 0..ELASTIC_STEPS {
         if rank == ELASTIC_LEAVER && t == leave {
             println!("elastic rank {rank} leaves");
-            // No clean leave: the process ends as a killed one does, mid-run.
-            std::process::exit(0);
+            // No clean leave: the process ends as a killed one does, mid-run (with a delay:
+            // from another thread, while this one is inside step T or waits after it).
+            match during {
+                None => std::process::exit(0),
+                Some(delay) => {
+                    std::thread::spawn(move || {
+                        std::thread::sleep(delay);
+                        std::process::exit(0);
+                    });
+                }
+            }
         }
         let start = Instant::now();
         elastic.step(&mut replicas, &[rank], t)?;
         slowest = slowest.max(start.elapsed());
+        if rank == ELASTIC_LEAVER && t == leave {
+            // Step T done before the delay ran out: the leaver goes no further.
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+        let live = world.live();
+        lives.push(
+            (0..live.len())
+                .filter(|&r| live[r])
+                .map(|r| r.to_string())
+                .collect::<String>(),
+        );
     }
     println!("elastic rank {rank} bits {}", elastic_bits(&replicas)[0]);
     println!("elastic rank {rank} slowest {}", slowest.as_millis());
+    println!("elastic rank {rank} lives {}", lives.join(","));
+    println!("elastic rank {rank} agreements {}", world.agreements());
     Ok(())
+}
+
+/// `ALGORITHM:T` (the leaver exits before step T) or `ALGORITHM:T:MS` (it dies MS ms into
+/// step T).
+fn parse_scenario(scenario: &str) -> Option<(String, usize, Option<Duration>)> {
+    let mut parts = scenario.split(':');
+    let algorithm = parts.next()?.to_string();
+    let leave = parts.next()?.parse().ok()?;
+    let during = match parts.next() {
+        Some(ms) => Some(Duration::from_millis(ms.parse().ok()?)),
+        None => None,
+    };
+    Some((algorithm, leave, during))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -735,6 +783,94 @@ fn killed_rank(server: &Server, failures: &mut Vec<String>) {
     }
 }
 
+/// `distopt train --world` under DiLoCo with one of three processes killed mid-run: the two
+/// survivors finish (exit 0), rank 1 (the lowest live one) prints, and the report is whole.
+fn elastic_command_line(server: &Server, failures: &mut Vec<String>) {
+    let steps = 12_000;
+    let steps_flag = steps.to_string();
+    let flags = [
+        "train",
+        "--algorithm",
+        "diloco",
+        "--steps",
+        &steps_flag,
+        "--backend",
+        "cpu",
+        "--json",
+        "--ranks",
+        "3",
+    ];
+    let commands = (0..3)
+        .map(|rank| {
+            let mut command = distopt_train(server, "cli-elastic", &flags);
+            command.args(["--rank", &rank.to_string()]);
+            command
+        })
+        .collect();
+    let mut processes = match Processes::start(commands) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    processes.kill(0);
+    let exits = processes.wait(Duration::from_secs(120));
+    let why = || {
+        exits
+            .iter()
+            .enumerate()
+            .map(|(r, e)| format!("rank {r}: exit {:?}: {}", e.status, e.stderr))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    if exits[0].status.is_some() {
+        return failures.push(format!(
+            "distopt train --world: rank 0 finished before it was killed; train longer: {}",
+            why()
+        ));
+    }
+    if exits[1..].iter().any(|e| e.status != Some(0))
+        || !exits[2].stdout.trim().is_empty()
+        || exits[1].stdout.trim().is_empty()
+    {
+        return failures.push(format!(
+            "distopt train --world, rank 0 killed under DiLoCo: both survivors must exit 0 and rank 1 alone print: {}",
+            why()
+        ));
+    }
+    let report: serde_json::Value = match serde_json::from_str(exits[1].stdout.trim()) {
+        Ok(r) => r,
+        Err(e) => return failures.push(format!("the survivors' report is not JSON: {e}")),
+    };
+    let result = &report["results"][0];
+    let losses = result["mean_loss_per_step"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let replicas = &result["replica_loss_per_rank"];
+    let whole = report["ranks_finished"] == serde_json::json!([1, 2])
+        && losses.len() == steps
+        && losses
+            .iter()
+            .all(|l| l.as_f64().is_some_and(f64::is_finite))
+        && replicas[0].is_null()
+        && replicas[1].as_f64().is_some_and(f64::is_finite)
+        && replicas[1] == replicas[2]
+        && result["divergence"] == serde_json::json!(0.0);
+    if !whole {
+        failures.push(format!(
+            "the survivors' report must hold ranks_finished [1, 2], {steps} finite losses, identical survivors' replicas and none for rank 0: ranks_finished {}, {} losses, replica losses {replicas}, divergence {}",
+            report["ranks_finished"],
+            losses.len(),
+            result["divergence"]
+        ));
+    } else {
+        println!(
+            "distopt train --world under DiLoCo, rank 0 of 3 killed mid-run: ranks 1 and 2 finished {steps} steps and exited 0, rank 1 printed, both on the same parameters (replica loss {})",
+            replicas[1]
+        );
+    }
+}
+
 /// A frame as a peer would build it (the library's own framing, forged fields).
 fn forged(run: &str, seq: u64, from: u32, kind: u8, payload: &[u8]) -> Vec<u8> {
     use distopt::comm::wire::{MessageId, frames, run_id};
@@ -878,11 +1014,16 @@ fn hostile_peers(server: &Server, failures: &mut Vec<String>) {
 /// each its own run.
 fn elastic(server: &Server, failures: &mut Vec<String>) {
     use distopt::comm::{MembershipSchedule, SimulatedWorld};
+    let scenarios: Vec<&str> = ELASTIC_SCENARIOS
+        .iter()
+        .chain(&MID_SYNC_SCENARIOS)
+        .copied()
+        .collect();
     let mut running = Vec::new();
-    for (i, (algorithm, leave)) in ELASTIC_SCENARIOS.iter().enumerate() {
+    for (i, scenario) in scenarios.iter().enumerate() {
         let mut commands = ranks_of_this_binary(server, "elastic", &format!("elastic{i}"), 3);
         for command in &mut commands {
-            command.env(ELASTIC, format!("{algorithm}:{leave}"));
+            command.env(ELASTIC, scenario);
         }
         match Processes::start(commands) {
             Ok(p) => running.push(p),
@@ -891,10 +1032,13 @@ fn elastic(server: &Server, failures: &mut Vec<String>) {
     }
     let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let mut slowest = Duration::ZERO;
-    for ((algorithm, leave), processes) in ELASTIC_SCENARIOS.iter().zip(running) {
-        let scenario = format!("{algorithm}, rank {ELASTIC_LEAVER} leaving before step {leave}");
+    let (mut retried, mut mid_sync_kept) = (0, 0);
+    for (scenario, processes) in scenarios.iter().zip(running) {
+        let Some((algorithm, leave, during)) = parse_scenario(scenario) else {
+            return failures.push(format!("elastic scenario {scenario} is malformed"));
+        };
         let exits = processes.wait(Duration::from_secs(120));
-        let mut bits = BTreeMap::new();
+        let (mut bits, mut lives, mut agreements) = (BTreeMap::new(), BTreeMap::new(), 0);
         for exit in &exits {
             if exit.status != Some(0) {
                 failures.push(format!(
@@ -904,30 +1048,80 @@ fn elastic(server: &Server, failures: &mut Vec<String>) {
             }
             for line in exit.stdout.lines() {
                 let words: Vec<&str> = line.split(' ').collect();
-                if let ["elastic", "rank", r, "bits", b] = words[..] {
-                    bits.insert(r.parse::<usize>().unwrap_or(usize::MAX), b.to_string());
-                }
-                if let ["elastic", "rank", _, "slowest", ms] = words[..] {
-                    slowest = slowest.max(Duration::from_millis(ms.parse().unwrap_or(u64::MAX)));
+                let rank = |r: &str| r.parse::<usize>().unwrap_or(usize::MAX);
+                match words[..] {
+                    ["elastic", "rank", r, "bits", b] => {
+                        bits.insert(rank(r), b.to_string());
+                    }
+                    ["elastic", "rank", r, "lives", l] => {
+                        lives.insert(rank(r), l.to_string());
+                    }
+                    ["elastic", "rank", _, "agreements", n] => {
+                        agreements = n.parse().unwrap_or(u64::MAX);
+                    }
+                    ["elastic", "rank", _, "slowest", ms] => {
+                        slowest =
+                            slowest.max(Duration::from_millis(ms.parse().unwrap_or(u64::MAX)));
+                    }
+                    _ => {}
                 }
             }
         }
-        // The sync points the leaver took part in: those of the steps before it left.
+        // The sync points of each step, counted in a world of fixed membership.
         let counting = Arc::new(SimulatedWorld::new(3).unwrap());
         let all = [0, 1, 2];
         let mut replicas =
             distopt::replicas::Replicas::replicate(backend.clone(), 3, &elastic_params()).unwrap();
-        let mut fixed = Elastic::new(algorithm, &replicas, counting.clone());
-        for t in 0..*leave {
+        let mut fixed = Elastic::new(&algorithm, &replicas, counting.clone());
+        let mut syncs_after = Vec::with_capacity(ELASTIC_STEPS);
+        for t in 0..ELASTIC_STEPS {
             fixed.step(&mut replicas, &all, t).unwrap();
+            syncs_after.push(counting.sync_points());
         }
-        let mut syncs = vec![vec![0, 1, 2]; counting.sync_points() as usize];
-        syncs.push(vec![0, 1]);
-        let schedule = MembershipSchedule::new(3, syncs).unwrap();
+        // The membership of each step's sync points as the survivors recorded it (they must
+        // agree), against the rule: every rank before step T, the survivors after it, and at
+        // step T the survivors when the leaver exited before it, either when it died during it
+        // (its sync may have been committed with the leaver first).
+        let recorded: Vec<&String> = lives.values().collect();
+        let steps: Vec<&str> = recorded
+            .first()
+            .map_or(Vec::new(), |l| l.split(',').collect());
+        let expected = |t: usize, live: &str| match t.cmp(&leave) {
+            std::cmp::Ordering::Less => live == "012",
+            std::cmp::Ordering::Equal if during.is_some() => live == "012" || live == "01",
+            _ => live == "01",
+        };
+        let synced = |t: usize| syncs_after[t] > t.checked_sub(1).map_or(0, |p| syncs_after[p]);
+        if recorded.len() != 2
+            || recorded[0] != recorded[1]
+            || steps.len() != ELASTIC_STEPS
+            || !(0..ELASTIC_STEPS).all(|t| !synced(t) || expected(t, steps[t]))
+        {
+            failures.push(format!(
+                "elastic {scenario}: the survivors must record one membership per step, every rank before step {leave} and ranks 0 and 1 after it: {lives:?}"
+            ));
+            continue;
+        }
+        let mut schedule = Vec::new();
+        let mut done = 0;
+        for (t, &after) in syncs_after.iter().enumerate() {
+            for _ in done..after {
+                schedule.push(steps[t].bytes().map(|b| usize::from(b - b'0')).collect());
+            }
+            done = after;
+        }
+        if during.is_some() {
+            if agreements > done {
+                retried += 1;
+            } else if steps[leave] == "012" {
+                mid_sync_kept += 1;
+            }
+        }
+        let schedule = MembershipSchedule::new(3, schedule).unwrap();
         let world = Arc::new(SimulatedWorld::with_schedule(schedule).unwrap());
         let mut replicas =
             distopt::replicas::Replicas::replicate(backend.clone(), 3, &elastic_params()).unwrap();
-        let mut replay = Elastic::new(algorithm, &replicas, world);
+        let mut replay = Elastic::new(&algorithm, &replicas, world);
         for t in 0..ELASTIC_STEPS {
             replay.step(&mut replicas, &all, t).unwrap();
         }
@@ -947,9 +1141,15 @@ fn elastic(server: &Server, failures: &mut Vec<String>) {
             MARGIN.as_secs()
         ));
     }
+    if retried == 0 {
+        failures.push(format!(
+            "elastic: of {} runs whose leaver died during a step with a sync point, none had a sync discarded and taken again: the commit was not exercised",
+            MID_SYNC_SCENARIOS.len()
+        ));
+    }
     println!(
-        "elastic: {} runs of 3 processes (DiLoCo, Streaming DiLoCo, post-local SGD), rank {ELASTIC_LEAVER} leaving before a sync point: the survivors finished on the simulated replay's bits; the slowest sync point without the leaver took {:.1} s (bound {} s)",
-        ELASTIC_SCENARIOS.len(),
+        "elastic: {} runs of 3 processes (DiLoCo, Streaming DiLoCo, post-local SGD), rank {ELASTIC_LEAVER} leaving before a sync point or dying during one ({retried} syncs discarded on every survivor and taken again without it, {mid_sync_kept} committed with it first): the survivors finished on the simulated replay's bits; the slowest sync point without the leaver took {:.1} s (bound {} s)",
+        scenarios.len(),
         slowest.as_secs_f64(),
         BOUND.as_secs()
     );
@@ -969,10 +1169,11 @@ fn launcher() -> ExitCode {
     let mut failures = Vec::new();
     // `DISTOPT_NATS_ONLY=elastic` (a part's name) runs that part alone.
     let only = std::env::var("DISTOPT_NATS_ONLY").ok();
-    let parts: [(&str, Part); 5] = [
+    let parts: [(&str, Part); 6] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
+        ("elastic_command_line", elastic_command_line),
         ("elastic", elastic),
         ("hostile_peers", hostile_peers),
     ];

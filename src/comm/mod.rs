@@ -339,6 +339,26 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// for more than 2 GiB of objects, one or all together).
     fn all_gather_bytes(&self, per_local_rank: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>;
 
+    /// [`Communicator::all_gather_bytes`] for reports of an elastic run: the bytes of every rank
+    /// still present, `None` for a rank that left (outside the last agreed membership, or
+    /// silent for the world's failure bound while awaited) instead of failing the gather. Never
+    /// for training data: which ranks are present is this process's own view, not an agreement
+    /// (that is [`Communicator::membership`]). The default, for worlds whose ranks cannot leave,
+    /// is `all_gather_bytes` with every rank present.
+    ///
+    /// # Errors
+    /// Those of `all_gather_bytes`, except a rank that left.
+    fn all_gather_bytes_present(
+        &self,
+        per_local_rank: Vec<Vec<u8>>,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        Ok(self
+            .all_gather_bytes(per_local_rank)?
+            .into_iter()
+            .map(Some)
+            .collect())
+    }
+
     /// Every rank's bytes, in world rank order, on the process that holds world rank `to`
     /// (`None` elsewhere): `torch.distributed.gather_object`.
     ///
@@ -448,17 +468,43 @@ pub fn all_gather_f64(
     if world.local_ranks().len() == world.world_size() {
         return Ok(per_local_rank.to_vec());
     }
-    let bytes = per_local_rank
+    Ok(world
+        .all_gather_bytes(f64_bytes(per_local_rank))?
+        .iter()
+        .map(|b| bytes_f64(b))
+        .collect())
+}
+
+/// [`all_gather_f64`] through [`Communicator::all_gather_bytes_present`]: `None` for a rank
+/// that left (reports of an elastic run).
+///
+/// # Errors
+/// When this process holds part of the world only, those of
+/// [`Communicator::all_gather_bytes_present`]. A process holding the whole world never fails.
+pub fn all_gather_f64_present(
+    world: &dyn Communicator,
+    per_local_rank: &[Vec<f64>],
+) -> Result<Vec<Option<Vec<f64>>>> {
+    if world.local_ranks().len() == world.world_size() {
+        return Ok(per_local_rank.iter().cloned().map(Some).collect());
+    }
+    Ok(world
+        .all_gather_bytes_present(f64_bytes(per_local_rank))?
+        .iter()
+        .map(|b| b.as_deref().map(bytes_f64))
+        .collect())
+}
+
+fn f64_bytes(per_local_rank: &[Vec<f64>]) -> Vec<Vec<u8>> {
+    per_local_rank
         .iter()
         .map(|values| values.iter().flat_map(|v| v.to_le_bytes()).collect())
-        .collect();
-    Ok(world
-        .all_gather_bytes(bytes)?
-        .iter()
-        .map(|b| {
-            b.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()))
-                .collect()
-        })
-        .collect())
+        .collect()
+}
+
+fn bytes_f64(bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect()
 }

@@ -214,12 +214,14 @@ impl Default for TrainConfig {
 pub struct StepReport {
     /// Steps completed, this one included (1 after the first step).
     pub step: u64,
-    /// Each rank's mini-batch loss, at the parameters the rank computed its gradient at.
+    /// Each rank's mini-batch loss, at the parameters the rank computed its gradient at (NaN
+    /// for a rank that left an elastic run of processes).
     pub loss_per_rank: Vec<f64>,
-    /// The mean of `loss_per_rank`.
+    /// The mean of `loss_per_rank` over the ranks present.
     pub mean_loss: f64,
     /// After the step: the largest L2 distance of a replica's parameters (all of them, as
-    /// one vector) from the mean of the replicas. Exactly 0 when every replica is identical.
+    /// one vector) from the mean of the replicas present. Exactly 0 when every replica is
+    /// identical.
     pub divergence: f64,
     /// Bytes each rank has sent through collectives since the trainer was made (cumulative).
     pub bytes_communicated_per_rank: u64,
@@ -273,6 +275,10 @@ pub struct Trainer {
     host_params: Option<Vec<Vec<Vec<f64>>>>,
     /// Every world rank's optimizer state bytes, as of the last step.
     state_bytes: Vec<u64>,
+    /// The world ranks the reports still hear from: every rank, until one leaves an elastic
+    /// run of processes ([`Communicator::all_gather_bytes_present`]); a rank that left stays
+    /// out of the reports (its parameters are empty in `host_params`).
+    present: Vec<bool>,
     /// What the world's counters held when this trainer started, plus what the reports' own
     /// gathers added since: not this training's traffic.
     excluded: CommStats,
@@ -449,6 +455,7 @@ impl Trainer {
                 )
             }
         };
+        let present = vec![true; world.world_size()];
         let mut trainer = Trainer {
             task,
             config,
@@ -459,6 +466,7 @@ impl Trainer {
             steps: 0,
             host_params: None,
             state_bytes: Vec::new(),
+            present,
             excluded: CommStats::default(),
         };
         trainer.excluded = trainer.world.stats();
@@ -481,6 +489,27 @@ impl Trainer {
         result
     }
 
+    /// Every rank's `f64` values from the local ranks', `None` for a rank not present (which
+    /// then stays out of the reports).
+    fn gather_present(&mut self, local: &[Vec<f64>]) -> Result<Vec<Option<Vec<f64>>>> {
+        let mut all = self.reporting(|world| crate::comm::all_gather_f64_present(world, local))?;
+        for (values, present) in all.iter_mut().zip(self.present.iter_mut()) {
+            *present &= values.is_some();
+            if !*present {
+                *values = None;
+            }
+        }
+        Ok(all)
+    }
+
+    /// The world ranks still present in the reports (all of them unless ranks left an
+    /// elastic run of processes).
+    pub fn present_ranks(&self) -> Vec<usize> {
+        (0..self.present.len())
+            .filter(|&r| self.present[r])
+            .collect()
+    }
+
     fn gather_state_bytes(&mut self) -> Result<Vec<u64>> {
         let local: Vec<Vec<f64>> = match &self.driver {
             Driver::Sync(sgd) => {
@@ -500,10 +529,10 @@ impl Trainer {
                 .map(|b| vec![b as f64])
                 .collect(),
         };
-        let all = self.reporting(|world| crate::comm::all_gather_f64(world, &local))?;
+        let all = self.gather_present(&local)?;
         Ok(all
             .iter()
-            .map(|v| v.first().copied().unwrap_or(0.0) as u64)
+            .map(|v| v.as_ref().and_then(|v| v.first()).copied().unwrap_or(0.0) as u64)
             .collect())
     }
 
@@ -555,7 +584,7 @@ impl Trainer {
     }
 
     /// Every world rank's `[param][element]` values from the local ranks' (no exchange when
-    /// this process holds the whole world).
+    /// this process holds the whole world); no parameters for a rank not present.
     fn gather_per_rank(
         &mut self,
         local: &[Vec<Vec<f64>>],
@@ -565,10 +594,13 @@ impl Trainer {
             return Ok(local.to_vec());
         }
         let flat: Vec<Vec<f64>> = local.iter().map(|rank| rank.concat()).collect();
-        let all = self.reporting(|world| crate::comm::all_gather_f64(world, &flat))?;
+        let all = self.gather_present(&flat)?;
         let numels: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
         all.into_iter()
             .map(|values| {
+                let Some(values) = values else {
+                    return Ok(Vec::new());
+                };
                 if values.len() != numels.iter().sum::<usize>() {
                     return Err(Error::runtime(format!(
                         "a rank sent {} values, the model has {}",
@@ -585,6 +617,17 @@ impl Trainer {
                     })
                     .collect())
             })
+            .collect()
+    }
+
+    /// The parameters of the ranks present, as read back by [`Trainer::host_params`].
+    fn present_params(&self) -> Vec<&[Vec<f64>]> {
+        let Some(all) = &self.host_params else {
+            return Vec::new();
+        };
+        (0..all.len())
+            .filter(|&r| self.present[r])
+            .map(|r| all[r].as_slice())
             .collect()
     }
 
@@ -609,7 +652,6 @@ impl Trainer {
     /// lost device or an arena over the memory budget); the world's errors. A failed step is not
     /// counted, but the replicas may have changed.
     pub async fn step(&mut self) -> Result<StepReport> {
-        let ranks = self.task.ranks();
         let local = self.world.local_ranks();
         let shapes = self.task.param_shapes();
         let batches: Vec<Vec<usize>> = local.clone().map(|r| self.batch(r)).collect();
@@ -623,9 +665,9 @@ impl Trainer {
             all_grads.push(grads);
         }
         let loss_per_rank: Vec<f64> = self
-            .reporting(|world| crate::comm::all_gather_f64(world, &local_losses))?
+            .gather_present(&local_losses)?
             .into_iter()
-            .map(|l| l.first().copied().unwrap_or(f64::NAN))
+            .map(|l| l.and_then(|l| l.first().copied()).unwrap_or(f64::NAN))
             .collect();
         for (rank, grads) in all_grads.into_iter().enumerate() {
             let tensors = grads
@@ -655,9 +697,12 @@ impl Trainer {
                 .then_some(self.world.world_size()),
         };
         self.steps += 1;
-        let divergence = divergence(self.host_params().await?);
+        self.host_params().await?;
+        let divergence = divergence(&self.present_params());
         self.state_bytes = self.gather_state_bytes()?;
-        let mean_loss = loss_per_rank.iter().sum::<f64>() / ranks as f64;
+        let present = self.present_ranks();
+        let mean_loss =
+            present.iter().map(|&r| loss_per_rank[r]).sum::<f64>() / present.len() as f64;
         Ok(StepReport {
             step: self.steps,
             loss_per_rank,
@@ -679,12 +724,13 @@ impl Trainer {
     /// world's errors.
     pub async fn evaluate(&mut self) -> Result<Evaluation> {
         let task = self.task.clone();
-        let params = self.host_params().await?;
-        let mut loss_per_rank = Vec::with_capacity(params.len());
-        for p in params {
-            loss_per_rank.push(task.evaluate(p)?.0);
+        self.host_params().await?;
+        let present = self.present_params();
+        let mut loss_per_rank = vec![f64::NAN; self.present.len()];
+        for (rank, p) in self.present_ranks().into_iter().zip(&present) {
+            loss_per_rank[rank] = task.evaluate(p)?.0;
         }
-        let (mean_model_loss, mean_model_accuracy) = task.evaluate(&mean_params(params))?;
+        let (mean_model_loss, mean_model_accuracy) = task.evaluate(&mean_params(&present))?;
         Ok(Evaluation {
             mean_model_loss,
             mean_model_accuracy,
@@ -706,7 +752,7 @@ async fn read_params(replicas: &Replicas) -> Result<Vec<Vec<Vec<f64>>>> {
 
 /// The mean of the replicas, as rank 0's values plus the mean deviation from them, so that
 /// identical replicas have exactly their common value as mean.
-fn mean_params(params: &[Vec<Vec<f64>>]) -> Vec<Vec<f64>> {
+fn mean_params(params: &[&[Vec<f64>]]) -> Vec<Vec<f64>> {
     let Some(first) = params.first() else {
         return Vec::new();
     };
@@ -724,7 +770,7 @@ fn mean_params(params: &[Vec<Vec<f64>>]) -> Vec<Vec<f64>> {
 }
 
 /// The largest L2 distance of a replica from the mean of the replicas.
-fn divergence(params: &[Vec<Vec<f64>>]) -> f64 {
+fn divergence(params: &[&[Vec<f64>]]) -> f64 {
     let mean = mean_params(params);
     params
         .iter()
@@ -746,9 +792,9 @@ mod tests {
     #[test]
     fn divergence_of_identical_replicas_is_zero() {
         let p = vec![vec![0.1, 0.7, -3.3], vec![1.0 / 3.0]];
-        assert_eq!(divergence(&vec![p.clone(); 3]), 0.0);
+        assert_eq!(divergence(&[p.as_slice(); 3]), 0.0);
         let q = vec![vec![0.1, 0.7, -3.3], vec![1.0 / 3.0 + 2.0]];
-        assert!((divergence(&[p, q]) - 1.0).abs() < 1e-12);
+        assert!((divergence(&[&p, &q]) - 1.0).abs() < 1e-12);
     }
 
     #[test]

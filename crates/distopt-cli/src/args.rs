@@ -69,7 +69,9 @@ pub enum Command {
     /// when it is a terminal. Under `mpirun -np W` (a build with the `mpi` feature) each
     /// process is one rank: the same flags, --ranks defaults to W, the first rank prints. With
     /// --world nats://HOST:PORT --run NAME --ranks R (the `nats` feature), R processes started
-    /// on their own, on any machines reaching the server, train as one run.
+    /// on their own, on any machines reaching the server, train as one run; under DiLoCo and
+    /// the averagers the survivors of a killed process finish it, and the lowest live rank
+    /// prints.
     Train(Box<TrainArgs>),
 }
 

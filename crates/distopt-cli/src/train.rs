@@ -36,8 +36,9 @@ pub fn run(args: TrainArgs) -> Result<(), Error> {
         .map_err(|e| Error::new(e.kind(), format!("rank {rank} of {ranks}: {}", e.message())))
 }
 
-/// `distopt train ARGS`, in `world` when given (one rank per process under `mpirun`: the same
-/// flags, `--ranks` defaulting to the world size; the first rank prints the report).
+/// `distopt train ARGS`, in `world` when given (one rank per process under `mpirun` or over
+/// NATS: the same flags, `--ranks` defaulting to the world size; the lowest rank that finished
+/// prints the report, which under DiLoCo and the averagers need not be rank 0).
 pub fn run_in(args: TrainArgs, world: Option<Arc<dyn Communicator>>) -> Result<(), Error> {
     let ranks_given = args.ranks.is_some();
     let mut options = Options::from_args(args)?;
@@ -77,8 +78,15 @@ pub fn run_in(args: TrainArgs, world: Option<Arc<dyn Communicator>>) -> Result<(
             world.clone(),
         )?);
     }
-    if world.as_ref().is_some_and(|w| w.local_ranks().start != 0) {
-        return Ok(());
+    if let Some(world) = &world {
+        // A last agreement point: the ranks that finished (every rank, unless some left an
+        // elastic run); the lowest of them prints.
+        let live = world.membership()?.live;
+        let finished: Vec<usize> = (0..live.len()).filter(|&r| live[r]).collect();
+        if finished.first() != Some(&world.local_ranks().start) {
+            return Ok(());
+        }
+        options.ranks_finished = Some(finished);
     }
     if options.json {
         println!("{}", to_json(&options, &selection, task.as_ref(), &results));
@@ -100,6 +108,8 @@ struct Options {
     ranks: usize,
     /// Processes of an MPI world (one rank each), when run under `mpirun`.
     processes: Option<usize>,
+    /// In a world of processes, the ranks that finished training (those that did not leave).
+    ranks_finished: Option<Vec<usize>>,
     steps: u64,
     period: u64,
     warmup: u64,
@@ -207,6 +217,7 @@ impl Options {
             },
             ranks,
             processes: None,
+            ranks_finished: None,
             steps,
             period,
             warmup,
@@ -411,7 +422,7 @@ fn to_table(
         options.ranks,
         if options.ranks == 1 { "" } else { "s" },
         if options.processes.is_some() {
-            ", one per MPI process"
+            ", one per process"
         } else {
             ""
         },
@@ -421,6 +432,21 @@ fn to_table(
         t.momentum,
         t.batch_size
     );
+    if let Some(finished) = options
+        .ranks_finished
+        .as_ref()
+        .filter(|f| f.len() < options.ranks)
+    {
+        let left: Vec<String> = (0..options.ranks)
+            .filter(|r| !finished.contains(r))
+            .map(|r| r.to_string())
+            .collect();
+        out += &format!(
+            "ranks that left the run: {}; the {} others finished it\n",
+            left.join(", "),
+            finished.len()
+        );
+    }
     out += &format!("task: {}\n", describe_task(task));
     out += &format!(
         "backend: {:?} ({}), because {}\n",
@@ -551,6 +577,7 @@ fn to_json(
         .collect();
     json!({
         "ranks": options.ranks,
+        "ranks_finished": options.ranks_finished,
         "steps": options.steps,
         "period": options.period,
         "warmup": options.warmup,

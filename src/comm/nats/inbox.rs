@@ -151,10 +151,28 @@ impl Inbox {
     /// was malformed.
     pub(super) fn receive(
         &self,
-        mut assembler: Assembler,
+        assembler: Assembler,
         bound: Duration,
         run_name: &str,
     ) -> Result<Vec<u8>> {
+        let id = *assembler.expected();
+        self.receive_unless_gone(assembler, bound, run_name, false)?
+            .ok_or_else(|| Error::runtime(format!("run '{run_name}': {id} was never sent")))
+    }
+
+    /// [`Inbox::receive`], or with `tolerate_gone` `None` when the sender left instead of an
+    /// error: it is outside the last agreed membership, or it has been silent for `bound`
+    /// (other ranks' silence is then not this receive's business).
+    ///
+    /// # Errors
+    /// Those of [`Inbox::receive`], less the sender's silence with `tolerate_gone`.
+    pub(super) fn receive_unless_gone(
+        &self,
+        mut assembler: Assembler,
+        bound: Duration,
+        run_name: &str,
+        tolerate_gone: bool,
+    ) -> Result<Option<Vec<u8>>> {
         let id = *assembler.expected();
         let me = self.me.load(std::sync::atomic::Ordering::Relaxed);
         let mut state = self.lock();
@@ -170,7 +188,7 @@ impl Inbox {
                     // Checked as it arrived (`push`): the CRC-32 is not computed again.
                     let frame = Frame::parse_header(&bytes).map_err(Error::from)?;
                     match assembler.accept(&frame) {
-                        Ok(Some(message)) => return Ok(message),
+                        Ok(Some(message)) => return Ok(Some(message)),
                         Ok(None) => {}
                         Err(e) if e.is_stale() => {}
                         Err(e) => return Err(refused(run_name, &e)),
@@ -181,6 +199,19 @@ impl Inbox {
             // one awaited first): a survivor that waits on another survivor does not wait for
             // that one to notice first. A rank that left at a sync point is not live.
             let awaited = id.from as usize;
+            if tolerate_gone {
+                let left = !state.live.get(awaited).copied().unwrap_or(false)
+                    || state.heard.get(awaited).is_none_or(|h| h.elapsed() > bound);
+                if left {
+                    return Ok(None);
+                }
+                state = self
+                    .arrived
+                    .wait_timeout(state, Duration::from_millis(50))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                continue;
+            }
             let gone = std::iter::once(awaited)
                 .chain((0..state.heard.len()).filter(|&r| state.live[r]))
                 .find(|&r| r != me && state.heard[r].elapsed() > bound);

@@ -21,11 +21,13 @@
 //!   their live ranks through the run's bucket ([`Communicator::membership`]); a rank that
 //!   left (silent for the failure bound) is dropped at the next sync point, and the survivors
 //!   average over each other only, on the bits of the simulated world replaying that
-//!   membership. A rank that dies *during* a sync still fails the survivors' collective, and a
-//!   process cannot join a running run yet.
+//!   membership. A sync's mean is committed (`commit.rs`): applied on every live rank or, when
+//!   a rank dies during it, on none, the survivors then averaging again without it. A process
+//!   cannot join a running run yet.
 //!
 //! [`SimulatedWorld`]: super::SimulatedWorld
 
+mod commit;
 mod inbox;
 mod join;
 mod membership;
@@ -63,6 +65,19 @@ const KIND_RESULT: u8 = 2;
 const KIND_BROADCAST: u8 = 3;
 /// One rank's part of a gather.
 const KIND_GATHER: u8 = 4;
+/// A rank's vote on committing a sync point's mean (`commit.rs`).
+const KIND_VOTE: u8 = 5;
+
+/// What a reduction of arena values does with the sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sum {
+    /// Written to the arena as soon as it is complete.
+    Stored,
+    /// Not written (a rank that only contributes).
+    Dropped,
+    /// Kept in the scratch buffer, the arena untouched, until the reduction is committed.
+    Held,
+}
 
 /// How a process joins a run (see [`NatsWorld::join`]).
 #[derive(Debug, Clone)]
@@ -292,6 +307,22 @@ impl NatsWorld {
         &self.run
     }
 
+    /// The live ranks agreed at the last sync point (every rank before the first), without
+    /// agreeing anew: for a display of who is training, or to record a run's membership.
+    pub fn live(&self) -> Vec<bool> {
+        self.elastic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
+    }
+
+    /// Membership agreements so far ([`Communicator::membership`]'s calls, and one more for
+    /// each sync point whose mean was discarded because a rank died during it).
+    pub fn agreements(&self) -> u64 {
+        self.elastic.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
     /// How long a rank may be silent before a collective waiting on it fails.
     pub fn failure_bound(&self) -> Duration {
         self.bound
@@ -433,7 +464,8 @@ impl NatsWorld {
     /// Reduces the `runs` of this rank's arena over `members`: each element's `contribution`,
     /// the sum in rank order, and the sum stored where `store` (see [`NatsWorld::reduce`]).
     /// The contributions go to a scratch buffer kept between calls; one run of elements stored
-    /// as `T` itself receives the sum where it is.
+    /// as `T` itself receives the sum where it is, unless `Sum::Held`: then the arena is not
+    /// written and the sum stays in the scratch buffer for [`NatsWorld::store_held`].
     fn reduce_arena<T: Real + bytemuck::Pod>(
         &self,
         arena: &mut Arena,
@@ -441,8 +473,9 @@ impl NatsWorld {
         members: &[usize],
         runs: &[(Range<usize>, usize)],
         contribution: impl Fn(T, usize) -> T,
-        store: bool,
+        sum: Sum,
     ) -> Result<()> {
+        let store = sum == Sum::Stored;
         let format = arena.format();
         let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
             // Nothing to reduce here, but the ranks still take part in the collective.
@@ -515,6 +548,7 @@ impl NatsWorld {
         arith: StorageFormat,
         members: &[usize],
         runs: &[(Range<usize>, usize)],
+        sum: Sum,
     ) -> Result<()> {
         let divisor = T::scalar(members.len() as f64);
         self.reduce_arena::<T>(
@@ -523,8 +557,34 @@ impl NatsWorld {
             members,
             runs,
             |x, _| T::round(arith, x / divisor),
-            true,
+            sum,
         )
+    }
+
+    /// Writes the sum a [`Sum::Held`] reduction of `runs` left in the scratch buffer to the
+    /// arena.
+    fn store_held<T: Real + bytemuck::Pod>(
+        &self,
+        arena: &mut Arena,
+        runs: &[(Range<usize>, usize)],
+    ) -> Result<()> {
+        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+            return Ok(());
+        };
+        let format = arena.format();
+        let total: usize = runs.iter().map(|r| r.0.len()).sum();
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let out: &mut [T] = scratch_of(&mut scratch.1, total);
+        transfer::with_row_words(arena, first.0.start..last.0.end, |words, base| {
+            let mut k = 0;
+            for (run, _) in runs {
+                for i in run.clone() {
+                    T::store(format, words, i - base, out[k]);
+                    k += 1;
+                }
+            }
+            Ok(())
+        })
     }
 
     /// [`NatsWorld::reduce_arena`] of DDP's scaled sum over the world: this rank's values of
@@ -549,7 +609,11 @@ impl NatsWorld {
                 Some(s) if present[j] => T::round(arith, x * T::scalar(s)),
                 _ => zero,
             },
-            scale.is_some(),
+            if scale.is_some() {
+                Sum::Stored
+            } else {
+                Sum::Dropped
+            },
         )
     }
 }
@@ -609,7 +673,7 @@ impl Communicator for NatsWorld {
 
     fn all_reduce_mean(
         &self,
-        backend: &dyn Backend,
+        _backend: &dyn Backend,
         arena: &mut Arena,
         groups: Subgroups,
         arith: StorageFormat,
@@ -618,8 +682,7 @@ impl Communicator for NatsWorld {
         bytes_per_rank: u64,
     ) -> Result<()> {
         let live = vec![true; self.size];
-        self.all_reduce_mean_live(
-            backend,
+        self.mean_over(
             arena,
             groups,
             &live,
@@ -627,6 +690,7 @@ impl Communicator for NatsWorld {
             starts,
             active,
             bytes_per_rank,
+            false,
         )
     }
 
@@ -654,6 +718,9 @@ impl Communicator for NatsWorld {
         })
     }
 
+    /// A sync point's mean, applied on every live rank or on none: a rank that dies during it
+    /// makes the survivors agree on a new membership and average again over it (see
+    /// `commit.rs`).
     fn all_reduce_mean_live(
         &self,
         _backend: &dyn Backend,
@@ -665,30 +732,16 @@ impl Communicator for NatsWorld {
         active: &[bool],
         bytes_per_rank: u64,
     ) -> Result<()> {
-        self.check_one_rank(arena, "all_reduce")?;
-        super::check_live(live, self.size)?;
-        if groups.world_size() != self.size || active.len() != starts.0.len() {
-            return Err(Error::value(format!(
-                "all_reduce over groups of a world of {} in a world of {}, or {} flags for {} parameters",
-                groups.world_size(),
-                self.size,
-                active.len(),
-                starts.0.len()
-            )));
-        }
-        if !live[self.rank] {
-            // Not in this sync: this rank keeps its data, as in the simulated world.
-            return Ok(());
-        }
-        let members: Vec<usize> = groups.group_of(self.rank).filter(|&r| live[r]).collect();
-        let runs = param_runs(starts, active, arena.rank_len());
-        if arith == StorageFormat::F64 {
-            self.mean_arena::<f64>(arena, arith, &members, &runs)?;
-        } else {
-            self.mean_arena::<f32>(arena, arith, &members, &runs)?;
-        }
-        self.record(|s| s.add_all_reduce(members.len(), bytes_per_rank));
-        Ok(())
+        self.mean_over(
+            arena,
+            groups,
+            live,
+            arith,
+            starts,
+            active,
+            bytes_per_rank,
+            true,
+        )
     }
 
     fn all_reduce_scaled_sum(
@@ -844,6 +897,40 @@ impl Communicator for NatsWorld {
             }
         }
         let bytes: usize = all.iter().map(Vec::len).sum();
+        self.record(|s| s.gather_bytes += bytes as u64);
+        Ok(all)
+    }
+
+    /// Waits for each rank until it has been silent for the failure bound (once: a rank that
+    /// left is `None` at once in later gathers), or not at all for a rank outside the last
+    /// agreed membership.
+    fn all_gather_bytes_present(
+        &self,
+        per_local_rank: Vec<Vec<u8>>,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        self.only(&per_local_rank)?;
+        let mine = per_local_rank.into_iter().next().unwrap_or_default();
+        let seq = self.begin();
+        self.send(&self.common, seq, KIND_GATHER, &mine)?;
+        let mut all = Vec::with_capacity(self.size);
+        let mut mine = Some(mine);
+        for rank in 0..self.size {
+            if rank == self.rank {
+                all.push(mine.take());
+            } else {
+                let id = MessageId {
+                    from: rank as u32,
+                    ..self.id(seq, KIND_GATHER)
+                };
+                all.push(self.inbox.receive_unless_gone(
+                    Assembler::any_size(id),
+                    self.bound,
+                    &self.run,
+                    true,
+                )?);
+            }
+        }
+        let bytes: usize = all.iter().flatten().map(Vec::len).sum();
         self.record(|s| s.gather_bytes += bytes as u64);
         Ok(all)
     }
