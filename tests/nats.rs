@@ -31,8 +31,12 @@
 //! - the elastic command line: three `distopt train --world … --algorithm diloco` processes,
 //!   one killed mid-run; the two survivors finish and exit 0, the lowest live rank prints.
 //!
+//! - isolation: a server with a user per run (`distopt nats-config`); a client holding one
+//!   run's secret cannot publish into, subscribe to or open another run, and a wrong secret
+//!   cannot join.
+//!
 //! `DISTOPT_NATS_ONLY=PART` (golden, command_line, killed_rank, elastic_command_line, elastic,
-//! hostile_peers) runs one part alone.
+//! hostile_peers, isolation) runs one part alone.
 
 mod common;
 #[allow(dead_code)]
@@ -53,6 +57,8 @@ const WORKER: &str = "DISTOPT_NATS_WORKER";
 const URL: &str = "DISTOPT_NATS_URL";
 const RUN: &str = "DISTOPT_NATS_RUN";
 const RANKS: &str = "DISTOPT_NATS_RANKS";
+/// The run's secret, on a server with a user per run.
+const SECRET: &str = "DISTOPT_NATS_SECRET";
 const KINDS: [&str; 8] = [
     "diloco",
     "streaming_diloco",
@@ -81,7 +87,9 @@ fn main() -> ExitCode {
 fn worker(role: &str) -> ExitCode {
     let env = |name: &str| std::env::var(name).unwrap_or_default();
     let ranks: usize = env(RANKS).parse().unwrap_or(0);
-    let world = match NatsWorld::join(&NatsOptions::new(env(URL), env(RUN), ranks)) {
+    let mut options = NatsOptions::new(env(URL), env(RUN), ranks);
+    options.secret = std::env::var(SECRET).ok();
+    let world = match NatsWorld::join(&options) {
         Ok(world) => world,
         Err(e) => {
             eprintln!("join: {e}");
@@ -397,16 +405,54 @@ struct Server {
     _store: TempDir,
 }
 
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
 impl Server {
     fn start() -> Result<Server, String> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
+        let port = free_port()?;
         let store = TempDir::new("nats-store")?;
-        let child = Command::new("nats-server")
+        let mut command = Command::new("nats-server");
+        command
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(&store.0);
+        Server::run(command, port, store)
+    }
+
+    /// A server run from the configuration `distopt nats-config` writes for `runs`
+    /// (`NAME:SECRET` each).
+    fn with_users(runs: &[&str]) -> Result<Server, String> {
+        let port = free_port()?;
+        let store = TempDir::new("nats-users")?;
+        let mut config = Command::new(common::distopt_exe());
+        config.args(["nats-config", "--listen", &format!("127.0.0.1:{port}")]);
+        for run in runs {
+            config.args(["--run", run]);
+        }
+        let written = config
+            .arg("--store-dir")
             .arg(&store.0)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !written.status.success() {
+            return Err(format!(
+                "distopt nats-config failed: {}",
+                String::from_utf8_lossy(&written.stderr)
+            ));
+        }
+        let file = store.0.join("server.conf");
+        std::fs::write(&file, &written.stdout).map_err(|e| e.to_string())?;
+        let mut command = Command::new("nats-server");
+        command.arg("-c").arg(&file);
+        Server::run(command, port, store)
+    }
+
+    fn run(mut command: Command, port: u16, store: TempDir) -> Result<Server, String> {
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -1155,6 +1201,110 @@ fn elastic(server: &Server, failures: &mut Vec<String>) {
     );
 }
 
+/// Runs isolated by the server: a user per run (`distopt nats-config`). Two honest ranks of
+/// run `iso-b` sum while a client holding run `iso-a`'s secret publishes frames into `iso-b`
+/// that would fail them, subscribes to its subjects and opens its bucket: the server refuses
+/// all three, the honest sums stay exact, and a wrong secret cannot join.
+fn isolation(_server: &Server, failures: &mut Vec<String>) {
+    use futures_util::StreamExt;
+    let (a, b) = ("iso-a:secret-of-a1", "iso-b:secret-of-b2");
+    let server = match Server::with_users(&[a, b]) {
+        Ok(s) => s,
+        Err(e) => return failures.push(e),
+    };
+    let mut honest = ranks_of_this_binary(&server, "honest", "iso-b", 2);
+    for command in &mut honest {
+        command.env(SECRET, "secret-of-b2");
+    }
+    let honest = match Processes::start(honest) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    let garbage = forged("iso-b", 3, 7, 1, &[7; 256]);
+    let url = server.url.clone();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let attacker = std::thread::spawn(move || -> Result<(usize, usize, bool), String> {
+        let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+        runtime.block_on(async move {
+            let refusals = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counted = refusals.clone();
+            let client = async_nats::ConnectOptions::new()
+                .user_and_password("iso-a".into(), "secret-of-a1".into())
+                .event_callback(move |event| {
+                    let counted = counted.clone();
+                    async move {
+                        if event.to_string().contains("Permissions Violation") {
+                            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                })
+                .connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut spy = client
+                .subscribe("distopt.iso-b.>")
+                .await
+                .map_err(|e| e.to_string())?;
+            let js = async_nats::jetstream::new(client.clone());
+            let bucket_opened = js.get_key_value("distopt_iso-b").await.is_ok();
+            let mut overheard = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = client
+                    .publish("distopt.iso-b.all", bytes::Bytes::from(garbage.clone()))
+                    .await;
+                let _ = client.flush().await;
+                if let Ok(Some(_)) =
+                    tokio::time::timeout(Duration::from_millis(20), spy.next()).await
+                {
+                    overheard += 1;
+                }
+            }
+            Ok((
+                refusals.load(std::sync::atomic::Ordering::Relaxed),
+                overheard,
+                bucket_opened,
+            ))
+        })
+    });
+    let exits = honest.wait(Duration::from_secs(120));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let attack = attacker
+        .join()
+        .unwrap_or_else(|_| Err("the attacker panicked".into()));
+    let wrong = {
+        let mut options = NatsOptions::new(server.url.clone(), "iso-b", 2);
+        options.secret = Some("secret-of-a1".into());
+        NatsWorld::join(&options).map(drop)
+    };
+    let exact = exits
+        .iter()
+        .all(|e| e.status == Some(0) && e.stdout.contains("40 exact sums"));
+    match attack {
+        Ok((refusals, 0, false)) if exact && refusals >= 2 => match wrong {
+            Err(e) if e.message().contains("authorization violation") => println!(
+                "runs isolated by per-run users: run iso-a's secret cannot publish into, read or open run iso-b ({refusals} refusals by the server), iso-b's 40 sums exact, a wrong secret refused: {}",
+                e.message()
+            ),
+            Err(e) => failures.push(format!(
+                "a wrong run secret must be refused by the server: {e}"
+            )),
+            Ok(()) => failures.push("a wrong run secret joined a run".into()),
+        },
+        Ok((refusals, overheard, opened)) => {
+            let why: Vec<String> = exits
+                .iter()
+                .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
+                .collect();
+            failures.push(format!(
+                "another run's client must be refused: {refusals} refusals, {overheard} messages overheard, bucket opened: {opened}; honest ranks: {}",
+                why.join("\n")
+            ));
+        }
+        Err(e) => failures.push(format!("isolation: the attacking client failed: {e}")),
+    }
+}
+
 /// One part of the launcher's checks: it pushes what failed.
 type Part = fn(&Server, &mut Vec<String>);
 
@@ -1169,13 +1319,14 @@ fn launcher() -> ExitCode {
     let mut failures = Vec::new();
     // `DISTOPT_NATS_ONLY=elastic` (a part's name) runs that part alone.
     let only = std::env::var("DISTOPT_NATS_ONLY").ok();
-    let parts: [(&str, Part); 6] = [
+    let parts: [(&str, Part); 7] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
         ("elastic_command_line", elastic_command_line),
         ("elastic", elastic),
         ("hostile_peers", hostile_peers),
+        ("isolation", isolation),
     ];
     for (name, part) in parts {
         if only.as_deref().is_none_or(|o| o == name) {

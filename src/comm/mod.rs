@@ -28,7 +28,10 @@ pub use membership::{Membership, MembershipSchedule};
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub use mpi::MpiWorld;
 #[cfg(all(feature = "nats", not(target_arch = "wasm32")))]
-pub use nats::{NatsOptions, NatsWorld};
+pub use nats::{
+    NatsOptions, NatsWorld, RunCredentials, RunPermissions, ServerListen, run_permissions,
+    server_config,
+};
 pub use simulated::SimulatedWorld;
 
 /// A partition of the world into contiguous groups `[k*g, (k+1)*g)`, as

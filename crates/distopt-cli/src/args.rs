@@ -73,6 +73,13 @@ pub enum Command {
     /// the averagers the survivors of a killed process finish it, and the lowest live rank
     /// prints.
     Train(Box<TrainArgs>),
+    /// A nats-server configuration isolating runs: one user per run.
+    ///
+    /// Prints a configuration file for `nats-server -c FILE`: JetStream on, and for each
+    /// --run NAME:SECRET a user NAME with password SECRET whose permissions reach only that
+    /// run's subjects and key-value bucket, so a process holding one run's secret can neither
+    /// read nor write another run. Processes join with --run NAME --run-secret SECRET.
+    NatsConfig(NatsConfigArgs),
 }
 
 /// `distopt step`.
@@ -260,6 +267,28 @@ pub struct WorldArgs {
     /// The server's authentication token (with --world; default: $DISTOPT_NATS_TOKEN).
     #[arg(long, value_name = "SECRET", requires = "world")]
     pub token: Option<String>,
+    /// The run's secret, on a server with a user per run (`distopt nats-config`; with --world;
+    /// default: $DISTOPT_RUN_SECRET).
+    #[arg(long, value_name = "SECRET", requires = "world")]
+    pub run_secret: Option<String>,
+}
+
+/// `distopt nats-config`.
+#[derive(Debug, Args)]
+pub struct NatsConfigArgs {
+    /// A run the server admits, as a user of its own that reaches only that run's subjects and
+    /// bucket (repeat for more runs); the secret is 8 to 128 characters of A-Z a-z 0-9 - . _ ~.
+    #[arg(long = "run", value_name = "NAME:SECRET", required = true)]
+    pub runs: Vec<String>,
+    /// The client port.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:4222")]
+    pub listen: String,
+    /// A WebSocket port for browser ranks (no TLS: put TLS in front of it on the internet).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub websocket: Option<String>,
+    /// JetStream's store folder.
+    #[arg(long, value_name = "DIR")]
+    pub store_dir: Option<String>,
 }
 
 /// `distopt train`.

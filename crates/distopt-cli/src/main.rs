@@ -46,6 +46,7 @@ fn main() -> ExitCode {
         Command::Info(args) => info(args.json),
         Command::Bench(args) => bench::run(args.which),
         Command::Train(args) => train::run(*args),
+        Command::NatsConfig(args) => world::nats_config(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

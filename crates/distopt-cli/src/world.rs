@@ -5,7 +5,7 @@ use std::sync::Arc;
 use distopt::Error;
 use distopt::comm::Communicator;
 
-use crate::args::WorldArgs;
+use crate::args::{NatsConfigArgs, WorldArgs};
 
 /// Joins the run `args` names, of `ranks` processes.
 ///
@@ -36,7 +36,49 @@ pub fn join_nats(
         .token
         .clone()
         .or_else(|| std::env::var("DISTOPT_NATS_TOKEN").ok());
+    options.secret = args
+        .run_secret
+        .clone()
+        .or_else(|| std::env::var("DISTOPT_RUN_SECRET").ok());
     NatsWorld::join(&options)
+}
+
+/// `distopt nats-config`: prints a server configuration with a user per run.
+///
+/// # Errors
+/// A `ValueError` for a `--run` that is not `NAME:SECRET`, and those of
+/// `distopt::comm::server_config`.
+#[cfg(feature = "nats")]
+pub fn nats_config(args: &NatsConfigArgs) -> Result<(), Error> {
+    use distopt::comm::{RunCredentials, ServerListen, server_config};
+    let runs = args
+        .runs
+        .iter()
+        .map(|r| {
+            let (run, secret) = r
+                .split_once(':')
+                .ok_or_else(|| Error::value(format!("--run {r}: expected NAME:SECRET")))?;
+            Ok(RunCredentials {
+                run: run.to_string(),
+                secret: secret.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let listen = ServerListen {
+        client: args.listen.clone(),
+        websocket: args.websocket.clone(),
+        store_dir: args.store_dir.clone(),
+    };
+    print!("{}", server_config(&runs, &listen)?);
+    Ok(())
+}
+
+/// Without the `nats` feature there is no server configuration to write.
+#[cfg(not(feature = "nats"))]
+pub fn nats_config(_args: &NatsConfigArgs) -> Result<(), Error> {
+    Err(Error::value(
+        "distopt nats-config needs a build with the `nats` feature (cargo build -p distopt-cli --features nats)",
+    ))
 }
 
 /// Without the `nats` feature, `--world` is an error that says how to build it.

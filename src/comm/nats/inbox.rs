@@ -128,6 +128,13 @@ impl Inbox {
         state.held -= freed;
     }
 
+    /// The server refused something this process did (`why`, its error): the next collective
+    /// fails with it.
+    pub(super) fn server_refused(&self, why: &str) {
+        self.lock().refused = Some(format!("the server refused this process: {why}"));
+        self.arrived.notify_all();
+    }
+
     /// The ranks of the membership agreed at the last sync point.
     pub(super) fn set_live(&self, live: &[bool]) {
         self.lock().live = live.to_vec();

@@ -31,8 +31,12 @@ mod commit;
 mod inbox;
 mod join;
 mod membership;
+mod permissions;
 mod raw;
 
+pub use permissions::{
+    RunCredentials, RunPermissions, ServerListen, run_permissions, server_config,
+};
 pub use raw::RawPeer;
 
 use std::ops::Range;
@@ -96,6 +100,9 @@ pub struct NatsOptions {
     pub failure_bound: Duration,
     /// The server's authentication token, when it asks for one.
     pub token: Option<String>,
+    /// The run's secret, on a server with a user per run (`permissions.rs`,
+    /// [`server_config`]): the password of the user named after the run.
+    pub secret: Option<String>,
 }
 
 impl NatsOptions {
@@ -110,6 +117,7 @@ impl NatsOptions {
             join_timeout: Duration::from_secs(60),
             failure_bound: Duration::from_secs(5),
             token: None,
+            secret: None,
         }
     }
 }
@@ -208,11 +216,26 @@ impl NatsWorld {
         let inbox = Arc::new(Inbox::new(run_id, options.ranks));
         let common = format!("distopt.{run}.all");
         let (client, store, rank, tokens, tasks) = runtime.block_on(async {
+            let refusals = inbox.clone();
             let mut connect = async_nats::ConnectOptions::new()
                 .no_echo()
-                .name(format!("distopt run {run}"));
+                .name(format!("distopt run {run}"))
+                .custom_inbox_prefix(permissions::inbox_prefix(&run))
+                .event_callback(move |event| {
+                    let refusals = refusals.clone();
+                    async move {
+                        // A publish or subscription the server's permissions refuse: the next
+                        // collective fails naming it instead of waiting for the bound.
+                        if let async_nats::Event::ServerError(e) = event {
+                            refusals.server_refused(&e.to_string());
+                        }
+                    }
+                });
             if let Some(secret) = &options.token {
                 connect = connect.token(secret.clone());
+            }
+            if let Some(secret) = &options.secret {
+                connect = connect.user_and_password(run.clone(), secret.clone());
             }
             let client = connect
                 .connect(options.url.as_str())
