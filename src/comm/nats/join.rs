@@ -16,6 +16,25 @@ use bytes::Bytes;
 
 use crate::error::{Error, Result};
 
+/// Checks that `run` can name a run: 1 to 64 letters, digits, `-` and `_` (a NATS subject
+/// token and a bucket name both).
+///
+/// # Errors
+/// A `ValueError` naming the run otherwise.
+pub(super) fn check_run_name(run: &str) -> Result<()> {
+    if run.is_empty()
+        || run.len() > 64
+        || !run
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(Error::value(format!(
+            "a run's name holds 1 to 64 letters, digits, '-' and '_', got '{run}'"
+        )));
+    }
+    Ok(())
+}
+
 /// The bucket of run `run`.
 pub(super) fn bucket_name(run: &str) -> String {
     format!("distopt_{run}")

@@ -173,20 +173,6 @@ fn process_token() -> String {
     format!("{:016x}", h.finish())
 }
 
-fn check_run_name(run: &str) -> Result<()> {
-    if run.is_empty()
-        || run.len() > 64
-        || !run
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err(Error::value(format!(
-            "a run's name holds 1 to 64 letters, digits, '-' and '_', got '{run}'"
-        )));
-    }
-    Ok(())
-}
-
 impl NatsWorld {
     /// Connects to the server, joins run `options.run` and waits until all its ranks have
     /// joined.
@@ -197,7 +183,7 @@ impl NatsWorld {
     /// the rank asked for is taken (or every rank is), or the run is not complete within
     /// `options.join_timeout`.
     pub fn join(options: &NatsOptions) -> Result<Arc<NatsWorld>> {
-        check_run_name(&options.run)?;
+        join::check_run_name(&options.run)?;
         if options.ranks == 0 {
             return Err(Error::value("a run needs at least one rank"));
         }

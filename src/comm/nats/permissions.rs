@@ -30,7 +30,7 @@ pub(super) fn inbox_prefix(run: &str) -> String {
 /// # Errors
 /// A `ValueError` for a run name that is not 1 to 64 letters, digits, `-` and `_`.
 pub fn run_permissions(run: &str) -> Result<RunPermissions> {
-    super::check_run_name(run)?;
+    super::join::check_run_name(run)?;
     let bucket = super::join::bucket_name(run);
     let stream = format!("KV_{bucket}");
     Ok(RunPermissions {
