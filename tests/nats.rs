@@ -1317,8 +1317,10 @@ fn launcher() -> ExitCode {
         }
     };
     let mut failures = Vec::new();
-    // `DISTOPT_NATS_ONLY=elastic` (a part's name) runs that part alone.
-    let only = std::env::var("DISTOPT_NATS_ONLY").ok();
+    // `DISTOPT_NATS_ONLY=elastic,golden` (parts' names) runs those parts alone.
+    let only: Option<Vec<String>> = std::env::var("DISTOPT_NATS_ONLY")
+        .ok()
+        .map(|o| o.split(',').map(str::to_string).collect());
     let parts: [(&str, Part); 7] = [
         ("golden", golden),
         ("command_line", command_line),
@@ -1328,8 +1330,16 @@ fn launcher() -> ExitCode {
         ("hostile_peers", hostile_peers),
         ("isolation", isolation),
     ];
+    if let Some(unknown) = only
+        .iter()
+        .flatten()
+        .find(|o| parts.iter().all(|(name, _)| name != o))
+    {
+        eprintln!("DISTOPT_NATS_ONLY names no part '{unknown}'");
+        return ExitCode::FAILURE;
+    }
     for (name, part) in parts {
-        if only.as_deref().is_none_or(|o| o == name) {
+        if only.as_ref().is_none_or(|o| o.iter().any(|o| o == name)) {
             part(&server, &mut failures);
         }
     }
