@@ -286,6 +286,20 @@ pub fn frames(
     payload: &[u8],
     max_frame: usize,
 ) -> crate::error::Result<Vec<Vec<u8>>> {
+    frames_with(id, payload, max_frame, Vec::new)
+}
+
+/// [`frames`], each frame written into a buffer from `buffer` (cleared first): a sender that
+/// keeps the buffers of the frames it sent reuses their memory.
+///
+/// # Errors
+/// Those of [`frames`].
+pub fn frames_with(
+    id: &MessageId,
+    payload: &[u8],
+    max_frame: usize,
+    mut buffer: impl FnMut() -> Vec<u8>,
+) -> crate::error::Result<Vec<Vec<u8>>> {
     if max_frame <= HEADER_BYTES {
         return Err(Error::value(format!(
             "a frame of at most {max_frame} bytes has no room after its {HEADER_BYTES}-byte header"
@@ -303,7 +317,9 @@ pub fn frames(
     for chunk in 0..chunks {
         let start = chunk as usize * room;
         let part = &payload[start.min(payload.len())..(start + room).min(payload.len())];
-        let mut frame = Vec::with_capacity(HEADER_BYTES + part.len());
+        let mut frame = buffer();
+        frame.clear();
+        frame.reserve_exact(HEADER_BYTES + part.len());
         frame.extend_from_slice(&MAGIC);
         frame.push(VERSION);
         frame.push(id.kind);
@@ -381,6 +397,28 @@ impl Assembler {
     /// A [`WireError`] saying why the frame is refused: [`WireError::is_stale`] ones are to be
     /// dropped; the others fail the collective.
     pub fn accept(&mut self, frame: &Frame<'_>) -> Result<Option<Vec<u8>>, WireError> {
+        if !self.take(frame, None)? {
+            return Ok(None);
+        }
+        Ok(Some(std::mem::take(&mut self.data)))
+    }
+
+    /// [`Assembler::accept`] writing the message into `dest` (exactly the expected size, the
+    /// same buffer for every frame of the message) instead of a buffer of its own: `Ok(true)`
+    /// when the frame was the last one missing. Every byte of `dest` is written once the
+    /// message is complete (each chunk's length follows from the size and is checked), so
+    /// `dest` may hold anything before — a buffer kept between messages needs no clearing.
+    ///
+    /// # Errors
+    /// Those of [`Assembler::accept`], and a size error when `dest` is not of the expected size
+    /// (or the assembler was made with [`Assembler::any_size`]).
+    pub fn accept_into(&mut self, frame: &Frame<'_>, dest: &mut [u8]) -> Result<bool, WireError> {
+        self.take(frame, Some(dest))
+    }
+
+    /// Checks `frame` against the message awaited and copies its payload to `dest`, or to the
+    /// assembler's buffer without one: true when the message is complete.
+    fn take(&mut self, frame: &Frame<'_>, dest: Option<&mut [u8]>) -> Result<bool, WireError> {
         let (id, expected) = (frame.id, self.expected);
         if id.run != expected.run {
             return Err(WireError::OtherRun { id });
@@ -410,6 +448,17 @@ impl Assembler {
                 )));
             }
             Some(_) => {}
+            None if dest.is_some() => {
+                let len = dest.as_deref().map_or(0, <[u8]>::len);
+                if self.size != Some(len) {
+                    return Err(WireError::Size(format!(
+                        "{id} has {size} bytes, the buffer awaiting it {len}"
+                    )));
+                }
+                self.received = vec![false; frame.chunks as usize];
+                self.missing = frame.chunks;
+                self.layout = Some((frame.chunks, frame.stride));
+            }
             None => {
                 let what = id.to_string();
                 budget::check(size, &what)
@@ -434,14 +483,18 @@ impl Assembler {
             });
         }
         let start = k * frame.stride as usize;
-        self.data[start..start + frame.payload.len()].copy_from_slice(frame.payload);
+        let data = match dest {
+            Some(dest) => dest,
+            None => &mut self.data[..],
+        };
+        data[start..start + frame.payload.len()].copy_from_slice(frame.payload);
         self.received[k] = true;
         self.missing -= 1;
         if self.missing > 0 {
-            return Ok(None);
+            return Ok(false);
         }
         self.layout = None;
-        Ok(Some(std::mem::take(&mut self.data)))
+        Ok(true)
     }
 }
 
@@ -531,6 +584,41 @@ mod tests {
             frames(&id(), &[1], HEADER_BYTES).is_err(),
             "no room for a payload"
         );
+    }
+
+    #[test]
+    fn a_message_assembles_into_a_kept_buffer_whatever_it_held() {
+        let data = payload(1000);
+        let mut fs = frames(&id(), &data, 100 + HEADER_BYTES).unwrap();
+        fs.reverse();
+        // A buffer kept from an earlier message: every byte is overwritten.
+        let mut dest = vec![0xAB; 1000];
+        let mut a = Assembler::new(id(), 1000);
+        let done: Vec<bool> = fs
+            .iter()
+            .map(|f| a.accept_into(&Frame::parse(f).unwrap(), &mut dest).unwrap())
+            .collect();
+        assert_eq!(done.iter().filter(|&&d| d).count(), 1);
+        assert!(done[done.len() - 1]);
+        assert_eq!(dest, data);
+        // A duplicate of a chunk already written is refused, the buffer unchanged.
+        let mut a = Assembler::new(id(), 1000);
+        let first = Frame::parse(&fs[0]).unwrap();
+        assert!(!a.accept_into(&first, &mut dest).unwrap());
+        let e = a.accept_into(&first, &mut dest).unwrap_err();
+        assert!(matches!(e, WireError::Duplicate { .. }), "{e}");
+        assert_eq!(dest, data);
+        // A buffer of another size, or an assembler of any size, is refused before a write.
+        let mut short = vec![0u8; 999];
+        let e = Assembler::new(id(), 1000)
+            .accept_into(&first, &mut short)
+            .unwrap_err();
+        assert!(e.to_string().contains("the buffer awaiting it 999"), "{e}");
+        let e = Assembler::any_size(id())
+            .accept_into(&first, &mut dest)
+            .unwrap_err();
+        assert!(matches!(e, WireError::Size(_)), "{e}");
+        assert!(short.iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -175,7 +175,38 @@ impl Inbox {
     /// Those of [`Inbox::receive`], less the sender's silence with `tolerate_gone`.
     pub(super) fn receive_unless_gone(
         &self,
+        assembler: Assembler,
+        bound: Duration,
+        run_name: &str,
+        tolerate_gone: bool,
+    ) -> Result<Option<Vec<u8>>> {
+        self.wait(assembler, None, bound, run_name, tolerate_gone)
+    }
+
+    /// [`Inbox::receive`] into `dest`, a buffer of exactly the message's size (see
+    /// [`Assembler::accept_into`]): no buffer is allocated and no byte copied twice.
+    ///
+    /// # Errors
+    /// Those of [`Inbox::receive`].
+    pub(super) fn receive_into(
+        &self,
+        assembler: Assembler,
+        dest: &mut [u8],
+        bound: Duration,
+        run_name: &str,
+    ) -> Result<()> {
+        let id = *assembler.expected();
+        self.wait(assembler, Some(dest), bound, run_name, false)?
+            .map(|_| ())
+            .ok_or_else(|| Error::runtime(format!("run '{run_name}': {id} was never sent")))
+    }
+
+    /// Waits for the message `assembler` awaits, assembled into `dest` when given (then
+    /// `Some` of an empty vector when complete), else into a buffer of its own.
+    fn wait(
+        &self,
         mut assembler: Assembler,
+        mut dest: Option<&mut [u8]>,
         bound: Duration,
         run_name: &str,
         tolerate_gone: bool,
@@ -194,7 +225,13 @@ impl Inbox {
                 for bytes in frames {
                     // Checked as it arrived (`push`): the CRC-32 is not computed again.
                     let frame = Frame::parse_header(&bytes).map_err(Error::from)?;
-                    match assembler.accept(&frame) {
+                    let accepted = match dest.as_deref_mut() {
+                        Some(dest) => assembler
+                            .accept_into(&frame, dest)
+                            .map(|done| done.then(Vec::new)),
+                        None => assembler.accept(&frame),
+                    };
+                    match accepted {
                         Ok(Some(message)) => return Ok(Some(message)),
                         Ok(None) => {}
                         Err(e) if e.is_stale() => {}

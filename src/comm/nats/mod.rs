@@ -61,6 +61,9 @@ const HOLDER: &str = "a process of a NATS run";
 /// How often a process says it is alive.
 pub const HEARTBEAT: Duration = Duration::from_millis(500);
 
+/// Frame buffers a world keeps for its next sends.
+const SPARE_FRAMES: usize = 32;
+
 /// A contribution to a reduction's shard.
 const KIND_CONTRIBUTION: u8 = 1;
 /// A reduced shard, from its owner.
@@ -140,9 +143,14 @@ pub struct NatsWorld {
     /// Sync points so far, and the live ranks agreed at the last one.
     elastic: Mutex<(u64, Vec<bool>)>,
     stats: Mutex<CommStats>,
-    /// Scratch for a reduction's contributions and sums, kept between calls (`u64` storage
-    /// keeps every element type aligned).
-    scratch: Mutex<(Vec<u64>, Vec<u64>)>,
+    /// Where a reduction of arena values that cannot be reduced in place is made (the
+    /// values, then the sums), kept between calls (`u64` storage keeps every element type
+    /// aligned).
+    scratch: Mutex<Vec<u64>>,
+    /// Where a reduction assembles each contribution it receives, kept between calls.
+    received: Mutex<Vec<u64>>,
+    /// Buffers of frames sent, for the next frames (at most [`SPARE_FRAMES`]).
+    spare: Mutex<Vec<Vec<u8>>>,
     store: async_nats::jetstream::kv::Store,
     client: async_nats::Client,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -277,7 +285,9 @@ impl NatsWorld {
             seq: Mutex::new(1),
             elastic: Mutex::new((0, vec![true; options.ranks])),
             stats: Mutex::new(CommStats::default()),
-            scratch: Mutex::new((Vec::new(), Vec::new())),
+            scratch: Mutex::new(Vec::new()),
+            received: Mutex::new(Vec::new()),
+            spare: Mutex::new(Vec::new()),
             store,
             client,
             tasks,
@@ -373,11 +383,17 @@ impl NatsWorld {
 
     /// Publishes message (`seq`, `kind`) with `payload` to `subject`, then flushes.
     fn send(&self, subject: &str, seq: u64, kind: u8, payload: &[u8]) -> Result<()> {
-        let frames = wire::frames(&self.id(seq, kind), payload, self.max_frame)?;
-        self.runtime.block_on(async {
-            for frame in frames {
+        let frames = {
+            let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+            wire::frames_with(&self.id(seq, kind), payload, self.max_frame, || {
+                spare.pop().unwrap_or_default()
+            })?
+        };
+        let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
+        let sent = self.runtime.block_on(async {
+            for frame in &frames {
                 self.client
-                    .publish(subject.to_string(), Bytes::from(frame))
+                    .publish(subject.to_string(), frame.clone())
                     .await
                     .map_err(|e| self.transport_error("cannot publish", &e))?;
             }
@@ -385,7 +401,18 @@ impl NatsWorld {
                 .flush()
                 .await
                 .map_err(|e| self.transport_error("cannot flush", &e))
-        })
+        });
+        // Flushed: the client has written the frames and let go of them, so their memory
+        // serves the next send (a frame it still holds is simply not kept).
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        for frame in frames {
+            if spare.len() < SPARE_FRAMES
+                && let Ok(buffer) = frame.try_into_mut()
+            {
+                spare.push(buffer.into());
+            }
+        }
+        sent
     }
 
     /// Message (`seq`, `kind`) of rank `from`, of `size` bytes when known.
@@ -401,128 +428,173 @@ impl NatsWorld {
         self.inbox.receive(assembler, self.bound, &self.run)
     }
 
-    /// The elementwise sum over `members` (world ranks, in order) of each member's `mine`, in
-    /// member order with every addition rounded to `arith` (`from_zero`: the sum starts at 0,
-    /// else at the first member's values), written to `out` on every member. Each member owns
-    /// a shard: it sums the shard and sends it to the others.
+    /// Message (`seq`, `kind`) of rank `from`, assembled into `dest` (exactly its size).
+    fn receive_into(&self, seq: u64, from: usize, kind: u8, dest: &mut [u8]) -> Result<()> {
+        let id = MessageId {
+            from: from as u32,
+            ..self.id(seq, kind)
+        };
+        self.inbox
+            .receive_into(Assembler::new(id, dest.len()), dest, self.bound, &self.run)
+    }
+
+    /// The elementwise sum over `members` (world ranks, in order) of each member's values,
+    /// in place: `data` holds this rank's values on entry and the sums on exit, on every
+    /// member. Each member owns a shard: it turns every member's value into its addend
+    /// (`addend`: the mean's division, say — made by the owner, so the values travel as they
+    /// are stored), adds them up in member order with every addition rounded to `arith`
+    /// (`from_zero`: the sum starts at 0, else at the first member's addend) and sends the
+    /// shard's sums to the others.
     fn reduce<T: Real + bytemuck::Pod>(
         &self,
         arith: StorageFormat,
         members: &[usize],
-        mine: &[T],
+        data: &mut [T],
         from_zero: bool,
-        out: &mut [T],
+        addend: impl Fn(T) -> T,
     ) -> Result<()> {
+        /// Elements summed at a time: this rank's own values of a block are copied aside
+        /// (they are overwritten by the sums), small enough to stay in the L1 cache.
+        const BLOCK: usize = 1024;
         let seq = self.begin();
-        let (m, n) = (members.len(), mine.len());
+        let (m, n) = (members.len(), data.len());
         let me = members
             .iter()
             .position(|&r| r == self.rank)
             .ok_or_else(|| Error::runtime("a reduction over a group this rank is not in"))?;
         let shard = |k: usize| k * n / m..(k + 1) * n / m;
-        let size = std::mem::size_of::<T>();
-        for (k, &rank) in members.iter().enumerate().filter(|&(k, _)| k != me) {
-            let part: &[u8] = bytemuck::cast_slice(&mine[shard(k)]);
+        let others = || members.iter().enumerate().filter(move |&(k, _)| k != me);
+        for (k, &rank) in others() {
+            let part: &[u8] = bytemuck::cast_slice(&data[shard(k)]);
             self.send(&self.subjects[rank], seq, KIND_CONTRIBUTION, part)?;
         }
         let own = shard(me);
-        let sum = &mut out[own.clone()];
-        for (k, &rank) in members.iter().enumerate() {
-            let received;
-            let values: &[u8] = if k == me {
-                bytemuck::cast_slice(&mine[own.clone()])
-            } else {
-                received = self.receive(seq, rank, KIND_CONTRIBUTION, Some(own.len() * size))?;
-                &received
-            };
-            // The bytes read in place (a received buffer need not be aligned for T).
-            let values = values
-                .chunks_exact(size)
-                .map(bytemuck::pod_read_unaligned::<T>);
-            if k == 0 {
-                let zero = T::scalar(0.0);
-                for (s, v) in sum.iter_mut().zip(values) {
-                    *s = if from_zero {
-                        T::round(arith, zero + v)
-                    } else {
-                        v
-                    };
-                }
-            } else {
-                for (s, v) in sum.iter_mut().zip(values) {
-                    *s = T::round(arith, *s + v);
+        let len = own.len();
+        // The other members' values of the own shard, each assembled into its slot of one
+        // buffer kept between collectives (aligned for T, so summed where they lie).
+        let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        let slots: &mut [T] = scratch_of(&mut received, len * (m - 1));
+        for (slot, (_, &rank)) in others().enumerate() {
+            let dest = &mut slots[slot * len..(slot + 1) * len];
+            self.receive_into(seq, rank, KIND_CONTRIBUTION, bytemuck::cast_slice_mut(dest))?;
+        }
+        let exact = rounds_to_itself::<T>(arith);
+        let zero = T::scalar(0.0);
+        let mut block = [zero; BLOCK];
+        let sums = &mut data[own.clone()];
+        for start in (0..len).step_by(BLOCK) {
+            let end = (start + BLOCK).min(len);
+            let sum = &mut sums[start..end];
+            block[..sum.len()].copy_from_slice(sum);
+            for k in 0..m {
+                let values: &[T] = match k.cmp(&me) {
+                    std::cmp::Ordering::Equal => &block[..sum.len()],
+                    std::cmp::Ordering::Less => &slots[k * len + start..k * len + end],
+                    std::cmp::Ordering::Greater => {
+                        &slots[(k - 1) * len + start..(k - 1) * len + end]
+                    }
+                };
+                if k == 0 {
+                    for (s, &v) in sum.iter_mut().zip(values) {
+                        *s = if from_zero {
+                            T::round(arith, zero + addend(v))
+                        } else {
+                            addend(v)
+                        };
+                    }
+                } else if exact {
+                    for (s, &v) in sum.iter_mut().zip(values) {
+                        *s = *s + addend(v);
+                    }
+                } else {
+                    for (s, &v) in sum.iter_mut().zip(values) {
+                        *s = T::round(arith, *s + addend(v));
+                    }
                 }
             }
         }
-        for (_, &rank) in members.iter().enumerate().filter(|&(k, _)| k != me) {
-            self.send(
-                &self.subjects[rank],
-                seq,
-                KIND_RESULT,
-                bytemuck::cast_slice(&out[own.clone()]),
-            )?;
+        drop(received);
+        for (_, &rank) in others() {
+            let sums: &[u8] = bytemuck::cast_slice(&data[own.clone()]);
+            self.send(&self.subjects[rank], seq, KIND_RESULT, sums)?;
         }
-        for (k, &rank) in members.iter().enumerate().filter(|&(k, _)| k != me) {
-            let range = shard(k);
-            let bytes = self.receive(seq, rank, KIND_RESULT, Some(range.len() * size))?;
-            bytemuck::cast_slice_mut::<T, u8>(&mut out[range]).copy_from_slice(&bytes);
+        for (k, &rank) in others() {
+            // Each owner's sums are assembled where they belong.
+            let dest = bytemuck::cast_slice_mut::<T, u8>(&mut data[shard(k)]);
+            self.receive_into(seq, rank, KIND_RESULT, dest)?;
         }
         Ok(())
     }
 
-    /// Reduces the `runs` of this rank's arena over `members`: each element's `contribution`,
-    /// the sum in rank order, and the sum stored where `store` (see [`NatsWorld::reduce`]).
-    /// The contributions go to a scratch buffer kept between calls; one run of elements stored
-    /// as `T` itself receives the sum where it is, unless `Sum::Held`: then the arena is not
-    /// written and the sum stays in the scratch buffer for [`NatsWorld::store_held`].
+    /// Reduces the `runs` of this rank's arena over `members` (see [`NatsWorld::reduce`]):
+    /// each element's `contribution` (made by this rank: DDP's scaling by its own scale; `None`
+    /// sends the values as stored), its `addend` at the owner, the sums stored as `sum` says.
+    /// One run of elements stored as `T` with no contribution to make is reduced where it
+    /// lies in the arena; otherwise the values go to a scratch buffer kept between calls, are
+    /// reduced there and stored back, or, with `Sum::Held`, left there for
+    /// [`NatsWorld::store_held`].
+    #[allow(clippy::too_many_arguments)]
     fn reduce_arena<T: Real + bytemuck::Pod>(
         &self,
         arena: &mut Arena,
         arith: StorageFormat,
         members: &[usize],
         runs: &[(Range<usize>, usize)],
-        contribution: impl Fn(T, usize) -> T,
+        contribution: Option<impl Fn(T, usize) -> T>,
+        addend: impl Fn(T) -> T,
         sum: Sum,
     ) -> Result<()> {
-        let store = sum == Sum::Stored;
         let format = arena.format();
         let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
             // Nothing to reduce here, but the ranks still take part in the collective.
-            self.reduce::<T>(arith, members, &[], false, &mut [])?;
-            return Ok(());
+            return self.reduce::<T>(arith, members, &mut [], false, addend);
         };
         let span = first.0.start..last.0.end;
         let total: usize = runs.iter().map(|r| r.0.len()).sum();
+        let natural = matches!(
+            (format, std::mem::size_of::<T>()),
+            (StorageFormat::F32, 4) | (StorageFormat::F64, 8)
+        );
+        let words_per = std::mem::size_of::<T>() / 4;
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let (mine_words, out_words) = &mut *scratch;
         transfer::with_row_words(arena, span, |words, base| {
-            let mine: &mut [T] = scratch_of(mine_words, total);
+            let place =
+                |run: &Range<usize>| (run.start - base) * words_per..(run.end - base) * words_per;
+            if let ([(run, _)], None, Sum::Stored, true) = (runs, &contribution, sum, natural)
+                && let Ok(data) = bytemuck::try_cast_slice_mut::<u32, T>(&mut words[place(run)])
+            {
+                return self.reduce::<T>(arith, members, data, false, &addend);
+            }
+            let data: &mut [T] = scratch_of(&mut scratch, total);
             let mut k = 0;
             for (run, param) in runs {
-                for i in run.clone() {
-                    mine[k] = contribution(T::load(format, words, i - base), *param);
-                    k += 1;
+                let data = &mut data[k..k + run.len()];
+                k += run.len();
+                // Elements stored as T are read as a slice (a loop the compiler vectorizes).
+                let values = natural
+                    .then(|| bytemuck::try_cast_slice::<u32, T>(&words[place(run)]).ok())
+                    .flatten();
+                match (values, &contribution) {
+                    (Some(values), None) => data.copy_from_slice(values),
+                    (Some(values), Some(made)) => {
+                        for (d, &x) in data.iter_mut().zip(values) {
+                            *d = made(x, *param);
+                        }
+                    }
+                    (None, made) => {
+                        for (d, i) in data.iter_mut().zip(run.clone()) {
+                            let x = T::load(format, words, i - base);
+                            *d = made.as_ref().map_or(x, |c| c(x, *param));
+                        }
+                    }
                 }
             }
-            let natural = matches!(
-                (format, std::mem::size_of::<T>()),
-                (StorageFormat::F32, 4) | (StorageFormat::F64, 8)
-            );
-            if let ([(run, _)], true, true) = (runs, natural, store) {
-                let words_per = std::mem::size_of::<T>() / 4;
-                let place =
-                    &mut words[(run.start - base) * words_per..(run.end - base) * words_per];
-                if let Ok(out) = bytemuck::try_cast_slice_mut::<u32, T>(place) {
-                    return self.reduce::<T>(arith, members, mine, false, out);
-                }
-            }
-            let out: &mut [T] = scratch_of(out_words, total);
-            self.reduce::<T>(arith, members, mine, false, out)?;
-            if store {
+            self.reduce::<T>(arith, members, data, false, &addend)?;
+            if sum == Sum::Stored {
                 let mut k = 0;
                 for (run, _) in runs {
                     for i in run.clone() {
-                        T::store(format, words, i - base, out[k]);
+                        T::store(format, words, i - base, data[k]);
                         k += 1;
                     }
                 }
@@ -560,12 +632,19 @@ impl NatsWorld {
         sum: Sum,
     ) -> Result<()> {
         let divisor = T::scalar(members.len() as f64);
+        // No contribution: the values travel as stored and each owner divides them.
+        let none = None::<fn(T, usize) -> T>;
+        if rounds_to_itself::<T>(arith) {
+            // The same quotients, in a loop free of the rounding's branch.
+            return self.reduce_arena::<T>(arena, arith, members, runs, none, |x| x / divisor, sum);
+        }
         self.reduce_arena::<T>(
             arena,
             arith,
             members,
             runs,
-            |x, _| T::round(arith, x / divisor),
+            none,
+            |x| T::round(arith, x / divisor),
             sum,
         )
     }
@@ -583,7 +662,7 @@ impl NatsWorld {
         let format = arena.format();
         let total: usize = runs.iter().map(|r| r.0.len()).sum();
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let out: &mut [T] = scratch_of(&mut scratch.1, total);
+        let out: &mut [T] = scratch_of(&mut scratch, total);
         transfer::with_row_words(arena, first.0.start..last.0.end, |words, base| {
             let mut k = 0;
             for (run, _) in runs {
@@ -614,10 +693,11 @@ impl NatsWorld {
             arith,
             &members,
             runs,
-            |x, j| match scale {
+            Some(|x, j| match scale {
                 Some(s) if present[j] => T::round(arith, x * T::scalar(s)),
                 _ => zero,
-            },
+            }),
+            |x| x,
             if scale.is_some() {
                 Sum::Stored
             } else {
@@ -646,6 +726,15 @@ impl Drop for NatsWorld {
             .await;
         });
     }
+}
+
+/// Whether rounding a `T` to `arith` leaves it as it is (float32 arithmetic computed in
+/// `f32`, float64 in `f64`): the loops then skip the rounding's branch.
+fn rounds_to_itself<T>(arith: StorageFormat) -> bool {
+    matches!(
+        (arith, std::mem::size_of::<T>()),
+        (StorageFormat::F32 | StorageFormat::F64, 4) | (StorageFormat::F64, 8)
+    )
 }
 
 /// The first `len` elements of a scratch buffer viewed as `T`, growing it as needed.
@@ -866,8 +955,8 @@ impl Communicator for NatsWorld {
     fn all_reduce_sum_f32(&self, per_local_rank: &[Vec<f32>]) -> Result<Vec<f32>> {
         let mine = self.only(per_local_rank)?;
         let members: Vec<usize> = (0..self.size).collect();
-        let mut sum = vec![0f32; mine.len()];
-        self.reduce::<f32>(StorageFormat::F32, &members, mine, true, &mut sum)?;
+        let mut sum = mine.clone();
+        self.reduce::<f32>(StorageFormat::F32, &members, &mut sum, true, |x| x)?;
         let bytes = (mine.len() * 4) as u64;
         self.record(|s| s.add_all_reduce(self.size, bytes));
         Ok(sum)
