@@ -170,7 +170,11 @@ fn honest_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(40));
     }
-    println!("rank {}: 40 exact sums", world.rank());
+    println!(
+        "rank {}: 40 exact sums, {} forged frames dropped",
+        world.rank(),
+        world.forged_frames()
+    );
     Ok(())
 }
 
@@ -933,11 +937,12 @@ fn forged(run: &str, seq: u64, from: u32, kind: u8, payload: &[u8]) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// Publishes `frames` to run `run`'s common subject every 10 ms while `honest` runs.
+/// Publishes `frames` to run `run`'s common subject every `period` while `honest` runs.
 fn hostile_client(
     server: &Server,
     run: &str,
     frames: Vec<Vec<u8>>,
+    period: Duration,
     honest: Processes,
 ) -> Vec<Exit> {
     let url = server.url.clone();
@@ -964,7 +969,7 @@ fn hostile_client(
                     }
                 }
                 let _ = client.flush().await;
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::time::sleep(period).await;
             }
             sent
         })
@@ -988,7 +993,13 @@ fn hostile_peers(server: &Server, failures: &mut Vec<String>) {
     match Processes::start(ranks_of_this_binary(server, "honest", "hostile-drop", 2)) {
         Err(e) => failures.push(e),
         Ok(honest) => {
-            let exits = hostile_client(server, "hostile-drop", dropped, honest);
+            let exits = hostile_client(
+                server,
+                "hostile-drop",
+                dropped,
+                Duration::from_millis(10),
+                honest,
+            );
             if exits
                 .iter()
                 .all(|e| e.status == Some(0) && e.stdout.contains("40 exact sums"))
@@ -1022,7 +1033,13 @@ fn hostile_peers(server: &Server, failures: &mut Vec<String>) {
     match Processes::start(ranks_of_this_binary(server, "honest", "hostile-refuse", 2)) {
         Err(e) => failures.push(e),
         Ok(honest) => {
-            let exits = hostile_client(server, "hostile-refuse", refused, honest);
+            let exits = hostile_client(
+                server,
+                "hostile-refuse",
+                refused,
+                Duration::from_millis(10),
+                honest,
+            );
             // A rank that fails at once can leave before the other has read its claim: that
             // one is told so (never a hang), and at least one rank names the refused frame.
             let named = exits.iter().all(|e| {
@@ -1046,6 +1063,55 @@ fn hostile_peers(server: &Server, failures: &mut Vec<String>) {
                     .collect();
                 failures.push(format!(
                     "honest ranks under refused frames must fail with the named error: {}",
+                    why.join("\n")
+                ));
+            }
+        }
+    }
+}
+
+/// A client of the run (it reads the claims, as any client of the run can) publishes, in each
+/// honest rank's name, what that rank would send in every one of the 40 collectives — a
+/// contribution to the other's shard and the other's shard's sum, of the right sizes and with
+/// a valid CRC-32 — but cannot seal them with the rank's key. Both honest ranks must finish
+/// their 40 sums exact, and count the forged frames they dropped.
+fn impersonation(server: &Server, failures: &mut Vec<String>) {
+    const RUN: &str = "hostile-forge";
+    // all_reduce_sum_f32 of 4096 values over 2 ranks: each rank owns 2048, so each message
+    // (kind 1: a contribution to the owner; kind 2: the owner's sum) is 8192 bytes.
+    let poison: Vec<u8> = (0..2048).flat_map(|_| 1.0e6f32.to_le_bytes()).collect();
+    let mut frames = Vec::new();
+    for seq in 1..=45 {
+        for (from, kind) in [(0, 1), (1, 1), (0, 2), (1, 2)] {
+            frames.push(forged(RUN, seq, from, kind, &poison));
+        }
+    }
+    match Processes::start(ranks_of_this_binary(server, "honest", RUN, 2)) {
+        Err(e) => failures.push(e),
+        Ok(honest) => {
+            let exits = hostile_client(server, RUN, frames, Duration::from_millis(150), honest);
+            let forged_seen: Vec<u64> = exits
+                .iter()
+                .filter_map(|e| {
+                    let line = e.stdout.lines().find(|l| l.contains("40 exact sums"))?;
+                    line.split(", ").nth(1)?.split(' ').next()?.parse().ok()
+                })
+                .collect();
+            if exits.iter().all(|e| e.status == Some(0))
+                && forged_seen.len() == 2
+                && forged_seen.iter().all(|&n| n > 0)
+            {
+                println!(
+                    "frames forged in the honest ranks' names by a client of the run are dropped: both ranks' 40 sums exact, {} and {} forged frames detected",
+                    forged_seen[0], forged_seen[1]
+                );
+            } else {
+                let why: Vec<String> = exits
+                    .iter()
+                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
+                    .collect();
+                failures.push(format!(
+                    "honest ranks under frames forged in their names must finish exact, counting them: {}",
                     why.join("\n")
                 ));
             }
@@ -1321,13 +1387,14 @@ fn launcher() -> ExitCode {
     let only: Option<Vec<String>> = std::env::var("DISTOPT_NATS_ONLY")
         .ok()
         .map(|o| o.split(',').map(str::to_string).collect());
-    let parts: [(&str, Part); 7] = [
+    let parts: [(&str, Part); 8] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
         ("elastic_command_line", elastic_command_line),
         ("elastic", elastic),
         ("hostile_peers", hostile_peers),
+        ("impersonation", impersonation),
         ("isolation", isolation),
     ];
     if let Some(unknown) = only

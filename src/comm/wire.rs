@@ -1,7 +1,10 @@
 //! The frames a networked world's ranks exchange: a message (one rank's contribution to one
 //! collective) cut into frames under the transport's largest payload, each naming its run,
-//! membership epoch, collective sequence number, sender and chunk, and carrying a CRC-32 of
-//! itself; and the [`Assembler`] that puts one expected message back together.
+//! membership epoch, collective sequence number, sender and chunk, carrying its sender's
+//! *seal* (a signature of its [`Frame::digest`], made by the networked world with the sending
+//! rank's key) and a CRC-32 of itself; and the [`Assembler`] that puts one expected message
+//! back together. This module computes the digest and carries the seal; who signs and who
+//! checks is the world's business (`comm::nats`, NKeys).
 //!
 //! Nothing a peer sends is trusted: a frame is parsed ([`Frame::parse`]) before anything is
 //! read from it, the sizes it declares are checked against each other, against the size
@@ -16,7 +19,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0..4 | magic `DOPT` |
-//! | 4 | version (1) |
+//! | 4 | version (2) |
 //! | 5 | kind: what the message is, the caller's tag |
 //! | 6..8 | reserved, 0 |
 //! | 8..16 | run ([`run_id`] of the run's name) |
@@ -28,7 +31,8 @@
 //! | 44..48 | this chunk's payload bytes |
 //! | 48..52 | the message's chunk length (every chunk but the last has it) |
 //! | 52..60 | the whole message's bytes |
-//! | 60..64 | CRC-32 (IEEE) of bytes 0..60 and the payload |
+//! | 60..124 | seal: the sender's signature of the frame's [`Frame::digest`] (zeros unsealed) |
+//! | 124..128 | CRC-32 (IEEE) of bytes 0..124 and the payload |
 
 use std::fmt;
 
@@ -36,9 +40,15 @@ use crate::budget;
 use crate::error::Error;
 
 /// Bytes of a frame's header.
-pub const HEADER_BYTES: usize = 64;
+pub const HEADER_BYTES: usize = 128;
+/// Bytes of a frame's seal (an Ed25519 signature).
+pub const SEAL_BYTES: usize = 64;
+/// Where the seal starts: the header's fields before it are what the digest covers.
+const SEAL_AT: usize = 60;
+/// Where the CRC-32 starts.
+const CRC_AT: usize = SEAL_AT + SEAL_BYTES;
 const MAGIC: [u8; 4] = *b"DOPT";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 /// A stable 64-bit id of a run's name (FNV-1a): what frames carry instead of the name.
 pub fn run_id(name: &str) -> u64 {
@@ -175,6 +185,10 @@ pub struct Frame<'a> {
     pub total: u64,
     /// This chunk of the message.
     pub payload: &'a [u8],
+    /// The sender's seal (see [`Frame::digest`]).
+    pub seal: &'a [u8; SEAL_BYTES],
+    /// The header's fields the digest covers.
+    fields: &'a [u8],
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -187,7 +201,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 fn checksum(header: &[u8], payload: &[u8]) -> u32 {
     let mut crc = crc32fast::Hasher::new();
-    crc.update(&header[..HEADER_BYTES - 4]);
+    crc.update(&header[..CRC_AT]);
     crc.update(payload);
     crc.finalize()
 }
@@ -200,7 +214,7 @@ impl<'a> Frame<'a> {
     /// [`WireError::Malformed`] or [`WireError::Checksum`].
     pub fn parse(bytes: &'a [u8]) -> Result<Frame<'a>, WireError> {
         let frame = Frame::parse_header(bytes)?;
-        if checksum(bytes, frame.payload) != u32_at(bytes, 60) {
+        if checksum(bytes, frame.payload) != u32_at(bytes, CRC_AT) {
             return Err(WireError::Checksum {
                 id: frame.id,
                 chunk: frame.chunk,
@@ -271,12 +285,29 @@ impl<'a> Frame<'a> {
             stride,
             total,
             payload,
+            seal: bytes[SEAL_AT..CRC_AT].try_into().expect("64 bytes"),
+            fields: &bytes[..SEAL_AT],
         })
+    }
+
+    /// What the frame's seal signs: the BLAKE3 hash of its header's fields (run, epoch,
+    /// collective, sender, chunk, sizes) and its payload. A seal that checks against the
+    /// sender's key proves the frame is the sender's, as it sent it.
+    pub fn digest(&self) -> [u8; 32] {
+        digest(self.fields, self.payload)
     }
 }
 
+fn digest(fields: &[u8], payload: &[u8]) -> [u8; 32] {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(fields);
+    hasher.update(payload);
+    *hasher.finalize().as_bytes()
+}
+
 /// `payload` as the frames of message `id`, each at most `max_frame` bytes (the transport's
-/// largest payload, say NATS's `max_payload`), in chunk order. An empty payload is one frame.
+/// largest payload, say NATS's `max_payload`), in chunk order, unsealed (their seal is zeros:
+/// see [`frames_sealed`]). An empty payload is one frame.
 ///
 /// # Errors
 /// A `ValueError` when `max_frame` leaves no room for payload after the header, or the message
@@ -286,38 +317,85 @@ pub fn frames(
     payload: &[u8],
     max_frame: usize,
 ) -> crate::error::Result<Vec<Vec<u8>>> {
-    frames_with(id, payload, max_frame, Vec::new)
+    frames_sealed(id, payload, max_frame, Vec::new, |_| [0; SEAL_BYTES])
 }
 
-/// [`frames`], each frame written into a buffer from `buffer` (cleared first): a sender that
-/// keeps the buffers of the frames it sent reuses their memory.
+/// [`frames`], each frame written into a buffer from `buffer` (cleared first: a sender that
+/// keeps the buffers of the frames it sent reuses their memory) and sealed with `seal` of its
+/// [`Frame::digest`] (the sender's signature).
 ///
 /// # Errors
 /// Those of [`frames`].
-pub fn frames_with(
+pub fn frames_sealed(
     id: &MessageId,
     payload: &[u8],
     max_frame: usize,
     mut buffer: impl FnMut() -> Vec<u8>,
+    seal: impl Fn(&[u8; 32]) -> [u8; SEAL_BYTES],
 ) -> crate::error::Result<Vec<Vec<u8>>> {
-    if max_frame <= HEADER_BYTES {
-        return Err(Error::value(format!(
-            "a frame of at most {max_frame} bytes has no room after its {HEADER_BYTES}-byte header"
-        )));
+    let framer = Framer::new(id, payload, max_frame)?;
+    Ok((0..framer.chunks())
+        .map(|chunk| framer.frame(chunk, buffer(), &seal))
+        .collect())
+}
+
+/// The frames of one message, built one at a time: a sender can publish each as soon as it
+/// is built, overlapping the next frame's copy and seal with the transport's write.
+#[derive(Debug, Clone, Copy)]
+pub struct Framer<'a> {
+    id: MessageId,
+    payload: &'a [u8],
+    room: usize,
+    chunks: u32,
+}
+
+impl<'a> Framer<'a> {
+    /// The framing of `payload` as message `id` in frames of at most `max_frame` bytes.
+    ///
+    /// # Errors
+    /// Those of [`frames`].
+    pub fn new(
+        id: &MessageId,
+        payload: &'a [u8],
+        max_frame: usize,
+    ) -> crate::error::Result<Framer<'a>> {
+        if max_frame <= HEADER_BYTES {
+            return Err(Error::value(format!(
+                "a frame of at most {max_frame} bytes has no room after its {HEADER_BYTES}-byte header"
+            )));
+        }
+        let room = (max_frame - HEADER_BYTES).min(u32::MAX as usize);
+        let chunks = payload.len().div_ceil(room).max(1);
+        let chunks = u32::try_from(chunks).map_err(|_| {
+            Error::value(format!(
+                "a message of {} bytes needs {chunks} frames of {max_frame} bytes, more than 2^32",
+                payload.len()
+            ))
+        })?;
+        Ok(Framer {
+            id: *id,
+            payload,
+            room,
+            chunks,
+        })
     }
-    let room = (max_frame - HEADER_BYTES).min(u32::MAX as usize);
-    let chunks = payload.len().div_ceil(room).max(1);
-    let chunks = u32::try_from(chunks).map_err(|_| {
-        Error::value(format!(
-            "a message of {} bytes needs {chunks} frames of {max_frame} bytes, more than 2^32",
-            payload.len()
-        ))
-    })?;
-    let mut out = Vec::with_capacity(chunks as usize);
-    for chunk in 0..chunks {
+
+    /// How many frames the message takes.
+    pub fn chunks(&self) -> u32 {
+        self.chunks
+    }
+
+    /// Frame `chunk` (below [`Framer::chunks`]), written into `frame` (cleared first) and
+    /// sealed with `seal` of its [`Frame::digest`].
+    pub fn frame(
+        &self,
+        chunk: u32,
+        mut frame: Vec<u8>,
+        seal: impl Fn(&[u8; 32]) -> [u8; SEAL_BYTES],
+    ) -> Vec<u8> {
+        let (id, payload, room) = (&self.id, self.payload, self.room);
         let start = chunk as usize * room;
         let part = &payload[start.min(payload.len())..(start + room).min(payload.len())];
-        let mut frame = buffer();
         frame.clear();
         frame.reserve_exact(HEADER_BYTES + part.len());
         frame.extend_from_slice(&MAGIC);
@@ -329,17 +407,17 @@ pub fn frames_with(
         frame.extend_from_slice(&id.seq.to_le_bytes());
         frame.extend_from_slice(&id.from.to_le_bytes());
         frame.extend_from_slice(&chunk.to_le_bytes());
-        frame.extend_from_slice(&chunks.to_le_bytes());
+        frame.extend_from_slice(&self.chunks.to_le_bytes());
         frame.extend_from_slice(&(part.len() as u32).to_le_bytes());
         frame.extend_from_slice(&(room as u32).to_le_bytes());
         frame.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        frame.extend_from_slice(&seal(&digest(&frame, part)));
         frame.extend_from_slice(&[0; 4]);
         let crc = checksum(&frame, part);
-        frame[60..64].copy_from_slice(&crc.to_le_bytes());
+        frame[CRC_AT..HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
         frame.extend_from_slice(part);
-        out.push(frame);
+        frame
     }
-    Ok(out)
 }
 
 /// Puts one expected message back together from its frames, in any order.
@@ -533,7 +611,7 @@ mod tests {
         f[48..52].copy_from_slice(&stride.to_le_bytes());
         f[52..60].copy_from_slice(&total.to_le_bytes());
         let crc = checksum(&f, part);
-        f[60..64].copy_from_slice(&crc.to_le_bytes());
+        f[CRC_AT..HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
         f.extend_from_slice(part);
         f
     }
@@ -561,7 +639,7 @@ mod tests {
             for max_frame in [
                 HEADER_BYTES + 1,
                 HEADER_BYTES + 4,
-                100,
+                HEADER_BYTES + 36,
                 4096 + HEADER_BYTES,
                 1 << 20,
             ] {

@@ -1,14 +1,16 @@
 //! What a [`NatsWorld`](super::NatsWorld) has received and not yet used: frames by message,
 //! filled by the client's subscription tasks and drained by the collective awaiting them, and
 //! when each rank was last heard from (its heartbeats and frames), which is how a rank that is
-//! gone is noticed.
+//! gone is noticed. Once the ranks' keys are known, a frame counts only when its sender sealed
+//! it (`seal.rs`); before, frames are kept and checked when the keys arrive.
 
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::seal::Keys;
 use crate::budget;
 use crate::comm::wire::{Assembler, Frame, MessageId, WireError};
 use crate::error::{Error, Result};
@@ -33,6 +35,12 @@ struct State {
     /// Frames refused as they arrived (malformed, damaged, over the budget), with the last
     /// reason: the next collective fails with it.
     refused: Option<String>,
+    /// Every rank's key, once the run is complete.
+    keys: Option<Arc<Keys>>,
+    /// The last heartbeat number heard from each rank (a heartbeat played again is ignored).
+    beats: Vec<u64>,
+    /// Frames dropped because their seal is not their sender's.
+    forged: u64,
 }
 
 /// Received frames and liveness, shared by the subscription tasks and the collectives.
@@ -57,6 +65,9 @@ impl Inbox {
                 heard: vec![Instant::now(); ranks],
                 live: vec![true; ranks],
                 refused: None,
+                keys: None,
+                beats: vec![0; ranks],
+                forged: 0,
             }),
             arrived: Condvar::new(),
         }
@@ -69,6 +80,7 @@ impl Inbox {
     /// Takes one received NATS payload: a frame of this run is kept for its collective (a
     /// heartbeat only marks its sender alive); another run's, an earlier collective's and a
     /// malformed frame are dropped, the last noted so that the awaiting collective can say why.
+    /// A frame not sealed by the rank it names is dropped and counted, and marks nobody alive.
     pub(super) fn push(&self, bytes: Bytes) {
         let frame = match Frame::parse(&bytes) {
             Ok(frame) => frame,
@@ -81,15 +93,37 @@ impl Inbox {
         if id.run != self.run {
             return;
         }
-        let mut state = self.lock();
-        let Some(heard) = state.heard.get_mut(id.from as usize) else {
-            state.refused = Some(format!("{id} names a rank outside the world"));
-            return;
+        let from = id.from as usize;
+        let keys = {
+            let mut state = self.lock();
+            if from >= state.heard.len() {
+                state.refused = Some(format!("{id} names a rank outside the world"));
+                return;
+            }
+            state.keys.clone()
         };
-        *heard = Instant::now();
-        if id.kind == KIND_HEARTBEAT || id.seq < state.floor {
+        // The seal is checked outside the lock (it hashes the frame); without keys yet, the
+        // frame is kept and `set_keys` checks it.
+        if let Some(keys) = keys
+            && !keys.sealed_by_sender(&frame)
+        {
+            self.lock().forged += 1;
             return;
         }
+        let mut state = self.lock();
+        if id.kind == KIND_HEARTBEAT {
+            // Before the keys, a heartbeat cannot be checked, and the time until the run is
+            // complete is nobody's silence (`all_heard`): it is not counted.
+            if state.keys.is_some() && id.seq > state.beats[from] {
+                state.beats[from] = id.seq;
+                state.heard[from] = Instant::now();
+            }
+            return;
+        }
+        if id.seq < state.floor {
+            return;
+        }
+        state.heard[from] = Instant::now();
         let held = state.held + bytes.len();
         if let Err(e) = budget::check(held, "frames received and not yet used") {
             state.refused = Some(e.message().to_string());
@@ -99,6 +133,33 @@ impl Inbox {
         state.frames.entry(id).or_default().push(bytes);
         drop(state);
         self.arrived.notify_all();
+    }
+
+    /// Every rank's key: from now on a frame counts only when its sender sealed it, and the
+    /// frames kept so far that it did not seal are dropped.
+    pub(super) fn set_keys(&self, keys: Keys) {
+        let mut state = self.lock();
+        let mut forged = 0;
+        let mut freed = 0;
+        for frames in state.frames.values_mut() {
+            frames.retain(|bytes| {
+                let sealed = Frame::parse_header(bytes).is_ok_and(|f| keys.sealed_by_sender(&f));
+                if !sealed {
+                    forged += 1;
+                    freed += bytes.len();
+                }
+                sealed
+            });
+        }
+        state.frames.retain(|_, frames| !frames.is_empty());
+        state.held -= freed;
+        state.forged += forged;
+        state.keys = Some(Arc::new(keys));
+    }
+
+    /// How many frames were dropped because the rank they name did not seal them.
+    pub(super) fn forged(&self) -> u64 {
+        self.lock().forged
     }
 
     /// This process holds rank `rank`.

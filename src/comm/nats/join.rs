@@ -2,7 +2,7 @@
 //! JetStream key-value bucket of the server (no broker of distopt's own).
 //!
 //! A run `NAME` of R ranks is the bucket `distopt_NAME`, in memory. A process subscribes to its
-//! own subject first, then claims a rank by creating the key `rank.K` with its token (the
+//! own subject first, then claims a rank by creating the key `rank.K` with its token and its public key (the
 //! server's atomic create: of two processes claiming one rank, exactly one wins), the lowest
 //! free rank unless it asks for one; then it waits until all R keys exist and reads every
 //! rank's token, which names that rank's subject. Because each process subscribes before it
@@ -70,13 +70,44 @@ pub(super) async fn open_bucket(js: &jetstream::Context, run: &str) -> Result<kv
     }
 }
 
-/// Claims a rank of `ranks` for `token`: `requested`, or the lowest free one.
+/// A rank's claim: the process's token (which names its subject) and its public key (which
+/// checks its frames' seals, `seal.rs`), as the key `rank.K` holds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Claim {
+    /// The token naming the rank's subject.
+    pub token: String,
+    /// The rank's public NKey.
+    pub key: String,
+}
+
+impl Claim {
+    fn encode(&self) -> String {
+        format!("{} {}", self.token, self.key)
+    }
+
+    fn decode(run: &str, rank: usize, value: &[u8]) -> Result<Claim> {
+        let text = String::from_utf8_lossy(value);
+        match text.split_once(' ') {
+            Some((token, key)) if !token.is_empty() && !key.is_empty() && !key.contains(' ') => {
+                Ok(Claim {
+                    token: token.to_string(),
+                    key: key.to_string(),
+                })
+            }
+            _ => Err(Error::runtime(format!(
+                "run '{run}': rank {rank}'s claim '{text}' is not a token and a key (a client of another version, or not of distopt)"
+            ))),
+        }
+    }
+}
+
+/// Claims a rank of `ranks` with `claim`: `requested`, or the lowest free one.
 pub(super) async fn claim(
     store: &kv::Store,
     run: &str,
     ranks: usize,
     requested: Option<usize>,
-    token: &str,
+    claim: &Claim,
 ) -> Result<usize> {
     let candidates: Vec<usize> = match requested {
         Some(rank) if rank >= ranks => {
@@ -89,7 +120,7 @@ pub(super) async fn claim(
     };
     for rank in candidates {
         if store
-            .create(rank_key(rank), Bytes::from(token.to_string()))
+            .create(rank_key(rank), Bytes::from(claim.encode()))
             .await
             .is_ok()
         {
@@ -102,15 +133,22 @@ pub(super) async fn claim(
     }))
 }
 
-/// Every rank's token, once all `ranks` are claimed, waiting at most `timeout`.
-pub(super) async fn tokens(
+/// Every rank's claim, once all `ranks` are claimed, waiting at most `timeout`. This process
+/// holds rank `mine` with claim `own`.
+///
+/// # Errors
+/// A `RuntimeError` when the run is not complete within `timeout`, a rank left before this
+/// process saw it, a claim is malformed, or this process's own claim holds another value (a
+/// client of the run overwrote it, to have its key taken for this rank's).
+pub(super) async fn claims(
     store: &kv::Store,
     run: &str,
     ranks: usize,
     timeout: Duration,
-) -> Result<Vec<String>> {
+    (mine, own): (usize, &Claim),
+) -> Result<Vec<Claim>> {
     let deadline = Instant::now() + timeout;
-    let mut tokens: Vec<Option<String>> = vec![None; ranks];
+    let mut tokens: Vec<Option<Claim>> = vec![None; ranks];
     loop {
         for (rank, slot) in tokens.iter_mut().enumerate() {
             if slot.is_none()
@@ -123,7 +161,14 @@ pub(super) async fn tokens(
                         "run '{run}': rank {rank} joined and left before this process saw it"
                     )));
                 }
-                *slot = Some(String::from_utf8_lossy(&entry.value).into_owned());
+                let claim = Claim::decode(run, rank, &entry.value)?;
+                if rank == mine && claim != *own {
+                    return Err(Error::runtime(format!(
+                        "run '{run}': this process's claim of rank {rank} was overwritten by another client (it now names key {})",
+                        claim.key
+                    )));
+                }
+                *slot = Some(claim);
             }
         }
         let joined = tokens.iter().filter(|t| t.is_some()).count();

@@ -7,10 +7,13 @@
 //!   the run's common subject (broadcasts, heartbeats). Messages are cut into the frames of
 //!   [`super::wire`] under the server's `max_payload`, each naming run, epoch, collective
 //!   and sender and carrying a CRC-32; nothing a peer sends is trusted before it is checked.
+//! - **Ranks bound to their claims** (`seal.rs`): each process's claim carries a fresh NKey,
+//!   and every frame is sealed with it; a frame another client publishes in a rank's name is
+//!   dropped and counted ([`NatsWorld::forged_frames`]), never summed.
 //! - **Reductions in rank order**, so results are bit-identical to the [`SimulatedWorld`]'s:
 //!   each group member owns a contiguous shard of the elements, receives every member's
-//!   contribution to it (the value divided by the group size, or scaled, rounded as the
-//!   reference kernel rounds it), sums them in rank order with the reference kernel's rounding
+//!   contribution to it (as stored; the owner divides it by the group size, or scales it,
+//!   rounded as the reference kernel rounds it), sums them in rank order with the reference kernel's rounding
 //!   and sends the sum back to every member. Each rank sends and receives `2·(g−1)/g` of the
 //!   data, as in a ring all-reduce.
 //! - **Failures**: every process publishes a heartbeat every [`HEARTBEAT`]; a collective waiting
@@ -33,6 +36,7 @@ mod join;
 mod membership;
 mod permissions;
 mod raw;
+mod seal;
 
 pub use permissions::{
     RunCredentials, RunPermissions, ServerListen, run_permissions, server_config,
@@ -151,6 +155,8 @@ pub struct NatsWorld {
     received: Mutex<Vec<u64>>,
     /// Buffers of frames sent, for the next frames (at most [`SPARE_FRAMES`]).
     spare: Mutex<Vec<Vec<u8>>>,
+    /// This process's key: it seals every frame it sends (`seal.rs`).
+    signer: Arc<seal::Signer>,
     store: async_nats::jetstream::kv::Store,
     client: async_nats::Client,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -206,6 +212,11 @@ impl NatsWorld {
             .build()
             .map_err(|e| fail("cannot start the NATS client's runtime", &e))?;
         let token = process_token();
+        let signer = seal::Signer::new();
+        let own = join::Claim {
+            token: token.clone(),
+            key: signer.public_key(),
+        };
         let run_id = wire::run_id(&run);
         let inbox = Arc::new(Inbox::new(run_id, options.ranks));
         let common = format!("distopt.{run}.all");
@@ -255,10 +266,22 @@ impl NatsWorld {
                 .map_err(|e| fail("cannot reach the server", &e))?;
             let js = async_nats::jetstream::new(client.clone());
             let store = join::open_bucket(&js, &run).await?;
-            let rank = join::claim(&store, &run, options.ranks, options.rank, &token).await?;
+            let rank = join::claim(&store, &run, options.ranks, options.rank, &own).await?;
             inbox.set_rank(rank);
-            let tokens = match join::tokens(&store, &run, options.ranks, options.join_timeout).await
-            {
+            let claims = join::claims(
+                &store,
+                &run,
+                options.ranks,
+                options.join_timeout,
+                (rank, &own),
+            )
+            .await;
+            let keyed = claims.and_then(|claims| {
+                let keys: Vec<String> = claims.iter().map(|c| c.key.clone()).collect();
+                inbox.set_keys(seal::Keys::new(&run, &keys)?);
+                Ok(claims.into_iter().map(|c| c.token).collect::<Vec<_>>())
+            });
+            let tokens = match keyed {
                 Ok(tokens) => tokens,
                 Err(e) => {
                     let _ = store.delete(join::rank_key(rank)).await;
@@ -288,6 +311,7 @@ impl NatsWorld {
             scratch: Mutex::new(Vec::new()),
             received: Mutex::new(Vec::new()),
             spare: Mutex::new(Vec::new()),
+            signer: Arc::new(signer),
             store,
             client,
             tasks,
@@ -297,17 +321,24 @@ impl NatsWorld {
         Ok(Arc::new(world))
     }
 
+    /// Publishes a heartbeat every [`HEARTBEAT`]: sealed, and numbered (its sequence number
+    /// counts up) so that a recorded heartbeat played again cannot keep a dead rank alive.
     fn start_heartbeat(&mut self) -> Result<()> {
         let id = self.id(0, KIND_HEARTBEAT);
-        let frame = Bytes::from(
-            wire::frames(&id, &[], self.max_frame)?
-                .pop()
-                .unwrap_or_default(),
-        );
+        let (max_frame, signer) = (self.max_frame, self.signer.clone());
+        let beat = move |n: u64| {
+            wire::frames_sealed(&MessageId { seq: n, ..id }, &[], max_frame, Vec::new, |d| {
+                signer.seal(d)
+            })
+            .map(|mut frames| Bytes::from(frames.pop().unwrap_or_default()))
+        };
+        beat(1)?;
         let (client, subject) = (self.client.clone(), self.common.clone());
         self.tasks.push(self.runtime.spawn(async move {
-            loop {
-                if client.publish(subject.clone(), frame.clone()).await.is_ok() {
+            for n in 1.. {
+                if let Ok(frame) = beat(n)
+                    && client.publish(subject.clone(), frame).await.is_ok()
+                {
                     let _ = client.flush().await;
                 }
                 tokio::time::sleep(HEARTBEAT).await;
@@ -324,6 +355,13 @@ impl NatsWorld {
     /// The run's name.
     pub fn run(&self) -> &str {
         &self.run
+    }
+
+    /// How many frames this process dropped because the rank they name did not seal them: a
+    /// client of the run publishing in another rank's name. Nothing such a frame carries is
+    /// used; a count above zero says someone tried.
+    pub fn forged_frames(&self) -> u64 {
+        self.inbox.forged()
     }
 
     /// The live ranks agreed at the last sync point (every rank before the first), without
@@ -383,17 +421,22 @@ impl NatsWorld {
 
     /// Publishes message (`seq`, `kind`) with `payload` to `subject`, then flushes.
     fn send(&self, subject: &str, seq: u64, kind: u8, payload: &[u8]) -> Result<()> {
-        let frames = {
+        let framer = wire::Framer::new(&self.id(seq, kind), payload, self.max_frame)?;
+        let mut buffers: Vec<Vec<u8>> = {
             let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
-            wire::frames_with(&self.id(seq, kind), payload, self.max_frame, || {
-                spare.pop().unwrap_or_default()
-            })?
+            let keep = spare.len().saturating_sub(framer.chunks() as usize);
+            spare.split_off(keep)
         };
-        let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
+        let mut frames = Vec::with_capacity(framer.chunks() as usize);
+        // Each frame is published as soon as it is built: the client's task writes it to the
+        // socket while this thread copies and seals the next.
         let sent = self.runtime.block_on(async {
-            for frame in &frames {
+            for chunk in 0..framer.chunks() {
+                let buffer = buffers.pop().unwrap_or_default();
+                let frame = Bytes::from(framer.frame(chunk, buffer, |d| self.signer.seal(d)));
+                frames.push(frame.clone());
                 self.client
-                    .publish(subject.to_string(), frame.clone())
+                    .publish(subject.to_string(), frame)
                     .await
                     .map_err(|e| self.transport_error("cannot publish", &e))?;
             }
@@ -405,6 +448,7 @@ impl NatsWorld {
         // Flushed: the client has written the frames and let go of them, so their memory
         // serves the next send (a frame it still holds is simply not kept).
         let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        spare.append(&mut buffers);
         for frame in frames {
             if spare.len() < SPARE_FRAMES
                 && let Ok(buffer) = frame.try_into_mut()

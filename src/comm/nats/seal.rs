@@ -1,0 +1,148 @@
+//! Ranks bound to their claims: each process of a run makes a fresh NKey (NATS's Ed25519 key
+//! format) when it joins and writes its public half into its rank's claim beside its token
+//! (`join.rs`); every frame it sends carries its signature of the frame's digest
+//! ([`Frame::digest`]: BLAKE3 of the header's fields and the payload), and a receiver checks
+//! it against the key in the sender's claim before the frame counts for anything — before it
+//! is kept for a collective or marks its sender alive. A client of the run that publishes in
+//! another rank's name (it can read the claims, but holds no rank's secret key) is detected:
+//! its frames are dropped and counted ([`NatsWorld::forged_frames`](super::NatsWorld)), and
+//! the genuine frames are summed as if it were not there.
+
+use nkeys::KeyPair;
+
+use crate::comm::wire::{Frame, SEAL_BYTES};
+use crate::error::{Error, Result};
+
+/// This process's signing key.
+pub(super) struct Signer {
+    key: KeyPair,
+}
+
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Signer({})", self.key.public_key())
+    }
+}
+
+impl Signer {
+    /// A fresh key from the operating system's random source.
+    pub(super) fn new() -> Signer {
+        Signer {
+            key: KeyPair::new_user(),
+        }
+    }
+
+    /// The public key, as the claim carries it (an NKey: `U…`).
+    pub(super) fn public_key(&self) -> String {
+        self.key.public_key()
+    }
+
+    /// The seal of a frame whose digest is `digest`.
+    pub(super) fn seal(&self, digest: &[u8; 32]) -> [u8; SEAL_BYTES] {
+        let mut seal = [0; SEAL_BYTES];
+        if let Ok(signature) = self.key.sign(digest) {
+            seal.copy_from_slice(&signature);
+        }
+        seal
+    }
+}
+
+/// Every rank's public key, from the claims, by rank.
+pub(super) struct Keys {
+    keys: Vec<KeyPair>,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Keys({} ranks)", self.keys.len())
+    }
+}
+
+impl Keys {
+    /// The keys of `public` (one NKey per rank, in rank order), checked.
+    ///
+    /// # Errors
+    /// A `RuntimeError` naming the rank whose claim holds no valid public key.
+    pub(super) fn new(run: &str, public: &[String]) -> Result<Keys> {
+        let keys = public
+            .iter()
+            .enumerate()
+            .map(|(rank, key)| {
+                KeyPair::from_public_key(key).map_err(|e| {
+                    Error::runtime(format!(
+                        "run '{run}': rank {rank}'s claim holds no valid public key ('{key}': {e})"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Keys { keys })
+    }
+
+    /// Whether `frame` is sealed by the rank it names as its sender.
+    pub(super) fn sealed_by_sender(&self, frame: &Frame<'_>) -> bool {
+        self.keys
+            .get(frame.id.from as usize)
+            .is_some_and(|key| key.verify(&frame.digest(), frame.seal).is_ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::wire::{MessageId, frames, frames_sealed};
+
+    fn id(from: u32) -> MessageId {
+        MessageId {
+            run: 7,
+            epoch: 0,
+            seq: 3,
+            from,
+            kind: 1,
+        }
+    }
+
+    #[test]
+    fn only_the_claimed_key_seals_a_rank_s_frames() {
+        let (zero, one) = (Signer::new(), Signer::new());
+        let keys = Keys::new("r", &[zero.public_key(), one.public_key()]).unwrap();
+        let sealed = |signer: &Signer, from| {
+            frames_sealed(&id(from), &[5; 300], 256, Vec::new, |d| signer.seal(d)).unwrap()
+        };
+        for bytes in sealed(&one, 1) {
+            assert!(keys.sealed_by_sender(&Frame::parse(&bytes).unwrap()));
+        }
+        // Rank 0's key in rank 1's name, an unsealed frame, and a rank without a claim.
+        for bytes in sealed(&zero, 1)
+            .into_iter()
+            .chain(frames(&id(1), &[5; 300], 256).unwrap())
+            .chain(sealed(&zero, 2))
+        {
+            assert!(!keys.sealed_by_sender(&Frame::parse(&bytes).unwrap()));
+        }
+        // A sealed frame whose payload was changed and its CRC-32 made good again: the seal
+        // no longer matches.
+        let mut changed = sealed(&one, 1).remove(0);
+        let last = changed.len() - 1;
+        changed[last] ^= 1;
+        let crc = {
+            let mut h = crc32fast::Hasher::new();
+            h.update(&changed[..124]);
+            h.update(&changed[128..]);
+            h.finalize()
+        };
+        changed[124..128].copy_from_slice(&crc.to_le_bytes());
+        let frame = Frame::parse(&changed).unwrap();
+        assert!(!keys.sealed_by_sender(&frame));
+    }
+
+    #[test]
+    fn a_claim_without_a_key_is_refused_naming_the_rank() {
+        let e = Keys::new("r", &[Signer::new().public_key(), "nonsense".into()]).unwrap_err();
+        assert!(
+            e.message()
+                .starts_with("run 'r': rank 1's claim holds no valid public key"),
+            "{}",
+            e.message()
+        );
+    }
+}
