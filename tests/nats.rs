@@ -427,6 +427,65 @@ impl Server {
         Server::run(command, port, store)
     }
 
+    /// A cluster of `n` servers on loopback, each with JetStream, routed to each other, once
+    /// the cluster's JetStream has a leader (a key-value bucket can be created).
+    fn cluster(n: usize) -> Result<Vec<Server>, String> {
+        let ports: Vec<(u16, u16)> = (0..n)
+            .map(|_| Ok((free_port()?, free_port()?)))
+            .collect::<Result<_, String>>()?;
+        let mut servers = Vec::new();
+        for (i, &(port, route)) in ports.iter().enumerate() {
+            let store = TempDir::new(&format!("nats-cluster-{i}"))?;
+            let routes: Vec<String> = ports
+                .iter()
+                .filter(|&&(_, r)| r != route)
+                .map(|(_, r)| format!("nats://127.0.0.1:{r}"))
+                .collect();
+            let mut command = Command::new("nats-server");
+            command
+                .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
+                .args(["--server_name", &format!("distopt-test-{i}")])
+                .args(["--cluster_name", "distopt-test"])
+                .args(["--cluster", &format!("nats://127.0.0.1:{route}")])
+                .args(["--routes", &routes.join(",")])
+                .arg("-sd")
+                .arg(&store.0);
+            servers.push(Server::run(command, port, store)?);
+        }
+        let url = servers[0].url.clone();
+        let ready = tokio::runtime::Runtime::new()
+            .map_err(|e| e.to_string())?
+            .block_on(async move {
+                let client = async_nats::connect(url).await.map_err(|e| e.to_string())?;
+                let js = async_nats::jetstream::new(client);
+                let start = Instant::now();
+                loop {
+                    let probe = js
+                        .create_key_value(async_nats::jetstream::kv::Config {
+                            bucket: "probe".into(),
+                            storage: async_nats::jetstream::stream::StorageType::Memory,
+                            ..Default::default()
+                        })
+                        .await;
+                    match probe {
+                        Ok(_) => {
+                            let _ = js.delete_key_value("probe").await;
+                            return Ok(start.elapsed());
+                        }
+                        Err(e) if start.elapsed() > Duration::from_secs(30) => {
+                            return Err(format!("the cluster's JetStream is not ready: {e}"));
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    }
+                }
+            })?;
+        println!(
+            "  (a cluster of {n} servers, JetStream ready in {:.1} s)",
+            ready.as_secs_f64()
+        );
+        Ok(servers)
+    }
+
     /// A server run from the configuration `distopt nats-config` writes for `runs`
     /// (`NAME:SECRET` each).
     fn with_users(runs: &[&str]) -> Result<Server, String> {
@@ -1119,6 +1178,76 @@ fn impersonation(server: &Server, failures: &mut Vec<String>) {
     }
 }
 
+/// The golden replays of W = 3 and W = 4 with rank K's process connected to server K mod 3 of
+/// a cluster of three: the rendezvous, the membership agreement (DiLoCo's and the averagers'
+/// sync points) and every collective cross the cluster's routes, and the results are the
+/// simulated world's bits, as on one server.
+fn cluster(_server: &Server, failures: &mut Vec<String>) {
+    let servers = match Server::cluster(3) {
+        Ok(servers) => servers,
+        Err(e) => {
+            failures.push(e);
+            return;
+        }
+    };
+    let mut sizes: BTreeMap<usize, usize> = BTreeMap::new();
+    for case in load_cases()
+        .into_iter()
+        .filter(|c| KINDS.contains(&c.kind.as_str()))
+    {
+        if let Some(w) = case_world_size(&case) {
+            *sizes.entry(w).or_default() += 1;
+        }
+    }
+    for size in [3, 4] {
+        let Some(&cases) = sizes.get(&size) else {
+            failures.push(format!("no golden case at W = {size}"));
+            continue;
+        };
+        let run = format!("cluster-{size}");
+        let commands = ranks_of_this_binary(&servers[0], "golden", &run, size)
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut command)| {
+                command.env(URL, &servers[k % servers.len()].url);
+                command
+            })
+            .collect();
+        let exits = match Processes::start(commands) {
+            Ok(p) => p.wait(GOLDEN_DEADLINE),
+            Err(e) => {
+                failures.push(e);
+                continue;
+            }
+        };
+        let finished = exits
+            .iter()
+            .filter(|e| e.status == Some(0) && e.stdout.contains(&format!("of {size}: ")))
+            .count();
+        if finished == size {
+            let line = exits[0]
+                .stdout
+                .lines()
+                .last()
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            println!(
+                "golden W = {size} over a cluster of 3 servers (rank K on server K mod 3): every process passed ({cases} cases; the first process: {line})"
+            );
+        } else {
+            let why: Vec<String> = exits
+                .iter()
+                .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
+                .collect();
+            failures.push(format!(
+                "golden W = {size} over a cluster: {finished} of {size} processes passed:\n{}",
+                why.join("\n")
+            ));
+        }
+    }
+}
+
 /// For each scenario, three processes run an elastic algorithm and one leaves before step T.
 /// The survivors must finish, on the bits of the simulated world replaying that membership
 /// (the leaver in every sync point before step T, in none after), and the sync point without
@@ -1387,7 +1516,7 @@ fn launcher() -> ExitCode {
     let only: Option<Vec<String>> = std::env::var("DISTOPT_NATS_ONLY")
         .ok()
         .map(|o| o.split(',').map(str::to_string).collect());
-    let parts: [(&str, Part); 8] = [
+    let parts: [(&str, Part); 9] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
@@ -1395,6 +1524,7 @@ fn launcher() -> ExitCode {
         ("elastic", elastic),
         ("hostile_peers", hostile_peers),
         ("impersonation", impersonation),
+        ("cluster", cluster),
         ("isolation", isolation),
     ];
     if let Some(unknown) = only
