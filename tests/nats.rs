@@ -59,6 +59,8 @@ const RUN: &str = "DISTOPT_NATS_RUN";
 const RANKS: &str = "DISTOPT_NATS_RANKS";
 /// The run's secret, on a server with a user per run.
 const SECRET: &str = "DISTOPT_NATS_SECRET";
+/// The certificate authorities a worker trusts for the server's TLS certificate.
+const TLS_CA: &str = "DISTOPT_NATS_TLS_CA";
 const KINDS: [&str; 8] = [
     "diloco",
     "streaming_diloco",
@@ -89,6 +91,7 @@ fn worker(role: &str) -> ExitCode {
     let ranks: usize = env(RANKS).parse().unwrap_or(0);
     let mut options = NatsOptions::new(env(URL), env(RUN), ranks);
     options.secret = std::env::var(SECRET).ok();
+    options.tls_ca = std::env::var_os(TLS_CA).map(std::path::PathBuf::from);
     let world = match NatsWorld::join(&options) {
         Ok(world) => world,
         Err(e) => {
@@ -484,6 +487,48 @@ impl Server {
             ready.as_secs_f64()
         );
         Ok(servers)
+    }
+
+    /// A server with TLS on its client port, its certificate (for 127.0.0.1) signed by a
+    /// certificate authority made here, whose PEM file it returns.
+    fn with_tls() -> Result<(Server, std::path::PathBuf), String> {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let port = free_port()?;
+        let store = TempDir::new("nats-tls")?;
+        let e = |e: rcgen::Error| e.to_string();
+        let ca_key = KeyPair::generate().map_err(e)?;
+        let mut ca_params = CertificateParams::new(Vec::new()).map_err(e)?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).map_err(e)?;
+        let server_key = KeyPair::generate().map_err(e)?;
+        let server_cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .map_err(e)?
+            .signed_by(&server_key, &ca, &ca_key)
+            .map_err(e)?;
+        let (ca_file, cert_file, key_file) = (
+            store.0.join("ca.pem"),
+            store.0.join("server.pem"),
+            store.0.join("server-key.pem"),
+        );
+        for (file, text) in [
+            (&ca_file, ca.pem()),
+            (&cert_file, server_cert.pem()),
+            (&key_file, server_key.serialize_pem()),
+        ] {
+            std::fs::write(file, text).map_err(|e| e.to_string())?;
+        }
+        let mut command = Command::new("nats-server");
+        command
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "--tls"])
+            .arg("--tlscert")
+            .arg(&cert_file)
+            .arg("--tlskey")
+            .arg(&key_file)
+            .arg("-sd")
+            .arg(store.0.join("js"));
+        let mut server = Server::run(command, port, store)?;
+        server.url = format!("tls://127.0.0.1:{port}");
+        Ok((server, ca_file))
     }
 
     /// A server run from the configuration `distopt nats-config` writes for `runs`
@@ -1248,6 +1293,83 @@ fn cluster(_server: &Server, failures: &mut Vec<String>) {
     }
 }
 
+/// A server that speaks TLS only, with a certificate of a CA of its own: two ranks given the
+/// CA's file (`NatsOptions::tls_ca`) sum exactly over `tls://`, `distopt train --world tls://…
+/// --tls-ca FILE` finishes on both processes, and a rank that trusts only the system's
+/// authorities is refused at connect with a named error.
+fn tls(_server: &Server, failures: &mut Vec<String>) {
+    let (server, ca) = match Server::with_tls() {
+        Ok(s) => s,
+        Err(e) => {
+            failures.push(format!("cannot start a TLS server: {e}"));
+            return;
+        }
+    };
+    let trusting = |mut commands: Vec<Command>| {
+        for command in &mut commands {
+            command.env(TLS_CA, &ca);
+        }
+        commands
+    };
+    let summed = Processes::start(trusting(ranks_of_this_binary(
+        &server, "honest", "tls-sum", 2,
+    )))
+    .map(|p| p.wait(Duration::from_secs(120)));
+    let flags = [
+        "train",
+        "--steps",
+        "30",
+        "--ranks",
+        "2",
+        "--algorithm",
+        "diloco",
+        "--backend",
+        "cpu",
+    ];
+    let trained = Processes::start(
+        (0..2)
+            .map(|_| {
+                let mut command = distopt_train(&server, "tls-train", &flags);
+                command.arg("--tls-ca").arg(&ca);
+                command
+            })
+            .collect(),
+    )
+    .map(|p| p.wait(Duration::from_secs(120)));
+    let untrusting = Processes::start(ranks_of_this_binary(&server, "honest", "tls-refused", 1))
+        .map(|p| p.wait(Duration::from_secs(60)));
+    match (summed, trained, untrusting) {
+        (Ok(summed), Ok(trained), Ok(untrusting)) => {
+            let sums_exact = summed
+                .iter()
+                .all(|e| e.status == Some(0) && e.stdout.contains("40 exact sums"));
+            let trained_ok = trained.iter().all(|e| e.status == Some(0))
+                && trained.iter().any(|e| !e.stdout.trim().is_empty());
+            let refused = untrusting
+                .iter()
+                .all(|e| e.status == Some(1) && e.stderr.contains("cannot connect to tls://"));
+            if sums_exact && trained_ok && refused {
+                println!(
+                    "TLS: 2 ranks trusting the server's CA summed 40 times exactly over tls://, distopt train --tls-ca finished on both, a rank without the CA was refused: {}",
+                    untrusting[0].stderr.lines().next().unwrap_or("").trim()
+                );
+            } else {
+                let why: Vec<String> = summed
+                    .iter()
+                    .chain(&trained)
+                    .chain(&untrusting)
+                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
+                    .collect();
+                failures.push(format!(
+                    "TLS (sums exact {sums_exact}, train finished {trained_ok}, untrusting refused {refused}):\n{}",
+                    why.join("\n")
+                ));
+            }
+        }
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => failures.push(e),
+    }
+}
+
 /// For each scenario, three processes run an elastic algorithm and one leaves before step T.
 /// The survivors must finish, on the bits of the simulated world replaying that membership
 /// (the leaver in every sync point before step T, in none after), and the sync point without
@@ -1516,7 +1638,7 @@ fn launcher() -> ExitCode {
     let only: Option<Vec<String>> = std::env::var("DISTOPT_NATS_ONLY")
         .ok()
         .map(|o| o.split(',').map(str::to_string).collect());
-    let parts: [(&str, Part); 9] = [
+    let parts: [(&str, Part); 10] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
@@ -1525,6 +1647,7 @@ fn launcher() -> ExitCode {
         ("hostile_peers", hostile_peers),
         ("impersonation", impersonation),
         ("cluster", cluster),
+        ("tls", tls),
         ("isolation", isolation),
     ];
     if let Some(unknown) = only

@@ -271,6 +271,10 @@ pub struct WorldArgs {
     /// default: $DISTOPT_RUN_SECRET).
     #[arg(long, value_name = "SECRET", requires = "world")]
     pub run_secret: Option<String>,
+    /// A PEM file of the certificate authorities that signed the server's TLS certificate
+    /// (with --world; a `tls://` URL without it trusts the system's): TLS is then required.
+    #[arg(long, value_name = "FILE", requires = "world")]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 /// `distopt nats-config`.

@@ -40,6 +40,7 @@ pub fn join_nats(
         .run_secret
         .clone()
         .or_else(|| std::env::var("DISTOPT_RUN_SECRET").ok());
+    options.tls_ca = args.tls_ca.clone();
     NatsWorld::join(&options)
 }
 

@@ -110,6 +110,10 @@ pub struct NatsOptions {
     /// The run's secret, on a server with a user per run (`permissions.rs`,
     /// [`server_config`]): the password of the user named after the run.
     pub secret: Option<String>,
+    /// A PEM file of the certificate authorities to trust for the server's TLS certificate
+    /// (a server with a certificate of its own CA, say); TLS is then required. A `tls://` URL
+    /// without it trusts the system's authorities.
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl NatsOptions {
@@ -125,6 +129,7 @@ impl NatsOptions {
             failure_bound: Duration::from_secs(5),
             token: None,
             secret: None,
+            tls_ca: None,
         }
     }
 }
@@ -241,6 +246,15 @@ impl NatsWorld {
             }
             if let Some(secret) = &options.secret {
                 connect = connect.user_and_password(run.clone(), secret.clone());
+            }
+            if let Some(ca) = &options.tls_ca {
+                if !ca.is_file() {
+                    return Err(Error::value(format!(
+                        "run '{run}': the TLS certificate authorities file {} does not exist",
+                        ca.display()
+                    )));
+                }
+                connect = connect.add_root_certificates(ca.clone()).require_tls(true);
             }
             let client = connect
                 .connect(options.url.as_str())
@@ -1121,5 +1135,24 @@ impl Communicator for NatsWorld {
 
     fn reset_stats(&self) {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = CommStats::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_tls_ca_file_is_refused_before_connecting() {
+        let mut options = NatsOptions::new("tls://127.0.0.1:1", "tls-ca", 2);
+        options.tls_ca = Some("/nonexistent/ca.pem".into());
+        let Err(e) = NatsWorld::join(&options) else {
+            panic!("a missing CA file was accepted");
+        };
+        assert_eq!(e.kind(), crate::error::ErrorKind::ValueError);
+        assert_eq!(
+            e.message(),
+            "run 'tls-ca': the TLS certificate authorities file /nonexistent/ca.pem does not exist"
+        );
     }
 }
