@@ -378,3 +378,23 @@ pub fn distopt_exe() -> PathBuf {
     })
     .clone()
 }
+
+/// Optimizer `name` (`"sgd"`, `"adam"`, …) with `options` (PyTorch's names) over every
+/// parameter of `replicas`, as one group.
+///
+/// # Panics
+/// When the options are refused: a test's own setup is wrong.
+pub fn optimizer(
+    replicas: &distopt::replicas::Replicas,
+    name: &str,
+    options: Value,
+) -> Box<dyn distopt::optim::LocalOptimizer> {
+    let options = distopt::optim::option_map(&options).unwrap();
+    distopt::optim::create(
+        name,
+        replicas,
+        vec![((0..replicas.len()).collect(), Default::default())],
+        &options,
+    )
+    .unwrap()
+}

@@ -16,7 +16,6 @@ use distopt::BlockOn;
 use distopt::backend::kernels::ParamStarts;
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::diloco::{Compression, DiLoCo, DiLoCoOptions};
-use distopt::optim::{self, LocalOptimizer, option_map};
 use distopt::replicas::Replicas;
 use distopt::{Backend, CpuBackend, DType, ErrorKind, StorageFormat, Tensor};
 use serde_json::{Value, json};
@@ -277,26 +276,15 @@ fn all_grads() -> Vec<Vec<Vec<Option<Tensor>>>> {
         .collect()
 }
 
-fn optimizer(replicas: &Replicas, name: &str, options: Value) -> Box<dyn LocalOptimizer> {
-    let options = option_map(&options).unwrap();
-    optim::create(
-        name,
-        replicas,
-        vec![((0..replicas.len()).collect(), Default::default())],
-        &options,
-    )
-    .unwrap()
-}
-
 fn fresh(backend: &Arc<dyn Backend>, per_rank: &[Vec<Tensor>]) -> (Replicas, DiLoCo) {
     let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(WORLD).unwrap());
     let replicas = Replicas::new(backend.clone(), per_rank).unwrap();
-    let inner = optimizer(
+    let inner = common::optimizer(
         &replicas,
         "AdamW",
         json!({"lr": 0.02, "betas": [0.9, 0.95], "weight_decay": 0.1, "amsgrad": true}),
     );
-    let outer = optimizer(
+    let outer = common::optimizer(
         &replicas,
         "SGD",
         json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
@@ -405,8 +393,8 @@ fn a_sync_all_reduces_every_parameter_once_in_its_dtype() {
         Tensor::from_f64(DType::BFloat16, &[6], &[2.0; 6]).unwrap(),
     ];
     let mut replicas = Replicas::replicate(backend, 4, &params).unwrap();
-    let inner = optimizer(&replicas, "SGD", json!({"lr": 0.5}));
-    let outer = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+    let inner = common::optimizer(&replicas, "SGD", json!({"lr": 0.5}));
+    let outer = common::optimizer(&replicas, "SGD", json!({"lr": 1.0}));
     let mut diloco = DiLoCo::new(&replicas, inner, outer, 2, world.clone()).unwrap();
     let grads = |rank: usize| {
         vec![
@@ -458,7 +446,7 @@ fn bad_arguments_and_state_dicts_are_typed_errors() {
     let world: Arc<dyn Communicator> = Arc::new(SimulatedWorld::new(2).unwrap());
     let w = Tensor::from_f32(&[3], vec![1.0, 2.0, 3.0]).unwrap();
     let mut replicas = Replicas::replicate(backend.clone(), 2, std::slice::from_ref(&w)).unwrap();
-    let sgd = |r: &Replicas| optimizer(r, "SGD", json!({"lr": 0.1}));
+    let sgd = |r: &Replicas| common::optimizer(r, "SGD", json!({"lr": 0.1}));
     for bad in [0, -1] {
         let err = DiLoCo::new(
             &replicas,
@@ -525,8 +513,8 @@ fn run_streaming(
     world: Arc<dyn Communicator>,
 ) -> Trajectory {
     let mut replicas = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
-    let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05, "momentum": 0.9}));
-    let outer = optimizer(&replicas, "SGD", outer);
+    let inner = common::optimizer(&replicas, "SGD", json!({"lr": 0.05, "momentum": 0.9}));
+    let outer = common::optimizer(&replicas, "SGD", outer);
     let mut diloco = match fragments {
         Some(f) => DiLoCo::streaming(&replicas, inner, outer, SYNC_EVERY, f, world).unwrap(),
         None => DiLoCo::new(&replicas, inner, outer, SYNC_EVERY, world).unwrap(),
@@ -573,8 +561,8 @@ fn streaming_fragments_sync_staggered_each_parameter_once_per_period() {
     assert_eq!(fragments, [vec![0], vec![1, 2], vec![3, 4]]);
     let world = Arc::new(SimulatedWorld::new(WORLD).unwrap());
     let mut replicas = Replicas::replicate(backend, WORLD, &params).unwrap();
-    let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05}));
-    let outer = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+    let inner = common::optimizer(&replicas, "SGD", json!({"lr": 0.05}));
+    let outer = common::optimizer(&replicas, "SGD", json!({"lr": 1.0}));
     let mut diloco =
         DiLoCo::streaming(&replicas, inner, outer, H, fragments.clone(), world.clone()).unwrap();
     assert_eq!(diloco.sync_schedule(), [2, 4, 0]);
@@ -625,8 +613,8 @@ fn streaming_fragments_sync_staggered_each_parameter_once_per_period() {
     }
     let err = DiLoCo::streaming(
         &replicas,
-        optimizer(&replicas, "SGD", json!({"lr": 0.1})),
-        optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+        common::optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+        common::optimizer(&replicas, "SGD", json!({"lr": 0.1})),
         2,
         fragments.clone(),
         world.clone(),
@@ -649,8 +637,8 @@ fn streaming_fragments_sync_staggered_each_parameter_once_per_period() {
     ] {
         let err = DiLoCo::streaming(
             &replicas,
-            optimizer(&replicas, "SGD", json!({"lr": 0.1})),
-            optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+            common::optimizer(&replicas, "SGD", json!({"lr": 0.1})),
+            common::optimizer(&replicas, "SGD", json!({"lr": 0.1})),
             H,
             bad,
             world.clone(),
@@ -680,11 +668,11 @@ fn a_streaming_sync_with_outer_sgd_lr_1_averages_the_fragment_like_model_averagi
     let fragments = vec![vec![0, 2], vec![1, 3]];
     let mut a = Replicas::replicate(backend.clone(), 4, &params).unwrap();
     let mut b = Replicas::replicate(backend, 4, &params).unwrap();
-    let inner = optimizer(&a, "SGD", json!({"lr": 0.1}));
-    let outer = optimizer(&a, "SGD", json!({"lr": 1.0}));
+    let inner = common::optimizer(&a, "SGD", json!({"lr": 0.1}));
+    let outer = common::optimizer(&a, "SGD", json!({"lr": 1.0}));
     let mut diloco =
         DiLoCo::streaming(&a, inner, outer, 4, fragments.clone(), world.clone()).unwrap();
-    let mut plain_inner = optimizer(&b, "SGD", json!({"lr": 0.1}));
+    let mut plain_inner = common::optimizer(&b, "SGD", json!({"lr": 0.1}));
     for _ in 0..12 {
         diloco.zero_grad(&mut a);
         b.zero_grad();
@@ -928,8 +916,8 @@ fn one_compressed_sync(backend: &Arc<dyn Backend>, compression: Compression) -> 
     let mut rng = Rng(distopt::rng::SplitMix64::from_state(97));
     let initial = compression_params(&mut rng);
     let mut replicas = Replicas::replicate(backend.clone(), WORLD, &initial).unwrap();
-    let inner = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
-    let outer = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+    let inner = common::optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+    let outer = common::optimizer(&replicas, "SGD", json!({"lr": 1.0}));
     let mut diloco = DiLoCo::new(&replicas, inner, outer, 2, world())
         .unwrap()
         .with_compression(compression);
@@ -1067,8 +1055,8 @@ fn compression_off_is_bit_identical_and_a_wire_format_equal_to_the_dtype_changes
         let outer = json!({"lr": 0.7, "momentum": 0.9, "nesterov": true});
         let plain = run_streaming(&backend, None, outer.clone(), world());
         let mut replicas = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
-        let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05, "momentum": 0.9}));
-        let outer_opt = optimizer(&replicas, "SGD", outer);
+        let inner = common::optimizer(&replicas, "SGD", json!({"lr": 0.05, "momentum": 0.9}));
+        let outer_opt = common::optimizer(&replicas, "SGD", outer);
         let mut diloco = DiLoCo::new(&replicas, inner, outer_opt, SYNC_EVERY, world()).unwrap();
         diloco.set_compression(Compression::BFloat16);
         diloco.set_compression(Compression::None);
@@ -1102,8 +1090,8 @@ fn comm_stats_count_two_bytes_per_element_when_compressed() {
                 Tensor::from_f64(DType::Float64, &[4], &[3.0; 4]).unwrap(),
             ];
             let mut replicas = Replicas::replicate(backend, 4, &params).unwrap();
-            let inner = optimizer(&replicas, "SGD", json!({"lr": 0.5}));
-            let outer = optimizer(&replicas, "SGD", json!({"lr": 1.0}));
+            let inner = common::optimizer(&replicas, "SGD", json!({"lr": 0.5}));
+            let outer = common::optimizer(&replicas, "SGD", json!({"lr": 1.0}));
             let mut diloco = DiLoCo::new(&replicas, inner, outer, 1, world.clone())
                 .unwrap()
                 .with_compression(compression);
@@ -1381,8 +1369,8 @@ fn a_failed_all_reduce_does_not_count_the_step_and_leaves_the_sync_state_as_befo
     for (label, backend) in backends().into_iter().take(2) {
         let world = FailingWorld::new(WORLD);
         let mut replicas = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
-        let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05}));
-        let outer = optimizer(
+        let inner = common::optimizer(&replicas, "SGD", json!({"lr": 0.05}));
+        let outer = common::optimizer(
             &replicas,
             "SGD",
             json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
@@ -1390,7 +1378,7 @@ fn a_failed_all_reduce_does_not_count_the_step_and_leaves_the_sync_state_as_befo
         let mut diloco = DiLoCo::new(&replicas, inner, outer, SYNC_EVERY, world.clone()).unwrap();
         // A twin without DiLoCo: the inner step the failed step still takes.
         let mut twin = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
-        let mut twin_sgd = optimizer(&twin, "SGD", json!({"lr": 0.05}));
+        let mut twin_sgd = common::optimizer(&twin, "SGD", json!({"lr": 0.05}));
         for g in &grads[..SYNC_EVERY as usize - 1] {
             assert!(!step(&mut replicas, &mut diloco, g), "{label}");
             twin_sgd.zero_grad(&mut twin);
@@ -1458,12 +1446,12 @@ fn fresh_streaming(
     world: Arc<dyn Communicator>,
 ) -> (Replicas, DiLoCo) {
     let replicas = Replicas::new(backend.clone(), per_rank).unwrap();
-    let inner = optimizer(
+    let inner = common::optimizer(
         &replicas,
         "Adam",
         json!({"lr": 0.02, "betas": [0.9, 0.95], "weight_decay": 0.1}),
     );
-    let outer = optimizer(
+    let outer = common::optimizer(
         &replicas,
         "SGD",
         json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
@@ -1579,7 +1567,7 @@ fn alpha_one_keeps_the_local_parameters_and_alpha_zero_the_outer_steps_result() 
     let (mut a1, mut d1) =
         fresh_streaming(&backend, &vec![initial_params(); WORLD], 1, 1.0, world());
     let mut twin = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
-    let mut adam = optimizer(
+    let mut adam = common::optimizer(
         &twin,
         "Adam",
         json!({"lr": 0.02, "betas": [0.9, 0.95], "weight_decay": 0.1}),
@@ -1799,9 +1787,9 @@ fn sync_mid_delay_applies_the_fragment_in_flight_once_and_every_other_fragment()
     let grads = all_grads();
     for (label, backend) in backends().into_iter().take(2) {
         let replicas = Replicas::replicate(backend.clone(), WORLD, &initial_params()).unwrap();
-        let inner = optimizer(&replicas, "SGD", json!({"lr": 0.05}));
+        let inner = common::optimizer(&replicas, "SGD", json!({"lr": 0.05}));
         // Adam's per-parameter step counts how many outer steps each parameter took.
-        let outer = optimizer(&replicas, "Adam", json!({"lr": 0.1}));
+        let outer = common::optimizer(&replicas, "Adam", json!({"lr": 0.1}));
         let options = DiLoCoOptions {
             fragments: Some(vec![vec![0, 3], vec![1, 2, 4]]),
             fragment_sync_delay: 1,

@@ -19,7 +19,6 @@ use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModel
 use distopt::backend::kernels::ParamStarts;
 use distopt::comm::{Communicator, MembershipSchedule, SimulatedWorld, Subgroups};
 use distopt::diloco::{Compression, DiLoCo, DiLoCoOptions};
-use distopt::optim::{self, LocalOptimizer, option_map};
 use distopt::post_local_sgd::PostLocalSgdOptimizer;
 use distopt::replicas::Replicas;
 use distopt::{Backend, DType, ErrorKind, StorageFormat, Tensor};
@@ -80,17 +79,6 @@ fn grads_for(ranks: &[usize]) -> Vec<Vec<Vec<Option<Tensor>>>> {
         .collect()
 }
 
-fn optimizer(replicas: &Replicas, name: &str, options: Value) -> Box<dyn LocalOptimizer> {
-    let options = option_map(&options).unwrap();
-    optim::create(
-        name,
-        replicas,
-        vec![((0..replicas.len()).collect(), Default::default())],
-        &options,
-    )
-    .unwrap()
-}
-
 /// The DiLoCo variants every check runs.
 #[derive(Debug, Clone, Copy)]
 enum Variant {
@@ -102,12 +90,12 @@ enum Variant {
 const VARIANTS: [Variant; 3] = [Variant::Plain, Variant::Streaming, Variant::Compressed];
 
 fn diloco(replicas: &Replicas, world: Arc<dyn Communicator>, variant: Variant) -> DiLoCo {
-    let inner = optimizer(
+    let inner = common::optimizer(
         replicas,
         "AdamW",
         json!({"lr": 0.02, "betas": [0.9, 0.95], "weight_decay": 0.1}),
     );
-    let outer = optimizer(
+    let outer = common::optimizer(
         replicas,
         "SGD",
         json!({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
@@ -416,7 +404,7 @@ fn post_local_sgd_heals_the_optimizer_state_too() {
         let averager = PeriodicModelAverager::new(2, 0, world).unwrap();
         let start = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]];
         let mut replicas = exact_model(&backend, &start);
-        let sgd = optimizer(&replicas, "SGD", json!({"lr": 0.5, "momentum": 0.9}));
+        let sgd = common::optimizer(&replicas, "SGD", json!({"lr": 0.5, "momentum": 0.9}));
         let mut post = PostLocalSgdOptimizer::new(sgd, Box::new(averager));
         for rank in 0..3 {
             let g = [rank as f64 + 1.0, 1.0 - rank as f64];
