@@ -1221,6 +1221,63 @@ fn impersonation(server: &Server, failures: &mut Vec<String>) {
             }
         }
     }
+    // `distopt train --world` under the same attack finishes, and each process says on stderr
+    // how many forged frames it dropped.
+    const CLI_RUN: &str = "hostile-forge-cli";
+    let frames: Vec<Vec<u8>> = (1..=20)
+        .flat_map(|seq| {
+            [(0, 1), (1, 1)].map(|(from, kind)| forged(CLI_RUN, seq, from, kind, &[0xff; 4096]))
+        })
+        .collect();
+    let flags = [
+        "train",
+        "--steps",
+        "300",
+        "--ranks",
+        "2",
+        "--algorithm",
+        "diloco",
+        "--backend",
+        "cpu",
+    ];
+    match Processes::start(
+        (0..2)
+            .map(|_| distopt_train(server, CLI_RUN, &flags))
+            .collect(),
+    ) {
+        Err(e) => failures.push(e),
+        Ok(trainers) => {
+            let exits =
+                hostile_client(server, CLI_RUN, frames, Duration::from_millis(20), trainers);
+            let warned = |e: &Exit| {
+                e.stderr.contains(&format!("of run '{CLI_RUN}' dropped"))
+                    && e.stderr
+                        .contains("frames that another client published in other ranks' names")
+            };
+            if exits.iter().all(|e| e.status == Some(0) && warned(e))
+                && exits.iter().any(|e| e.stdout.contains("diloco"))
+            {
+                println!(
+                    "distopt train --world under the same attack finished on both processes, each warning: {}",
+                    exits[0]
+                        .stderr
+                        .lines()
+                        .find(|l| l.starts_with("warning: rank"))
+                        .unwrap_or("")
+                        .trim()
+                );
+            } else {
+                let why: Vec<String> = exits
+                    .iter()
+                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
+                    .collect();
+                failures.push(format!(
+                    "distopt train --world under forged frames must finish and warn on each process:\n{}",
+                    why.join("\n")
+                ));
+            }
+        }
+    }
 }
 
 /// The golden replays of W = 3 and W = 4 with rank K's process connected to server K mod 3 of

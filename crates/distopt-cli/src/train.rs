@@ -30,10 +30,22 @@ pub fn run(args: TrainArgs) -> Result<(), Error> {
     if args.world.world.is_none() {
         return run_in(args, None);
     }
-    let world = crate::world::join(&args.world, args.ranks)?;
+    let nats = crate::world::join_nats(&args.world, args.ranks)?;
+    let world: Arc<dyn Communicator> = nats.clone();
     let (rank, ranks) = (world.local_ranks().start, world.world_size());
-    run_in(args, Some(world))
-        .map_err(|e| Error::new(e.kind(), format!("rank {rank} of {ranks}: {}", e.message())))
+    let trained = run_in(args, Some(world))
+        .map_err(|e| Error::new(e.kind(), format!("rank {rank} of {ranks}: {}", e.message())));
+    // Frames published in another rank's name were dropped, never used: the run's results
+    // stand, but someone with access to the run tried, and the user should know.
+    #[cfg(feature = "nats")]
+    if nats.forged_frames() > 0 {
+        eprintln!(
+            "warning: rank {rank} of run '{}' dropped {} frames that another client published in other ranks' names (their seals are not those ranks' keys)",
+            nats.run(),
+            nats.forged_frames()
+        );
+    }
+    trained
 }
 
 /// `distopt train ARGS`, in `world` when given (one rank per process under `mpirun` or over

@@ -3,20 +3,17 @@
 use std::sync::Arc;
 
 use distopt::Error;
+#[cfg(not(feature = "nats"))]
 use distopt::comm::Communicator;
 
 use crate::args::{NatsConfigArgs, WorldArgs};
 
-/// Joins the run `args` names, of `ranks` processes.
+/// Joins the run `args` names, of `ranks` processes: the NATS world itself (`bench comm` also
+/// needs its raw peer, `train` its count of forged frames).
 ///
 /// # Errors
 /// A `ValueError` when `--run` or `--ranks` is missing (or the build has no `nats` feature);
 /// those of `NatsWorld::join`.
-pub fn join(args: &WorldArgs, ranks: Option<usize>) -> Result<Arc<dyn Communicator>, Error> {
-    Ok(join_nats(args, ranks)?)
-}
-
-/// The NATS world itself (for `bench comm`, which also needs its raw peer).
 #[cfg(feature = "nats")]
 pub fn join_nats(
     args: &WorldArgs,
