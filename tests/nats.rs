@@ -102,6 +102,7 @@ fn worker(role: &str) -> ExitCode {
     let result = match role {
         "golden" => golden_worker(&world),
         "honest" => honest_worker(&world),
+        "membership" => membership_worker(&world),
         "elastic" => elastic_worker(&world),
         other => Err(format!("unknown role {other}")),
     };
@@ -153,6 +154,17 @@ fn golden_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
         skipped.len(),
         skipped.join(" | "),
     );
+    Ok(())
+}
+
+/// Agrees on the membership of three sync points and prints each.
+fn membership_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
+    use distopt::comm::Communicator;
+    for _ in 0..3 {
+        let m = world.membership().map_err(|e| e.to_string())?;
+        let live: Vec<String> = m.live_ranks().map(|r| r.to_string()).collect();
+        println!("sync point {}: live {}", m.epoch, live.join(","));
+    }
     Ok(())
 }
 
@@ -1280,6 +1292,86 @@ fn impersonation(server: &Server, failures: &mut Vec<String>) {
     }
 }
 
+/// A client of the run writes the membership of the first sync point into the run's bucket
+/// before the ranks get there — only rank 0 live, in rank 0's name, sealed by nobody. Without
+/// the seals rank 1 would be left out of sync point 0 and rank 0 would average alone; with them
+/// the ranks refuse the forged membership with a named error. A run of two with no such client agrees on both ranks at
+/// every point.
+fn forged_membership(server: &Server, failures: &mut Vec<String>) {
+    const RUN: &str = "forged-live";
+    let url = server.url.clone();
+    let written = tokio::runtime::Runtime::new()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| {
+            rt.block_on(async move {
+                let client = async_nats::connect(url).await.map_err(|e| e.to_string())?;
+                let js = async_nats::jetstream::new(client);
+                let store = js
+                    .create_key_value(async_nats::jetstream::kv::Config {
+                        bucket: format!("distopt_{RUN}"),
+                        history: 1,
+                        storage: async_nats::jetstream::stream::StorageType::Memory,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let forged = format!("0 0 {}", "00".repeat(64));
+                store
+                    .create("sync.0.live", forged.into())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(())
+            })
+        });
+    if let Err(e) = written {
+        failures.push(format!("cannot forge the membership: {e}"));
+        return;
+    }
+    let forged = Processes::start(ranks_of_this_binary(server, "membership", RUN, 2))
+        .map(|p| p.wait(Duration::from_secs(60)));
+    let honest = Processes::start(ranks_of_this_binary(server, "membership", "honest-live", 2))
+        .map(|p| p.wait(Duration::from_secs(60)));
+    match (forged, honest) {
+        (Ok(forged), Ok(honest)) => {
+            // A rank that refuses at once can leave before the other has read its claim: that
+            // one is told so (never a hang); at least one names the forged membership.
+            let refused = forged.iter().all(|e| {
+                e.status == Some(1)
+                    && (e.stderr.contains("is forged: rank 0, whose proposal")
+                        || e.stderr
+                            .contains("joined and left before this process saw it"))
+            }) && forged
+                .iter()
+                .any(|e| e.stderr.contains("is forged: rank 0, whose proposal"));
+            let agreed = honest.iter().all(|e| {
+                e.status == Some(0)
+                    && (0..3).all(|k| e.stdout.contains(&format!("sync point {k}: live 0,1")))
+            });
+            if refused && agreed {
+                let named = forged
+                    .iter()
+                    .find_map(|e| e.stderr.lines().find(|l| l.contains("is forged")))
+                    .unwrap_or("");
+                println!(
+                    "a membership forged in rank 0's name is refused, no rank averaging over it: {}; without it both ranks agree on 0,1 at 3 sync points",
+                    named.trim()
+                );
+            } else {
+                let why: Vec<String> = forged
+                    .iter()
+                    .chain(&honest)
+                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
+                    .collect();
+                failures.push(format!(
+                    "forged membership (refused {refused}, honest agreed {agreed}):\n{}",
+                    why.join("\n")
+                ));
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => failures.push(e),
+    }
+}
+
 /// The golden replays of W = 3 and W = 4 with rank K's process connected to server K mod 3 of
 /// a cluster of three: the rendezvous, the membership agreement (DiLoCo's and the averagers'
 /// sync points) and every collective cross the cluster's routes, and the results are the
@@ -1695,7 +1787,7 @@ fn launcher() -> ExitCode {
     let only: Option<Vec<String>> = std::env::var("DISTOPT_NATS_ONLY")
         .ok()
         .map(|o| o.split(',').map(str::to_string).collect());
-    let parts: [(&str, Part); 10] = [
+    let parts: [(&str, Part); 11] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
@@ -1703,6 +1795,7 @@ fn launcher() -> ExitCode {
         ("elastic", elastic),
         ("hostile_peers", hostile_peers),
         ("impersonation", impersonation),
+        ("forged_membership", forged_membership),
         ("cluster", cluster),
         ("tls", tls),
         ("isolation", isolation),

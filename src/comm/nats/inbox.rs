@@ -157,9 +157,20 @@ impl Inbox {
         state.keys = Some(Arc::new(keys));
     }
 
-    /// How many frames were dropped because the rank they name did not seal them.
+    /// How many frames (and membership statements) were dropped because the rank they name
+    /// did not seal them.
     pub(super) fn forged(&self) -> u64 {
         self.lock().forged
+    }
+
+    /// A membership statement in a rank's name was not sealed by it.
+    pub(super) fn note_forged(&self) {
+        self.lock().forged += 1;
+    }
+
+    /// Every rank's key, once the run is complete.
+    pub(super) fn keys(&self) -> Option<Arc<Keys>> {
+        self.lock().keys.clone()
     }
 
     /// This process holds rank `rank`.

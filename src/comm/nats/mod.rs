@@ -860,6 +860,7 @@ impl Communicator for NatsWorld {
         let point = membership::Point {
             store: &self.store,
             inbox: &self.inbox,
+            signer: &self.signer,
             run: &self.run,
             rank: self.rank,
             bound: self.bound,

@@ -6,7 +6,9 @@
 //! is kept for a collective or marks its sender alive. A client of the run that publishes in
 //! another rank's name (it can read the claims, but holds no rank's secret key) is detected:
 //! its frames are dropped and counted ([`NatsWorld::forged_frames`](super::NatsWorld)), and
-//! the genuine frames are summed as if it were not there.
+//! the genuine frames are summed as if it were not there. The run's membership statements in
+//! its bucket (a rank's arrival at a sync point, the agreed live ranks) are sealed the same way
+//! ([`Signer::seal_statement`]), so that no client can speak for a rank there either.
 
 use nkeys::KeyPair;
 
@@ -35,6 +37,12 @@ impl Signer {
     /// The public key, as the claim carries it (an NKey: `U…`).
     pub(super) fn public_key(&self) -> String {
         self.key.public_key()
+    }
+
+    /// The seal of `statement` (bytes that say what they are, the run and the sync point
+    /// included, so that a seal cannot be replayed for another statement).
+    pub(super) fn seal_statement(&self, statement: &[u8]) -> [u8; SEAL_BYTES] {
+        self.seal(blake3::hash(statement).as_bytes())
     }
 
     /// The seal of a frame whose digest is `digest`.
@@ -76,6 +84,13 @@ impl Keys {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Keys { keys })
+    }
+
+    /// Whether `seal` is rank `rank`'s seal of `statement` ([`Signer::seal_statement`]).
+    pub(super) fn sealed_statement(&self, rank: usize, statement: &[u8], seal: &[u8]) -> bool {
+        self.keys
+            .get(rank)
+            .is_some_and(|key| key.verify(blake3::hash(statement).as_bytes(), seal).is_ok())
     }
 
     /// Whether `frame` is sealed by the rank it names as its sender.
@@ -133,6 +148,18 @@ mod tests {
         changed[124..128].copy_from_slice(&crc.to_le_bytes());
         let frame = Frame::parse(&changed).unwrap();
         assert!(!keys.sealed_by_sender(&frame));
+    }
+
+    #[test]
+    fn a_statement_is_sealed_by_its_rank_only_and_for_itself_only() {
+        let (zero, one) = (Signer::new(), Signer::new());
+        let keys = Keys::new("r", &[zero.public_key(), one.public_key()]).unwrap();
+        let seal = one.seal_statement(b"sync 3 at 1");
+        assert!(keys.sealed_statement(1, b"sync 3 at 1", &seal));
+        assert!(!keys.sealed_statement(0, b"sync 3 at 1", &seal));
+        assert!(!keys.sealed_statement(1, b"sync 4 at 1", &seal));
+        assert!(!keys.sealed_statement(2, b"sync 3 at 1", &seal));
+        assert!(!keys.sealed_statement(1, b"sync 3 at 1", &seal[..63]));
     }
 
     #[test]
