@@ -487,7 +487,7 @@ impl Server {
                             let _ = js.delete_key_value("probe").await;
                             return Ok(start.elapsed());
                         }
-                        Err(e) if start.elapsed() > Duration::from_secs(30) => {
+                        Err(e) if start.elapsed() > Duration::from_secs(60) => {
                             return Err(format!("the cluster's JetStream is not ready: {e}"));
                         }
                         Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
