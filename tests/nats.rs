@@ -628,6 +628,15 @@ struct Exit {
     timed_out: bool,
 }
 
+/// What `exits` printed and how each ended, one process after another: a failure's evidence.
+fn outputs<'a>(exits: impl IntoIterator<Item = &'a Exit>) -> String {
+    exits
+        .into_iter()
+        .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Started processes, each read and awaited under a deadline.
 struct Processes {
     children: Vec<(Child, Instant)>,
@@ -1124,13 +1133,10 @@ fn hostile_peers(server: &Server, failures: &mut Vec<String>) {
                     "stale, other-run and far-ahead frames published into a run are dropped: both honest ranks' 40 sums exact"
                 );
             } else {
-                let why: Vec<String> = exits
-                    .iter()
-                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
-                    .collect();
+                let why = outputs(&exits);
                 failures.push(format!(
                     "honest ranks under dropped frames must finish exact: {}",
-                    why.join("\n")
+                    why
                 ));
             }
         }
@@ -1173,13 +1179,10 @@ fn hostile_peers(server: &Server, failures: &mut Vec<String>) {
                     exits[0].stderr.lines().next().unwrap_or("").trim()
                 );
             } else {
-                let why: Vec<String> = exits
-                    .iter()
-                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
-                    .collect();
+                let why = outputs(&exits);
                 failures.push(format!(
                     "honest ranks under refused frames must fail with the named error: {}",
-                    why.join("\n")
+                    why
                 ));
             }
         }
@@ -1222,13 +1225,10 @@ fn impersonation(server: &Server, failures: &mut Vec<String>) {
                     forged_seen[0], forged_seen[1]
                 );
             } else {
-                let why: Vec<String> = exits
-                    .iter()
-                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
-                    .collect();
+                let why = outputs(&exits);
                 failures.push(format!(
                     "honest ranks under frames forged in their names must finish exact, counting them: {}",
-                    why.join("\n")
+                    why
                 ));
             }
         }
@@ -1279,13 +1279,10 @@ fn impersonation(server: &Server, failures: &mut Vec<String>) {
                         .trim()
                 );
             } else {
-                let why: Vec<String> = exits
-                    .iter()
-                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
-                    .collect();
+                let why = outputs(&exits);
                 failures.push(format!(
                     "distopt train --world under forged frames must finish and warn on each process:\n{}",
-                    why.join("\n")
+                    why
                 ));
             }
         }
@@ -1295,8 +1292,8 @@ fn impersonation(server: &Server, failures: &mut Vec<String>) {
 /// A client of the run writes the membership of the first sync point into the run's bucket
 /// before the ranks get there — only rank 0 live, in rank 0's name, sealed by nobody. Without
 /// the seals rank 1 would be left out of sync point 0 and rank 0 would average alone; with them
-/// the ranks refuse the forged membership with a named error. A run of two with no such client agrees on both ranks at
-/// every point.
+/// the ranks refuse the forged membership with a named error. A run of two with no such client
+/// agrees on both ranks at every point.
 fn forged_membership(server: &Server, failures: &mut Vec<String>) {
     const RUN: &str = "forged-live";
     let url = server.url.clone();
@@ -1357,14 +1354,10 @@ fn forged_membership(server: &Server, failures: &mut Vec<String>) {
                     named.trim()
                 );
             } else {
-                let why: Vec<String> = forged
-                    .iter()
-                    .chain(&honest)
-                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
-                    .collect();
+                let why = outputs(forged.iter().chain(&honest));
                 failures.push(format!(
                     "forged membership (refused {refused}, honest agreed {agreed}):\n{}",
-                    why.join("\n")
+                    why
                 ));
             }
         }
@@ -1430,13 +1423,10 @@ fn cluster(_server: &Server, failures: &mut Vec<String>) {
                 "golden W = {size} over a cluster of 3 servers (rank K on server K mod 3): every process passed ({cases} cases; the first process: {line})"
             );
         } else {
-            let why: Vec<String> = exits
-                .iter()
-                .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
-                .collect();
+            let why = outputs(&exits);
             failures.push(format!(
                 "golden W = {size} over a cluster: {finished} of {size} processes passed:\n{}",
-                why.join("\n")
+                why
             ));
         }
     }
@@ -1503,15 +1493,10 @@ fn tls(_server: &Server, failures: &mut Vec<String>) {
                     untrusting[0].stderr.lines().next().unwrap_or("").trim()
                 );
             } else {
-                let why: Vec<String> = summed
-                    .iter()
-                    .chain(&trained)
-                    .chain(&untrusting)
-                    .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
-                    .collect();
+                let why = outputs(summed.iter().chain(&trained).chain(&untrusting));
                 failures.push(format!(
                     "TLS (sums exact {sums_exact}, train finished {trained_ok}, untrusting refused {refused}):\n{}",
-                    why.join("\n")
+                    why
                 ));
             }
         }
@@ -1758,13 +1743,10 @@ fn isolation(_server: &Server, failures: &mut Vec<String>) {
             Ok(()) => failures.push("a wrong run secret joined a run".into()),
         },
         Ok((refusals, overheard, opened)) => {
-            let why: Vec<String> = exits
-                .iter()
-                .map(|e| format!("exit {:?}: {}{}", e.status, e.stdout, e.stderr))
-                .collect();
+            let why = outputs(&exits);
             failures.push(format!(
                 "another run's client must be refused: {refusals} refusals, {overheard} messages overheard, bucket opened: {opened}; honest ranks: {}",
-                why.join("\n")
+                why
             ));
         }
         Err(e) => failures.push(format!("isolation: the attacking client failed: {e}")),
