@@ -107,7 +107,7 @@ impl Inbox {
         if let Some(keys) = keys
             && !keys.sealed_by_sender(&frame)
         {
-            self.lock().forged += 1;
+            self.note_forged();
             return;
         }
         let mut state = self.lock();
@@ -163,7 +163,7 @@ impl Inbox {
         self.lock().forged
     }
 
-    /// A membership statement in a rank's name was not sealed by it.
+    /// A frame or membership statement in a rank's name was not sealed by it.
     pub(super) fn note_forged(&self) {
         self.lock().forged += 1;
     }
