@@ -33,10 +33,13 @@ mod rpc;
 mod session;
 mod threads;
 mod train;
+mod typings;
 mod world;
 mod zero;
 
 use js_sys::{Array, Object};
+use serde::Serialize;
+use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use boundary::{JsResult, js, js_error, promise_now};
@@ -196,39 +199,42 @@ async fn sgd_step_now(
     Ok(result.into())
 }
 
-/// Removes and returns the warnings distopt emitted so far (PyTorch's `UserWarning` texts),
-/// oldest first. Each is also printed with `console.warn` when it is emitted.
+/// Removes and returns the warnings emitted so far (PyTorch's warning texts), oldest first.
+/// Each warning is also printed with `console.warn` when it is emitted.
 #[wasm_bindgen(js_name = takeWarnings)]
 pub fn take_warnings() -> Vec<String> {
     distopt::warnings::take()
 }
 
-/// The warnings recorded since the last `takeWarnings()`, without removing them, with how
-/// PyTorch reports each: `[{message, channel, category, ranks}]`, `channel` `"warnings"`
-/// (`warnings.warn`, `category` its class, such as `"UserWarning"`) or `"logging"` (a
-/// `logger.warning` record, `category` `"WARNING"`), `ranks` the ranks that emitted it (`null`
-/// when it is not tied to ranks).
-#[wasm_bindgen(js_name = recordedWarnings)]
-pub fn recorded_warnings() -> Array {
-    distopt::warnings::recorded_records()
+/// A warning as PyTorch reports it.
+#[derive(Serialize, Tsify)]
+#[tsify(missing_as_null)]
+pub struct WarningRecord {
+    message: String,
+    /// `"warnings"`: Python's `warnings.warn`; `"logging"`: a `logger.warning` record.
+    #[tsify(type = "'warnings' | 'logging'")]
+    channel: &'static str,
+    /// The warning class (`"UserWarning"`, `"DeprecationWarning"`) or the logging level
+    /// (`"WARNING"`).
+    category: String,
+    /// The ranks that emitted it (PyTorch warns on each rank), or `null` when it is not tied
+    /// to ranks.
+    ranks: Option<Vec<usize>>,
+}
+
+/// The warnings recorded since the last `takeWarnings()`, without removing them.
+#[wasm_bindgen(js_name = recordedWarnings, unchecked_return_type = "WarningRecord[]")]
+pub fn recorded_warnings() -> JsResult<JsValue> {
+    let records: Vec<WarningRecord> = distopt::warnings::recorded_records()
         .into_iter()
-        .map(|w| {
-            let obj = Object::new();
-            convert::set(&obj, "message", w.message.as_str());
-            convert::set(&obj, "channel", w.channel.name());
-            convert::set(&obj, "category", w.category.as_str());
-            let ranks: JsValue = match &w.ranks {
-                Some(ranks) => ranks
-                    .iter()
-                    .map(|&r| JsValue::from_f64(r as f64))
-                    .collect::<Array>()
-                    .into(),
-                None => JsValue::NULL,
-            };
-            convert::set(&obj, "ranks", ranks);
-            JsValue::from(obj)
+        .map(|w| WarningRecord {
+            message: w.message,
+            channel: w.channel.name(),
+            category: w.category,
+            ranks: w.ranks,
         })
-        .collect()
+        .collect();
+    typings::to_js(&records)
 }
 
 /// A tensor's values as numbers (float16 and bfloat16 bit patterns decoded exactly).
