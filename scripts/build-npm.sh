@@ -2,7 +2,8 @@
 # Builds the npm package `distopt` from the bindings crate crates/distopt-js:
 #   1. cargo build -p distopt-js --target wasm32-unknown-unknown --profile wasm-release (size-optimized)
 #   2. wasm-bindgen --target web (the CLI pinned to the crate's wasm-bindgen version)
-#   3. the package template npm/ (package.json, index.js, index.d.ts, README.md)
+#   3. the package template npm/ (package.json, index.js, README.md), and index.d.ts generated
+#      from wasm-bindgen's declarations and npm/supplement.d.ts (scripts/typings.mjs)
 #   4. npm pack
 # Output: target/npm/package/ (the unpacked package) and target/npm/distopt-<version>.tgz.
 #   (2b. wasm-opt -Oz, by default: binaryen 132 from npm, the copy tests/js installs from its
@@ -50,13 +51,16 @@ rm -rf "$PKG"
 mkdir -p "$PKG/wasm"
 echo "build-npm: wasm-bindgen $WB_VERSION --target web"
 wasm-bindgen --target web --no-typescript --out-dir "$PKG/wasm" --out-name distopt_wasm "$WASM"
-# The glue's own declarations, not shipped: tests/js/typings-drift.test.js checks npm/index.d.ts
-# against them (every class, member, parameter count and promise the module really has).
+# The glue's own declarations (the Rust bindings' rustdoc, argument and result types, and the
+# records' tsify interfaces): the package's index.d.ts is generated from them and the
+# hand-written npm/supplement.d.ts (scripts/typings.mjs).
 rm -rf "$OUT/glue-types"
 wasm-bindgen --target web --out-dir "$OUT/glue-types" --out-name distopt_wasm "$WASM"
 rm -f "$OUT/glue-types"/*.js "$OUT/glue-types"/*.wasm
+echo "build-npm: index.d.ts (generated: scripts/typings.mjs)"
+node scripts/typings.mjs "$OUT/glue-types/distopt_wasm.d.ts" npm/supplement.d.ts "$PKG/index.d.ts"
 # The parameter names index.js gives arguments in its messages, from those declarations.
-node scripts/glue-params.mjs "$OUT/glue-types/distopt_wasm.d.ts" "$PKG/wasm/params.js"
+node scripts/glue-params.mjs "$PKG/index.d.ts" "$PKG/wasm/params.js"
 
 size_line() {
   echo "$(stat -c %s "$1") bytes raw, $(gzip -9 -c "$1" | wc -c) bytes gzipped (-9)"
@@ -119,7 +123,7 @@ if [ "$HAVE_THREADS" = 1 ]; then
   cp npm/threads/worker.js "$PKG/threads/"
 fi
 
-cp npm/package.json npm/index.js npm/index.cjs npm/index.d.ts npm/README.md LICENSE-MIT LICENSE-APACHE "$PKG/"
+cp npm/package.json npm/index.js npm/index.cjs npm/README.md LICENSE-MIT LICENSE-APACHE "$PKG/"
 # The package version follows the crate's.
 CRATE_VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 node -e '

@@ -1,13 +1,12 @@
-// Writes the parameter names of every function, constructor, method and setter of the wasm
-// module (camelCase), read from the declarations wasm-bindgen generates for it, as a JavaScript
-// module that npm/index.js imports to name arguments in its messages ("SGD.loadStateDict:
-// stateDict: …"). Run by scripts/build-npm.sh:
+// Writes the parameter names of every function, constructor and method of the package
+// (camelCase), read from its generated declarations (index.d.ts: wasm-bindgen's for the module,
+// and the supplement's), as a JavaScript module that npm/index.js imports to name arguments in
+// its messages ("SGD.loadStateDict: stateDict: …"). Run by scripts/build-npm.sh:
 //
-//   node scripts/glue-params.mjs target/npm/glue-types/distopt_wasm.d.ts OUT.js
+//   node scripts/glue-params.mjs target/npm/package/index.d.ts OUT.js
 //
 // The table maps a class name ('' for the module's functions) to its members: `new` (the
-// constructor), a method's name, `static NAME`, `set NAME`. tests/js/typings-drift.test.js
-// checks the same declarations against npm/index.d.ts.
+// constructor), a method's name, `static NAME`.
 import fs from 'node:fs';
 
 const [input, output] = process.argv.slice(2);
@@ -16,36 +15,57 @@ if (!input || !output) {
   process.exit(2);
 }
 const camel = (name) => name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
-const table = { '': {} };
-let current = null;
-for (const line of fs.readFileSync(input, 'utf8').split('\n')) {
-  const cls = /^export class (\w+)/.exec(line);
-  if (cls) {
-    current = {};
-    table[cls[1]] = current;
-    continue;
+const text = fs.readFileSync(input, 'utf8');
+
+/** The text between the parenthesis at `open` and its match. */
+function parenthesized(open) {
+  let depth = 0;
+  for (let i = open; i < text.length; i++) {
+    if (text[i] === '(') depth++;
+    else if (text[i] === ')' && --depth === 0) return text.slice(open + 1, i);
   }
-  if (/^}/.test(line)) {
-    current = null;
-    continue;
-  }
-  const fn = /^export function (\w+)\(([^)]*)\)/.exec(line);
-  if (fn) {
-    table[''][fn[1]] = names(fn[2]);
-    continue;
-  }
-  if (current === null) continue;
-  const member = /^\s+(static |set )?(constructor|\w+)\(([^)]*)\)/.exec(line);
-  if (!member) continue;
-  const [, prefix = '', name, params] = member;
-  current[name === 'constructor' ? 'new' : `${prefix}${name}`] = names(params);
+  throw new Error(`glue-params: unbalanced parentheses at ${open} in ${input}`);
 }
+
+/** The parameter names of a parameter list (types may hold commas inside brackets). */
 function names(params) {
-  return params
-    .split(',')
-    .map((p) => p.trim())
-    .filter(Boolean)
-    .map((p) => camel(p.split(':')[0].replace(/\?$/, '').trim()));
+  const out = [];
+  let depth = 0;
+  let start = 0;
+  const take = (end) => {
+    const p = params.slice(start, end).trim();
+    if (p) out.push(camel(p.split(':')[0].replace(/\?$/, '').trim()));
+  };
+  for (let i = 0; i < params.length; i++) {
+    const c = params[i];
+    if ('([{<'.includes(c)) depth++;
+    else if (')]}>'.includes(c) && params[i - 1] !== '=') depth--;
+    else if (c === ',' && depth === 0) {
+      take(i);
+      start = i + 1;
+    }
+  }
+  take(params.length);
+  return out;
+}
+
+const table = { '': {} };
+// Classes: from `export class X` to the `}` that starts a line.
+const classSpans = [];
+for (const m of text.matchAll(/^export (?:declare )?class (\w+)[^\n]*\n/gm)) {
+  const end = text.indexOf('\n}', m.index);
+  classSpans.push({ name: m[1], start: m.index, end });
+  table[m[1]] = {};
+}
+for (const m of text.matchAll(/^export (?:declare )?function (\w+)(?:<[^(]*>)?\(/gm)) {
+  table[''][m[1]] = names(parenthesized(m.index + m[0].length - 1));
+}
+for (const span of classSpans) {
+  const body = text.slice(span.start, span.end);
+  for (const m of body.matchAll(/^ {4}(static |set )?(constructor|\w+)\(/gm)) {
+    const [, prefix = '', name] = m;
+    table[span.name][name === 'constructor' ? 'new' : `${prefix}${name}`] = names(parenthesized(span.start + m.index + m[0].length - 1));
+  }
 }
 const classes = Object.keys(table).length - 1;
 if (classes < 1 || Object.keys(table['']).length < 1) {

@@ -1,176 +1,155 @@
-// npm/index.d.ts (hand-written) against the declarations wasm-bindgen generates for the module
-// (target/npm/glue-types/distopt_wasm.d.ts, written by scripts/build-npm.sh): every class and
-// function the module exports is declared, with the same members (methods, getters, static
-// methods), the same number of parameters and the same promise-returning calls, and the typings
-// declare nothing the module lacks. A changed signature on either side fails here, naming it.
-//
-// The generated declarations type every JsValue as `any`, so the hand-written file stays the
-// place for the real types; what this pins is the shape that both must share.
+// The package's index.d.ts is generated (scripts/typings.mjs, run by scripts/build-npm.sh) from
+// the declarations wasm-bindgen writes for the Rust bindings (target/npm/glue-types/) and the
+// hand-written supplement npm/supplement.d.ts. What can drift is the supplement, so this pins:
+//   * the package's index.d.ts is exactly what the generator makes of today's two parts;
+//   * the supplement declares no name the generated part declares, and every function it
+//     declares is one the module exports, with the module's number of parameters;
+//   * the package exports at run time exactly the values index.d.ts declares;
+//   * these checks, and tsc over tests/js/types/usage.ts, fail on a changed signature.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
 import ts from 'typescript';
+
+import { PACKAGE, importPackage, typedExports } from './helpers.js';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const ROOT = path.resolve(HERE, '../..');
 const GLUE = path.join(ROOT, 'target/npm/glue-types/distopt_wasm.d.ts');
-const TYPINGS = path.join(ROOT, 'npm/index.d.ts');
+const SUPPLEMENT = path.join(ROOT, 'npm/supplement.d.ts');
+const GENERATOR = path.join(ROOT, 'scripts/typings.mjs');
+const TYPINGS = path.join(PACKAGE, 'index.d.ts');
+const USAGE = path.join(HERE, 'types/usage.ts');
 
-/** Exports of the module that index.js keeps to itself or replaces (not part of the API). */
-const GLUE_ONLY = new Set([
-  'initSync', // index.js's init() loads the module
-  'start', // wasm-bindgen's start function, run by init
-  'threadStartData', // the threaded build's worker start (index.js, threads/worker.js)
-  'threadWorkers',
-  '__distoptDestroyDeviceForTest', // test hooks (node-gpu, browser-threads)
-  '__distoptPanicOnWorkerForTest',
-]);
-/** Exports index.js adds in JavaScript (loading, and classes the module does not have). */
-const TYPINGS_ONLY = new Set(['init', 'default']);
-/** Members every class has that are the glue's or the guard's bookkeeping. */
-const SKIPPED_MEMBER = (name) => name === 'free' || name.startsWith('__') || name.startsWith('[');
+/** Exports index.js defines itself (loading): the module has no such function. */
+const INDEX_JS_ONLY = new Set(['init', 'default']);
 
-/**
- * The exported classes and functions of `file`, each as a comparable shape:
- * `{kind: 'class', ctor, members: Map(name -> shape), statics}` or `{kind: 'function', params, promise}`.
- */
-function shapes(file, program) {
+function tempDir() {
+  return fs.mkdtempSync(path.join(fs.realpathSync(process.env.TMPDIR ?? '/tmp'), 'distopt-drift-'));
+}
+
+/** Runs the generator; `{status, stderr, output}`. */
+function generate(glue, supplement, dir) {
+  const out = path.join(dir, 'index.d.ts');
+  const run = spawnSync(process.execPath, [GENERATOR, glue, supplement, out], { encoding: 'utf8' });
+  return { status: run.status, stderr: run.stderr, output: run.status === 0 ? fs.readFileSync(out, 'utf8') : null };
+}
+
+/** The functions `file` exports, with their largest parameter count. */
+function declaredFunctions(file) {
+  const program = ts.createProgram([file], { strict: true, noEmit: true, target: ts.ScriptTarget.ES2022, lib: ['lib.es2022.d.ts', 'lib.dom.d.ts'] });
   const checker = program.getTypeChecker();
-  const source = program.getSourceFile(file);
-  const moduleSymbol = checker.getSymbolAtLocation(source);
+  const moduleSymbol = checker.getSymbolAtLocation(program.getSourceFile(file));
   const out = new Map();
-  const signatureShape = (signatures) => ({
-    params: Math.max(...signatures.map((s) => s.getParameters().length)),
-    promise: signatures.some((s) => {
-      const ret = checker.getReturnTypeOfSignature(s);
-      return ret.getSymbol()?.getName() === 'Promise';
-    }),
-  });
-  const memberShapes = (type) => {
-    const members = new Map();
-    for (const prop of checker.getPropertiesOfType(type)) {
-      const name = prop.getName();
-      if (SKIPPED_MEMBER(name) || name === 'prototype') continue;
-      const decl = prop.valueDeclaration ?? prop.declarations?.[0];
-      const propType = checker.getTypeOfSymbolAtLocation(prop, decl ?? source);
-      const calls = propType.getCallSignatures();
-      const isMethod = decl && (ts.isMethodDeclaration(decl) || ts.isMethodSignature(decl));
-      members.set(name, isMethod && calls.length ? { kind: 'method', ...signatureShape(calls) } : { kind: 'property' });
-    }
-    return members;
-  };
   for (const exported of checker.getExportsOfModule(moduleSymbol)) {
     const symbol = exported.flags & ts.SymbolFlags.Alias ? checker.getAliasedSymbol(exported) : exported;
-    const name = exported.getName();
-    if (symbol.flags & ts.SymbolFlags.Class) {
-      const instance = checker.getDeclaredTypeOfSymbol(symbol);
-      const staticType = checker.getTypeOfSymbolAtLocation(symbol, symbol.valueDeclaration);
-      const ctors = staticType.getConstructSignatures();
-      out.set(name, {
-        kind: 'class',
-        ctor: ctors.length ? signatureShape(ctors).params : null,
-        members: memberShapes(instance),
-        statics: memberShapes(staticType),
-      });
-    } else if (symbol.flags & ts.SymbolFlags.Function) {
-      const type = checker.getTypeOfSymbolAtLocation(symbol, symbol.valueDeclaration);
-      out.set(name, { kind: 'function', ...signatureShape(type.getCallSignatures()) });
-    }
+    if (!(symbol.flags & ts.SymbolFlags.Function)) continue;
+    const type = checker.getTypeOfSymbolAtLocation(symbol, symbol.valueDeclaration);
+    out.set(exported.getName(), Math.max(...type.getCallSignatures().map((s) => s.getParameters().length)));
   }
   return out;
 }
 
-/** Every difference between the glue's shapes and the typings', as readable lines. */
-function drift(glue, typings) {
+/** The supplement's functions against the module's own (wasm-bindgen's glue, unguarded). */
+function supplementDrift(supplementFile, glue) {
   const problems = [];
-  for (const [name, g] of glue) {
-    if (GLUE_ONLY.has(name)) continue;
-    const t = typings.get(name);
-    if (!t) {
-      problems.push(`${name}: the module exports this ${g.kind}; index.d.ts does not declare it`);
-      continue;
+  for (const [name, params] of declaredFunctions(supplementFile)) {
+    if (INDEX_JS_ONLY.has(name)) continue;
+    if (typeof glue[name] !== 'function') {
+      problems.push(`${name}: the supplement declares this function; the module does not export it`);
+    } else if (glue[name].length !== params) {
+      problems.push(`${name}(): ${glue[name].length} parameters in the module, ${params} in the supplement`);
     }
-    if (t.kind !== g.kind) {
-      problems.push(`${name}: a ${g.kind} in the module, a ${t.kind} in index.d.ts`);
-      continue;
-    }
-    if (g.kind === 'function') {
-      if (g.params !== t.params) problems.push(`${name}(): ${g.params} parameters in the module, ${t.params} in index.d.ts`);
-      if (g.promise !== t.promise) problems.push(`${name}(): ${g.promise ? '' : 'no '}promise from the module, ${t.promise ? '' : 'no '}promise in index.d.ts`);
-      continue;
-    }
-    if (g.ctor !== t.ctor) {
-      problems.push(`new ${name}(): ${g.ctor ?? 'no'} constructor parameters in the module, ${t.ctor ?? 'no'} in index.d.ts`);
-    }
-    for (const [side, gm, tm] of [['', g.members, t.members], ['static ', g.statics, t.statics]]) {
-      for (const [member, gs] of gm) {
-        const ts_ = tm.get(member);
-        const what = `${side}${name}.${member}`;
-        if (!ts_) {
-          problems.push(`${what}: in the module, not in index.d.ts`);
-        } else if (gs.kind !== ts_.kind) {
-          problems.push(`${what}: a ${gs.kind} in the module, a ${ts_.kind} in index.d.ts`);
-        } else if (gs.kind === 'method') {
-          if (gs.params !== ts_.params) problems.push(`${what}(): ${gs.params} parameters in the module, ${ts_.params} in index.d.ts`);
-          if (gs.promise !== ts_.promise) problems.push(`${what}(): ${gs.promise ? 'a' : 'no'} promise from the module, ${ts_.promise ? 'a' : 'no'} promise in index.d.ts`);
-        }
-      }
-      for (const member of tm.keys()) {
-        if (!gm.has(member)) problems.push(`${side}${name}.${member}: in index.d.ts, not in the module`);
-      }
-    }
-  }
-  for (const [name, t] of typings) {
-    if (!glue.has(name) && !TYPINGS_ONLY.has(name)) problems.push(`${name}: index.d.ts declares this ${t.kind}; the module does not export it`);
   }
   return problems;
 }
 
-function program(files) {
-  return ts.createProgram(files, { strict: true, noEmit: true, target: ts.ScriptTarget.ES2022, lib: ['lib.es2022.d.ts', 'lib.dom.d.ts'] });
+/** tsc's errors for usage.ts checked against `typings` as the package's declarations. */
+function usageErrors(typings) {
+  const options = {
+    target: ts.ScriptTarget.ES2022,
+    module: ts.ModuleKind.ES2022,
+    moduleResolution: ts.ModuleResolutionKind.Bundler,
+    lib: ['lib.es2022.d.ts', 'lib.dom.d.ts'],
+    strict: true,
+    noEmit: true,
+    types: [],
+    paths: { distopt: [typings] },
+  };
+  const program = ts.createProgram([USAGE], options);
+  return ts.getPreEmitDiagnostics(program).map((d) => ts.flattenDiagnosticMessageText(d.messageText, '\n'));
 }
 
-test('index.d.ts declares exactly the classes, members, parameter counts and promises of the module', () => {
+const glue = await import(pathToFileURL(path.join(PACKAGE, 'wasm/distopt_wasm.js')).href);
+
+test("the package's index.d.ts is generated from the module's declarations and the supplement", () => {
   assert.ok(fs.existsSync(GLUE), `${GLUE} is missing: run scripts/build-npm.sh first`);
-  const p = program([GLUE, TYPINGS]);
-  const glue = shapes(GLUE, p);
-  const problems = drift(glue, shapes(TYPINGS, p));
-  assert.deepEqual(problems, [], `index.d.ts has drifted from the module:\n${problems.join('\n')}`);
-  // What was compared (so that a reader of the log sees the check is not vacuous).
-  const classes = [...glue.values()].filter((g) => g.kind === 'class');
-  const members = classes.reduce((n, c) => n + c.members.size + c.statics.size, 0);
-  assert.ok(classes.length >= 19 && members >= 120, `only ${classes.length} classes, ${members} members compared`);
-  console.log(`typings-drift: ${classes.length} classes, ${members} members, ${glue.size - classes.length} functions compared`);
+  const dir = tempDir();
+  try {
+    const { status, stderr, output } = generate(GLUE, SUPPLEMENT, dir);
+    assert.equal(status, 0, stderr);
+    assert.equal(fs.readFileSync(TYPINGS, 'utf8'), output, 'the package index.d.ts is stale: run scripts/build-npm.sh');
+    assert.match(output, /^\/\/ distopt's TypeScript declarations\. GENERATED by scripts\/typings\.mjs, do not edit/);
+    // The generated part carries the bindings' classes and records, documented.
+    for (const name of ['class SGD', 'class Replicas', 'class DiLoCo', 'interface WarningRecord', 'interface BackendInfo', 'function sgdStep']) {
+      assert.match(output, new RegExp(`^export ${name}\\b`, 'm'), name);
+    }
+    assert.doesNotMatch(output, /\bInitInput\b|\binitSync\b|__distopt\w*Id|threadStartData|ForTest/, 'loader or internal declarations leaked');
+    const anyCount = (output.match(/: any\b|<any>/g) ?? []).length;
+    console.log(`typings-drift: index.d.ts ${output.split('\n').length} lines, ${anyCount} untyped (any) positions`);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
 
-test('the drift check fails on a changed signature, a missing member and a lost promise', () => {
-  const dir = fs.mkdtempSync(path.join(fs.realpathSync(process.env.TMPDIR ?? '/tmp'), 'distopt-drift-'));
+test('the supplement declares only functions the module has, with its parameter counts', () => {
+  const problems = supplementDrift(SUPPLEMENT, glue);
+  assert.deepEqual(problems, [], problems.join('\n'));
+  const functions = [...declaredFunctions(SUPPLEMENT).keys()];
+  assert.ok(functions.includes('tensor') && functions.includes('init'), functions.join(', '));
+});
+
+test('the package exports at run time exactly the values index.d.ts declares', async () => {
+  const d = await importPackage();
+  const runtime = Object.keys(d).sort();
+  assert.deepEqual(runtime, typedExports());
+});
+
+test('the drift checks fail on a duplicated name, a changed signature and a missing function', () => {
+  const dir = tempDir();
   try {
-    let changed = fs.readFileSync(TYPINGS, 'utf8');
-    const edits = [
-      // One parameter fewer on a method.
-      ['loadStateDict(rank: number, stateDict: StateDictInput): void;', 'loadStateDict(rank: number): void;'],
-      // A function the module does not have (and one it has, undeclared).
-      ['export function sgdStep(', 'export function sgdStepGone('],
-      // A promise that is not one (the local optimizers' stateDict, declared once for all three).
-      ['  stateDict(rank: number): Promise<StateDict>;', '  stateDict(rank: number): StateDict;'],
-    ];
-    for (const [from, to] of edits) {
-      assert.ok(changed.includes(from), `the test's edit no longer applies: ${from}`);
-      changed = changed.replace(from, to);
-    }
-    const file = path.join(dir, 'index.d.ts');
-    fs.writeFileSync(file, changed);
-    const p = program([GLUE, file]);
-    const problems = drift(shapes(GLUE, p), shapes(file, p));
-    assert.ok(problems.some((l) => /loadStateDict\(\): 2 parameters in the module, 1 in index\.d\.ts/.test(l)), problems.join('\n'));
-    assert.ok(problems.some((l) => /^sgdStep: the module exports this function; index\.d\.ts does not declare it/.test(l)), problems.join('\n'));
-    assert.ok(problems.some((l) => /^sgdStepGone: index\.d\.ts declares this function; the module does not export it/.test(l)), problems.join('\n'));
-    assert.ok(problems.some((l) => /^SGD\.stateDict\(\): a promise from the module, no promise in index\.d\.ts/.test(l)), problems.join('\n'));
+    const supplement = fs.readFileSync(SUPPLEMENT, 'utf8');
+    // A name the Rust side declares, declared again by hand: the generator refuses.
+    const twice = path.join(dir, 'twice.d.ts');
+    fs.writeFileSync(twice, `${supplement}\nexport interface BackendInfo { kind: string }\n`);
+    const refused = generate(GLUE, twice, dir);
+    assert.equal(refused.status, 1);
+    assert.match(refused.stderr, /declared both by .* and by the Rust bindings: BackendInfo/);
+
+    // The supplement's `tensor` with a parameter fewer, and a function the module lacks.
+    const from = '  shape: readonly number[],\n';
+    assert.ok(supplement.includes(from), "the test's edit no longer applies");
+    const changed = path.join(dir, 'changed.d.ts');
+    fs.writeFileSync(changed, `${supplement.replace(from, '')}\nexport function tensorGone(): void;\n`);
+    const problems = supplementDrift(changed, glue);
+    assert.ok(problems.some((l) => /^tensor\(\): 3 parameters in the module, 2 in the supplement$/.test(l)), problems.join('\n'));
+    assert.ok(problems.some((l) => /^tensorGone: the supplement declares this function; the module does not export it$/.test(l)), problems.join('\n'));
+
+    // A changed signature on the Rust side (one parameter fewer on loadStateDict, as its
+    // generated declaration would then say): usage.ts no longer type-checks.
+    assert.deepEqual(usageErrors(TYPINGS), [], 'usage.ts must type-check against the package');
+    const generated = fs.readFileSync(TYPINGS, 'utf8');
+    const sig = /loadStateDict\(rank: number, stateDict: StateDictInput\): void;/g;
+    assert.ok(sig.test(generated), "the test's signature edit no longer applies");
+    const edited = path.join(dir, 'index.d.ts');
+    fs.writeFileSync(edited, generated.replace(sig, 'loadStateDict(rank: number): void;'));
+    const errors = usageErrors(edited);
+    assert.ok(errors.some((e) => /Expected 1 arguments, but got 2/.test(e)), errors.join('\n'));
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }

@@ -134,8 +134,8 @@ impl StepBench {
     }
 
     /// The backend the arenas live on.
-    #[wasm_bindgen(getter)]
-    pub fn backend(&self) -> js_sys::Object {
+    #[wasm_bindgen(getter, unchecked_return_type = "BackendInfo")]
+    pub fn backend(&self) -> super::boundary::JsResult<JsValue> {
         super::session::backend_info_to_js(self.backend.info())
     }
 }

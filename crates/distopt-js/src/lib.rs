@@ -111,7 +111,7 @@ static LOGGER: ConsoleLogger = ConsoleLogger;
 /// threaded build's CPU pool is first handed to the pool (`pool::note_panic`), so that the
 /// call that was waiting for that worker's part returns a `RuntimeError` instead of spinning
 /// forever; the worker then traps alone.
-#[wasm_bindgen(start)]
+#[wasm_bindgen(start, skip_typescript)]
 pub fn start() {
     std::panic::set_hook(Box::new(|info| {
         distopt::backend::cpu::pool::note_panic(info);
@@ -124,19 +124,42 @@ pub fn start() {
     }
 }
 
-/// One synchronous data-parallel SGD step: the mean of the ranks' gradients (a missing,
-/// `null`, gradient counts as zero) and every rank's updated parameters.
+/// What `sgdStep` resolves to.
+#[derive(Serialize, Tsify)]
+#[serde(rename = "StepResult", rename_all = "camelCase")]
+pub struct StepResultRecord {
+    /// `meanGradients[j]`: the mean of the ranks' gradients of parameter j, in its dtype.
+    #[serde(with = "serde_wasm_bindgen::preserve")]
+    #[tsify(type = "Tensor[]")]
+    mean_gradients: JsValue,
+    /// `updatedReplicas[r][j]`: rank r's copy of updated parameter j (all ranks identical).
+    #[serde(with = "serde_wasm_bindgen::preserve")]
+    #[tsify(type = "Tensor[][]")]
+    updated_replicas: JsValue,
+}
+
+/// One synchronous data-parallel SGD step over R ranks: for each parameter j the float32 mean
+/// of the ranks' gradients (a `null` gradient counts as zero; R still divides), then
+/// `θ − lr·ḡ` on rank 0's copy, given to every rank. The inputs are read when it is called: a
+/// typed array changed afterwards does not change the answer.
 ///
-/// Resolves to `{meanGradients, updatedReplicas}` (`meanGradients[j]`,
-/// `updatedReplicas[r][j]`); rejects with the step's `ValueError`s, checked in the reference
-/// order. The inputs are read when it is called: a typed array changed afterwards does not
-/// change the answer.
-#[wasm_bindgen(js_name = sgdStep)]
+/// @param parameterReplicas - `[rank][param]`
+/// @param gradientReplicas - `[rank][param]`, `null` for a missing gradient
+/// @param learningRate - rounded to float32; may be negative or 0
+/// @throws ValueError for an empty world, mismatched counts, shapes or non-float dtypes
+///   (checked in the reference order)
+#[wasm_bindgen(js_name = sgdStep, unchecked_return_type = "Promise<StepResult>")]
 pub fn sgd_step(
-    parameter_replicas: JsValue,
-    gradient_replicas: JsValue,
-    learning_rate: JsValue,
+    #[wasm_bindgen(js_name = parameterReplicas)] parameter_replicas: typings::PerRankTensorsArg,
+    #[wasm_bindgen(js_name = gradientReplicas)]
+    gradient_replicas: typings::PerRankOptionalTensorsArg,
+    #[wasm_bindgen(js_name = learningRate)] learning_rate: typings::NumberArg,
 ) -> js_sys::Promise {
+    let (parameter_replicas, gradient_replicas, learning_rate) = (
+        JsValue::from(parameter_replicas),
+        JsValue::from(gradient_replicas),
+        JsValue::from(learning_rate),
+    );
     promise_now(async move {
         sgd_step_now(&parameter_replicas, &gradient_replicas, &learning_rate).await
     })
@@ -193,10 +216,10 @@ async fn sgd_step_now(
         }
         replicas.push(&row);
     }
-    let result = Object::new();
-    convert::set(&result, "meanGradients", means);
-    convert::set(&result, "updatedReplicas", replicas);
-    Ok(result.into())
+    typings::to_js(&StepResultRecord {
+        mean_gradients: means.into(),
+        updated_replicas: replicas.into(),
+    })
 }
 
 /// Removes and returns the warnings emitted so far (PyTorch's warning texts), oldest first.
@@ -237,9 +260,9 @@ pub fn recorded_warnings() -> JsResult<JsValue> {
     typings::to_js(&records)
 }
 
-/// A tensor's values as numbers (float16 and bfloat16 bit patterns decoded exactly).
+/// A tensor's values as numbers (float16/bfloat16 bit patterns decoded exactly).
 #[wasm_bindgen(js_name = tensorValues)]
-pub fn tensor_values(tensor: JsValue) -> JsResult<js_sys::Float64Array> {
+pub fn tensor_values(tensor: typings::TensorInputArg) -> JsResult<js_sys::Float64Array> {
     let tensor = js(convert::tensor_from_js(&tensor, "tensor"))?;
     js(budget::check_elements(
         "tensorValues (the values as float64)",
@@ -251,8 +274,9 @@ pub fn tensor_values(tensor: JsValue) -> JsResult<js_sys::Float64Array> {
 }
 
 /// A tensor of `dtype` and `shape` from numbers (each rounded to nearest even), in the form
-/// distopt returns tensors: float16 and bfloat16 data as Uint16Array bit patterns.
-#[wasm_bindgen(js_name = tensor)]
+/// distopt returns tensors: float16 and bfloat16 data as Uint16Array bit patterns. (Declared
+/// in npm/supplement.d.ts, where its result's type follows `dtype`.)
+#[wasm_bindgen(js_name = tensor, skip_typescript)]
 pub fn make_tensor(dtype: JsValue, shape: JsValue, values: JsValue) -> JsResult<JsValue> {
     let dtype = js(convert::optional_string(&dtype, "dtype"))?
         .ok_or_else(|| js_error(Error::type_error("tensor() needs a dtype")))?;

@@ -16,6 +16,10 @@ use super::convert::{
 };
 use super::handles::Registry;
 use super::session::current_backend;
+use super::typings::{
+    IntegerArg, OmittableIntegerArg, OptionalTensorArg, OptionalTensorListArg, PerRankTensorsArg,
+    TensorInputArg, TensorListArg, WorldArg,
+};
 use super::world::world_of;
 use distopt::comm::Communicator;
 use distopt::error::Result;
@@ -54,8 +58,10 @@ fn check_size(ranks: usize, params: &[Tensor]) -> Result<()> {
     )
 }
 
-/// R ranks' replicas of a list of parameters, and their gradients, resident on the backend
-/// chosen at `init()`: every parameter of one dtype, for every rank, in one arena.
+/// R ranks' copies of a model's parameters, and their gradients, resident on the backend chosen
+/// by `init()` (every parameter of one dtype, for every rank, in one arena). Reads are
+/// asynchronous; a change made while a read of the same replicas is pending throws a
+/// `RuntimeError` ("busy").
 #[wasm_bindgen(js_name = Replicas)]
 pub struct ReplicasJs {
     inner: SharedReplicas,
@@ -87,10 +93,12 @@ impl ReplicasJs {
 
 #[wasm_bindgen(js_class = Replicas)]
 impl ReplicasJs {
-    /// Replicas from each rank's own parameters: `perRank[r][j]`. Every rank must hold the
-    /// same number of parameters with the same shapes and dtypes.
+    /// Each rank's own parameters: `perRank[r][j]` (same count, shapes and dtypes on every
+    /// rank).
     #[wasm_bindgen(constructor)]
-    pub fn new(per_rank: JsValue) -> JsResult<ReplicasJs> {
+    pub fn new(
+        #[wasm_bindgen(js_name = perRank)] per_rank: PerRankTensorsArg,
+    ) -> JsResult<ReplicasJs> {
         let per_rank = js(per_rank_tensors_from_js(&per_rank, "perRank"))?;
         if let Some(first) = per_rank.first() {
             js(check_size(per_rank.len(), first))?;
@@ -100,7 +108,7 @@ impl ReplicasJs {
     }
 
     /// `ranks` identical replicas of `params`.
-    pub fn replicate(ranks: JsValue, params: JsValue) -> JsResult<ReplicasJs> {
+    pub fn replicate(ranks: IntegerArg, params: TensorListArg) -> JsResult<ReplicasJs> {
         let ranks = js(count_arg(&ranks, "ranks"))?;
         let params = js(tensors_from_js(&params, "params"))?;
         js(check_size(ranks, &params))?;
@@ -111,7 +119,7 @@ impl ReplicasJs {
     }
 
     /// Identifies the replicas to the functions they are passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptReplicasId)]
+    #[wasm_bindgen(getter, js_name = __distoptReplicasId, skip_typescript)]
     pub fn id(&self) -> u32 {
         self.id
     }
@@ -135,38 +143,38 @@ impl ReplicasJs {
     }
 
     /// The backend the replicas live on (as `backendInfo()` describes it).
-    #[wasm_bindgen(getter)]
-    pub fn backend(&self) -> JsResult<js_sys::Object> {
+    #[wasm_bindgen(getter, unchecked_return_type = "BackendInfo")]
+    pub fn backend(&self) -> JsResult<JsValue> {
         let replicas = js(borrow(&self.inner))?;
-        Ok(super::session::backend_info_to_js(
-            replicas.backend().info(),
-        ))
+        super::session::backend_info_to_js(replicas.backend().info())
     }
 
     /// Parameter `j`'s shape.
-    pub fn shape(&self, j: JsValue) -> JsResult<Vec<f64>> {
+    #[wasm_bindgen(unchecked_return_type = "number[]")]
+    pub fn shape(&self, j: IntegerArg) -> JsResult<Vec<f64>> {
         let replicas = js(borrow(&self.inner))?;
         let j = js(param_arg(&j, replicas.len()))?;
         Ok(replicas.shape(j).iter().map(|&d| d as f64).collect())
     }
 
-    /// Parameter `j`'s dtype name.
-    pub fn dtype(&self, j: JsValue) -> JsResult<String> {
+    /// Parameter `j`'s dtype.
+    #[wasm_bindgen(unchecked_return_type = "DType")]
+    pub fn dtype(&self, j: IntegerArg) -> JsResult<String> {
         let replicas = js(borrow(&self.inner))?;
         let j = js(param_arg(&j, replicas.len()))?;
         Ok(replicas.dtype(j).name().into())
     }
 
     /// Parameter `j`'s element count.
-    pub fn numel(&self, j: JsValue) -> JsResult<f64> {
+    pub fn numel(&self, j: IntegerArg) -> JsResult<f64> {
         let replicas = js(borrow(&self.inner))?;
         let j = js(param_arg(&j, replicas.len()))?;
         Ok(replicas.numel(j) as f64)
     }
 
-    /// Overwrites every parameter of rank `rank`.
+    /// Overwrites every parameter of rank `rank` (shapes and dtypes must match).
     #[wasm_bindgen(js_name = setParams)]
-    pub fn set_params(&self, rank: JsValue, params: JsValue) -> JsResult<()> {
+    pub fn set_params(&self, rank: IntegerArg, params: TensorListArg) -> JsResult<()> {
         let mut replicas = js(borrow_mut(&self.inner))?;
         let rank = js(rank_arg(&rank, replicas.ranks()))?;
         let params = js(tensors_from_js(&params, "params"))?;
@@ -175,7 +183,12 @@ impl ReplicasJs {
 
     /// Overwrites parameter `j` of rank `rank`.
     #[wasm_bindgen(js_name = setParam)]
-    pub fn set_param(&self, rank: JsValue, j: JsValue, value: JsValue) -> JsResult<()> {
+    pub fn set_param(
+        &self,
+        rank: IntegerArg,
+        j: IntegerArg,
+        value: TensorInputArg,
+    ) -> JsResult<()> {
         let mut replicas = js(borrow_mut(&self.inner))?;
         let rank = js(rank_arg(&rank, replicas.ranks()))?;
         let j = js(param_arg(&j, replicas.len()))?;
@@ -185,7 +198,7 @@ impl ReplicasJs {
 
     /// Sets every gradient of rank `rank` (`null`: no gradient, as `p.grad = None`).
     #[wasm_bindgen(js_name = setGrads)]
-    pub fn set_grads(&self, rank: JsValue, grads: JsValue) -> JsResult<()> {
+    pub fn set_grads(&self, rank: IntegerArg, grads: OptionalTensorListArg) -> JsResult<()> {
         let mut replicas = js(borrow_mut(&self.inner))?;
         let rank = js(rank_arg(&rank, replicas.ranks()))?;
         let grads = js(optional_tensors_from_js(&grads, "grads"))?;
@@ -194,7 +207,12 @@ impl ReplicasJs {
 
     /// Sets gradient `j` of rank `rank` (`null` removes it).
     #[wasm_bindgen(js_name = setGrad)]
-    pub fn set_grad(&self, rank: JsValue, j: JsValue, grad: JsValue) -> JsResult<()> {
+    pub fn set_grad(
+        &self,
+        rank: IntegerArg,
+        j: IntegerArg,
+        grad: OptionalTensorArg,
+    ) -> JsResult<()> {
         let mut replicas = js(borrow_mut(&self.inner))?;
         let rank = js(rank_arg(&rank, replicas.ranks()))?;
         let j = js(param_arg(&j, replicas.len()))?;
@@ -212,17 +230,17 @@ impl ReplicasJs {
 
     /// Whether rank `rank` has a gradient for parameter `j`.
     #[wasm_bindgen(js_name = hasGrad)]
-    pub fn has_grad(&self, rank: JsValue, j: JsValue) -> JsResult<bool> {
+    pub fn has_grad(&self, rank: IntegerArg, j: IntegerArg) -> JsResult<bool> {
         let replicas = js(borrow(&self.inner))?;
         let rank = js(rank_arg(&rank, replicas.ranks()))?;
         let j = js(param_arg(&j, replicas.len()))?;
         Ok(replicas.has_grad(rank, j))
     }
 
-    /// Copies rank `root`'s parameters (rank 0 when omitted) to every other rank over `world`
-    /// (as `DistributedDataParallel` does at construction).
+    /// Copies rank `root`'s parameters (default 0) to every rank over `world`, as
+    /// `DistributedDataParallel` does at construction.
     #[wasm_bindgen(js_name = broadcastParams)]
-    pub fn broadcast_params(&self, world: JsValue, root: JsValue) -> JsResult<()> {
+    pub fn broadcast_params(&self, world: WorldArg, root: OmittableIntegerArg) -> JsResult<()> {
         let world = js(world_of(&world))?;
         let mut replicas = js(borrow_mut(&self.inner))?;
         if world.world_size() != replicas.ranks() {
@@ -241,13 +259,14 @@ impl ReplicasJs {
         js(replicas.broadcast_params(world.as_ref(), root))
     }
 
-    /// Parameter `j` of rank `rank`, read back: a promise of a tensor.
+    /// Parameter `j` of rank `rank`, read back.
     ///
     /// The replicas are held for reading from this call until the promise settles: a change
     /// made meanwhile (`setParam`, a step, …) is refused with a "busy" `RuntimeError`, so the
     /// promise resolves to the value the parameter had when `param` was called.
-    pub fn param(&self, rank: JsValue, j: JsValue) -> JsResult<Promise> {
-        let (rank, j) = self.rank_and_param(rank, j)?;
+    #[wasm_bindgen(unchecked_return_type = "Promise<Tensor>")]
+    pub fn param(&self, rank: IntegerArg, j: IntegerArg) -> JsResult<Promise> {
+        let (rank, j) = self.rank_and_param(&rank, &j)?;
         let held = js(ReadGuard::new(&self.inner))?;
         Ok(future_to_promise(async move {
             let tensor = js(held.get().param(rank, j).await)?;
@@ -256,10 +275,11 @@ impl ReplicasJs {
         }))
     }
 
-    /// Gradient `j` of rank `rank`: a promise of a tensor, or of `null` when it has none
+    /// Gradient `j` of rank `rank`, read back, or `null` when it has none
     /// (held for reading until it settles, as `param`).
-    pub fn grad(&self, rank: JsValue, j: JsValue) -> JsResult<Promise> {
-        let (rank, j) = self.rank_and_param(rank, j)?;
+    #[wasm_bindgen(unchecked_return_type = "Promise<Tensor | null>")]
+    pub fn grad(&self, rank: IntegerArg, j: IntegerArg) -> JsResult<Promise> {
+        let (rank, j) = self.rank_and_param(&rank, &j)?;
         let held = js(ReadGuard::new(&self.inner))?;
         Ok(future_to_promise(async move {
             let grad = js(held.get().grad(rank, j).await)?;
@@ -273,6 +293,7 @@ impl ReplicasJs {
 
     /// Every parameter of every rank (`[rank][param]`), one readback per arena (held for
     /// reading until it settles, as `param`).
+    #[wasm_bindgen(unchecked_return_type = "Promise<Tensor[][]>")]
     pub fn params(&self) -> JsResult<Promise> {
         let held = js(ReadGuard::new(&self.inner))?;
         Ok(future_to_promise(async move {
@@ -288,6 +309,7 @@ impl ReplicasJs {
 
     /// Every gradient of every rank (`[rank][param]`, `null` where absent; held for reading
     /// until it settles, as `param`).
+    #[wasm_bindgen(unchecked_return_type = "Promise<(Tensor | null)[][]>")]
     pub fn grads(&self) -> JsResult<Promise> {
         let held = js(ReadGuard::new(&self.inner))?;
         Ok(future_to_promise(async move {
@@ -340,11 +362,11 @@ impl Drop for ReadGuard {
 }
 
 impl ReplicasJs {
-    fn rank_and_param(&self, rank: JsValue, j: JsValue) -> JsResult<(usize, usize)> {
+    fn rank_and_param(&self, rank: &JsValue, j: &JsValue) -> JsResult<(usize, usize)> {
         let replicas = js(borrow(&self.inner))?;
         Ok((
-            js(rank_arg(&rank, replicas.ranks()))?,
-            js(param_arg(&j, replicas.len()))?,
+            js(rank_arg(rank, replicas.ranks()))?,
+            js(param_arg(j, replicas.len()))?,
         ))
     }
 }

@@ -6,14 +6,14 @@
 use wasm_bindgen::prelude::*;
 
 /// How many workers serve the CPU fallback's pool (0 outside the threaded build).
-#[wasm_bindgen(js_name = threadWorkers)]
+#[wasm_bindgen(js_name = threadWorkers, skip_typescript)]
 pub fn thread_workers() -> usize {
     distopt::backend::cpu::pool::GLOBAL.workers()
 }
 
 /// `[module, memory]`: what a worker passes to `initSync` to share this instance's memory;
 /// `null` in the single-threaded build (whose memory cannot be shared).
-#[wasm_bindgen(js_name = threadStartData)]
+#[wasm_bindgen(js_name = threadStartData, skip_typescript)]
 pub fn thread_start_data() -> JsValue {
     #[cfg(target_feature = "atomics")]
     {
@@ -27,7 +27,7 @@ pub fn thread_start_data() -> JsValue {
 
 /// Serves the pool on the calling worker, for good (it never returns).
 #[cfg(target_feature = "atomics")]
-#[wasm_bindgen(js_name = serveAsWorker)]
+#[wasm_bindgen(js_name = serveAsWorker, skip_typescript)]
 pub fn serve_as_worker() {
     distopt::backend::cpu::pool::GLOBAL.serve()
 }
@@ -38,7 +38,7 @@ pub fn serve_as_worker() {
 /// afterwards (a later `init()` starts another); the module and the other workers carry on.
 /// A `RuntimeError` at once when no worker serves the pool.
 #[cfg(target_feature = "atomics")]
-#[wasm_bindgen(js_name = __distoptPanicOnWorkerForTest)]
+#[wasm_bindgen(js_name = __distoptPanicOnWorkerForTest, skip_typescript)]
 pub fn panic_on_worker_for_test() -> super::boundary::JsResult<()> {
     use std::cell::Cell;
     use std::sync::atomic::{AtomicBool, Ordering};

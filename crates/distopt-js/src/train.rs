@@ -550,9 +550,9 @@ impl TrainerJs {
     }
 
     /// Bytes communicated so far, per rank, by kind (as `World.stats()`).
-    #[wasm_bindgen(js_name = commStats)]
-    pub fn comm_stats(&self) -> JsResult<Object> {
-        Ok(super::world::stats_to_js(&js(self.borrow())?.comm_stats()))
+    #[wasm_bindgen(js_name = commStats, unchecked_return_type = "CommStats")]
+    pub fn comm_stats(&self) -> JsResult<JsValue> {
+        super::world::stats_to_js(&js(self.borrow())?.comm_stats())
     }
 
     /// Bytes of optimizer state each rank holds (the whole model's momentum for a local SGD,

@@ -3,12 +3,14 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use js_sys::Object;
+use serde::Serialize;
+use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
-use super::convert::{count_arg, optional_integer_arg, rank_arg, set};
+use super::convert::{count_arg, optional_integer_arg, rank_arg};
 use super::handles::Registry;
+use super::typings::{IntegerArg, to_js};
 use distopt::comm::{CommStats, Communicator, SimulatedWorld, Subgroups, new_subgroups};
 use distopt::error::Result;
 
@@ -49,27 +51,42 @@ pub(crate) fn subgroups(world: &SimulatedWorld, group_size: &JsValue) -> Result<
     }
 }
 
-/// `CommStats` as `{allReduceBytesByGroupSize, broadcastBytes, gatherBytes, collectives,
-/// totalBytes}` (bytes per rank).
-pub(crate) fn stats_to_js(stats: &CommStats) -> Object {
-    let by_group = Object::new();
-    for (size, bytes) in &stats.all_reduce_bytes_by_group_size {
-        set(&by_group, &size.to_string(), *bytes as f64);
-    }
-    let obj = Object::new();
-    set(&obj, "allReduceBytesByGroupSize", by_group);
-    set(&obj, "broadcastBytes", stats.broadcast_bytes as f64);
-    set(&obj, "gatherBytes", stats.gather_bytes as f64);
-    set(&obj, "collectives", stats.collectives as f64);
-    set(&obj, "totalBytes", stats.total_bytes() as f64);
-    obj
+/// Bytes each rank sent, by kind of collective (a world's, or a trainer's run's).
+#[derive(Serialize, Tsify)]
+#[serde(rename = "CommStats", rename_all = "camelCase")]
+pub struct CommStatsRecord {
+    /// Bytes of all-reduces, keyed by the group size they ran over (`"4"`: the whole world of 4).
+    all_reduce_bytes_by_group_size: std::collections::BTreeMap<String, u64>,
+    /// Bytes of broadcasts.
+    broadcast_bytes: u64,
+    /// Bytes of gathers.
+    gather_bytes: u64,
+    /// Collectives run.
+    collectives: u64,
+    /// All of the above bytes.
+    total_bytes: u64,
+}
+
+/// `CommStats` as JS reads it (bytes per rank).
+pub(crate) fn stats_to_js(stats: &CommStats) -> JsResult<JsValue> {
+    to_js(&CommStatsRecord {
+        all_reduce_bytes_by_group_size: stats
+            .all_reduce_bytes_by_group_size
+            .iter()
+            .map(|(size, bytes)| (size.to_string(), *bytes))
+            .collect(),
+        broadcast_bytes: stats.broadcast_bytes,
+        gather_bytes: stats.gather_bytes,
+        collectives: stats.collectives,
+        total_bytes: stats.total_bytes(),
+    })
 }
 
 #[wasm_bindgen(js_class = World)]
 impl WorldJs {
     /// A world of `size` ranks (at least one).
     #[wasm_bindgen(constructor)]
-    pub fn new(size: JsValue) -> JsResult<WorldJs> {
+    pub fn new(size: IntegerArg) -> JsResult<WorldJs> {
         let size = js(count_arg(&size, "size"))?;
         let inner = Rc::new(WorldHandle(Arc::new(js(SimulatedWorld::new(size))?)));
         let id = WORLDS.with(|r| r.register(&inner));
@@ -77,7 +94,7 @@ impl WorldJs {
     }
 
     /// Identifies the world to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptWorldId)]
+    #[wasm_bindgen(getter, js_name = __distoptWorldId, skip_typescript)]
     pub fn id(&self) -> u32 {
         self.id
     }
@@ -89,7 +106,8 @@ impl WorldJs {
     }
 
     /// Bytes the collectives so far would have sent per rank, by kind.
-    pub fn stats(&self) -> Object {
+    #[wasm_bindgen(unchecked_return_type = "CommStats")]
+    pub fn stats(&self) -> JsResult<JsValue> {
         stats_to_js(&self.inner.0.stats())
     }
 
@@ -99,10 +117,16 @@ impl WorldJs {
         self.inner.0.reset_stats();
     }
 
-    /// The ranks of the group of `groupSize` contiguous ranks (`new_subgroups`) that `rank`
-    /// belongs to, with PyTorch's errors for a group size that does not divide the world.
-    #[wasm_bindgen(js_name = groupOf)]
-    pub fn group_of(&self, rank: JsValue, group_size: JsValue) -> JsResult<Vec<f64>> {
+    /// The ranks of the group of `groupSize` contiguous ranks (`new_subgroups`; default: the
+    /// whole world) that `rank` belongs to, with PyTorch's errors for a group size that does
+    /// not divide the world.
+    #[wasm_bindgen(js_name = groupOf, unchecked_return_type = "number[]")]
+    pub fn group_of(
+        &self,
+        rank: IntegerArg,
+        #[wasm_bindgen(js_name = groupSize)] group_size: Option<IntegerArg>,
+    ) -> JsResult<Vec<f64>> {
+        let group_size = group_size.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
         let rank = js(rank_arg(&rank, self.inner.0.world_size()))?;
         let groups = js(subgroups(&self.inner.0, &group_size))?;
         Ok(groups.group_of(rank).map(|r| r as f64).collect())
