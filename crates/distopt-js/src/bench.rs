@@ -11,16 +11,29 @@ use wasm_bindgen::prelude::*;
 use super::boundary::{busy, js};
 use super::convert::count_arg;
 use super::session::current_backend;
+use super::typings::IntegerArg;
 use distopt::backend::Backend;
 use distopt::bench::ResidentStep;
 use distopt::dtype::DType;
 use distopt::error::{Error, Result};
 use distopt::replicas::Values;
 
-/// R ranks' parameters and gradients of N elements resident on the backend
-/// ([`distopt::bench::ResidentStep`], the workload `distopt bench step` times); each `run()` is
-/// one fused step (mean of the gradients + SGD update, every rank) followed by a wait for the
-/// device, so that JS can time it. Each step moves `bytes` bytes.
+#[wasm_bindgen]
+extern "C" {
+    /// The dtype a `StepBench` times.
+    #[wasm_bindgen(typescript_type = "'float32' | 'float16' | 'bfloat16'")]
+    pub type BenchDTypeArg;
+
+    /// The arena `StepBench.read` reads.
+    #[wasm_bindgen(typescript_type = "'params' | 'grads'")]
+    pub type ArenaArg;
+}
+
+/// The data-parallel SGD step resident on the current backend (R ranks of N elements), for
+/// timing: each `run()` is one fused step and a wait for the device.
+///
+/// It is the workload `distopt bench step` times: each fused step is the mean of the gradients
+/// and the SGD update, on every rank, and moves `bytes` bytes.
 #[wasm_bindgen]
 pub struct StepBench {
     backend: Arc<dyn Backend>,
@@ -33,9 +46,15 @@ pub struct StepBench {
 
 #[wasm_bindgen]
 impl StepBench {
-    /// Fills the arenas (parameters from seed 0, rank r's gradients from seed r + 1) on the
-    /// current backend and waits until they are on the device. `dtype` defaults to float32.
-    pub fn create(ranks: JsValue, elements: JsValue, dtype: JsValue) -> Promise {
+    /// Fills the arenas (parameters from seed 0, rank r's gradients from seed r + 1) and waits
+    /// for the device (dtype default `'float32'`).
+    #[wasm_bindgen(unchecked_return_type = "Promise<StepBench>")]
+    pub fn create(
+        ranks: IntegerArg,
+        elements: IntegerArg,
+        dtype: Option<BenchDTypeArg>,
+    ) -> Promise {
+        let dtype: JsValue = dtype.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
         let ranks = count_arg(&ranks, "ranks");
         let elements = count_arg(&elements, "elements");
         let dtype = super::convert::optional_string(&dtype, "dtype");
@@ -71,7 +90,8 @@ impl StepBench {
         })
     }
 
-    /// One resident step, resolved when the device has finished it.
+    /// One step, resolved when the device has finished it.
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn run(&self) -> Promise {
         let (bench, backend) = (self.bench.clone(), self.backend.clone());
         super::boundary::promise_now(async move {
@@ -84,10 +104,10 @@ impl StepBench {
         })
     }
 
-    /// Rank `rank`'s parameters (`"params"`) or gradients (`"grads"`) read back as a
-    /// `Float32Array` of N values (float32 benches only), so that a page can hand a peer the
-    /// same tensors and check its answer against this step's.
-    pub fn read(&self, which: JsValue, rank: JsValue) -> Promise {
+    /// Rank `rank`'s parameters or gradients read back (N values; float32 benches only), to
+    /// hand a peer the same tensors and check its answer.
+    #[wasm_bindgen(unchecked_return_type = "Promise<Float32Array>")]
+    pub fn read(&self, which: ArenaArg, rank: IntegerArg) -> Promise {
         let which = super::convert::optional_string(&which, "which");
         let rank = super::convert::rank_arg(&rank, self.ranks);
         let (bench, elements, dtype) = (self.bench.clone(), self.elements, self.dtype);
@@ -109,26 +129,26 @@ impl StepBench {
         })
     }
 
-    /// Bytes one step moves: `(2R + 2) · N · element size`.
+    /// Bytes one step moves: (2R + 2)·N·element size.
     #[wasm_bindgen(getter)]
     pub fn bytes(&self) -> f64 {
         self.bytes as f64
     }
 
-    /// R.
+    /// R, the number of ranks.
     #[wasm_bindgen(getter)]
     pub fn ranks(&self) -> f64 {
         self.ranks as f64
     }
 
-    /// N.
+    /// N, the elements of each rank's parameters (and gradients).
     #[wasm_bindgen(getter)]
     pub fn elements(&self) -> f64 {
         self.elements as f64
     }
 
     /// The dtype timed.
-    #[wasm_bindgen(getter)]
+    #[wasm_bindgen(getter, unchecked_return_type = "DType")]
     pub fn dtype(&self) -> String {
         self.dtype.name().into()
     }
@@ -162,9 +182,9 @@ async fn read_arena(
     arena.read_range(rank, 0, elements).await
 }
 
-/// Resolves when the current backend has finished all the work queued on it so far (on the
-/// CPU backend at once): lets a page time a synchronous call such as `optimizer.step()`.
-#[wasm_bindgen]
+/// Resolves when the current backend has finished the work queued so far (to time `step()`; on
+/// the CPU backend at once).
+#[wasm_bindgen(unchecked_return_type = "Promise<void>")]
 pub fn synchronize() -> Promise {
     let backend = current_backend();
     super::boundary::promise_now(async move {

@@ -7,20 +7,85 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use js_sys::{Array, Float32Array, Float64Array, Object, Promise, Reflect, Uint8Array};
+use serde::Serialize;
 use serde_json::Value;
+use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, busy, js};
 use super::convert::{count_arg, json_from_js, rank_arg, set, tensors_to_js};
 use super::session::current_backend;
+use super::typings::IntegerArg;
 use distopt::diloco::Compression;
 use distopt::error::{Error, Result};
 use distopt::train::{
-    Algorithm, AlgorithmName, AlgorithmSettings, Dataset, DatasetConfig, DatasetTask, Evaluation,
-    StepReport, SyntheticTask, Task, TaskConfig, TrainConfig, Trainer,
+    Algorithm, AlgorithmName, AlgorithmSettings, Dataset, DatasetConfig, DatasetTask,
+    Evaluation as TrainEvaluation, StepReport as TrainStepReport, SyntheticTask, Task, TaskConfig,
+    TrainConfig, Trainer,
 };
 
-/// Settings a `new Trainer({...})` accepts.
+#[wasm_bindgen]
+extern "C" {
+    /// `new Trainer(settings)`'s settings (see `TrainerSettings`).
+    #[wasm_bindgen(typescript_type = "TrainerSettings")]
+    pub type TrainerSettingsArg;
+
+    /// The bytes of `www/data/digits.bin`.
+    #[wasm_bindgen(typescript_type = "ArrayBuffer | Uint8Array")]
+    pub type DigitsBytesArg;
+}
+
+#[wasm_bindgen(typescript_custom_section)]
+const TRAINER_SETTINGS: &'static str = r#"
+export interface TrainerSettings {
+  /** R, the number of ranks (and shards). */
+  ranks: number;
+  /**
+   * Synchronous SGD (default), post-local SGD with periodic or hierarchical averaging, ZeRO
+   * (synchronous SGD whose momentum is sharded over the ranks by a ZeroRedundancyOptimizer), or
+   * DiLoCo (local SGD steps, and every `period` steps the mean pseudo-gradient applied by an
+   * outer SGD with lr 0.7 and Nesterov momentum 0.9).
+   */
+  algorithm?: 'sync' | 'periodic' | 'hierarchical' | 'zero' | 'diloco';
+  /**
+   * Averaging period; for `hierarchical`, the world-level period of the default hierarchy; for
+   * `diloco`, the inner steps between syncs (`sync_every`) (default 8).
+   */
+  period?: number;
+  /** `diloco`: fragments of Streaming DiLoCo, syncing staggered (default 1: plain DiLoCo; at most `period`). */
+  fragments?: number;
+  /**
+   * `diloco`: torchft's `fragment_sync_delay`, inner steps between a fragment's all-reduce and
+   * its outer step (default 0; smaller than `period / fragments`). Another algorithm: ValueError.
+   */
+  fragmentSyncDelay?: number;
+  /**
+   * `diloco`: torchft's `fragment_update_alpha`, the weight of the local parameters mixed with
+   * the outer step's result (default 0, in [0, 1]). Another algorithm: ValueError.
+   */
+  fragmentUpdateAlpha?: number;
+  /** `diloco`: the pseudo-gradients' wire format (default `'none'`: each parameter's own dtype). */
+  compress?: 'none' | 'bf16' | 'f16';
+  /** Warm-up steps of synchronous SGD before local SGD (default 20, as the command line's `--warmup`). */
+  warmup?: number;
+  /** `hierarchical`: `[[period, groupSize], …]` (default `Trainer.defaultHierarchy(period, ranks)`). */
+  levels?: ReadonlyArray<readonly [number, number]>;
+  /** `hierarchical`: all-reduce the gradients within groups of this size after warm-up. */
+  subgroupSize?: number | null;
+  /** SGD learning rate (default 0.05). */
+  lr?: number;
+  /** SGD momentum (default 0.9). */
+  momentum?: number;
+  /** Samples per rank per step (default 32). */
+  batchSize?: number;
+  /** Seed of the mini-batch sampling (default 0). */
+  seed?: number;
+  /** The synthetic task (default), or a real data set with a held-out split. */
+  task?: TaskSettings | DatasetTaskSettings;
+}
+"#;
+
+/// Settings a `new Trainer({...})` accepts (`TrainerSettings`).
 const KEYS: [&str; 15] = [
     "ranks",
     "algorithm",
@@ -187,6 +252,26 @@ fn algorithm(map: &serde_json::Map<String, Value>, ranks: usize) -> Result<Algor
     name.build(&settings, ranks)
 }
 
+#[wasm_bindgen(typescript_custom_section)]
+const TASK_SETTINGS: &'static str = r#"
+/** The synthetic classification task: Gaussian clusters, one skewed shard per rank. */
+export interface TaskSettings {
+  /** Input features (default 32). */
+  features?: number;
+  /** Hidden units of the two-layer perceptron (default 32). */
+  hidden?: number;
+  /** Classes (default 4). */
+  classes?: number;
+  /** Samples in all shards together (default 4096). */
+  samples?: number;
+  /** 0: IID shards … 1: every shard one class (default 0.8). */
+  heterogeneity?: number;
+  /** Seed of the data and the initial parameters (default 0). */
+  seed?: number;
+}
+"#;
+
+/// The synthetic task's settings (`TaskSettings`).
 fn task_config(value: Option<&Value>) -> Result<TaskConfig> {
     let defaults = TaskConfig::default();
     let map = match value {
@@ -209,7 +294,43 @@ fn task_config(value: Option<&Value>) -> Result<TaskConfig> {
     })
 }
 
-/// The dataset task's settings (`task` holds a `dataset`), or `None` for the synthetic task.
+#[wasm_bindgen(typescript_custom_section)]
+const DATASET_TASK_SETTINGS: &'static str = r#"
+/**
+ * A labelled data set for `task.dataset`: `labels.length` samples of `features.length /
+ * labels.length` values each (row-major), labels in `0..classes`. `Trainer.parseDigits`
+ * returns one.
+ */
+export interface DatasetInput {
+  features: Float32Array | Float64Array | Uint8Array | ArrayLike<number>;
+  labels: Uint8Array | Uint16Array | Int32Array | ArrayLike<number>;
+  classes: number;
+  /** Shown in `taskName` (default `'dataset'`). */
+  name?: string;
+  /** Values per sample; checked against `features.length / labels.length` when given. */
+  featureCount?: number;
+}
+
+/**
+ * A real data set, split into a held-out test set and one non-IID training shard per rank (a
+ * `heterogeneity` share of the samples sorted by label, the rest placed at random, cut into R
+ * contiguous shards).
+ */
+export interface DatasetTaskSettings {
+  dataset: DatasetInput;
+  /** Hidden units of the two-layer perceptron (default 32). */
+  hidden?: number;
+  /** Share of the samples held out for `evaluate()`, in [0, 1) (default 0.2). */
+  testFraction?: number;
+  /** 0: IID shards … 1: shards sorted by label (default 0.9). */
+  heterogeneity?: number;
+  /** Seed of the split and the initial parameters (default 0). */
+  seed?: number;
+}
+"#;
+
+/// The dataset task's settings (`task` holds a `dataset`: `DatasetTaskSettings`), or `None`
+/// for the synthetic task.
 /// The features and labels are read from the JS values themselves (typed arrays or arrays),
 /// not from their JSON form.
 fn dataset_task(
@@ -311,53 +432,124 @@ fn dataset_task(
     DatasetTask::new(&dataset, config, ranks).map(Some)
 }
 
+#[wasm_bindgen(typescript_custom_section)]
+const DIGITS: &'static str = r#"
+/** What `Trainer.parseDigits` reads from `www/data/digits.bin`. */
+export interface Digits extends DatasetInput {
+  name: 'digits';
+  /** 1,797 × 64 pixels scaled to [0, 1]. */
+  features: Float32Array;
+  /** 1,797 labels, 0..9. */
+  labels: Uint8Array;
+  classes: 10;
+  featureCount: 64;
+}
+"#;
+
+/// The digits data set as `Trainer.parseDigits` returns it (`Digits`), for `task.dataset`.
+fn digits_to_js(dataset: &Dataset) -> Object {
+    let features: Vec<f32> = (0..dataset.len())
+        .flat_map(|i| {
+            dataset
+                .sample(i)
+                .unwrap_or_default()
+                .iter()
+                .map(|&x| x as f32)
+        })
+        .collect();
+    let labels: Vec<u8> = dataset.labels().iter().map(|&l| l as u8).collect();
+    let obj = Object::new();
+    set(&obj, "name", dataset.name());
+    set(&obj, "features", Float32Array::from(features.as_slice()));
+    set(&obj, "labels", Uint8Array::from(labels.as_slice()));
+    set(&obj, "classes", dataset.classes() as f64);
+    set(&obj, "featureCount", dataset.features() as f64);
+    obj
+}
+
 fn bytes_to_js(bytes: &[u64]) -> Array {
     bytes.iter().map(|&b| JsValue::from_f64(b as f64)).collect()
 }
 
-fn report_to_js(report: &StepReport) -> Object {
-    let obj = Object::new();
-    let optional = |g: Option<usize>| g.map_or(JsValue::NULL, |g| JsValue::from_f64(g as f64));
-    set(&obj, "step", report.step as f64);
-    set(
-        &obj,
-        "lossPerRank",
-        Float64Array::from(report.loss_per_rank.as_slice()),
-    );
-    set(&obj, "meanLoss", report.mean_loss);
-    set(&obj, "divergence", report.divergence);
-    set(
-        &obj,
-        "bytesCommunicatedPerRank",
-        report.bytes_communicated_per_rank as f64,
-    );
-    set(&obj, "gradientsReduced", optional(report.gradients_reduced));
-    set(&obj, "averaged", optional(report.averaged));
-    set(
-        &obj,
-        "optimizerStateBytesPerRank",
-        bytes_to_js(&report.optimizer_state_bytes_per_rank),
-    );
-    obj
+/// What one `Trainer.step()` did.
+#[derive(Serialize, Tsify)]
+#[tsify(missing_as_null)]
+#[serde(rename_all = "camelCase")]
+pub struct StepReport {
+    /// Steps completed, this one included.
+    step: f64,
+    /// Each rank's mini-batch loss.
+    #[serde(with = "serde_wasm_bindgen::preserve")]
+    #[tsify(type = "Float64Array")]
+    loss_per_rank: JsValue,
+    mean_loss: f64,
+    /// The largest L2 distance of a replica from the mean of the replicas (0 when identical).
+    divergence: f64,
+    /// Bytes each rank has sent so far (cumulative).
+    bytes_communicated_per_rank: f64,
+    /// Group size the gradients were all-reduced over this step, or `null`.
+    gradients_reduced: Option<f64>,
+    /// Group size the parameters were averaged over this step, or `null`.
+    averaged: Option<f64>,
+    /// Bytes of optimizer state (momentum) each rank holds after the step: the whole model's for
+    /// a local SGD, the rank's shard for ZeRO.
+    optimizer_state_bytes_per_rank: Vec<f64>,
 }
 
-fn evaluation_to_js(evaluation: &Evaluation) -> Object {
-    let obj = Object::new();
-    set(&obj, "meanModelLoss", evaluation.mean_model_loss);
-    set(&obj, "meanModelAccuracy", evaluation.mean_model_accuracy);
-    set(
-        &obj,
-        "lossPerRank",
-        Float64Array::from(evaluation.loss_per_rank.as_slice()),
-    );
-    set(&obj, "heldOut", evaluation.held_out);
-    set(&obj, "samples", evaluation.samples as f64);
-    obj
+fn report_to_js(report: &TrainStepReport) -> JsResult<JsValue> {
+    let optional = |g: Option<usize>| g.map(|g| g as f64);
+    super::typings::to_js(&StepReport {
+        step: report.step as f64,
+        loss_per_rank: Float64Array::from(report.loss_per_rank.as_slice()).into(),
+        mean_loss: report.mean_loss,
+        divergence: report.divergence,
+        bytes_communicated_per_rank: report.bytes_communicated_per_rank as f64,
+        gradients_reduced: optional(report.gradients_reduced),
+        averaged: optional(report.averaged),
+        optimizer_state_bytes_per_rank: report
+            .optimizer_state_bytes_per_rank
+            .iter()
+            .map(|&b| b as f64)
+            .collect(),
+    })
 }
 
-/// R simulated ranks training a small perceptron on a classification task (synthetic, or a
-/// data set given from JS with a held-out split) split into one skewed shard per rank, with synchronous SGD or post-local SGD (periodic or
-/// hierarchical model averaging) or ZeRO or DiLoCo, step by step.
+/// The replicas' quality on the evaluation samples: a data set's held-out split, or every shard
+/// of the synthetic task.
+#[derive(Serialize, Tsify)]
+#[tsify(missing_as_null)]
+#[serde(rename_all = "camelCase")]
+pub struct Evaluation {
+    /// Loss of the mean of the replicas' parameters.
+    mean_model_loss: f64,
+    /// Accuracy of the mean of the replicas' parameters.
+    mean_model_accuracy: f64,
+    /// Each replica's own loss.
+    #[serde(with = "serde_wasm_bindgen::preserve")]
+    #[tsify(type = "Float64Array")]
+    loss_per_rank: JsValue,
+    /// Whether the samples are held out (no rank trains on them).
+    held_out: bool,
+    /// Samples measured.
+    samples: f64,
+}
+
+fn evaluation_to_js(evaluation: &TrainEvaluation) -> JsResult<JsValue> {
+    super::typings::to_js(&Evaluation {
+        mean_model_loss: evaluation.mean_model_loss,
+        mean_model_accuracy: evaluation.mean_model_accuracy,
+        loss_per_rank: Float64Array::from(evaluation.loss_per_rank.as_slice()).into(),
+        held_out: evaluation.held_out,
+        samples: evaluation.samples as f64,
+    })
+}
+
+/// R simulated ranks training a two-layer perceptron on a synthetic task or a real data set
+/// (`task.dataset`, e.g. the digits from `Trainer.parseDigits`), one step at a time, through
+/// distopt's replicas, gradient hook, SGD and averagers.
+///
+/// Each rank trains on its own skewed shard, with synchronous SGD, post-local SGD (periodic or
+/// hierarchical model averaging), ZeRO or DiLoCo (`TrainerSettings.algorithm`).
 #[wasm_bindgen(js_name = Trainer)]
 pub struct TrainerJs {
     inner: Rc<RefCell<Trainer>>,
@@ -375,18 +567,10 @@ impl TrainerJs {
 
 #[wasm_bindgen(js_class = Trainer)]
 impl TrainerJs {
-    /// `{ranks, algorithm: "sync" | "periodic" | "hierarchical" | "zero" | "diloco", period,
-    /// fragments, fragmentSyncDelay, fragmentUpdateAlpha, warmup, levels, subgroupSize, lr,
-    /// momentum, batchSize, seed, task: {features, hidden, classes, samples, heterogeneity,
-    /// seed}}`; everything but `ranks` has a default. DiLoCo syncs every `period` steps;
-    /// `fragments` > 1 makes it Streaming DiLoCo, with torchft's `fragmentSyncDelay` and
-    /// `fragmentUpdateAlpha` (DiLoCo's settings only). A real data
-    /// set: `task: {dataset: {features, labels, classes, name}, hidden, testFraction,
-    /// heterogeneity, seed}` (`features`: row-major, `labels.length` rows; e.g. what
-    /// `Trainer.parseDigits` returns), split into a held-out test set and non-IID shards
-    /// sorted by label.
+    /// A run as `settings` describe it (`TrainerSettings`: everything but `ranks` has a
+    /// default; an unknown setting is a TypeError).
     #[wasm_bindgen(constructor)]
-    pub fn new(settings: JsValue) -> JsResult<TrainerJs> {
+    pub fn new(settings: TrainerSettingsArg) -> JsResult<TrainerJs> {
         js(Self::build(&settings))
     }
 
@@ -426,10 +610,13 @@ impl TrainerJs {
         })
     }
 
-    /// The default hierarchy for `ranks` ranks whose world-level period is `period`:
-    /// `[[period, groupSize], …]` (8 ranks, period 8: `[[2, 2], [4, 4], [8, 8]]`).
-    #[wasm_bindgen(js_name = defaultHierarchy)]
-    pub fn default_hierarchy(period: JsValue, ranks: JsValue) -> JsResult<Array> {
+    /// The default hierarchy for `ranks` ranks with world-level period `period`: `[[period,
+    /// groupSize], …]` (8 ranks, period 8: `[[2, 2], [4, 4], [8, 8]]`).
+    #[wasm_bindgen(
+        js_name = defaultHierarchy,
+        unchecked_return_type = "Array<[number, number]>"
+    )]
+    pub fn default_hierarchy(period: IntegerArg, ranks: IntegerArg) -> JsResult<Array> {
         let period = js(count_arg(&period, "period"))? as u64;
         let ranks = js(count_arg(&ranks, "ranks"))?;
         if period == 0 {
@@ -453,12 +640,11 @@ impl TrainerJs {
             .collect())
     }
 
-    /// Reads the UCI hand-written digits file of the demo (`www/data/digits.bin`, an
-    /// `ArrayBuffer` or `Uint8Array`) into a data set for `task.dataset`: `{name: "digits",
-    /// features: Float32Array (1,797 × 64 pixels scaled to [0, 1]), labels: Uint8Array,
-    /// classes: 10, featureCount: 64}`.
-    #[wasm_bindgen(js_name = parseDigits)]
-    pub fn parse_digits(bytes: JsValue) -> JsResult<Object> {
+    /// Reads the UCI hand-written digits file (`www/data/digits.bin` of the repository: CC BY 4.0,
+    /// E. Alpaydin and C. Kaynak) into a data set for `task.dataset`.
+    #[wasm_bindgen(js_name = parseDigits, unchecked_return_type = "Digits")]
+    pub fn parse_digits(bytes: DigitsBytesArg) -> JsResult<Object> {
+        let bytes = JsValue::from(bytes);
         let bytes = if bytes.is_instance_of::<Uint8Array>() {
             bytes.unchecked_into::<Uint8Array>().to_vec()
         } else if bytes.is_instance_of::<js_sys::ArrayBuffer>() {
@@ -469,32 +655,16 @@ impl TrainerJs {
             )));
         };
         let dataset = js(Dataset::from_digits_bin(&bytes))?;
-        let features: Vec<f32> = (0..dataset.len())
-            .flat_map(|i| {
-                dataset
-                    .sample(i)
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|&x| x as f32)
-            })
-            .collect();
-        let labels: Vec<u8> = dataset.labels().iter().map(|&l| l as u8).collect();
-        let obj = Object::new();
-        set(&obj, "name", dataset.name());
-        set(&obj, "features", Float32Array::from(features.as_slice()));
-        set(&obj, "labels", Uint8Array::from(labels.as_slice()));
-        set(&obj, "classes", dataset.classes() as f64);
-        set(&obj, "featureCount", dataset.features() as f64);
-        Ok(obj)
+        Ok(digits_to_js(&dataset))
     }
 
-    /// The task's name: `"synthetic"` or the data set's (`"digits"`).
+    /// `'synthetic'` or the data set's name (`'digits'`).
     #[wasm_bindgen(getter, js_name = taskName)]
     pub fn task_name(&self) -> String {
         self.task.name().into()
     }
 
-    /// The task in words: the data, its split and the model.
+    /// The data, its split and the model, in words.
     #[wasm_bindgen(getter, js_name = taskDescription)]
     pub fn task_description(&self) -> String {
         self.task.describe()
@@ -506,14 +676,17 @@ impl TrainerJs {
         self.task.held_out()
     }
 
-    /// R.
+    /// R, the number of ranks.
     #[wasm_bindgen(getter)]
     pub fn ranks(&self) -> f64 {
         self.ranks as f64
     }
 
-    /// `"sync"`, `"periodic"`, `"hierarchical"`, `"zero"` or `"diloco"`.
-    #[wasm_bindgen(getter)]
+    /// The algorithm's name (`TrainerSettings.algorithm`).
+    #[wasm_bindgen(
+        getter,
+        unchecked_return_type = "'sync' | 'periodic' | 'hierarchical' | 'zero' | 'diloco'"
+    )]
     pub fn algorithm(&self) -> String {
         self.algorithm.into()
     }
@@ -538,7 +711,7 @@ impl TrainerJs {
 
     /// How many samples of each class rank `rank`'s shard holds.
     #[wasm_bindgen(js_name = classCounts)]
-    pub fn class_counts(&self, rank: JsValue) -> JsResult<Vec<f64>> {
+    pub fn class_counts(&self, rank: IntegerArg) -> JsResult<Vec<f64>> {
         let trainer = js(self.borrow())?;
         let rank = js(rank_arg(&rank, self.ranks))?;
         Ok(trainer
@@ -549,43 +722,44 @@ impl TrainerJs {
             .collect())
     }
 
-    /// Bytes communicated so far, per rank, by kind (as `World.stats()`).
+    /// Bytes sent so far, per rank, by kind (as `World.stats()`).
     #[wasm_bindgen(js_name = commStats, unchecked_return_type = "CommStats")]
     pub fn comm_stats(&self) -> JsResult<JsValue> {
         super::world::stats_to_js(&js(self.borrow())?.comm_stats())
     }
 
-    /// Bytes of optimizer state each rank holds (the whole model's momentum for a local SGD,
-    /// the rank's shard for ZeRO).
-    #[wasm_bindgen(js_name = optimizerStateBytesPerRank)]
+    /// Bytes of optimizer state each rank holds now (the whole model's momentum for a local
+    /// SGD, the rank's shard for ZeRO).
+    #[wasm_bindgen(js_name = optimizerStateBytesPerRank, unchecked_return_type = "number[]")]
     pub fn optimizer_state_bytes_per_rank(&self) -> JsResult<Array> {
         Ok(bytes_to_js(
             &js(self.borrow())?.optimizer_state_bytes_per_rank(),
         ))
     }
 
-    /// One step on every rank: a promise of `{step, lossPerRank, meanLoss, divergence,
-    /// bytesCommunicatedPerRank, gradientsReduced, averaged, optimizerStateBytesPerRank}`.
+    /// One step on every rank.
+    #[wasm_bindgen(unchecked_return_type = "Promise<StepReport>")]
     pub fn step(&self) -> Promise {
         let inner = self.inner.clone();
         super::boundary::promise_now(async move {
             let report = js(step(&inner).await)?;
-            Ok(report_to_js(&report).into())
+            report_to_js(&report)
         })
     }
 
-    /// The loss of every replica, and of their mean, on the task's evaluation samples (the
-    /// held-out split of a data set; every shard of the synthetic task): a promise of
-    /// `{meanModelLoss, meanModelAccuracy, lossPerRank, heldOut, samples}`.
+    /// The loss of every replica and of their mean (and its accuracy) on the evaluation samples
+    /// (the held-out split of a data set; every shard of the synthetic task).
+    #[wasm_bindgen(unchecked_return_type = "Promise<Evaluation>")]
     pub fn evaluate(&self) -> Promise {
         let inner = self.inner.clone();
         super::boundary::promise_now(async move {
             let evaluation = js(evaluate(&inner).await)?;
-            Ok(evaluation_to_js(&evaluation).into())
+            evaluation_to_js(&evaluation)
         })
     }
 
     /// Every rank's parameters (`[rank][param]`).
+    #[wasm_bindgen(unchecked_return_type = "Promise<Tensor[][]>")]
     pub fn params(&self) -> Promise {
         let inner = self.inner.clone();
         super::boundary::promise_now(async move {
@@ -602,13 +776,13 @@ impl TrainerJs {
 // The trainer is held across its readbacks on purpose: a second call meanwhile is refused
 // (`busy`) instead of interleaving two steps.
 #[allow(clippy::await_holding_refcell_ref)]
-async fn step(inner: &RefCell<Trainer>) -> Result<StepReport> {
+async fn step(inner: &RefCell<Trainer>) -> Result<TrainStepReport> {
     let mut trainer = inner.try_borrow_mut().map_err(|_| busy("trainer"))?;
     trainer.step().await
 }
 
 #[allow(clippy::await_holding_refcell_ref)]
-async fn evaluate(inner: &RefCell<Trainer>) -> Result<Evaluation> {
+async fn evaluate(inner: &RefCell<Trainer>) -> Result<TrainEvaluation> {
     let mut trainer = inner.try_borrow_mut().map_err(|_| busy("trainer"))?;
     trainer.evaluate().await
 }
