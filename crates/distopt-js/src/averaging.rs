@@ -15,6 +15,23 @@ use super::world::{communicator, subgroups, world_of};
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
 use distopt::error::{Error, Result};
 
+use super::typings::{IndexListArg, IntegerArg, ReplicasArg, WorldArg};
+
+#[wasm_bindgen]
+extern "C" {
+    /// `HierarchicalModelAverager`'s `periodGroupSizeDict`: `[period, groupSize]` pairs in
+    /// insertion order, as an array or a `Map`.
+    #[wasm_bindgen(
+        typescript_type = "ReadonlyArray<readonly [number, number]> | ReadonlyMap<number, number>"
+    )]
+    pub type PeriodGroupSizeDictArg;
+}
+
+/// `params` as `averageParameters` reads it (`undefined` for `None`).
+fn params_value(params: Option<IndexListArg>) -> JsValue {
+    params.map(JsValue::from).unwrap_or(JsValue::UNDEFINED)
+}
+
 /// Where an averager is: its own, or moved into a wrapper (a `PostLocalSGDOptimizer`).
 pub(crate) enum AveragerSlot {
     Own(Box<dyn ModelAverager>),
@@ -151,9 +168,9 @@ impl AveragerCore {
     }
 }
 
-/// `PeriodicModelAverager(period, warmup_steps)`: averages the parameters that have a
-/// gradient every `period` steps after `warmupSteps` warm-up steps, over the world (or within
-/// each group of `groupSize` contiguous ranks).
+/// `PeriodicModelAverager(period, warmup_steps)`: call number s averages the parameters that
+/// have a gradient iff `s >= warmupSteps` and `(s − warmupSteps) % period == 0`, over the world
+/// (or within each group of `groupSize` contiguous ranks).
 #[wasm_bindgen(js_name = PeriodicModelAverager)]
 pub struct PeriodicModelAveragerJs {
     core: Rc<AveragerCore>,
@@ -163,15 +180,22 @@ pub struct PeriodicModelAveragerJs {
 
 #[wasm_bindgen(js_class = PeriodicModelAverager)]
 impl PeriodicModelAveragerJs {
-    /// `period` (default 1) and `warmupSteps` (default 0) as PyTorch checks them (warm-up
-    /// first); a period of 1 warns as PyTorch does.
+    /// @param period default 1 (warns, as PyTorch does)
+    /// @param warmupSteps default 0; checked before `period`
+    /// @param groupSize average within contiguous groups of this many ranks (default: the world)
     #[wasm_bindgen(constructor)]
     pub fn new(
-        period: JsValue,
-        warmup_steps: JsValue,
-        world: JsValue,
-        group_size: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | undefined")] period: Option<IntegerArg>,
+        #[wasm_bindgen(js_name = warmupSteps, unchecked_param_type = "number | undefined")]
+        warmup_steps: Option<IntegerArg>,
+        world: WorldArg,
+        #[wasm_bindgen(js_name = groupSize)] group_size: Option<IntegerArg>,
     ) -> JsResult<PeriodicModelAveragerJs> {
+        let period: JsValue = period.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
+        let warmup_steps: JsValue = warmup_steps
+            .map(JsValue::from)
+            .unwrap_or(JsValue::UNDEFINED);
+        let group_size: JsValue = group_size.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
         let world = js(world_of(&world))?;
         let period = js(optional_integer_arg(&period, "period"))?.unwrap_or(1);
         let warmup = js(optional_integer_arg(&warmup_steps, "warmupSteps"))?.unwrap_or(0);
@@ -190,7 +214,7 @@ impl PeriodicModelAveragerJs {
     }
 
     /// Identifies the averager to `PostLocalSGDOptimizer` (internal).
-    #[wasm_bindgen(getter, js_name = __distoptAveragerId)]
+    #[wasm_bindgen(getter, js_name = __distoptAveragerId, skip_typescript)]
     pub fn id(&self) -> u32 {
         self.core.id.get()
     }
@@ -207,24 +231,32 @@ impl PeriodicModelAveragerJs {
         self.warmup_steps as f64
     }
 
-    /// The step counter: calls of `averageParameters` so far.
+    /// Calls of `averageParameters` so far.
     #[wasm_bindgen(getter)]
     pub fn step(&self) -> JsResult<f64> {
         Ok(js(self.core.step())? as f64)
     }
 
-    /// Sets the step counter.
+    /// Calls of `averageParameters` so far.
     #[wasm_bindgen(setter)]
-    pub fn set_step(&self, step: JsValue) -> JsResult<()> {
+    pub fn set_step(&self, step: IntegerArg) -> JsResult<()> {
         js(self.core.set_step(&step))
     }
 
-    /// `average_parameters(params)`: averages, if the schedule says so, the parameters listed
-    /// in `params` (all when omitted) that have a gradient on rank 0; advances the counter.
-    /// Returns the group size used, or `null` when this step did not average.
-    #[wasm_bindgen(js_name = averageParameters)]
-    pub fn average_parameters(&self, replicas: JsValue, params: JsValue) -> JsResult<JsValue> {
-        js(self.core.average_parameters(&replicas, &params))
+    /// Averages (if the schedule says so) the parameters in `params` (default all) that have a
+    /// gradient on rank 0, and advances the counter. Returns the group size used, or `null`
+    /// when this call did not average.
+    /// @throws ValueError `torch.cat(): expected a non-empty list of Tensors` when averaging is
+    ///   due and no parameter has a gradient
+    #[wasm_bindgen(js_name = averageParameters, unchecked_return_type = "number | null")]
+    pub fn average_parameters(
+        &self,
+        replicas: ReplicasArg,
+        params: Option<IndexListArg>,
+    ) -> JsResult<JsValue> {
+        js(self
+            .core
+            .average_parameters(&replicas, &params_value(params)))
     }
 }
 
@@ -263,9 +295,10 @@ fn period_group_sizes(value: &JsValue) -> Result<Vec<(i64, i64)>> {
         .collect()
 }
 
-/// `HierarchicalModelAverager(period_group_size_dict, warmup_steps)`: several periods, each
-/// averaging within contiguous groups of its size; the periods are searched from the last
-/// inserted to the first, and the first that divides the step picks the group.
+/// `HierarchicalModelAverager(period_group_size_dict, warmup_steps)`: call s averages iff
+/// `s >= warmupSteps` and some period divides s; the periods are searched from the last
+/// inserted to the first, and the first match picks the group size (averaging within
+/// contiguous groups of that many ranks).
 #[wasm_bindgen(js_name = HierarchicalModelAverager)]
 pub struct HierarchicalModelAveragerJs {
     core: Rc<AveragerCore>,
@@ -273,14 +306,21 @@ pub struct HierarchicalModelAveragerJs {
 
 #[wasm_bindgen(js_class = HierarchicalModelAverager)]
 impl HierarchicalModelAveragerJs {
-    /// `periodGroupSizeDict` as `[[period, groupSize], …]` (or a `Map`) in insertion order;
-    /// `warmupSteps` defaults to 0. PyTorch's checks, errors and warnings, in its order.
+    /// PyTorch's checks, errors and warnings, in its order.
+    /// @param periodGroupSizeDict `[[period, groupSize], …]` or a `Map`, in insertion order (a
+    ///   plain object would lose it); the last group size must be the world size
+    /// @param warmupSteps default 0, checked after the dict (as PyTorch does)
     #[wasm_bindgen(constructor)]
     pub fn new(
-        period_group_size_dict: JsValue,
-        warmup_steps: JsValue,
-        world: JsValue,
+        #[wasm_bindgen(js_name = periodGroupSizeDict)]
+        period_group_size_dict: PeriodGroupSizeDictArg,
+        #[wasm_bindgen(js_name = warmupSteps, unchecked_param_type = "number | undefined")]
+        warmup_steps: Option<IntegerArg>,
+        world: WorldArg,
     ) -> JsResult<HierarchicalModelAveragerJs> {
+        let warmup_steps: JsValue = warmup_steps
+            .map(JsValue::from)
+            .unwrap_or(JsValue::UNDEFINED);
         let world = js(world_of(&world))?;
         let dict = js(period_group_sizes(&period_group_size_dict))?;
         let warmup = js(optional_integer_arg(&warmup_steps, "warmupSteps"))?.unwrap_or(0);
@@ -295,26 +335,32 @@ impl HierarchicalModelAveragerJs {
     }
 
     /// Identifies the averager to `PostLocalSGDOptimizer` (internal).
-    #[wasm_bindgen(getter, js_name = __distoptAveragerId)]
+    #[wasm_bindgen(getter, js_name = __distoptAveragerId, skip_typescript)]
     pub fn id(&self) -> u32 {
         self.core.id.get()
     }
 
-    /// The step counter: calls of `averageParameters` so far.
+    /// Calls of `averageParameters` so far.
     #[wasm_bindgen(getter)]
     pub fn step(&self) -> JsResult<f64> {
         Ok(js(self.core.step())? as f64)
     }
 
-    /// Sets the step counter.
+    /// Calls of `averageParameters` so far.
     #[wasm_bindgen(setter)]
-    pub fn set_step(&self, step: JsValue) -> JsResult<()> {
+    pub fn set_step(&self, step: IntegerArg) -> JsResult<()> {
         js(self.core.set_step(&step))
     }
 
     /// As `PeriodicModelAverager.averageParameters`: returns the group size used, or `null`.
-    #[wasm_bindgen(js_name = averageParameters)]
-    pub fn average_parameters(&self, replicas: JsValue, params: JsValue) -> JsResult<JsValue> {
-        js(self.core.average_parameters(&replicas, &params))
+    #[wasm_bindgen(js_name = averageParameters, unchecked_return_type = "number | null")]
+    pub fn average_parameters(
+        &self,
+        replicas: ReplicasArg,
+        params: Option<IndexListArg>,
+    ) -> JsResult<JsValue> {
+        js(self
+            .core
+            .average_parameters(&replicas, &params_value(params)))
     }
 }

@@ -16,6 +16,83 @@ use distopt::diloco::{DiLoCo, DiLoCoOptions};
 use distopt::error::{Error, Result};
 use distopt::optim::LocalOptimizer;
 
+use super::post_local_sgd::AnyLocalOptimizerArg;
+use super::typings::{IntegerArg, WorldArg};
+
+#[wasm_bindgen]
+extern "C" {
+    /// `DiLoCo`'s options (see `DiLoCoOptions`).
+    #[wasm_bindgen(typescript_type = "DiLoCoOptions")]
+    pub type DiLoCoOptionsArg;
+
+    /// A `DiLoCo` state dict as `loadStateDict` reads it (see `DiLoCoStateDictInput`).
+    #[wasm_bindgen(typescript_type = "DiLoCoStateDictInput")]
+    pub type DiLoCoStateDictArg;
+}
+
+#[wasm_bindgen(typescript_custom_section)]
+const DILOCO_OPTIONS: &'static str = r#"
+/** `DiLoCo` options. */
+export interface DiLoCoOptions {
+  /**
+   * Send the pseudo-gradients in bfloat16 or float16 (OpenDiLoCo's compressed all-reduce):
+   * each rank's pseudo-gradient rounded to it, averaged in it (every quotient and addition
+   * rounded), converted back to each parameter's dtype. Default `'none'`.
+   */
+  compress?: 'none' | 'bf16' | 'f16';
+  /**
+   * Streaming DiLoCo (torchft's `model_fragments`): the parameters split into fragments (lists of
+   * parameter indices, each parameter in exactly one, at most `syncEvery` of them). With `F`
+   * fragments, fragment `f`'s outer step comes after local step `(f+1)·syncEvery/F` of every
+   * period (torchft's schedule). Default: one fragment of every parameter (plain DiLoCo).
+   */
+  fragments?: readonly (readonly number[])[];
+  /**
+   * torchft's `fragment_sync_delay`: a fragment's pseudo-gradient all-reduce starts this many
+   * inner steps before its outer step (the inner steps in between still update it). A
+   * non-negative integer below `syncEvery / F` (rounded down). Default 0.
+   */
+  fragmentSyncDelay?: number;
+  /**
+   * torchft's `fragment_update_alpha` in `[0, 1]`: after an outer step the fragment's parameters
+   * become `global.lerp(local, alpha)` (0: the outer step's result; 1: the local parameters, the
+   * outer step only moving the saved copy). Default 0. torchft's `should_quantize` is not
+   * supported (a ValueError): `compress` is distopt's own 16-bit wire format.
+   */
+  fragmentUpdateAlpha?: number;
+}
+"#;
+
+#[wasm_bindgen(typescript_custom_section)]
+const DILOCO_STATE_DICT: &'static str = r#"
+/** A `DiLoCo` state dict (one rank's). */
+export interface DiLoCoStateDict {
+  /** The inner optimizer's `state_dict()`. */
+  inner_optimizer: StateDict;
+  /** The outer optimizer's `state_dict()`. */
+  outer_optimizer: StateDict;
+  /** Inner steps since the start of the period (plain DiLoCo: since the last sync). */
+  local_step: number;
+  /** The parameters at their fragment's last sync, one tensor per parameter. */
+  original_parameters: Tensor[];
+  /**
+   * The fragment in flight (inside a `fragmentSyncDelay` window): its index and its
+   * all-reduced pseudo-gradients (one tensor per parameter of the fragment, in its order), or `null`.
+   */
+  pending: { fragment: number; pseudo_gradients: Tensor[] } | null;
+}
+
+/** A `DiLoCo` state dict as `loadStateDict` accepts it (tensors in any `TensorInput` form). */
+export interface DiLoCoStateDictInput {
+  inner_optimizer: StateDictInput;
+  outer_optimizer: StateDictInput;
+  local_step: number;
+  original_parameters: readonly TensorInput[];
+  /** Required (non-null) exactly when `local_step` lies in a fragment's delay window; missing reads as `null`. */
+  pending?: { fragment: number; pseudo_gradients: readonly TensorInput[] } | null;
+}
+"#;
+
 /// A `DiLoCo` and the replicas its optimizers were made over.
 pub(crate) struct DiLoCoCore {
     pub(crate) replicas: SharedReplicas,
@@ -56,22 +133,13 @@ impl OptimizerOwner for InDiLoCo {
     }
 }
 
-/// `DiLoCo(inner, outer, syncEvery, world, options?)`: `inner` (an `SGD`, `Adam` or `AdamW`)
-/// steps every rank; every `syncEvery` steps the ranks' pseudo-gradients (parameters at the
-/// last sync minus the current ones) are averaged over `world`, the parameters go back to the
-/// last sync's, and `outer` (built over the same `Replicas`) steps with that gradient.
-/// `options.compress` (`'bf16'`, `'f16'` or `'none'`, the default) sends the pseudo-gradients
-/// in that precision (averaged in it, then converted back to each parameter's dtype).
-/// `options.fragments` (lists of parameter indices) makes it Streaming DiLoCo as torchft runs
-/// it, with `options.fragmentSyncDelay` (torchft's `fragment_sync_delay`: a fragment's
-/// all-reduce starts that many inner steps before its outer step) and
-/// `options.fragmentUpdateAlpha` (torchft's `fragment_update_alpha`: the outer step's result
-/// lerped towards the local parameters). torchft's `should_quantize` is refused (a
-/// `ValueError`): `compress` is distopt's 16-bit wire format.
-///
-/// Both optimizers move into it, as `PostLocalSGDOptimizer` takes its optimizer: afterwards
-/// they still report their state (`stateDict`, `paramGroups`) but step only through this
-/// object.
+/// DiLoCo (torchft's): `inner` steps every rank; every `syncEvery` inner steps the ranks'
+/// pseudo-gradients (parameters at the last sync minus the current ones, in each parameter's
+/// dtype) are averaged over `world`, the parameters return to the last sync's, and `outer` steps
+/// with that gradient. Both optimizers must be built over the same `Replicas` (one rank per rank
+/// of `world`); they move into the DiLoCo (their objects still report their state, but step
+/// only through it). `DiLoCoOptions` set the wire precision (`compress`) and make it Streaming
+/// DiLoCo (`fragments`, `fragmentSyncDelay`, `fragmentUpdateAlpha`).
 #[wasm_bindgen(js_name = DiLoCo)]
 pub struct DiLoCoJs {
     core: Rc<DiLoCoCore>,
@@ -94,14 +162,23 @@ impl DiLoCoJs {
 impl DiLoCoJs {
     /// Wraps `inner` and `outer`, two optimizers over the same `Replicas` (one rank per rank of
     /// `world`); the current parameters become the first sync point.
+    ///
+    /// A ValueError when `syncEvery < 1`, the replicas' ranks differ from the world's,
+    /// `options.compress` is not a known format, `options.fragments` is not a partition of the
+    /// parameters (an IndexError for an index out of range), `fragmentSyncDelay` or
+    /// `fragmentUpdateAlpha` is out of range, or `shouldQuantize` is given; a TypeError for an
+    /// unknown option or a value of the wrong type.
     #[wasm_bindgen(constructor)]
     pub fn new(
-        inner: JsValue,
-        outer: JsValue,
-        sync_every: JsValue,
-        world: JsValue,
-        options: JsValue,
+        inner: AnyLocalOptimizerArg,
+        outer: AnyLocalOptimizerArg,
+        #[wasm_bindgen(js_name = syncEvery)] sync_every: IntegerArg,
+        world: WorldArg,
+        #[wasm_bindgen(unchecked_optional_param_type = "DiLoCoOptions")] options: Option<
+            DiLoCoOptionsArg,
+        >,
     ) -> JsResult<DiLoCoJs> {
+        let options: JsValue = options.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
         let sync_every = js(integer_arg(&sync_every, "syncEvery"))?;
         let options = js(json_from_js(&options, "options")
             .and_then(|options| DiLoCoOptions::from_options(&options)))?;
@@ -164,9 +241,9 @@ impl DiLoCoJs {
         Ok(DiLoCoJs { core })
     }
 
-    /// One inner step on every rank, then the sync work due at this step (a fragment's outer
-    /// step; with `fragmentSyncDelay`, the start of the next fragment's all-reduce). Returns
-    /// whether an outer step was applied. A failed step does not count (the step counter stays).
+    /// One inner step on every rank, then a sync when due (a fragment's outer step; with
+    /// `fragmentSyncDelay`, the start of the next fragment's all-reduce). Returns whether an
+    /// outer step was applied. A failed step does not count (the step counter stays).
     pub fn step(&self) -> JsResult<bool> {
         let mut diloco = js(self.diloco_mut())?;
         let mut replicas = js(borrow_mut(&self.core.replicas))?;
@@ -186,7 +263,7 @@ impl DiLoCoJs {
 
     /// The fragments' parameter indices (one fragment of every parameter without
     /// `options.fragments`).
-    #[wasm_bindgen(getter)]
+    #[wasm_bindgen(getter, unchecked_return_type = "number[][]")]
     pub fn fragments(&self) -> JsResult<JsValue> {
         let fragments = serde_json::json!(js(self.diloco())?.fragments());
         js(json_to_js(&fragments))
@@ -206,14 +283,15 @@ impl DiLoCoJs {
 
     /// The fragment whose all-reduce has started and whose outer step waits (inside its
     /// `fragmentSyncDelay` window), or `null`.
-    #[wasm_bindgen(getter, js_name = pendingFragment)]
+    #[wasm_bindgen(getter, js_name = pendingFragment, unchecked_return_type = "number | null")]
     pub fn pending_fragment(&self) -> JsResult<JsValue> {
         Ok(js(self.diloco())?
             .pending_fragment()
             .map_or(JsValue::NULL, |f| JsValue::from_f64(f as f64)))
     }
 
-    /// The outer step now (whatever the local step counter says).
+    /// The outer step now for every fragment (one in flight is applied first), and a new period
+    /// (whatever the local step counter says).
     pub fn sync(&self) -> JsResult<()> {
         let mut diloco = js(self.diloco_mut())?;
         let mut replicas = js(borrow_mut(&self.core.replicas))?;
@@ -229,15 +307,14 @@ impl DiLoCoJs {
         Ok(())
     }
 
-    /// Inner steps since the start of the current period (for plain DiLoCo: since the last
-    /// sync).
+    /// Inner steps since the start of the period (plain DiLoCo: since the last sync).
     #[wasm_bindgen(getter, js_name = localStep)]
     pub fn local_step(&self) -> JsResult<f64> {
         Ok(js(self.diloco())?.local_step() as f64)
     }
 
-    /// The pseudo-gradients' wire precision: `'none'`, `'bf16'` or `'f16'`.
-    #[wasm_bindgen(getter)]
+    /// The pseudo-gradients' wire precision.
+    #[wasm_bindgen(getter, unchecked_return_type = "'none' | 'bf16' | 'f16'")]
     pub fn compress(&self) -> JsResult<String> {
         Ok(js(self.diloco())?.compression().name().to_string())
     }
@@ -248,11 +325,10 @@ impl DiLoCoJs {
         Ok(js(self.diloco())?.sync_every() as f64)
     }
 
-    /// Rank `rank`'s state (a promise): `{inner_optimizer, outer_optimizer, local_step,
-    /// original_parameters, pending}` (`pending`: `null`, or the fragment in flight and its
-    /// held pseudo-gradients).
-    #[wasm_bindgen(js_name = stateDict)]
-    pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
+    /// Rank `rank`'s state: both optimizers, the local step counter, the last sync's parameters
+    /// (and the fragment in flight with its held pseudo-gradients, or `null`).
+    #[wasm_bindgen(js_name = stateDict, unchecked_return_type = "Promise<DiLoCoStateDict>")]
+    pub fn state_dict(&self, rank: IntegerArg) -> JsResult<Promise> {
         let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
         let core = self.core.clone();
         Ok(super::boundary::promise_now(async move {
@@ -263,9 +339,13 @@ impl DiLoCoJs {
     }
 
     /// Loads rank `rank`'s state saved by `stateDict`: both optimizers, the local step counter
-    /// and the parameters at the last sync.
+    /// and the parameters at the last sync (the model's parameters are restored apart).
     #[wasm_bindgen(js_name = loadStateDict)]
-    pub fn load_state_dict(&self, rank: JsValue, state_dict: JsValue) -> JsResult<()> {
+    pub fn load_state_dict(
+        &self,
+        rank: IntegerArg,
+        #[wasm_bindgen(js_name = stateDict)] state_dict: DiLoCoStateDictArg,
+    ) -> JsResult<()> {
         let state_dict = js(json_from_js(&state_dict, "stateDict"))?;
         let mut diloco = js(self.diloco_mut())?;
         let mut replicas = js(borrow_mut(&self.core.replicas))?;

@@ -12,8 +12,36 @@ use super::boundary::{JsResult, busy, js};
 use super::convert::{json_from_js, json_to_js, rank_arg};
 use super::handles::Registry;
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
+use super::typings::{IntegerArg, ReplicasArg, StateDictArg};
 use distopt::error::{Error, Result};
 use distopt::optim::{self, LocalOptimizer, OptionMap};
+
+#[wasm_bindgen]
+extern "C" {
+    /// `SGD`'s options (see `SGDOptions`).
+    #[wasm_bindgen(typescript_type = "SGDOptions")]
+    pub type SgdOptionsArg;
+
+    /// `Adam`'s and `AdamW`'s options (see `AdamOptions`).
+    #[wasm_bindgen(typescript_type = "AdamOptions")]
+    pub type AdamOptionsArg;
+
+    /// One `SGD` parameter group.
+    #[wasm_bindgen(typescript_type = "ParamGroup<SGDOptions>")]
+    pub type SgdParamGroupArg;
+
+    /// One `Adam`/`AdamW` parameter group.
+    #[wasm_bindgen(typescript_type = "ParamGroup<AdamOptions>")]
+    pub type AdamParamGroupArg;
+
+    /// `SGD`'s parameter groups.
+    #[wasm_bindgen(typescript_type = "readonly ParamGroup<SGDOptions>[]")]
+    pub type SgdParamGroupsArg;
+
+    /// `Adam`'s and `AdamW`'s parameter groups.
+    #[wasm_bindgen(typescript_type = "readonly ParamGroup<AdamOptions>[]")]
+    pub type AdamParamGroupsArg;
+}
 
 /// Where an optimizer is: its own, or moved into a wrapper (a `PostLocalSGDOptimizer` or a
 /// `DiLoCo`, which then steps it; the JS object still reads its state through the wrapper).
@@ -107,6 +135,56 @@ pub(crate) fn group_from_json(group: Value, what: &str) -> Result<(Vec<usize>, O
 fn groups_value_absent(value: &JsValue) -> bool {
     value.is_undefined() || value.is_null()
 }
+
+#[wasm_bindgen(typescript_custom_section)]
+const OPTIMIZER_OPTIONS: &'static str = r#"
+/** `torch.optim.SGD`'s keyword arguments (PyTorch's names and defaults). */
+export interface SGDOptions {
+  /** Learning rate (default 1e-3). */
+  lr?: number;
+  /** Momentum factor (default 0). */
+  momentum?: number;
+  /** Dampening for momentum (default 0). */
+  dampening?: number;
+  /** L2 penalty (default 0). */
+  weight_decay?: number;
+  /** Nesterov momentum (default false; needs momentum > 0 and no dampening). */
+  nesterov?: boolean;
+  /** Maximize the objective (default false). */
+  maximize?: boolean;
+  /** Accepted and recorded in the state dict, as PyTorch does. */
+  foreach?: boolean | null;
+  differentiable?: boolean;
+  /**
+   * PyTorch's fused update (default null, which is false): a float16/bfloat16 parameter's
+   * update is computed in float32 and rounded once per stored tensor, as PyTorch's fused
+   * kernel does. With `foreach: true` or `differentiable: true` it is PyTorch's `RuntimeError`.
+   */
+  fused?: boolean | null;
+}
+
+/** `torch.optim.Adam` / `AdamW`'s keyword arguments. */
+export interface AdamOptions {
+  /** Learning rate (default 1e-3). */
+  lr?: number;
+  /** Running-average coefficients (default [0.9, 0.999]). */
+  betas?: readonly [number, number];
+  /** Added to the denominator (default 1e-8). */
+  eps?: number;
+  /** Adam: L2 penalty (default 0); AdamW: decoupled weight decay (default 1e-2). */
+  weight_decay?: number;
+  /** AMSGrad (default false). */
+  amsgrad?: boolean;
+  /** Maximize the objective (default false). */
+  maximize?: boolean;
+  foreach?: boolean | null;
+  capturable?: boolean;
+  differentiable?: boolean;
+  /** PyTorch's fused update: as in `SGDOptions.fused`. */
+  fused?: boolean | null;
+  decoupled_weight_decay?: boolean;
+}
+"#;
 
 /// Options as an `OptionMap` (`undefined` and `null`: none).
 pub(crate) fn options(value: &JsValue) -> Result<OptionMap> {
@@ -294,8 +372,14 @@ impl OptimizerCore {
 }
 
 /// Generates one optimizer class: the same surface over the named `torch.optim` algorithm.
+/// `$options`, `$group` and `$groups` are the extern types declaring its options, one parameter
+/// group and a list of them; `$literal` is the TypeScript type of its `name`.
 macro_rules! optimizer_class {
-    ($ty:ident, $js:ident, $name:literal, $doc:literal) => {
+    (
+        $ty:ident, $js:ident, $name:literal, $literal:tt,
+        $options:ident, $group:ident, $groups:ident,
+        $doc:tt
+    ) => {
         #[doc = $doc]
         #[wasm_bindgen(js_name = $js)]
         pub struct $ty {
@@ -304,16 +388,20 @@ macro_rules! optimizer_class {
 
         #[wasm_bindgen(js_class = $js)]
         impl $ty {
-            /// An optimizer over every rank of `replicas`. `options` are PyTorch's keyword
-            /// arguments (`lr`, `momentum`, `betas`, `weight_decay`, …; an unknown name is a
-            /// `TypeError`); `paramGroups`, when given, are `[{params: [j, …], …options}]`
-            /// with per-group options over `options`.
+            /// @param options PyTorch's keyword arguments; an unknown one is a TypeError, an
+            ///   invalid value PyTorch's ValueError (e.g. `Invalid learning rate: -1.0`).
+            /// @param paramGroups `[{params: [j, …], …options}]`, each group's options over
+            ///   `options`; default: one group of every parameter.
             #[wasm_bindgen(constructor)]
             pub fn new(
-                replicas: JsValue,
-                options: JsValue,
-                param_groups: JsValue,
+                replicas: ReplicasArg,
+                options: Option<$options>,
+                #[wasm_bindgen(js_name = paramGroups)] param_groups: Option<$groups>,
             ) -> JsResult<$ty> {
+                let options: JsValue = options.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
+                let param_groups: JsValue = param_groups
+                    .map(JsValue::from)
+                    .unwrap_or(JsValue::UNDEFINED);
                 Ok($ty {
                     core: js(OptimizerCore::create(
                         $name,
@@ -325,19 +413,21 @@ macro_rules! optimizer_class {
             }
 
             /// `"SGD"`, `"Adam"` or `"AdamW"`.
-            #[wasm_bindgen(getter)]
+            #[wasm_bindgen(getter, unchecked_return_type = $literal)]
             pub fn name(&self) -> String {
                 self.core.name.into()
             }
 
             /// Identifies the optimizer to `PostLocalSGDOptimizer` (internal).
-            #[wasm_bindgen(getter, js_name = __distoptOptimizerId)]
+            #[wasm_bindgen(getter, js_name = __distoptOptimizerId, skip_typescript)]
             pub fn id(&self) -> u32 {
                 self.core.id.get()
             }
 
             /// One step on every rank: each parameter with a gradient on a rank is updated
-            /// from it; the others are skipped, their state untouched.
+            /// from it; the others are skipped, their state untouched. Throws a RuntimeError
+            /// once the optimizer belongs to a PostLocalSGDOptimizer or a DiLoCo (step that
+            /// instead).
             pub fn step(&self) -> JsResult<()> {
                 js(self.core.step())
             }
@@ -349,27 +439,31 @@ macro_rules! optimizer_class {
             }
 
             /// The parameter indices of each parameter group.
-            #[wasm_bindgen(js_name = paramGroups)]
+            #[wasm_bindgen(js_name = paramGroups, unchecked_return_type = "number[][]")]
             pub fn param_groups(&self) -> JsResult<Array> {
                 js(self.core.param_groups())
             }
 
-            /// Adds `{params: [j, …], …options}` as a new parameter group.
+            /// Adds a parameter group with its own options (`{params: [j, …], …options}`).
             #[wasm_bindgen(js_name = addParamGroup)]
-            pub fn add_param_group(&self, group: JsValue) -> JsResult<()> {
+            pub fn add_param_group(&self, group: $group) -> JsResult<()> {
                 js(self.core.add_param_group(&group))
             }
 
-            /// Rank `rank`'s `state_dict()`: a promise of `{state, param_groups}` in
-            /// PyTorch's layout, its tensors with typed-array data.
-            #[wasm_bindgen(js_name = stateDict)]
-            pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
+            /// Rank `rank`'s `state_dict()`, in PyTorch's layout (`{state, param_groups}`, its
+            /// tensors with typed-array data).
+            #[wasm_bindgen(js_name = stateDict, unchecked_return_type = "Promise<StateDict>")]
+            pub fn state_dict(&self, rank: IntegerArg) -> JsResult<Promise> {
                 js(self.core.state_dict(&rank))
             }
 
             /// `load_state_dict(stateDict)` on rank `rank`.
             #[wasm_bindgen(js_name = loadStateDict)]
-            pub fn load_state_dict(&self, rank: JsValue, state_dict: JsValue) -> JsResult<()> {
+            pub fn load_state_dict(
+                &self,
+                rank: IntegerArg,
+                #[wasm_bindgen(js_name = stateDict)] state_dict: StateDictArg,
+            ) -> JsResult<()> {
                 js(self.core.load_state_dict(&rank, &state_dict))
             }
         }
@@ -380,19 +474,31 @@ optimizer_class!(
     SgdJs,
     SGD,
     "SGD",
-    "`torch.optim.SGD` on every rank of a `Replicas` (momentum, dampening, Nesterov, weight decay, maximize)."
+    "'SGD'",
+    SgdOptionsArg,
+    SgdParamGroupArg,
+    SgdParamGroupsArg,
+    "`torch.optim.SGD` on every rank of `replicas` (momentum, dampening, Nesterov, weight decay, maximize)."
 );
 optimizer_class!(
     AdamJs,
     Adam,
     "Adam",
-    "`torch.optim.Adam` on every rank of a `Replicas` (AMSGrad, weight decay, maximize)."
+    "'Adam'",
+    AdamOptionsArg,
+    AdamParamGroupArg,
+    AdamParamGroupsArg,
+    "`torch.optim.Adam` on every rank of `replicas` (AMSGrad, weight decay, maximize)."
 );
 optimizer_class!(
     AdamWJs,
     AdamW,
     "AdamW",
-    "`torch.optim.AdamW` (decoupled weight decay, default 1e-2) on every rank of a `Replicas`."
+    "'AdamW'",
+    AdamOptionsArg,
+    AdamParamGroupArg,
+    AdamParamGroupsArg,
+    "`torch.optim.AdamW` (decoupled weight decay, default 1e-2) on every rank of `replicas`."
 );
 
 /// The local optimizer class an argument names, as ZeRO and `DistributedOptimizer` take it:

@@ -17,6 +17,19 @@ use distopt::error::Result;
 use distopt::optim::LocalOptimizer;
 use distopt::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
 
+use super::typings::{BooleanArg, IntegerArg, ReplicasArg, StateDictArg, WorldArg};
+
+#[wasm_bindgen]
+extern "C" {
+    /// An `SGD`, `Adam` or `AdamW` made by distopt.
+    #[wasm_bindgen(typescript_type = "AnyLocalOptimizer")]
+    pub type AnyLocalOptimizerArg;
+
+    /// A `PeriodicModelAverager` or `HierarchicalModelAverager` made by distopt.
+    #[wasm_bindgen(typescript_type = "ModelAverager")]
+    pub type ModelAveragerArg;
+}
+
 /// A `PostLocalSGDOptimizer` and the replicas its optimizer was made over.
 pub(crate) struct PostLocalCore {
     pub(crate) replicas: SharedReplicas,
@@ -53,12 +66,10 @@ impl AveragerOwner for PostLocalCore {
     }
 }
 
-/// `PostLocalSGDOptimizer(optim, averager)`: the local optimizer's step on every rank, then
-/// the averager's `average_parameters` over the optimizer's parameters.
-///
-/// The optimizer and the averager move into it, as PyTorch's wrapper owns them: afterwards
-/// they still report their state (`stateDict`, `paramGroups`, `step`) but step only through
-/// this object.
+/// `PostLocalSGDOptimizer(optim, averager)`: the local step on every rank, then model averaging
+/// over the optimizer's parameters. `optim` and `averager` move into it (as PyTorch's wrapper
+/// owns them): they still report their state (`stateDict`, `paramGroups`, `step`), but step
+/// only through this object.
 #[wasm_bindgen(js_name = PostLocalSGDOptimizer)]
 pub struct PostLocalSgdOptimizerJs {
     core: Rc<PostLocalCore>,
@@ -78,7 +89,10 @@ impl PostLocalSgdOptimizerJs {
     /// Wraps `optim` (an `SGD`, `Adam` or `AdamW`) and `averager` (a `PeriodicModelAverager`
     /// or `HierarchicalModelAverager`).
     #[wasm_bindgen(constructor)]
-    pub fn new(optim: JsValue, averager: JsValue) -> JsResult<PostLocalSgdOptimizerJs> {
+    pub fn new(
+        optim: AnyLocalOptimizerArg,
+        averager: ModelAveragerArg,
+    ) -> JsResult<PostLocalSgdOptimizerJs> {
         let optim_core = js(optimizer_of(&optim))?;
         let averager_core = js(averager_of(&averager))?;
         let local = js(optim_core.take())?;
@@ -98,8 +112,9 @@ impl PostLocalSgdOptimizerJs {
         Ok(PostLocalSgdOptimizerJs { core })
     }
 
-    /// `step()`: the local step on every rank, then model averaging if the schedule says
-    /// so. Returns the averaging group size, or `null` when this step did not average.
+    /// The local step, then averaging if due. Returns the averaging group size, or `null`
+    /// when this step did not average.
+    #[wasm_bindgen(unchecked_return_type = "number | null")]
     pub fn step(&self) -> JsResult<JsValue> {
         let mut opt = js(self.opt_mut())?;
         let mut replicas = js(borrow_mut(&self.core.replicas))?;
@@ -127,10 +142,12 @@ impl PostLocalSgdOptimizerJs {
         Ok(opt.averager().step() as f64)
     }
 
-    /// Rank `rank`'s `state_dict()`: the local optimizer's, plus `step`, the averager's
-    /// counter (a promise).
-    #[wasm_bindgen(js_name = stateDict)]
-    pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
+    /// Rank `rank`'s state dict: the optimizer's plus `step`, the averager's counter.
+    #[wasm_bindgen(
+        js_name = stateDict,
+        unchecked_return_type = "Promise<StateDict & { step: number }>"
+    )]
+    pub fn state_dict(&self, rank: IntegerArg) -> JsResult<Promise> {
         let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
         let core = self.core.clone();
         Ok(super::boundary::promise_now(async move {
@@ -140,10 +157,14 @@ impl PostLocalSgdOptimizerJs {
         }))
     }
 
-    /// `load_state_dict(stateDict)` on rank `rank`: the optimizer's state and the averager's
-    /// counter (a missing `step` warns and sets it to 0, as PyTorch does).
+    /// Loads rank `rank`'s state: the optimizer's and the averager's counter; without `step`
+    /// it warns and sets the counter to 0 (as PyTorch does).
     #[wasm_bindgen(js_name = loadStateDict)]
-    pub fn load_state_dict(&self, rank: JsValue, state_dict: JsValue) -> JsResult<()> {
+    pub fn load_state_dict(
+        &self,
+        rank: IntegerArg,
+        #[wasm_bindgen(js_name = stateDict)] state_dict: StateDictArg,
+    ) -> JsResult<()> {
         let state_dict = js(json_from_js(&state_dict, "stateDict"))?;
         let mut opt = js(self.opt_mut())?;
         let mut replicas = js(borrow_mut(&self.core.replicas))?;
@@ -164,9 +185,9 @@ async fn state_dict_json(core: &PostLocalCore, rank: usize) -> Result<serde_json
     opt.state_dict(&replicas, rank).await
 }
 
-/// `PostLocalSGDState` with `post_localSGD_hook`: the gradients are all-reduced (mean) over
-/// the world for the first `startLocalSGDIter` iterations, then within subgroups of
-/// `subgroupSize` ranks (or not at all when `postLocalGradientAllreduce` is false).
+/// `PostLocalSGDState` + `post_localSGD_hook`: the gradients are all-reduced (mean) over the
+/// world for the first `startLocalSGDIter` iterations, then within subgroups of `subgroupSize`
+/// ranks (or not at all when `postLocalGradientAllreduce` is false).
 #[wasm_bindgen(js_name = PostLocalSGDState)]
 pub struct PostLocalSgdStateJs {
     inner: RefCell<PostLocalSgdState>,
@@ -174,15 +195,26 @@ pub struct PostLocalSgdStateJs {
 
 #[wasm_bindgen(js_class = PostLocalSGDState)]
 impl PostLocalSgdStateJs {
-    /// `subgroupSize` `null`/`undefined`: the whole world (PyTorch's default, one subgroup
-    /// per machine, is the world here); `postLocalGradientAllreduce` defaults to true.
+    /// @param subgroupSize `null`: the whole world (PyTorch's default, one subgroup per
+    ///   machine, is the world here)
+    /// @param postLocalGradientAllreduce default true
     #[wasm_bindgen(constructor)]
     pub fn new(
-        world: JsValue,
-        subgroup_size: JsValue,
-        start_local_sgd_iter: JsValue,
-        post_local_gradient_allreduce: JsValue,
+        world: WorldArg,
+        #[wasm_bindgen(js_name = subgroupSize)] subgroup_size: Option<IntegerArg>,
+        #[wasm_bindgen(js_name = startLocalSGDIter)] start_local_sgd_iter: IntegerArg,
+        #[wasm_bindgen(
+            js_name = postLocalGradientAllreduce,
+            unchecked_optional_param_type = "boolean"
+        )]
+        post_local_gradient_allreduce: Option<BooleanArg>,
     ) -> JsResult<PostLocalSgdStateJs> {
+        let subgroup_size: JsValue = subgroup_size
+            .map(JsValue::from)
+            .unwrap_or(JsValue::UNDEFINED);
+        let post_local_gradient_allreduce: JsValue = post_local_gradient_allreduce
+            .map(JsValue::from)
+            .unwrap_or(JsValue::UNDEFINED);
         let world = js(world_of(&world))?;
         let post_local_gradient_allreduce = js(super::convert::optional_bool_arg(
             &post_local_gradient_allreduce,
@@ -200,7 +232,7 @@ impl PostLocalSgdStateJs {
         })
     }
 
-    /// Iterations seen so far (PyTorch stops counting once local SGD starts).
+    /// Iterations seen (PyTorch stops counting once local SGD starts).
     #[wasm_bindgen(getter)]
     pub fn iter(&self) -> JsResult<f64> {
         let state = js(self
@@ -210,10 +242,10 @@ impl PostLocalSgdStateJs {
         Ok(state.iter() as f64)
     }
 
-    /// The hook, run after every rank's backward pass (after `setGrads`): averages the
-    /// gradients in place. Returns the group size used, or `null`.
-    #[wasm_bindgen(js_name = synchronizeGradients)]
-    pub fn synchronize_gradients(&self, replicas: JsValue) -> JsResult<JsValue> {
+    /// The hook, after every rank's backward pass (after `setGrads`): averages the gradients
+    /// in place. Returns the group size, or `null`.
+    #[wasm_bindgen(js_name = synchronizeGradients, unchecked_return_type = "number | null")]
+    pub fn synchronize_gradients(&self, replicas: ReplicasArg) -> JsResult<JsValue> {
         let replicas = js(replicas_of(&replicas))?;
         let mut state = js(self
             .inner
