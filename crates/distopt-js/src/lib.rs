@@ -126,8 +126,8 @@ pub fn start() {
 
 /// What `sgdStep` resolves to.
 #[derive(Serialize, Tsify)]
-#[serde(rename = "StepResult", rename_all = "camelCase")]
-pub struct StepResultRecord {
+#[serde(rename_all = "camelCase")]
+pub struct StepResult {
     /// `meanGradients[j]`: the mean of the ranks' gradients of parameter j, in its dtype.
     #[serde(with = "serde_wasm_bindgen::preserve")]
     #[tsify(type = "Tensor[]")]
@@ -216,7 +216,7 @@ async fn sgd_step_now(
         }
         replicas.push(&row);
     }
-    typings::to_js(&StepResultRecord {
+    typings::to_js(&StepResult {
         mean_gradients: means.into(),
         updated_replicas: replicas.into(),
     })

@@ -17,8 +17,8 @@ use super::convert::{
 use super::handles::Registry;
 use super::session::current_backend;
 use super::typings::{
-    IntegerArg, OmittableIntegerArg, OptionalTensorArg, OptionalTensorListArg, PerRankTensorsArg,
-    TensorInputArg, TensorListArg, WorldArg,
+    IntegerArg, OptionalTensorArg, OptionalTensorListArg, PerRankTensorsArg, TensorInputArg,
+    TensorListArg, WorldArg,
 };
 use super::world::world_of;
 use distopt::comm::Communicator;
@@ -240,7 +240,11 @@ impl ReplicasJs {
     /// Copies rank `root`'s parameters (default 0) to every rank over `world`, as
     /// `DistributedDataParallel` does at construction.
     #[wasm_bindgen(js_name = broadcastParams)]
-    pub fn broadcast_params(&self, world: WorldArg, root: OmittableIntegerArg) -> JsResult<()> {
+    pub fn broadcast_params(
+        &self,
+        world: WorldArg,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] root: JsValue,
+    ) -> JsResult<()> {
         let world = js(world_of(&world))?;
         let mut replicas = js(borrow_mut(&self.inner))?;
         if world.world_size() != replicas.ranks() {

@@ -11,7 +11,7 @@ use wasm_bindgen::prelude::*;
 use super::boundary::{JsResult, js};
 use super::convert;
 use super::typings::to_js;
-use distopt::backend::{Backend, BackendChoice, BackendInfo, select_backend};
+use distopt::backend::{Backend, BackendChoice, BackendInfo as LibBackendInfo, select_backend};
 use distopt::error::{Error, Result};
 
 thread_local! {
@@ -42,8 +42,8 @@ pub fn destroy_device_for_test() {
 
 /// What a backend runs on.
 #[derive(Serialize, Tsify)]
-#[serde(rename = "BackendInfo", rename_all = "camelCase")]
-pub struct BackendInfoRecord {
+#[serde(rename_all = "camelCase")]
+pub struct BackendInfo {
     /// `'gpu'` (WebGPU) or `'cpu'` (plain Rust compiled to WebAssembly).
     #[tsify(type = "'gpu' | 'cpu'")]
     kind: &'static str,
@@ -67,10 +67,10 @@ pub struct BackendInfoRecord {
     threads: usize,
 }
 
-impl BackendInfoRecord {
+impl BackendInfo {
     /// The record of a backend's description.
-    pub(crate) fn new(info: &BackendInfo) -> BackendInfoRecord {
-        BackendInfoRecord {
+    pub(crate) fn new(info: &LibBackendInfo) -> BackendInfo {
+        BackendInfo {
             kind: match info.kind {
                 distopt::backend::BackendKind::Gpu => "gpu",
                 distopt::backend::BackendKind::Cpu => "cpu",
@@ -93,13 +93,13 @@ impl BackendInfoRecord {
 #[derive(Serialize)]
 struct Selection {
     #[serde(flatten)]
-    info: BackendInfoRecord,
+    info: BackendInfo,
     reason: String,
 }
 
 /// The JS form of a backend's description.
-pub(crate) fn backend_info_to_js(info: &BackendInfo) -> JsResult<JsValue> {
-    to_js(&BackendInfoRecord::new(info))
+pub(crate) fn backend_info_to_js(info: &LibBackendInfo) -> JsResult<JsValue> {
+    to_js(&BackendInfo::new(info))
 }
 
 /// Picks the backend new objects run on and returns `{kind, name, api, …, reason}`.
@@ -118,7 +118,7 @@ pub async fn select_backend_js(choice: Option<BackendChoiceArg>) -> JsResult<JsV
     let choice = js(BackendChoice::parse(&choice))?;
     let selection = js(select_backend(choice).await)?;
     let info = to_js(&Selection {
-        info: BackendInfoRecord::new(selection.backend.info()),
+        info: BackendInfo::new(selection.backend.info()),
         reason: selection.reason.clone(),
     })?;
     BACKEND.with(|b| *b.borrow_mut() = Some(selection.backend));

@@ -47,12 +47,6 @@ extern "C" {
     #[wasm_bindgen(typescript_type = "number")]
     pub type IntegerArg;
 
-    /// A whole number that may be omitted but not `null` (`undefined` picks the default; a
-    /// trailing `void` parameter may be left out in TypeScript). An `Option<IntegerArg>` could
-    /// not tell `null` (refused) from omitted: wasm-bindgen passes both as `None`.
-    #[wasm_bindgen(typescript_type = "number | void")]
-    pub type OmittableIntegerArg;
-
     /// A number; `"nan"`, `"inf"` and `"-inf"` are read as the golden JSON writes them.
     #[wasm_bindgen(typescript_type = "number | 'nan' | 'inf' | '-inf'")]
     pub type NumberArg;

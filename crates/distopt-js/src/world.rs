@@ -11,7 +11,9 @@ use super::boundary::{JsResult, js};
 use super::convert::{count_arg, optional_integer_arg, rank_arg};
 use super::handles::Registry;
 use super::typings::{IntegerArg, to_js};
-use distopt::comm::{CommStats, Communicator, SimulatedWorld, Subgroups, new_subgroups};
+use distopt::comm::{
+    CommStats as LibCommStats, Communicator, SimulatedWorld, Subgroups, new_subgroups,
+};
 use distopt::error::Result;
 
 /// A world of R ranks simulated on one device (`SimulatedWorld`), with its communication
@@ -53,8 +55,8 @@ pub(crate) fn subgroups(world: &SimulatedWorld, group_size: &JsValue) -> Result<
 
 /// Bytes each rank sent, by kind of collective (a world's, or a trainer's run's).
 #[derive(Serialize, Tsify)]
-#[serde(rename = "CommStats", rename_all = "camelCase")]
-pub struct CommStatsRecord {
+#[serde(rename_all = "camelCase")]
+pub struct CommStats {
     /// Bytes of all-reduces, keyed by the group size they ran over (`"4"`: the whole world of 4).
     all_reduce_bytes_by_group_size: std::collections::BTreeMap<String, u64>,
     /// Bytes of broadcasts.
@@ -68,8 +70,8 @@ pub struct CommStatsRecord {
 }
 
 /// `CommStats` as JS reads it (bytes per rank).
-pub(crate) fn stats_to_js(stats: &CommStats) -> JsResult<JsValue> {
-    to_js(&CommStatsRecord {
+pub(crate) fn stats_to_js(stats: &LibCommStats) -> JsResult<JsValue> {
+    to_js(&CommStats {
         all_reduce_bytes_by_group_size: stats
             .all_reduce_bytes_by_group_size
             .iter()
