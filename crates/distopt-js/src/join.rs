@@ -12,6 +12,7 @@ use super::boundary::{JsResult, busy, js, js_ranks};
 use super::convert::json_from_js;
 use super::handles::Registry;
 use super::replicas::{SharedReplicas, borrow_mut, replicas_of};
+use super::typings::{ReplicasArg, WorldArg};
 use super::world::{communicator, world_of};
 use super::zero::{ZeroHandle, zero_of};
 use distopt::ddp::DistributedDataParallel;
@@ -29,8 +30,26 @@ thread_local! {
     static DDPS: Registry<DdpHandle> = const { Registry::new() };
 }
 
-/// `torch.nn.parallel.DistributedDataParallel`'s gradient synchronization over the ranks of a
-/// `World`, with the model held by a `Replicas` (one replica per rank).
+#[wasm_bindgen]
+extern "C" {
+    /// The joinables of a `Join`.
+    #[wasm_bindgen(
+        typescript_type = "readonly (DistributedDataParallel | ZeroRedundancyOptimizer)[]"
+    )]
+    pub type JoinablesArg;
+
+    /// `Join`'s options.
+    #[wasm_bindgen(typescript_type = "JoinOptions")]
+    pub type JoinOptionsArg;
+
+    /// Per rank: whether it still has an input.
+    #[wasm_bindgen(typescript_type = "readonly boolean[]")]
+    pub type HasInputArg;
+}
+
+/// `torch.nn.parallel.DistributedDataParallel`'s gradient synchronization over a simulated
+/// `World`, the model held by a `Replicas` (one replica per rank). The constructor broadcasts
+/// rank 0's parameters to every rank, as DDP's does.
 #[wasm_bindgen(js_name = DistributedDataParallel)]
 pub struct DistributedDataParallelJs {
     inner: Rc<DdpHandle>,
@@ -50,7 +69,7 @@ impl DistributedDataParallelJs {
     /// Wraps `replicas` (one rank per replica of `world`) and broadcasts rank 0's parameters
     /// to every rank, as DDP's constructor does.
     #[wasm_bindgen(constructor)]
-    pub fn new(world: JsValue, replicas: JsValue) -> JsResult<DistributedDataParallelJs> {
+    pub fn new(world: WorldArg, replicas: ReplicasArg) -> JsResult<DistributedDataParallelJs> {
         let world = js(world_of(&world))?;
         let shared = js(replicas_of(&replicas))?;
         let ddp = {
@@ -69,15 +88,17 @@ impl DistributedDataParallelJs {
     }
 
     /// Identifies the module to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptDdpId)]
+    #[wasm_bindgen(getter, js_name = __distoptDdpId, skip_typescript)]
     pub fn id(&self) -> u32 {
         self.id
     }
 
     /// The backward pass's gradient all-reduce, once every rank's local gradients are set:
-    /// every rank with inputs gets `Σ_r fl(G_r · fl(1/D))` (see the documentation); in a
-    /// `Join`, ranks that joined contribute zeros and keep their own gradients. A failure
-    /// carries every rank's error (`rankErrors`).
+    /// every rank with inputs gets `Σ_r fl32(G_r · fl32(1/D))` over the ranks with inputs (a
+    /// missing gradient counts as zeros), `D` the world size, or, in a `Join` with
+    /// `divideByInitialWorldSize: false` of which DDP is the first joinable, the number of
+    /// ranks with inputs. Ranks that joined contribute zeros and keep their own gradients. A
+    /// failure carries every rank's error (`rankErrors`).
     #[wasm_bindgen(js_name = synchronizeGradients)]
     pub fn synchronize_gradients(&self) -> JsResult<()> {
         let mut ddp = js(self.inner.ddp())?;
@@ -131,6 +152,23 @@ fn as_joinables<'a>(borrowed: &'a mut [Borrowed<'_>]) -> Vec<&'a mut dyn Joinabl
         .collect()
 }
 
+#[wasm_bindgen(typescript_custom_section)]
+const JOIN_OPTIONS: &'static str = r#"
+/** `Join`'s options (PyTorch's keyword arguments and their defaults). */
+export interface JoinOptions {
+  /** Uneven-input detection (default true); off, uneven inputs are a RuntimeError. */
+  enable?: boolean;
+  /**
+   * Raise on every rank as soon as one runs out of inputs (default false): `RuntimeError`
+   * `Rank r exhausted all inputs.` on the ranks that did, `Detected at least one rank that
+   * exhausted inputs. Throwing across all ranks.` on the others, each in `rankErrors`.
+   */
+  throwOnEarlyTermination?: boolean;
+  /** DDP's join hook keyword (default true): divide by the initial world size, not the active ranks. */
+  divideByInitialWorldSize?: boolean;
+}
+"#;
+
 /// `{enable, throwOnEarlyTermination, divideByInitialWorldSize}` (PyTorch's defaults: `true`,
 /// `false`, `true`).
 fn join_options(value: &JsValue) -> Result<JoinOptions> {
@@ -168,10 +206,13 @@ fn join_options(value: &JsValue) -> Result<JoinOptions> {
 }
 
 /// `torch.distributed.algorithms.Join` over `DistributedDataParallel` and
-/// `ZeroRedundancyOptimizer` objects, in lock-step: each global iteration starts with
-/// `iteration(hasInput)`; then the joinables' calls (`ddp.synchronizeGradients()`,
-/// `zero.step()`) run the joined ranks' hooks with the active ranks' collectives; `exit()`
-/// ends the context (the post-hooks: DDP broadcasts the final model from the last joiner).
+/// `ZeroRedundancyOptimizer` objects sharing one `Replicas`, run in lock-step: every global
+/// iteration starts with `iteration(hasInput)`; the joinables' calls that follow
+/// (`ddp.synchronizeGradients()`, `zero.step()`) make one collective for all ranks, in which
+/// the ranks that joined run their join hooks (DDP's shadows the all-reduce with zeros, ZeRO's
+/// steps with the gradients the rank still holds); `exit()` ends the context and runs the
+/// post-hooks (DDP broadcasts the final model from the last rank to join). Put DDP first, as
+/// PyTorch requires.
 #[wasm_bindgen(js_name = Join)]
 pub struct JoinJs {
     join: RefCell<Join>,
@@ -180,12 +221,13 @@ pub struct JoinJs {
 
 #[wasm_bindgen(js_class = Join)]
 impl JoinJs {
-    /// `Join(joinables, enable, throw_on_early_termination, divide_by_initial_world_size=…)`:
-    /// `joinables` is an array of `DistributedDataParallel` and `ZeroRedundancyOptimizer`
-    /// objects over the same `Replicas` (DDP first, as PyTorch needs); `options`:
-    /// `{enable, throwOnEarlyTermination, divideByInitialWorldSize}`.
+    /// `Join(joinables, enable, throw_on_early_termination, divide_by_initial_world_size=…)`
+    /// over `DistributedDataParallel` and `ZeroRedundancyOptimizer` objects sharing one
+    /// `Replicas` (DDP first). A ValueError without joinables (`The join context manager
+    /// requires at least one joinable`).
     #[wasm_bindgen(constructor)]
-    pub fn new(joinables: JsValue, options: JsValue) -> JsResult<JoinJs> {
+    pub fn new(joinables: JoinablesArg, options: Option<JoinOptionsArg>) -> JsResult<JoinJs> {
+        let options: JsValue = options.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
         js(Self::build(&joinables, &options))
     }
 
@@ -240,9 +282,12 @@ impl JoinJs {
         self.join.try_borrow_mut().map_err(|_| busy("Join"))
     }
 
-    /// The start of a global iteration: `hasInput[r]` says whether rank `r` still has an
-    /// input. A rank without one joins for good.
-    pub fn iteration(&self, has_input: JsValue) -> JsResult<()> {
+    /// The start of a global iteration: `hasInput[r]` is whether rank r still has an input (a
+    /// rank without one joins for good).
+    pub fn iteration(
+        &self,
+        #[wasm_bindgen(js_name = hasInput)] has_input: HasInputArg,
+    ) -> JsResult<()> {
         let flags = match js(json_from_js(&has_input, "hasInput"))? {
             Value::Array(items) if items.iter().all(Value::is_boolean) => items
                 .iter()
@@ -257,7 +302,7 @@ impl JoinJs {
         js(js(self.join())?.iteration(&flags))
     }
 
-    /// The end of the context: the post-hooks of every joinable (with
+    /// The end of the `with` block: the post-hooks of every joinable (with
     /// `throwOnEarlyTermination`, the errors of ranks still shadowing; each rank's in
     /// `rankErrors`).
     pub fn exit(&self) -> JsResult<()> {
@@ -273,7 +318,7 @@ impl JoinJs {
     }
 
     /// Per rank: whether it has joined.
-    #[wasm_bindgen(getter)]
+    #[wasm_bindgen(getter, unchecked_return_type = "boolean[]")]
     pub fn joined(&self) -> JsResult<Vec<JsValue>> {
         Ok(js(self.join())?
             .joined()
@@ -282,8 +327,8 @@ impl JoinJs {
             .collect())
     }
 
-    /// Per rank: the shadow iterations it has run since it joined.
-    #[wasm_bindgen(js_name = shadowIterations)]
+    /// Per rank: shadow iterations it ran since it joined.
+    #[wasm_bindgen(js_name = shadowIterations, unchecked_return_type = "number[]")]
     pub fn shadow_iterations(&self) -> JsResult<Array> {
         Ok(js(self.join())?
             .shadow_iterations()

@@ -5,18 +5,62 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use js_sys::{Array, Object, Promise};
+use js_sys::{Array, Promise};
+use serde::Serialize;
+use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
-use super::convert::{array, get, optional_string, set, tensor_from_js, tensor_to_js};
+use super::convert::{array, get, optional_string, tensor_from_js, tensor_to_js};
 use super::handles::Registry;
 use super::optim::options;
+use super::typings::{StringArg, TensorInputArg};
+use super::zero::OptimizerOptionsArg;
 use distopt::backend::CpuBackend;
 use distopt::error::{Error, Result};
 use distopt::rpc::{
     AutogradContext, ContextId, DistributedOptimizer, LocalOptimizerKind, RRef, RpcWorld,
 };
+
+#[wasm_bindgen]
+extern "C" {
+    /// A local optimizer class or its name, where ZeRO and `DistributedOptimizer` take one.
+    #[wasm_bindgen(typescript_type = "'SGD' | 'Adam' | 'AdamW' | OptimizerClass")]
+    pub type OptimizerClassArg;
+
+    /// An `RpcWorld` made by distopt.
+    #[wasm_bindgen(typescript_type = "RpcWorld")]
+    pub type RpcWorldArg;
+
+    /// An `RRef` made by distopt.
+    #[wasm_bindgen(typescript_type = "RRef")]
+    pub type RRefArg;
+
+    /// A list of `RRef`s.
+    #[wasm_bindgen(typescript_type = "readonly RRef[]")]
+    pub type RRefListArg;
+
+    /// A context id or the `AutogradContext` itself.
+    #[wasm_bindgen(typescript_type = "number | AutogradContext")]
+    pub type ContextIdArg;
+
+    /// The names of an `RpcWorld`'s workers.
+    #[wasm_bindgen(typescript_type = "readonly string[]")]
+    pub type WorkerNamesArg;
+
+    /// What `DistributedOptimizer` runs on each owner.
+    #[wasm_bindgen(typescript_type = "DistributedOptimizerSettings")]
+    pub type DistributedOptimizerSettingsArg;
+}
+
+#[wasm_bindgen(typescript_custom_section)]
+const OPTIMIZER_CLASS: &'static str = r#"
+/**
+ * A local optimizer class where ZeRO and `DistributedOptimizer` take one (as PyTorch takes
+ * `torch.optim.Adam`); its name (`'SGD'`, `'Adam'`, `'AdamW'`) is accepted too.
+ */
+export type OptimizerClass = typeof SGD | typeof Adam | typeof AdamW;
+"#;
 
 /// What the registry tracks: the world shared with its RRefs and optimizers.
 pub(crate) struct RpcWorldHandle(Arc<RpcWorld>);
@@ -103,9 +147,13 @@ fn worker_name(value: &JsValue, what: &str) -> Result<String> {
         .ok_or_else(|| Error::type_error(format!("{what} must be a worker name (a string)")))
 }
 
-/// Named workers in this process, `"driver"` (the caller) among them, each owning tensors
-/// referenced by `RRef`s. The workers always compute on the CPU backend: in WebAssembly a
-/// call runs inline on the caller's thread and cannot wait for a GPU readback.
+/// Named workers in this process plus `"driver"` (the caller), each owning tensors referenced
+/// by `RRef`s, with distributed autograd contexts that collect gradients per remote tensor.
+///
+/// In WebAssembly every call runs inline, on the caller's thread, when it is made, and the
+/// workers always compute on the **CPU backend** whatever `init()` chose: a call cannot wait
+/// for a GPU readback there. Worker names must be distinct strings (a ValueError otherwise);
+/// calling an unknown worker is a RuntimeError.
 #[wasm_bindgen(js_name = RpcWorld)]
 pub struct RpcWorldJs {
     inner: Rc<RpcWorldHandle>,
@@ -116,7 +164,9 @@ pub struct RpcWorldJs {
 impl RpcWorldJs {
     /// A world of the driver plus the named workers (distinct names).
     #[wasm_bindgen(constructor)]
-    pub fn new(worker_names: JsValue) -> JsResult<RpcWorldJs> {
+    pub fn new(
+        #[wasm_bindgen(js_name = workerNames)] worker_names: WorkerNamesArg,
+    ) -> JsResult<RpcWorldJs> {
         let names = js(array(&worker_names, "workerNames"))?
             .iter()
             .enumerate()
@@ -133,7 +183,7 @@ impl RpcWorldJs {
     }
 
     /// Identifies the world to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptRpcWorldId)]
+    #[wasm_bindgen(getter, js_name = __distoptRpcWorldId, skip_typescript)]
     pub fn id(&self) -> u32 {
         self.id
     }
@@ -145,7 +195,7 @@ impl RpcWorldJs {
     }
 
     /// `rpc.remote(worker, lambda: tensor)`: stores `tensor` on `worker`; returns its RRef.
-    pub fn remote(&self, worker: JsValue, tensor: JsValue) -> JsResult<RRefJs> {
+    pub fn remote(&self, worker: StringArg, tensor: TensorInputArg) -> JsResult<RRefJs> {
         let worker = js(worker_name(&worker, "worker"))?;
         let tensor = js(tensor_from_js(&tensor, "tensor"))?;
         let rref = js(self.inner.0.remote(&worker, tensor))?;
@@ -157,7 +207,7 @@ impl RpcWorldJs {
         Ok(RRefJs { handle, id })
     }
 
-    /// `dist_autograd.context()`: a new context; `release()` (or `free()`) ends it.
+    /// `dist_autograd.context()`: a new live context; `release()` (or `free()`) ends it.
     pub fn context(&self) -> AutogradContextJs {
         let context = self.inner.0.context();
         let handle = Rc::new(ContextHandle(context.id()));
@@ -170,14 +220,14 @@ impl RpcWorldJs {
         }
     }
 
-    /// Records `gradient` for `rref` in context `contextId` on its owner (contributions to
-    /// one parameter accumulate): a promise.
-    #[wasm_bindgen(js_name = recordGradient)]
+    /// Records `gradient` for `rref` in context `contextId` on its owner; contributions to one
+    /// tensor accumulate. Rejects with a RuntimeError for a context that is not live.
+    #[wasm_bindgen(js_name = recordGradient, unchecked_return_type = "Promise<void>")]
     pub fn record_gradient(
         &self,
-        context: JsValue,
-        rref: JsValue,
-        gradient: JsValue,
+        #[wasm_bindgen(js_name = contextId)] context: ContextIdArg,
+        rref: RRefArg,
+        gradient: TensorInputArg,
     ) -> JsResult<Promise> {
         let context = js(context_id(&context))?;
         let rref = js(rref_of(&rref, &self.inner, "rref"))?;
@@ -189,10 +239,17 @@ impl RpcWorldJs {
         }))
     }
 
-    /// `dist_autograd.get_gradients(contextId)` on worker `owner`: a promise of a `Map` from
-    /// RRef id to gradient.
-    #[wasm_bindgen(js_name = getGradients)]
-    pub fn get_gradients(&self, context: JsValue, owner: JsValue) -> JsResult<Promise> {
+    /// `dist_autograd.get_gradients(contextId)` on worker `owner`: gradients by RRef id (a
+    /// `Map`).
+    #[wasm_bindgen(
+        js_name = getGradients,
+        unchecked_return_type = "Promise<Map<number, Tensor>>"
+    )]
+    pub fn get_gradients(
+        &self,
+        #[wasm_bindgen(js_name = contextId)] context: ContextIdArg,
+        owner: StringArg,
+    ) -> JsResult<Promise> {
         let context = js(context_id(&context))?;
         let owner = js(worker_name(&owner, "owner"))?;
         let future = self.inner.0.get_gradients(context, &owner);
@@ -212,9 +269,9 @@ impl RpcWorldJs {
     }
 
     /// The `.grad` attribute of the tensor behind `rref` on its owner (set by the
-    /// `torch.optim` path of `DistributedOptimizer`): a promise of a tensor or `null`.
-    #[wasm_bindgen(js_name = gradOf)]
-    pub fn grad_of(&self, rref: JsValue) -> JsResult<Promise> {
+    /// `torch.optim` path of `DistributedOptimizer`), or `null`.
+    #[wasm_bindgen(js_name = gradOf, unchecked_return_type = "Promise<Tensor | null>")]
+    pub fn grad_of(&self, rref: RRefArg) -> JsResult<Promise> {
         let rref = js(rref_of(&rref, &self.inner, "rref"))?;
         let id = rref.id();
         let future = self
@@ -229,9 +286,9 @@ impl RpcWorldJs {
         }))
     }
 
-    /// Stops worker `name`; later calls to it and its RRefs fail with a `RuntimeError`.
+    /// Stops worker `name`; later calls to it and its RRefs are RuntimeErrors.
     #[wasm_bindgen(js_name = shutdownWorker)]
-    pub fn shutdown_worker(&self, name: JsValue) -> JsResult<()> {
+    pub fn shutdown_worker(&self, name: StringArg) -> JsResult<()> {
         let name = js(worker_name(&name, "name"))?;
         js(self.inner.0.shutdown_worker(&name))
     }
@@ -247,7 +304,7 @@ pub struct RRefJs {
 #[wasm_bindgen(js_class = RRef)]
 impl RRefJs {
     /// Identifies the RRef to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptRRefId)]
+    #[wasm_bindgen(getter, js_name = __distoptRRefId, skip_typescript)]
     pub fn handle_id(&self) -> u32 {
         self.id
     }
@@ -264,8 +321,8 @@ impl RRefJs {
         self.handle.rref.id() as f64
     }
 
-    /// A copy of the value, fetched from the owner: a promise of a tensor.
-    #[wasm_bindgen(js_name = toHere)]
+    /// A copy of the value, fetched from the owner.
+    #[wasm_bindgen(js_name = toHere, unchecked_return_type = "Promise<Tensor>")]
     pub fn to_here(&self) -> Promise {
         let future = self.handle.rref.to_here(&self.handle.world.0);
         super::boundary::promise_now(async move {
@@ -275,8 +332,7 @@ impl RRefJs {
     }
 }
 
-/// A distributed autograd context (`dist_autograd.context()`); `release()` ends it and
-/// drops the gradients recorded in it.
+/// A distributed autograd context (`dist_autograd.context()`).
 #[wasm_bindgen(js_name = AutogradContext)]
 pub struct AutogradContextJs {
     id: ContextId,
@@ -290,12 +346,13 @@ pub struct AutogradContextJs {
 #[wasm_bindgen(js_class = AutogradContext)]
 impl AutogradContextJs {
     /// Identifies the context to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptContextId)]
+    #[wasm_bindgen(getter, js_name = __distoptContextId, skip_typescript)]
     pub fn handle_id(&self) -> u32 {
         self.handle_id
     }
 
-    /// The context id.
+    /// The context id (pass it to `recordGradient`, `getGradients`,
+    /// `DistributedOptimizer.step`).
     #[wasm_bindgen(getter)]
     pub fn id(&self) -> f64 {
         self.id as f64
@@ -307,14 +364,39 @@ impl AutogradContextJs {
         self.context.is_some()
     }
 
-    /// Ends the context (idempotent).
+    /// Ends the context and drops its gradients (idempotent; `free()` does it too).
     pub fn release(&mut self) {
         self.context = None;
     }
 }
 
+#[wasm_bindgen(typescript_custom_section)]
+const DISTRIBUTED_OPTIMIZER_SETTINGS: &'static str = r#"
+/** What `DistributedOptimizer` runs on each owner. */
+export interface DistributedOptimizerSettings {
+  /**
+   * `true` (default, PyTorch's with TorchScript on): functional optimizers, which skip a
+   * parameter without a gradient in the context. `false`: the `torch.optim` path, where the
+   * context's gradients are assigned to `param.grad` and persist across steps.
+   */
+  functional?: boolean;
+}
+"#;
+
+/// One owner's local optimizer.
+#[derive(Serialize, Tsify)]
+#[tsify(missing_as_null)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalOptimizerInfo {
+    /// The owning worker.
+    owner: String,
+    /// Indices (into the constructor's `rrefs`) of the parameters it optimizes.
+    param_indices: Vec<usize>,
+}
+
 /// `torch.distributed.optim.DistributedOptimizer`: one local optimizer per worker that owns
-/// parameters, stepped from the gradients of a distributed autograd context.
+/// parameters (in order of first appearance), stepped from a distributed autograd context's
+/// gradients. No communication between owners, no averaging.
 #[wasm_bindgen(js_name = DistributedOptimizer)]
 pub struct DistributedOptimizerJs {
     inner: Rc<DistributedOptimizer>,
@@ -323,17 +405,22 @@ pub struct DistributedOptimizerJs {
 #[wasm_bindgen(js_class = DistributedOptimizer)]
 impl DistributedOptimizerJs {
     /// Groups `rrefs` by owner and creates on each owner a local optimizer of class
-    /// `optimizer` (`"SGD"`, `"Adam"`, `"AdamW"`) with `options`. `{functional}` (default
-    /// `true`): the functional optimizers (a parameter without a gradient in the context is
-    /// skipped) or the `torch.optim` path (gradients persist in `param.grad`).
+    /// `optimizer` with `options`; `settings` chooses what the owners run.
+    ///
+    /// @throws ValueError for an unknown optimizer class or an RRef of another world; TypeError for
+    ///   something that is not an RRef; PyTorch's errors for invalid options.
     #[wasm_bindgen(constructor)]
     pub fn new(
-        rpc_world: JsValue,
-        optimizer: JsValue,
-        rrefs: JsValue,
-        options_value: JsValue,
-        settings: JsValue,
+        #[wasm_bindgen(js_name = rpcWorld)] rpc_world: RpcWorldArg,
+        optimizer: OptimizerClassArg,
+        rrefs: RRefListArg,
+        #[wasm_bindgen(js_name = options)] options_value: Option<OptimizerOptionsArg>,
+        settings: Option<DistributedOptimizerSettingsArg>,
     ) -> JsResult<DistributedOptimizerJs> {
+        let options_value: JsValue = options_value
+            .map(JsValue::from)
+            .unwrap_or(JsValue::UNDEFINED);
+        let settings: JsValue = settings.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
         js(Self::build(
             &rpc_world,
             &optimizer,
@@ -394,29 +481,28 @@ impl DistributedOptimizerJs {
         self.inner.is_functional_optim()
     }
 
-    /// One entry per owner, in order of first appearance: `{owner, paramIndices}`.
-    #[wasm_bindgen(js_name = localOptimizers)]
-    pub fn local_optimizers(&self) -> Array {
-        self.inner
+    /// One entry per owner, in order of first appearance.
+    #[wasm_bindgen(js_name = localOptimizers, unchecked_return_type = "LocalOptimizerInfo[]")]
+    pub fn local_optimizers(&self) -> JsResult<JsValue> {
+        let infos: Vec<LocalOptimizerInfo> = self
+            .inner
             .local_optimizers()
             .into_iter()
-            .map(|info| {
-                let obj = Object::new();
-                set(&obj, "owner", info.owner.as_str());
-                let indices: Array = info
-                    .param_indices
-                    .iter()
-                    .map(|&i| JsValue::from_f64(i as f64))
-                    .collect();
-                set(&obj, "paramIndices", indices);
-                JsValue::from(obj)
+            .map(|info| LocalOptimizerInfo {
+                owner: info.owner,
+                param_indices: info.param_indices,
             })
-            .collect()
+            .collect();
+        super::typings::to_js(&infos)
     }
 
-    /// `step(contextId)`: every owner updates its parameters from the context's gradients;
-    /// a promise (rejected with the first owner's error).
-    pub fn step(&self, context: JsValue) -> JsResult<Promise> {
+    /// One step on every owner, from the context's gradients; rejects with the first owner's
+    /// error (RuntimeError for a dead context).
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
+    pub fn step(
+        &self,
+        #[wasm_bindgen(js_name = contextId)] context: ContextIdArg,
+    ) -> JsResult<Promise> {
         let context = js(context_id(&context))?;
         let inner = self.inner.clone();
         Ok(super::boundary::promise_now(async move {

@@ -13,6 +13,8 @@ use super::convert::{json_from_js, json_to_js};
 use super::handles::Registry;
 use super::optim::{group_from_json, options};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
+use super::rpc::OptimizerClassArg;
+use super::typings::{BooleanArg, IntegerArg, ReplicasArg, StateDictArg, WorldArg};
 use super::world::{communicator, world_of};
 use distopt::dtype::DType;
 use distopt::error::{Error, ErrorKind, RankErrors, Result};
@@ -23,9 +25,36 @@ use distopt::zero::{Partition, ZeroOptions, ZeroRedundancyOptimizer};
 
 pub(crate) type SharedZero = Rc<RefCell<ZeroRedundancyOptimizer>>;
 
-/// `torch.distributed.optim.ZeroRedundancyOptimizer` over a simulated `World`: each rank's
-/// local optimizer (`SGD`, `Adam` or `AdamW`) keeps state only for the parameters it owns;
-/// after each step the owners broadcast their updated parameters to every rank.
+#[wasm_bindgen]
+extern "C" {
+    /// ZeRO's `params`: replica parameter indices and tensor descriptions, parameter groups,
+    /// a lone item, or `null` (every parameter).
+    #[wasm_bindgen(
+        typescript_type = "readonly ZeroParam[] | readonly ZeroParamGroup<SGDOptions | AdamOptions>[] | ZeroParam | null"
+    )]
+    pub type ZeroParamsArg;
+
+    /// The local optimizer's keyword arguments (`SGDOptions` or `AdamOptions`).
+    #[wasm_bindgen(typescript_type = "SGDOptions | AdamOptions")]
+    pub type OptimizerOptionsArg;
+
+    /// `ZeroRedundancyOptimizer`'s own construction options.
+    #[wasm_bindgen(typescript_type = "ZeroOptions")]
+    pub type ZeroOptionsArg;
+
+    /// A parameter group for `addParamGroup`.
+    #[wasm_bindgen(typescript_type = "ParamGroup<SGDOptions | AdamOptions>")]
+    pub type ZeroAddedGroupArg;
+}
+
+/// `torch.distributed.optim.ZeroRedundancyOptimizer` over a simulated `World`: the parameters
+/// are assigned to ranks by PyTorch's sorted-greedy partition; each rank's local optimizer
+/// (`SGD`, `Adam` or `AdamW`) keeps state only for the parameters it owns and updates them
+/// from that rank's own gradients; the owners then broadcast the updated parameters to every
+/// rank. The optimizer is bound to the `Replicas` it was constructed with.
+///
+/// Global parameter indices (`rankOfParam`, `paramsPerRank`, state dict keys) number the
+/// groups' parameters in order, group after group.
 #[wasm_bindgen(js_name = ZeroRedundancyOptimizer)]
 pub struct ZeroRedundancyOptimizerJs {
     inner: Rc<ZeroHandle>,
@@ -76,6 +105,29 @@ fn python_type(value: &Value) -> String {
     }
     .into()
 }
+
+#[wasm_bindgen(typescript_custom_section)]
+const ZERO_PARAMS: &'static str = r#"
+/**
+ * A tensor given to `ZeroRedundancyOptimizer` that is not one of the replicas' parameters (a
+ * replica parameter is its index): PyTorch's checks see it with its dtype, device, layout and
+ * leaf-ness, and reject it as PyTorch does (a meta or sparse tensor, a non-leaf tensor, a dtype
+ * unlike the others); one that passes the checks is a ValueError, it has no data to optimize.
+ */
+export interface TensorDescription {
+  dtype: DTypeName;
+  shape?: readonly number[];
+  device?: 'cpu' | 'meta';
+  layout?: 'strided' | 'sparse_coo';
+  leaf?: boolean;
+}
+
+/** An item of ZeRO's `params`: a replica parameter index or a tensor description. */
+export type ZeroParam = number | TensorDescription;
+
+/** A ZeRO parameter group: its parameters and its options (without `params`: PyTorch's ValueError). */
+export type ZeroParamGroup<O> = O & { params?: readonly ZeroParam[] };
+"#;
 
 /// Turns `params` (as JSON) into items; descriptions get ids after the replicas' parameters.
 struct ParamsReader<'a> {
@@ -249,6 +301,21 @@ fn params_arg(value: &JsValue, replicas: &Replicas) -> Result<ParamsArg> {
     ))
 }
 
+#[wasm_bindgen(typescript_custom_section)]
+const ZERO_OPTIONS: &'static str = r#"
+/** `ZeroRedundancyOptimizer`'s own construction options. */
+export interface ZeroOptions {
+  /** Pack each rank's parameters into one flat bucket, broadcast as one transfer (default false). */
+  parametersAsBucketView?: boolean;
+  /**
+   * Overlap the optimizer with DDP's backward (default false). Without DDP the optimizer never
+   * finishes initializing, as in PyTorch: `step()` only warns, the partition getters are `null`,
+   * and the state-dict methods throw a RuntimeError.
+   */
+  overlapWithDdp?: boolean;
+}
+"#;
+
 /// `{parametersAsBucketView, overlapWithDdp}` (both default `false`).
 fn zero_options(value: &JsValue) -> Result<ZeroOptions> {
     let map = match json_from_js(value, "zeroOptions")? {
@@ -318,19 +385,32 @@ impl ZeroRedundancyOptimizerJs {
 
 #[wasm_bindgen(js_class = ZeroRedundancyOptimizer)]
 impl ZeroRedundancyOptimizerJs {
-    /// ZeRO over `world` (one rank per replica) and `replicas`. `params`: `null` (every
-    /// parameter), parameter indices, or groups `[{params: [j, …], …options}]`; `optimizer`:
-    /// `"SGD"`, `"Adam"` or `"AdamW"` with `options` (PyTorch's keyword arguments);
-    /// `zeroOptions`: `{parametersAsBucketView, overlapWithDdp}`.
+    /// @param world one rank per replica (a ValueError otherwise).
+    /// @param params PyTorch's `params` argument: `null` (every parameter in one group), a list of
+    ///   parameter indices (and tensor descriptions), or parameter groups `[{params: [j, …],
+    ///   …options}]`, checked as PyTorch checks it (an empty list is a ValueError; a list mixing
+    ///   parameters and groups, or holding other values, a TypeError; a number or a lone tensor
+    ///   description instead of a list a TypeError; an index out of range an IndexError). A
+    ///   failure is every rank's (`rankErrors`).
+    /// @param optimizer the local optimizer class, as PyTorch takes it: `SGD`, `Adam`, `AdamW`
+    ///   (the classes this package exports) or their names (from plain JS, another name gets
+    ///   PyTorch's error, for example for `'NAdam'` or `'_FunctionalSGD'`).
+    /// @param options its keyword arguments (the defaults of every group).
     #[wasm_bindgen(constructor)]
     pub fn new(
-        world: JsValue,
-        replicas: JsValue,
-        params: JsValue,
-        optimizer: JsValue,
-        options_value: JsValue,
-        zero_options_value: JsValue,
+        world: WorldArg,
+        replicas: ReplicasArg,
+        params: ZeroParamsArg,
+        optimizer: OptimizerClassArg,
+        #[wasm_bindgen(js_name = options)] options_value: Option<OptimizerOptionsArg>,
+        #[wasm_bindgen(js_name = zeroOptions)] zero_options_value: Option<ZeroOptionsArg>,
     ) -> JsResult<ZeroRedundancyOptimizerJs> {
+        let options_value: JsValue = options_value
+            .map(JsValue::from)
+            .unwrap_or(JsValue::UNDEFINED);
+        let zero_options_value: JsValue = zero_options_value
+            .map(JsValue::from)
+            .unwrap_or(JsValue::UNDEFINED);
         Self::build(
             &world,
             &replicas,
@@ -386,20 +466,20 @@ impl ZeroRedundancyOptimizerJs {
     }
 
     /// Identifies the optimizer to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptZeroId)]
+    #[wasm_bindgen(getter, js_name = __distoptZeroId, skip_typescript)]
     pub fn id(&self) -> u32 {
         self.id
     }
 
-    /// The local optimizer class: `"SGD"`, `"Adam"` or `"AdamW"`.
-    #[wasm_bindgen(getter)]
+    /// The local optimizer class.
+    #[wasm_bindgen(getter, unchecked_return_type = "'SGD' | 'Adam' | 'AdamW'")]
     pub fn optimizer(&self) -> String {
         self.name.clone()
     }
 
-    /// One step: every rank updates the parameters it owns from its own gradients, then the
-    /// owners broadcast them to every rank. In a `Join`, the ranks that joined run ZeRO's join
-    /// hook (the same step). A failure carries every rank's error (`rankErrors`).
+    /// One step: each rank updates what it owns from its own gradients, then the owners
+    /// broadcast. In a `Join`, the ranks that joined run ZeRO's join hook (the same step, with
+    /// the gradients they still hold). A failure carries every rank's error (`rankErrors`).
     pub fn step(&self) -> JsResult<()> {
         let mut zero = js(self.zero_mut())?;
         let mut replicas = js(borrow_mut(&self.inner.replicas))?;
@@ -415,10 +495,14 @@ impl ZeroRedundancyOptimizerJs {
         Ok(())
     }
 
-    /// Sets `requires_grad` of parameter `j` (with `parametersAsBucketView`, frozen
-    /// parameters leave the buckets at the next step).
+    /// Sets `requires_grad` of parameter j (replica index); warns at the next step (with
+    /// `parametersAsBucketView`, frozen parameters leave the buckets then).
     #[wasm_bindgen(js_name = setRequiresGrad)]
-    pub fn set_requires_grad(&self, j: JsValue, requires_grad: JsValue) -> JsResult<()> {
+    pub fn set_requires_grad(
+        &self,
+        j: IntegerArg,
+        #[wasm_bindgen(js_name = requiresGrad)] requires_grad: BooleanArg,
+    ) -> JsResult<()> {
         let len = js(borrow(&self.inner.replicas))?.len();
         let j = js(super::convert::param_arg(&j, len))?;
         let flag = js(super::convert::bool_arg(&requires_grad, "requiresGrad"))?;
@@ -426,17 +510,17 @@ impl ZeroRedundancyOptimizerJs {
         Ok(())
     }
 
-    /// The parameter indices of each parameter group.
-    #[wasm_bindgen(js_name = paramGroups)]
+    /// The replica indices of each parameter group.
+    #[wasm_bindgen(js_name = paramGroups, unchecked_return_type = "number[][]")]
     pub fn param_groups(&self) -> JsResult<Array> {
         Ok(nested_to_js(&js(self.zero())?.param_groups()))
     }
 
-    /// Adds `{params: [j, …], …options}` as a new parameter group (the partition is
-    /// recomputed; earlier parameters keep their ranks and their state): a promise, rejected
-    /// with every rank's error (`rankErrors`).
-    #[wasm_bindgen(js_name = addParamGroup)]
-    pub fn add_param_group(&self, group: JsValue) -> JsResult<Promise> {
+    /// Adds a parameter group (replica indices not yet optimized); the partition is
+    /// recomputed, earlier parameters keep their ranks and state. The promise is rejected with
+    /// every rank's error (`rankErrors`).
+    #[wasm_bindgen(js_name = addParamGroup, unchecked_return_type = "Promise<void>")]
+    pub fn add_param_group(&self, group: ZeroAddedGroupArg) -> JsResult<Promise> {
         let (params, options) =
             js(json_from_js(&group, "group").and_then(|g| group_from_json(g, "group")))?;
         let (zero, replicas) = (self.inner.zero.clone(), self.inner.replicas.clone());
@@ -446,10 +530,15 @@ impl ZeroRedundancyOptimizerJs {
         }))
     }
 
-    /// Gathers every rank's shard of the state on rank `to` (a `to` outside the world keeps
-    /// it nowhere, as in PyTorch): a promise, rejected with every rank's error (`rankErrors`).
-    #[wasm_bindgen(js_name = consolidateStateDict)]
-    pub fn consolidate_state_dict(&self, to: JsValue) -> JsResult<Promise> {
+    /// Gathers every rank's shard of the state on rank `to` (default 0; outside the world:
+    /// nowhere, as in PyTorch). The promise is rejected with every rank's error
+    /// (`rankErrors`).
+    #[wasm_bindgen(js_name = consolidateStateDict, unchecked_return_type = "Promise<void>")]
+    pub fn consolidate_state_dict(
+        &self,
+        // Not an `Option`: `null` is no rank (a TypeError), only omitting `to` means 0.
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] to: JsValue,
+    ) -> JsResult<Promise> {
         // `to` defaults to 0 when omitted (PyTorch's default); `null` is no rank.
         let to = if to.is_undefined() {
             0
@@ -463,11 +552,11 @@ impl ZeroRedundancyOptimizerJs {
         }))
     }
 
-    /// `state_dict()` as seen on rank `rank`: a promise of the consolidated state dict on the
-    /// rank it was consolidated to (rejected with a `RuntimeError` elsewhere). A promise, as
-    /// every optimizer's `stateDict` is; a bad `rank` throws at once, as there.
-    #[wasm_bindgen(js_name = stateDict)]
-    pub fn state_dict(&self, rank: JsValue) -> JsResult<Promise> {
+    /// `state_dict()` as seen on rank `rank`: a promise of the consolidated state dict in a
+    /// plain optimizer's layout (a promise, as every optimizer's `stateDict` is). Rejects with
+    /// a RuntimeError unless it was consolidated to `rank`; an invalid `rank` throws.
+    #[wasm_bindgen(js_name = stateDict, unchecked_return_type = "Promise<StateDict>")]
+    pub fn state_dict(&self, rank: IntegerArg) -> JsResult<Promise> {
         let zero = js(self.zero())?;
         let ranks = js(borrow(&self.inner.replicas))?.ranks();
         let rank = js(super::convert::rank_arg(&rank, ranks))?;
@@ -477,21 +566,26 @@ impl ZeroRedundancyOptimizerJs {
         })
     }
 
-    /// `load_state_dict(stateDict)` on every rank: each keeps the state of the parameters it
-    /// owns (whatever world size the dict was saved with). A failure carries every rank's
-    /// error (`rankErrors`).
+    /// `load_state_dict` on every rank: each keeps the state of what it owns (any saved world
+    /// size). A failure carries every rank's error (`rankErrors`).
     #[wasm_bindgen(js_name = loadStateDict)]
-    pub fn load_state_dict(&self, state_dict: JsValue) -> JsResult<()> {
+    pub fn load_state_dict(
+        &self,
+        #[wasm_bindgen(js_name = stateDict)] state_dict: StateDictArg,
+    ) -> JsResult<()> {
         let state_dict = js(json_from_js(&state_dict, "stateDict"))?;
         let mut zero = js(self.zero_mut())?;
         let replicas = js(borrow(&self.inner.replicas))?;
         js_ranks(zero.load_state_dict(&replicas, &state_dict))
     }
 
-    /// Per rank: its local optimizer's parameter groups, each as the global indices of its
-    /// parameters (`zero.optim.param_groups` read on that rank), or `null` before the
-    /// optimizer is initialized (`overlapWithDdp`).
-    #[wasm_bindgen(js_name = localOptimizerParamGroups)]
+    /// Per rank: its local optimizer's parameter groups (`zero.optim.param_groups` read on that
+    /// rank), each as the global indices of its parameters; `null` before initialization
+    /// (`overlapWithDdp`).
+    #[wasm_bindgen(
+        js_name = localOptimizerParamGroups,
+        unchecked_return_type = "number[][][] | null"
+    )]
     pub fn local_optimizer_param_groups(&self) -> JsResult<JsValue> {
         Ok(js(self.zero())?
             .local_optimizer_param_groups()
@@ -504,10 +598,9 @@ impl ZeroRedundancyOptimizerJs {
             }))
     }
 
-    /// The owner of each parameter of the replicas (by replica index), or `null` for one this
-    /// optimizer does not hold (a parameter passed twice goes to its last owner, as
-    /// PyTorch's `_param_to_rank`).
-    #[wasm_bindgen(js_name = rankOfReplicaParam)]
+    /// The owner of each replica parameter (by replica index), or `null` for one not optimized
+    /// (a parameter passed twice goes to its last owner, as PyTorch's `_param_to_rank`).
+    #[wasm_bindgen(js_name = rankOfReplicaParam, unchecked_return_type = "(number | null)[]")]
     pub fn rank_of_replica_param(&self) -> JsResult<Array> {
         let zero = js(self.zero())?;
         let replicas = js(borrow(&self.inner.replicas))?;
@@ -518,21 +611,28 @@ impl ZeroRedundancyOptimizerJs {
             .collect())
     }
 
-    /// The owner of each parameter (global index: the groups' parameters in order), or
-    /// `null` before the optimizer is initialized (`overlapWithDdp`).
-    #[wasm_bindgen(getter, js_name = rankOfParam)]
+    /// The owner of each parameter (global index), or `null` before initialization.
+    #[wasm_bindgen(getter, js_name = rankOfParam, unchecked_return_type = "number[] | null")]
     pub fn rank_of_param(&self) -> JsResult<JsValue> {
         self.partition_field(|p| indices_to_js(&p.rank_of_param).into())
     }
 
-    /// The global indices each rank owns, or `null` before initialization.
-    #[wasm_bindgen(getter, js_name = paramsPerRank)]
+    /// The global indices each rank owns, in its local optimizer's order, or `null`.
+    #[wasm_bindgen(
+        getter,
+        js_name = paramsPerRank,
+        unchecked_return_type = "number[][] | null"
+    )]
     pub fn params_per_rank(&self) -> JsResult<JsValue> {
         self.partition_field(|p| nested_to_js(&p.params_per_rank).into())
     }
 
-    /// The global indices each rank owns, split by parameter group, or `null`.
-    #[wasm_bindgen(getter, js_name = paramsPerRankPerGroup)]
+    /// `paramsPerRank` split by parameter group: `[rank][group]`, or `null`.
+    #[wasm_bindgen(
+        getter,
+        js_name = paramsPerRankPerGroup,
+        unchecked_return_type = "number[][][] | null"
+    )]
     pub fn params_per_rank_per_group(&self) -> JsResult<JsValue> {
         self.partition_field(|p| {
             p.params_per_rank_per_group
@@ -543,20 +643,24 @@ impl ZeroRedundancyOptimizerJs {
         })
     }
 
-    /// Elements each rank owns, or `null` before initialization.
-    #[wasm_bindgen(getter, js_name = numelPerRank)]
+    /// Elements each rank owns, or `null`.
+    #[wasm_bindgen(
+        getter,
+        js_name = numelPerRank,
+        unchecked_return_type = "number[] | null"
+    )]
     pub fn numel_per_rank(&self) -> JsResult<JsValue> {
         self.partition_field(|p| indices_to_js(&p.numel_per_rank).into())
     }
 
     /// Per rank: how many parameters have optimizer state.
-    #[wasm_bindgen(js_name = localStateSizes)]
+    #[wasm_bindgen(js_name = localStateSizes, unchecked_return_type = "number[]")]
     pub fn local_state_sizes(&self) -> JsResult<Array> {
         Ok(indices_to_js(&js(self.zero())?.local_state_sizes()))
     }
 
     /// Per rank: bytes of optimizer state allocated (its shard only).
-    #[wasm_bindgen(js_name = stateBytesPerRank)]
+    #[wasm_bindgen(js_name = stateBytesPerRank, unchecked_return_type = "number[]")]
     pub fn state_bytes_per_rank(&self) -> JsResult<Array> {
         Ok(indices_to_js(&js(self.zero())?.state_bytes_per_rank()))
     }
