@@ -225,7 +225,7 @@ impl RpcWorldJs {
     #[wasm_bindgen(js_name = recordGradient, unchecked_return_type = "Promise<void>")]
     pub fn record_gradient(
         &self,
-        #[wasm_bindgen(js_name = contextId)] context: ContextIdArg,
+        context: ContextIdArg,
         rref: RRefArg,
         gradient: TensorInputArg,
     ) -> JsResult<Promise> {
@@ -245,11 +245,7 @@ impl RpcWorldJs {
         js_name = getGradients,
         unchecked_return_type = "Promise<Map<number, Tensor>>"
     )]
-    pub fn get_gradients(
-        &self,
-        #[wasm_bindgen(js_name = contextId)] context: ContextIdArg,
-        owner: StringArg,
-    ) -> JsResult<Promise> {
+    pub fn get_gradients(&self, context: ContextIdArg, owner: StringArg) -> JsResult<Promise> {
         let context = js(context_id(&context))?;
         let owner = js(worker_name(&owner, "owner"))?;
         let future = self.inner.0.get_gradients(context, &owner);
@@ -499,10 +495,7 @@ impl DistributedOptimizerJs {
     /// One step on every owner, from the context's gradients; rejects with the first owner's
     /// error (RuntimeError for a dead context).
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
-    pub fn step(
-        &self,
-        #[wasm_bindgen(js_name = contextId)] context: ContextIdArg,
-    ) -> JsResult<Promise> {
+    pub fn step(&self, context: ContextIdArg) -> JsResult<Promise> {
         let context = js(context_id(&context))?;
         let inner = self.inner.clone();
         Ok(super::boundary::promise_now(async move {

@@ -58,6 +58,7 @@ pub(crate) fn subgroups(world: &SimulatedWorld, group_size: &JsValue) -> Result<
 #[serde(rename_all = "camelCase")]
 pub struct CommStats {
     /// Bytes of all-reduces, keyed by the group size they ran over (`"4"`: the whole world of 4).
+    #[tsify(type = "Record<string, number>")]
     all_reduce_bytes_by_group_size: std::collections::BTreeMap<String, u64>,
     /// Bytes of broadcasts.
     broadcast_bytes: u64,
