@@ -66,6 +66,7 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
             // What every binding shares: thrown errors and promises; the registries that find
             // the Rust object behind a JS argument.
             &["boundary", "handles"],
+            &["typings"],
             // The current backend, the worlds, the CPU pool's workers.
             &["session", "world", "threads"],
             // The replicas every algorithm takes.

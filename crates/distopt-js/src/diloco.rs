@@ -16,7 +16,7 @@ use distopt::diloco::{DiLoCo, DiLoCoOptions};
 use distopt::error::{Error, Result};
 use distopt::optim::LocalOptimizer;
 
-use super::post_local_sgd::AnyLocalOptimizerArg;
+use super::typings::AnyLocalOptimizerArg;
 use super::typings::{IntegerArg, WorldArg};
 
 #[wasm_bindgen]

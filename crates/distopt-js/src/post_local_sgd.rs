@@ -17,18 +17,10 @@ use distopt::error::Result;
 use distopt::optim::LocalOptimizer;
 use distopt::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
 
-use super::typings::{BooleanArg, IntegerArg, ReplicasArg, StateDictArg, WorldArg};
-
-#[wasm_bindgen]
-extern "C" {
-    /// An `SGD`, `Adam` or `AdamW` made by distopt.
-    #[wasm_bindgen(typescript_type = "AnyLocalOptimizer")]
-    pub type AnyLocalOptimizerArg;
-
-    /// A `PeriodicModelAverager` or `HierarchicalModelAverager` made by distopt.
-    #[wasm_bindgen(typescript_type = "ModelAverager")]
-    pub type ModelAveragerArg;
-}
+use super::typings::{
+    AnyLocalOptimizerArg, BooleanArg, IntegerArg, ModelAveragerArg, ReplicasArg, StateDictArg,
+    WorldArg,
+};
 
 /// A `PostLocalSGDOptimizer` and the replicas its optimizer was made over.
 pub(crate) struct PostLocalCore {

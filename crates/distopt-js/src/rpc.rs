@@ -14,8 +14,7 @@ use super::boundary::{JsResult, js};
 use super::convert::{array, get, optional_string, tensor_from_js, tensor_to_js};
 use super::handles::Registry;
 use super::optim::options;
-use super::typings::{StringArg, TensorInputArg};
-use super::zero::OptimizerOptionsArg;
+use super::typings::{OptimizerClassArg, OptimizerOptionsArg, StringArg, TensorInputArg};
 use distopt::backend::CpuBackend;
 use distopt::error::{Error, Result};
 use distopt::rpc::{
@@ -24,10 +23,6 @@ use distopt::rpc::{
 
 #[wasm_bindgen]
 extern "C" {
-    /// A local optimizer class or its name, where ZeRO and `DistributedOptimizer` take one.
-    #[wasm_bindgen(typescript_type = "'SGD' | 'Adam' | 'AdamW' | OptimizerClass")]
-    pub type OptimizerClassArg;
-
     /// An `RpcWorld` made by distopt.
     #[wasm_bindgen(typescript_type = "RpcWorld")]
     pub type RpcWorldArg;

@@ -74,6 +74,22 @@ extern "C" {
     /// A `Replicas` made by distopt.
     #[wasm_bindgen(typescript_type = "Replicas")]
     pub type ReplicasArg;
+
+    /// An `SGD`, `Adam` or `AdamW` made by distopt.
+    #[wasm_bindgen(typescript_type = "AnyLocalOptimizer")]
+    pub type AnyLocalOptimizerArg;
+
+    /// A `PeriodicModelAverager` or `HierarchicalModelAverager` made by distopt.
+    #[wasm_bindgen(typescript_type = "ModelAverager")]
+    pub type ModelAveragerArg;
+
+    /// A local optimizer class or its name, where ZeRO and `DistributedOptimizer` take one.
+    #[wasm_bindgen(typescript_type = "'SGD' | 'Adam' | 'AdamW' | OptimizerClass")]
+    pub type OptimizerClassArg;
+
+    /// The local optimizer's keyword arguments (`SGDOptions` or `AdamOptions`).
+    #[wasm_bindgen(typescript_type = "SGDOptions | AdamOptions")]
+    pub type OptimizerOptionsArg;
 }
 
 /// `value` as a plain JS value through serde-wasm-bindgen: structs and maps become plain

@@ -13,8 +13,10 @@ use super::convert::{json_from_js, json_to_js};
 use super::handles::Registry;
 use super::optim::{group_from_json, options};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
-use super::rpc::OptimizerClassArg;
-use super::typings::{BooleanArg, IntegerArg, ReplicasArg, StateDictArg, WorldArg};
+use super::typings::{
+    BooleanArg, IntegerArg, OptimizerClassArg, OptimizerOptionsArg, ReplicasArg, StateDictArg,
+    WorldArg,
+};
 use super::world::{communicator, world_of};
 use distopt::dtype::DType;
 use distopt::error::{Error, ErrorKind, RankErrors, Result};
@@ -33,10 +35,6 @@ extern "C" {
         typescript_type = "readonly ZeroParam[] | readonly ZeroParamGroup<SGDOptions | AdamOptions>[] | ZeroParam | null"
     )]
     pub type ZeroParamsArg;
-
-    /// The local optimizer's keyword arguments (`SGDOptions` or `AdamOptions`).
-    #[wasm_bindgen(typescript_type = "SGDOptions | AdamOptions")]
-    pub type OptimizerOptionsArg;
 
     /// `ZeroRedundancyOptimizer`'s own construction options.
     #[wasm_bindgen(typescript_type = "ZeroOptions")]
