@@ -55,7 +55,7 @@ use serde_json::{Value, json};
 
 use crate::backend::kernels::SgdScalars;
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
-use crate::comm::{Communicator, Subgroups, heal_indices};
+use crate::comm::{Communicator, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
@@ -401,6 +401,8 @@ pub struct DiLoCo {
     /// The ranks admitted by this step's sync points, with the rank each is healed from at the
     /// step's end.
     joining: Vec<(usize, usize)>,
+    /// The `(joiner, source)` pairs the last step (or sync, or admission) healed.
+    healed: Vec<(usize, usize)>,
     ranks: usize,
     params: usize,
 }
@@ -496,6 +498,7 @@ impl DiLoCo {
             scratch: StateArenas::empty(replicas.buckets().len()),
             pending: None,
             joining: Vec::new(),
+            healed: Vec::new(),
             ranks: replicas.ranks(),
             params: replicas.len(),
         })
@@ -656,6 +659,7 @@ impl DiLoCo {
     pub fn step_fragments(&mut self, replicas: &mut Replicas) -> Result<Vec<usize>> {
         check_same_model(replicas, self.ranks, self.params)?;
         self.joining.clear();
+        self.healed.clear();
         self.inner.step(replicas)?;
         let next = (self.local_step + 1) % self.sync_every;
         let mut applied = Vec::new();
@@ -679,7 +683,7 @@ impl DiLoCo {
                 self.pending = Some(f);
             }
         }
-        self.heal(replicas)?;
+        self.heal(replicas, next)?;
         self.local_step = next;
         Ok(applied)
     }
@@ -696,6 +700,7 @@ impl DiLoCo {
     pub fn sync(&mut self, replicas: &mut Replicas) -> Result<()> {
         check_same_model(replicas, self.ranks, self.params)?;
         self.joining.clear();
+        self.healed.clear();
         let in_flight = self.pending;
         if let Some(f) = in_flight {
             self.finish(replicas, f)?;
@@ -708,26 +713,99 @@ impl DiLoCo {
             self.finish(replicas, f)?;
         }
         self.pending = None;
-        self.heal(replicas)?;
+        self.heal(replicas, 0)?;
         self.local_step = 0;
         Ok(())
     }
 
-    /// Heals the ranks this step's sync points admitted: each gets its source rank's
-    /// parameters, backups, in-flight pseudo-gradient, and inner and outer optimizer states, so
-    /// that it starts the next period exactly where the live ranks are.
+    /// Takes this process's rank into a running run (a process started to join an elastic
+    /// run, `distopt train --join`): waits for the sync point of the world that admits it (a
+    /// membership with this rank joining) and is healed there from that point's lowest live
+    /// rank, as the live ranks heal it at the end of that step: parameters, backups, in-flight
+    /// pseudo-gradient, inner and outer optimizer states and the schedule's counters. The next
+    /// [`DiLoCo::step`] is then the live ranks' next step.
     ///
     /// # Errors
-    /// A `RuntimeError` when the joining rank or its source is not held by this process (healing
-    /// across processes is a state transfer this world does not make); the backend's errors.
-    fn heal(&mut self, replicas: &mut Replicas) -> Result<()> {
+    /// A `ValueError` when `replicas` has other ranks or parameters than DiLoCo was built for;
+    /// a `RuntimeError` when the world's next membership does not admit this process's ranks;
+    /// the world's errors (its membership, the heal's transfers).
+    pub fn admit(&mut self, replicas: &mut Replicas) -> Result<()> {
+        check_same_model(replicas, self.ranks, self.params)?;
+        self.joining.clear();
+        self.healed.clear();
+        let membership = self.world.membership()?;
+        let local = self.world.local_ranks();
+        let source = membership.source();
+        match source {
+            Some(source) if membership.joining.iter().any(|r| local.contains(r)) => {
+                self.joining = membership.joining.iter().map(|&r| (r, source)).collect();
+            }
+            _ => {
+                return Err(Error::runtime(format!(
+                    "sync point {} did not admit this process's ranks ({}..{}): it holds no joining rank",
+                    membership.epoch, local.start, local.end
+                )));
+            }
+        }
+        self.heal(replicas, self.local_step)
+    }
+
+    /// The `(joiner, source)` ranks the last step, sync or admission healed (a caller holding
+    /// more state, such as the trainer's counters, heals it too).
+    pub fn healed(&self) -> &[(usize, usize)] {
+        &self.healed
+    }
+
+    /// Heals the ranks this step's sync points admitted: each gets its source rank's
+    /// parameters, backups, in-flight pseudo-gradient, inner and outer optimizer states and
+    /// the schedule's counters (`local_step`, the step's local step once it is over, and the
+    /// fragment in flight), so that it starts the next period exactly where the live ranks
+    /// are. Across processes the world transfers them (`Communicator::heal_rows`).
+    ///
+    /// # Errors
+    /// The world's errors (a `RuntimeError` when it cannot heal across processes and the two
+    /// ranks are in different ones); the backend's errors.
+    fn heal(&mut self, replicas: &mut Replicas, local_step: u64) -> Result<()> {
+        let world = self.world.clone();
+        let local = world.local_ranks();
         for (joiner, source) in std::mem::take(&mut self.joining) {
-            let (to, from) = heal_indices(self.world.as_ref(), joiner, source)?;
-            replicas.copy_rank_params(from, to)?;
-            self.backups.copy_rank(replicas, from, to)?;
-            self.scratch.copy_rank(replicas, from, to)?;
-            self.inner.copy_rank_state(replicas, from, to)?;
-            self.outer.copy_rank_state(replicas, from, to)?;
+            replicas.heal_params(world.as_ref(), source, joiner)?;
+            self.backups
+                .heal(world.as_ref(), replicas, source, joiner)?;
+            self.scratch
+                .heal(world.as_ref(), replicas, source, joiner)?;
+            self.inner
+                .heal_rank_state(world.as_ref(), replicas, source, joiner)?;
+            self.outer
+                .heal_rank_state(world.as_ref(), replicas, source, joiner)?;
+            let pending = self.pending.map_or(u64::MAX, |f| f as u64);
+            let counters = [local_step.to_le_bytes(), pending.to_le_bytes()].concat();
+            let counters = world.heal_bytes(source, joiner, counters)?;
+            if local.contains(&joiner) && !local.contains(&source) {
+                let word = |i: usize| {
+                    counters
+                        .get(8 * i..8 * i + 8)
+                        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                };
+                let (Some(step), Some(pending)) = (word(0), word(1)) else {
+                    return Err(Error::runtime(format!(
+                        "rank {source} heals rank {joiner} with {} bytes of DiLoCo counters, not 16",
+                        counters.len()
+                    )));
+                };
+                if step >= self.sync_every
+                    || (pending != u64::MAX && pending >= self.fragments.len() as u64)
+                {
+                    return Err(Error::runtime(format!(
+                        "rank {source} heals rank {joiner} with local step {step} and fragment {pending} in flight, outside this DiLoCo's {} steps and {} fragments",
+                        self.sync_every,
+                        self.fragments.len()
+                    )));
+                }
+                self.local_step = step;
+                self.pending = (pending != u64::MAX).then_some(pending as usize);
+            }
+            self.healed.push((joiner, source));
         }
         Ok(())
     }

@@ -317,6 +317,38 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
         regions: &[BroadcastRegion],
     ) -> Result<()>;
 
+    /// Heals rank `joiner` from rank `source` in `arena` (a rank that joins, at the end of the
+    /// sync point that admitted it): `joiner`'s row becomes `source`'s. Where this process holds
+    /// both, a copy on the device; in a world of processes the holder of `source` sends its row
+    /// and the holder of `joiner` receives it, every other process doing nothing. Every
+    /// process of the world makes the same heal calls in the same order.
+    ///
+    /// # Errors
+    /// A `RuntimeError` when this world cannot heal across processes and one of the two ranks is
+    /// another process's (`heal_indices`); the backend's and the transport's errors.
+    fn heal_rows(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut Arena,
+        source: usize,
+        joiner: usize,
+    ) -> Result<()> {
+        let (to, from) = both_local(self.local_ranks(), joiner, source)?;
+        let len = arena.rank_len();
+        backend.copy_between_ranks(arena, from, to, 0, len)
+    }
+
+    /// A heal's host-side state (counters, flags): `data` as the holder of `source` passes it,
+    /// returned where `joiner` is held (and to `source`'s holder); another process gets its
+    /// own `data` back. Called as [`Communicator::heal_rows`] is.
+    ///
+    /// # Errors
+    /// Those of [`Communicator::heal_rows`].
+    fn heal_bytes(&self, source: usize, joiner: usize, data: Vec<u8>) -> Result<Vec<u8>> {
+        both_local(self.local_ranks(), joiner, source)?;
+        Ok(data)
+    }
+
     /// The elementwise float32 sum over the world of every rank's `values` (host data; one
     /// vector per local rank, all of one length), on every rank: in rank order when this
     /// process holds every rank, in the transport's order otherwise.
@@ -405,12 +437,17 @@ pub fn heal_indices(
     joiner: usize,
     source: usize,
 ) -> Result<(usize, usize)> {
-    match (local_index(world, joiner), local_index(world, source)) {
-        (Some(to), Some(from)) => Ok((to, from)),
-        _ => Err(Error::runtime(format!(
-            "rank {joiner} joins the run, but this process cannot heal it from rank {source}: one of them is held by another process"
-        ))),
+    both_local(world.local_ranks(), joiner, source)
+}
+
+/// The local indices `(to, from)` of `joiner` and `source` among the `local` ranks, both held.
+fn both_local(local: Range<usize>, joiner: usize, source: usize) -> Result<(usize, usize)> {
+    if local.contains(&joiner) && local.contains(&source) {
+        return Ok((joiner - local.start, source - local.start));
     }
+    Err(Error::runtime(format!(
+        "rank {joiner} joins the run, but this process cannot heal it from rank {source}: one of them is held by another process"
+    )))
 }
 
 /// The index of world rank `rank` in this process's arenas, if it holds that rank.

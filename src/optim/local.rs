@@ -95,6 +95,20 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// error or a lost device.
     fn copy_rank_state(&mut self, replicas: &Replicas, from: usize, to: usize) -> Result<()>;
 
+    /// Heals world rank `joiner`'s state (every state tensor and counter) from world rank
+    /// `source`'s over `world`: [`LocalOptimizer::copy_rank_state`] where this process holds
+    /// both, a transfer between their processes otherwise (`Communicator::heal_rows`).
+    ///
+    /// # Errors
+    /// Those of [`LocalOptimizer::copy_rank_state`] and of `Communicator::heal_rows`.
+    fn heal_rank_state(
+        &mut self,
+        world: &dyn crate::comm::Communicator,
+        replicas: &Replicas,
+        source: usize,
+        joiner: usize,
+    ) -> Result<()>;
+
     /// Bytes of optimizer state allocated per rank.
     fn state_bytes_per_rank(&self) -> usize;
 

@@ -598,6 +598,43 @@ impl<A: OptimizerMath> LocalOptimizer for Optimizer<A> {
         Ok(())
     }
 
+    fn heal_rank_state(
+        &mut self,
+        world: &dyn crate::comm::Communicator,
+        replicas: &Replicas,
+        source: usize,
+        joiner: usize,
+    ) -> Result<()> {
+        self.shell.check_model(replicas)?;
+        for state in self.algorithm.state_arenas_mut() {
+            state.heal(world, replicas, source, joiner)?;
+        }
+        let local = world.local_ranks();
+        let params = self.shell.params;
+        let counts: Vec<u8> = if local.contains(&source) {
+            (0..params)
+                .flat_map(|j| self.shell.count(source - local.start, j).to_le_bytes())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let counts = world.heal_bytes(source, joiner, counts)?;
+        if local.contains(&joiner) {
+            if counts.len() != params * 8 {
+                return Err(Error::runtime(format!(
+                    "rank {source} heals rank {joiner} with {} bytes of step counters, {params} parameters need {}",
+                    counts.len(),
+                    params * 8
+                )));
+            }
+            for (j, count) in counts.chunks_exact(8).enumerate() {
+                let count = u64::from_le_bytes(count.try_into().expect("8 bytes"));
+                self.shell.set_count(joiner - local.start, j, count);
+            }
+        }
+        Ok(())
+    }
+
     fn state_bytes_per_rank(&self) -> usize {
         self.algorithm.state_bytes_per_rank()
     }

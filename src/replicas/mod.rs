@@ -315,6 +315,30 @@ impl Replicas {
         Ok(())
     }
 
+    /// Heals world rank `joiner`'s parameters from world rank `source`'s over `world`
+    /// ([`Communicator::heal_rows`]: a copy where this process holds both, a transfer between
+    /// their processes otherwise).
+    ///
+    /// # Errors
+    /// Those of [`Communicator::heal_rows`].
+    pub fn heal_params(
+        &mut self,
+        world: &dyn crate::comm::Communicator,
+        source: usize,
+        joiner: usize,
+    ) -> Result<()> {
+        let backend = self.backend.clone();
+        for bucket in &mut self.buckets {
+            world.heal_rows(
+                backend.as_ref(),
+                bucket.arena_mut(Values::Params),
+                source,
+                joiner,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Whether rank `rank` has a gradient for parameter `j`.
     pub fn has_grad(&self, rank: usize, j: usize) -> bool {
         self.has_grad

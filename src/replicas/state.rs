@@ -4,7 +4,8 @@
 
 use super::{Replicas, Values};
 use crate::backend::{Arena, CopyRegion};
-use crate::error::Result;
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::transfer;
 
@@ -147,6 +148,37 @@ impl StateArenas {
         for arena in self.arenas.iter_mut().flatten() {
             let len = arena.rank_len();
             backend.copy_between_ranks(arena, from, to, 0, len)?;
+        }
+        Ok(())
+    }
+
+    /// Heals world rank `joiner`'s rows of every arena `source`'s process has created from
+    /// world rank `source`'s over `world` ([`Communicator::heal_rows`]); the joiner creates
+    /// those it lacks first (a rank that never synced has none of the lazily made ones).
+    ///
+    /// # Errors
+    /// A `RuntimeError` when the source's arenas do not match these buckets; those of
+    /// [`Communicator::heal_rows`] and of [`StateArenas::ensure`].
+    pub fn heal(
+        &mut self,
+        world: &dyn Communicator,
+        replicas: &Replicas,
+        source: usize,
+        joiner: usize,
+    ) -> Result<()> {
+        let held: Vec<u8> = self.arenas.iter().map(|a| u8::from(a.is_some())).collect();
+        let held = world.heal_bytes(source, joiner, held)?;
+        if held.len() != self.arenas.len() {
+            return Err(Error::runtime(format!(
+                "rank {source} heals rank {joiner} with state of {} buckets, this model has {}",
+                held.len(),
+                self.arenas.len()
+            )));
+        }
+        let backend = replicas.backend().clone();
+        for (b, _) in held.iter().enumerate().filter(|&(_, &h)| h != 0) {
+            let arena = self.ensure(replicas, b)?;
+            world.heal_rows(backend.as_ref(), arena, source, joiner)?;
         }
         Ok(())
     }
