@@ -35,7 +35,11 @@
 //!   run's secret cannot publish into, subscribe to or open another run, and a wrong secret
 //!   cannot join.
 //!
-//! `DISTOPT_NATS_ONLY=PART` (golden, command_line, killed_rank, elastic_command_line, elastic,
+//! - joining: `distopt train --join` takes a killed rank's place in a DiLoCo run, is healed
+//!   from a live rank, and the run equals the simulated world replaying its membership.
+//!
+//! `DISTOPT_NATS_ONLY=PART` (golden, command_line, killed_rank, elastic_command_line,
+//! join_command_line, elastic,
 //! hostile_peers, isolation) runs one part alone.
 
 mod common;
@@ -1046,6 +1050,165 @@ fn elastic_command_line(server: &Server, failures: &mut Vec<String>) {
     }
 }
 
+/// `distopt train --join`: three DiLoCo processes, rank 2 killed mid-run and a fourth process
+/// started with `--join` in its place. It is taken in at a sync point, healed from rank 0, and
+/// trains to the end with the others: all three exit 0, rank 0 prints every rank finished on
+/// identical replicas, and the run equals the simulated world replaying the membership the
+/// processes report (rank 2 out from the sync point after its death to the one that took the
+/// joiner in), bit for bit: every replica's loss, and every step's mean loss but those of the
+/// window rank 2 was out (the simulated rank keeps training there, the killed one cannot).
+fn join_command_line(server: &Server, failures: &mut Vec<String>) {
+    let (steps, period) = (12_000usize, 8usize);
+    let steps_flag = steps.to_string();
+    let flags = [
+        "train",
+        "--algorithm",
+        "diloco",
+        "--steps",
+        &steps_flag,
+        "--backend",
+        "cpu",
+        "--json",
+        "--ranks",
+        "3",
+    ];
+    let commands = (0..3)
+        .map(|rank| {
+            let mut command = distopt_train(server, "cli-join", &flags);
+            command.args(["--rank", &rank.to_string()]);
+            command
+        })
+        .collect();
+    let mut processes = match Processes::start(commands) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    processes.kill(2);
+    // The joiner waits for the run to drop rank 2 (one failure bound), then for a sync point.
+    let mut joiner = distopt_train(server, "cli-join", &flags);
+    joiner.arg("--join");
+    let joiner = match Processes::start(vec![joiner]) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    let exits = processes.wait(Duration::from_secs(180));
+    let joined = joiner.wait(Duration::from_secs(180));
+    let why = || {
+        exits
+            .iter()
+            .chain(&joined)
+            .enumerate()
+            .map(|(r, e)| format!("process {r}: exit {:?}: {}", e.status, e.stderr))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    if exits[2].status.is_some() {
+        return failures.push(format!(
+            "distopt train --join: rank 2 finished before it was killed; train longer: {}",
+            why()
+        ));
+    }
+    if exits[0].status != Some(0) || exits[1].status != Some(0) || joined[0].status != Some(0) {
+        return failures.push(format!(
+            "distopt train --join: ranks 0 and 1 and the joiner must exit 0: {}",
+            why()
+        ));
+    }
+    // "sync point K: live ranks …" (rank 2 left) and "…; rank(s) 2 joined" on rank 0's stderr.
+    let (mut left, mut admitted) = (None, None);
+    for line in exits[0].stderr.lines() {
+        let Some(rest) = line.strip_prefix("distopt: run 'cli-join' sync point ") else {
+            continue;
+        };
+        let k: Option<usize> = rest.split(':').next().and_then(|k| k.parse().ok());
+        if rest.contains("joined") {
+            admitted = admitted.or(k);
+        } else {
+            left = left.or(k);
+        }
+    }
+    let (Some(left), Some(admitted)) = (left, admitted) else {
+        return failures.push(format!(
+            "distopt train --join: rank 0 must report the sync point rank 2 left at and the one it joined at: {}",
+            why()
+        ));
+    };
+    let report: serde_json::Value = match serde_json::from_str(exits[0].stdout.trim()) {
+        Ok(r) => r,
+        Err(e) => return failures.push(format!("rank 0's report is not JSON: {e}: {}", why())),
+    };
+    let result = &report["results"][0];
+    let replicas = &result["replica_loss_per_rank"];
+    if report["ranks_finished"] != serde_json::json!([0, 1, 2])
+        || !joined[0].stdout.trim().is_empty()
+        || !replicas[0].as_f64().is_some_and(f64::is_finite)
+        || replicas[0] != replicas[1]
+        || replicas[0] != replicas[2]
+    {
+        return failures.push(format!(
+            "distopt train --join: rank 0 alone prints, every rank finished, on identical replicas: ranks_finished {}, replica losses {replicas}: {}",
+            report["ranks_finished"],
+            why()
+        ));
+    }
+    // The simulated world replaying that membership.
+    let schedule: Vec<&str> = (0..=admitted + 1)
+        .map(|k| {
+            if (left..=admitted).contains(&k) {
+                "0,1"
+            } else {
+                "0,1,2"
+            }
+        })
+        .collect();
+    let replay = Command::new(common::distopt_exe())
+        .args(flags)
+        .args(["--membership", &schedule.join(";")])
+        .output();
+    let simulated: serde_json::Value = match replay
+        .map_err(|e| e.to_string())
+        .and_then(|o| serde_json::from_slice(&o.stdout).map_err(|e| e.to_string()))
+    {
+        Ok(r) => r,
+        Err(e) => return failures.push(format!("the simulated replay failed: {e}")),
+    };
+    let sim = &simulated["results"][0];
+    let (losses, sim_losses) = (
+        result["mean_loss_per_step"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
+        sim["mean_loss_per_step"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    let out = left * period..(admitted + 1) * period;
+    let differing: Vec<usize> = (0..steps)
+        .filter(|i| !out.contains(i) && losses.get(*i) != sim_losses.get(*i))
+        .collect();
+    if sim["replica_loss_per_rank"] != *replicas
+        || sim["mean_model_loss"] != result["mean_model_loss"]
+        || losses.len() != steps
+        || !differing.is_empty()
+    {
+        failures.push(format!(
+            "distopt train --join against the simulated replay of rank 2 out at sync points {left}..={admitted}: replica losses {replicas} vs {}, mean model loss {} vs {}, {} of {steps} steps' mean losses differ outside the window (first {:?})",
+            sim["replica_loss_per_rank"],
+            result["mean_model_loss"],
+            sim["mean_model_loss"],
+            differing.len(),
+            differing.first()
+        ));
+    } else {
+        println!(
+            "distopt train --join: rank 2 of 3 killed, a new process joined at sync point {admitted} (rank 2 out from {left}), healed from rank 0; all three finished {steps} steps on identical replicas, equal to the simulated replay bit for bit (replica loss {})",
+            replicas[0]
+        );
+    }
+}
+
 /// A frame as a peer would build it (the library's own framing, forged fields).
 fn forged(run: &str, seq: u64, from: u32, kind: u8, payload: &[u8]) -> Vec<u8> {
     use distopt::comm::wire::{MessageId, frames, run_id};
@@ -1769,11 +1932,12 @@ fn launcher() -> ExitCode {
     let only: Option<Vec<String>> = std::env::var("DISTOPT_NATS_ONLY")
         .ok()
         .map(|o| o.split(',').map(str::to_string).collect());
-    let parts: [(&str, Part); 11] = [
+    let parts: [(&str, Part); 12] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
         ("elastic_command_line", elastic_command_line),
+        ("join_command_line", join_command_line),
         ("elastic", elastic),
         ("hostile_peers", hostile_peers),
         ("impersonation", impersonation),

@@ -323,6 +323,33 @@ impl Trainer {
         config: TrainConfig,
         world: Arc<dyn Communicator>,
     ) -> Result<Trainer> {
+        let mut trainer = Trainer::unreported(backend, task, config, world)?;
+        trainer.state_bytes = trainer.gather_state_bytes()?;
+        Ok(trainer)
+    }
+
+    /// A trainer for a process that joins a running run of processes (`distopt train
+    /// --join`): [`Trainer::with_world`] without its first report's gather (the live ranks made
+    /// theirs at their start), to be taken in with [`Trainer::admit`] before its first step.
+    ///
+    /// # Errors
+    /// Those of [`Trainer::with_world`].
+    pub fn joining(
+        backend: Arc<dyn Backend>,
+        task: Arc<dyn Task>,
+        config: TrainConfig,
+        world: Arc<dyn Communicator>,
+    ) -> Result<Trainer> {
+        Trainer::unreported(backend, task, config, world)
+    }
+
+    /// [`Trainer::with_world`] but the gather of the optimizer state's sizes.
+    fn unreported(
+        backend: Arc<dyn Backend>,
+        task: Arc<dyn Task>,
+        config: TrainConfig,
+        world: Arc<dyn Communicator>,
+    ) -> Result<Trainer> {
         if task.ranks() != world.world_size() {
             return Err(Error::value(format!(
                 "the task has {} shards, the world {} ranks",
@@ -470,7 +497,6 @@ impl Trainer {
             excluded: CommStats::default(),
         };
         trainer.excluded = trainer.world.stats();
-        trainer.state_bytes = trainer.gather_state_bytes()?;
         Ok(trainer)
     }
 
@@ -669,6 +695,8 @@ impl Trainer {
             .into_iter()
             .map(|l| l.and_then(|l| l.first().copied()).unwrap_or(f64::NAN))
             .collect();
+        // The ranks whose losses these are (a rank healed at this step's end has none).
+        let losing = self.present_ranks();
         for (rank, grads) in all_grads.into_iter().enumerate() {
             let tensors = grads
                 .iter()
@@ -697,12 +725,14 @@ impl Trainer {
                 .then_some(self.world.world_size()),
         };
         self.steps += 1;
+        if let Driver::DiLoCo(diloco) = &self.driver {
+            let healed = diloco.healed().to_vec();
+            self.heal_counters(&healed)?;
+        }
         self.host_params().await?;
         let divergence = divergence(&self.present_params());
         self.state_bytes = self.gather_state_bytes()?;
-        let present = self.present_ranks();
-        let mean_loss =
-            present.iter().map(|&r| loss_per_rank[r]).sum::<f64>() / present.len() as f64;
+        let mean_loss = losing.iter().map(|&r| loss_per_rank[r]).sum::<f64>() / losing.len() as f64;
         Ok(StepReport {
             step: self.steps,
             loss_per_rank,
@@ -713,6 +743,57 @@ impl Trainer {
             averaged,
             optimizer_state_bytes_per_rank: self.optimizer_state_bytes_per_rank(),
         })
+    }
+
+    /// Takes this process's ranks into a running run of processes (`distopt train --join`):
+    /// DiLoCo admits them at the run's next sync point and heals them from a live rank
+    /// ([`DiLoCo::admit`]), then the trainer takes that rank's step count and the ranks present
+    /// in the reports, and reads back the healed parameters with the live ranks, as they do at
+    /// the end of that step. The next [`Trainer::step`] is the live ranks' next step.
+    ///
+    /// # Errors
+    /// A `ValueError` for an algorithm other than DiLoCo (the elastic algorithm whose heal
+    /// crosses processes); those of [`DiLoCo::admit`] and of the world.
+    pub async fn admit(&mut self) -> Result<()> {
+        let Driver::DiLoCo(diloco) = &mut self.driver else {
+            return Err(Error::value(format!(
+                "joining a running run needs DiLoCo (algorithm 'diloco'), not '{}': its sync points admit and heal a joining rank",
+                self.config.algorithm.name()
+            )));
+        };
+        diloco.admit(&mut self.replicas)?;
+        let healed = diloco.healed().to_vec();
+        self.heal_counters(&healed)?;
+        self.host_params = None;
+        self.host_params().await?;
+        self.state_bytes = self.gather_state_bytes()?;
+        Ok(())
+    }
+
+    /// Heals the trainer's own counters of each `(joiner, source)` its algorithm healed: the
+    /// step count and the ranks present in the reports (the joiner among them from now on).
+    fn heal_counters(&mut self, healed: &[(usize, usize)]) -> Result<()> {
+        let local = self.world.local_ranks();
+        for &(joiner, source) in healed {
+            let mut mine = self.steps.to_le_bytes().to_vec();
+            mine.extend(self.present.iter().map(|&p| u8::from(p)));
+            let theirs = self.world.heal_bytes(source, joiner, mine)?;
+            if local.contains(&joiner) && !local.contains(&source) {
+                if theirs.len() != 8 + self.present.len() {
+                    return Err(Error::runtime(format!(
+                        "rank {source} heals rank {joiner} with {} bytes of trainer counters, not {}",
+                        theirs.len(),
+                        8 + self.present.len()
+                    )));
+                }
+                self.steps = u64::from_le_bytes(theirs[..8].try_into().expect("8 bytes"));
+                self.present = theirs[8..].iter().map(|&p| p != 0).collect();
+            }
+            if let Some(present) = self.present.get_mut(joiner) {
+                *present = true;
+            }
+        }
+        Ok(())
     }
 
     /// The loss of each replica and of their mean (and the mean's accuracy) on the task's

@@ -35,6 +35,32 @@ pub fn run(args: TrainArgs) -> Result<(), Error> {
     let (rank, ranks) = (world.local_ranks().start, world.world_size());
     let trained = run_in(args, Some(world))
         .map_err(|e| Error::new(e.kind(), format!("rank {rank} of {ranks}: {}", e.message())));
+    // Who left and who joined, where this process saw it: the run's membership schedule.
+    #[cfg(feature = "nats")]
+    for change in nats.membership_changes() {
+        let list = |ranks: &[usize]| {
+            ranks
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let live: Vec<usize> = change.live_ranks().collect();
+        let mut said = format!(
+            "distopt: run '{}' sync point {}: live ranks {}",
+            nats.run(),
+            change.epoch,
+            list(&live)
+        );
+        if !change.joining.is_empty() {
+            said += &format!(
+                "; rank(s) {} joined (healed from rank {})",
+                list(&change.joining),
+                change.source().unwrap_or(0)
+            );
+        }
+        eprintln!("{said}");
+    }
     // Frames published in another rank's name were dropped, never used: the run's results
     // stand, but someone with access to the run tried, and the user should know.
     #[cfg(feature = "nats")]
@@ -70,6 +96,14 @@ pub fn run_in(args: TrainArgs, world: Option<Arc<dyn Communicator>>) -> Result<(
         options.ranks = size;
         options.rebuild_hierarchy();
         options.processes = Some(size);
+        if options.join
+            && (options.algorithms.len() != 1
+                || !matches!(options.algorithms[0], Algorithm::DiLoCo { .. }))
+        {
+            return Err(Error::value(
+                "--join takes a process into a running DiLoCo run: give it the run's flags with --algorithm diloco (one algorithm)",
+            ));
+        }
     }
     let selection = select_backend(options.choice).block_on()?;
     let task: Arc<dyn Task> = match options.task_kind {
@@ -122,6 +156,8 @@ struct Options {
     processes: Option<usize>,
     /// In a world of processes, the ranks that finished training (those that did not leave).
     ranks_finished: Option<Vec<usize>>,
+    /// `--join`: this process joins the running run (DiLoCo only).
+    join: bool,
     steps: u64,
     period: u64,
     warmup: u64,
@@ -230,6 +266,7 @@ impl Options {
             ranks,
             processes: None,
             ranks_finished: None,
+            join: args.world.join,
             steps,
             period,
             warmup,
@@ -314,11 +351,19 @@ fn train_one(
         (world, _) => world,
     };
     let mut trainer = match world {
+        Some(world) if options.join => {
+            Trainer::joining(selection.backend.clone(), task.clone(), config, world)?
+        }
         Some(world) => Trainer::with_world(selection.backend.clone(), task.clone(), config, world)?,
         None => Trainer::new(selection.backend.clone(), task.clone(), config)?,
     };
     for warning in warnings::take() {
         eprintln!("distopt: warning: {warning}");
+    }
+    if options.join {
+        // Taken in at the run's next sync point and healed there; the evaluation below then
+        // reads the healed parameters already read back (no collective of its own).
+        trainer.admit().block_on()?;
     }
     let initial = trainer.evaluate().block_on()?;
     let mut bar = Progress::new(algorithm.name(), options.steps, first_rank);
@@ -326,7 +371,7 @@ fn train_one(
     let mut divergence = Vec::new();
     let mut steps_averaged = 0;
     let mut elapsed = Duration::ZERO;
-    for _ in 0..options.steps {
+    while trainer.steps() < options.steps {
         let start = Instant::now();
         let report = trainer.step().block_on()?;
         elapsed += start.elapsed();

@@ -38,6 +38,7 @@ pub fn join_nats(
         .clone()
         .or_else(|| std::env::var("DISTOPT_RUN_SECRET").ok());
     options.tls_ca = args.tls_ca.clone();
+    options.join = args.join;
     NatsWorld::join(&options)
 }
 

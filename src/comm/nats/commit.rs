@@ -18,8 +18,8 @@ use std::ops::Range;
 use super::{KIND_VOTE, NatsWorld, Sum, param_runs};
 use crate::backend::Arena;
 use crate::backend::kernels::ParamStarts;
+use crate::comm::Subgroups;
 use crate::comm::wire::{Assembler, MessageId};
-use crate::comm::{Communicator, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
@@ -99,7 +99,7 @@ impl NatsWorld {
                     return Err(e);
                 }
             }
-            live = self.membership()?.live;
+            live = self.agree(true)?.live;
         }
     }
 

@@ -157,6 +157,19 @@ impl Inbox {
         state.keys = Some(Arc::new(keys));
     }
 
+    /// Rank `rank` is held by a new process (one that joined the run) with the key `keys` now
+    /// hold for it: its heartbeats count from 1 again, and it counts as heard now.
+    pub(super) fn rejoined(&self, rank: usize, keys: Keys) {
+        let mut state = self.lock();
+        state.keys = Some(Arc::new(keys));
+        if let Some(beat) = state.beats.get_mut(rank) {
+            *beat = 0;
+        }
+        if let Some(heard) = state.heard.get_mut(rank) {
+            *heard = Instant::now();
+        }
+    }
+
     /// How many frames (and membership statements) were dropped because the rank they name
     /// did not seal them.
     pub(super) fn forged(&self) -> u64 {

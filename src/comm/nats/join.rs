@@ -45,6 +45,62 @@ pub(super) fn rank_key(rank: usize) -> String {
     format!("rank.{rank}")
 }
 
+/// The key of a process's request to join a running run as rank `rank`.
+pub(super) fn join_key(rank: usize) -> String {
+    format!("join.{rank}")
+}
+
+/// What a process asking to join run `run` as rank `rank` seals with the key of its claim.
+pub(super) fn join_statement(run: &str, rank: usize) -> Vec<u8> {
+    format!("distopt run {run}: a process asks to join as rank {rank}").into_bytes()
+}
+
+/// Opens run `run`'s bucket, which must exist: the run is running.
+///
+/// # Errors
+/// A `RuntimeError` when the run has no bucket (it has not started, or it is over).
+pub(super) async fn running_bucket(js: &jetstream::Context, run: &str) -> Result<kv::Store> {
+    js.get_key_value(bucket_name(run)).await.map_err(|e| {
+        Error::runtime(format!(
+            "run '{run}' is not running (its key-value bucket {} cannot be opened: {e}): start it without --join",
+            bucket_name(run)
+        ))
+    })
+}
+
+/// Rank `rank`'s claim as the bucket holds it now.
+///
+/// # Errors
+/// A `RuntimeError` when the bucket cannot be read, or the claim is missing or malformed.
+pub(super) async fn read_claim(store: &kv::Store, run: &str, rank: usize) -> Result<Claim> {
+    match store.get(rank_key(rank)).await {
+        Ok(Some(value)) => Claim::decode(run, rank, &value),
+        Ok(None) => Err(Error::runtime(format!(
+            "run '{run}': rank {rank} has no claim"
+        ))),
+        Err(e) => Err(Error::runtime(format!(
+            "run '{run}': cannot read rank {rank}'s claim: {e}"
+        ))),
+    }
+}
+
+/// Takes rank `rank` of a running run, one that left it: its claim becomes `claim`.
+///
+/// # Errors
+/// A `RuntimeError` when the bucket cannot be written.
+pub(super) async fn take_over(
+    store: &kv::Store,
+    run: &str,
+    rank: usize,
+    claim: &Claim,
+) -> Result<()> {
+    store
+        .put(rank_key(rank), Bytes::from(claim.encode()))
+        .await
+        .map(|_| ())
+        .map_err(|e| Error::runtime(format!("run '{run}': cannot claim rank {rank}: {e}")))
+}
+
 /// Opens (or creates) run `run`'s bucket.
 pub(super) async fn open_bucket(js: &jetstream::Context, run: &str) -> Result<kv::Store> {
     let bucket = bucket_name(run);

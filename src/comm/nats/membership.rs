@@ -9,6 +9,14 @@
 //! went on without it) fails with a named error. Keys two sync points old are deleted, so a
 //! long run keeps a bounded bucket.
 //!
+//! **Joining a running run.** A process that joins (`NatsOptions::join`) takes over the claim
+//! of a rank that left (one outside the last membership) with its own token and key, and puts
+//! `join.RANK`, its seal of "a process asks to join as rank RANK". The proposer of the next sync
+//! point lists such ranks, their request sealed by the key their claim now holds, as *joining*
+//! after the live ranks: they take no part in that point, are healed at its end from the lowest
+//! live rank, and are expected at the next one. Every process reads the joining ranks' claims
+//! anew (their subjects and keys).
+//!
 //! Both statements are sealed (`seal.rs`): an arrival holds its rank's seal of "rank R arrived
 //! at sync point K of run N", and the live ranks are followed by their proposer's rank and seal.
 //! An arrival that is not its rank's own does not count (and is counted as forged); a
@@ -21,6 +29,7 @@ use async_nats::jetstream::kv;
 use bytes::Bytes;
 
 use super::inbox::Inbox;
+use super::join::{join_key, join_statement, read_claim};
 use super::seal::{Keys, Signer};
 use crate::comm::wire::SEAL_BYTES;
 use crate::error::{Error, Result};
@@ -31,6 +40,9 @@ const POLL: Duration = Duration::from_millis(20);
 fn arrived_key(k: u64, rank: usize) -> String {
     format!("sync.{k}.at.{rank}")
 }
+
+/// The key naming the last sync point whose membership was agreed (its proposer puts it).
+const LATEST_KEY: &str = "sync.latest";
 
 fn live_key(k: u64) -> String {
     format!("sync.{k}.live")
@@ -51,9 +63,20 @@ fn arrival_statement(run: &str, k: u64, rank: usize) -> Vec<u8> {
     format!("distopt run {run}: rank {rank} arrived at sync point {k}").into_bytes()
 }
 
-/// What the proposer of sync point `k`'s live ranks `ranks` seals.
-fn live_statement(run: &str, k: u64, ranks: &str) -> Vec<u8> {
-    format!("distopt run {run}: the live ranks of sync point {k} are {ranks}").into_bytes()
+/// What the proposer of sync point `k`'s live ranks `ranks` (and `joining`, `-` for none)
+/// seals.
+fn live_statement(run: &str, k: u64, ranks: &str, joining: &str) -> Vec<u8> {
+    format!("distopt run {run}: the live ranks of sync point {k} are {ranks}, joining {joining}")
+        .into_bytes()
+}
+
+/// `joining` as the bucket writes it: ranks separated by commas, `-` for none.
+fn joining_text(joining: &[usize]) -> String {
+    if joining.is_empty() {
+        return "-".into();
+    }
+    let ranks: Vec<String> = joining.iter().map(usize::to_string).collect();
+    ranks.join(",")
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -72,16 +95,38 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
         .flatten()
 }
 
-/// `sync.K.live`'s value: the live ranks, the proposer's rank and its seal.
-fn encode(live: &[bool], proposer: usize, seal: &[u8; SEAL_BYTES]) -> Bytes {
-    Bytes::from(format!("{} {proposer} {}", ranks_text(live), hex(seal)))
+/// `sync.K.live`'s value: the live ranks, the proposer's rank, its seal and the joining ranks.
+fn encode(live: &[bool], proposer: usize, seal: &[u8; SEAL_BYTES], joining: &[usize]) -> Bytes {
+    Bytes::from(format!(
+        "{} {proposer} {} {}",
+        ranks_text(live),
+        hex(seal),
+        joining_text(joining)
+    ))
 }
 
-/// The live ranks, the proposer and its seal, and the ranks as the proposer wrote them.
-fn decode(bytes: &[u8], ranks: usize) -> Option<(Vec<bool>, usize, Vec<u8>, String)> {
+/// A decoded `sync.K.live`.
+pub(super) struct Agreed {
+    /// The live ranks.
+    pub live: Vec<bool>,
+    /// The ranks that join after this sync point, in rank order (none of them live).
+    pub joining: Vec<usize>,
+    proposer: usize,
+    seal: Vec<u8>,
+    /// The live and joining ranks as the proposer wrote them (what it sealed).
+    list: String,
+    joining_list: String,
+}
+
+fn decode(bytes: &[u8], ranks: usize) -> Option<Agreed> {
     let text = std::str::from_utf8(bytes).ok()?;
     let mut fields = text.split(' ');
-    let (list, proposer, seal) = (fields.next()?, fields.next()?, fields.next()?);
+    let (list, proposer, seal, joining_list) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
     if fields.next().is_some() {
         return None;
     }
@@ -90,9 +135,110 @@ fn decode(bytes: &[u8], ranks: usize) -> Option<(Vec<bool>, usize, Vec<u8>, Stri
         let rank: usize = item.parse().ok()?;
         *live.get_mut(rank)? = true;
     }
+    let mut joining = Vec::new();
+    if joining_list != "-" {
+        for item in joining_list.split(',') {
+            let rank: usize = item.parse().ok()?;
+            (rank < ranks && !live[rank] && joining.last().is_none_or(|&l| l < rank))
+                .then_some(())?;
+            joining.push(rank);
+        }
+    }
     let proposer: usize = proposer.parse().ok()?;
     (live.contains(&true) && proposer < ranks).then_some(())?;
-    Some((live, proposer, unhex(seal)?, list.to_string()))
+    Some(Agreed {
+        live,
+        joining,
+        proposer,
+        seal: unhex(seal)?,
+        list: list.to_string(),
+        joining_list: joining_list.to_string(),
+    })
+}
+
+/// The last sync point's agreed membership in `store` (a run of `ranks` ranks), `None` before
+/// the first: the index and the agreement, unchecked (a process that joins has no keys yet).
+///
+/// # Errors
+/// A `RuntimeError` when the bucket cannot be read.
+pub(super) async fn latest(
+    store: &kv::Store,
+    run: &str,
+    ranks: usize,
+) -> Result<Option<(u64, Agreed)>> {
+    let failed = |e: &dyn std::fmt::Display| {
+        Error::runtime(format!(
+            "run '{run}': cannot read the run's sync points: {e}"
+        ))
+    };
+    let last = store.get(LATEST_KEY).await.map_err(|e| failed(&e))?;
+    let Some(k) = last.and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok()) else {
+        return Ok(None);
+    };
+    let bytes = store.get(live_key(k)).await.map_err(|e| failed(&e))?;
+    Ok(bytes
+        .and_then(|bytes| decode(&bytes, ranks))
+        .map(|agreed| (k, agreed)))
+}
+
+/// Waits until a sync point after `after` admits rank `rank` (lists it as joining): that
+/// point's index and agreement, its seal checked against `keys`.
+///
+/// # Errors
+/// A `RuntimeError` when no sync point admits it within `timeout`, the bucket cannot be read,
+/// or an agreement is malformed or forged.
+pub(super) async fn admission(
+    store: &kv::Store,
+    run: &str,
+    keys: &Keys,
+    (rank, ranks): (usize, usize),
+    after: u64,
+    timeout: Duration,
+) -> Result<(u64, Agreed)> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut k = after + 1;
+    loop {
+        let bytes = store
+            .get(live_key(k))
+            .await
+            .map_err(|e| Error::runtime(format!("run '{run}': cannot read sync point {k}: {e}")))?;
+        if let Some(bytes) = bytes {
+            let agreed = decode(&bytes, ranks).ok_or_else(|| {
+                Error::runtime(format!(
+                    "run '{run}': sync point {k}'s membership '{}' is malformed",
+                    String::from_utf8_lossy(&bytes)
+                ))
+            })?;
+            let statement = live_statement(run, k, &agreed.list, &agreed.joining_list);
+            if !keys.sealed_statement(agreed.proposer, &statement, &agreed.seal) {
+                return Err(Error::runtime(format!(
+                    "run '{run}': sync point {k}'s membership is forged: rank {} did not seal it",
+                    agreed.proposer
+                )));
+            }
+            if agreed.joining.contains(&rank) {
+                return Ok((k, agreed));
+            }
+            k += 1;
+            continue;
+        }
+        // Not there: not yet, or deleted already (the run is two points further): go on from
+        // the last one there is.
+        if let Some((last, _)) = latest(store, run, ranks).await?
+            && last > k
+        {
+            k = last;
+            continue;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::runtime(format!(
+                "run '{run}': no sync point took this process in as rank {rank} within {:.0} s (the run reached sync point {})",
+                timeout.as_secs_f64(),
+                k.saturating_sub(1)
+            )));
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// What the agreement needs of its process.
@@ -118,7 +264,7 @@ impl Point<'_> {
     /// # Errors
     /// A `RuntimeError` when the bucket cannot be read or written, the agreed membership is
     /// malformed, or it does not hold this rank.
-    pub(super) async fn agree(&self, k: u64, previous: &[bool]) -> Result<Vec<bool>> {
+    pub(super) async fn agree(&self, k: u64, previous: &[bool]) -> Result<(Vec<bool>, Vec<usize>)> {
         let ranks = previous.len();
         let keys: std::sync::Arc<Keys> = self.inbox.keys().ok_or_else(|| {
             Error::runtime(format!(
@@ -140,7 +286,7 @@ impl Point<'_> {
                 .await
                 .map_err(|e| self.failed(k, "cannot read the membership", &e))?;
             if let Some(bytes) = agreed {
-                let (live, proposer, seal, list) = decode(&bytes, ranks).ok_or_else(|| {
+                let agreed = decode(&bytes, ranks).ok_or_else(|| {
                     Error::runtime(format!(
                         "run '{}' rank {}: sync point {k}: the agreed membership '{}' is not a list of ranks of a run of {ranks}, its proposer and its seal",
                         self.run,
@@ -148,16 +294,17 @@ impl Point<'_> {
                         String::from_utf8_lossy(&bytes)
                     ))
                 })?;
-                if !previous[proposer]
-                    || !keys.sealed_statement(proposer, &live_statement(self.run, k, &list), &seal)
+                let statement = live_statement(self.run, k, &agreed.list, &agreed.joining_list);
+                if !previous[agreed.proposer]
+                    || !keys.sealed_statement(agreed.proposer, &statement, &agreed.seal)
                 {
                     self.inbox.note_forged();
                     return Err(Error::runtime(format!(
-                        "run '{}' rank {}: sync point {k}: the agreed membership ({list}) is forged: rank {proposer}, whose proposal it claims to be, did not seal it",
-                        self.run, self.rank
+                        "run '{}' rank {}: sync point {k}: the agreed membership ({}) is forged: rank {}, whose proposal it claims to be, did not seal it",
+                        self.run, self.rank, agreed.list, agreed.proposer
                     )));
                 }
-                break live;
+                break (agreed.live, agreed.joining);
             }
             // Another client may have overwritten this rank's arrival: say it again.
             let own = self
@@ -194,23 +341,28 @@ impl Point<'_> {
                 open |= !arrived[rank] && self.inbox.silent_for(rank) <= self.bound;
             }
             if !open {
-                // Every rank of the last membership arrived or is gone: propose. Of several
-                // proposals the server keeps the first; the others read it above.
-                let seal =
-                    self.signer
-                        .seal_statement(&live_statement(self.run, k, &ranks_text(&arrived)));
+                // Every rank of the last membership arrived or is gone: propose, with the
+                // ranks that asked to join. Of several proposals the server keeps the first;
+                // the others read it above.
+                let joining = self.join_requests(previous, &arrived).await?;
+                let statement =
+                    live_statement(self.run, k, &ranks_text(&arrived), &joining_text(&joining));
+                let seal = self.signer.seal_statement(&statement);
                 if self
                     .store
-                    .create(live_key(k), encode(&arrived, self.rank, &seal))
+                    .create(live_key(k), encode(&arrived, self.rank, &seal, &joining))
                     .await
                     .is_ok()
                 {
-                    break arrived;
+                    // Where a joining process finds the run (`latest`).
+                    let _ = self.store.put(LATEST_KEY, Bytes::from(k.to_string())).await;
+                    break (arrived, joining);
                 }
                 continue;
             }
             tokio::time::sleep(POLL).await;
         };
+        let (live, joining) = live;
         if !live[self.rank] {
             return Err(Error::runtime(format!(
                 "run '{}' rank {}: sync point {k} went on without this rank (it arrived after the others had given up on it)",
@@ -223,6 +375,30 @@ impl Point<'_> {
                 let _ = self.store.delete(live_key(k - 2)).await;
             }
         }
-        Ok(live)
+        Ok((live, joining))
+    }
+
+    /// The ranks outside the last membership (`previous`) and not `arrived` whose request to
+    /// join is sealed by the key their claim now holds.
+    async fn join_requests(&self, previous: &[bool], arrived: &[bool]) -> Result<Vec<usize>> {
+        let mut joining = Vec::new();
+        for rank in (0..previous.len()).filter(|&r| !previous[r] && !arrived[r]) {
+            let request = self.store.get(join_key(rank)).await.map_err(|e| {
+                Error::runtime(format!(
+                    "run '{}': cannot read the requests to join: {e}",
+                    self.run
+                ))
+            })?;
+            let Some(seal) = request else { continue };
+            let Ok(claim) = read_claim(self.store, self.run, rank).await else {
+                continue;
+            };
+            if Keys::sealed_by_key(&claim.key, &join_statement(self.run, rank), &seal) {
+                joining.push(rank);
+            } else {
+                self.inbox.note_forged();
+            }
+        }
+        Ok(joining)
     }
 }

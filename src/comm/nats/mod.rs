@@ -25,12 +25,15 @@
 //!   left (silent for the failure bound) is dropped at the next sync point, and the survivors
 //!   average over each other only, on the bits of the simulated world replaying that
 //!   membership. A sync's mean is committed (`commit.rs`): applied on every live rank or, when
-//!   a rank dies during it, on none, the survivors then averaging again without it. A process
-//!   cannot join a running run yet.
+//!   a rank dies during it, on none, the survivors then averaging again without it.
+//! - **Joining a running run** (`heal.rs`, [`NatsOptions::join`]): a process takes the rank of
+//!   one that left, is admitted at the next sync point and healed at its end from the lowest
+//!   live rank, point to point ([`Communicator::heal_rows`]).
 //!
 //! [`SimulatedWorld`]: super::SimulatedWorld
 
 mod commit;
+mod heal;
 mod inbox;
 mod join;
 mod membership;
@@ -78,6 +81,8 @@ const KIND_BROADCAST: u8 = 3;
 const KIND_GATHER: u8 = 4;
 /// A rank's vote on committing a sync point's mean (`commit.rs`).
 const KIND_VOTE: u8 = 5;
+/// Part of a joining rank's heal, from its source (`heal.rs`).
+const KIND_HEAL: u8 = 6;
 
 /// What a reduction of arena values does with the sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +119,10 @@ pub struct NatsOptions {
     /// (a server with a certificate of its own CA, say); TLS is then required. A `tls://` URL
     /// without it trusts the system's authorities.
     pub tls_ca: Option<std::path::PathBuf>,
+    /// Join a running run (`distopt train --join`): take the rank of a process that left it
+    /// (`rank`, or the lowest one outside its last membership), be admitted at its next sync
+    /// point and healed there from a live rank, instead of forming a new run.
+    pub join: bool,
 }
 
 impl NatsOptions {
@@ -130,6 +139,7 @@ impl NatsOptions {
             token: None,
             secret: None,
             tls_ca: None,
+            join: false,
         }
     }
 }
@@ -143,7 +153,7 @@ pub struct NatsWorld {
     bound: Duration,
     max_frame: usize,
     /// Each rank's own subject, by rank.
-    subjects: Vec<String>,
+    subjects: Mutex<Vec<String>>,
     /// The run's common subject: broadcasts and heartbeats.
     common: String,
     inbox: Arc<Inbox>,
@@ -151,6 +161,23 @@ pub struct NatsWorld {
     seq: Mutex<u64>,
     /// Sync points so far, and the live ranks agreed at the last one.
     elastic: Mutex<(u64, Vec<bool>)>,
+    /// A joining process, until its first [`Communicator::membership`] asks to be taken in:
+    /// the run's last sync point when it took its rank (`heal.rs`).
+    joining_after: Mutex<Option<u64>>,
+    /// How long a joining process waits to be taken in.
+    join_timeout: Duration,
+    /// The sync points whose membership changed (ranks left, or joined after it), each with
+    /// the algorithm's index of the sync point as its epoch.
+    changes: Mutex<Vec<Membership>>,
+    /// The algorithms' sync points so far: the agreements less those made again within one
+    /// (a rank that died during a sync point's mean, `commit.rs`).
+    points: Mutex<u64>,
+    /// The membership epoch of the heals under way, and the messages of it sent or received
+    /// (`heal.rs`).
+    heal: Mutex<(u64, std::collections::BTreeMap<usize, u64>)>,
+    /// Whether the heartbeat is published: from the start, or for a joining process once it
+    /// is being healed (before, its key is not yet the run's for its rank).
+    beating: Arc<std::sync::atomic::AtomicBool>,
     stats: Mutex<CommStats>,
     /// Where a reduction of arena values that cannot be reduced in place is made (the
     /// values, then the sums), kept between calls (`u64` storage keeps every element type
@@ -164,7 +191,7 @@ pub struct NatsWorld {
     signer: Arc<seal::Signer>,
     store: async_nats::jetstream::kv::Store,
     client: async_nats::Client,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Declared last: dropped after the client and the tasks that use it.
     runtime: tokio::runtime::Runtime,
 }
@@ -225,7 +252,7 @@ impl NatsWorld {
         let run_id = wire::run_id(&run);
         let inbox = Arc::new(Inbox::new(run_id, options.ranks));
         let common = format!("distopt.{run}.all");
-        let (client, store, rank, tokens, tasks) = runtime.block_on(async {
+        let (client, store, rank, tokens, tasks, admitted) = runtime.block_on(async {
             let refusals = inbox.clone();
             let mut connect = async_nats::ConnectOptions::new()
                 .no_echo()
@@ -261,17 +288,15 @@ impl NatsWorld {
                 .await
                 .map_err(|e| fail(&format!("cannot connect to {}", options.url), &e))?;
             let mut tasks = Vec::new();
-            for subject in [format!("distopt.{run}.p.{token}"), common.clone()] {
-                let mut subscription = client
-                    .subscribe(subject)
-                    .await
-                    .map_err(|e| fail("cannot subscribe", &e))?;
-                let inbox = inbox.clone();
-                tasks.push(tokio::spawn(async move {
-                    while let Some(message) = subscription.next().await {
-                        inbox.push(message.payload);
-                    }
-                }));
+            // A joining process hears the run's common subject from when it asks to be taken
+            // in (`heal.rs`): until then its traffic is not this process's.
+            let subjects = [format!("distopt.{run}.p.{token}"), common.clone()];
+            for subject in &subjects[..if options.join { 1 } else { 2 }] {
+                tasks.push(
+                    listen(&client, subject, &inbox)
+                        .await
+                        .map_err(|e| fail("cannot subscribe", &e))?,
+                );
             }
             // The subscriptions are in place on the server before this process claims a rank.
             client
@@ -279,8 +304,15 @@ impl NatsWorld {
                 .await
                 .map_err(|e| fail("cannot reach the server", &e))?;
             let js = async_nats::jetstream::new(client.clone());
-            let store = join::open_bucket(&js, &run).await?;
-            let rank = join::claim(&store, &run, options.ranks, options.rank, &own).await?;
+            let (store, rank, last) = if options.join {
+                let store = join::running_bucket(&js, &run).await?;
+                let (k, rank) = NatsWorld::take_left_rank(&store, &run, options, &own).await?;
+                (store, rank, Some(k))
+            } else {
+                let store = join::open_bucket(&js, &run).await?;
+                let rank = join::claim(&store, &run, options.ranks, options.rank, &own).await?;
+                (store, rank, None)
+            };
             inbox.set_rank(rank);
             let claims = join::claims(
                 &store,
@@ -302,17 +334,23 @@ impl NatsWorld {
                     return Err(e);
                 }
             };
+            // A joining process asks to be taken in when its algorithm first agrees on a
+            // membership (`heal.rs`), once it is ready to be healed.
+            let admitted = last;
             inbox.all_heard();
-            Ok::<_, Error>((client, store, rank, tokens, tasks))
+            Ok::<_, Error>((client, store, rank, tokens, tasks, admitted))
         })?;
+
         let max_frame = (client.server_info().max_payload).max(wire::HEADER_BYTES + 1024);
         let mut world = NatsWorld {
             rank,
             size: options.ranks,
-            subjects: tokens
-                .iter()
-                .map(|t| format!("distopt.{run}.p.{t}"))
-                .collect(),
+            subjects: Mutex::new(
+                tokens
+                    .iter()
+                    .map(|t| format!("distopt.{run}.p.{t}"))
+                    .collect(),
+            ),
             common,
             run,
             run_id,
@@ -321,6 +359,12 @@ impl NatsWorld {
             inbox,
             seq: Mutex::new(1),
             elastic: Mutex::new((0, vec![true; options.ranks])),
+            beating: Arc::new(std::sync::atomic::AtomicBool::new(admitted.is_none())),
+            joining_after: Mutex::new(admitted),
+            join_timeout: options.join_timeout,
+            changes: Mutex::new(Vec::new()),
+            points: Mutex::new(0),
+            heal: Mutex::new((0, std::collections::BTreeMap::new())),
             stats: Mutex::new(CommStats::default()),
             scratch: Mutex::new(Vec::new()),
             received: Mutex::new(Vec::new()),
@@ -328,7 +372,7 @@ impl NatsWorld {
             signer: Arc::new(signer),
             store,
             client,
-            tasks,
+            tasks: Mutex::new(tasks),
             runtime,
         };
         world.start_heartbeat()?;
@@ -348,17 +392,81 @@ impl NatsWorld {
         };
         beat(1)?;
         let (client, subject) = (self.client.clone(), self.common.clone());
-        self.tasks.push(self.runtime.spawn(async move {
+        let beating = self.beating.clone();
+        let task = self.runtime.spawn(async move {
             for n in 1.. {
-                if let Ok(frame) = beat(n)
+                if beating.load(std::sync::atomic::Ordering::Acquire)
+                    && let Ok(frame) = beat(n)
                     && client.publish(subject.clone(), frame).await.is_ok()
                 {
                     let _ = client.flush().await;
                 }
                 tokio::time::sleep(HEARTBEAT).await;
             }
-        }));
+        });
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(task);
         Ok(())
+    }
+
+    /// [`Communicator::membership`], or (`again`) the membership agreed anew within the same
+    /// sync point after a rank died during its mean (`commit.rs`).
+    fn agree(&self, again: bool) -> Result<Membership> {
+        let joining_after = self
+            .joining_after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(after) = joining_after {
+            let admitted = self.admission(after)?;
+            let next = NatsWorld::with_joining(&admitted);
+            self.inbox.set_live(&next);
+            *self.elastic.lock().unwrap_or_else(|e| e.into_inner()) = (admitted.epoch + 1, next);
+            *self.heal.lock().unwrap_or_else(|e| e.into_inner()) =
+                (admitted.epoch, std::collections::BTreeMap::new());
+            return Ok(admitted);
+        }
+        let mut elastic = self.elastic.lock().unwrap_or_else(|e| e.into_inner());
+        let (k, previous) = (elastic.0, elastic.1.clone());
+        let point = membership::Point {
+            store: &self.store,
+            inbox: &self.inbox,
+            signer: &self.signer,
+            run: &self.run,
+            rank: self.rank,
+            bound: self.bound,
+        };
+        let (live, joining) = self.runtime.block_on(point.agree(k, &previous))?;
+        self.rejoined(&joining)?;
+        let agreed = Membership {
+            epoch: k,
+            live,
+            joining,
+        };
+        let point = {
+            let mut points = self.points.lock().unwrap_or_else(|e| e.into_inner());
+            if !again {
+                *points += 1;
+            }
+            *points - 1
+        };
+        if agreed.live != previous || !agreed.joining.is_empty() {
+            self.changes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Membership {
+                    epoch: point,
+                    ..agreed.clone()
+                });
+        }
+        let next = NatsWorld::with_joining(&agreed);
+        self.inbox.set_live(&next);
+        *elastic = (k + 1, next);
+        *self.heal.lock().unwrap_or_else(|e| e.into_inner()) =
+            (k, std::collections::BTreeMap::new());
+        Ok(agreed)
     }
 
     /// This process's rank.
@@ -385,6 +493,15 @@ impl NatsWorld {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .1
+            .clone()
+    }
+
+    /// The sync points this process agreed on whose membership changed (ranks left, or
+    /// joined after it), in order: a run's membership schedule, for a report or a replay.
+    pub fn membership_changes(&self) -> Vec<Membership> {
+        self.changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
@@ -524,7 +641,7 @@ impl NatsWorld {
         let others = || members.iter().enumerate().filter(move |&(k, _)| k != me);
         for (k, &rank) in others() {
             let part: &[u8] = bytemuck::cast_slice(&data[shard(k)]);
-            self.send(&self.subjects[rank], seq, KIND_CONTRIBUTION, part)?;
+            self.send(&self.subject(rank), seq, KIND_CONTRIBUTION, part)?;
         }
         let own = shard(me);
         let len = own.len();
@@ -574,7 +691,7 @@ impl NatsWorld {
         drop(received);
         for (_, &rank) in others() {
             let sums: &[u8] = bytemuck::cast_slice(&data[own.clone()]);
-            self.send(&self.subjects[rank], seq, KIND_RESULT, sums)?;
+            self.send(&self.subject(rank), seq, KIND_RESULT, sums)?;
         }
         for (k, &rank) in others() {
             // Each owner's sums are assembled where they belong.
@@ -767,7 +884,7 @@ impl NatsWorld {
 
 impl Drop for NatsWorld {
     fn drop(&mut self) {
-        for task in &self.tasks {
+        for task in self.tasks.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             task.abort();
         }
         let (store, key, client) = (
@@ -784,6 +901,24 @@ impl Drop for NatsWorld {
             .await;
         });
     }
+}
+
+/// Subscribes to `subject`, every message going into `inbox`: the task that does it.
+///
+/// # Errors
+/// The client's, when the subscription cannot be made.
+async fn listen(
+    client: &async_nats::Client,
+    subject: &str,
+    inbox: &Arc<Inbox>,
+) -> std::result::Result<tokio::task::JoinHandle<()>, async_nats::SubscribeError> {
+    let mut subscription = client.subscribe(subject.to_string()).await?;
+    let inbox = inbox.clone();
+    Ok(tokio::spawn(async move {
+        while let Some(message) = subscription.next().await {
+            inbox.push(message.payload);
+        }
+    }))
 }
 
 /// Whether rounding a `T` to `arith` leaves it as it is (float32 arithmetic computed in
@@ -852,27 +987,25 @@ impl Communicator for NatsWorld {
 
     /// Agrees with the other live processes on the ranks of the next sync point through the
     /// run's key-value bucket: the ranks of the last one that arrived, once every other one of
-    /// them has been silent for the failure bound. Ranks that left are not waited for again;
-    /// joining a running run is not supported yet (nobody joins).
+    /// them has been silent for the failure bound, and the processes that asked to join as
+    /// ranks that left (`heal.rs`). Ranks that left are not waited for again. A process that
+    /// joined gets the membership that admitted it, first.
     fn membership(&self) -> Result<Membership> {
-        let mut elastic = self.elastic.lock().unwrap_or_else(|e| e.into_inner());
-        let (k, previous) = (elastic.0, elastic.1.clone());
-        let point = membership::Point {
-            store: &self.store,
-            inbox: &self.inbox,
-            signer: &self.signer,
-            run: &self.run,
-            rank: self.rank,
-            bound: self.bound,
-        };
-        let live = self.runtime.block_on(point.agree(k, &previous))?;
-        self.inbox.set_live(&live);
-        *elastic = (k + 1, live.clone());
-        Ok(Membership {
-            epoch: k,
-            live,
-            joining: Vec::new(),
-        })
+        self.agree(false)
+    }
+
+    fn heal_rows(
+        &self,
+        _backend: &dyn Backend,
+        arena: &mut Arena,
+        source: usize,
+        joiner: usize,
+    ) -> Result<()> {
+        self.heal_arena(arena, source, joiner)
+    }
+
+    fn heal_bytes(&self, source: usize, joiner: usize, data: Vec<u8>) -> Result<Vec<u8>> {
+        self.heal_data(source, joiner, data)
     }
 
     /// A sync point's mean, applied on every live rank or on none: a rank that dies during it
@@ -1107,7 +1240,7 @@ impl Communicator for NatsWorld {
         let mine = per_local_rank.into_iter().next().unwrap_or_default();
         let seq = self.begin();
         if to != self.rank {
-            self.send(&self.subjects[to], seq, KIND_GATHER, &mine)?;
+            self.send(&self.subject(to), seq, KIND_GATHER, &mine)?;
             self.record(|_| {});
             return Ok(None);
         }

@@ -58,6 +58,8 @@ impl Signer {
 /// Every rank's public key, from the claims, by rank.
 pub(super) struct Keys {
     keys: Vec<KeyPair>,
+    /// The same keys as the claims hold them.
+    public: Vec<String>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -83,7 +85,22 @@ impl Keys {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Keys { keys })
+        Ok(Keys {
+            keys,
+            public: public.to_vec(),
+        })
+    }
+
+    /// These keys with rank `rank`'s replaced by `key` (a process that joined as that rank).
+    ///
+    /// # Errors
+    /// Those of [`Keys::new`].
+    pub(super) fn replaced(&self, run: &str, rank: usize, key: &str) -> Result<Keys> {
+        let mut public = self.public.clone();
+        if let Some(slot) = public.get_mut(rank) {
+            *slot = key.to_string();
+        }
+        Keys::new(run, &public)
     }
 
     /// Whether `seal` is rank `rank`'s seal of `statement` ([`Signer::seal_statement`]).
@@ -91,6 +108,13 @@ impl Keys {
         self.keys
             .get(rank)
             .is_some_and(|key| key.verify(blake3::hash(statement).as_bytes(), seal).is_ok())
+    }
+
+    /// Whether `seal` is the seal of `statement` by the holder of public key `key` (a claim's,
+    /// before it is one of the run's keys).
+    pub(super) fn sealed_by_key(key: &str, statement: &[u8], seal: &[u8]) -> bool {
+        KeyPair::from_public_key(key)
+            .is_ok_and(|key| key.verify(blake3::hash(statement).as_bytes(), seal).is_ok())
     }
 
     /// Whether `frame` is sealed by the rank it names as its sender.
