@@ -121,12 +121,9 @@ pub(super) struct Agreed {
 fn decode(bytes: &[u8], ranks: usize) -> Option<Agreed> {
     let text = std::str::from_utf8(bytes).ok()?;
     let mut fields = text.split(' ');
-    let (list, proposer, seal, joining_list) = (
-        fields.next()?,
-        fields.next()?,
-        fields.next()?,
-        fields.next()?,
-    );
+    let (list, proposer, seal) = (fields.next()?, fields.next()?, fields.next()?);
+    // Without a fourth field nobody joins (as "-").
+    let joining_list = fields.next().unwrap_or("-");
     if fields.next().is_some() {
         return None;
     }
