@@ -349,12 +349,39 @@ fn cli_train_table_and_errors() {
         &["train", "--heterogeneity", "2"],
         &["train", "--frobnicate"],
         &["train", "--steps"],
+        // Refused before connecting (nothing listens on port 1).
+        &[
+            "train",
+            "--world",
+            "nats://127.0.0.1:1",
+            "--run",
+            "r",
+            "--ranks",
+            "2",
+            "--join",
+        ],
+        &[
+            "train",
+            "--world",
+            "nats://127.0.0.1:1",
+            "--run",
+            "r",
+            "--join",
+            "--algorithm",
+            "periodic",
+        ],
     ] {
         let out = distopt(bad);
         assert!(!out.status.success(), "{bad:?} succeeded");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.starts_with("distopt: "), "{bad:?}: {err}");
         assert!(!err.contains("panicked"), "{bad:?}: {err}");
+        if bad.contains(&"--join") {
+            assert!(
+                err.contains("--join takes a process into a running DiLoCo run"),
+                "{bad:?}: {err}"
+            );
+        }
     }
 }
 

@@ -30,6 +30,13 @@ pub fn run(args: TrainArgs) -> Result<(), Error> {
     if args.world.world.is_none() {
         return run_in(args, None);
     }
+    // Refused before the run is touched: a joiner takes a rank's claim.
+    if args.world.join && args.algorithm != "diloco" {
+        return Err(Error::value(format!(
+            "--join takes a process into a running DiLoCo run (its heal crosses processes; the averagers' does not yet): give it the run's flags with --algorithm diloco, not '{}'",
+            args.algorithm
+        )));
+    }
     let nats = crate::world::join_nats(&args.world, args.ranks)?;
     let world: Arc<dyn Communicator> = nats.clone();
     let (rank, ranks) = (world.local_ranks().start, world.world_size());
@@ -96,14 +103,6 @@ pub fn run_in(args: TrainArgs, world: Option<Arc<dyn Communicator>>) -> Result<(
         options.ranks = size;
         options.rebuild_hierarchy();
         options.processes = Some(size);
-        if options.join
-            && (options.algorithms.len() != 1
-                || !matches!(options.algorithms[0], Algorithm::DiLoCo { .. }))
-        {
-            return Err(Error::value(
-                "--join takes a process into a running DiLoCo run: give it the run's flags with --algorithm diloco (one algorithm)",
-            ));
-        }
     }
     let selection = select_backend(options.choice).block_on()?;
     let task: Arc<dyn Task> = match options.task_kind {
