@@ -8,9 +8,9 @@
 //! algorithm names, point to point, as messages numbered apart from the collectives (the joiner
 //! has taken part in none). The first message of a heal carries the source's place in the run —
 //! its next collective's sequence number, the membership it expects next and its count of sync
-//! points — which the joiner
-//! adopts, so that from then on it makes the same collectives under the same numbers as the
-//! live ranks; and the joiner starts its heartbeat then, once every live rank holds its new key.
+//! points — which the joiner adopts, so that from then on it makes the same collectives under
+//! the same numbers as the live ranks; and the joiner starts its heartbeat then, once every live
+//! rank holds its new key.
 //!
 //! [`Communicator::heal_rows`]: crate::comm::Communicator::heal_rows
 //! [`Communicator::heal_bytes`]: crate::comm::Communicator::heal_bytes
