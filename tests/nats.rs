@@ -962,36 +962,53 @@ fn killed_rank(server: &Server, failures: &mut Vec<String>) {
     }
 }
 
-/// `distopt train --world` under DiLoCo with one of three processes killed mid-run: the two
-/// survivors finish (exit 0), rank 1 (the lowest live one) prints, and the report is whole.
-fn elastic_command_line(server: &Server, failures: &mut Vec<String>) {
-    let steps = 12_000;
-    let steps_flag = steps.to_string();
-    let flags = [
+/// The command-line DiLoCo runs of three processes: `steps` steps on the CPU, a JSON report.
+fn diloco_cli_flags(steps: &str) -> [&str; 10] {
+    [
         "train",
         "--algorithm",
         "diloco",
         "--steps",
-        &steps_flag,
+        steps,
         "--backend",
         "cpu",
         "--json",
         "--ranks",
         "3",
-    ];
+    ]
+}
+
+/// Three processes of `distopt train FLAGS` in run `run`, process K asking for rank K, and
+/// rank `killed`'s SIGKILLed after 3 s.
+fn three_ranks_one_killed(
+    server: &Server,
+    run: &str,
+    flags: &[&str],
+    killed: usize,
+) -> Result<Processes, String> {
     let commands = (0..3)
         .map(|rank| {
-            let mut command = distopt_train(server, "cli-elastic", &flags);
+            let mut command = distopt_train(server, run, flags);
             command.args(["--rank", &rank.to_string()]);
             command
         })
         .collect();
-    let mut processes = match Processes::start(commands) {
+    let mut processes = Processes::start(commands)?;
+    std::thread::sleep(Duration::from_secs(3));
+    processes.kill(killed);
+    Ok(processes)
+}
+
+/// `distopt train --world` under DiLoCo with one of three processes killed mid-run: the two
+/// survivors finish (exit 0), rank 1 (the lowest live one) prints, and the report is whole.
+fn elastic_command_line(server: &Server, failures: &mut Vec<String>) {
+    let steps = 12_000;
+    let steps_flag = steps.to_string();
+    let flags = diloco_cli_flags(&steps_flag);
+    let processes = match three_ranks_one_killed(server, "cli-elastic", &flags, 0) {
         Ok(p) => p,
         Err(e) => return failures.push(e),
     };
-    std::thread::sleep(Duration::from_secs(3));
-    processes.kill(0);
     let exits = processes.wait(Duration::from_secs(120));
     let why = || {
         exits
@@ -1060,31 +1077,11 @@ fn elastic_command_line(server: &Server, failures: &mut Vec<String>) {
 fn join_command_line(server: &Server, failures: &mut Vec<String>) {
     let (steps, period) = (12_000usize, 8usize);
     let steps_flag = steps.to_string();
-    let flags = [
-        "train",
-        "--algorithm",
-        "diloco",
-        "--steps",
-        &steps_flag,
-        "--backend",
-        "cpu",
-        "--json",
-        "--ranks",
-        "3",
-    ];
-    let commands = (0..3)
-        .map(|rank| {
-            let mut command = distopt_train(server, "cli-join", &flags);
-            command.args(["--rank", &rank.to_string()]);
-            command
-        })
-        .collect();
-    let mut processes = match Processes::start(commands) {
+    let flags = diloco_cli_flags(&steps_flag);
+    let processes = match three_ranks_one_killed(server, "cli-join", &flags, 2) {
         Ok(p) => p,
         Err(e) => return failures.push(e),
     };
-    std::thread::sleep(Duration::from_secs(3));
-    processes.kill(2);
     // The joiner waits for the run to drop rank 2 (one failure bound), then for a sync point.
     let mut joiner = distopt_train(server, "cli-join", &flags);
     joiner.arg("--join");
