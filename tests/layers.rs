@@ -64,13 +64,15 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
             &["budget"],
             &["convert"],
             // What every binding shares: thrown errors and promises; the registries that find
-            // the Rust object behind a JS argument.
+            // the Rust object behind a JS argument; the slot of an object a wrapper can take.
             &["boundary", "handles"],
+            &["slot"],
             &["typings"],
             // The current backend, the worlds, the CPU pool's workers.
             &["session", "world", "threads"],
-            // The replicas every algorithm takes.
+            // The replicas every algorithm takes, and what a wrapper of them holds.
             &["replicas"],
+            &["wrapper"],
             // The objects a wrapper takes (optimizers, averagers), and bindings that take only
             // replicas and worlds.
             &["optim", "averaging", "train", "bench"],

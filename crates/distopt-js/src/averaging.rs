@@ -1,16 +1,17 @@
 //! `PeriodicModelAverager` and `HierarchicalModelAverager`.
 
-use std::cell::{BorrowError, Cell, Ref, RefCell};
+use std::cell::Cell;
 use std::rc::Rc;
 
 use js_sys::Array;
 use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
 
-use super::boundary::{JsResult, busy, js};
+use super::boundary::{JsResult, js};
 use super::convert::{count_arg, index_list, integer, optional_integer_arg};
 use super::handles::Registry;
 use super::replicas::{borrow_mut, replicas_of};
+use super::slot::Slot;
 use super::world::{communicator, subgroups, world_of};
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
 use distopt::error::{Error, Result};
@@ -32,34 +33,11 @@ fn params_value(params: Option<IndexListArg>) -> JsValue {
     params.map(JsValue::from).unwrap_or(JsValue::UNDEFINED)
 }
 
-/// Where an averager is: its own, or moved into a wrapper (a `PostLocalSGDOptimizer`).
-pub(crate) enum AveragerSlot {
-    Own(Box<dyn ModelAverager>),
-    Wrapped(Rc<dyn AveragerOwner>),
-    /// Only while being moved into a wrapper.
-    Moving,
-}
-
-/// A wrapper that an averager moved into, as the wrapper registers itself with the averager
-/// object (`AveragerCore::install`): the averager object reads its counter through it and names
-/// it in its errors, without knowing which kinds of wrapper exist.
-pub(crate) trait AveragerOwner {
-    /// The wrapper's JS class (`"PostLocalSGDOptimizer"`).
-    fn class(&self) -> &'static str;
-
-    /// What the averager does instead of averaging directly (the end of the error that refuses
-    /// it: `"it averages through that optimizer's step()"`).
-    fn refusal(&self) -> &'static str;
-
-    /// The wrapped averager, borrowed from the wrapper (an error while the wrapper is in use).
-    fn averager(&self) -> std::result::Result<Ref<'_, dyn ModelAverager>, BorrowError>;
-}
-
 /// What both averager classes share.
 pub(crate) struct AveragerCore {
     id: Cell<u32>,
-    name: &'static str,
-    slot: RefCell<AveragerSlot>,
+    /// The averager, or the wrapper it moved into.
+    pub(crate) slot: Slot<dyn ModelAverager>,
 }
 
 thread_local! {
@@ -83,68 +61,14 @@ impl AveragerCore {
     fn new(name: &'static str, averager: Box<dyn ModelAverager>) -> Rc<AveragerCore> {
         let core = Rc::new(AveragerCore {
             id: Cell::new(0),
-            name,
-            slot: RefCell::new(AveragerSlot::Own(averager)),
+            slot: Slot::new(name, "averager", averager),
         });
         core.id.set(AVERAGERS.with(|r| r.register(&core)));
         core
     }
 
     fn step(&self) -> Result<u64> {
-        let slot = self.slot.try_borrow().map_err(|_| busy("averager"))?;
-        match &*slot {
-            AveragerSlot::Own(a) => Ok(a.step()),
-            AveragerSlot::Wrapped(owner) => {
-                Ok(owner.averager().map_err(|_| busy("averager"))?.step())
-            }
-            AveragerSlot::Moving => Err(busy("averager")),
-        }
-    }
-
-    fn write<T>(&self, f: impl FnOnce(&mut dyn ModelAverager) -> Result<T>) -> Result<T> {
-        let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("averager"))?;
-        match &mut *slot {
-            AveragerSlot::Own(a) => f(a.as_mut()),
-            AveragerSlot::Wrapped(owner) => Err(Error::runtime(format!(
-                "this {} belongs to a {}: {}",
-                self.name,
-                owner.class(),
-                owner.refusal()
-            ))),
-            AveragerSlot::Moving => Err(busy("averager")),
-        }
-    }
-
-    /// Takes the averager out to wrap it; `install` puts it back (`AveragerSlot::Own`) or
-    /// registers the wrapper (`AveragerSlot::Wrapped`).
-    pub(crate) fn take(&self) -> Result<Box<dyn ModelAverager>> {
-        let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("averager"))?;
-        match std::mem::replace(&mut *slot, AveragerSlot::Moving) {
-            AveragerSlot::Own(a) => Ok(a),
-            AveragerSlot::Wrapped(owner) => {
-                let class = owner.class();
-                *slot = AveragerSlot::Wrapped(owner);
-                Err(Error::value(format!(
-                    "this {} already belongs to a {class}",
-                    self.name
-                )))
-            }
-            AveragerSlot::Moving => {
-                // Never left behind today (a wrapper takes its averager last); refused as a
-                // wrapped one would be.
-                *slot = AveragerSlot::Moving;
-                Err(Error::value(format!(
-                    "this {} already belongs to a PostLocalSGDOptimizer",
-                    self.name
-                )))
-            }
-        }
-    }
-
-    pub(crate) fn install(&self, slot: AveragerSlot) {
-        if let Ok(mut s) = self.slot.try_borrow_mut() {
-            *s = slot;
-        }
+        self.slot.read(|a| a.step())
     }
 
     fn average_parameters(&self, replicas: &JsValue, params: &JsValue) -> Result<JsValue> {
@@ -155,13 +79,15 @@ impl AveragerCore {
             Some(index_list(params, "params")?)
         };
         let mut replicas = borrow_mut(&shared)?;
-        let used = self.write(|a| a.average_parameters(&mut replicas, params.as_deref()))?;
+        let used = self
+            .slot
+            .write(|a| a.average_parameters(&mut replicas, params.as_deref()))?;
         Ok(used.map_or(JsValue::NULL, |g| JsValue::from_f64(g as f64)))
     }
 
     fn set_step(&self, step: &JsValue) -> Result<()> {
         let step = count_arg(step, "step")? as u64;
-        self.write(|a| {
+        self.slot.write(|a| {
             a.set_step(step);
             Ok(())
         })

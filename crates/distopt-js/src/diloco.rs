@@ -1,17 +1,19 @@
 //! `DiLoCo`: inner optimizer steps on every rank, and every `syncEvery` of them an outer step
 //! with the world's mean pseudo-gradient.
 
-use std::cell::{BorrowError, Ref, RefCell};
+use std::cell::Ref;
 use std::rc::Rc;
 
 use js_sys::Promise;
 use wasm_bindgen::prelude::*;
 
-use super::boundary::{JsResult, busy, js};
-use super::convert::{integer_arg, json_from_js, json_to_js, rank_arg};
-use super::optim::{OptimSlot, OptimizerOwner, optimizer_of};
-use super::replicas::{SharedReplicas, borrow, borrow_mut};
+use super::boundary::{JsResult, js};
+use super::convert::{integer_arg, json_from_js, json_to_js};
+use super::optim::optimizer_of;
+use super::replicas::{borrow, borrow_mut};
+use super::slot::Owner;
 use super::world::{communicator, world_of};
+use super::wrapper::{RankState, Wrapper, rank_state};
 use distopt::diloco::{DiLoCo, DiLoCoOptions};
 use distopt::error::{Error, Result};
 use distopt::optim::LocalOptimizer;
@@ -94,10 +96,9 @@ export interface DiLoCoStateDictInput {
 "#;
 
 /// A `DiLoCo` and the replicas its optimizers were made over.
-pub(crate) struct DiLoCoCore {
-    pub(crate) replicas: SharedReplicas,
-    pub(crate) diloco: RefCell<DiLoCo>,
-}
+type DiLoCoCore = Wrapper<DiLoCo>;
+
+rank_state!(DiLoCo);
 
 /// Which of a `DiLoCo`'s optimizers an optimizer object is.
 #[derive(Clone, Copy)]
@@ -112,7 +113,7 @@ struct InDiLoCo {
     role: Role,
 }
 
-impl OptimizerOwner for InDiLoCo {
+impl Owner<dyn LocalOptimizer> for InDiLoCo {
     fn class(&self) -> &'static str {
         "DiLoCo"
     }
@@ -121,15 +122,12 @@ impl OptimizerOwner for InDiLoCo {
         "step and load it through that"
     }
 
-    fn optimizer(&self) -> std::result::Result<Ref<'_, dyn LocalOptimizer>, BorrowError> {
+    fn inner(&self) -> Option<Ref<'_, dyn LocalOptimizer + 'static>> {
         let role = self.role;
-        Ok(Ref::map(
-            self.core.diloco.try_borrow()?,
-            |diloco| match role {
-                Role::Inner => diloco.inner(),
-                Role::Outer => diloco.outer(),
-            },
-        ))
+        Some(Ref::map(self.core.get().ok()?, |diloco| match role {
+            Role::Inner => diloco.inner(),
+            Role::Outer => diloco.outer(),
+        }))
     }
 }
 
@@ -146,15 +144,8 @@ pub struct DiLoCoJs {
 }
 
 impl DiLoCoJs {
-    fn diloco_mut(&self) -> Result<std::cell::RefMut<'_, DiLoCo>> {
-        self.core
-            .diloco
-            .try_borrow_mut()
-            .map_err(|_| busy("DiLoCo"))
-    }
-
-    fn diloco(&self) -> Result<std::cell::Ref<'_, DiLoCo>> {
-        self.core.diloco.try_borrow().map_err(|_| busy("DiLoCo"))
+    fn diloco(&self) -> Result<Ref<'_, DiLoCo>> {
+        self.core.get()
     }
 }
 
@@ -199,11 +190,11 @@ impl DiLoCoJs {
             DiLoCo::check_arguments(&replicas, sync_every, &*communicator(&world))?;
             options.check(replicas.len(), sync_every)
         }))?;
-        let inner_opt = js(inner_core.take())?;
-        let outer_opt = match outer_core.take() {
+        let inner_opt = js(inner_core.slot.take())?;
+        let outer_opt = match outer_core.slot.take() {
             Ok(o) => o,
             Err(err) => {
-                inner_core.install(OptimSlot::Own(inner_opt));
+                inner_core.slot.restore(inner_opt);
                 return Err(super::boundary::js_error(err));
             }
         };
@@ -226,18 +217,15 @@ impl DiLoCoJs {
                 return Err(super::boundary::js_error(err));
             }
         };
-        let core = Rc::new(DiLoCoCore {
-            replicas: inner_core.replicas.clone(),
-            diloco: RefCell::new(diloco),
-        });
-        inner_core.install(OptimSlot::Wrapped(Rc::new(InDiLoCo {
+        let core = DiLoCoCore::new("DiLoCo", inner_core.replicas.clone(), diloco);
+        inner_core.slot.wrap(Rc::new(InDiLoCo {
             core: core.clone(),
             role: Role::Inner,
-        })));
-        outer_core.install(OptimSlot::Wrapped(Rc::new(InDiLoCo {
+        }));
+        outer_core.slot.wrap(Rc::new(InDiLoCo {
             core: core.clone(),
             role: Role::Outer,
-        })));
+        }));
         Ok(DiLoCoJs { core })
     }
 
@@ -245,17 +233,15 @@ impl DiLoCoJs {
     /// `fragmentSyncDelay`, the start of the next fragment's all-reduce). Returns whether an
     /// outer step was applied. A failed step does not count (the step counter stays).
     pub fn step(&self) -> JsResult<bool> {
-        let mut diloco = js(self.diloco_mut())?;
-        let mut replicas = js(borrow_mut(&self.core.replicas))?;
-        js(diloco.step(&mut replicas))
+        self.core.with_mut(|diloco, replicas| diloco.step(replicas))
     }
 
     /// `step()`, returning the fragments whose outer step was applied (an array of indices).
     #[wasm_bindgen(js_name = stepFragments)]
     pub fn step_fragments(&self) -> JsResult<Vec<f64>> {
-        let mut diloco = js(self.diloco_mut())?;
-        let mut replicas = js(borrow_mut(&self.core.replicas))?;
-        Ok(js(diloco.step_fragments(&mut replicas))?
+        Ok(self
+            .core
+            .with_mut(|diloco, replicas| diloco.step_fragments(replicas))?
             .into_iter()
             .map(|f| f as f64)
             .collect())
@@ -293,9 +279,7 @@ impl DiLoCoJs {
     /// The outer step now for every fragment (one in flight is applied first), and a new period
     /// (whatever the local step counter says).
     pub fn sync(&self) -> JsResult<()> {
-        let mut diloco = js(self.diloco_mut())?;
-        let mut replicas = js(borrow_mut(&self.core.replicas))?;
-        js(diloco.sync(&mut replicas))
+        self.core.with_mut(|diloco, replicas| diloco.sync(replicas))
     }
 
     /// `zero_grad(set_to_none=True)` on every rank.
@@ -329,13 +313,7 @@ impl DiLoCoJs {
     /// (and the fragment in flight with its held pseudo-gradients, or `null`).
     #[wasm_bindgen(js_name = stateDict, unchecked_return_type = "Promise<DiLoCoStateDict>")]
     pub fn state_dict(&self, rank: IntegerArg) -> JsResult<Promise> {
-        let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
-        let core = self.core.clone();
-        Ok(super::boundary::promise_now(async move {
-            js(state_dict_json(&core, rank)
-                .await
-                .and_then(|sd| json_to_js(&sd)))
-        }))
+        self.core.state_dict_js(&rank)
     }
 
     /// Loads rank `rank`'s state saved by `stateDict`: both optimizers, the local step counter
@@ -346,19 +324,6 @@ impl DiLoCoJs {
         rank: IntegerArg,
         #[wasm_bindgen(js_name = stateDict)] state_dict: DiLoCoStateDictArg,
     ) -> JsResult<()> {
-        let state_dict = js(json_from_js(&state_dict, "stateDict"))?;
-        let mut diloco = js(self.diloco_mut())?;
-        let mut replicas = js(borrow_mut(&self.core.replicas))?;
-        let rank = js(rank_arg(&rank, replicas.ranks()))?;
-        js(diloco.load_state_dict(&mut replicas, rank, &state_dict))
+        self.core.load_state_dict_js(&rank, &state_dict)
     }
-}
-
-/// Holds DiLoCo and the replicas across the readback on purpose: a change made meanwhile is
-/// refused (`busy`) instead of racing the read.
-#[allow(clippy::await_holding_refcell_ref)]
-async fn state_dict_json(core: &DiLoCoCore, rank: usize) -> Result<serde_json::Value> {
-    let diloco = core.diloco.try_borrow().map_err(|_| busy("DiLoCo"))?;
-    let replicas = borrow(&core.replicas)?;
-    diloco.state_dict(&replicas, rank).await
 }

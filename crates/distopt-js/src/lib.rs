@@ -31,10 +31,12 @@ mod post_local_sgd;
 mod replicas;
 mod rpc;
 mod session;
+mod slot;
 mod threads;
 mod train;
 mod typings;
 mod world;
+mod wrapper;
 mod zero;
 
 use js_sys::{Array, Object};

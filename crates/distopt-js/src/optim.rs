@@ -1,17 +1,17 @@
 //! `SGD`, `Adam` and `AdamW`: local optimizers over every rank of a `Replicas`, bound to it at
 //! construction as PyTorch's optimizers are bound to their parameters.
 
-use std::cell::{BorrowError, Ref, RefCell};
 use std::rc::Rc;
 
 use js_sys::{Array, Promise};
 use serde_json::Value;
 use wasm_bindgen::prelude::*;
 
-use super::boundary::{JsResult, busy, js};
+use super::boundary::{JsResult, js};
 use super::convert::{json_from_js, json_to_js, rank_arg};
 use super::handles::Registry;
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
+use super::slot::Slot;
 use super::typings::{IntegerArg, ReplicasArg, StateDictArg};
 use distopt::error::{Error, Result};
 use distopt::optim::{self, LocalOptimizer, OptionMap};
@@ -43,36 +43,13 @@ extern "C" {
     pub type AdamParamGroupsArg;
 }
 
-/// Where an optimizer is: its own, or moved into a wrapper (a `PostLocalSGDOptimizer` or a
-/// `DiLoCo`, which then steps it; the JS object still reads its state through the wrapper).
-pub(crate) enum OptimSlot {
-    Own(Box<dyn LocalOptimizer>),
-    Wrapped(Rc<dyn OptimizerOwner>),
-    /// Only while being moved into a wrapper.
-    Moving,
-}
-
-/// A wrapper that an optimizer moved into, as the wrapper registers itself with the optimizer
-/// object (`OptimizerCore::install`): the optimizer object reads through it and names it in
-/// its errors, without knowing which kinds of wrapper exist.
-pub(crate) trait OptimizerOwner {
-    /// The wrapper's JS class (`"PostLocalSGDOptimizer"`, `"DiLoCo"`).
-    fn class(&self) -> &'static str;
-
-    /// What to do instead of stepping or loading the optimizer directly (the end of the error
-    /// that refuses it: `"step and load it through that"`).
-    fn refusal(&self) -> &'static str;
-
-    /// The wrapped optimizer, borrowed from the wrapper (an error while the wrapper is in use).
-    fn optimizer(&self) -> std::result::Result<Ref<'_, dyn LocalOptimizer>, BorrowError>;
-}
-
 /// What the `SGD`, `Adam` and `AdamW` classes share.
 pub(crate) struct OptimizerCore {
     pub(crate) id: std::cell::Cell<u32>,
     pub(crate) name: &'static str,
     pub(crate) replicas: SharedReplicas,
-    pub(crate) slot: RefCell<OptimSlot>,
+    /// The optimizer, or the wrapper it moved into.
+    pub(crate) slot: Slot<dyn LocalOptimizer>,
 }
 
 thread_local! {
@@ -238,74 +215,14 @@ impl OptimizerCore {
             id: std::cell::Cell::new(0),
             name,
             replicas: shared,
-            slot: RefCell::new(OptimSlot::Own(optim)),
+            slot: Slot::new(name, "optimizer", optim),
         });
         core.id.set(OPTIMIZERS.with(|r| r.register(&core)));
         Ok(core)
     }
 
-    /// Runs `f` on the optimizer, wherever it is.
-    fn read<T>(&self, f: impl FnOnce(&dyn LocalOptimizer) -> T) -> Result<T> {
-        let slot = self.slot.try_borrow().map_err(|_| busy("optimizer"))?;
-        match &*slot {
-            OptimSlot::Own(o) => Ok(f(o.as_ref())),
-            OptimSlot::Wrapped(owner) => {
-                let optim = owner.optimizer().map_err(|_| busy("optimizer"))?;
-                Ok(f(&*optim))
-            }
-            OptimSlot::Moving => Err(busy("optimizer")),
-        }
-    }
-
-    /// Runs `f` on the optimizer it owns (an error once it is wrapped).
-    fn write<T>(&self, f: impl FnOnce(&mut dyn LocalOptimizer) -> Result<T>) -> Result<T> {
-        let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("optimizer"))?;
-        match &mut *slot {
-            OptimSlot::Own(o) => f(o.as_mut()),
-            OptimSlot::Wrapped(owner) => Err(Error::runtime(format!(
-                "this {} belongs to a {}: {}",
-                self.name,
-                owner.class(),
-                owner.refusal()
-            ))),
-            OptimSlot::Moving => Err(busy("optimizer")),
-        }
-    }
-
-    /// Takes the optimizer out to wrap it; `install` puts it back (`OptimSlot::Own`) or
-    /// registers the wrapper (`OptimSlot::Wrapped`).
-    pub(crate) fn take(&self) -> Result<Box<dyn LocalOptimizer>> {
-        let mut slot = self.slot.try_borrow_mut().map_err(|_| busy("optimizer"))?;
-        match std::mem::replace(&mut *slot, OptimSlot::Moving) {
-            OptimSlot::Own(o) => Ok(o),
-            OptimSlot::Wrapped(owner) => {
-                let class = owner.class();
-                *slot = OptimSlot::Wrapped(owner);
-                Err(Error::value(format!(
-                    "this {} already belongs to a {class}",
-                    self.name
-                )))
-            }
-            OptimSlot::Moving => {
-                // Left by a wrapper whose constructor failed after taking it (its JS object
-                // then reports "busy" until freed); refused as it always was.
-                *slot = OptimSlot::Moving;
-                Err(Error::value(format!(
-                    "this {} already belongs to a PostLocalSGDOptimizer",
-                    self.name
-                )))
-            }
-        }
-    }
-
-    pub(crate) fn install(&self, slot: OptimSlot) {
-        if let Ok(mut s) = self.slot.try_borrow_mut() {
-            *s = slot;
-        }
-    }
-
     fn step(&self) -> Result<()> {
-        self.write(|o| {
+        self.slot.write(|o| {
             let mut replicas = borrow_mut(&self.replicas)?;
             o.step(&mut replicas)
         })
@@ -317,7 +234,7 @@ impl OptimizerCore {
     }
 
     fn param_groups(&self) -> Result<Array> {
-        self.read(|o| {
+        self.slot.read(|o| {
             o.param_groups()
                 .into_iter()
                 .map(|g| {
@@ -331,12 +248,12 @@ impl OptimizerCore {
 
     fn add_param_group(&self, group: &JsValue) -> Result<()> {
         let (params, options) = group_from_json(json_from_js(group, "group")?, "group")?;
-        self.write(|o| o.add_param_group(params, &options))
+        self.slot.write(|o| o.add_param_group(params, &options))
     }
 
     fn load_state_dict(&self, rank: &JsValue, state_dict: &JsValue) -> Result<()> {
         let state_dict = json_from_js(state_dict, "stateDict")?;
-        self.write(|o| {
+        self.slot.write(|o| {
             let mut replicas = borrow_mut(&self.replicas)?;
             let rank = rank_arg(rank, replicas.ranks())?;
             o.load_state_dict(&mut replicas, rank, &state_dict)
@@ -358,16 +275,11 @@ impl OptimizerCore {
     /// meanwhile is refused (`busy`) instead of racing the read.
     #[allow(clippy::await_holding_refcell_ref)]
     async fn state_dict_json(&self, rank: usize) -> Result<Value> {
-        let slot = self.slot.try_borrow().map_err(|_| busy("optimizer"))?;
+        let place = self.slot.place()?;
         let replicas = borrow(&self.replicas)?;
-        match &*slot {
-            OptimSlot::Own(o) => o.state_dict(&replicas, rank).await,
-            OptimSlot::Wrapped(owner) => {
-                let optim = owner.optimizer().map_err(|_| busy("optimizer"))?;
-                optim.state_dict(&replicas, rank).await
-            }
-            OptimSlot::Moving => Err(busy("optimizer")),
-        }
+        let mut wrapped = None;
+        let optim = place.value(&mut wrapped, self.slot.kind())?;
+        optim.state_dict(&replicas, rank).await
     }
 }
 

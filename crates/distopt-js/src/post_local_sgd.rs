@@ -1,19 +1,20 @@
 //! `PostLocalSGDOptimizer` and `PostLocalSGDState` (the post-local-SGD gradient hook).
 
-use std::cell::{BorrowError, Ref, RefCell};
+use std::cell::{Ref, RefCell};
 use std::rc::Rc;
 
 use js_sys::Promise;
 use wasm_bindgen::prelude::*;
 
-use super::averaging::{AveragerOwner, AveragerSlot, averager_of};
+use super::averaging::averager_of;
 use super::boundary::{JsResult, busy, js};
-use super::convert::{count_arg, json_from_js, json_to_js, optional_integer_arg, rank_arg};
-use super::optim::{OptimSlot, OptimizerOwner, optimizer_of};
-use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
+use super::convert::{count_arg, optional_integer_arg};
+use super::optim::optimizer_of;
+use super::replicas::{borrow_mut, replicas_of};
+use super::slot::Owner;
 use super::world::{communicator, world_of};
+use super::wrapper::{RankState, Wrapper, rank_state};
 use distopt::averaging::ModelAverager;
-use distopt::error::Result;
 use distopt::optim::LocalOptimizer;
 use distopt::post_local_sgd::{PostLocalSgdOptimizer, PostLocalSgdState};
 
@@ -23,13 +24,12 @@ use super::typings::{
 };
 
 /// A `PostLocalSGDOptimizer` and the replicas its optimizer was made over.
-pub(crate) struct PostLocalCore {
-    pub(crate) replicas: SharedReplicas,
-    pub(crate) opt: RefCell<PostLocalSgdOptimizer>,
-}
+type PostLocalCore = Wrapper<PostLocalSgdOptimizer>;
+
+rank_state!(PostLocalSgdOptimizer);
 
 /// The optimizer object reads its state through the wrapper it moved into.
-impl OptimizerOwner for PostLocalCore {
+impl Owner<dyn LocalOptimizer> for PostLocalCore {
     fn class(&self) -> &'static str {
         "PostLocalSGDOptimizer"
     }
@@ -38,13 +38,13 @@ impl OptimizerOwner for PostLocalCore {
         "step, load and extend it through that"
     }
 
-    fn optimizer(&self) -> std::result::Result<Ref<'_, dyn LocalOptimizer>, BorrowError> {
-        Ok(Ref::map(self.opt.try_borrow()?, |opt| opt.optim()))
+    fn inner(&self) -> Option<Ref<'_, dyn LocalOptimizer + 'static>> {
+        Some(Ref::map(self.get().ok()?, |opt| opt.optim()))
     }
 }
 
 /// The averager object reads its counter through the wrapper it moved into.
-impl AveragerOwner for PostLocalCore {
+impl Owner<dyn ModelAverager> for PostLocalCore {
     fn class(&self) -> &'static str {
         "PostLocalSGDOptimizer"
     }
@@ -53,8 +53,8 @@ impl AveragerOwner for PostLocalCore {
         "it averages through that optimizer's step()"
     }
 
-    fn averager(&self) -> std::result::Result<Ref<'_, dyn ModelAverager>, BorrowError> {
-        Ok(Ref::map(self.opt.try_borrow()?, |opt| opt.averager()))
+    fn inner(&self) -> Option<Ref<'_, dyn ModelAverager + 'static>> {
+        Some(Ref::map(self.get().ok()?, |opt| opt.averager()))
     }
 }
 
@@ -65,15 +65,6 @@ impl AveragerOwner for PostLocalCore {
 #[wasm_bindgen(js_name = PostLocalSGDOptimizer)]
 pub struct PostLocalSgdOptimizerJs {
     core: Rc<PostLocalCore>,
-}
-
-impl PostLocalSgdOptimizerJs {
-    fn opt_mut(&self) -> Result<std::cell::RefMut<'_, PostLocalSgdOptimizer>> {
-        self.core
-            .opt
-            .try_borrow_mut()
-            .map_err(|_| busy("PostLocalSGDOptimizer"))
-    }
 }
 
 #[wasm_bindgen(js_class = PostLocalSGDOptimizer)]
@@ -87,20 +78,21 @@ impl PostLocalSgdOptimizerJs {
     ) -> JsResult<PostLocalSgdOptimizerJs> {
         let optim_core = js(optimizer_of(&optim))?;
         let averager_core = js(averager_of(&averager))?;
-        let local = js(optim_core.take())?;
-        let averaging = match averager_core.take() {
+        let local = js(optim_core.slot.take())?;
+        let averaging = match averager_core.slot.take() {
             Ok(a) => a,
             Err(err) => {
-                optim_core.install(OptimSlot::Own(local));
+                optim_core.slot.restore(local);
                 return Err(super::boundary::js_error(err));
             }
         };
-        let core = Rc::new(PostLocalCore {
-            replicas: optim_core.replicas.clone(),
-            opt: RefCell::new(PostLocalSgdOptimizer::new(local, averaging)),
-        });
-        optim_core.install(OptimSlot::Wrapped(core.clone()));
-        averager_core.install(AveragerSlot::Wrapped(core.clone()));
+        let core = PostLocalCore::new(
+            "PostLocalSGDOptimizer",
+            optim_core.replicas.clone(),
+            PostLocalSgdOptimizer::new(local, averaging),
+        );
+        optim_core.slot.wrap(core.clone());
+        averager_core.slot.wrap(core.clone());
         Ok(PostLocalSgdOptimizerJs { core })
     }
 
@@ -108,30 +100,23 @@ impl PostLocalSgdOptimizerJs {
     /// when this step did not average.
     #[wasm_bindgen(unchecked_return_type = "number | null")]
     pub fn step(&self) -> JsResult<JsValue> {
-        let mut opt = js(self.opt_mut())?;
-        let mut replicas = js(borrow_mut(&self.core.replicas))?;
-        let used = js(opt.step(&mut replicas))?;
+        let used = self.core.with_mut(|opt, replicas| opt.step(replicas))?;
         Ok(used.map_or(JsValue::NULL, |g| JsValue::from_f64(g as f64)))
     }
 
     /// `zero_grad()` on every rank.
     #[wasm_bindgen(js_name = zeroGrad)]
     pub fn zero_grad(&self) -> JsResult<()> {
-        let opt = js(self.opt_mut())?;
-        let mut replicas = js(borrow_mut(&self.core.replicas))?;
-        opt.zero_grad(&mut replicas);
-        Ok(())
+        self.core.with_mut(|opt, replicas| {
+            opt.zero_grad(replicas);
+            Ok(())
+        })
     }
 
     /// The averager's step counter.
     #[wasm_bindgen(getter, js_name = averagerStep)]
     pub fn averager_step(&self) -> JsResult<f64> {
-        let opt = js(self
-            .core
-            .opt
-            .try_borrow()
-            .map_err(|_| busy("PostLocalSGDOptimizer")))?;
-        Ok(opt.averager().step() as f64)
+        Ok(js(self.core.get())?.averager().step() as f64)
     }
 
     /// Rank `rank`'s state dict: the optimizer's plus `step`, the averager's counter.
@@ -140,13 +125,7 @@ impl PostLocalSgdOptimizerJs {
         unchecked_return_type = "Promise<StateDict & { step: number }>"
     )]
     pub fn state_dict(&self, rank: IntegerArg) -> JsResult<Promise> {
-        let rank = js(rank_arg(&rank, js(borrow(&self.core.replicas))?.ranks()))?;
-        let core = self.core.clone();
-        Ok(super::boundary::promise_now(async move {
-            js(state_dict_json(&core, rank)
-                .await
-                .and_then(|sd| json_to_js(&sd)))
-        }))
+        self.core.state_dict_js(&rank)
     }
 
     /// Loads rank `rank`'s state: the optimizer's and the averager's counter; without `step`
@@ -157,24 +136,8 @@ impl PostLocalSgdOptimizerJs {
         rank: IntegerArg,
         #[wasm_bindgen(js_name = stateDict)] state_dict: StateDictArg,
     ) -> JsResult<()> {
-        let state_dict = js(json_from_js(&state_dict, "stateDict"))?;
-        let mut opt = js(self.opt_mut())?;
-        let mut replicas = js(borrow_mut(&self.core.replicas))?;
-        let rank = js(rank_arg(&rank, replicas.ranks()))?;
-        js(opt.load_state_dict(&mut replicas, rank, &state_dict))
+        self.core.load_state_dict_js(&rank, &state_dict)
     }
-}
-
-/// Holds the optimizer and the replicas across the readback on purpose: a change made
-/// meanwhile is refused (`busy`) instead of racing the read.
-#[allow(clippy::await_holding_refcell_ref)]
-async fn state_dict_json(core: &PostLocalCore, rank: usize) -> Result<serde_json::Value> {
-    let opt = core
-        .opt
-        .try_borrow()
-        .map_err(|_| busy("PostLocalSGDOptimizer"))?;
-    let replicas = borrow(&core.replicas)?;
-    opt.state_dict(&replicas, rank).await
 }
 
 /// `PostLocalSGDState` + `post_localSGD_hook`: the gradients are all-reduced (mean) over the
