@@ -82,6 +82,14 @@ fn same_arithmetic(paths: &Value, fused: bool) -> Option<f64> {
         .reduce(f64::max)
 }
 
+/// `--flag value` pairs as the arguments of a command.
+fn flags(pairs: &[(&str, String)]) -> Vec<String> {
+    pairs
+        .iter()
+        .flat_map(|(flag, value)| [flag.to_string(), value.clone()])
+        .collect()
+}
+
 /// A peer script's last line: a number (`torch_step.py`) or a JSON object (`torch_optim.py`).
 fn run_peer(python: &Path, script: &Path, args: &[String]) -> Result<Value, Error> {
     let out = Command::new(python)
@@ -125,34 +133,23 @@ pub fn run(args: BenchAllArgs) -> Result<(), Error> {
         true,
     );
     let peers = peers_dir();
+    // `distopt bench ARGS` on this run's backend and repeats.
+    let bench = |args: &[&str]| {
+        let common = ["--backend", backend.as_str(), "--repeats", repeats.as_str()];
+        run_self(&[&["bench"], args, &common].concat())
+    };
     let mut steps = Vec::new();
     for (ranks, n, dtype) in STEPS {
         let r = ranks.to_string();
-        let ours = run_self(&[
-            "bench",
-            "step",
-            "--ranks",
-            &r,
-            "--elements",
-            n,
-            "--dtype",
-            dtype,
-            "--backend",
-            &backend,
-            "--repeats",
-            &repeats,
-        ])?;
+        let ours = bench(&["step", "--ranks", &r, "--elements", n, "--dtype", dtype])?;
         progress.inc(1);
         let peer = match &torch {
             Some(python) => {
-                let peer_args = [
-                    "--ranks".to_string(),
-                    r.clone(),
-                    "--elements".into(),
-                    elements(n).to_string(),
-                    "--dtype".into(),
-                    dtype.into(),
-                ];
+                let peer_args = flags(&[
+                    ("--ranks", r.clone()),
+                    ("--elements", elements(n).to_string()),
+                    ("--dtype", dtype.to_string()),
+                ]);
                 run_peer(python, &peers.join("torch_step.py"), &peer_args)?.as_f64()
             }
             None => None,
@@ -172,33 +169,18 @@ pub fn run(args: BenchAllArgs) -> Result<(), Error> {
     }
     let mut optim = Vec::new();
     for (dtype, params) in OPTIM {
-        let ours = run_self(&[
-            "bench",
-            "optim",
-            "--dtype",
-            dtype,
-            "--params",
-            params,
-            "--backend",
-            &backend,
-            "--repeats",
-            &repeats,
-        ])?;
+        let ours = bench(&["optim", "--dtype", dtype, "--params", params])?;
         progress.inc(1);
         let peer = match &torch {
             Some(python) => Some(run_peer(
                 python,
                 &peers.join("torch_optim.py"),
-                &[
-                    "--ranks".into(),
-                    "8".into(),
-                    "--elements".into(),
-                    (1usize << 22).to_string(),
-                    "--params".into(),
-                    params.into(),
-                    "--dtype".into(),
-                    dtype.into(),
-                ],
+                &flags(&[
+                    ("--ranks", "8".to_string()),
+                    ("--elements", (1usize << 22).to_string()),
+                    ("--params", params.to_string()),
+                    ("--dtype", dtype.to_string()),
+                ]),
             )?),
             None => None,
         };
@@ -225,14 +207,7 @@ pub fn run(args: BenchAllArgs) -> Result<(), Error> {
             }));
         }
     }
-    let average = run_self(&[
-        "bench",
-        "average",
-        "--backend",
-        &backend,
-        "--repeats",
-        &repeats,
-    ])?;
+    let average = bench(&["average"])?;
     progress.inc(1);
     progress.finish_and_clear();
     let report = json!({

@@ -94,6 +94,45 @@ impl AveragerCore {
     }
 }
 
+/// The members both averager classes have, over their `core`; `$average_doc` documents
+/// `averageParameters`.
+macro_rules! averager_methods {
+    ($type:ident, $js:ident, $average_doc:literal) => {
+        #[wasm_bindgen(js_class = $js)]
+        impl $type {
+            /// Identifies the averager to `PostLocalSGDOptimizer` (internal).
+            #[wasm_bindgen(getter, js_name = __distoptAveragerId, skip_typescript)]
+            pub fn id(&self) -> u32 {
+                self.core.id.get()
+            }
+
+            /// Calls of `averageParameters` so far.
+            #[wasm_bindgen(getter)]
+            pub fn step(&self) -> JsResult<f64> {
+                Ok(js(self.core.step())? as f64)
+            }
+
+            /// Calls of `averageParameters` so far.
+            #[wasm_bindgen(setter)]
+            pub fn set_step(&self, step: IntegerArg) -> JsResult<()> {
+                js(self.core.set_step(&step))
+            }
+
+            #[doc = $average_doc]
+            #[wasm_bindgen(js_name = averageParameters, unchecked_return_type = "number | null")]
+            pub fn average_parameters(
+                &self,
+                replicas: ReplicasArg,
+                params: Option<IndexListArg>,
+            ) -> JsResult<JsValue> {
+                js(self
+                    .core
+                    .average_parameters(&replicas, &params_value(params)))
+            }
+        }
+    };
+}
+
 /// `PeriodicModelAverager(period, warmup_steps)`: call number s averages the parameters that
 /// have a gradient iff `s >= warmupSteps` and `(s − warmupSteps) % period == 0`, over the world
 /// (or within each group of `groupSize` contiguous ranks).
@@ -139,12 +178,6 @@ impl PeriodicModelAveragerJs {
         })
     }
 
-    /// Identifies the averager to `PostLocalSGDOptimizer` (internal).
-    #[wasm_bindgen(getter, js_name = __distoptAveragerId, skip_typescript)]
-    pub fn id(&self) -> u32 {
-        self.core.id.get()
-    }
-
     /// The averaging period.
     #[wasm_bindgen(getter)]
     pub fn period(&self) -> f64 {
@@ -156,35 +189,13 @@ impl PeriodicModelAveragerJs {
     pub fn warmup_steps(&self) -> f64 {
         self.warmup_steps as f64
     }
-
-    /// Calls of `averageParameters` so far.
-    #[wasm_bindgen(getter)]
-    pub fn step(&self) -> JsResult<f64> {
-        Ok(js(self.core.step())? as f64)
-    }
-
-    /// Calls of `averageParameters` so far.
-    #[wasm_bindgen(setter)]
-    pub fn set_step(&self, step: IntegerArg) -> JsResult<()> {
-        js(self.core.set_step(&step))
-    }
-
-    /// Averages (if the schedule says so) the parameters in `params` (default all) that have a
-    /// gradient on rank 0, and advances the counter. Returns the group size used, or `null`
-    /// when this call did not average.
-    /// @throws ValueError `torch.cat(): expected a non-empty list of Tensors` when averaging is
-    ///   due and no parameter has a gradient
-    #[wasm_bindgen(js_name = averageParameters, unchecked_return_type = "number | null")]
-    pub fn average_parameters(
-        &self,
-        replicas: ReplicasArg,
-        params: Option<IndexListArg>,
-    ) -> JsResult<JsValue> {
-        js(self
-            .core
-            .average_parameters(&replicas, &params_value(params)))
-    }
 }
+
+averager_methods!(
+    PeriodicModelAveragerJs,
+    PeriodicModelAverager,
+    "Averages (if the schedule says so) the parameters in `params` (default all) that have a\ngradient on rank 0, and advances the counter. Returns the group size used, or `null`\nwhen this call did not average.\n@throws ValueError `torch.cat(): expected a non-empty list of Tensors` when averaging is\n   due and no parameter has a gradient"
+);
 
 /// `(period, group size)` pairs in insertion order from an array of pairs or a `Map`.
 fn period_group_sizes(value: &JsValue) -> Result<Vec<(i64, i64)>> {
@@ -259,34 +270,10 @@ impl HierarchicalModelAveragerJs {
             core: AveragerCore::new("HierarchicalModelAverager", Box::new(averager)),
         })
     }
-
-    /// Identifies the averager to `PostLocalSGDOptimizer` (internal).
-    #[wasm_bindgen(getter, js_name = __distoptAveragerId, skip_typescript)]
-    pub fn id(&self) -> u32 {
-        self.core.id.get()
-    }
-
-    /// Calls of `averageParameters` so far.
-    #[wasm_bindgen(getter)]
-    pub fn step(&self) -> JsResult<f64> {
-        Ok(js(self.core.step())? as f64)
-    }
-
-    /// Calls of `averageParameters` so far.
-    #[wasm_bindgen(setter)]
-    pub fn set_step(&self, step: IntegerArg) -> JsResult<()> {
-        js(self.core.set_step(&step))
-    }
-
-    /// As `PeriodicModelAverager.averageParameters`: returns the group size used, or `null`.
-    #[wasm_bindgen(js_name = averageParameters, unchecked_return_type = "number | null")]
-    pub fn average_parameters(
-        &self,
-        replicas: ReplicasArg,
-        params: Option<IndexListArg>,
-    ) -> JsResult<JsValue> {
-        js(self
-            .core
-            .average_parameters(&replicas, &params_value(params)))
-    }
 }
+
+averager_methods!(
+    HierarchicalModelAveragerJs,
+    HierarchicalModelAverager,
+    "As `PeriodicModelAverager.averageParameters`: returns the group size used, or `null`."
+);

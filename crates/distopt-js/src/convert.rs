@@ -208,26 +208,25 @@ pub(crate) fn count(value: f64, what: &str) -> Result<usize> {
 
 /// A rank argument, checked against the number of ranks (an `IndexError` when out of range).
 pub(crate) fn rank_index(value: f64, ranks: usize) -> Result<usize> {
-    let rank = count(value, "rank")?;
-    if rank >= ranks {
-        return Err(Error::new(
-            ErrorKind::IndexError,
-            format!("rank {rank} out of range for {ranks} ranks"),
-        ));
-    }
-    Ok(rank)
+    index_below(value, "rank", ranks, "ranks")
 }
 
 /// A parameter index, checked against the number of parameters.
 pub(crate) fn param_index(value: f64, params: usize) -> Result<usize> {
-    let j = count(value, "parameter index")?;
-    if j >= params {
+    index_below(value, "parameter index", params, "parameters")
+}
+
+/// An index `what` below `len` (`IndexError` "rank 4 out of range for 4 ranks" otherwise).
+fn index_below(value: f64, what: &str, len: usize, plural: &str) -> Result<usize> {
+    let i = count(value, what)?;
+    if i >= len {
+        let noun = what.trim_end_matches(" index");
         return Err(Error::new(
             ErrorKind::IndexError,
-            format!("parameter {j} out of range for {params} parameters"),
+            format!("{noun} {i} out of range for {len} {plural}"),
         ));
     }
-    Ok(j)
+    Ok(i)
 }
 
 /// A JS array, or a `TypeError` naming `what`.
