@@ -72,20 +72,20 @@ const MAX_INPUT_BYTES = 2 ** 31 - 1;
  */
 const ARRAY_ELEMENT_BYTES = 8;
 /**
- * The id getters of distopt's classes (`__distoptWorldId`, …): an object that is not one made
- * by distopt but carries one of them as its own property is refused, never taken for the
- * object it names.
+ * The internal methods by which distopt's objects hand themselves over to the module
+ * (`__distoptWorld`, …): an object that is not one made by distopt but carries one of them as
+ * its own property is refused, never taken for the object it came from.
  */
 const INTERNAL_FIELDS = {
-  __distoptWorldId: 'a World',
-  __distoptReplicasId: 'a Replicas',
-  __distoptOptimizerId: 'an SGD, Adam or AdamW',
-  __distoptAveragerId: 'a PeriodicModelAverager or HierarchicalModelAverager',
-  __distoptZeroId: 'a ZeroRedundancyOptimizer',
-  __distoptDdpId: 'a DistributedDataParallel',
-  __distoptRpcWorldId: 'an RpcWorld',
-  __distoptRRefId: 'an RRef',
-  __distoptContextId: 'an AutogradContext',
+  __distoptWorld: 'a World',
+  __distoptReplicas: 'a Replicas',
+  __distoptOptimizer: 'an SGD, Adam or AdamW',
+  __distoptAverager: 'a PeriodicModelAverager or HierarchicalModelAverager',
+  __distoptZero: 'a ZeroRedundancyOptimizer',
+  __distoptDdp: 'a DistributedDataParallel',
+  __distoptRpcWorld: 'an RpcWorld',
+  __distoptRRef: 'an RRef',
+  __distoptContext: 'an AutogradContext',
 };
 const MAX_DEPTH = 64;
 const ECHO_CHARS = 64;
@@ -529,8 +529,8 @@ function guardClass(cls) {
   classes.push(cls);
   const proto = cls.prototype;
   for (const key of Object.getOwnPropertyNames(proto)) {
-    // wasm-bindgen's own members (`__destroy_into_raw`) stay as they are; distopt's id getters
-    // (`__distopt…Id`) are guarded like every method.
+    // wasm-bindgen's own members (`__destroy_into_raw`) stay as they are; distopt's internal
+    // methods (`__distoptWorld`, …) are guarded like every method.
     if (key === 'constructor' || (key.startsWith('__') && !key.startsWith('__distopt'))) continue;
     const desc = Object.getOwnPropertyDescriptor(proto, key);
     if (key === 'free') {

@@ -572,10 +572,10 @@ test('misuse: sgdStep always settles (rejects) on exotic input', async () => {
 
 // ---------------------------------------------------------------------------------------------
 // Identity: only an object distopt made passes as one (issue 23, 3b). A plain object carrying a
-// class's internal id (copied from a genuine object, with or without wasm-bindgen's pointer) is a
-// TypeError, at the argument layer and, under it, in the module itself.
+// class's internal hand-over method (copied from a genuine object, with or without wasm-bindgen's
+// pointer) is a TypeError, at the argument layer and, under it, in the module itself.
 
-test('misuse: a plain object carrying an internal id is not taken for the object it names', async () => {
+test('misuse: a plain object carrying an internal method is not taken for the object it came from', async () => {
   const w = new d.World(2);
   const r = d.Replicas.replicate(2, [new Float32Array(P0)]);
   const sgd = new d.SGD(r, { lr: 0.1 });
@@ -585,25 +585,25 @@ test('misuse: a plain object carrying an internal id is not taken for the object
   const rpc = new d.RpcWorld(['w0']);
   const rref = rpc.remote('w0', new Float32Array(P0));
   const ctx = rpc.context();
-  const fake = (field, id) => [
-    [`{${field}}`, { [field]: id }],
-    [`{${field}, __wbg_ptr}`, { [field]: id, __wbg_ptr: 8 }],
+  const fake = (field, method) => [
+    [`{${field}}`, { [field]: method }],
+    [`{${field}, __wbg_ptr}`, { [field]: method, __wbg_ptr: 8 }],
   ];
   const cases = [
-    ['Replicas.broadcastParams(world)', '__distoptWorldId', w.__distoptWorldId, (v) => r.broadcastParams(v, 0), /world is not a World made by distopt/],
-    ['new PeriodicModelAverager(world)', '__distoptWorldId', w.__distoptWorldId, (v) => new d.PeriodicModelAverager(2, 0, v), /world is not a World made by distopt/],
-    ['new SGD(replicas)', '__distoptReplicasId', r.__distoptReplicasId, (v) => new d.SGD(v, { lr: 0.1 }), /replicas is not a Replicas made by distopt/],
-    ['new PostLocalSGDOptimizer(optim)', '__distoptOptimizerId', sgd.__distoptOptimizerId, (v) => new d.PostLocalSGDOptimizer(v, avg), /optim is not an SGD, Adam or AdamW made by distopt/],
-    ['new PostLocalSGDOptimizer(averager)', '__distoptAveragerId', avg.__distoptAveragerId, (v) => new d.PostLocalSGDOptimizer(sgd, v), /averager is not a PeriodicModelAverager or HierarchicalModelAverager made by distopt/],
-    ['new Join(joinables[0])', '__distoptDdpId', ddp.__distoptDdpId, (v) => new d.Join([v]), /joinables\[0\] is not a DistributedDataParallel made by distopt/],
-    ['new Join(joinables[0]) (ZeRO)', '__distoptZeroId', zero.__distoptZeroId, (v) => new d.Join([v]), /joinables\[0\] is not a ZeroRedundancyOptimizer made by distopt/],
-    ['new DistributedOptimizer(rpcWorld)', '__distoptRpcWorldId', rpc.__distoptRpcWorldId, (v) => new d.DistributedOptimizer(v, 'SGD', [rref]), /rpcWorld is not an RpcWorld made by distopt/],
-    ['RRef.toHere → RpcWorld.gradOf(rref)', '__distoptRRefId', rref.__distoptRRefId, (v) => rpc.gradOf(v), /rref is not an RRef made by distopt/],
-    ['RpcWorld.getGradients(contextId)', '__distoptContextId', ctx.__distoptContextId, (v) => rpc.getGradients(v, 'w0'), /context is not an AutogradContext made by distopt/],
+    ['Replicas.broadcastParams(world)', '__distoptWorld', w.__distoptWorld, (v) => r.broadcastParams(v, 0), /world is not a World made by distopt/],
+    ['new PeriodicModelAverager(world)', '__distoptWorld', w.__distoptWorld, (v) => new d.PeriodicModelAverager(2, 0, v), /world is not a World made by distopt/],
+    ['new SGD(replicas)', '__distoptReplicas', r.__distoptReplicas, (v) => new d.SGD(v, { lr: 0.1 }), /replicas is not a Replicas made by distopt/],
+    ['new PostLocalSGDOptimizer(optim)', '__distoptOptimizer', sgd.__distoptOptimizer, (v) => new d.PostLocalSGDOptimizer(v, avg), /optim is not an SGD, Adam or AdamW made by distopt/],
+    ['new PostLocalSGDOptimizer(averager)', '__distoptAverager', avg.__distoptAverager, (v) => new d.PostLocalSGDOptimizer(sgd, v), /averager is not a PeriodicModelAverager or HierarchicalModelAverager made by distopt/],
+    ['new Join(joinables[0])', '__distoptDdp', ddp.__distoptDdp, (v) => new d.Join([v]), /joinables\[0\] is not a DistributedDataParallel made by distopt/],
+    ['new Join(joinables[0]) (ZeRO)', '__distoptZero', zero.__distoptZero, (v) => new d.Join([v]), /joinables\[0\] is not a ZeroRedundancyOptimizer made by distopt/],
+    ['new DistributedOptimizer(rpcWorld)', '__distoptRpcWorld', rpc.__distoptRpcWorld, (v) => new d.DistributedOptimizer(v, 'SGD', [rref]), /rpcWorld is not an RpcWorld made by distopt/],
+    ['RRef.toHere → RpcWorld.gradOf(rref)', '__distoptRRef', rref.__distoptRRef, (v) => rpc.gradOf(v), /rref is not an RRef made by distopt/],
+    ['RpcWorld.getGradients(contextId)', '__distoptContext', ctx.__distoptContext, (v) => rpc.getGradients(v, 'w0'), /context is not an AutogradContext made by distopt/],
   ];
-  for (const [entry, field, id, call, fragment] of cases) {
-    assert.equal(typeof id, 'number', `${entry}: the genuine object's ${field}`);
-    for (const [label, value] of fake(field, id)) {
+  for (const [entry, field, method, call, fragment] of cases) {
+    assert.equal(typeof method, 'function', `${entry}: the genuine object's ${field}`);
+    for (const [label, value] of fake(field, method)) {
       const e = await caught(() => call(value), `${entry}: ${label}`);
       checkNamed(e, 'TypeError', fragment, `${entry}: ${label}`);
       count('genuine object', entry);
@@ -616,11 +616,11 @@ test('misuse: a plain object carrying an internal id is not taken for the object
   assert.equal((await rpc.getGradients(ctx.id, 'w0')).size, 0);
   count('genuine object', 'RpcWorld.getGradients({id})');
 
-  // Under the argument layer, the module itself: an id inherited from a polluted
+  // Under the argument layer, the module itself: a method inherited from a polluted
   // Object.prototype passes the argument layer (no own internal field), not the module.
   for (const [label, fields] of [
-    ['the id', { __distoptWorldId: w.__distoptWorldId }],
-    ['the id and a pointer', { __distoptWorldId: w.__distoptWorldId, __wbg_ptr: 8 }],
+    ['the method', { __distoptWorld: w.__distoptWorld }],
+    ['the method and a pointer', { __distoptWorld: w.__distoptWorld, __wbg_ptr: 8 }],
   ]) {
     for (const [key, value] of Object.entries(fields)) {
       Object.defineProperty(Object.prototype, key, { value, configurable: true, writable: true });

@@ -1,6 +1,5 @@
 //! `PeriodicModelAverager` and `HierarchicalModelAverager`.
 
-use std::cell::Cell;
 use std::rc::Rc;
 
 use js_sys::Array;
@@ -9,7 +8,7 @@ use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
 use super::convert::{count_arg, index_list, integer, optional_integer_arg};
-use super::handles::Registry;
+use super::handles;
 use super::replicas::{borrow_mut, replicas_of};
 use super::slot::Slot;
 use super::world::{communicator, subgroups, world_of};
@@ -35,36 +34,24 @@ fn params_value(params: Option<IndexListArg>) -> JsValue {
 
 /// What both averager classes share.
 pub(crate) struct AveragerCore {
-    id: Cell<u32>,
     /// The averager, or the wrapper it moved into.
     pub(crate) slot: Slot<dyn ModelAverager>,
 }
 
-thread_local! {
-    /// Live averagers, so that `new PostLocalSGDOptimizer(…, averager)` finds the Rust object
-    /// behind either JS class.
-    static AVERAGERS: Registry<AveragerCore> = const { Registry::new() };
-}
-
 /// The averager behind a JS `PeriodicModelAverager` or `HierarchicalModelAverager`.
 pub(crate) fn averager_of(value: &JsValue) -> Result<Rc<AveragerCore>> {
-    AVERAGERS.with(|r| {
-        r.resolve(
-            value,
-            "__distoptAveragerId",
-            "averager must be a PeriodicModelAverager or HierarchicalModelAverager object",
-        )
-    })
+    handles::resolve(
+        value,
+        "__distoptAverager",
+        "averager must be a PeriodicModelAverager or HierarchicalModelAverager object",
+    )
 }
 
 impl AveragerCore {
     fn new(name: &'static str, averager: Box<dyn ModelAverager>) -> Rc<AveragerCore> {
-        let core = Rc::new(AveragerCore {
-            id: Cell::new(0),
+        Rc::new(AveragerCore {
             slot: Slot::new(name, "averager", averager),
-        });
-        core.id.set(AVERAGERS.with(|r| r.register(&core)));
-        core
+        })
     }
 
     fn step(&self) -> Result<u64> {
@@ -100,10 +87,10 @@ macro_rules! averager_methods {
     ($type:ident, $js:ident, $average_doc:literal) => {
         #[wasm_bindgen(js_class = $js)]
         impl $type {
-            /// Identifies the averager to `PostLocalSGDOptimizer` (internal).
-            #[wasm_bindgen(getter, js_name = __distoptAveragerId, skip_typescript)]
-            pub fn id(&self) -> u32 {
-                self.core.id.get()
+            /// Hands the averager to the call it is passed to (internal: `handles::resolve`).
+            #[wasm_bindgen(js_name = __distoptAverager, skip_typescript)]
+            pub fn hand_over(&self) {
+                handles::hand_over(self.core.clone());
             }
 
             /// Calls of `averageParameters` so far.

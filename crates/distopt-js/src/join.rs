@@ -10,7 +10,7 @@ use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, busy, js, js_ranks};
 use super::convert::json_from_js;
-use super::handles::Registry;
+use super::handles;
 use super::replicas::{SharedReplicas, borrow_mut, replicas_of};
 use super::typings::{ReplicasArg, WorldArg};
 use super::world::{communicator, world_of};
@@ -20,14 +20,10 @@ use distopt::error::{Error, Result};
 use distopt::join::{Join, JoinOptions, Joinable};
 use distopt::zero::ZeroRedundancyOptimizer;
 
-/// What the registry tracks: the DDP module and the replicas it wraps.
+/// The DDP module and the replicas it wraps.
 pub(crate) struct DdpHandle {
     ddp: RefCell<DistributedDataParallel>,
     replicas: SharedReplicas,
-}
-
-thread_local! {
-    static DDPS: Registry<DdpHandle> = const { Registry::new() };
 }
 
 #[wasm_bindgen]
@@ -53,7 +49,6 @@ extern "C" {
 #[wasm_bindgen(js_name = DistributedDataParallel)]
 pub struct DistributedDataParallelJs {
     inner: Rc<DdpHandle>,
-    id: u32,
 }
 
 impl DdpHandle {
@@ -83,14 +78,13 @@ impl DistributedDataParallelJs {
             ddp: RefCell::new(ddp),
             replicas: shared,
         });
-        let id = DDPS.with(|r| r.register(&inner));
-        Ok(DistributedDataParallelJs { inner, id })
+        Ok(DistributedDataParallelJs { inner })
     }
 
-    /// Identifies the module to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptDdpId, skip_typescript)]
-    pub fn id(&self) -> u32 {
-        self.id
+    /// Hands the module to the call it is passed to (internal: `handles::resolve`).
+    #[wasm_bindgen(js_name = __distoptDdp, skip_typescript)]
+    pub fn hand_over(&self) {
+        handles::hand_over(self.inner.clone());
     }
 
     /// The backward pass's gradient all-reduce, once every rank's local gradients are set:
@@ -246,15 +240,13 @@ impl JoinJs {
                 if let Some(zero) = zero_of(&item) {
                     return Ok(Participant::Zero(zero));
                 }
-                DDPS.with(|r| {
-                    r.resolve(
-                        &item,
-                        "__distoptDdpId",
-                        &format!(
-                            "joinables[{k}] must be a DistributedDataParallel or a ZeroRedundancyOptimizer"
-                        ),
-                    )
-                })
+                handles::resolve(
+                    &item,
+                    "__distoptDdp",
+                    &format!(
+                        "joinables[{k}] must be a DistributedDataParallel or a ZeroRedundancyOptimizer"
+                    ),
+                )
                 .map(Participant::Ddp)
             })
             .collect::<Result<Vec<_>>>()?;

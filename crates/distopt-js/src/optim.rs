@@ -9,7 +9,7 @@ use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
 use super::convert::{json_from_js, json_to_js, rank_arg};
-use super::handles::Registry;
+use super::handles;
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
 use super::slot::Slot;
 use super::typings::{IntegerArg, ReplicasArg, StateDictArg};
@@ -45,28 +45,19 @@ extern "C" {
 
 /// What the `SGD`, `Adam` and `AdamW` classes share.
 pub(crate) struct OptimizerCore {
-    pub(crate) id: std::cell::Cell<u32>,
     pub(crate) name: &'static str,
     pub(crate) replicas: SharedReplicas,
     /// The optimizer, or the wrapper it moved into.
     pub(crate) slot: Slot<dyn LocalOptimizer>,
 }
 
-thread_local! {
-    /// Live optimizers, so that `new PostLocalSGDOptimizer(optim, …)` finds the Rust object
-    /// behind any of the three JS classes.
-    static OPTIMIZERS: Registry<OptimizerCore> = const { Registry::new() };
-}
-
 /// The optimizer behind a JS `SGD`, `Adam` or `AdamW` object.
 pub(crate) fn optimizer_of(value: &JsValue) -> Result<Rc<OptimizerCore>> {
-    OPTIMIZERS.with(|r| {
-        r.resolve(
-            value,
-            "__distoptOptimizerId",
-            "optim must be an SGD, Adam or AdamW object",
-        )
-    })
+    handles::resolve(
+        value,
+        "__distoptOptimizer",
+        "optim must be an SGD, Adam or AdamW object",
+    )
 }
 
 /// Parses PyTorch-style parameter groups: `[{params: [j, …], <option>: value, …}, …]`.
@@ -211,14 +202,11 @@ impl OptimizerCore {
             }
             optim::create(name, &replicas, groups, &options(options_value)?)?
         };
-        let core = Rc::new(OptimizerCore {
-            id: std::cell::Cell::new(0),
+        Ok(Rc::new(OptimizerCore {
             name,
             replicas: shared,
             slot: Slot::new(name, "optimizer", optim),
-        });
-        core.id.set(OPTIMIZERS.with(|r| r.register(&core)));
-        Ok(core)
+        }))
     }
 
     fn step(&self) -> Result<()> {
@@ -330,10 +318,10 @@ macro_rules! optimizer_class {
                 self.core.name.into()
             }
 
-            /// Identifies the optimizer to `PostLocalSGDOptimizer` (internal).
-            #[wasm_bindgen(getter, js_name = __distoptOptimizerId, skip_typescript)]
-            pub fn id(&self) -> u32 {
-                self.core.id.get()
+            /// Hands the optimizer to the call it is passed to (internal: `handles::resolve`).
+            #[wasm_bindgen(js_name = __distoptOptimizer, skip_typescript)]
+            pub fn hand_over(&self) {
+                handles::hand_over(self.core.clone());
             }
 
             /// One step on every rank: each parameter with a gradient on a rank is updated

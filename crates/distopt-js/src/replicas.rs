@@ -14,7 +14,7 @@ use super::convert::{
     param_arg, per_rank_tensors_from_js, rank_arg, tensor_from_js, tensor_to_js, tensors_from_js,
     tensors_to_js,
 };
-use super::handles::Registry;
+use super::handles;
 use super::session::current_backend;
 use super::typings::{
     IntegerArg, OptionalTensorArg, OptionalTensorListArg, PerRankTensorsArg, TensorInputArg,
@@ -65,29 +65,22 @@ fn check_size(ranks: usize, params: &[Tensor]) -> Result<()> {
 #[wasm_bindgen(js_name = Replicas)]
 pub struct ReplicasJs {
     inner: SharedReplicas,
-    id: u32,
-}
-
-thread_local! {
-    static REPLICAS: Registry<RefCell<Replicas>> = const { Registry::new() };
 }
 
 /// The replicas behind a JS `Replicas` argument.
 pub(crate) fn replicas_of(value: &JsValue) -> Result<SharedReplicas> {
-    REPLICAS.with(|r| {
-        r.resolve(
-            value,
-            "__distoptReplicasId",
-            "replicas must be a Replicas object",
-        )
-    })
+    handles::resolve(
+        value,
+        "__distoptReplicas",
+        "replicas must be a Replicas object",
+    )
 }
 
 impl ReplicasJs {
     fn wrap(replicas: Replicas) -> ReplicasJs {
-        let inner = Rc::new(RefCell::new(replicas));
-        let id = REPLICAS.with(|r| r.register(&inner));
-        ReplicasJs { inner, id }
+        ReplicasJs {
+            inner: Rc::new(RefCell::new(replicas)),
+        }
     }
 }
 
@@ -118,10 +111,10 @@ impl ReplicasJs {
         ))?))
     }
 
-    /// Identifies the replicas to the functions they are passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptReplicasId, skip_typescript)]
-    pub fn id(&self) -> u32 {
-        self.id
+    /// Hands the replicas to the call they are passed to (internal: `handles::resolve`).
+    #[wasm_bindgen(js_name = __distoptReplicas, skip_typescript)]
+    pub fn hand_over(&self) {
+        handles::hand_over(self.inner.clone());
     }
 
     /// Number of ranks.

@@ -12,7 +12,7 @@ use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
 use super::convert::{array, get, optional_string, tensor_from_js, tensor_to_js};
-use super::handles::Registry;
+use super::handles;
 use super::optim::options;
 use super::typings::{OptimizerClassArg, OptimizerOptionsArg, StringArg, TensorInputArg};
 use distopt::backend::CpuBackend;
@@ -57,7 +57,7 @@ const OPTIMIZER_CLASS: &'static str = r#"
 export type OptimizerClass = typeof SGD | typeof Adam | typeof AdamW;
 "#;
 
-/// What the registry tracks: the world shared with its RRefs and optimizers.
+/// The world shared with its RRefs and optimizers.
 pub(crate) struct RpcWorldHandle(Arc<RpcWorld>);
 
 /// An RRef with the world it belongs to.
@@ -66,23 +66,17 @@ pub(crate) struct RRefHandle {
     rref: RRef,
 }
 
-/// What the registry tracks of an `AutogradContext`: its id.
+/// What an `AutogradContext` hands over: its id.
 pub(crate) struct ContextHandle(ContextId);
 
-thread_local! {
-    static RPC_WORLDS: Registry<RpcWorldHandle> = const { Registry::new() };
-    static RREFS: Registry<RRefHandle> = const { Registry::new() };
-    static CONTEXTS: Registry<ContextHandle> = const { Registry::new() };
-}
-
 fn rpc_world_of(value: &JsValue) -> Result<Rc<RpcWorldHandle>> {
-    RPC_WORLDS.with(|r| r.resolve(value, "__distoptRpcWorldId", "rpcWorld must be an RpcWorld"))
+    handles::resolve(value, "__distoptRpcWorld", "rpcWorld must be an RpcWorld")
 }
 
 /// The RRef behind a JS `RRef` argument, checked to belong to `world`.
 fn rref_of(value: &JsValue, world: &Rc<RpcWorldHandle>, what: &str) -> Result<RRef> {
-    let handle =
-        RREFS.with(|r| r.resolve(value, "__distoptRRefId", &format!("{what} must be an RRef")))?;
+    let handle: Rc<RRefHandle> =
+        handles::resolve(value, "__distoptRRef", &format!("{what} must be an RRef"))?;
     if !Rc::ptr_eq(&handle.world, world) {
         return Err(Error::value(format!("{what} belongs to another RpcWorld")));
     }
@@ -96,7 +90,7 @@ fn context_id(value: &JsValue) -> Result<ContextId> {
         return Ok(super::convert::count(number, "contextId")? as ContextId);
     }
     if value.is_object() {
-        if let Ok(context) = CONTEXTS.with(|r| r.resolve(value, "__distoptContextId", "")) {
+        if let Ok(context) = handles::resolve::<ContextHandle>(value, "__distoptContext", "") {
             return Ok(context.0);
         }
     }
@@ -152,7 +146,6 @@ fn worker_name(value: &JsValue, what: &str) -> Result<String> {
 #[wasm_bindgen(js_name = RpcWorld)]
 pub struct RpcWorldJs {
     inner: Rc<RpcWorldHandle>,
-    id: u32,
 }
 
 #[wasm_bindgen(js_class = RpcWorld)]
@@ -173,14 +166,13 @@ impl RpcWorldJs {
         #[allow(clippy::arc_with_non_send_sync)]
         let world = Arc::new(js(RpcWorld::new(&refs, backend))?);
         let inner = Rc::new(RpcWorldHandle(world));
-        let id = RPC_WORLDS.with(|r| r.register(&inner));
-        Ok(RpcWorldJs { inner, id })
+        Ok(RpcWorldJs { inner })
     }
 
-    /// Identifies the world to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptRpcWorldId, skip_typescript)]
-    pub fn id(&self) -> u32 {
-        self.id
+    /// Hands the world to the call it is passed to (internal: `handles::resolve`).
+    #[wasm_bindgen(js_name = __distoptRpcWorld, skip_typescript)]
+    pub fn hand_over(&self) {
+        handles::hand_over(self.inner.clone());
     }
 
     /// Every worker's name, `"driver"` first.
@@ -198,20 +190,15 @@ impl RpcWorldJs {
             world: self.inner.clone(),
             rref,
         });
-        let id = RREFS.with(|r| r.register(&handle));
-        Ok(RRefJs { handle, id })
+        Ok(RRefJs { handle })
     }
 
     /// `dist_autograd.context()`: a new live context; `release()` (or `free()`) ends it.
     pub fn context(&self) -> AutogradContextJs {
         let context = self.inner.0.context();
-        let handle = Rc::new(ContextHandle(context.id()));
-        let handle_id = CONTEXTS.with(|r| r.register(&handle));
         AutogradContextJs {
             id: context.id(),
             context: Some(context),
-            handle,
-            handle_id,
         }
     }
 
@@ -289,15 +276,14 @@ impl RpcWorldJs {
 #[wasm_bindgen(js_name = RRef)]
 pub struct RRefJs {
     handle: Rc<RRefHandle>,
-    id: u32,
 }
 
 #[wasm_bindgen(js_class = RRef)]
 impl RRefJs {
-    /// Identifies the RRef to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptRRefId, skip_typescript)]
-    pub fn handle_id(&self) -> u32 {
-        self.id
+    /// Hands the RRef to the call it is passed to (internal: `handles::resolve`).
+    #[wasm_bindgen(js_name = __distoptRRef, skip_typescript)]
+    pub fn hand_over(&self) {
+        handles::hand_over(self.handle.clone());
     }
 
     /// The owning worker's name.
@@ -328,18 +314,14 @@ impl RRefJs {
 pub struct AutogradContextJs {
     id: ContextId,
     context: Option<AutogradContext>,
-    /// Keeps the registry's entry alive while the JS object lives.
-    #[allow(dead_code)]
-    handle: Rc<ContextHandle>,
-    handle_id: u32,
 }
 
 #[wasm_bindgen(js_class = AutogradContext)]
 impl AutogradContextJs {
-    /// Identifies the context to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptContextId, skip_typescript)]
-    pub fn handle_id(&self) -> u32 {
-        self.handle_id
+    /// Hands the context's id to the call it is passed to (internal: `handles::resolve`).
+    #[wasm_bindgen(js_name = __distoptContext, skip_typescript)]
+    pub fn hand_over(&self) {
+        handles::hand_over(Rc::new(ContextHandle(self.id)));
     }
 
     /// The context id (pass it to `recordGradient`, `getGradients`,

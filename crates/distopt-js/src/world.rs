@@ -9,7 +9,7 @@ use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
 use super::convert::{count_arg, optional_integer_arg, rank_arg};
-use super::handles::Registry;
+use super::handles;
 use super::typings::{IntegerArg, to_js};
 use distopt::comm::{
     CommStats as LibCommStats, Communicator, SimulatedWorld, Subgroups, new_subgroups,
@@ -21,20 +21,14 @@ use distopt::error::Result;
 #[wasm_bindgen(js_name = World)]
 pub struct WorldJs {
     inner: Rc<WorldHandle>,
-    id: u32,
 }
 
-/// What the registry tracks: the world shared with everything made over it.
+/// The world shared with everything made over it.
 pub(crate) struct WorldHandle(Arc<SimulatedWorld>);
-
-thread_local! {
-    static WORLDS: Registry<WorldHandle> = const { Registry::new() };
-}
 
 /// The world behind a JS `World` argument.
 pub(crate) fn world_of(value: &JsValue) -> Result<Arc<SimulatedWorld>> {
-    WORLDS
-        .with(|r| r.resolve(value, "__distoptWorldId", "world must be a World"))
+    handles::resolve::<WorldHandle>(value, "__distoptWorld", "world must be a World")
         .map(|w| Arc::clone(&w.0))
 }
 
@@ -92,14 +86,13 @@ impl WorldJs {
     pub fn new(size: IntegerArg) -> JsResult<WorldJs> {
         let size = js(count_arg(&size, "size"))?;
         let inner = Rc::new(WorldHandle(Arc::new(js(SimulatedWorld::new(size))?)));
-        let id = WORLDS.with(|r| r.register(&inner));
-        Ok(WorldJs { inner, id })
+        Ok(WorldJs { inner })
     }
 
-    /// Identifies the world to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptWorldId, skip_typescript)]
-    pub fn id(&self) -> u32 {
-        self.id
+    /// Hands the world to the call it is passed to (internal: `handles::resolve`).
+    #[wasm_bindgen(js_name = __distoptWorld, skip_typescript)]
+    pub fn hand_over(&self) {
+        handles::hand_over(self.inner.clone());
     }
 
     /// Ranks in the world.

@@ -10,7 +10,7 @@ use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, busy, js, js_ranks};
 use super::convert::{json_from_js, json_to_js};
-use super::handles::Registry;
+use super::handles;
 use super::optim::{group_from_json, options};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
 use super::typings::{
@@ -57,24 +57,17 @@ extern "C" {
 pub struct ZeroRedundancyOptimizerJs {
     inner: Rc<ZeroHandle>,
     name: String,
-    id: u32,
 }
 
-/// What the registry tracks: the optimizer and the replicas it was built for.
+/// The optimizer and the replicas it was built for.
 pub(crate) struct ZeroHandle {
     pub(crate) zero: SharedZero,
     pub(crate) replicas: SharedReplicas,
 }
 
-thread_local! {
-    static ZEROS: Registry<ZeroHandle> = const { Registry::new() };
-}
-
 /// The optimizer behind a JS `ZeroRedundancyOptimizer` argument, if it is one.
 pub(crate) fn zero_of(value: &JsValue) -> Option<Rc<ZeroHandle>> {
-    ZEROS
-        .with(|r| r.resolve(value, "__distoptZeroId", "a ZeroRedundancyOptimizer"))
-        .ok()
+    handles::resolve(value, "__distoptZero", "a ZeroRedundancyOptimizer").ok()
 }
 
 /// One item of `params` before the replica indices are resolved.
@@ -459,14 +452,13 @@ impl ZeroRedundancyOptimizerJs {
             zero: zero.clone(),
             replicas: shared.clone(),
         });
-        let id = ZEROS.with(|r| r.register(&inner));
-        Ok(ZeroRedundancyOptimizerJs { inner, name, id })
+        Ok(ZeroRedundancyOptimizerJs { inner, name })
     }
 
-    /// Identifies the optimizer to the functions it is passed to (internal).
-    #[wasm_bindgen(getter, js_name = __distoptZeroId, skip_typescript)]
-    pub fn id(&self) -> u32 {
-        self.id
+    /// Hands the optimizer to the call it is passed to (internal: `handles::resolve`).
+    #[wasm_bindgen(js_name = __distoptZero, skip_typescript)]
+    pub fn hand_over(&self) {
+        handles::hand_over(self.inner.clone());
     }
 
     /// The local optimizer class.
