@@ -19,10 +19,11 @@
 // Float16Array is a 1-D float16 tensor, `{data: Float16Array}` is float16 unless `dtype` says
 // otherwise. Returned float16 tensors keep their documented form (Uint16Array bit patterns).
 
-import * as glue from './wasm/distopt_wasm.js';
-// The parameter names of every call of the module, generated at build time from wasm-bindgen's
-// declarations (scripts/glue-params.mjs): they name arguments in messages.
-import PARAMS from './wasm/params.js';
+// The build this copy wraps (flavor.js beside it: the single-threaded build's, or in threads/
+// the threaded build's): its glue, the parameter names of every call of the module (generated
+// at build time from wasm-bindgen's declarations by scripts/glue-params.mjs: they name arguments
+// in messages), and its CPU worker threads.
+import { glue, PARAMS, threadedBuild, spawnThreadWorker } from './flavor.js';
 
 const loadModule = glue.default;
 
@@ -709,9 +710,6 @@ async function webgpuAdapterInfo() {
 // ---------------------------------------------------------------------------------------------
 // The CPU fallback's worker threads (the threaded build, `distopt/threads`)
 
-/** Whether this copy of the file wraps the threaded build (scripts/build-npm.sh sets it). */
-const threadedBuild = false; // distopt/threads: build
-
 /**
  * The `threads` option of init(): `'auto'` (every logical core, at most 16) or a whole number
  * of threads from 1 to 64, the calling thread included.
@@ -728,16 +726,6 @@ function threadCount(threads) {
     );
   }
   return threads;
-}
-
-/**
- * A new worker thread running `threads/worker.js`. scripts/build-npm.sh makes threads/index.js
- * from this file with this body replaced by `new Worker(new URL('./worker.js',
- * import.meta.url), options)`, the form bundlers follow; the plain build has no worker.
- */
-function spawnThreadWorker(options) {
-  void options;
-  return null; // distopt/threads: spawn
 }
 
 /** Worker threads started so far (they serve the module's pool until the page goes). */

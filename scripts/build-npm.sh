@@ -12,8 +12,9 @@
 # The sizes before and after wasm-opt are printed.
 #   (5. the threaded build, `distopt/threads`, where a nightly toolchain with rust-src exists:
 #       the same crate with WebAssembly atomics and shared memory, std rebuilt for them
-#       (-Z build-std), into wasm-threads/; threads/index.js is index.js importing that glue,
-#       threads/worker.js the worker that serves the CPU fallback's pool. Without nightly the
+#       (-Z build-std), into wasm-threads/; threads/ holds index.js as it is beside
+#       npm/threads/flavor.js (which imports that glue) and worker.js, the worker that serves
+#       the CPU fallback's pool. Without nightly the
 #       package has no `distopt/threads` and says so. --no-threads skips it.)
 #
 # Installs what a fresh machine lacks: the wasm32 rustup target and wasm-bindgen-cli.
@@ -112,18 +113,11 @@ if [ "$HAVE_THREADS" = 1 ]; then
   fi
   # The same parameter names (the threaded glue exports the same calls).
   cp "$PKG/wasm/params.js" "$PKG/wasm-threads/params.js"
-  # The same guarded API, wrapping the threaded glue.
-  sed -e "s#'\./wasm/#'../wasm-threads/#g" \
-    -e "s#^const threadedBuild = false; // distopt/threads: build\$#const threadedBuild = true;#" \
-    -e "s#^  return null; // distopt/threads: spawn\$#  return new Worker(new URL('./worker.js', import.meta.url), options);#" \
-    npm/index.js > "$PKG/threads/index.js"
-  grep -q "'../wasm-threads/distopt_wasm.js'" "$PKG/threads/index.js"
-  grep -q "new Worker(new URL('./worker.js', import.meta.url), options)" "$PKG/threads/index.js"
-  grep -q "^const threadedBuild = true;" "$PKG/threads/index.js"
-  cp npm/threads/worker.js "$PKG/threads/"
+  # The same guarded API (index.js, unchanged) over the threaded build's flavor.js.
+  cp npm/index.js npm/threads/flavor.js npm/threads/worker.js "$PKG/threads/"
 fi
 
-cp npm/package.json npm/index.js npm/index.cjs npm/README.md LICENSE-MIT LICENSE-APACHE "$PKG/"
+cp npm/package.json npm/index.js npm/flavor.js npm/index.cjs npm/README.md LICENSE-MIT LICENSE-APACHE "$PKG/"
 # The package version follows the crate's.
 CRATE_VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 node -e '

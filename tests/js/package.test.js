@@ -68,6 +68,7 @@ test('the tarball holds the package and nothing else', () => {
     'package/LICENSE-APACHE',
     'package/LICENSE-MIT',
     'package/README.md',
+    'package/flavor.js',
     'package/index.cjs',
     'package/index.d.ts',
     'package/index.js',
@@ -75,6 +76,7 @@ test('the tarball holds the package and nothing else', () => {
     // The threaded build (distopt/threads), where the package was built with nightly.
     ...(THREADED
       ? [
+          'package/threads/flavor.js',
           'package/threads/index.js',
           'package/threads/worker.js',
           'package/wasm-threads/distopt_wasm.js',
