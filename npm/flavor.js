@@ -6,6 +6,11 @@ import * as glue from './wasm/distopt_wasm.js';
 export { glue };
 export { default as PARAMS } from './wasm/params.js';
 
+/** Where this build's .wasm is (the `new URL(…, import.meta.url)` form bundlers follow). */
+export function wasmUrl() {
+  return new URL('./wasm/distopt_wasm_bg.wasm', import.meta.url);
+}
+
 /** Whether this build's CPU fallback can run worker threads. */
 export const threadedBuild = false;
 

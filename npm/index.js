@@ -20,10 +20,10 @@
 // otherwise. Returned float16 tensors keep their documented form (Uint16Array bit patterns).
 
 // The build this copy wraps (flavor.js beside it: the single-threaded build's, or in threads/
-// the threaded build's): its glue, the parameter names of every call of the module (generated
+// the threaded build's): its glue and its .wasm, the parameter names of every call of the module (generated
 // at build time from wasm-bindgen's declarations by scripts/glue-params.mjs: they name arguments
 // in messages), and its CPU worker threads.
-import { glue, PARAMS, threadedBuild, spawnThreadWorker } from './flavor.js';
+import { glue, PARAMS, threadedBuild, spawnThreadWorker, wasmUrl } from './flavor.js';
 
 const loadModule = glue.default;
 
@@ -634,7 +634,7 @@ export const version = guardFunction('version', glue.version);
 /** Node's fetch cannot read file: URLs, so there the module's bytes are read from disk. */
 async function defaultSource() {
   if (!isNode) return undefined;
-  const url = new URL('./wasm/distopt_wasm_bg.wasm', import.meta.url);
+  const url = wasmUrl();
   if (url.protocol !== 'file:') return undefined;
   const fs = 'node:fs/promises';
   const { readFile } = await import(/* webpackIgnore: true */ /* @vite-ignore */ fs);

@@ -343,7 +343,9 @@ test('a page loads the .wasm from another path: init({wasm}) with a URL, a Respo
   fs.mkdirSync(path.join(dir, 'lib/wasm'), { recursive: true });
   fs.mkdirSync(path.join(dir, 'blobs'));
   const pkg = path.join(work, 'page/node_modules/distopt');
-  fs.copyFileSync(path.join(pkg, 'index.js'), path.join(dir, 'lib/index.js'));
+  for (const script of ['index.js', 'flavor.js']) {
+    fs.copyFileSync(path.join(pkg, script), path.join(dir, 'lib', script));
+  }
   for (const script of ['distopt_wasm.js', 'params.js']) {
     fs.copyFileSync(path.join(pkg, 'wasm', script), path.join(dir, 'lib/wasm', script));
   }
