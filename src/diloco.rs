@@ -53,7 +53,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::backend::kernels::SgdScalars;
+use crate::backend::kernels::{ConvertArgs, PseudoGradientArgs, SgdArgs, SgdScalars};
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
 use crate::comm::{Communicator, Subgroups};
 use crate::dtype::StorageFormat;
@@ -937,7 +937,13 @@ impl DiLoCo {
                 backend.copy_regions(backup, out, regions)?;
             }
             let scalars = Self::sgd_scalars(ranks, active, 1.0, false);
-            backend.sgd(out, params, None, starts, &scalars)?;
+            backend.sgd(SgdArgs {
+                params: out,
+                grads: params,
+                momentum: None,
+                starts,
+                scalars: &scalars,
+            })?;
             if let Some(wire) = wire.filter(|&w| w != format) {
                 // Compressed: round to the wire format, average in it, widen back.
                 let wire_arena = &mut self.wire[b];
@@ -952,7 +958,12 @@ impl DiLoCo {
                         Some(maker.create_arena(wire, params.ranks(), rank_len, chunk_len)?);
                 }
                 let arena = wire_arena.as_mut().expect("created above");
-                backend.convert(out, arena, starts, active)?;
+                backend.convert(ConvertArgs {
+                    src: out,
+                    dst: arena,
+                    starts,
+                    active,
+                })?;
                 self.world.all_reduce_mean_live(
                     backend.as_ref(),
                     arena,
@@ -963,7 +974,12 @@ impl DiLoCo {
                     active,
                     *bytes,
                 )?;
-                backend.convert(arena, out, starts, active)?;
+                backend.convert(ConvertArgs {
+                    src: arena,
+                    dst: out,
+                    starts,
+                    active,
+                })?;
                 continue;
             }
             // The reference all-reduces each pseudo-gradient in its own dtype.
@@ -1078,13 +1094,31 @@ impl DiLoCo {
             };
             if small {
                 // grads = global - local (local := global), params = global - α·grads.
-                backend.pseudo_gradient(local, &*params, grads, starts, active)?;
+                backend.pseudo_gradient(PseudoGradientArgs {
+                    params: local,
+                    backup: params,
+                    grads,
+                    starts,
+                    active,
+                })?;
             } else {
                 // grads = local - global (params := local), params = local - (1-α)·grads.
-                backend.pseudo_gradient(params, &*local, grads, starts, active)?;
+                backend.pseudo_gradient(PseudoGradientArgs {
+                    params,
+                    backup: local,
+                    grads,
+                    starts,
+                    active,
+                })?;
             }
             let scalars = Self::sgd_scalars(ranks, active, lr, fused);
-            backend.sgd(params, grads, None, starts, &scalars)?;
+            backend.sgd(SgdArgs {
+                params,
+                grads,
+                momentum: None,
+                starts,
+                scalars: &scalars,
+            })?;
         }
         Ok(())
     }

@@ -35,7 +35,10 @@ use std::time::{Duration, Instant};
 use common::{Case, load_cases};
 use distopt::BlockOn;
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
-use distopt::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+use distopt::backend::kernels::{
+    AdamArenas, AdamScalars, AverageArgs, ConvertArgs, ParamStarts, PseudoGradientArgs,
+    ScaledSumArgs, SgdArgs,
+};
 use distopt::backend::{BoxFuture, CopyRegion};
 use distopt::comm::Communicator;
 use distopt::comm::mpi::{MpiWorld, install_panic_hook};
@@ -305,15 +308,8 @@ impl Backend for Recording {
         self.inner
             .dp_sgd_step_with_divisor(params, grads, means, learning_rate, divisor)
     }
-    fn sgd(
-        &self,
-        params: &mut Arena,
-        grads: &Arena,
-        momentum: Option<&mut Arena>,
-        starts: &ParamStarts,
-        scalars: &[SgdScalars],
-    ) -> distopt::Result<()> {
-        self.inner.sgd(params, grads, momentum, starts, scalars)
+    fn sgd(&self, args: SgdArgs<'_>) -> distopt::Result<()> {
+        self.inner.sgd(args)
     }
     fn adam(
         &self,
@@ -323,47 +319,17 @@ impl Backend for Recording {
     ) -> distopt::Result<()> {
         self.inner.adam(arenas, starts, scalars)
     }
-    fn average(
-        &self,
-        arena: &mut Arena,
-        group_size: usize,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> distopt::Result<()> {
-        self.inner.average(arena, group_size, arith, starts, active)
+    fn average(&self, args: AverageArgs<'_>) -> distopt::Result<()> {
+        self.inner.average(args)
     }
-    fn scaled_sum(
-        &self,
-        arena: &mut Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-    ) -> distopt::Result<()> {
-        self.inner
-            .scaled_sum(arena, arith, starts, reduced, scales, present)
+    fn scaled_sum(&self, args: ScaledSumArgs<'_>) -> distopt::Result<()> {
+        self.inner.scaled_sum(args)
     }
-    fn pseudo_gradient(
-        &self,
-        params: &mut Arena,
-        backup: &Arena,
-        grads: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> distopt::Result<()> {
-        self.inner
-            .pseudo_gradient(params, backup, grads, starts, active)
+    fn pseudo_gradient(&self, args: PseudoGradientArgs<'_>) -> distopt::Result<()> {
+        self.inner.pseudo_gradient(args)
     }
-    fn convert(
-        &self,
-        src: &Arena,
-        dst: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> distopt::Result<()> {
-        self.inner.convert(src, dst, starts, active)
+    fn convert(&self, args: ConvertArgs<'_>) -> distopt::Result<()> {
+        self.inner.convert(args)
     }
     fn copy_regions(
         &self,

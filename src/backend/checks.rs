@@ -28,35 +28,9 @@ pub(crate) fn check_param_table(what: &str, arena: &Arena, starts: &ParamStarts)
     Ok(())
 }
 
-/// The argument checks of [`Backend::average`] that do not depend on the arena's storage (the
-/// reference kernel's, with its text): the GPU backend makes them for an empty table, which
-/// it does not dispatch.
-pub(crate) fn check_average_args(
-    arena: &Arena,
-    group_size: usize,
-    starts: &ParamStarts,
-    active: &[bool],
-) -> Result<()> {
-    let ranks = arena.ranks();
-    if group_size == 0 || !ranks.is_multiple_of(group_size) || active.len() != starts.0.len() {
-        return Err(Error::value(format!(
-            "average: group size {group_size} does not divide {ranks} ranks, or {} flags for {} parameters",
-            active.len(),
-            starts.0.len()
-        )));
-    }
-    Ok(())
-}
-
 /// Validates a batch of copies: same format, in range, word aligned.
 pub(crate) fn check_copy_regions(src: &Arena, dst: &Arena, regions: &[CopyRegion]) -> Result<()> {
-    if src.format() != dst.format() {
-        return Err(Error::value(format!(
-            "cannot copy between arenas of formats {:?} and {:?}",
-            src.format(),
-            dst.format()
-        )));
-    }
+    check_same_format(src, dst)?;
     let format = src.format();
     for r in regions {
         src.check_range(r.src_rank, r.src_offset, r.len)?;

@@ -4,7 +4,10 @@ use std::fmt;
 
 use super::arena::{Arena, CopyRegion};
 use super::info::BackendInfo;
-use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+use super::kernels::{
+    AdamArenas, AdamScalars, AverageArgs, ConvertArgs, ParamStarts, PseudoGradientArgs,
+    ScaledSumArgs, SgdArgs,
+};
 use super::platform::{BoxFuture, MaybeSendSync};
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -139,14 +142,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// entry per (rank, parameter), or when an active entry has momentum and no momentum arena is
     /// given. A `RuntimeError` for an arena this backend cannot use (another backend's:
     /// see the trait's documentation), or when the GPU device reports an error or is lost.
-    fn sgd(
-        &self,
-        params: &mut Arena,
-        grads: &Arena,
-        momentum: Option<&mut Arena>,
-        starts: &ParamStarts,
-        scalars: &[SgdScalars],
-    ) -> Result<()>;
+    fn sgd(&self, args: SgdArgs<'_>) -> Result<()>;
 
     /// `torch.optim.Adam`/`AdamW`'s step over every rank and parameter of an arena.
     ///
@@ -176,14 +172,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// start at 0 and ascend on 64-element slots within a rank's elements); a `RuntimeError` for
     /// an arena this backend cannot use (another backend's: see the trait's documentation), or
     /// when the GPU device reports an error or is lost.
-    fn average(
-        &self,
-        arena: &mut Arena,
-        group_size: usize,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()>;
+    fn average(&self, args: AverageArgs<'_>) -> Result<()>;
 
     /// The data-parallel gradient all-reduce (see [`super::kernels::scaled_sum_reference`]): every
     /// rank with a scale contributes its values times the scale (zeros where not `present`),
@@ -195,15 +184,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// rank or `present` one flag per (rank, parameter); a `RuntimeError` for an arena this backend
     /// cannot use (another backend's: see the trait's documentation), or when the GPU device
     /// reports an error or is lost.
-    fn scaled_sum(
-        &self,
-        arena: &mut Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-    ) -> Result<()>;
+    fn scaled_sum(&self, args: ScaledSumArgs<'_>) -> Result<()>;
 
     /// DiLoCo's pseudo-gradient over three arenas of one layout (see
     /// [`super::kernels::pseudo_gradient_reference`]): for every rank and every element of the
@@ -219,14 +200,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// `starts` does not fit the arenas (see [`Backend::average`]); a `RuntimeError` for an arena
     /// this backend cannot use (another backend's: see the trait's documentation), or when the
     /// GPU device reports an error or is lost.
-    fn pseudo_gradient(
-        &self,
-        params: &mut Arena,
-        backup: &Arena,
-        grads: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()>;
+    fn pseudo_gradient(&self, args: PseudoGradientArgs<'_>) -> Result<()>;
 
     /// Converts the parameters flagged in `active` of every rank of `src` into `dst`, an arena
     /// of the same ranks, layout and chunking in another storage format (see
@@ -237,13 +211,7 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// chunking) or `active` does not hold one flag per parameter; a `RuntimeError` for an arena
     /// this backend cannot use (another backend's: see the trait's documentation), or when the GPU
     /// device reports an error or is lost.
-    fn convert(
-        &self,
-        src: &Arena,
-        dst: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()>;
+    fn convert(&self, args: ConvertArgs<'_>) -> Result<()>;
 
     /// Copies many element ranges from `src` to `dst` (arenas of the same format) as one
     /// batch.

@@ -20,7 +20,7 @@ mod select;
 pub use arena::{Arena, CopyRegion, PARAM_ALIGN_ELEMENTS, layout_params};
 pub(crate) use arena::{ArenaStorage, host_words, host_words_mut};
 pub(crate) use checks::{
-    check_average_args, check_copy_regions, check_param_table, check_same_format, check_step_arenas,
+    check_copy_regions, check_param_table, check_same_format, check_step_arenas,
 };
 pub use cpu::CpuBackend;
 pub use cpu::{host_step, roofline};

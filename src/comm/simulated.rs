@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use super::{BroadcastRegion, CommStats, Communicator, Membership, MembershipSchedule, Subgroups};
-use crate::backend::kernels::ParamStarts;
+use crate::backend::kernels::{AverageArgs, ParamStarts, ScaledSumArgs};
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -148,7 +148,13 @@ impl Communicator for SimulatedWorld {
         let len = arena.rank_len();
         if len == 0 {
             // Nothing to average: the arguments are checked, nothing changes.
-            return backend.average(arena, groups.group_size(), arith, starts, active);
+            return backend.average(AverageArgs {
+                arena,
+                group_size: groups.group_size(),
+                arith,
+                starts,
+                active,
+            });
         }
         for (n, ranks) in by_count {
             // A host arena (float64 on a GPU backend) gathers into a host arena.
@@ -173,7 +179,13 @@ impl Communicator for SimulatedWorld {
                 })
                 .collect();
             backend.copy_regions(arena, &mut gathered, &there)?;
-            backend.average(&mut gathered, n, arith, starts, active)?;
+            backend.average(AverageArgs {
+                arena: &mut gathered,
+                group_size: n,
+                arith,
+                starts,
+                active,
+            })?;
             let back: Vec<CopyRegion> = there
                 .iter()
                 .map(|r| CopyRegion {
@@ -205,7 +217,13 @@ impl Communicator for SimulatedWorld {
                 self.size
             )));
         }
-        backend.average(arena, groups.group_size(), arith, starts, active)?;
+        backend.average(AverageArgs {
+            arena,
+            group_size: groups.group_size(),
+            arith,
+            starts,
+            active,
+        })?;
         self.record(|s| s.add_all_reduce(groups.group_size(), bytes_per_rank));
         Ok(())
     }
@@ -222,7 +240,14 @@ impl Communicator for SimulatedWorld {
         bytes_per_rank: u64,
     ) -> Result<()> {
         self.check_local(arena.ranks())?;
-        backend.scaled_sum(arena, arith, starts, reduced, scales, present)?;
+        backend.scaled_sum(ScaledSumArgs {
+            arena,
+            arith,
+            starts,
+            reduced,
+            scales,
+            present,
+        })?;
         self.record(|s| s.add_all_reduce(self.size, bytes_per_rank));
         Ok(())
     }

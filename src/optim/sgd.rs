@@ -8,7 +8,7 @@ use super::options::OptionMap;
 use super::sgd_options::SgdOptions;
 use super::shell::{Optimizer, OptimizerMath, Shell, all_params, parse_state_tensor};
 use crate::backend::BoxFuture;
-use crate::backend::kernels::SgdScalars;
+use crate::backend::kernels::{SgdArgs, SgdScalars};
 use crate::error::Result;
 use crate::json::tensor_to_json;
 use crate::replicas::{Replicas, StateArenas};
@@ -107,7 +107,13 @@ impl OptimizerMath for SgdMath {
         }
         let backend = replicas.backend().clone();
         let (params, grads, starts) = replicas.buckets_mut()[b].step_arenas();
-        backend.sgd(params, grads, self.momentum.get_mut(b), starts, table)
+        backend.sgd(SgdArgs {
+            params,
+            grads,
+            momentum: self.momentum.get_mut(b),
+            starts,
+            scalars: table,
+        })
     }
 
     fn state_bytes_per_rank(&self) -> usize {

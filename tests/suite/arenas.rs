@@ -39,7 +39,7 @@ fn misaligned_16_bit_accesses_are_value_errors() {
 
 #[test]
 fn optimizer_state_a_step_needs_is_checked_on_both_backends() {
-    use distopt::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+    use distopt::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdArgs, SgdScalars};
     for backend in common::backends() {
         let f = StorageFormat::F32;
         let arena = || backend.create_arena(f, 1, 64, 64).unwrap();
@@ -52,7 +52,13 @@ fn optimizer_state_a_step_needs_is_checked_on_both_backends() {
             ..SgdScalars::default()
         };
         let err = backend
-            .sgd(&mut params, &grads, None, &starts, &[sgd])
+            .sgd(SgdArgs {
+                params: &mut params,
+                grads: &grads,
+                momentum: None,
+                starts: &starts,
+                scalars: &[sgd],
+            })
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::ValueError, "{err}");
         assert!(err.message().contains("no momentum arena"), "{err}");
@@ -128,7 +134,10 @@ fn outcome(result: distopt::Result<()>, arenas: &[&distopt::backend::Arena]) -> 
 /// not fit (never a panic, never a kernel over garbage).
 #[test]
 fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
-    use distopt::backend::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+    use distopt::backend::kernels::{
+        AdamArenas, AdamScalars, AverageArgs, ConvertArgs, ParamStarts, PseudoGradientArgs,
+        ScaledSumArgs, SgdArgs, SgdScalars,
+    };
     type Case = (&'static str, Outcome);
     let run = |backend: &dyn Backend| -> Vec<Case> {
         let f = StorageFormat::F32;
@@ -148,39 +157,93 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
         let mut cases: Vec<Case> = Vec::new();
         // An empty table over an arena with no parameters: nothing to do.
         let mut a = filled(2, 64);
-        let r = backend.average(&mut a, 2, f, &none, &[]);
+        let r = backend.average(AverageArgs {
+            arena: &mut a,
+            group_size: 2,
+            arith: f,
+            starts: &none,
+            active: &[],
+        });
         cases.push(("average, empty table", outcome(r, &[&a])));
         let (mut p, b, mut g) = (filled(2, 64), filled(2, 64), filled(2, 64));
-        let r = backend.pseudo_gradient(&mut p, &b, &mut g, &none, &[]);
+        let r = backend.pseudo_gradient(PseudoGradientArgs {
+            params: &mut p,
+            backup: &b,
+            grads: &mut g,
+            starts: &none,
+            active: &[],
+        });
         cases.push(("pseudo_gradient, empty table", outcome(r, &[&p, &g])));
         let (src, mut dst) = (filled(2, 64), filled(2, 64));
-        let r = backend.convert(&src, &mut dst, &none, &[]);
+        let r = backend.convert(ConvertArgs {
+            src: &src,
+            dst: &mut dst,
+            starts: &none,
+            active: &[],
+        });
         cases.push(("convert, empty table", outcome(r, &[&dst])));
         let mut a = filled(2, 64);
-        let r = backend.scaled_sum(&mut a, f, &none, &[], &[Some(0.5), Some(0.5)], &[]);
+        let r = backend.scaled_sum(ScaledSumArgs {
+            arena: &mut a,
+            arith: f,
+            starts: &none,
+            reduced: &[],
+            scales: &[Some(0.5), Some(0.5)],
+            present: &[],
+        });
         cases.push(("scaled_sum, empty table", outcome(r, &[&a])));
         // An empty table is still checked against the other arguments.
         let mut a = filled(2, 64);
-        let r = backend.average(&mut a, 3, f, &none, &[]);
+        let r = backend.average(AverageArgs {
+            arena: &mut a,
+            group_size: 3,
+            arith: f,
+            starts: &none,
+            active: &[],
+        });
         cases.push((
             "average, empty table, group of 3 in 2 ranks",
             outcome(r, &[&a]),
         ));
         let (mut p, b, mut g) = (filled(2, 64), filled(1, 64), filled(2, 64));
-        let r = backend.pseudo_gradient(&mut p, &b, &mut g, &none, &[]);
+        let r = backend.pseudo_gradient(PseudoGradientArgs {
+            params: &mut p,
+            backup: &b,
+            grads: &mut g,
+            starts: &none,
+            active: &[],
+        });
         cases.push((
             "pseudo_gradient, empty table, backup of 1 rank",
             outcome(r, &[&p]),
         ));
         let (mut p, b, mut g) = (filled(2, 64), filled(2, 64), filled(2, 64));
-        let r = backend.pseudo_gradient(&mut p, &b, &mut g, &none, &[true]);
+        let r = backend.pseudo_gradient(PseudoGradientArgs {
+            params: &mut p,
+            backup: &b,
+            grads: &mut g,
+            starts: &none,
+            active: &[true],
+        });
         cases.push(("pseudo_gradient, empty table, one flag", outcome(r, &[&p])));
         // No active parameter: nothing changes.
         let mut a = filled(2, 64);
-        let r = backend.average(&mut a, 2, f, &one, &[false]);
+        let r = backend.average(AverageArgs {
+            arena: &mut a,
+            group_size: 2,
+            arith: f,
+            starts: &one,
+            active: &[false],
+        });
         cases.push(("average, nothing active", outcome(r, &[&a])));
         let (mut p, b, mut g) = (filled(2, 64), filled(2, 64), filled(2, 64));
-        let r = backend.pseudo_gradient(&mut p, &b, &mut g, &one, &[false]);
+        let r = backend.pseudo_gradient(PseudoGradientArgs {
+            params: &mut p,
+            backup: &b,
+            grads: &mut g,
+            starts: &one,
+            active: &[false],
+        });
         cases.push(("pseudo_gradient, nothing active", outcome(r, &[&p, &g])));
         // A table that does not fit its arena: past the rank's elements, not starting at 0,
         // descending, or not on a 64-element slot.
@@ -193,10 +256,22 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
             let starts = ParamStarts(table);
             let n = starts.0.len();
             let mut a = filled(2, 128);
-            let r = backend.average(&mut a, 2, f, &starts, &vec![true; n]);
+            let r = backend.average(AverageArgs {
+                arena: &mut a,
+                group_size: 2,
+                arith: f,
+                starts: &starts,
+                active: &vec![true; n],
+            });
             cases.push((leak(format!("average, table {name}")), outcome(r, &[&a])));
             let (mut p, b, mut g) = (filled(2, 128), filled(2, 128), filled(2, 128));
-            let r = backend.pseudo_gradient(&mut p, &b, &mut g, &starts, &vec![true; n]);
+            let r = backend.pseudo_gradient(PseudoGradientArgs {
+                params: &mut p,
+                backup: &b,
+                grads: &mut g,
+                starts: &starts,
+                active: &vec![true; n],
+            });
             cases.push((
                 leak(format!("pseudo_gradient, table {name}")),
                 outcome(r, &[&p]),
@@ -210,37 +285,78 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
                 };
                 2 * n
             ];
-            let r = backend.sgd(&mut p, &g, None, &starts, &sgd);
+            let r = backend.sgd(SgdArgs {
+                params: &mut p,
+                grads: &g,
+                momentum: None,
+                starts: &starts,
+                scalars: &sgd,
+            });
             cases.push((leak(format!("sgd, table {name}")), outcome(r, &[&p])));
             let mut a = filled(2, 128);
-            let r = backend.scaled_sum(
-                &mut a,
-                f,
-                &starts,
-                &vec![true; n],
-                &[Some(1.0); 2],
-                &vec![true; 2 * n],
-            );
+            let r = backend.scaled_sum(ScaledSumArgs {
+                arena: &mut a,
+                arith: f,
+                starts: &starts,
+                reduced: &vec![true; n],
+                scales: &[Some(1.0); 2],
+                present: &vec![true; 2 * n],
+            });
             cases.push((leak(format!("scaled_sum, table {name}")), outcome(r, &[&a])));
             let (src, mut dst) = (filled(2, 128), filled(2, 128));
-            let r = backend.convert(&src, &mut dst, &starts, &vec![true; n]);
+            let r = backend.convert(ConvertArgs {
+                src: &src,
+                dst: &mut dst,
+                starts: &starts,
+                active: &vec![true; n],
+            });
             cases.push((leak(format!("convert, table {name}")), outcome(r, &[&dst])));
         }
         // No ranks.
         let mut a = filled(0, 64);
-        let r = backend.average(&mut a, 1, f, &one, &[true]);
+        let r = backend.average(AverageArgs {
+            arena: &mut a,
+            group_size: 1,
+            arith: f,
+            starts: &one,
+            active: &[true],
+        });
         cases.push(("average, no ranks", outcome(r, &[&a])));
         let (mut p, b, mut g) = (filled(0, 64), filled(0, 64), filled(0, 64));
-        let r = backend.pseudo_gradient(&mut p, &b, &mut g, &one, &[true]);
+        let r = backend.pseudo_gradient(PseudoGradientArgs {
+            params: &mut p,
+            backup: &b,
+            grads: &mut g,
+            starts: &one,
+            active: &[true],
+        });
         cases.push(("pseudo_gradient, no ranks", outcome(r, &[&p, &g])));
         let (src, mut dst) = (filled(0, 64), filled(0, 64));
-        let r = backend.convert(&src, &mut dst, &one, &[true]);
+        let r = backend.convert(ConvertArgs {
+            src: &src,
+            dst: &mut dst,
+            starts: &one,
+            active: &[true],
+        });
         cases.push(("convert, no ranks", outcome(r, &[&dst])));
         let mut a = filled(0, 64);
-        let r = backend.scaled_sum(&mut a, f, &one, &[true], &[], &[]);
+        let r = backend.scaled_sum(ScaledSumArgs {
+            arena: &mut a,
+            arith: f,
+            starts: &one,
+            reduced: &[true],
+            scales: &[],
+            present: &[],
+        });
         cases.push(("scaled_sum, no ranks", outcome(r, &[&a])));
         let (mut p, g) = (filled(0, 64), filled(0, 64));
-        let r = backend.sgd(&mut p, &g, None, &one, &[]);
+        let r = backend.sgd(SgdArgs {
+            params: &mut p,
+            grads: &g,
+            momentum: None,
+            starts: &one,
+            scalars: &[],
+        });
         cases.push(("sgd, no ranks", outcome(r, &[&p])));
         let (mut p, g, mut m, mut v) = (filled(0, 64), filled(0, 64), filled(0, 64), filled(0, 64));
         let arenas = AdamArenas {
@@ -270,7 +386,13 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
                 "dp_sgd_step, rows of no elements",
                 outcome(r, &[&p, &means]),
             ));
-            let r = backend.average(&mut p, 2, f, &none, &[]);
+            let r = backend.average(AverageArgs {
+                arena: &mut p,
+                group_size: 2,
+                arith: f,
+                starts: &none,
+                active: &[],
+            });
             cases.push(("average, rows of no elements", outcome(r, &[&p])));
         }
         let _ = AdamScalars::default();

@@ -13,7 +13,7 @@ use crate::common;
 use std::sync::Arc;
 
 use distopt::BlockOn;
-use distopt::backend::kernels::ParamStarts;
+use distopt::backend::kernels::{ParamStarts, PseudoGradientArgs};
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::diloco::{Compression, DiLoCo, DiLoCoOptions};
 use distopt::replicas::Replicas;
@@ -167,7 +167,13 @@ fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
                     g_values.push(g);
                 }
                 backend
-                    .pseudo_gradient(&mut params, &backup, &mut grads, &starts, &active)
+                    .pseudo_gradient(PseudoGradientArgs {
+                        params: &mut params,
+                        backup: &backup,
+                        grads: &mut grads,
+                        starts: &starts,
+                        active: &active,
+                    })
                     .unwrap();
                 let what = format!("{label} {format:?} {ranks}x{rank_len} (chunk {chunk_len})");
                 let p_words = pollster::block_on(params.read_all()).unwrap();

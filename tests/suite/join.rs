@@ -11,7 +11,7 @@ use crate::common;
 use std::sync::Arc;
 
 use distopt::BlockOn;
-use distopt::backend::kernels::ParamStarts;
+use distopt::backend::kernels::{ParamStarts, ScaledSumArgs};
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::ddp::DistributedDataParallel;
 use distopt::join::{
@@ -387,7 +387,14 @@ fn scaled_sum_on(
     }
     let starts = ParamStarts(offsets.iter().map(|&o| o as u32).collect());
     backend
-        .scaled_sum(&mut arena, format, &starts, reduced, scales, present)
+        .scaled_sum(ScaledSumArgs {
+            arena: &mut arena,
+            arith: format,
+            starts: &starts,
+            reduced,
+            scales,
+            present,
+        })
         .unwrap();
     pollster::block_on(arena.read_all()).unwrap()
 }

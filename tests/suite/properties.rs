@@ -964,7 +964,9 @@ fn summed_gradients_divided_by_the_world_size_give_the_world_step() {
 
 mod optimizer_kernels {
     use super::{Rng, common};
-    use distopt::backend::kernels::{self, AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+    use distopt::backend::kernels::{
+        self, AdamArenas, AdamScalars, ParamStarts, SgdArgs, SgdScalars,
+    };
     use distopt::backend::{Arena, layout_params};
     use distopt::{Backend, CpuBackend, StorageFormat};
 
@@ -1144,9 +1146,22 @@ mod optimizer_kernels {
         let (g, hg) = make();
         let (mut b, mut hb) = make();
         backend
-            .sgd(&mut p, &g, Some(&mut b), &starts, &scalars)
+            .sgd(SgdArgs {
+                params: &mut p,
+                grads: &g,
+                momentum: Some(&mut b),
+                starts: &starts,
+                scalars: &scalars,
+            })
             .unwrap();
-        kernels::sgd_reference(&mut hp, &hg, Some(&mut hb), &starts, &scalars).unwrap();
+        kernels::sgd_reference(SgdArgs {
+            params: &mut hp,
+            grads: &hg,
+            momentum: Some(&mut hb),
+            starts: &starts,
+            scalars: &scalars,
+        })
+        .unwrap();
         let what = format!("{label} sgd seed {seed} {format:?} fused {fused}");
         assert_same(&p, &hp, &format!("{what}: params"));
         assert_same(&b, &hb, &format!("{what}: momentum"));

@@ -12,7 +12,7 @@ use super::parts::{
 use super::storage::{Exact, ExactFused, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
-    AdamArenas, AdamScalars, AdamSlices, ParamStarts, adam_rank, adam_rank_slices,
+    AdamArenas, AdamScalars, AdamSlices, Chunking, ParamStarts, adam_rank, adam_rank_slices,
     check_adam_arenas, host_words, host_words_mut,
 };
 use crate::dtype::StorageFormat;
@@ -179,29 +179,22 @@ pub(crate) fn adam(
     let plan = match planned {
         Some(plan)
             if format != StorageFormat::F64
-                && check_adam_arenas(&arenas, starts, scalars).is_ok() =>
+                && check_adam_arenas(&arenas, starts, scalars, Chunking::Any).is_ok() =>
         {
             plan
         }
         _ => return adam_by_rank(arenas, starts, scalars),
     };
-    let AdamArenas {
-        params,
-        grads,
-        exp_avg,
-        exp_avg_sq,
-        max_exp_avg_sq,
-    } = arenas;
     let bounds = &plan.bounds;
-    let g = split_words_ref(host_words(grads)?, format, bounds);
-    let m = split_words(host_words_mut(exp_avg)?, format, bounds);
-    let v = split_words(host_words_mut(exp_avg_sq)?, format, bounds);
+    let g = split_words_ref(host_words(arenas.grads)?, format, bounds);
+    let m = split_words(host_words_mut(arenas.exp_avg)?, format, bounds);
+    let v = split_words(host_words_mut(arenas.exp_avg_sq)?, format, bounds);
     let x = split_optional(
-        max_exp_avg_sq.map(host_words_mut).transpose()?,
+        arenas.max_exp_avg_sq.map(host_words_mut).transpose()?,
         format,
         bounds,
     );
-    let p = split_words(host_words_mut(params)?, format, bounds);
+    let p = split_words(host_words_mut(arenas.params)?, format, bounds);
     let work: Vec<_> = plan
         .parts
         .into_iter()

@@ -6,8 +6,9 @@
 
 use super::parts::{PartWork, Segment, plan, run_best};
 use super::threads::{for_each_rank, run_parts};
-use crate::backend::Arena;
-use crate::backend::kernels::{ParamStarts, average_group, group_slices, host_words_mut};
+use crate::backend::kernels::{
+    AverageArgs, Groups, average_group, check_average_args, group_slices, host_words_mut,
+};
 use crate::backend::quotient::{ByDivision, ByScale, Divide, Quotient};
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -15,33 +16,25 @@ use crate::error::Result;
 /// [`average_reference`](crate::backend::kernels::average_reference), split across threads along
 /// the element axis (every group's ranks of one element range per part), for float32 arenas
 /// averaged in float32; the other formats run the reference.
-pub(crate) fn average(
-    threads: usize,
-    arena: &mut Arena,
-    group_size: usize,
-    arith: StorageFormat,
-    starts: &ParamStarts,
-    active: &[bool],
-) -> Result<()> {
-    let (ranks, len) = (arena.ranks(), arena.rank_len());
-    let usable = arena.format() == StorageFormat::F32
-        && arith == StorageFormat::F32
-        && group_size > 0
-        && ranks.is_multiple_of(group_size)
-        && active.len() == starts.0.len();
+pub(crate) fn average(threads: usize, args: AverageArgs<'_>) -> Result<()> {
+    let (ranks, len) = (args.arena.ranks(), args.arena.rank_len());
+    let (group_size, active) = (args.group_size, args.active);
+    let usable = args.arena.format() == StorageFormat::F32
+        && args.arith == StorageFormat::F32
+        && check_average_args(&args).is_ok();
     // Split one rank's element axis; every part then covers all ranks.
     let planned = plan(
         1,
         len,
-        starts,
+        args.starts,
         |j| active.get(j).copied().unwrap_or(false),
         threads,
     );
     let plan = match planned {
         Some(plan) if usable => plan,
-        _ => return average_by_group(arena, group_size, arith, starts, active),
+        _ => return average_by_group(args),
     };
-    let words = host_words_mut(arena)?;
+    let words = host_words_mut(args.arena)?;
     let values: &mut [f32] = bytemuck::cast_slice_mut(words);
     // Per part, every rank's slice of the part's element range.
     let mut per_part: Vec<Vec<&mut [f32]>> = plan.parts.iter().map(|_| Vec::new()).collect();
@@ -119,42 +112,30 @@ impl<Q: Divide> PartWork for AveragePart<'_, Q> {
 /// group, whole groups on scoped threads when the arena is large enough, float32 averaged in
 /// float32 on its vectorizing twin [`average_group_f32`]: what the other formats and layouts
 /// that are not slot-aligned run (the same results as the reference).
-fn average_by_group(
-    arena: &mut Arena,
-    group_size: usize,
-    arith: StorageFormat,
-    starts: &ParamStarts,
-    active: &[bool],
-) -> Result<()> {
-    let (format, len) = (arena.format(), arena.rank_len());
-    let rank_words = format.words_for(len).max(1);
+fn average_by_group(args: AverageArgs<'_>) -> Result<()> {
     // One work item per group.
-    let groups = group_slices(arena, group_size, starts, active)?;
-    for_each_rank(groups, len * group_size, |_, group| {
-        if arith == StorageFormat::F64 {
-            average_group::<f64>(
-                format, arith, group, rank_words, group_size, starts, active, len,
-            );
-        } else if format == StorageFormat::F32 && arith == StorageFormat::F32 {
-            average_group_f32(group, rank_words, group_size, starts, active, len);
+    let (groups, words) = group_slices(args)?;
+    let f32_only = groups.format == StorageFormat::F32 && groups.arith == StorageFormat::F32;
+    for_each_rank(words, groups.len * groups.group_size, |_, group| {
+        if f32_only {
+            average_group_f32(&groups, group);
         } else {
-            average_group::<f32>(
-                format, arith, group, rank_words, group_size, starts, active, len,
-            );
+            average_group(&groups, group);
         }
     });
     Ok(())
 }
 
 /// [`average_group`] for float32, block by block so that the loops vectorize.
-fn average_group_f32(
-    group: &mut [u32],
-    rank_words: usize,
-    group_size: usize,
-    starts: &ParamStarts,
-    active: &[bool],
-    len: usize,
-) {
+fn average_group_f32(groups: &Groups<'_>, group: &mut [u32]) {
+    let Groups {
+        rank_words,
+        group_size,
+        starts,
+        active,
+        len,
+        ..
+    } = *groups;
     const BLOCK: usize = 1024;
     let divisor = group_size as f32;
     let values: &mut [f32] = bytemuck::cast_slice_mut(group);
@@ -188,7 +169,7 @@ fn average_group_f32(
 mod tests {
     use super::*;
     use crate::backend::cpu::test_arenas::{SIZES, Values, arena, copy, same};
-    use crate::backend::kernels::average_reference;
+    use crate::backend::kernels::{ParamStarts, average_reference};
     use crate::backend::layout_params;
 
     #[test]
@@ -200,10 +181,24 @@ mod tests {
             let a = arena(StorageFormat::F32, ranks, rank_len, &mut v);
             let active: Vec<bool> = (0..SIZES.len()).map(|j| j % 3 != 2).collect();
             let mut want = copy(&a);
-            average_reference(&mut want, group, StorageFormat::F32, &starts, &active).unwrap();
+            average_reference(AverageArgs {
+                arena: &mut want,
+                group_size: group,
+                arith: StorageFormat::F32,
+                starts: &starts,
+                active: &active,
+            })
+            .unwrap();
             // The by-group fallback (other formats, layouts off the slots) computes the same.
             let mut got = copy(&a);
-            average_by_group(&mut got, group, StorageFormat::F32, &starts, &active).unwrap();
+            average_by_group(AverageArgs {
+                arena: &mut got,
+                group_size: group,
+                arith: StorageFormat::F32,
+                starts: &starts,
+                active: &active,
+            })
+            .unwrap();
             same(
                 &got,
                 &want,
@@ -213,11 +208,13 @@ mod tests {
                 let mut got = copy(&a);
                 average(
                     threads,
-                    &mut got,
-                    group,
-                    StorageFormat::F32,
-                    &starts,
-                    &active,
+                    AverageArgs {
+                        arena: &mut got,
+                        group_size: group,
+                        arith: StorageFormat::F32,
+                        starts: &starts,
+                        active: &active,
+                    },
                 )
                 .unwrap();
                 same(

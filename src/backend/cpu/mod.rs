@@ -36,7 +36,10 @@ mod threads;
 
 use self::host_words::HostWords;
 use self::threads::{PARALLEL_THRESHOLD, part_bounds, run_parts, split_ranks};
-use super::kernels::{AdamArenas, AdamScalars, ParamStarts, SgdScalars};
+use super::kernels::{
+    self, AdamArenas, AdamScalars, AverageArgs, ConvertArgs, ParamStarts, PseudoGradientArgs,
+    ScaledSumArgs, SgdArgs,
+};
 use super::{
     Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, CopyRegion,
     check_copy_regions, check_param_table, check_same_format, host_words as host,
@@ -197,16 +200,9 @@ impl Backend for CpuBackend {
         ))
     }
 
-    fn sgd(
-        &self,
-        params: &mut Arena,
-        grads: &Arena,
-        momentum: Option<&mut Arena>,
-        starts: &ParamStarts,
-        scalars: &[SgdScalars],
-    ) -> Result<()> {
-        check_param_table("sgd", params, starts)?;
-        sgd::sgd(self.info.threads, params, grads, momentum, starts, scalars)
+    fn sgd(&self, args: SgdArgs<'_>) -> Result<()> {
+        check_param_table("sgd", args.params, args.starts)?;
+        sgd::sgd(self.info.threads, args)
     }
 
     fn adam(
@@ -219,57 +215,29 @@ impl Backend for CpuBackend {
         adam::adam(self.info.threads, arenas, starts, scalars)
     }
 
-    fn average(
-        &self,
-        arena: &mut Arena,
-        group_size: usize,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        check_param_table("average", arena, starts)?;
-        average::average(self.info.threads, arena, group_size, arith, starts, active)
+    fn average(&self, args: AverageArgs<'_>) -> Result<()> {
+        check_param_table("average", args.arena, args.starts)?;
+        average::average(self.info.threads, args)
     }
 
-    fn scaled_sum(
-        &self,
-        arena: &mut Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-    ) -> Result<()> {
-        check_param_table("scaled sum", arena, starts)?;
-        if arena.ranks() == 0 {
+    fn scaled_sum(&self, args: ScaledSumArgs<'_>) -> Result<()> {
+        check_param_table("scaled sum", args.arena, args.starts)?;
+        if args.arena.ranks() == 0 {
             // No rank contributes or receives anything (the reference would read rank 0).
-            super::kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
-            return host(arena).map(|_| ());
+            args.check()?;
+            return host(args.arena).map(|_| ());
         }
-        super::kernels::scaled_sum_reference(arena, arith, starts, reduced, scales, present)
+        kernels::scaled_sum_reference(args)
     }
 
-    fn pseudo_gradient(
-        &self,
-        params: &mut Arena,
-        backup: &Arena,
-        grads: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        check_param_table("pseudo_gradient", params, starts)?;
-        super::kernels::pseudo_gradient_reference(params, backup, grads, starts, active)
+    fn pseudo_gradient(&self, args: PseudoGradientArgs<'_>) -> Result<()> {
+        check_param_table("pseudo_gradient", args.params, args.starts)?;
+        kernels::pseudo_gradient_reference(args)
     }
 
-    fn convert(
-        &self,
-        src: &Arena,
-        dst: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        check_param_table("convert", src, starts)?;
-        super::kernels::convert_reference(src, dst, starts, active)
+    fn convert(&self, args: ConvertArgs<'_>) -> Result<()> {
+        check_param_table("convert", args.src, args.starts)?;
+        kernels::convert_reference(args)
     }
 
     fn copy_regions(&self, src: &Arena, dst: &mut Arena, regions: &[CopyRegion]) -> Result<()> {
@@ -279,8 +247,8 @@ impl Backend for CpuBackend {
             format.words_for(src.rank_len()),
             format.words_for(dst.rank_len()),
         );
-        let from = super::kernels::host_words(src)?;
-        let to = super::kernels::host_words_mut(dst)?;
+        let from = kernels::host_words(src)?;
+        let to = kernels::host_words_mut(dst)?;
         for r in regions {
             let words = format.words_for(r.len);
             let s = r.src_rank * src_words + format.word_of(r.src_offset);
@@ -303,7 +271,7 @@ impl Backend for CpuBackend {
         let format = arena.format();
         let rank_words = format.words_for(arena.rank_len());
         let (first, words) = (format.word_of(offset), format.words_for(len));
-        let host = super::kernels::host_words_mut(arena)?;
+        let host = kernels::host_words_mut(arena)?;
         host.copy_within(
             from * rank_words + first..from * rank_words + first + words,
             to * rank_words + first,

@@ -11,10 +11,9 @@ use super::parts::{
 };
 use super::storage::{Exact, ExactFused, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
 use super::threads::{for_each_rank, run_parts};
-use crate::backend::Arena;
 use crate::backend::kernels::{
-    ParamStarts, SgdScalars, check_sgd_arenas, host_words, host_words_mut, sgd_rank,
-    sgd_rank_slices,
+    Chunking, ParamStarts, SgdArgs, SgdScalars, check_sgd_arenas, host_words, host_words_mut,
+    sgd_rank, sgd_rank_slices,
 };
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -178,39 +177,30 @@ fn sgd_dispatch<S: Storage>(
 /// `torch.optim.SGD`'s step over every rank and parameter of host arenas: the fused,
 /// multi-threaded twin of [`sgd_reference`](crate::backend::kernels::sgd_reference) (bit for bit
 /// the same results).
-pub(crate) fn sgd(
-    threads: usize,
-    params: &mut Arena,
-    grads: &Arena,
-    momentum: Option<&mut Arena>,
-    starts: &ParamStarts,
-    scalars: &[SgdScalars],
-) -> Result<()> {
-    let format = params.format();
+pub(crate) fn sgd(threads: usize, args: SgdArgs<'_>) -> Result<()> {
+    let (format, scalars) = (args.params.format(), args.scalars);
     let aligned = plan(
-        params.ranks(),
-        params.rank_len(),
-        starts,
+        args.params.ranks(),
+        args.params.rank_len(),
+        args.starts,
         |e| scalars.get(e).is_some_and(|s| s.active),
         threads,
     );
     let plan = match aligned {
         Some(plan)
-            if format != StorageFormat::F64
-                && check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)
-                    .is_ok() =>
+            if format != StorageFormat::F64 && check_sgd_arenas(&args, Chunking::Any).is_ok() =>
         {
             plan
         }
-        _ => return sgd_by_rank(params, grads, momentum, starts, scalars),
+        _ => return sgd_by_rank(args),
     };
-    let g = split_words_ref(host_words(grads)?, format, &plan.bounds);
+    let g = split_words_ref(host_words(args.grads)?, format, &plan.bounds);
     let b = split_optional(
-        momentum.map(host_words_mut).transpose()?,
+        args.momentum.map(host_words_mut).transpose()?,
         format,
         &plan.bounds,
     );
-    let p = split_words(host_words_mut(params)?, format, &plan.bounds);
+    let p = split_words(host_words_mut(args.params)?, format, &plan.bounds);
     let work: Vec<_> = plan
         .parts
         .into_iter()
@@ -293,16 +283,11 @@ fn sgd_segment(
 /// ranks on scoped threads when the arena is large enough, float32 without `fused` on its
 /// vectorizing twin [`sgd_rank_f32`]: what float64 arenas and layouts that are not slot-aligned
 /// run (the same results as the reference).
-fn sgd_by_rank(
-    params: &mut Arena,
-    grads: &Arena,
-    momentum: Option<&mut Arena>,
-    starts: &ParamStarts,
-    scalars: &[SgdScalars],
-) -> Result<()> {
-    let (format, len) = (params.format(), params.rank_len());
+fn sgd_by_rank(args: SgdArgs<'_>) -> Result<()> {
+    let (format, len) = (args.params.format(), args.params.rank_len());
+    let (starts, scalars) = (args.starts, args.scalars);
     let count = starts.0.len();
-    let ranks = sgd_rank_slices(params, grads, momentum, starts, scalars)?;
+    let ranks = sgd_rank_slices(args)?;
     for_each_rank(ranks, len, |rank, (p, g, buf)| {
         let table = &scalars[rank * count..(rank + 1) * count];
         if format == StorageFormat::F64 {
@@ -422,17 +407,41 @@ mod tests {
                     arena(format, ranks, rank_len, &mut v),
                 );
                 let (mut p0, mut b0) = (copy(&p), copy(&b));
-                sgd_reference(&mut p0, &g, Some(&mut b0), &starts, &scalars).unwrap();
+                sgd_reference(SgdArgs {
+                    params: &mut p0,
+                    grads: &g,
+                    momentum: Some(&mut b0),
+                    starts: &starts,
+                    scalars: &scalars,
+                })
+                .unwrap();
                 for threads in [1, 2, 3] {
                     let (mut p1, mut b1) = (copy(&p), copy(&b));
-                    sgd(threads, &mut p1, &g, Some(&mut b1), &starts, &scalars).unwrap();
+                    sgd(
+                        threads,
+                        SgdArgs {
+                            params: &mut p1,
+                            grads: &g,
+                            momentum: Some(&mut b1),
+                            starts: &starts,
+                            scalars: &scalars,
+                        },
+                    )
+                    .unwrap();
                     let what = format!("sgd {format:?} variant {variant} threads {threads}");
                     same(&p1, &p0, &format!("{what}: params"));
                     same(&b1, &b0, &format!("{what}: momentum"));
                 }
                 // The by-rank fallback (float64, layouts off the slots) computes the same.
                 let (mut p1, mut b1) = (copy(&p), copy(&b));
-                sgd_by_rank(&mut p1, &g, Some(&mut b1), &starts, &scalars).unwrap();
+                sgd_by_rank(SgdArgs {
+                    params: &mut p1,
+                    grads: &g,
+                    momentum: Some(&mut b1),
+                    starts: &starts,
+                    scalars: &scalars,
+                })
+                .unwrap();
                 let what = format!("sgd {format:?} variant {variant} by rank");
                 same(&p1, &p0, &format!("{what}: params"));
                 same(&b1, &b0, &format!("{what}: momentum"));

@@ -4,8 +4,9 @@
 
 use super::GpuBackend;
 use super::contract::{AdamScalars as AdamGpuScalars, adam_flags};
-use super::per_param::{PerParam, check_geometry, flag};
-use crate::backend::kernels::{self, AdamArenas, AdamScalars, ParamStarts};
+use super::per_param::{PerParam, flag, nothing_to_dispatch};
+use crate::backend::check_param_table;
+use crate::backend::kernels::{AdamArenas, AdamScalars, Chunking, ParamStarts, check_adam_arenas};
 use crate::error::Result;
 
 impl GpuBackend {
@@ -15,20 +16,22 @@ impl GpuBackend {
         starts: &ParamStarts,
         scalars: &[AdamScalars],
     ) -> Result<()> {
-        let AdamArenas {
-            params,
-            grads,
-            exp_avg,
-            exp_avg_sq,
-            max_exp_avg_sq,
-        } = arenas;
-        check_geometry("adam", params, grads, starts, scalars.len())?;
-        check_geometry("adam exp_avg", params, exp_avg, starts, scalars.len())?;
-        check_geometry("adam exp_avg_sq", params, exp_avg_sq, starts, scalars.len())?;
-        if let Some(x) = &max_exp_avg_sq {
-            check_geometry("adam max_exp_avg_sq", params, x, starts, scalars.len())?;
+        let params = &*arenas.params;
+        check_param_table("adam", params, starts)?;
+        check_adam_arenas(&arenas, starts, scalars, Chunking::Same)?;
+        let bound = [
+            ("params", Some(self.gpu(params)?)),
+            ("grads", Some(self.gpu(arenas.grads)?)),
+            ("exp_avg", Some(self.gpu(arenas.exp_avg)?)),
+            ("exp_avg_sq", Some(self.gpu(arenas.exp_avg_sq)?)),
+            (
+                "max_exp_avg_sq",
+                self.gpu_opt(arenas.max_exp_avg_sq.as_deref())?,
+            ),
+        ];
+        if nothing_to_dispatch(params, starts) {
+            return Ok(());
         }
-        kernels::check_adam_state(max_exp_avg_sq.is_some(), scalars)?;
         let table: Vec<AdamGpuScalars> = scalars
             .iter()
             .map(|s| AdamGpuScalars {
@@ -49,13 +52,6 @@ impl GpuBackend {
             })
             .collect();
         let table_buffer = self.storage_buffer("distopt adam scalars", &table);
-        let arenas = [
-            ("params", Some(self.gpu(params)?)),
-            ("grads", Some(self.gpu(grads)?)),
-            ("exp_avg", Some(self.gpu(exp_avg)?)),
-            ("exp_avg_sq", Some(self.gpu(exp_avg_sq)?)),
-            ("max_exp_avg_sq", self.gpu_opt(max_exp_avg_sq.as_deref())?),
-        ];
         self.launch(
             params,
             starts,
@@ -65,7 +61,7 @@ impl GpuBackend {
                 lanes: params.ranks(),
                 group_size: 0,
                 tables: &[("scalars", &table_buffer)],
-                arenas: &arenas,
+                arenas: &bound,
             },
         )
     }

@@ -3,54 +3,33 @@
 //! the CPU backend's kernel in `backend/cpu/average.rs`.
 
 use super::GpuBackend;
-use super::per_param::PerParam;
-use crate::backend::Arena;
-use crate::backend::kernels::ParamStarts;
-use crate::dtype::StorageFormat;
-use crate::error::{Error, Result};
+use super::per_param::{PerParam, device_arith, nothing_to_dispatch};
+use crate::backend::check_param_table;
+use crate::backend::kernels::{AverageArgs, check_average_args};
+use crate::error::Result;
 
 impl GpuBackend {
-    pub(crate) fn average_on_device(
-        &self,
-        arena: &mut Arena,
-        group_size: usize,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        let ranks = arena.ranks();
-        if group_size == 0
-            || !ranks.is_multiple_of(group_size)
-            || active.len() != starts.0.len()
-            || starts.0.is_empty()
-        {
-            return Err(Error::value(format!(
-                "average: group size {group_size} does not divide {ranks} ranks, or {} flags for {} parameters",
-                active.len(),
-                starts.0.len()
-            )));
+    pub(crate) fn average_on_device(&self, args: AverageArgs<'_>) -> Result<()> {
+        check_param_table("average", args.arena, args.starts)?;
+        check_average_args(&args)?;
+        let bound = [("arena", Some(self.gpu(args.arena)?))];
+        if nothing_to_dispatch(args.arena, args.starts) {
+            return Ok(());
         }
-        // The device computes in float32 at most; a float64 promotion of non-float64 arenas
-        // is computed in float32 (within a float32 ulp of the float64 result).
-        let arith = if arith == StorageFormat::F64 {
-            StorageFormat::F32
-        } else {
-            arith
-        };
-        let flags_buffer = self.flags_buffer("distopt average flags", active);
+        let flags_buffer = self.flags_buffer("distopt average flags", args.active);
         self.launch(
-            arena,
-            starts,
+            args.arena,
+            args.starts,
             PerParam {
                 kernel: &self.kernels.average,
                 overrides: &[
-                    ("FORMAT", arena.format().shader_code()),
-                    ("ARITH", arith.shader_code()),
+                    ("FORMAT", args.arena.format().shader_code()),
+                    ("ARITH", device_arith(args.arith).shader_code()),
                 ],
-                lanes: ranks / group_size,
-                group_size,
+                lanes: args.arena.ranks() / args.group_size,
+                group_size: args.group_size,
                 tables: &[("averaged", &flags_buffer)],
-                arenas: &[("arena", Some(self.gpu(arena)?))],
+                arenas: &bound,
             },
         )
     }

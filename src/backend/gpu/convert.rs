@@ -3,42 +3,36 @@
 //! which the CPU backend runs.
 
 use super::GpuBackend;
-use super::per_param::PerParam;
-use crate::backend::Arena;
-use crate::backend::kernels::ParamStarts;
-use crate::error::{Error, Result};
+use super::per_param::{PerParam, nothing_to_dispatch};
+use crate::backend::check_param_table;
+use crate::backend::kernels::{Chunking, ConvertArgs, check_convert};
+use crate::error::Result;
 
 impl GpuBackend {
-    pub(crate) fn convert_on_device(
-        &self,
-        src: &Arena,
-        dst: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        crate::backend::kernels::check_convert(src, dst, starts, active)?;
-        if src.chunk_len() != dst.chunk_len() {
-            return Err(Error::value(format!(
-                "convert: arenas do not match ({src:?} vs {dst:?})"
-            )));
-        }
-        if starts.0.is_empty() {
+    pub(crate) fn convert_on_device(&self, args: ConvertArgs<'_>) -> Result<()> {
+        check_param_table("convert", args.src, args.starts)?;
+        check_convert(&args, Chunking::Same)?;
+        let bound = [
+            ("src", Some(self.gpu(args.src)?)),
+            ("dst", Some(self.gpu(args.dst)?)),
+        ];
+        if nothing_to_dispatch(args.src, args.starts) {
             return Ok(());
         }
-        let flags_buffer = self.flags_buffer("distopt convert flags", active);
+        let flags_buffer = self.flags_buffer("distopt convert flags", args.active);
         self.launch(
-            src,
-            starts,
+            args.src,
+            args.starts,
             PerParam {
                 kernel: &self.kernels.convert,
                 overrides: &[
-                    ("SRC_FORMAT", src.format().shader_code()),
-                    ("DST_FORMAT", dst.format().shader_code()),
+                    ("SRC_FORMAT", args.src.format().shader_code()),
+                    ("DST_FORMAT", args.dst.format().shader_code()),
                 ],
-                lanes: src.ranks(),
+                lanes: args.src.ranks(),
                 group_size: 0,
                 tables: &[("converted", &flags_buffer)],
-                arenas: &[("src", Some(self.gpu(src)?)), ("dst", Some(self.gpu(dst)?))],
+                arenas: &bound,
             },
         )
     }

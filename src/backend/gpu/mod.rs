@@ -32,11 +32,11 @@ use kernel::Kernel;
 pub(crate) use shared::GpuShared;
 pub use shared::{DEFAULT_MAX_BINDING_BYTES, device_lost_error};
 
-use super::kernels::{self, AdamArenas, AdamScalars, ParamStarts, SgdScalars};
-use super::{
-    Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, check_average_args,
-    check_param_table, oneshot,
+use super::kernels::{
+    AdamArenas, AdamScalars, AverageArgs, ConvertArgs, ParamStarts, PseudoGradientArgs,
+    ScaledSumArgs, SgdArgs,
 };
+use super::{Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, oneshot};
 use super::{check_same_format, check_step_arenas};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -355,26 +355,10 @@ impl GpuBackend {
     }
 }
 
-/// A `ValueError` unless `other` is chunked as `params` (the device kernels bind chunk by
-/// chunk; the host checks compare ranks, length and format).
-fn check_chunking(what: &str, params: &Arena, other: &Arena) -> Result<()> {
-    if params.chunk_len() != other.chunk_len() {
-        return Err(Error::value(format!(
-            "{what}: arenas do not match ({params:?} vs {other:?})"
-        )));
-    }
-    Ok(())
-}
-
-impl GpuBackend {
-    /// Checks that every arena in `arenas` is this device's, for a call that dispatches
-    /// nothing (no ranks, no parameters): the same `RuntimeError` as a dispatch would give.
-    fn check_own(&self, arenas: &[&Arena]) -> Result<()> {
-        for arena in arenas {
-            self.gpu(arena)?;
-        }
-        Ok(())
-    }
+/// Whether `arena` lives on the host: float64 arenas do (WebGPU has no 64-bit float), and the
+/// host backend runs them.
+fn is_host(arena: &Arena) -> bool {
+    matches!(arena.storage, ArenaStorage::Host(_))
 }
 
 impl Backend for GpuBackend {
@@ -423,8 +407,7 @@ impl Backend for GpuBackend {
 
     fn copy_arena(&self, src: &Arena, dst: &mut Arena) -> Result<()> {
         check_same_format(src, dst)?;
-        if matches!(src.storage, ArenaStorage::Host(_)) {
-            // float64 arenas live on the host (WebGPU has no 64-bit float).
+        if is_host(src) {
             return self.host.copy_arena(src, dst);
         }
         let (from, to) = (self.gpu(src)?, self.gpu(dst)?);
@@ -453,8 +436,7 @@ impl Backend for GpuBackend {
         learning_rate: f32,
         divisor: f32,
     ) -> Result<()> {
-        if matches!(params.storage, ArenaStorage::Host(_)) {
-            // float64 arenas live on the host (WebGPU has no 64-bit float).
+        if is_host(params) {
             return self.host.dp_sgd_step_with_divisor(
                 params,
                 grads,
@@ -519,30 +501,11 @@ impl Backend for GpuBackend {
         self.shared.take_uncaptured()
     }
 
-    fn sgd(
-        &self,
-        params: &mut Arena,
-        grads: &Arena,
-        momentum: Option<&mut Arena>,
-        starts: &ParamStarts,
-        scalars: &[SgdScalars],
-    ) -> Result<()> {
-        check_param_table("sgd", params, starts)?;
-        if matches!(params.storage, ArenaStorage::Host(_)) {
-            return self.host.sgd(params, grads, momentum, starts, scalars);
+    fn sgd(&self, args: SgdArgs<'_>) -> Result<()> {
+        if is_host(args.params) {
+            return self.host.sgd(args);
         }
-        if params.ranks() == 0 {
-            // No ranks: nothing to dispatch (the CPU backend's answer), after its checks.
-            kernels::check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)?;
-            check_chunking("sgd", params, grads)?;
-            let mut own = vec![&*params, grads];
-            if let Some(m) = momentum.as_deref() {
-                check_chunking("sgd momentum", params, m)?;
-                own.push(m);
-            }
-            return self.check_own(&own);
-        }
-        self.sgd_on_device(params, grads, momentum, starts, scalars)
+        self.sgd_on_device(args)
     }
 
     fn adam(
@@ -551,133 +514,38 @@ impl Backend for GpuBackend {
         starts: &ParamStarts,
         scalars: &[AdamScalars],
     ) -> Result<()> {
-        check_param_table("adam", arenas.params, starts)?;
-        if matches!(arenas.params.storage, ArenaStorage::Host(_)) {
+        if is_host(arenas.params) {
             return self.host.adam(arenas, starts, scalars);
-        }
-        if arenas.params.ranks() == 0 {
-            // No ranks: nothing to dispatch (the CPU backend's answer), after its checks.
-            kernels::check_adam_arenas(&arenas, starts, scalars)?;
-            let params = &*arenas.params;
-            let mut own = vec![params, arenas.grads, &*arenas.exp_avg, &*arenas.exp_avg_sq];
-            if let Some(x) = arenas.max_exp_avg_sq.as_deref() {
-                own.push(x);
-            }
-            for other in &own[1..] {
-                check_chunking("adam", params, other)?;
-            }
-            return self.check_own(&own);
         }
         self.adam_on_device(arenas, starts, scalars)
     }
 
-    fn average(
-        &self,
-        arena: &mut Arena,
-        group_size: usize,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        check_param_table("average", arena, starts)?;
-        if matches!(arena.storage, ArenaStorage::Host(_)) {
-            return self.host.average(arena, group_size, arith, starts, active);
+    fn average(&self, args: AverageArgs<'_>) -> Result<()> {
+        if is_host(args.arena) {
+            return self.host.average(args);
         }
-        if starts.0.is_empty() || arena.ranks() == 0 {
-            // No parameters or no ranks: nothing to average (the CPU backend's answer too). The
-            // kernel is not dispatched: its parameter lookup needs at least one parameter, and
-            // an arena without ranks has no storage to bind.
-            check_average_args(arena, group_size, starts, active)?;
-            return self.check_own(&[arena]);
-        }
-        self.average_on_device(arena, group_size, arith, starts, active)
+        self.average_on_device(args)
     }
 
-    fn scaled_sum(
-        &self,
-        arena: &mut Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-    ) -> Result<()> {
-        check_param_table("scaled sum", arena, starts)?;
-        if matches!(arena.storage, ArenaStorage::Host(_)) {
-            return self
-                .host
-                .scaled_sum(arena, arith, starts, reduced, scales, present);
+    fn scaled_sum(&self, args: ScaledSumArgs<'_>) -> Result<()> {
+        if is_host(args.arena) {
+            return self.host.scaled_sum(args);
         }
-        if arena.ranks() == 0 {
-            // No ranks: nothing contributes or receives (the CPU backend's answer).
-            kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
-            return self.check_own(&[arena]);
-        }
-        self.scaled_sum_on_device(arena, arith, starts, reduced, scales, present)
+        self.scaled_sum_on_device(args)
     }
 
-    fn pseudo_gradient(
-        &self,
-        params: &mut Arena,
-        backup: &Arena,
-        grads: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        check_param_table("pseudo_gradient", params, starts)?;
-        if matches!(params.storage, ArenaStorage::Host(_)) {
-            return self
-                .host
-                .pseudo_gradient(params, backup, grads, starts, active);
+    fn pseudo_gradient(&self, args: PseudoGradientArgs<'_>) -> Result<()> {
+        if is_host(args.params) {
+            return self.host.pseudo_gradient(args);
         }
-        if starts.0.is_empty() || params.ranks() == 0 {
-            // No parameters or no ranks: nothing to compute (the CPU backend's answer too),
-            // after the same checks of the arenas and flags; the kernel is not dispatched.
-            for (what, other) in [("backup", backup), ("grads", &*grads)] {
-                if params.ranks() != other.ranks()
-                    || params.rank_len() != other.rank_len()
-                    || params.chunk_len() != other.chunk_len()
-                    || params.format() != other.format()
-                {
-                    return Err(Error::value(format!(
-                        "pseudo_gradient {what}: arenas do not match ({params:?} vs {other:?})"
-                    )));
-                }
-                self.gpu(other)?;
-            }
-            if active.len() != starts.0.len() {
-                return Err(Error::value(format!(
-                    "pseudo_gradient: {} flags for {} parameters",
-                    active.len(),
-                    starts.0.len()
-                )));
-            }
-            self.gpu(params)?;
-            return Ok(());
-        }
-        self.pseudo_gradient_on_device(params, backup, grads, starts, active)
+        self.pseudo_gradient_on_device(args)
     }
 
-    fn convert(
-        &self,
-        src: &Arena,
-        dst: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        check_param_table("convert", src, starts)?;
-        if matches!(src.storage, ArenaStorage::Host(_))
-            || matches!(dst.storage, ArenaStorage::Host(_))
-        {
-            return self.host.convert(src, dst, starts, active);
+    fn convert(&self, args: ConvertArgs<'_>) -> Result<()> {
+        if is_host(args.src) || is_host(args.dst) {
+            return self.host.convert(args);
         }
-        if src.ranks() == 0 {
-            // No ranks: nothing to convert (the CPU backend's answer), after its checks.
-            kernels::check_convert(src, dst, starts, active)?;
-            check_chunking("convert", src, dst)?;
-            return self.check_own(&[src, dst]);
-        }
-        self.convert_on_device(src, dst, starts, active)
+        self.convert_on_device(args)
     }
 
     fn copy_regions(
@@ -686,9 +554,7 @@ impl Backend for GpuBackend {
         dst: &mut Arena,
         regions: &[super::CopyRegion],
     ) -> Result<()> {
-        if matches!(src.storage, ArenaStorage::Host(_))
-            && matches!(dst.storage, ArenaStorage::Host(_))
-        {
+        if is_host(src) && is_host(dst) {
             return self.host.copy_regions(src, dst, regions);
         }
         super::check_copy_regions(src, dst, regions)?;
@@ -732,7 +598,7 @@ impl Backend for GpuBackend {
         offset: usize,
         len: usize,
     ) -> Result<()> {
-        if matches!(arena.storage, ArenaStorage::Host(_)) {
+        if is_host(arena) {
             return self.host.copy_between_ranks(arena, from, to, offset, len);
         }
         arena.check_range(from, offset, len)?;

@@ -1,8 +1,8 @@
 //! What the GPU backend's per-parameter kernels share (SGD, Adam/AdamW, group averaging,
 //! DDP's scaled sum, DiLoCo's pseudo-gradient, format conversion: one file each beside this
 //! one, `sgd.rs` for `shaders/sgd.wgsl` and so on): the parameter table and the small storage
-//! tables they read, one launch per chunk of an arena ([`GpuBackend::launch`]), and the
-//! geometry check of their arenas.
+//! tables they read, one launch per chunk of an arena ([`GpuBackend::launch`]), and when
+//! there is nothing to launch.
 
 use wgpu::util::DeviceExt;
 
@@ -11,7 +11,8 @@ use super::kernel::Kernel;
 use super::{GpuArena, GpuBackend};
 use crate::backend::Arena;
 use crate::backend::kernels::ParamStarts;
-use crate::error::{Error, Result};
+use crate::dtype::StorageFormat;
+use crate::error::Result;
 
 /// `bit` where `on`, else 0: one flag of a kernel's table entry.
 pub(super) fn flag(on: bool, bit: u32) -> u32 {
@@ -146,28 +147,20 @@ pub(super) struct PerParam<'a> {
     pub(super) arenas: &'a [(&'a str, Option<&'a GpuArena>)],
 }
 
-pub(super) fn check_geometry(
-    what: &str,
-    params: &Arena,
-    other: &Arena,
-    starts: &ParamStarts,
-    entries: usize,
-) -> Result<()> {
-    if params.ranks() != other.ranks()
-        || params.rank_len() != other.rank_len()
-        || params.chunk_len() != other.chunk_len()
-        || params.format() != other.format()
-    {
-        return Err(Error::value(format!(
-            "{what}: arenas do not match ({params:?} vs {other:?})"
-        )));
+/// The precision a kernel's `ARITH` computes in on the device: float32 at most (float64 arenas
+/// live on the host; a float64 promotion of other arenas is computed in float32, within a
+/// float32 ulp of the float64 result).
+pub(super) fn device_arith(arith: StorageFormat) -> StorageFormat {
+    if arith == StorageFormat::F64 {
+        StorageFormat::F32
+    } else {
+        arith
     }
-    if starts.0.is_empty() || entries != params.ranks() * starts.0.len() {
-        return Err(Error::value(format!(
-            "{what}: table has {entries} entries for {} ranks of {} parameters",
-            params.ranks(),
-            starts.0.len()
-        )));
-    }
-    Ok(())
+}
+
+/// Whether a per-parameter kernel over `layout`'s arenas has nothing to dispatch (every
+/// backend's answer is then to change nothing, after the checks): an arena without ranks has
+/// no storage to bind, and the kernels' parameter lookup needs at least one parameter.
+pub(super) fn nothing_to_dispatch(layout: &Arena, starts: &ParamStarts) -> bool {
+    layout.ranks() == 0 || starts.0.is_empty()
 }

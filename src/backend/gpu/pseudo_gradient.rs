@@ -3,45 +3,34 @@
 //! `backend/kernels/pseudo_gradient.rs`, which the CPU backend runs.
 
 use super::GpuBackend;
-use super::per_param::{PerParam, check_geometry};
-use crate::backend::Arena;
-use crate::backend::kernels::ParamStarts;
-use crate::error::{Error, Result};
+use super::per_param::{PerParam, nothing_to_dispatch};
+use crate::backend::check_param_table;
+use crate::backend::kernels::{Chunking, PseudoGradientArgs, check_pseudo_gradient};
+use crate::error::Result;
 
 impl GpuBackend {
-    pub(crate) fn pseudo_gradient_on_device(
-        &self,
-        params: &mut Arena,
-        backup: &Arena,
-        grads: &mut Arena,
-        starts: &ParamStarts,
-        active: &[bool],
-    ) -> Result<()> {
-        let entries = params.ranks() * starts.0.len();
-        check_geometry("pseudo_gradient backup", params, backup, starts, entries)?;
-        check_geometry("pseudo_gradient grads", params, grads, starts, entries)?;
-        if active.len() != starts.0.len() {
-            return Err(Error::value(format!(
-                "pseudo_gradient: {} flags for {} parameters",
-                active.len(),
-                starts.0.len()
-            )));
+    pub(crate) fn pseudo_gradient_on_device(&self, args: PseudoGradientArgs<'_>) -> Result<()> {
+        check_param_table("pseudo_gradient", args.params, args.starts)?;
+        check_pseudo_gradient(&args, Chunking::Same)?;
+        let bound = [
+            ("backup", Some(self.gpu(args.backup)?)),
+            ("params", Some(self.gpu(args.params)?)),
+            ("grads", Some(self.gpu(args.grads)?)),
+        ];
+        if nothing_to_dispatch(args.params, args.starts) {
+            return Ok(());
         }
-        let flags_buffer = self.flags_buffer("distopt pseudo_gradient flags", active);
+        let flags_buffer = self.flags_buffer("distopt pseudo_gradient flags", args.active);
         self.launch(
-            params,
-            starts,
+            args.params,
+            args.starts,
             PerParam {
                 kernel: &self.kernels.pseudo_gradient,
-                overrides: &[("FORMAT", params.format().shader_code())],
-                lanes: params.ranks(),
+                overrides: &[("FORMAT", args.params.format().shader_code())],
+                lanes: args.params.ranks(),
                 group_size: 0,
                 tables: &[("synced", &flags_buffer)],
-                arenas: &[
-                    ("backup", Some(self.gpu(backup)?)),
-                    ("params", Some(self.gpu(params)?)),
-                    ("grads", Some(self.gpu(grads)?)),
-                ],
+                arenas: &bound,
             },
         )
     }

@@ -4,26 +4,25 @@
 
 use super::GpuBackend;
 use super::contract::{SgdScalars as SgdGpuScalars, sgd_flags};
-use super::per_param::{PerParam, check_geometry, flag};
-use crate::backend::Arena;
-use crate::backend::kernels::{self, ParamStarts, SgdScalars};
+use super::per_param::{PerParam, flag, nothing_to_dispatch};
+use crate::backend::check_param_table;
+use crate::backend::kernels::{Chunking, SgdArgs, check_sgd_arenas};
 use crate::error::Result;
 
 impl GpuBackend {
-    pub(crate) fn sgd_on_device(
-        &self,
-        params: &mut Arena,
-        grads: &Arena,
-        momentum: Option<&mut Arena>,
-        starts: &ParamStarts,
-        scalars: &[SgdScalars],
-    ) -> Result<()> {
-        check_geometry("sgd", params, grads, starts, scalars.len())?;
-        if let Some(m) = &momentum {
-            check_geometry("sgd momentum", params, m, starts, scalars.len())?;
+    pub(crate) fn sgd_on_device(&self, args: SgdArgs<'_>) -> Result<()> {
+        check_param_table("sgd", args.params, args.starts)?;
+        check_sgd_arenas(&args, Chunking::Same)?;
+        let arenas = [
+            ("params", Some(self.gpu(args.params)?)),
+            ("grads", Some(self.gpu(args.grads)?)),
+            ("momentum", self.gpu_opt(args.momentum.as_deref())?),
+        ];
+        if nothing_to_dispatch(args.params, args.starts) {
+            return Ok(());
         }
-        kernels::check_sgd_state(momentum.is_some(), scalars)?;
-        let table: Vec<SgdGpuScalars> = scalars
+        let table: Vec<SgdGpuScalars> = args
+            .scalars
             .iter()
             .map(|s| SgdGpuScalars {
                 flags: flag(s.active, sgd_flags::ACTIVE)
@@ -39,21 +38,16 @@ impl GpuBackend {
             })
             .collect();
         let table_buffer = self.storage_buffer("distopt sgd scalars", &table);
-        let momentum = self.gpu_opt(momentum.as_deref())?;
         self.launch(
-            params,
-            starts,
+            args.params,
+            args.starts,
             PerParam {
                 kernel: &self.kernels.sgd,
-                overrides: &[("FORMAT", params.format().shader_code())],
-                lanes: params.ranks(),
+                overrides: &[("FORMAT", args.params.format().shader_code())],
+                lanes: args.params.ranks(),
                 group_size: 0,
                 tables: &[("scalars", &table_buffer)],
-                arenas: &[
-                    ("params", Some(self.gpu(params)?)),
-                    ("grads", Some(self.gpu(grads)?)),
-                    ("momentum", momentum),
-                ],
+                arenas: &arenas,
             },
         )
     }

@@ -4,22 +4,11 @@
 //! `backend/gpu/adam.rs` and the shader `shaders/adam.wgsl`.
 
 use super::{
-    AdamScalars, Arena, ParamStarts, Real, add_scaled, check_same_layout, check_table, host_words,
-    host_words_mut, optional_rank_slices, rounding_format,
+    AdamScalars, Arena, Chunking, ParamStarts, Real, add_scaled, check_same_layout, check_table,
+    host_words, host_words_mut, optional_rank_slices, rounding_format,
 };
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
-
-/// A `ValueError` when an active entry has amsgrad but no `max_exp_avg_sq` arena is given
-/// (every backend's Adam).
-pub(crate) fn check_adam_state(has_max: bool, scalars: &[AdamScalars]) -> Result<()> {
-    if scalars.iter().any(|s| s.active && s.amsgrad) && !has_max {
-        return Err(Error::value(
-            "adam: amsgrad is set but no max_exp_avg_sq arena was given",
-        ));
-    }
-    Ok(())
-}
 
 /// The four arenas of an Adam step.
 pub struct AdamArenas<'a> {
@@ -35,21 +24,28 @@ pub struct AdamArenas<'a> {
     pub max_exp_avg_sq: Option<&'a mut Arena>,
 }
 
-/// Checks the arenas and table of an Adam step (shared by every host implementation).
+/// Checks the arenas and table of an Adam step (shared by every implementation; the GPU
+/// backend's arenas are also [`Chunking::Same`]).
 pub(crate) fn check_adam_arenas(
     arenas: &AdamArenas<'_>,
     starts: &ParamStarts,
     scalars: &[AdamScalars],
+    chunking: Chunking,
 ) -> Result<()> {
     let params = &*arenas.params;
-    check_same_layout("adam", params, arenas.grads)?;
-    check_same_layout("adam exp_avg", params, arenas.exp_avg)?;
-    check_same_layout("adam exp_avg_sq", params, arenas.exp_avg_sq)?;
+    check_same_layout("adam", params, arenas.grads, chunking)?;
+    check_same_layout("adam exp_avg", params, arenas.exp_avg, chunking)?;
+    check_same_layout("adam exp_avg_sq", params, arenas.exp_avg_sq, chunking)?;
     check_table("adam", params, starts, scalars)?;
     if let Some(x) = &arenas.max_exp_avg_sq {
-        check_same_layout("adam max_exp_avg_sq", params, x)?;
+        check_same_layout("adam max_exp_avg_sq", params, x, chunking)?;
     }
-    check_adam_state(arenas.max_exp_avg_sq.is_some(), scalars)
+    if scalars.iter().any(|s| s.active && s.amsgrad) && arenas.max_exp_avg_sq.is_none() {
+        return Err(Error::value(
+            "adam: amsgrad is set but no max_exp_avg_sq arena was given",
+        ));
+    }
+    Ok(())
 }
 
 /// `torch.optim.Adam`/`AdamW`'s single-tensor step over every rank and parameter of an arena.
@@ -85,26 +81,19 @@ pub(in crate::backend) fn adam_rank_slices<'a>(
     starts: &ParamStarts,
     scalars: &[AdamScalars],
 ) -> Result<Vec<AdamSlices<'a>>> {
-    check_adam_arenas(&arenas, starts, scalars)?;
-    let AdamArenas {
-        params,
-        grads,
-        exp_avg,
-        exp_avg_sq,
-        max_exp_avg_sq,
-    } = arenas;
-    let format = params.format();
-    let (ranks, len) = (params.ranks(), params.rank_len());
+    check_adam_arenas(&arenas, starts, scalars, Chunking::Any)?;
+    let format = arenas.params.format();
+    let (ranks, len) = (arenas.params.ranks(), arenas.params.rank_len());
     let rank_words = format.words_for(len).max(1);
-    let g = host_words(grads)?;
-    let m = host_words_mut(exp_avg)?;
-    let v = host_words_mut(exp_avg_sq)?;
+    let g = host_words(arenas.grads)?;
+    let m = host_words_mut(arenas.exp_avg)?;
+    let v = host_words_mut(arenas.exp_avg_sq)?;
     let maxes = optional_rank_slices(
-        max_exp_avg_sq.map(host_words_mut).transpose()?,
+        arenas.max_exp_avg_sq.map(host_words_mut).transpose()?,
         rank_words,
         ranks,
     );
-    let p = host_words_mut(params)?;
+    let p = host_words_mut(arenas.params)?;
     Ok(p.chunks_mut(rank_words)
         .zip(g.chunks(rank_words))
         .zip(m.chunks_mut(rank_words))

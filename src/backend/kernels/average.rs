@@ -4,9 +4,40 @@
 //! `shaders/average.wgsl`.
 
 use super::{Arena, ParamStarts, Real, host_words_mut};
-use crate::backend::check_average_args;
 use crate::dtype::StorageFormat;
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+/// The arguments of a group average ([`Backend::average`](crate::backend::Backend::average),
+/// [`average_reference`]).
+pub struct AverageArgs<'a> {
+    /// The arena whose groups of ranks are averaged (updated).
+    pub arena: &'a mut Arena,
+    /// Ranks per group (consecutive ranks); it must divide the arena's ranks.
+    pub group_size: usize,
+    /// The precision of the arithmetic (PyTorch's promoted dtype of the flattened parameters).
+    pub arith: StorageFormat,
+    /// Where each parameter starts in a rank.
+    pub starts: &'a ParamStarts,
+    /// One flag per parameter: averaged or left alone.
+    pub active: &'a [bool],
+}
+
+/// The argument checks of an average that do not depend on the arena's storage, the same on
+/// every backend (the GPU backend makes them for an empty table, which it does not dispatch).
+pub(crate) fn check_average_args(args: &AverageArgs<'_>) -> Result<()> {
+    let (ranks, group_size) = (args.arena.ranks(), args.group_size);
+    if group_size == 0
+        || !ranks.is_multiple_of(group_size)
+        || args.active.len() != args.starts.0.len()
+    {
+        return Err(Error::value(format!(
+            "average: group size {group_size} does not divide {ranks} ranks, or {} flags for {} parameters",
+            args.active.len(),
+            args.starts.0.len()
+        )));
+    }
+    Ok(())
+}
 
 /// Averages every group of `group_size` consecutive ranks, element by element, over the
 /// parameters whose `active` flag is set: each value is divided by the group size, then the
@@ -18,58 +49,71 @@ use crate::error::Result;
 /// A `ValueError` when `group_size` is 0 or does not divide the arena's ranks, or `active`
 /// does not hold one flag per parameter of `starts`; a `RuntimeError` when the arena lives on
 /// a GPU device.
-pub fn average_reference(
-    arena: &mut Arena,
-    group_size: usize,
-    arith: StorageFormat,
-    starts: &ParamStarts,
-    active: &[bool],
-) -> Result<()> {
-    let (format, len) = (arena.format(), arena.rank_len());
-    let rank_words = format.words_for(len).max(1);
-    for group in group_slices(arena, group_size, starts, active)? {
-        if arith == StorageFormat::F64 {
-            average_group::<f64>(
-                format, arith, group, rank_words, group_size, starts, active, len,
-            );
-        } else {
-            average_group::<f32>(
-                format, arith, group, rank_words, group_size, starts, active, len,
-            );
-        }
+pub fn average_reference(args: AverageArgs<'_>) -> Result<()> {
+    let (groups, words) = group_slices(args)?;
+    for group in words {
+        average_group(&groups, group);
     }
     Ok(())
 }
 
-/// The arena of an average, checked ([`check_average_args`]) and cut into its groups' words (each
-/// group's ranks are contiguous): what the reference walks in turn and the CPU backend on
+/// What the mean of each group of an average needs besides the group's words.
+#[derive(Clone, Copy)]
+pub(in crate::backend) struct Groups<'a> {
+    pub(in crate::backend) format: StorageFormat,
+    pub(in crate::backend) arith: StorageFormat,
+    /// Words of one rank (at least one).
+    pub(in crate::backend) rank_words: usize,
+    pub(in crate::backend) group_size: usize,
+    pub(in crate::backend) starts: &'a ParamStarts,
+    pub(in crate::backend) active: &'a [bool],
+    /// Elements of one rank.
+    pub(in crate::backend) len: usize,
+}
+
+/// The arena of an average, checked ([`check_average_args`]) and cut into its groups' words
+/// (each group's ranks are contiguous): what the reference walks in turn and the CPU backend on
 /// threads.
-pub(in crate::backend) fn group_slices<'a>(
-    arena: &'a mut Arena,
-    group_size: usize,
-    starts: &ParamStarts,
-    active: &[bool],
-) -> Result<Vec<&'a mut [u32]>> {
-    check_average_args(arena, group_size, starts, active)?;
-    let rank_words = arena.format().words_for(arena.rank_len()).max(1);
-    Ok(host_words_mut(arena)?
-        .chunks_mut(rank_words * group_size)
-        .collect())
+pub(in crate::backend) fn group_slices(
+    args: AverageArgs<'_>,
+) -> Result<(Groups<'_>, Vec<&mut [u32]>)> {
+    check_average_args(&args)?;
+    let (format, len) = (args.arena.format(), args.arena.rank_len());
+    let groups = Groups {
+        format,
+        arith: args.arith,
+        rank_words: format.words_for(len).max(1),
+        group_size: args.group_size,
+        starts: args.starts,
+        active: args.active,
+        len,
+    };
+    let words = host_words_mut(args.arena)?
+        .chunks_mut(groups.rank_words * groups.group_size)
+        .collect();
+    Ok((groups, words))
 }
 
 /// One group's mean, written to each of its ranks: `group` holds the group's ranks, each
-/// `rank_words` long.
-#[allow(clippy::too_many_arguments)]
-pub(in crate::backend) fn average_group<T: Real>(
-    format: StorageFormat,
-    arith: StorageFormat,
-    group: &mut [u32],
-    rank_words: usize,
-    group_size: usize,
-    starts: &ParamStarts,
-    active: &[bool],
-    len: usize,
-) {
+/// `rank_words` long; computed in float64 for a float64 `arith`, else in float32.
+pub(in crate::backend) fn average_group(groups: &Groups<'_>, group: &mut [u32]) {
+    if groups.arith == StorageFormat::F64 {
+        average_group_in::<f64>(groups, group);
+    } else {
+        average_group_in::<f32>(groups, group);
+    }
+}
+
+fn average_group_in<T: Real>(groups: &Groups<'_>, group: &mut [u32]) {
+    let Groups {
+        format,
+        arith,
+        rank_words,
+        group_size,
+        starts,
+        active,
+        len,
+    } = *groups;
     let divisor = T::scalar(group_size as f64);
     let round = |x: T| T::round(arith, x);
     for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {

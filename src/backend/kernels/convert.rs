@@ -2,9 +2,22 @@
 //! (`backend/cpu/mod.rs`); its GPU twins are the dispatch in `backend/gpu/convert.rs` and the
 //! shader `shaders/convert.wgsl`.
 
-use super::{Arena, ParamStarts, host_words, host_words_mut};
+use super::{Arena, Chunking, ParamStarts, host_words, host_words_mut};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
+
+/// The arguments of a conversion ([`Backend::convert`](crate::backend::Backend::convert),
+/// [`convert_reference`]).
+pub struct ConvertArgs<'a> {
+    /// The arena read.
+    pub src: &'a Arena,
+    /// An arena of the same ranks and layout in another storage format (written).
+    pub dst: &'a mut Arena,
+    /// Where each parameter starts in a rank.
+    pub starts: &'a ParamStarts,
+    /// One flag per parameter: converted or left alone.
+    pub active: &'a [bool],
+}
 
 /// Converts the parameters flagged in `active` of every rank of `src` into `dst`, an arena of
 /// the same ranks and layout in another storage format: `dst = round(src)`, each value decoded
@@ -16,13 +29,14 @@ use crate::error::{Error, Result};
 /// # Errors
 /// A `ValueError` when the arenas differ in ranks or length or `active` does not hold one
 /// flag per parameter of `starts`; a `RuntimeError` when either arena lives on a GPU device.
-pub fn convert_reference(
-    src: &Arena,
-    dst: &mut Arena,
-    starts: &ParamStarts,
-    active: &[bool],
-) -> Result<()> {
-    check_convert(src, dst, starts, active)?;
+pub fn convert_reference(args: ConvertArgs<'_>) -> Result<()> {
+    check_convert(&args, Chunking::Any)?;
+    let ConvertArgs {
+        src,
+        dst,
+        starts,
+        active,
+    } = args;
     let (from_format, to_format) = (src.format(), dst.format());
     let (ranks, len) = (src.ranks(), src.rank_len());
     let (from_words, to_words) = (from_format.words_for(len), to_format.words_for(len));
@@ -49,23 +63,23 @@ pub fn convert_reference(
     Ok(())
 }
 
-/// Checks the arenas and flags of a conversion (shared by every implementation).
-pub(crate) fn check_convert(
-    src: &Arena,
-    dst: &Arena,
-    starts: &ParamStarts,
-    active: &[bool],
-) -> Result<()> {
-    if src.ranks() != dst.ranks() || src.rank_len() != dst.rank_len() {
+/// Checks the arenas and flags of a conversion (shared by every implementation; the GPU
+/// backend's arenas are also [`Chunking::Same`]).
+pub(crate) fn check_convert(args: &ConvertArgs<'_>, chunking: Chunking) -> Result<()> {
+    let (src, dst) = (args.src, &*args.dst);
+    if src.ranks() != dst.ranks()
+        || src.rank_len() != dst.rank_len()
+        || (chunking == Chunking::Same && src.chunk_len() != dst.chunk_len())
+    {
         return Err(Error::value(format!(
             "convert: arenas do not match ({src:?} vs {dst:?})"
         )));
     }
-    if active.len() != starts.0.len() {
+    if args.active.len() != args.starts.0.len() {
         return Err(Error::value(format!(
             "convert: {} flags for {} parameters",
-            active.len(),
-            starts.0.len()
+            args.active.len(),
+            args.starts.0.len()
         )));
     }
     Ok(())

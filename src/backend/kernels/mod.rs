@@ -61,22 +61,27 @@ mod sgd;
 mod slices;
 mod tables;
 
+pub(crate) use adam::check_adam_arenas;
 pub use adam::{AdamArenas, adam_reference};
 pub(in crate::backend) use adam::{AdamSlices, adam_rank, adam_rank_slices};
-pub(crate) use adam::{check_adam_arenas, check_adam_state};
 pub(crate) use arith::Real;
 use arith::{add_scaled, rounding_format};
-pub use average::average_reference;
-pub(in crate::backend) use average::{average_group, group_slices};
+pub(crate) use average::check_average_args;
+pub use average::{AverageArgs, average_reference};
+pub(in crate::backend) use average::{Groups, average_group, group_slices};
 pub(crate) use convert::check_convert;
-pub use convert::convert_reference;
-pub use pseudo_gradient::pseudo_gradient_reference;
+pub use convert::{ConvertArgs, convert_reference};
+pub(crate) use pseudo_gradient::check_pseudo_gradient;
+pub use pseudo_gradient::{PseudoGradientArgs, pseudo_gradient_reference};
+// The communicators' all-reduce check.
+#[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
 pub(crate) use scaled_sum::check_scaled_sum;
-pub use scaled_sum::scaled_sum_reference;
-pub use sgd::sgd_reference;
-pub(crate) use sgd::{check_sgd_arenas, check_sgd_state};
+pub use scaled_sum::{ScaledSumArgs, scaled_sum_reference};
+pub(crate) use sgd::check_sgd_arenas;
+pub use sgd::{SgdArgs, sgd_reference};
 pub(in crate::backend) use sgd::{sgd_rank, sgd_rank_slices};
 pub(in crate::backend) use slices::optional_rank_slices;
+pub(crate) use tables::Chunking;
 pub use tables::{AdamScalars, ParamStarts, SgdScalars};
 use tables::{check_same_layout, check_table};
 // Host access to an arena's words, for the reference kernels (and the CPU backend).

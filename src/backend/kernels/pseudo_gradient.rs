@@ -2,9 +2,44 @@
 //! (`backend/cpu/mod.rs`); its GPU twins are the dispatch in `backend/gpu/pseudo_gradient.rs`
 //! and the shader `shaders/pseudo_gradient.wgsl`.
 
-use super::{Arena, ParamStarts, check_same_layout, host_words, host_words_mut};
+use super::{Arena, Chunking, ParamStarts, check_same_layout, host_words, host_words_mut};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
+
+/// The arguments of DiLoCo's pseudo-gradient
+/// ([`Backend::pseudo_gradient`](crate::backend::Backend::pseudo_gradient),
+/// [`pseudo_gradient_reference`]): three arenas of one layout and the flags.
+pub struct PseudoGradientArgs<'a> {
+    /// The parameters after the inner steps (reset to `backup`).
+    pub params: &'a mut Arena,
+    /// The parameters at the last outer step.
+    pub backup: &'a Arena,
+    /// The pseudo-gradients (written).
+    pub grads: &'a mut Arena,
+    /// Where each parameter starts in a rank.
+    pub starts: &'a ParamStarts,
+    /// One flag per parameter: computed or left alone.
+    pub active: &'a [bool],
+}
+
+/// Checks the arenas and flags of a pseudo-gradient (shared by every implementation; the GPU
+/// backend's arenas are also [`Chunking::Same`]).
+pub(crate) fn check_pseudo_gradient(
+    args: &PseudoGradientArgs<'_>,
+    chunking: Chunking,
+) -> Result<()> {
+    let params = &*args.params;
+    check_same_layout("pseudo_gradient backup", params, args.backup, chunking)?;
+    check_same_layout("pseudo_gradient grads", params, args.grads, chunking)?;
+    if args.active.len() != args.starts.0.len() {
+        return Err(Error::value(format!(
+            "pseudo_gradient: {} flags for {} parameters",
+            args.active.len(),
+            args.starts.0.len()
+        )));
+    }
+    Ok(())
+}
 
 /// DiLoCo's pseudo-gradient over three arenas of one layout, every rank at once, for the
 /// parameters flagged in `active`: `grads = round(backup - params)` (one subtraction in the
@@ -16,22 +51,15 @@ use crate::error::{Error, Result};
 /// A `ValueError` when `backup` or `grads` differ from `params` in ranks, length or format, or
 /// `active` does not hold one flag per parameter of `starts`; a `RuntimeError` when an arena
 /// lives on a GPU device.
-pub fn pseudo_gradient_reference(
-    params: &mut Arena,
-    backup: &Arena,
-    grads: &mut Arena,
-    starts: &ParamStarts,
-    active: &[bool],
-) -> Result<()> {
-    check_same_layout("pseudo_gradient backup", params, backup)?;
-    check_same_layout("pseudo_gradient grads", params, grads)?;
-    if active.len() != starts.0.len() {
-        return Err(Error::value(format!(
-            "pseudo_gradient: {} flags for {} parameters",
-            active.len(),
-            starts.0.len()
-        )));
-    }
+pub fn pseudo_gradient_reference(args: PseudoGradientArgs<'_>) -> Result<()> {
+    check_pseudo_gradient(&args, Chunking::Any)?;
+    let PseudoGradientArgs {
+        params,
+        backup,
+        grads,
+        starts,
+        active,
+    } = args;
     let format = params.format();
     let (ranks, len) = (params.ranks(), params.rank_len());
     let from = host_words(backup)?;

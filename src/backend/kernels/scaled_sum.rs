@@ -6,7 +6,26 @@ use super::{Arena, ParamStarts, Real, host_words_mut};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
-/// Checks the tables of a scaled sum against its arena.
+/// The arguments of a scaled sum ([`Backend::scaled_sum`](crate::backend::Backend::scaled_sum),
+/// [`scaled_sum_reference`]).
+pub struct ScaledSumArgs<'a> {
+    /// The arena summed over its ranks (updated where a rank has a scale).
+    pub arena: &'a mut Arena,
+    /// The precision of every product and partial sum.
+    pub arith: StorageFormat,
+    /// Where each parameter starts in a rank.
+    pub starts: &'a ParamStarts,
+    /// One flag per parameter: summed or left alone.
+    pub reduced: &'a [bool],
+    /// One entry per rank: the scale of a rank that contributes and receives, `None` for a
+    /// joined rank.
+    pub scales: &'a [Option<f64>],
+    /// One flag per (rank, parameter), rank-major: whether the rank's value is present.
+    pub present: &'a [bool],
+}
+
+/// Checks the tables of a scaled sum against its arena (also the communicators' all-reduce
+/// check).
 pub(crate) fn check_scaled_sum(
     arena: &Arena,
     starts: &ParamStarts,
@@ -26,6 +45,19 @@ pub(crate) fn check_scaled_sum(
     Ok(())
 }
 
+impl ScaledSumArgs<'_> {
+    /// [`check_scaled_sum`] of these arguments.
+    pub(crate) fn check(&self) -> Result<()> {
+        check_scaled_sum(
+            self.arena,
+            self.starts,
+            self.reduced,
+            self.scales,
+            self.present,
+        )
+    }
+}
+
 /// The data-parallel gradient all-reduce of `DistributedDataParallel`, joined ranks included:
 /// for every element of the parameters flagged `reduced`, the sum over the ranks in rank order
 /// of `c_r = round(x_r · scale_r)` for a rank with `scales[r] = Some(scale_r)` whose
@@ -39,45 +71,28 @@ pub(crate) fn check_scaled_sum(
 /// A `ValueError` when `reduced` does not hold one flag per parameter, `scales` one entry per
 /// rank or `present` one flag per (rank, parameter); a `RuntimeError` when the arena lives on
 /// a GPU device.
-pub fn scaled_sum_reference(
-    arena: &mut Arena,
-    arith: StorageFormat,
-    starts: &ParamStarts,
-    reduced: &[bool],
-    scales: &[Option<f64>],
-    present: &[bool],
-) -> Result<()> {
-    check_scaled_sum(arena, starts, reduced, scales, present)?;
+pub fn scaled_sum_reference(args: ScaledSumArgs<'_>) -> Result<()> {
+    args.check()?;
+    if args.arith == StorageFormat::F64 {
+        scaled_sum_in::<f64>(args)
+    } else {
+        scaled_sum_in::<f32>(args)
+    }
+}
+
+fn scaled_sum_in<T: Real>(args: ScaledSumArgs<'_>) -> Result<()> {
+    let ScaledSumArgs {
+        arena,
+        arith,
+        starts,
+        reduced,
+        scales,
+        present,
+    } = args;
     let format = arena.format();
     let (ranks, len, params) = (arena.ranks(), arena.rank_len(), starts.0.len());
     let rank_words = format.words_for(len).max(1);
     let words = host_words_mut(arena)?;
-    if arith == StorageFormat::F64 {
-        scaled_sum_ranks::<f64>(
-            format, arith, words, rank_words, ranks, params, starts, reduced, scales, present, len,
-        );
-    } else {
-        scaled_sum_ranks::<f32>(
-            format, arith, words, rank_words, ranks, params, starts, reduced, scales, present, len,
-        );
-    }
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn scaled_sum_ranks<T: Real>(
-    format: StorageFormat,
-    arith: StorageFormat,
-    words: &mut [u32],
-    rank_words: usize,
-    ranks: usize,
-    params: usize,
-    starts: &ParamStarts,
-    reduced: &[bool],
-    scales: &[Option<f64>],
-    present: &[bool],
-    len: usize,
-) {
     let round = |x: T| T::round(arith, x);
     // The scale in the compute precision (PyTorch's opmath), not rounded to a 16-bit ARITH.
     let scales: Vec<Option<T>> = scales.iter().map(|s| s.map(T::scalar)).collect();
@@ -101,4 +116,5 @@ fn scaled_sum_ranks<T: Real>(
             }
         }
     }
+    Ok(())
 }

@@ -4,33 +4,38 @@
 //! `backend/gpu/sgd.rs` and the shader `shaders/sgd.wgsl`.
 
 use super::{
-    Arena, ParamStarts, Real, SgdScalars, add_scaled, check_same_layout, check_table, host_words,
-    host_words_mut, optional_rank_slices, rounding_format,
+    Arena, Chunking, ParamStarts, Real, SgdScalars, add_scaled, check_same_layout, check_table,
+    host_words, host_words_mut, optional_rank_slices, rounding_format,
 };
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
-/// Checks the arenas and table of an SGD step (shared by every host implementation).
-pub(crate) fn check_sgd_arenas(
-    params: &Arena,
-    grads: &Arena,
-    momentum: Option<&Arena>,
-    starts: &ParamStarts,
-    scalars: &[SgdScalars],
-) -> Result<()> {
-    check_same_layout("sgd", params, grads)?;
-    check_table("sgd", params, starts, scalars)?;
-    if let Some(m) = momentum {
-        check_same_layout("sgd momentum", params, m)?;
-    }
-    check_sgd_state(momentum.is_some(), scalars)
+/// The arguments of an SGD step ([`Backend::sgd`](crate::backend::Backend::sgd),
+/// [`sgd_reference`]): its arenas and tables.
+pub struct SgdArgs<'a> {
+    /// Parameters (updated).
+    pub params: &'a mut Arena,
+    /// Gradients.
+    pub grads: &'a Arena,
+    /// Momentum buffers (updated), needed where an active entry has momentum.
+    pub momentum: Option<&'a mut Arena>,
+    /// Where each parameter starts in a rank.
+    pub starts: &'a ParamStarts,
+    /// One entry per (rank, parameter), rank-major.
+    pub scalars: &'a [SgdScalars],
 }
 
-/// A `ValueError` when an active entry has momentum but no momentum arena is given (every
-/// backend's SGD).
-pub(crate) fn check_sgd_state(has_momentum: bool, scalars: &[SgdScalars]) -> Result<()> {
-    let needs_momentum = scalars.iter().any(|s| s.active && s.momentum != 0.0);
-    if needs_momentum && !has_momentum {
+/// Checks the arenas and table of an SGD step (shared by every implementation; the GPU
+/// backend's arenas are also [`Chunking::Same`]).
+pub(crate) fn check_sgd_arenas(args: &SgdArgs<'_>, chunking: Chunking) -> Result<()> {
+    let params = &*args.params;
+    check_same_layout("sgd", params, args.grads, chunking)?;
+    check_table("sgd", params, args.starts, args.scalars)?;
+    if let Some(m) = args.momentum.as_deref() {
+        check_same_layout("sgd momentum", params, m, chunking)?;
+    }
+    let needs_momentum = args.scalars.iter().any(|s| s.active && s.momentum != 0.0);
+    if needs_momentum && args.momentum.is_none() {
         return Err(Error::value(
             "sgd: momentum is set but no momentum arena was given",
         ));
@@ -45,16 +50,11 @@ pub(crate) fn check_sgd_state(has_momentum: bool, scalars: &[SgdScalars]) -> Res
 /// when `starts` is empty or `scalars` does not hold one entry per (rank, parameter), or when
 /// an active entry has momentum but no momentum arena is given; a `RuntimeError` when an arena
 /// lives on a GPU device (the reference runs on host arenas).
-pub fn sgd_reference(
-    params: &mut Arena,
-    grads: &Arena,
-    momentum: Option<&mut Arena>,
-    starts: &ParamStarts,
-    scalars: &[SgdScalars],
-) -> Result<()> {
-    let (format, len) = (params.format(), params.rank_len());
+pub fn sgd_reference(args: SgdArgs<'_>) -> Result<()> {
+    let (format, len) = (args.params.format(), args.params.rank_len());
+    let (starts, scalars) = (args.starts, args.scalars);
     let count = starts.0.len();
-    let ranks = sgd_rank_slices(params, grads, momentum, starts, scalars)?;
+    let ranks = sgd_rank_slices(args)?;
     for (rank, (p, g, buf)) in ranks.into_iter().enumerate() {
         let table = &scalars[rank * count..(rank + 1) * count];
         if format == StorageFormat::F64 {
@@ -71,21 +71,18 @@ pub(in crate::backend) type SgdSlices<'a> = (&'a mut [u32], &'a [u32], Option<&'
 
 /// The arenas of an SGD step, checked ([`check_sgd_arenas`]) and cut into one
 /// [`SgdSlices`] per rank (what the reference walks in turn and the CPU backend on threads).
-pub(in crate::backend) fn sgd_rank_slices<'a>(
-    params: &'a mut Arena,
-    grads: &'a Arena,
-    momentum: Option<&'a mut Arena>,
-    starts: &ParamStarts,
-    scalars: &[SgdScalars],
-) -> Result<Vec<SgdSlices<'a>>> {
-    check_sgd_arenas(params, grads, momentum.as_deref(), starts, scalars)?;
-    let format = params.format();
-    let (ranks, len) = (params.ranks(), params.rank_len());
+pub(in crate::backend) fn sgd_rank_slices(args: SgdArgs<'_>) -> Result<Vec<SgdSlices<'_>>> {
+    check_sgd_arenas(&args, Chunking::Any)?;
+    let format = args.params.format();
+    let (ranks, len) = (args.params.ranks(), args.params.rank_len());
     let rank_words = format.words_for(len);
-    let g = host_words(grads)?;
-    let buffers =
-        optional_rank_slices(momentum.map(host_words_mut).transpose()?, rank_words, ranks);
-    let p = host_words_mut(params)?;
+    let g = host_words(args.grads)?;
+    let buffers = optional_rank_slices(
+        args.momentum.map(host_words_mut).transpose()?,
+        rank_words,
+        ranks,
+    );
+    let p = host_words_mut(args.params)?;
     Ok(p.chunks_mut(rank_words.max(1))
         .zip(g.chunks(rank_words.max(1)))
         .zip(buffers)

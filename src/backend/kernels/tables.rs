@@ -77,8 +77,29 @@ pub struct AdamScalars {
     pub fused: bool,
 }
 
-pub(super) fn check_same_layout(what: &str, a: &Arena, b: &Arena) -> Result<()> {
-    if a.ranks() != b.ranks() || a.rank_len() != b.rank_len() || a.format() != b.format() {
+/// Whether the arenas of one kernel call must also be chunked alike: the GPU backend binds
+/// them chunk by chunk, the host kernels walk whole ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Chunking {
+    /// Any chunking (host arenas).
+    Any,
+    /// The same chunk length (device arenas).
+    Same,
+}
+
+/// A `ValueError` unless `b` has the ranks, length and format of `a` (and its chunking, for
+/// [`Chunking::Same`]).
+pub(super) fn check_same_layout(
+    what: &str,
+    a: &Arena,
+    b: &Arena,
+    chunking: Chunking,
+) -> Result<()> {
+    if a.ranks() != b.ranks()
+        || a.rank_len() != b.rank_len()
+        || (chunking == Chunking::Same && a.chunk_len() != b.chunk_len())
+        || a.format() != b.format()
+    {
         return Err(Error::value(format!(
             "{what}: arenas do not match ({a:?} vs {b:?})"
         )));
