@@ -98,22 +98,13 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
     return array<vec4<f32>, 4>(r(p + s.neg_step_size * m / denom), m, v, second);
 }
 
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn main(id: Invocation) {
-    let at = place(id);
-    if (!at.valid) {
-        return;
-    }
-    let rank = at.lane;
-    let octet = at.octet;
-    let j = at.param;
+// One invocation: lane `rank`, eight elements at `octet`, parameter `j` (param_table's `main`).
+fn run(rank: u32, octet: u32, j: u32) {
     let s = scalars[rank * geometry.params + j];
     if ((s.flags & ACTIVE) == 0u) {
         return;
     }
-    fused = (s.flags & FUSED) != 0u;
-    // No flag has bit 31: 1.0, which no compiler can prove.
-    one = bitcast<f32>(0x3f800000u | (s.flags >> 31u));
+    begin_update((s.flags & FUSED) != 0u, s.flags);
     let base = rank * geometry.rank_quads;
     let p = load_params(base, octet);
     let g = load_grads(base, octet);

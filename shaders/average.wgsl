@@ -28,15 +28,8 @@ fn quotient(rank: u32, octet: u32, divisor: f32, scale: f32) -> Eight {
     return Eight(round4(ARITH, v.lo / divisor), round4(ARITH, v.hi / divisor));
 }
 
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn main(id: Invocation) {
-    let at = place(id);
-    if (!at.valid) {
-        return;
-    }
-    let group = at.lane;
-    let octet = at.octet;
-    let j = at.param;
+// One invocation: lane `group`, eight elements at `octet`, parameter `j` (param_table's `main`).
+fn run(group: u32, octet: u32, j: u32) {
     if (averaged[j] == 0u) {
         return;
     }

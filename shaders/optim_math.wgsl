@@ -1,7 +1,7 @@
 // #import packing
 //
 // The arithmetic the optimizer kernels share (sgd.wgsl, adam.wgsl import it). It reads the
-// kernel's `FORMAT` override. A kernel's `main` sets `fused` and `one` before any of these run.
+// kernel's `FORMAT` override. A kernel calls `begin_update` before any of these run.
 
 // Set per invocation: a fused update (PyTorch's `fused=True`) rounds only when it stores.
 var<private> fused: bool;
@@ -14,10 +14,17 @@ var<private> fused: bool;
 // non-finite operand) and for a product below 2^-60 (where the error terms could leave the
 // normal range) it is `a * b + c`. The twin of the
 // `mul_add` of `adam_rank`/`sgd_rank` in src/backend/kernels/{adam,sgd}.rs.
-// 1.0, from a value the compiler cannot see (set in `main`): `x * one` keeps a shader compiler
+// 1.0, from a value the compiler cannot see (set by `begin_update`): `x * one` keeps a shader compiler
 // from rewriting the error-free transformations algebraically (Mesa's NIR does, on
 // lavapipe: `(a + b) - a` is not `b` in floating point).
 var<private> one: f32;
+
+// Sets `fused` and `one` for this invocation's update: `flags` is the kernel's flag word, in
+// which no flag has bit 31, so `one` is 1.0 by a value no compiler can prove.
+fn begin_update(is_fused: bool, flags: u32) {
+    fused = is_fused;
+    one = bitcast<f32>(0x3f800000u | (flags >> 31u));
+}
 
 fn two_sum(a: f32, b: f32) -> vec2<f32> {
     let s = a + b;

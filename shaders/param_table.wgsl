@@ -41,3 +41,13 @@ fn place(id: Invocation) -> Place {
     let octet = index % geometry.octets;
     return Place(true, index / geometry.octets, octet, find_param(8u * (geometry.first_octet + octet), geometry.params));
 }
+
+// The entry point of every kernel that imports this file: the kernel defines
+// `fn run(lane: u32, octet: u32, param: u32)`, called once for each invocation on the grid.
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn main(id: Invocation) {
+    let at = place(id);
+    if (at.valid) {
+        run(at.lane, at.octet, at.param);
+    }
+}

@@ -22,15 +22,8 @@ override FORMAT: u32 = 0u;
 @group(0) @binding(4) var<storage, read_write> params: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> grads: array<vec4<u32>>;
 
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn main(id: Invocation) {
-    let at = place(id);
-    if (!at.valid) {
-        return;
-    }
-    let rank = at.lane;
-    let octet = at.octet;
-    let j = at.param;
+// One invocation: lane `rank`, eight elements at `octet`, parameter `j` (param_table's `main`).
+fn run(rank: u32, octet: u32, j: u32) {
     if (synced[j] == 0u) {
         return;
     }

@@ -34,15 +34,9 @@ fn contribution(rank: u32, j: u32, octet: u32) -> Eight {
     return Eight(round4(ARITH, v.lo * s), round4(ARITH, v.hi * s));
 }
 
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn main(id: Invocation) {
+// One invocation: lane `lane`, eight elements at `octet`, parameter `j` (param_table's `main`).
+fn run(lane: u32, octet: u32, j: u32) {
     // One lane (geometry.ranks = 1): every rank is summed in the loop below.
-    let at = place(id);
-    if (!at.valid) {
-        return;
-    }
-    let octet = at.octet;
-    let j = at.param;
     if (reduced[j] == 0u) {
         return;
     }

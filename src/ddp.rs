@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::backend::{Backend, BackendInfo};
-use crate::comm::{Communicator, all_gather_f64};
+use crate::comm::{AllReduceScaledSumArgs, Communicator, all_gather_f64};
 use crate::error::{Error, RankErrors, Result};
 use crate::join::{JoinConfig, JoinHook, JoinOptions, Joinable, ProcessGroup, notify_join_context};
 use crate::replicas::{Replicas, Values};
@@ -155,12 +155,14 @@ impl DistributedDataParallel {
             self.world.all_reduce_scaled_sum(
                 backend.as_ref(),
                 arena,
-                arith,
-                starts,
-                &reduced,
-                &scales,
-                &present,
-                bytes,
+                AllReduceScaledSumArgs {
+                    arith,
+                    starts,
+                    reduced: &reduced,
+                    scales: &scales,
+                    present: &present,
+                    bytes_per_rank: bytes,
+                },
             )?;
         }
         // The reducer writes every bucket view back into `.grad` on the ranks that synced.

@@ -55,7 +55,7 @@ use serde_json::{Value, json};
 
 use crate::backend::kernels::{ConvertArgs, PseudoGradientArgs, SgdArgs, SgdScalars};
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
-use crate::comm::{Communicator, Subgroups};
+use crate::comm::{AllReduceMeanArgs, Communicator, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
@@ -967,12 +967,14 @@ impl DiLoCo {
                 self.world.all_reduce_mean_live(
                     backend.as_ref(),
                     arena,
-                    subgroups,
                     live,
-                    wire,
-                    starts,
-                    active,
-                    *bytes,
+                    AllReduceMeanArgs {
+                        groups: subgroups,
+                        arith: wire,
+                        starts,
+                        active,
+                        bytes_per_rank: *bytes,
+                    },
                 )?;
                 backend.convert(ConvertArgs {
                     src: arena,
@@ -986,12 +988,14 @@ impl DiLoCo {
             self.world.all_reduce_mean_live(
                 backend.as_ref(),
                 out,
-                subgroups,
                 live,
-                format,
-                starts,
-                active,
-                *bytes,
+                AllReduceMeanArgs {
+                    groups: subgroups,
+                    arith: format,
+                    starts,
+                    active,
+                    bytes_per_rank: *bytes,
+                },
             )?;
         }
         if let Some(source) = membership.source() {

@@ -6,6 +6,7 @@
 //! (feature `mpi`). Arenas passed to a communicator hold the local ranks, in order; every rank
 //! argument is a world rank. Algorithms written against the trait run unchanged on both.
 
+mod collectives;
 mod membership;
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub mod mpi;
@@ -14,16 +15,16 @@ pub mod nats;
 #[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
 mod one_rank;
 mod simulated;
+mod stats;
+mod subgroups;
 pub mod wire;
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 
-use crate::backend::kernels::ParamStarts;
 use crate::backend::{Arena, Backend};
-use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
+pub use collectives::{AllReduceMeanArgs, AllReduceScaledSumArgs};
 pub use membership::{Membership, MembershipSchedule};
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub use mpi::MpiWorld;
@@ -33,126 +34,9 @@ pub use nats::{
     server_config,
 };
 pub use simulated::SimulatedWorld;
-
-/// A partition of the world into contiguous groups `[k*g, (k+1)*g)`, as
-/// `torch.distributed.new_subgroups(group_size=g)` makes them. `g == world_size` is the world.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Subgroups {
-    world_size: usize,
-    group_size: usize,
-}
-
-impl Subgroups {
-    /// The whole world as one group.
-    pub fn world(world_size: usize) -> Subgroups {
-        Subgroups {
-            world_size,
-            group_size: world_size,
-        }
-    }
-
-    /// Ranks per group.
-    pub fn group_size(&self) -> usize {
-        self.group_size
-    }
-
-    /// Ranks in the world.
-    pub fn world_size(&self) -> usize {
-        self.world_size
-    }
-
-    /// The ranks of the group that `rank` belongs to.
-    pub fn group_of(&self, rank: usize) -> std::ops::Range<usize> {
-        let first = rank / self.group_size * self.group_size;
-        first..first + self.group_size
-    }
-}
-
-/// `torch.distributed.new_subgroups(group_size)`: contiguous groups of `group_size` ranks, with
-/// PyTorch's validation errors.
-///
-/// # Errors
-/// PyTorch's `ValueError`s: `group_size` not positive, larger than `world_size`, or not a divisor
-/// of it.
-///
-/// ```
-/// use distopt::comm::new_subgroups;
-/// assert_eq!(new_subgroups(4, 2).unwrap().group_of(3), 2..4);
-/// let err = new_subgroups(4, 3).unwrap_err();
-/// assert_eq!(err.message(), "The world size (4) must be divisible by 'group_size=3'");
-/// ```
-pub fn new_subgroups(world_size: usize, group_size: i64) -> Result<Subgroups> {
-    if group_size <= 0 {
-        return Err(Error::value(format!(
-            "The arg 'group_size' ({group_size}) must be positive"
-        )));
-    }
-    if group_size as u64 > world_size as u64 {
-        return Err(Error::value(format!(
-            "The arg 'group_size' ({group_size}) must not exceed the world size ({world_size})"
-        )));
-    }
-    let group_size = group_size as usize;
-    if !world_size.is_multiple_of(group_size) {
-        return Err(Error::value(format!(
-            "The world size ({world_size}) must be divisible by 'group_size={group_size}'"
-        )));
-    }
-    Ok(Subgroups {
-        world_size,
-        group_size,
-    })
-}
-
-/// Bytes that collectives would have moved over a network, per rank.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CommStats {
-    /// All-reduce bytes sent per rank, by group size (a ring all-reduce of B bytes over g ranks
-    /// sends `2·(g−1)/g·B` per rank).
-    pub all_reduce_bytes_by_group_size: BTreeMap<usize, u64>,
-    /// Broadcast bytes received per non-root rank.
-    pub broadcast_bytes: u64,
-    /// Gather bytes received by the destination rank (all-gathers: by every rank).
-    pub gather_bytes: u64,
-    /// Number of collective calls.
-    pub collectives: u64,
-}
-
-impl CommStats {
-    /// Counts one ring all-reduce of `bytes_per_rank` bytes over groups of `group_size` ranks:
-    /// each rank sends `2·(g−1)/g` of the tensor.
-    pub fn add_all_reduce(&mut self, group_size: usize, bytes_per_rank: u64) {
-        let g = group_size as u64;
-        *self
-            .all_reduce_bytes_by_group_size
-            .entry(group_size)
-            .or_default() += 2 * (g - 1) * bytes_per_rank / g;
-    }
-
-    /// What was recorded since `earlier` (a snapshot of the same counters).
-    pub fn since(&self, earlier: &CommStats) -> CommStats {
-        let mut by_size = self.all_reduce_bytes_by_group_size.clone();
-        for (size, bytes) in &earlier.all_reduce_bytes_by_group_size {
-            if let Some(b) = by_size.get_mut(size) {
-                *b = b.saturating_sub(*bytes);
-            }
-        }
-        by_size.retain(|_, b| *b > 0);
-        CommStats {
-            all_reduce_bytes_by_group_size: by_size,
-            broadcast_bytes: self.broadcast_bytes.saturating_sub(earlier.broadcast_bytes),
-            gather_bytes: self.gather_bytes.saturating_sub(earlier.gather_bytes),
-            collectives: self.collectives.saturating_sub(earlier.collectives),
-        }
-    }
-
-    /// All bytes per rank, every kind of collective.
-    pub fn total_bytes(&self) -> u64 {
-        self.all_reduce_bytes_by_group_size.values().sum::<u64>()
-            + self.broadcast_bytes
-            + self.gather_bytes
-    }
-}
+pub use stats::CommStats;
+pub(crate) use stats::StatsCounter;
+pub use subgroups::{Subgroups, new_subgroups};
 
 /// One element range that a broadcast writes into every receiving rank (see
 /// [`Communicator::broadcast_regions`]).
@@ -184,7 +68,7 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
         0..self.world_size()
     }
 
-    /// All-reduce-mean within every group of `groups`, over the parameters flagged `active`:
+    /// All-reduce-mean within every group of `mean.groups`, over the parameters flagged `active`:
     /// each value divided by the group size, then summed (in the `arith` precision). `arena`
     /// holds the local ranks.
     ///
@@ -194,16 +78,11 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// `ValueError` for mismatched arenas or tables, a `RuntimeError` for a GPU error or a lost
     /// device). Over MPI, an `arith` of float16 or bfloat16 for parameters of another format is a
     /// `ValueError`, and a failed subgroup split a `RuntimeError`.
-    #[allow(clippy::too_many_arguments)]
     fn all_reduce_mean(
         &self,
         backend: &dyn Backend,
         arena: &mut Arena,
-        groups: Subgroups,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-        bytes_per_rank: u64,
+        mean: AllReduceMeanArgs<'_>,
     ) -> Result<()>;
 
     /// The membership of the next sync point of an elastic algorithm (see
@@ -218,7 +97,7 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     }
 
     /// [`Communicator::all_reduce_mean`] over the `live` ranks only (one flag per world rank,
-    /// as [`Membership::live`]): within every group of `groups`, each live rank's value divided
+    /// as [`Membership::live`]): within every group of `mean.groups`, each live rank's value divided
     /// by the number of the group's live ranks, summed in rank order, written to the live
     /// ranks, exactly as a world of only those ranks computes it; the other ranks keep their
     /// data. With every rank live it is `all_reduce_mean`.
@@ -227,17 +106,12 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// Those of `all_reduce_mean`; a `ValueError` when `live` does not hold one flag per world
     /// rank or no rank is live; a `RuntimeError` when a rank is not live and this world cannot
     /// leave ranks out (the default, which MPI uses: its communicator is fixed).
-    #[allow(clippy::too_many_arguments)]
     fn all_reduce_mean_live(
         &self,
         backend: &dyn Backend,
         arena: &mut Arena,
-        groups: Subgroups,
         live: &[bool],
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-        bytes_per_rank: u64,
+        mean: AllReduceMeanArgs<'_>,
     ) -> Result<()> {
         check_live(live, self.world_size())?;
         if let Some(rank) = live.iter().position(|&l| !l) {
@@ -245,15 +119,7 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
                 "rank {rank} is not live, and this world's membership is fixed: every rank takes part in every collective"
             )));
         }
-        self.all_reduce_mean(
-            backend,
-            arena,
-            groups,
-            arith,
-            starts,
-            active,
-            bytes_per_rank,
-        )
+        self.all_reduce_mean(backend, arena, mean)
     }
 
     /// `DistributedDataParallel`'s gradient all-reduce, joined ranks included (see
@@ -269,17 +135,11 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     /// backend's errors (a `ValueError` for mismatched arenas or tables, a `RuntimeError` for a GPU
     /// error or a lost device). Over MPI, an `arith` of float16 or bfloat16 for values of another
     /// format is a `ValueError`.
-    #[allow(clippy::too_many_arguments)]
     fn all_reduce_scaled_sum(
         &self,
         backend: &dyn Backend,
         arena: &mut Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-        bytes_per_rank: u64,
+        sum: AllReduceScaledSumArgs<'_>,
     ) -> Result<()>;
 
     /// Copies elements `offset..offset+len` of world rank `root` to every other rank.

@@ -31,7 +31,10 @@ use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::Communicator as _;
 use mpi::traits::*;
 
-use super::{BroadcastRegion, CommStats, Communicator, Subgroups, one_rank};
+use super::{
+    AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
+    StatsCounter, one_rank,
+};
 use crate::backend::gpu::GpuArena;
 use crate::backend::kernels::ParamStarts;
 use crate::backend::quotient::{divide_in_place, divide_into};
@@ -102,7 +105,7 @@ pub struct MpiWorld {
     rank: usize,
     size: usize,
     mpi: Mutex<Mpi>,
-    stats: Mutex<CommStats>,
+    stats: StatsCounter,
 }
 
 impl fmt::Debug for MpiWorld {
@@ -148,7 +151,7 @@ impl MpiWorld {
                 recv: Vec::new(),
                 _universe: universe,
             }),
-            stats: Mutex::new(CommStats::default()),
+            stats: StatsCounter::default(),
         }))
     }
 
@@ -175,9 +178,7 @@ impl MpiWorld {
     }
 
     fn record(&self, update: impl FnOnce(&mut CommStats)) {
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        stats.collectives += 1;
-        update(&mut stats);
+        self.stats.record(update);
     }
 
     /// A barrier over the world.
@@ -385,6 +386,17 @@ fn reduce_elements<T, O>(
     }
 }
 
+/// MPI's sum of float16 or bfloat16 words (`u16`), each addition rounded to `half`.
+fn half_sum(half: StorageFormat) -> UserOperation<'static> {
+    UserOperation::commutative(move |a: DynBuffer, b: DynBufferMut| {
+        if let (Some(a), Some(b)) = (a.downcast::<u16>(), b.downcast::<u16>()) {
+            for (x, y) in a.iter().zip(b.iter_mut()) {
+                *y = f32_to_half(half, half_to_f32(half, *x) + half_to_f32(half, *y));
+            }
+        }
+    })
+}
+
 /// The data of the one rank an MPI process holds.
 fn only_rank<T>(per_local_rank: &[T]) -> Result<&T> {
     one_rank::only_rank(per_local_rank, HOLDER)
@@ -409,22 +421,17 @@ impl Communicator for MpiWorld {
         &self,
         _backend: &dyn Backend,
         arena: &mut Arena,
-        groups: Subgroups,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-        bytes_per_rank: u64,
+        mean: AllReduceMeanArgs<'_>,
     ) -> Result<()> {
         self.check_one_rank(arena, "all_reduce")?;
-        if groups.world_size() != self.size || active.len() != starts.0.len() {
-            return Err(Error::value(format!(
-                "all_reduce over groups of a world of {} in a world of {}, or {} flags for {} parameters",
-                groups.world_size(),
-                self.size,
-                active.len(),
-                starts.0.len()
-            )));
-        }
+        mean.check(self.size)?;
+        let AllReduceMeanArgs {
+            groups,
+            arith,
+            starts,
+            active,
+            bytes_per_rank,
+        } = mean;
         let g = groups.group_size();
         let runs = active_runs(starts, active, arena.rank_len());
         let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
@@ -507,16 +514,7 @@ impl Communicator for MpiWorld {
                         )));
                     }
                     let divisor = g as f32;
-                    let add = UserOperation::commutative(move |a: DynBuffer, b: DynBufferMut| {
-                        if let (Some(a), Some(b)) = (a.downcast::<u16>(), b.downcast::<u16>()) {
-                            for (x, y) in a.iter().zip(b.iter_mut()) {
-                                *y = f32_to_half(
-                                    half,
-                                    half_to_f32(half, *x) + half_to_f32(half, *y),
-                                );
-                            }
-                        }
-                    });
+                    let add = half_sum(half);
                     reduce_elements(
                         comm,
                         (scratch(&mut send, total), scratch(&mut recv, total)),
@@ -541,13 +539,16 @@ impl Communicator for MpiWorld {
         &self,
         _backend: &dyn Backend,
         arena: &mut Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-        bytes_per_rank: u64,
+        sum: AllReduceScaledSumArgs<'_>,
     ) -> Result<()> {
+        let AllReduceScaledSumArgs {
+            arith,
+            starts,
+            reduced,
+            scales,
+            present,
+            bytes_per_rank,
+        } = sum;
         self.check_one_rank(arena, "all_reduce")?;
         crate::backend::kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
         let runs = active_runs(starts, reduced, arena.rank_len());
@@ -614,16 +615,7 @@ impl Communicator for MpiWorld {
                         )));
                     }
                     let s = scale.unwrap_or(0.0) as f32;
-                    let add = UserOperation::commutative(move |a: DynBuffer, b: DynBufferMut| {
-                        if let (Some(a), Some(b)) = (a.downcast::<u16>(), b.downcast::<u16>()) {
-                            for (x, y) in a.iter().zip(b.iter_mut()) {
-                                *y = f32_to_half(
-                                    half,
-                                    half_to_f32(half, *x) + half_to_f32(half, *y),
-                                );
-                            }
-                        }
-                    });
+                    let add = half_sum(half);
                     let send: &mut [u16] = scratch(&mut send, total);
                     for (v, k) in send.iter_mut().zip(elements.clone()) {
                         *v = if contributes(at(k)) {
@@ -830,11 +822,11 @@ impl Communicator for MpiWorld {
     }
 
     fn stats(&self) -> CommStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.stats.snapshot()
     }
 
     fn reset_stats(&self) {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = CommStats::default();
+        self.stats.reset();
     }
 }
 

@@ -4,17 +4,19 @@
 
 use std::sync::Mutex;
 
-use super::{BroadcastRegion, CommStats, Communicator, Membership, MembershipSchedule, Subgroups};
-use crate::backend::kernels::{AverageArgs, ParamStarts, ScaledSumArgs};
+use super::{
+    AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
+    Membership, MembershipSchedule, StatsCounter,
+};
+use crate::backend::kernels::{AverageArgs, ScaledSumArgs};
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
-use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
 /// Every rank in this process, on one device: collectives are kernels over the rank axis.
 #[derive(Debug)]
 pub struct SimulatedWorld {
     size: usize,
-    stats: Mutex<CommStats>,
+    stats: StatsCounter,
     /// Who takes part in which sync point (`None`: everyone in every one).
     schedule: Option<MembershipSchedule>,
     /// Sync points so far (calls of [`Communicator::membership`]).
@@ -32,7 +34,7 @@ impl SimulatedWorld {
         }
         Ok(SimulatedWorld {
             size,
-            stats: Mutex::new(CommStats::default()),
+            stats: StatsCounter::default(),
             schedule: None,
             syncs: Mutex::new(0),
         })
@@ -79,9 +81,7 @@ impl SimulatedWorld {
     }
 
     fn record(&self, update: impl FnOnce(&mut CommStats)) {
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        stats.collectives += 1;
-        update(&mut stats);
+        self.stats.record(update);
     }
 }
 
@@ -104,25 +104,20 @@ impl Communicator for SimulatedWorld {
         &self,
         backend: &dyn Backend,
         arena: &mut Arena,
-        groups: Subgroups,
         live: &[bool],
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-        bytes_per_rank: u64,
+        mean: AllReduceMeanArgs<'_>,
     ) -> Result<()> {
         super::check_live(live, self.size)?;
         if live.iter().all(|&l| l) {
-            return self.all_reduce_mean(
-                backend,
-                arena,
-                groups,
-                arith,
-                starts,
-                active,
-                bytes_per_rank,
-            );
+            return self.all_reduce_mean(backend, arena, mean);
         }
+        let AllReduceMeanArgs {
+            groups,
+            arith,
+            starts,
+            active,
+            bytes_per_rank,
+        } = mean;
         if groups.world_size() != self.size || arena.ranks() != self.size {
             return Err(Error::value(format!(
                 "all_reduce over {} ranks in a world of {}",
@@ -204,12 +199,15 @@ impl Communicator for SimulatedWorld {
         &self,
         backend: &dyn Backend,
         arena: &mut Arena,
-        groups: Subgroups,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-        bytes_per_rank: u64,
+        mean: AllReduceMeanArgs<'_>,
     ) -> Result<()> {
+        let AllReduceMeanArgs {
+            groups,
+            arith,
+            starts,
+            active,
+            bytes_per_rank,
+        } = mean;
         if groups.world_size() != self.size || arena.ranks() != self.size {
             return Err(Error::value(format!(
                 "all_reduce over {} ranks in a world of {}",
@@ -232,23 +230,18 @@ impl Communicator for SimulatedWorld {
         &self,
         backend: &dyn Backend,
         arena: &mut Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-        bytes_per_rank: u64,
+        sum: AllReduceScaledSumArgs<'_>,
     ) -> Result<()> {
         self.check_local(arena.ranks())?;
         backend.scaled_sum(ScaledSumArgs {
             arena,
-            arith,
-            starts,
-            reduced,
-            scales,
-            present,
+            arith: sum.arith,
+            starts: sum.starts,
+            reduced: sum.reduced,
+            scales: sum.scales,
+            present: sum.present,
         })?;
-        self.record(|s| s.add_all_reduce(self.size, bytes_per_rank));
+        self.record(|s| s.add_all_reduce(self.size, sum.bytes_per_rank));
         Ok(())
     }
 
@@ -376,10 +369,10 @@ impl Communicator for SimulatedWorld {
     }
 
     fn stats(&self) -> CommStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.stats.snapshot()
     }
 
     fn reset_stats(&self) {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = CommStats::default();
+        self.stats.reset();
     }
 }

@@ -4,7 +4,7 @@
 
 use super::{Replicas, Values};
 use crate::backend::CopyRegion;
-use crate::comm::{Communicator, Subgroups};
+use crate::comm::{AllReduceMeanArgs, Communicator, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
@@ -74,12 +74,14 @@ impl Replicas {
             world.all_reduce_mean_live(
                 backend.as_ref(),
                 arena,
-                subgroups,
                 live,
-                arith,
-                starts,
-                &active,
-                (elements * arith.element_bytes()) as u64,
+                AllReduceMeanArgs {
+                    groups: subgroups,
+                    arith,
+                    starts,
+                    active: &active,
+                    bytes_per_rank: (elements * arith.element_bytes()) as u64,
+                },
             )?;
         }
         Ok(())

@@ -1267,47 +1267,21 @@ impl Communicator for FailingWorld {
         &self,
         backend: &dyn Backend,
         arena: &mut distopt::backend::Arena,
-        groups: distopt::comm::Subgroups,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-        bytes_per_rank: u64,
+        mean: distopt::comm::AllReduceMeanArgs<'_>,
     ) -> distopt::Result<()> {
         if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(distopt::Error::runtime("injected all-reduce failure"));
         }
-        self.inner.all_reduce_mean(
-            backend,
-            arena,
-            groups,
-            arith,
-            starts,
-            active,
-            bytes_per_rank,
-        )
+        self.inner.all_reduce_mean(backend, arena, mean)
     }
 
     fn all_reduce_scaled_sum(
         &self,
         backend: &dyn Backend,
         arena: &mut distopt::backend::Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-        bytes_per_rank: u64,
+        sum: distopt::comm::AllReduceScaledSumArgs<'_>,
     ) -> distopt::Result<()> {
-        self.inner.all_reduce_scaled_sum(
-            backend,
-            arena,
-            arith,
-            starts,
-            reduced,
-            scales,
-            present,
-            bytes_per_rank,
-        )
+        self.inner.all_reduce_scaled_sum(backend, arena, sum)
     }
 
     fn broadcast(

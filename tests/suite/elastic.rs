@@ -17,7 +17,9 @@ use std::sync::Arc;
 use distopt::BlockOn;
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
 use distopt::backend::kernels::ParamStarts;
-use distopt::comm::{Communicator, MembershipSchedule, SimulatedWorld, Subgroups};
+use distopt::comm::{
+    AllReduceMeanArgs, Communicator, MembershipSchedule, SimulatedWorld, Subgroups,
+};
 use distopt::diloco::{Compression, DiLoCo, DiLoCoOptions};
 use distopt::post_local_sgd::PostLocalSgdOptimizer;
 use distopt::replicas::Replicas;
@@ -437,12 +439,14 @@ fn a_live_mask_that_does_not_fit_is_a_value_error() {
             .all_reduce_mean_live(
                 backend.as_ref(),
                 &mut arena,
-                Subgroups::world(3),
                 &live,
-                StorageFormat::F32,
-                &starts,
-                &[true],
-                16,
+                AllReduceMeanArgs {
+                    groups: Subgroups::world(3),
+                    arith: StorageFormat::F32,
+                    starts: &starts,
+                    active: &[true],
+                    bytes_per_rank: 16,
+                },
             )
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::ValueError);

@@ -676,10 +676,11 @@ impl FailingWorld {
 
 mod failing_world {
     use super::FailingWorld;
-    use distopt::backend::kernels::ParamStarts;
+    use distopt::Result;
     use distopt::backend::{Arena, Backend};
-    use distopt::comm::{BroadcastRegion, CommStats, Communicator, Subgroups};
-    use distopt::{Result, StorageFormat};
+    use distopt::comm::{
+        AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
+    };
 
     impl Communicator for FailingWorld {
         fn world_size(&self) -> usize {
@@ -689,45 +690,19 @@ mod failing_world {
             &self,
             backend: &dyn Backend,
             arena: &mut Arena,
-            groups: Subgroups,
-            arith: StorageFormat,
-            starts: &ParamStarts,
-            active: &[bool],
-            bytes_per_rank: u64,
+            mean: AllReduceMeanArgs<'_>,
         ) -> Result<()> {
             self.check()?;
-            self.inner.all_reduce_mean(
-                backend,
-                arena,
-                groups,
-                arith,
-                starts,
-                active,
-                bytes_per_rank,
-            )
+            self.inner.all_reduce_mean(backend, arena, mean)
         }
         fn all_reduce_scaled_sum(
             &self,
             backend: &dyn Backend,
             arena: &mut Arena,
-            arith: StorageFormat,
-            starts: &ParamStarts,
-            reduced: &[bool],
-            scales: &[Option<f64>],
-            present: &[bool],
-            bytes_per_rank: u64,
+            sum: AllReduceScaledSumArgs<'_>,
         ) -> Result<()> {
             self.check()?;
-            self.inner.all_reduce_scaled_sum(
-                backend,
-                arena,
-                arith,
-                starts,
-                reduced,
-                scales,
-                present,
-                bytes_per_rank,
-            )
+            self.inner.all_reduce_scaled_sum(backend, arena, sum)
         }
         fn broadcast(
             &self,

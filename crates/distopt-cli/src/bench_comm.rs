@@ -12,7 +12,7 @@ use distopt::Error;
 use distopt::backend::PARAM_ALIGN_ELEMENTS;
 use distopt::backend::kernels::ParamStarts;
 use distopt::backend::{Arena, select_backend};
-use distopt::comm::{Communicator, Subgroups, all_gather_f64};
+use distopt::comm::{AllReduceMeanArgs, Communicator, Subgroups, all_gather_f64};
 use distopt::dtype::StorageFormat;
 use serde_json::json;
 
@@ -109,11 +109,13 @@ pub fn run(
         world.all_reduce_mean(
             backend.as_ref(),
             arena,
-            Subgroups::world(size),
-            StorageFormat::F32,
-            &starts,
-            &[true],
-            bytes,
+            AllReduceMeanArgs {
+                groups: Subgroups::world(size),
+                arith: StorageFormat::F32,
+                starts: &starts,
+                active: &[true],
+                bytes_per_rank: bytes,
+            },
         )
     };
     // The first average must be the mean of the ranks' values.

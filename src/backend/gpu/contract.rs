@@ -246,7 +246,8 @@ pub(crate) struct WgslFile {
     pub(crate) declares: Declarations,
 }
 
-/// A kernel: its WGSL file (with an `@compute fn main`).
+/// A kernel: its WGSL file, whose `@compute fn main` is its own or, through `param_table`, the
+/// shared one that calls the kernel's `fn run`.
 pub(crate) type KernelSpec = WgslFile;
 
 /// Storage formats, exact rounding and the 2-D dispatch grid (`shaders/packing.wgsl`).

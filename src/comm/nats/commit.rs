@@ -17,11 +17,10 @@ use std::ops::Range;
 
 use super::{KIND_VOTE, NatsWorld, Sum, param_runs};
 use crate::backend::Arena;
-use crate::backend::kernels::ParamStarts;
-use crate::comm::Subgroups;
 use crate::comm::wire::{Assembler, MessageId};
+use crate::comm::{AllReduceMeanArgs, Subgroups};
 use crate::dtype::StorageFormat;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 impl NatsWorld {
     /// The mean of [`Communicator::all_reduce_mean_live`] (`elastic`: committed as the module
@@ -30,25 +29,20 @@ impl NatsWorld {
     pub(super) fn mean_over(
         &self,
         arena: &mut Arena,
-        groups: Subgroups,
         live: &[bool],
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-        bytes_per_rank: u64,
+        mean: AllReduceMeanArgs<'_>,
         elastic: bool,
     ) -> Result<()> {
         self.check_one_rank(arena, "all_reduce")?;
         crate::comm::check_live(live, self.size)?;
-        if groups.world_size() != self.size || active.len() != starts.0.len() {
-            return Err(Error::value(format!(
-                "all_reduce over groups of a world of {} in a world of {}, or {} flags for {} parameters",
-                groups.world_size(),
-                self.size,
-                active.len(),
-                starts.0.len()
-            )));
-        }
+        mean.check(self.size)?;
+        let AllReduceMeanArgs {
+            groups,
+            arith,
+            starts,
+            active,
+            bytes_per_rank,
+        } = mean;
         if !live[self.rank] {
             // Not in this sync: this rank keeps its data, as in the simulated world.
             return Ok(());

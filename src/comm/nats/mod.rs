@@ -54,7 +54,10 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::wire::{self, Assembler, MessageId};
-use super::{BroadcastRegion, CommStats, Communicator, Membership, Subgroups, one_rank};
+use super::{
+    AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
+    Membership, StatsCounter, one_rank,
+};
 use crate::backend::kernels::{ParamStarts, Real};
 use crate::backend::{Arena, Backend};
 use crate::dtype::StorageFormat;
@@ -178,7 +181,7 @@ pub struct NatsWorld {
     /// Whether the heartbeat is published: from the start, or for a joining process once it
     /// is being healed (before, its key is not yet the run's for its rank).
     beating: Arc<std::sync::atomic::AtomicBool>,
-    stats: Mutex<CommStats>,
+    stats: StatsCounter,
     /// Where a reduction of arena values that cannot be reduced in place is made (the
     /// values, then the sums), kept between calls (`u64` storage keeps every element type
     /// aligned).
@@ -365,7 +368,7 @@ impl NatsWorld {
             changes: Mutex::new(Vec::new()),
             points: Mutex::new(0),
             heal: Mutex::new((0, std::collections::BTreeMap::new())),
-            stats: Mutex::new(CommStats::default()),
+            stats: StatsCounter::default(),
             scratch: Mutex::new(Vec::new()),
             received: Mutex::new(Vec::new()),
             spare: Mutex::new(Vec::new()),
@@ -787,9 +790,7 @@ impl NatsWorld {
     }
 
     fn record(&self, update: impl FnOnce(&mut CommStats)) {
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        stats.collectives += 1;
-        update(&mut stats);
+        self.stats.record(update);
     }
 
     fn only<'a, T>(&self, per_local_rank: &'a [T]) -> Result<&'a T> {
@@ -966,23 +967,10 @@ impl Communicator for NatsWorld {
         &self,
         _backend: &dyn Backend,
         arena: &mut Arena,
-        groups: Subgroups,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-        bytes_per_rank: u64,
+        mean: AllReduceMeanArgs<'_>,
     ) -> Result<()> {
         let live = vec![true; self.size];
-        self.mean_over(
-            arena,
-            groups,
-            &live,
-            arith,
-            starts,
-            active,
-            bytes_per_rank,
-            false,
-        )
+        self.mean_over(arena, &live, mean, false)
     }
 
     /// Agrees with the other live processes on the ranks of the next sync point through the
@@ -1015,36 +1003,26 @@ impl Communicator for NatsWorld {
         &self,
         _backend: &dyn Backend,
         arena: &mut Arena,
-        groups: Subgroups,
         live: &[bool],
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        active: &[bool],
-        bytes_per_rank: u64,
+        mean: AllReduceMeanArgs<'_>,
     ) -> Result<()> {
-        self.mean_over(
-            arena,
-            groups,
-            live,
-            arith,
-            starts,
-            active,
-            bytes_per_rank,
-            true,
-        )
+        self.mean_over(arena, live, mean, true)
     }
 
     fn all_reduce_scaled_sum(
         &self,
         _backend: &dyn Backend,
         arena: &mut Arena,
-        arith: StorageFormat,
-        starts: &ParamStarts,
-        reduced: &[bool],
-        scales: &[Option<f64>],
-        present: &[bool],
-        bytes_per_rank: u64,
+        sum: AllReduceScaledSumArgs<'_>,
     ) -> Result<()> {
+        let AllReduceScaledSumArgs {
+            arith,
+            starts,
+            reduced,
+            scales,
+            present,
+            bytes_per_rank,
+        } = sum;
         self.check_one_rank(arena, "all_reduce")?;
         crate::backend::kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
         let runs = param_runs(starts, reduced, arena.rank_len());
@@ -1264,11 +1242,11 @@ impl Communicator for NatsWorld {
     }
 
     fn stats(&self) -> CommStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.stats.snapshot()
     }
 
     fn reset_stats(&self) {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = CommStats::default();
+        self.stats.reset();
     }
 }
 
