@@ -63,11 +63,37 @@ impl PostLocalSgdOptimizer {
         self.averager.check_average(replicas, Some(&params))?;
         self.optim.step(replicas)?;
         let used = self.averager.average_parameters(replicas, Some(&params))?;
-        // A rank the averaging healed gets its source's optimizer state too.
-        for &(to, from) in self.averager.healed() {
-            self.optim.copy_rank_state(replicas, from, to)?;
-        }
+        self.heal_optimizer(replicas)?;
         Ok(used)
+    }
+
+    /// Takes this process's ranks into a running run of processes (a process that joins,
+    /// `distopt train --join`): the averager admits them at the next sync point and heals them
+    /// ([`ModelAverager::admit`]), then each gets its source's local optimizer state and step
+    /// counters, as the live ranks heal it at the end of that point's [`Self::step`]. The next
+    /// [`Self::step`] is the live ranks' next step.
+    ///
+    /// # Errors
+    /// A `ValueError` for replicas of another model; those of [`ModelAverager::admit`] and
+    /// of the heal's transfers.
+    pub fn admit(&mut self, replicas: &mut Replicas) -> Result<()> {
+        self.optim.check_model(replicas)?;
+        self.averager.admit(replicas)?;
+        self.heal_optimizer(replicas)
+    }
+
+    /// Heals the local optimizer's state of each rank the averager healed last, from that
+    /// heal's source.
+    fn heal_optimizer(&mut self, replicas: &Replicas) -> Result<()> {
+        let healed = self.averager.healed().to_vec();
+        let Some(world) = self.averager.world() else {
+            return Ok(());
+        };
+        for (joiner, source) in healed {
+            self.optim
+                .heal_rank_state(world, replicas, source, joiner)?;
+        }
+        Ok(())
     }
 
     /// `zero_grad()`.
@@ -176,6 +202,12 @@ impl PostLocalSgdState {
     /// Iterations seen so far (PyTorch stops counting once local SGD starts).
     pub fn iter(&self) -> u64 {
         self.iter
+    }
+
+    /// Sets the iteration count (PyTorch's `state.iter`): how a rank that joins a running run
+    /// takes the live ranks' count, so that it does not start the warm-up again.
+    pub fn set_iter(&mut self, iter: u64) {
+        self.iter = iter;
     }
 
     /// The hook, run after every rank's backward pass: averages the gradients (each divided

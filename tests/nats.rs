@@ -35,12 +35,15 @@
 //!   run's secret cannot publish into, subscribe to or open another run, and a wrong secret
 //!   cannot join.
 //!
-//! - joining: `distopt train --join` takes a killed rank's place in a DiLoCo run, is healed
-//!   from a live rank, and the run equals the simulated world replaying its membership.
+//! - joining: `distopt train --join` takes a killed rank's place in a DiLoCo, periodic or
+//!   hierarchical run, is healed from a live rank, and the run equals the simulated world
+//!   replaying its membership;
+//! - churn: four DiLoCo processes, one killed and one joining every 15 s four times over; the
+//!   run finishes on the bits of the simulated replay, with bounded memory.
 //!
-//! `DISTOPT_NATS_ONLY=PART` (golden, command_line, killed_rank, elastic_command_line,
-//! join_command_line, elastic,
-//! hostile_peers, isolation) runs one part alone.
+//! `DISTOPT_NATS_ONLY=PART[,PART…]` (golden, command_line, killed_rank, elastic_command_line,
+//! join_command_line, churn, elastic, hostile_peers, impersonation, forged_membership, cluster,
+//! tls, isolation) runs those parts alone.
 
 mod common;
 #[allow(dead_code)]
@@ -666,6 +669,22 @@ impl Processes {
         Instant::now()
     }
 
+    /// Starts one more process; returns its index.
+    fn add(&mut self, command: Command) -> Result<usize, String> {
+        let more = Processes::start(vec![command])?;
+        self.children.extend(more.children);
+        Ok(self.children.len() - 1)
+    }
+
+    /// Process `index`'s resident memory (`VmRSS`, bytes), while it runs.
+    fn resident_bytes(&self, index: usize) -> Option<u64> {
+        let pid = self.children[index].0.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+
     fn wait(self, deadline: Duration) -> Vec<Exit> {
         let readers: Vec<_> = self
             .children
@@ -962,12 +981,13 @@ fn killed_rank(server: &Server, failures: &mut Vec<String>) {
     }
 }
 
-/// The command-line DiLoCo runs of three processes: `steps` steps on the CPU, a JSON report.
-fn diloco_cli_flags(steps: &str) -> [&str; 10] {
+/// The command-line runs of three processes: `algorithm` for `steps` steps on the CPU, a JSON
+/// report.
+fn cli_flags<'a>(algorithm: &'a str, steps: &'a str) -> [&'a str; 10] {
     [
         "train",
         "--algorithm",
-        "diloco",
+        algorithm,
         "--steps",
         steps,
         "--backend",
@@ -1004,7 +1024,7 @@ fn three_ranks_one_killed(
 fn elastic_command_line(server: &Server, failures: &mut Vec<String>) {
     let steps = 12_000;
     let steps_flag = steps.to_string();
-    let flags = diloco_cli_flags(&steps_flag);
+    let flags = cli_flags("diloco", &steps_flag);
     let processes = match three_ranks_one_killed(server, "cli-elastic", &flags, 0) {
         Ok(p) => p,
         Err(e) => return failures.push(e),
@@ -1067,23 +1087,40 @@ fn elastic_command_line(server: &Server, failures: &mut Vec<String>) {
     }
 }
 
-/// `distopt train --join`: three DiLoCo processes, rank 2 killed mid-run and a fourth process
-/// started with `--join` in its place. It is taken in at a sync point, healed from rank 0, and
-/// trains to the end with the others: all three exit 0, rank 0 prints every rank finished on
-/// identical replicas, and the run equals the simulated world replaying the membership the
-/// processes report (rank 2 out from the sync point after its death to the one that took the
-/// joiner in), bit for bit: every replica's loss, and every step's mean loss but those of the
-/// window rank 2 was out (the simulated rank keeps training there, the killed one cannot).
+/// `distopt train --join` under each elastic algorithm: DiLoCo (a sync every 8 steps),
+/// post-local SGD with the periodic averager (20 warm-up steps, then an average every 8) and
+/// with the hierarchical one (of 3 ranks, one level: every step counter divisible by 8 after
+/// the 20 warm-up steps), each for a number of steps whose last is a sync point.
 fn join_command_line(server: &Server, failures: &mut Vec<String>) {
-    let (steps, period) = (12_000usize, 8usize);
+    join_run(server, failures, "diloco", 12_000, |k| (k + 1) * 8 - 1);
+    join_run(server, failures, "periodic", 12_005, |k| 20 + 8 * k);
+    join_run(server, failures, "hierarchical", 12_001, |k| 24 + 8 * k);
+}
+
+/// `distopt train --join`: three processes of `algorithm` for `steps` steps (sync point K at
+/// step index `sync_step(K)`, the last step one), rank 2 killed mid-run and a fourth process started with `--join` in its
+/// place. It is taken in at a sync point, healed from rank 0, and trains to the end with the
+/// others: all three exit 0, rank 0 prints every rank finished on identical replicas, and the
+/// run equals the simulated world replaying the membership the processes report (rank 2 out
+/// from the sync point after its death to the one that took the joiner in), bit for bit: every
+/// replica's loss, and every step's mean loss but those of the window rank 2 was out (the
+/// simulated rank keeps training there, the killed one cannot).
+fn join_run(
+    server: &Server,
+    failures: &mut Vec<String>,
+    algorithm: &str,
+    steps: usize,
+    sync_step: fn(usize) -> usize,
+) {
+    let run = &format!("cli-join-{algorithm}");
     let steps_flag = steps.to_string();
-    let flags = diloco_cli_flags(&steps_flag);
-    let processes = match three_ranks_one_killed(server, "cli-join", &flags, 2) {
+    let flags = cli_flags(algorithm, &steps_flag);
+    let processes = match three_ranks_one_killed(server, run, &flags, 2) {
         Ok(p) => p,
         Err(e) => return failures.push(e),
     };
     // The joiner waits for the run to drop rank 2 (one failure bound), then for a sync point.
-    let mut joiner = distopt_train(server, "cli-join", &flags);
+    let mut joiner = distopt_train(server, run, &flags);
     joiner.arg("--join");
     let joiner = match Processes::start(vec![joiner]) {
         Ok(p) => p,
@@ -1102,20 +1139,20 @@ fn join_command_line(server: &Server, failures: &mut Vec<String>) {
     };
     if exits[2].status.is_some() {
         return failures.push(format!(
-            "distopt train --join: rank 2 finished before it was killed; train longer: {}",
+            "distopt train --algorithm {algorithm} --join: rank 2 finished before it was killed; train longer: {}",
             why()
         ));
     }
     if exits[0].status != Some(0) || exits[1].status != Some(0) || joined[0].status != Some(0) {
         return failures.push(format!(
-            "distopt train --join: ranks 0 and 1 and the joiner must exit 0: {}",
+            "distopt train --algorithm {algorithm} --join: ranks 0 and 1 and the joiner must exit 0: {}",
             why()
         ));
     }
     // "sync point K: live ranks …" (rank 2 left) and "…; rank(s) 2 joined" on rank 0's stderr.
     let (mut left, mut admitted) = (None, None);
     for line in exits[0].stderr.lines() {
-        let Some(rest) = line.strip_prefix("distopt: run 'cli-join' sync point ") else {
+        let Some(rest) = line.strip_prefix(&format!("distopt: run '{run}' sync point ")) else {
             continue;
         };
         let k: Option<usize> = rest.split(':').next().and_then(|k| k.parse().ok());
@@ -1127,7 +1164,7 @@ fn join_command_line(server: &Server, failures: &mut Vec<String>) {
     }
     let (Some(left), Some(admitted)) = (left, admitted) else {
         return failures.push(format!(
-            "distopt train --join: rank 0 must report the sync point rank 2 left at and the one it joined at: {}",
+            "distopt train --algorithm {algorithm} --join: rank 0 must report the sync point rank 2 left at and the one it joined at: {}",
             why()
         ));
     };
@@ -1144,7 +1181,7 @@ fn join_command_line(server: &Server, failures: &mut Vec<String>) {
         || replicas[0] != replicas[2]
     {
         return failures.push(format!(
-            "distopt train --join: rank 0 alone prints, every rank finished, on identical replicas: ranks_finished {}, replica losses {replicas}: {}",
+            "distopt train --algorithm {algorithm} --join: rank 0 alone prints, every rank finished, on identical replicas: ranks_finished {}, replica losses {replicas}: {}",
             report["ranks_finished"],
             why()
         ));
@@ -1181,7 +1218,7 @@ fn join_command_line(server: &Server, failures: &mut Vec<String>) {
             .cloned()
             .unwrap_or_default(),
     );
-    let out = left * period..(admitted + 1) * period;
+    let out = left.checked_sub(1).map_or(0, |k| sync_step(k) + 1)..=sync_step(admitted);
     let differing: Vec<usize> = (0..steps)
         .filter(|i| !out.contains(i) && losses.get(*i) != sim_losses.get(*i))
         .collect();
@@ -1191,7 +1228,7 @@ fn join_command_line(server: &Server, failures: &mut Vec<String>) {
         || !differing.is_empty()
     {
         failures.push(format!(
-            "distopt train --join against the simulated replay of rank 2 out at sync points {left}..={admitted}: replica losses {replicas} vs {}, mean model loss {} vs {}, {} of {steps} steps' mean losses differ outside the window (first {:?})",
+            "distopt train --algorithm {algorithm} --join against the simulated replay of rank 2 out at sync points {left}..={admitted}: replica losses {replicas} vs {}, mean model loss {} vs {}, {} of {steps} steps' mean losses differ outside the window (first {:?})",
             sim["replica_loss_per_rank"],
             result["mean_model_loss"],
             sim["mean_model_loss"],
@@ -1200,10 +1237,202 @@ fn join_command_line(server: &Server, failures: &mut Vec<String>) {
         ));
     } else {
         println!(
-            "distopt train --join: rank 2 of 3 killed, a new process joined at sync point {admitted} (rank 2 out from {left}), healed from rank 0; all three finished {steps} steps on identical replicas, equal to the simulated replay bit for bit (replica loss {})",
+            "distopt train --algorithm {algorithm} --join: rank 2 of 3 killed, a new process joined at sync point {admitted} (rank 2 out from {left}), healed from rank 0; all three finished {steps} steps on identical replicas, equal to the simulated replay bit for bit (replica loss {})",
             replicas[0]
         );
     }
+}
+
+/// The membership schedule a process's stderr reports (`distopt: run 'RUN' sync point K: live
+/// ranks A,B; rank(s) C joined …`), as `--membership` takes it: each sync point's live ranks,
+/// a rank that joined at point K live from K + 1, up to the point after the last change.
+fn reported_schedule(stderr: &str, run: &str, ranks: usize) -> Option<String> {
+    let prefix = format!("distopt: run '{run}' sync point ");
+    let mut changes: BTreeMap<usize, (Vec<usize>, Vec<usize>)> = BTreeMap::new();
+    for line in stderr.lines() {
+        let Some(rest) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        let (k, rest) = rest.split_once(": live ranks ")?;
+        let (live, joined) = match rest.split_once("; rank(s) ") {
+            Some((live, joined)) => (live, joined.split(' ').next()?),
+            None => (rest, ""),
+        };
+        let list = |text: &str| -> Option<Vec<usize>> {
+            text.split(',')
+                .filter(|r| !r.is_empty())
+                .map(|r| r.trim().parse().ok())
+                .collect()
+        };
+        changes.insert(k.parse().ok()?, (list(live)?, list(joined)?));
+    }
+    let last = *changes.keys().next_back()?;
+    let mut current: Vec<usize> = (0..ranks).collect();
+    let mut schedule = Vec::new();
+    for k in 0..=last + 1 {
+        if let Some((live, joined)) = changes.get(&k) {
+            current = live.clone();
+            schedule.push(current.clone());
+            current.extend(joined);
+            current.sort_unstable();
+            current.dedup();
+        } else {
+            schedule.push(current.clone());
+        }
+    }
+    let text = |live: &Vec<usize>| {
+        live.iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    Some(schedule.iter().map(text).collect::<Vec<_>>().join(";"))
+}
+
+/// Churn: four DiLoCo processes of `distopt train --world`, a rank killed every 15 s (ranks 2,
+/// 0, 3 and then the process that took rank 2's place) and a process started with `--join` in
+/// its place each time; the process of rank 1 runs throughout. No process hangs; every process
+/// not killed exits 0; the lowest live rank at the end (rank 0's second process) alone prints;
+/// every rank finished, on identical replicas, equal bit for bit to the simulated world
+/// replaying the membership rank 1 reports; and rank 1's resident memory grows by less than
+/// 64 MiB from the first change of membership to the last.
+fn churn(server: &Server, failures: &mut Vec<String>) {
+    const RUN: &str = "cli-churn";
+    const INTERVAL: Duration = Duration::from_secs(15);
+    let flags = [
+        "train",
+        "--algorithm",
+        "diloco",
+        "--steps",
+        "14000",
+        "--backend",
+        "cpu",
+        "--json",
+        "--ranks",
+        "4",
+    ];
+    let rank_process = |rank: usize| {
+        let mut command = distopt_train(server, RUN, &flags);
+        command.args(["--rank", &rank.to_string()]);
+        command
+    };
+    let mut processes = match Processes::start((0..4).map(rank_process).collect()) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    // Which process holds each rank now.
+    let mut holder: Vec<usize> = (0..4).collect();
+    let mut killed = Vec::new();
+    let mut resident = Vec::new();
+    std::thread::sleep(Duration::from_secs(3));
+    for rank in [2, 0, 3, 2] {
+        resident.push(processes.resident_bytes(1));
+        processes.kill(holder[rank]);
+        killed.push(holder[rank]);
+        let mut joiner = rank_process(rank);
+        joiner.arg("--join");
+        match processes.add(joiner) {
+            Ok(index) => holder[rank] = index,
+            Err(e) => return failures.push(e),
+        }
+        std::thread::sleep(INTERVAL);
+    }
+    resident.push(processes.resident_bytes(1));
+    let exits = processes.wait(Duration::from_secs(300));
+    let why = || {
+        exits
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                format!(
+                    "process {i}: exit {:?} (timed out: {}): {}",
+                    e.status, e.timed_out, e.stderr
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    if let Some(early) = killed.iter().find(|&&i| exits[i].status.is_some()) {
+        return failures.push(format!(
+            "churn: process {early} finished before it was killed; train longer: {}",
+            why()
+        ));
+    }
+    let finished: Vec<usize> = (0..exits.len()).filter(|i| !killed.contains(i)).collect();
+    let printed: Vec<usize> = finished
+        .iter()
+        .copied()
+        .filter(|&i| !exits[i].stdout.trim().is_empty())
+        .collect();
+    if finished.iter().any(|&i| exits[i].status != Some(0)) || printed != [holder[0]] {
+        return failures.push(format!(
+            "churn: every process not killed must exit 0 and rank 0's last process (process {}) alone print, printed: {printed:?}: {}",
+            holder[0],
+            why()
+        ));
+    }
+    let report: serde_json::Value = match serde_json::from_str(exits[holder[0]].stdout.trim()) {
+        Ok(r) => r,
+        Err(e) => return failures.push(format!("churn: the report is not JSON: {e}")),
+    };
+    let result = &report["results"][0];
+    let replicas = &result["replica_loss_per_rank"];
+    let identical = (1..4).all(|r| replicas[r] == replicas[0]);
+    if report["ranks_finished"] != serde_json::json!([0, 1, 2, 3])
+        || !identical
+        || !replicas[0].as_f64().is_some_and(f64::is_finite)
+    {
+        return failures.push(format!(
+            "churn: every rank must finish on identical, finite replicas: ranks_finished {}, replica losses {replicas}",
+            report["ranks_finished"]
+        ));
+    }
+    let Some(schedule) = reported_schedule(&exits[1].stderr, RUN, 4) else {
+        return failures.push(format!(
+            "churn: rank 1 reports no membership schedule: {}",
+            exits[1].stderr
+        ));
+    };
+    let replay = Command::new(common::distopt_exe())
+        .args(flags)
+        .args(["--membership", &schedule])
+        .output();
+    let simulated: serde_json::Value = match replay
+        .map_err(|e| e.to_string())
+        .and_then(|o| serde_json::from_slice(&o.stdout).map_err(|e| e.to_string()))
+    {
+        Ok(r) => r,
+        Err(e) => return failures.push(format!("churn: the simulated replay failed: {e}")),
+    };
+    let sim = &simulated["results"][0];
+    if sim["replica_loss_per_rank"] != *replicas
+        || sim["mean_model_loss"] != result["mean_model_loss"]
+    {
+        return failures.push(format!(
+            "churn: the run must equal the simulated replay of its membership ({schedule}) bit for bit: replica losses {replicas} vs {}, mean model loss {} vs {}",
+            sim["replica_loss_per_rank"], result["mean_model_loss"], sim["mean_model_loss"]
+        ));
+    }
+    let (Some(Some(first)), Some(Some(last))) = (resident.first(), resident.last()) else {
+        return failures.push("churn: rank 1's resident memory could not be read".into());
+    };
+    let growth = last.saturating_sub(*first);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    if growth >= 64 << 20 {
+        return failures.push(format!(
+            "churn: rank 1's resident memory grew by {:.1} MiB over four changes of membership ({:.1} → {:.1} MiB)",
+            mib(growth),
+            mib(*first),
+            mib(*last)
+        ));
+    }
+    println!(
+        "churn: 4 DiLoCo processes, 4 killed and 4 joined over {} sync points; every rank finished on identical replicas, equal to the simulated replay bit for bit (replica loss {}); rank 1's resident memory {:.1} → {:.1} MiB",
+        schedule.split(';').count(),
+        replicas[0],
+        mib(*first),
+        mib(*last)
+    );
 }
 
 /// A frame as a peer would build it (the library's own framing, forged fields).
@@ -1929,12 +2158,13 @@ fn launcher() -> ExitCode {
     let only: Option<Vec<String>> = std::env::var("DISTOPT_NATS_ONLY")
         .ok()
         .map(|o| o.split(',').map(str::to_string).collect());
-    let parts: [(&str, Part); 12] = [
+    let parts: [(&str, Part); 13] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
         ("elastic_command_line", elastic_command_line),
         ("join_command_line", join_command_line),
+        ("churn", churn),
         ("elastic", elastic),
         ("hostile_peers", hostile_peers),
         ("impersonation", impersonation),

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{
-    MAX_PERIOD_ONE_WARNING, ModelAverager, average_parameters, check_average_parameters,
+    MAX_PERIOD_ONE_WARNING, ModelAverager, admit_at, check_average_parameters, sync_point,
     warmup_error,
 };
 use crate::comm::{Communicator, Subgroups, new_subgroups};
@@ -96,8 +96,9 @@ impl HierarchicalModelAverager {
         })
     }
 
-    /// The group partition this step would use (periods searched from the last key).
-    fn find_groups(&self) -> Result<Option<Subgroups>> {
+    /// The group partition of the call at step counter `step` (periods searched from the last
+    /// key).
+    fn groups_at(&self, step: u64) -> Result<Option<Subgroups>> {
         for &(period, groups) in self.levels.iter().rev() {
             if period == 0 {
                 return Err(Error::new(
@@ -105,7 +106,7 @@ impl HierarchicalModelAverager {
                     "integer modulo by zero",
                 ));
             }
-            if (self.step as i64).rem_euclid(period) == 0 {
+            if (step as i64).rem_euclid(period) == 0 {
                 return Ok(Some(groups));
             }
         }
@@ -128,25 +129,50 @@ impl ModelAverager for HierarchicalModelAverager {
         params: Option<&[usize]>,
     ) -> Result<Option<usize>> {
         self.healed.clear();
-        let mut used = None;
-        if self.step >= self.warmup_steps {
-            if let Some(groups) = self.find_groups()? {
-                self.healed = average_parameters(self.world.as_ref(), replicas, groups, params)?;
-                used = Some(groups.group_size());
-            }
-        }
-        // Counted only once the call has succeeded.
-        self.step += 1;
-        Ok(used)
+        let groups = match self.step >= self.warmup_steps {
+            true => self.groups_at(self.step)?,
+            false => None,
+        };
+        let Some(groups) = groups else {
+            // Counted only once the call has succeeded.
+            self.step += 1;
+            return Ok(None);
+        };
+        let (step, healed) =
+            sync_point(self.world.as_ref(), replicas, groups, params, self.step + 1)?;
+        self.step = step;
+        self.healed = healed;
+        Ok(Some(groups.group_size()))
     }
 
     fn healed(&self) -> &[(usize, usize)] {
         &self.healed
     }
 
+    fn world(&self) -> Option<&dyn Communicator> {
+        Some(self.world.as_ref())
+    }
+
+    /// The groups of the sync point that admitted the joiner are those of the step counter
+    /// the joiner receives, less one.
+    fn admit(&mut self, replicas: &mut Replicas) -> Result<()> {
+        self.healed.clear();
+        let world = self.world.clone();
+        let (step, healed) = admit_at(world.as_ref(), replicas, self.step, |step| {
+            self.groups_at(step)?.ok_or_else(|| {
+                Error::runtime(format!(
+                    "the averager's step counter {step} that a joining rank was healed with averages at no level"
+                ))
+            })
+        })?;
+        self.step = step;
+        self.healed = healed;
+        Ok(())
+    }
+
     fn check_average(&self, replicas: &Replicas, params: Option<&[usize]>) -> Result<()> {
         if self.step >= self.warmup_steps {
-            if let Some(groups) = self.find_groups()? {
+            if let Some(groups) = self.groups_at(self.step)? {
                 check_average_parameters(self.world.as_ref(), replicas, groups, params)?;
             }
         }

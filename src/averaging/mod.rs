@@ -3,13 +3,14 @@
 //! over every group of the chosen partition at once. Averaging is elastic: each averaging is a
 //! sync point of the world's membership (see [`average_parameters`]).
 
+mod heal;
 mod hierarchical;
 mod periodic;
 
 pub use hierarchical::HierarchicalModelAverager;
 pub use periodic::PeriodicModelAverager;
 
-use crate::comm::{Communicator, Subgroups, heal_indices};
+use crate::comm::{Communicator, Membership, Subgroups};
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
 use crate::replicas::{Replicas, Values};
@@ -58,12 +59,52 @@ pub trait ModelAverager: crate::backend::MaybeSendSync + std::fmt::Debug {
         Ok(())
     }
 
-    /// The ranks the last averaging healed, `(joining rank, source rank)` as indices of this
-    /// process's ranks (see [`average_parameters`]); empty when it healed none or did not
-    /// average. The default heals none.
+    /// The ranks the last averaging (or [`ModelAverager::admit`]) healed, `(joining rank,
+    /// source rank)` as world ranks (see [`average_parameters`]); empty when it healed none or
+    /// did not average. The default heals none.
     fn healed(&self) -> &[(usize, usize)] {
         &[]
     }
+
+    /// The world this averager averages over, where its heals cross ([`ModelAverager::healed`]
+    /// names its ranks). The default has none (and heals nothing).
+    fn world(&self) -> Option<&dyn Communicator> {
+        None
+    }
+
+    /// Takes this process's ranks into a running run of processes at the sync point that
+    /// admits them (a process that joins, `distopt train --join`): heals them as the live
+    /// ranks heal them at the end of that point's averaging, the step counter first (so that
+    /// this averager's next call is the live ranks' next one), then the parameters. The heals
+    /// are then [`ModelAverager::healed`].
+    ///
+    /// # Errors
+    /// A `RuntimeError` when the world's next membership admits none of this process's ranks,
+    /// or (the default) when this averager cannot admit ranks; the world's errors (its
+    /// membership, the heal's transfers).
+    fn admit(&mut self, replicas: &mut Replicas) -> Result<()> {
+        let _ = replicas;
+        Err(Error::runtime(
+            "this averager cannot take a joining rank into a running run",
+        ))
+    }
+}
+
+/// [`ModelAverager::admit`] for an averager whose sync point at step counter `step - 1` (the
+/// counter it has once healed is `step`) averages within `groups_at(step - 1)`: the admitting
+/// membership, the healed counter, and the heals of the parameters.
+fn admit_at(
+    world: &dyn Communicator,
+    replicas: &mut Replicas,
+    step: u64,
+    groups_at: impl FnOnce(u64) -> Result<Subgroups>,
+) -> Result<(u64, Vec<(usize, usize)>)> {
+    let membership = heal::admission(world)?;
+    let step = heal::step(world, &membership, step)?;
+    let groups = groups_at(step.saturating_sub(1))?;
+    let plan = heal::plan(groups, &membership);
+    heal::params(world, replicas, &plan)?;
+    Ok((step, plan))
 }
 
 /// PyTorch's type promotion of the dtypes `torch.cat` flattens together.
@@ -97,18 +138,31 @@ pub fn promoted_format(dtypes: impl IntoIterator<Item = DType>) -> Option<Storag
 /// (a group with none is skipped; the other ranks keep their parameters), and each rank that
 /// joins after this point gets its parameters from a live peer: the lowest live rank of its
 /// group, or of the world when its group has none. Returns those heals, `(joining rank, source
-/// rank)` as indices of this process's ranks, so that a caller holding more state (post-local
-/// SGD's optimizer) copies it too.
-/// Over a world whose membership is fixed, every rank is live and nobody joins.
+/// rank)` as world ranks, so that a caller holding more state (post-local SGD's optimizer)
+/// heals it too. Over a world whose membership is fixed, every rank is live and nobody joins.
 ///
-/// A `RuntimeError` also when a joining rank or its source is held by another process (a
-/// networked world's heal is a state transfer this function does not make).
+/// A `RuntimeError` also when a joining rank and its source are held by different processes
+/// of a world that cannot heal across processes (MPI's; see [`Communicator::heal_rows`]).
 pub fn average_parameters(
     world: &dyn Communicator,
     replicas: &mut Replicas,
     groups: Subgroups,
     params: Option<&[usize]>,
 ) -> Result<Vec<(usize, usize)>> {
+    let membership = mean_over_live(world, replicas, groups, params)?;
+    let plan = heal::plan(groups, &membership);
+    heal::params(world, replicas, &plan)?;
+    Ok(plan)
+}
+
+/// [`average_parameters`] without its heals: the sync point's membership and the mean over
+/// its live ranks. Returns the membership.
+fn mean_over_live(
+    world: &dyn Communicator,
+    replicas: &mut Replicas,
+    groups: Subgroups,
+    params: Option<&[usize]>,
+) -> Result<Membership> {
     let (wanted, arith) = plan_average(world, replicas, groups, params)?;
     let membership = world.membership()?;
     replicas.all_reduce_mean_live(
@@ -119,20 +173,25 @@ pub fn average_parameters(
         &wanted,
         Some(arith),
     )?;
-    let mut healed = Vec::with_capacity(membership.joining.len());
-    for &joiner in &membership.joining {
-        let Some(source) = groups
-            .group_of(joiner)
-            .find(|&rank| membership.live[rank])
-            .or(membership.source())
-        else {
-            continue;
-        };
-        let (to, from) = heal_indices(world, joiner, source)?;
-        replicas.copy_rank_params(from, to)?;
-        healed.push((to, from));
-    }
-    Ok(healed)
+    Ok(membership)
+}
+
+/// An averager's sync point on the live ranks: the mean over them ([`average_parameters`]),
+/// then the heals of the ranks it admits, the step counter first (`step` is the counter once
+/// this call has counted), then the parameters. Returns the counter this process's ranks now
+/// have and the `(joiner, source)` heals.
+fn sync_point(
+    world: &dyn Communicator,
+    replicas: &mut Replicas,
+    groups: Subgroups,
+    params: Option<&[usize]>,
+    step: u64,
+) -> Result<(u64, Vec<(usize, usize)>)> {
+    let membership = mean_over_live(world, replicas, groups, params)?;
+    let step = heal::step(world, &membership, step)?;
+    let plan = heal::plan(groups, &membership);
+    heal::params(world, replicas, &plan)?;
+    Ok((step, plan))
 }
 
 /// The checks of [`average_parameters`], changing nothing.

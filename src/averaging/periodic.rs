@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{
-    ModelAverager, PERIOD_ONE_WARNING, average_parameters, check_average_parameters, warmup_error,
+    ModelAverager, PERIOD_ONE_WARNING, admit_at, check_average_parameters, sync_point, warmup_error,
 };
 use crate::comm::{Communicator, Subgroups};
 use crate::error::{Error, Result};
@@ -114,18 +114,38 @@ impl ModelAverager for PeriodicModelAverager {
         params: Option<&[usize]>,
     ) -> Result<Option<usize>> {
         self.healed.clear();
-        let mut used = None;
-        if self.averages_now() {
-            self.healed = average_parameters(self.world.as_ref(), replicas, self.group, params)?;
-            used = Some(self.group.group_size());
+        if !self.averages_now() {
+            // Counted only once the call has succeeded.
+            self.step += 1;
+            return Ok(None);
         }
-        // Counted only once the call has succeeded.
-        self.step += 1;
-        Ok(used)
+        let (step, healed) = sync_point(
+            self.world.as_ref(),
+            replicas,
+            self.group,
+            params,
+            self.step + 1,
+        )?;
+        self.step = step;
+        self.healed = healed;
+        Ok(Some(self.group.group_size()))
     }
 
     fn healed(&self) -> &[(usize, usize)] {
         &self.healed
+    }
+
+    fn world(&self) -> Option<&dyn Communicator> {
+        Some(self.world.as_ref())
+    }
+
+    fn admit(&mut self, replicas: &mut Replicas) -> Result<()> {
+        self.healed.clear();
+        let group = self.group;
+        let (step, healed) = admit_at(self.world.as_ref(), replicas, self.step, |_| Ok(group))?;
+        self.step = step;
+        self.healed = healed;
+        Ok(())
     }
 
     fn check_average(&self, replicas: &Replicas, params: Option<&[usize]>) -> Result<()> {

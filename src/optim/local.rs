@@ -86,21 +86,15 @@ pub trait LocalOptimizer: crate::backend::MaybeSendSync + std::fmt::Debug {
         state_dict: &Value,
     ) -> Result<()>;
 
-    /// Copies local rank `from`'s state (every state tensor and counter) over local rank `to`'s,
-    /// on the device: how an elastic run heals a rank that joins.
+    /// Heals world rank `joiner`'s state (every state tensor and counter) from world rank
+    /// `source`'s over `world`: a copy on the device where this process holds both, a transfer
+    /// between their processes otherwise (`Communicator::heal_rows`): how an elastic run heals
+    /// a rank that joins.
     ///
     /// # Errors
     /// A `ValueError` when `replicas` has other ranks or parameters than the optimizer was built
-    /// for; an `IndexError` when `from` or `to` is out of range; a `RuntimeError` for a GPU
-    /// error or a lost device.
-    fn copy_rank_state(&mut self, replicas: &Replicas, from: usize, to: usize) -> Result<()>;
-
-    /// Heals world rank `joiner`'s state (every state tensor and counter) from world rank
-    /// `source`'s over `world`: [`LocalOptimizer::copy_rank_state`] where this process holds
-    /// both, a transfer between their processes otherwise (`Communicator::heal_rows`).
-    ///
-    /// # Errors
-    /// Those of [`LocalOptimizer::copy_rank_state`] and of `Communicator::heal_rows`.
+    /// for; the errors of `Communicator::heal_rows` and `Communicator::heal_bytes` (a
+    /// `RuntimeError` for a GPU error, a lost device or a failed transfer).
     fn heal_rank_state(
         &mut self,
         world: &dyn crate::comm::Communicator,

@@ -584,20 +584,6 @@ impl<A: OptimizerMath> LocalOptimizer for Optimizer<A> {
         Ok(())
     }
 
-    fn copy_rank_state(&mut self, replicas: &Replicas, from: usize, to: usize) -> Result<()> {
-        self.shell.check_model(replicas)?;
-        self.shell.check_rank(from)?;
-        self.shell.check_rank(to)?;
-        for state in self.algorithm.state_arenas_mut() {
-            state.copy_rank(replicas, from, to)?;
-        }
-        for j in 0..self.shell.params {
-            let count = self.shell.count(from, j);
-            self.shell.set_count(to, j, count);
-        }
-        Ok(())
-    }
-
     fn heal_rank_state(
         &mut self,
         world: &dyn crate::comm::Communicator,

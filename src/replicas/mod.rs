@@ -316,11 +316,11 @@ impl Replicas {
     }
 
     /// Heals world rank `joiner`'s parameters from world rank `source`'s over `world`
-    /// ([`Communicator::heal_rows`]: a copy where this process holds both, a transfer between
+    /// ([`Communicator::heal_rows`](crate::comm::Communicator::heal_rows): a copy where this process holds both, a transfer between
     /// their processes otherwise).
     ///
     /// # Errors
-    /// Those of [`Communicator::heal_rows`].
+    /// Those of [`Communicator::heal_rows`](crate::comm::Communicator::heal_rows).
     pub fn heal_params(
         &mut self,
         world: &dyn crate::comm::Communicator,

@@ -137,21 +137,6 @@ impl StateArenas {
         Ok(())
     }
 
-    /// Copies local rank `from`'s rows of every created arena over local rank `to`'s (a healed
-    /// rank's state).
-    ///
-    /// # Errors
-    /// A `ValueError` when `from` or `to` is out of range; a `RuntimeError` for a GPU error or a
-    /// lost device.
-    pub fn copy_rank(&mut self, replicas: &Replicas, from: usize, to: usize) -> Result<()> {
-        let backend = replicas.backend().clone();
-        for arena in self.arenas.iter_mut().flatten() {
-            let len = arena.rank_len();
-            backend.copy_between_ranks(arena, from, to, 0, len)?;
-        }
-        Ok(())
-    }
-
     /// Heals world rank `joiner`'s rows of every arena `source`'s process has created from
     /// world rank `source`'s over `world` ([`Communicator::heal_rows`]); the joiner creates
     /// those it lacks first (a rank that never synced has none of the lazily made ones).

@@ -725,10 +725,8 @@ impl Trainer {
                 .then_some(self.world.world_size()),
         };
         self.steps += 1;
-        if let Driver::DiLoCo(diloco) = &self.driver {
-            let healed = diloco.healed().to_vec();
-            self.heal_counters(&healed)?;
-        }
+        let healed = self.healed();
+        self.heal_counters(&healed)?;
         self.host_params().await?;
         let divergence = divergence(&self.present_params());
         self.state_bytes = self.gather_state_bytes()?;
@@ -746,23 +744,27 @@ impl Trainer {
     }
 
     /// Takes this process's ranks into a running run of processes (`distopt train --join`):
-    /// DiLoCo admits them at the run's next sync point and heals them from a live rank
-    /// ([`DiLoCo::admit`]), then the trainer takes that rank's step count and the ranks present
-    /// in the reports, and reads back the healed parameters with the live ranks, as they do at
-    /// the end of that step. The next [`Trainer::step`] is the live ranks' next step.
+    /// the elastic algorithm admits them at the run's next sync point and heals them from a
+    /// live rank ([`DiLoCo::admit`], [`PostLocalSgdOptimizer::admit`]), then the trainer takes
+    /// that rank's step count, gradient hook's iteration and ranks present in the reports, and
+    /// reads back the healed parameters with the live ranks, as they do at the end of that
+    /// step. The next [`Trainer::step`] is the live ranks' next step.
     ///
     /// # Errors
-    /// A `ValueError` for an algorithm other than DiLoCo (the elastic algorithm whose heal
-    /// crosses processes); those of [`DiLoCo::admit`] and of the world.
+    /// A `ValueError` for an algorithm that is not elastic (synchronous SGD, ZeRO: every step
+    /// is a collective of every rank); those of the algorithm's `admit` and of the world.
     pub async fn admit(&mut self) -> Result<()> {
-        let Driver::DiLoCo(diloco) = &mut self.driver else {
-            return Err(Error::value(format!(
-                "joining a running run needs DiLoCo (algorithm 'diloco'), not '{}': its sync points admit and heal a joining rank",
-                self.config.algorithm.name()
-            )));
-        };
-        diloco.admit(&mut self.replicas)?;
-        let healed = diloco.healed().to_vec();
+        match &mut self.driver {
+            Driver::DiLoCo(diloco) => diloco.admit(&mut self.replicas)?,
+            Driver::PostLocal(opt) => opt.admit(&mut self.replicas)?,
+            Driver::Sync(_) | Driver::Zero(_) => {
+                return Err(Error::value(format!(
+                    "joining a running run needs an elastic algorithm (diloco, periodic or hierarchical), not '{}': their sync points admit and heal a joining rank",
+                    self.config.algorithm.name()
+                )));
+            }
+        }
+        let healed = self.healed();
         self.heal_counters(&healed)?;
         self.host_params = None;
         self.host_params().await?;
@@ -770,24 +772,39 @@ impl Trainer {
         Ok(())
     }
 
+    /// The `(joiner, source)` ranks the algorithm's last step (or admission) healed.
+    fn healed(&self) -> Vec<(usize, usize)> {
+        match &self.driver {
+            Driver::DiLoCo(diloco) => diloco.healed().to_vec(),
+            Driver::PostLocal(opt) => opt.averager().healed().to_vec(),
+            Driver::Sync(_) | Driver::Zero(_) => Vec::new(),
+        }
+    }
+
     /// Heals the trainer's own counters of each `(joiner, source)` its algorithm healed: the
-    /// step count and the ranks present in the reports (the joiner among them from now on).
+    /// step count, the gradient hook's iteration and the ranks present in the reports (the
+    /// joiner among them from now on).
     fn heal_counters(&mut self, healed: &[(usize, usize)]) -> Result<()> {
         let local = self.world.local_ranks();
         for &(joiner, source) in healed {
             let mut mine = self.steps.to_le_bytes().to_vec();
+            mine.extend(self.hook.iter().to_le_bytes());
             mine.extend(self.present.iter().map(|&p| u8::from(p)));
             let theirs = self.world.heal_bytes(source, joiner, mine)?;
             if local.contains(&joiner) && !local.contains(&source) {
-                if theirs.len() != 8 + self.present.len() {
+                if theirs.len() != 16 + self.present.len() {
                     return Err(Error::runtime(format!(
                         "rank {source} heals rank {joiner} with {} bytes of trainer counters, not {}",
                         theirs.len(),
-                        8 + self.present.len()
+                        16 + self.present.len()
                     )));
                 }
-                self.steps = u64::from_le_bytes(theirs[..8].try_into().expect("8 bytes"));
-                self.present = theirs[8..].iter().map(|&p| p != 0).collect();
+                let word = |i: usize| {
+                    u64::from_le_bytes(theirs[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+                };
+                self.steps = word(0);
+                self.hook.set_iter(word(1));
+                self.present = theirs[16..].iter().map(|&p| p != 0).collect();
             }
             if let Some(present) = self.present.get_mut(joiner) {
                 *present = true;

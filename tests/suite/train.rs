@@ -368,7 +368,7 @@ fn cli_train_table_and_errors() {
             "r",
             "--join",
             "--algorithm",
-            "periodic",
+            "zero",
         ],
     ] {
         let out = distopt(bad);
@@ -378,7 +378,7 @@ fn cli_train_table_and_errors() {
         assert!(!err.contains("panicked"), "{bad:?}: {err}");
         if bad.contains(&"--join") {
             assert!(
-                err.contains("--join takes a process into a running DiLoCo run"),
+                err.contains("--join takes a process into a running run of an elastic algorithm"),
                 "{bad:?}: {err}"
             );
         }

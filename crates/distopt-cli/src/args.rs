@@ -275,7 +275,7 @@ pub struct WorldArgs {
     /// (with --world; a `tls://` URL without it trusts the system's): TLS is then required.
     #[arg(long, value_name = "FILE", requires = "world")]
     pub tls_ca: Option<std::path::PathBuf>,
-    /// Join the running run (with --world; `distopt train --algorithm diloco` only) as a rank
+    /// Join the running run (with --world; --algorithm diloco, periodic or hierarchical) as a rank
     /// that left it (--rank, or the lowest such): taken in at its next sync point, healed there
     /// from a live rank (parameters, optimizer states, counters), then training with the others.
     #[arg(long, requires = "world")]

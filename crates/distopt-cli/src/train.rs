@@ -25,15 +25,18 @@ use crate::args::{TrainArgs, TrainTask};
 /// Steps whose training loss the table's "train loss" averages (the last ones).
 const SMOOTHING_STEPS: usize = 10;
 
+/// The algorithms whose runs a process can join (`--join`): their sync points admit ranks.
+const ELASTIC: [&str; 3] = ["diloco", "periodic", "hierarchical"];
+
 /// `distopt train ARGS`: in a simulated world, or with `--world` as one rank of a NATS run.
 pub fn run(args: TrainArgs) -> Result<(), Error> {
     if args.world.world.is_none() {
         return run_in(args, None);
     }
     // Refused before the run is touched: a joiner takes a rank's claim.
-    if args.world.join && args.algorithm != "diloco" {
+    if args.world.join && !ELASTIC.contains(&args.algorithm.as_str()) {
         return Err(Error::value(format!(
-            "--join takes a process into a running DiLoCo run (its heal crosses processes; the averagers' does not yet): give it the run's flags with --algorithm diloco, not '{}'",
+            "--join takes a process into a running run of an elastic algorithm (diloco, periodic or hierarchical: their sync points admit and heal it): give it the run's flags with one of them, not '{}'",
             args.algorithm
         )));
     }
@@ -155,7 +158,7 @@ struct Options {
     processes: Option<usize>,
     /// In a world of processes, the ranks that finished training (those that did not leave).
     ranks_finished: Option<Vec<usize>>,
-    /// `--join`: this process joins the running run (DiLoCo only).
+    /// `--join`: this process joins the running run (an elastic algorithm only).
     join: bool,
     steps: u64,
     period: u64,
