@@ -39,10 +39,11 @@
 //!   hierarchical run, is healed from a live rank, and the run equals the simulated world
 //!   replaying its membership;
 //! - churn: four DiLoCo processes, one killed and one joining every 15 s four times over; the
-//!   run finishes on the bits of the simulated replay, with bounded memory.
+//!   run finishes on the bits of the simulated replay, with bounded memory;
+//! - `distopt bench recovery` runs and reports its figures.
 //!
 //! `DISTOPT_NATS_ONLY=PART[,PART…]` (golden, command_line, killed_rank, elastic_command_line,
-//! join_command_line, churn, elastic, hostile_peers, impersonation, forged_membership, cluster,
+//! join_command_line, churn, recovery_bench, elastic, hostile_peers, impersonation, forged_membership, cluster,
 //! tls, isolation) runs those parts alone.
 
 mod common;
@@ -1196,16 +1197,9 @@ fn join_run(
             }
         })
         .collect();
-    let replay = Command::new(common::distopt_exe())
-        .args(flags)
-        .args(["--membership", &schedule.join(";")])
-        .output();
-    let simulated: serde_json::Value = match replay
-        .map_err(|e| e.to_string())
-        .and_then(|o| serde_json::from_slice(&o.stdout).map_err(|e| e.to_string()))
-    {
+    let simulated = match simulated_replay(&flags, &schedule.join(";")) {
         Ok(r) => r,
-        Err(e) => return failures.push(format!("the simulated replay failed: {e}")),
+        Err(e) => return failures.push(e),
     };
     let sim = &simulated["results"][0];
     let (losses, sim_losses) = (
@@ -1243,8 +1237,20 @@ fn join_run(
     }
 }
 
+/// The report of `distopt FLAGS --membership SCHEDULE`: the simulated world replaying a run's
+/// membership.
+fn simulated_replay(flags: &[&str], schedule: &str) -> Result<serde_json::Value, String> {
+    Command::new(common::distopt_exe())
+        .args(flags)
+        .args(["--membership", schedule])
+        .output()
+        .map_err(|e| e.to_string())
+        .and_then(|o| serde_json::from_slice(&o.stdout).map_err(|e| e.to_string()))
+        .map_err(|e| format!("the simulated replay failed: {e}"))
+}
+
 /// The membership schedule a process's stderr reports (`distopt: run 'RUN' sync point K: live
-/// ranks A,B; rank(s) C joined …`), as `--membership` takes it: each sync point's live ranks,
+/// ranks A,B; rank(s) C joined …; agreed at T`), as `--membership` takes it: each sync point's live ranks,
 /// a rank that joined at point K live from K + 1, up to the point after the last change.
 fn reported_schedule(stderr: &str, run: &str, ranks: usize) -> Option<String> {
     let prefix = format!("distopt: run '{run}' sync point ");
@@ -1254,6 +1260,7 @@ fn reported_schedule(stderr: &str, run: &str, ranks: usize) -> Option<String> {
             continue;
         };
         let (k, rest) = rest.split_once(": live ranks ")?;
+        let rest = rest.split_once("; agreed at ").map_or(rest, |(r, _)| r);
         let (live, joined) = match rest.split_once("; rank(s) ") {
             Some((live, joined)) => (live, joined.split(' ').next()?),
             None => (rest, ""),
@@ -1393,16 +1400,9 @@ fn churn(server: &Server, failures: &mut Vec<String>) {
             exits[1].stderr
         ));
     };
-    let replay = Command::new(common::distopt_exe())
-        .args(flags)
-        .args(["--membership", &schedule])
-        .output();
-    let simulated: serde_json::Value = match replay
-        .map_err(|e| e.to_string())
-        .and_then(|o| serde_json::from_slice(&o.stdout).map_err(|e| e.to_string()))
-    {
+    let simulated = match simulated_replay(&flags, &schedule) {
         Ok(r) => r,
-        Err(e) => return failures.push(format!("churn: the simulated replay failed: {e}")),
+        Err(e) => return failures.push(format!("churn: {e}")),
     };
     let sim = &simulated["results"][0];
     if sim["replica_loss_per_rank"] != *replicas
@@ -1432,6 +1432,56 @@ fn churn(server: &Server, failures: &mut Vec<String>) {
         replicas[0],
         mib(*first),
         mib(*last)
+    );
+}
+
+/// `distopt bench recovery` on the test's server, one run of three DiLoCo processes: it reports
+/// when the survivors went on without the killed rank and when the joiner was healed, in that
+/// order, after the kill, and the run's sync period (the figures themselves are the bench's,
+/// not this test's: it only checks that the command measures them).
+fn recovery_bench(server: &Server, failures: &mut Vec<String>) {
+    let out = Command::new(common::distopt_exe())
+        .args([
+            "bench",
+            "recovery",
+            "--world",
+            &server.url,
+            "--repeats",
+            "1",
+        ])
+        .args(["--steps", "8000", "--json"])
+        .output();
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => return failures.push(format!("bench recovery did not start: {e}")),
+    };
+    let report: serde_json::Value = match serde_json::from_slice(&out.stdout) {
+        Ok(r) => r,
+        Err(e) => {
+            return failures.push(format!(
+                "bench recovery: no JSON report ({e}): exit {:?}: {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    };
+    let field = |name: &str| report[name].as_f64().filter(|x| x.is_finite());
+    let (Some(death), Some(left), Some(join), Some(period), Some(bound)) = (
+        field("death_to_sync_s"),
+        field("left_to_admitted_s"),
+        field("join_to_admitted_s"),
+        field("sync_period_s"),
+        field("failure_bound_s"),
+    ) else {
+        return failures.push(format!("bench recovery: a figure is missing: {report}"));
+    };
+    if !(death > 0.0 && left >= 0.0 && join > 0.0 && period > 0.0 && bound > 0.0) {
+        return failures.push(format!(
+            "bench recovery: the survivors must go on after the kill and heal the joiner after that: {report}"
+        ));
+    }
+    println!(
+        "bench recovery: rank death -> survivors' next sync {death:.2} s, rank left -> joiner healed {left:.2} s (failure bound {bound} s, one sync period {period:.3} s)"
     );
 }
 
@@ -2158,13 +2208,14 @@ fn launcher() -> ExitCode {
     let only: Option<Vec<String>> = std::env::var("DISTOPT_NATS_ONLY")
         .ok()
         .map(|o| o.split(',').map(str::to_string).collect());
-    let parts: [(&str, Part); 13] = [
+    let parts: [(&str, Part); 14] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
         ("elastic_command_line", elastic_command_line),
         ("join_command_line", join_command_line),
         ("churn", churn),
+        ("recovery_bench", recovery_bench),
         ("elastic", elastic),
         ("hostile_peers", hostile_peers),
         ("impersonation", impersonation),

@@ -18,6 +18,7 @@ Commands at a glance:
   distopt step [FILE|-] [--backend auto|gpu|cpu]   one data-parallel SGD step from JSON
   distopt info [--json]                            the adapter and backend chosen, and why
   distopt bench step|average|optim|zero|all …      the benchmarks of docs/performance.md
+  distopt bench recovery --world nats://HOST:PORT  an elastic run's recovery over NATS
   distopt train [--algorithm …] [--json] …         local SGD, ZeRO and DiLoCo compared
   mpirun -np W distopt train|bench comm …          (feature mpi) one rank per process
 
@@ -135,6 +136,40 @@ pub enum Bench {
     /// (feature mpi, under mpirun) all-reduce-mean through distopt's MPI world against a raw
     /// MPI_Allreduce of the same bytes.
     Comm(BenchCommArgs),
+    /// (feature nats) An elastic run's recovery: the time from a rank's death to the
+    /// survivors' next sync, and from a joining process's start to its heal, against the
+    /// failure-detection bound.
+    ///
+    /// Starts W `distopt train --world` processes of this executable on the server, SIGKILLs
+    /// the last rank after --kill-after, starts a `--join` process in its place, and reads the
+    /// times the survivors agreed on each new membership from rank 0's report.
+    Recovery(BenchRecoveryArgs),
+}
+
+/// `distopt bench recovery`.
+#[derive(Debug, Args)]
+pub struct BenchRecoveryArgs {
+    /// The NATS server the processes meet on (its token: $DISTOPT_NATS_TOKEN).
+    #[arg(long, value_name = "nats://HOST:PORT")]
+    pub world: String,
+    /// Processes W.
+    #[arg(long, value_name = "W", default_value = "3", value_parser = count)]
+    pub ranks: usize,
+    /// The elastic algorithm: diloco, periodic or hierarchical.
+    #[arg(long, value_name = "NAME", default_value = "diloco")]
+    pub algorithm: String,
+    /// Steps of each run: long enough to outlast the kill, the failure bound and the join.
+    #[arg(long, value_name = "N", default_value = "8000", value_parser = count)]
+    pub steps: usize,
+    /// Seconds of training before the kill.
+    #[arg(long, value_name = "S", default_value = "3")]
+    pub kill_after: f64,
+    /// Runs measured (the median is reported).
+    #[arg(long, value_name = "K", default_value = "3", value_parser = repeats)]
+    pub repeats: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `distopt bench step`.

@@ -36,6 +36,14 @@ pub fn run(which: Bench) -> Result<(), Error> {
             };
             return crate::bench_comm::run(args, world.clone(), &raw);
         }
+        #[cfg(feature = "nats")]
+        Bench::Recovery(args) => return crate::bench_recovery::run(&args),
+        #[cfg(not(feature = "nats"))]
+        Bench::Recovery(_) => {
+            return Err(Error::value(
+                "bench recovery needs the `nats` feature: cargo build --release --features nats",
+            ));
+        }
         Bench::Comm(_) => {
             return Err(Error::value(if cfg!(feature = "mpi") {
                 "bench comm measures MPI or NATS: run it under `mpirun -np W distopt bench comm`, or W times with --world nats://HOST:PORT --run NAME --ranks W"

@@ -16,6 +16,8 @@ mod bench_algorithms;
 mod bench_all;
 #[cfg(any(feature = "mpi", feature = "nats"))]
 mod bench_comm;
+#[cfg(feature = "nats")]
+mod bench_recovery;
 mod progress;
 mod train;
 mod world;

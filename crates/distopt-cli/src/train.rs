@@ -45,9 +45,11 @@ pub fn run(args: TrainArgs) -> Result<(), Error> {
     let (rank, ranks) = (world.local_ranks().start, world.world_size());
     let trained = run_in(args, Some(world))
         .map_err(|e| Error::new(e.kind(), format!("rank {rank} of {ranks}: {}", e.message())));
-    // Who left and who joined, where this process saw it: the run's membership schedule.
+    // Who left and who joined, where this process saw it: the run's membership schedule, and
+    // when this process learnt each agreement (Unix time: `distopt bench recovery` compares
+    // it with a kill's).
     #[cfg(feature = "nats")]
-    for change in nats.membership_changes() {
+    for (change, agreed) in nats.timed_membership_changes() {
         let list = |ranks: &[usize]| {
             ranks
                 .iter()
@@ -69,6 +71,10 @@ pub fn run(args: TrainArgs) -> Result<(), Error> {
                 change.source().unwrap_or(0)
             );
         }
+        let unix = agreed
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        said += &format!("; agreed at {:.3}", unix.as_secs_f64());
         eprintln!("{said}");
     }
     // Frames published in another rank's name were dropped, never used: the run's results

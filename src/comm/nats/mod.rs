@@ -171,7 +171,7 @@ pub struct NatsWorld {
     join_timeout: Duration,
     /// The sync points whose membership changed (ranks left, or joined after it), each with
     /// the algorithm's index of the sync point as its epoch.
-    changes: Mutex<Vec<Membership>>,
+    changes: Mutex<Vec<(Membership, std::time::SystemTime)>>,
     /// The algorithms' sync points so far: the agreements less those made again within one
     /// (a rank that died during a sync point's mean, `commit.rs`).
     points: Mutex<u64>,
@@ -459,10 +459,13 @@ impl NatsWorld {
             self.changes
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(Membership {
-                    epoch: point,
-                    ..agreed.clone()
-                });
+                .push((
+                    Membership {
+                        epoch: point,
+                        ..agreed.clone()
+                    },
+                    std::time::SystemTime::now(),
+                ));
         }
         let next = NatsWorld::with_joining(&agreed);
         self.inbox.set_live(&next);
@@ -502,6 +505,16 @@ impl NatsWorld {
     /// The sync points this process agreed on whose membership changed (ranks left, or
     /// joined after it), in order: a run's membership schedule, for a report or a replay.
     pub fn membership_changes(&self) -> Vec<Membership> {
+        self.timed_membership_changes()
+            .into_iter()
+            .map(|(change, _)| change)
+            .collect()
+    }
+
+    /// [`NatsWorld::membership_changes`], each with the time this process learnt the agreement
+    /// (how long a run took to go on without a rank that died, or to take one in:
+    /// `distopt bench recovery`).
+    pub fn timed_membership_changes(&self) -> Vec<(Membership, std::time::SystemTime)> {
         self.changes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
