@@ -90,7 +90,13 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
             // The run a process joins (`--world`).
             &["world"],
             // The workloads.
-            &["bench_algorithms", "bench_all", "bench_comm", "train"],
+            &[
+                "bench_algorithms",
+                "bench_all",
+                "bench_comm",
+                "bench_recovery",
+                "train",
+            ],
             // `bench`, which runs the algorithm and all-in-one workloads.
             &["bench"],
         ],
