@@ -80,6 +80,19 @@ impl SimulatedWorld {
         Ok(())
     }
 
+    /// The checks of an all-reduce-mean in this world: `mean.groups` partitions it and `arena`
+    /// holds every rank.
+    fn check_mean(&self, arena: &Arena, mean: &AllReduceMeanArgs<'_>) -> Result<()> {
+        if mean.groups.world_size() != self.size || arena.ranks() != self.size {
+            return Err(Error::value(format!(
+                "all_reduce over {} ranks in a world of {}",
+                arena.ranks(),
+                self.size
+            )));
+        }
+        Ok(())
+    }
+
     fn record(&self, update: impl FnOnce(&mut CommStats)) {
         self.stats.record(update);
     }
@@ -111,26 +124,17 @@ impl Communicator for SimulatedWorld {
         if live.iter().all(|&l| l) {
             return self.all_reduce_mean(backend, arena, mean);
         }
-        let AllReduceMeanArgs {
-            groups,
-            arith,
-            starts,
-            active,
-            bytes_per_rank,
-        } = mean;
-        if groups.world_size() != self.size || arena.ranks() != self.size {
-            return Err(Error::value(format!(
-                "all_reduce over {} ranks in a world of {}",
-                arena.ranks(),
-                self.size
-            )));
-        }
+        self.check_mean(arena, &mean)?;
         // The groups' live ranks by their number: those with n live ranks are gathered, in rank
         // order, into an arena of groups of n, averaged there as a world of n-rank groups would
         // be, and copied back. Ranks that are not live keep their data.
         let mut by_count: Vec<(usize, Vec<usize>)> = Vec::new();
-        for first in (0..self.size).step_by(groups.group_size()) {
-            let members: Vec<usize> = groups.group_of(first).filter(|&rank| live[rank]).collect();
+        for first in (0..self.size).step_by(mean.groups.group_size()) {
+            let members: Vec<usize> = mean
+                .groups
+                .group_of(first)
+                .filter(|&rank| live[rank])
+                .collect();
             let n = members.len();
             if n == 0 {
                 continue;
@@ -145,10 +149,10 @@ impl Communicator for SimulatedWorld {
             // Nothing to average: the arguments are checked, nothing changes.
             return backend.average(AverageArgs {
                 arena,
-                group_size: groups.group_size(),
-                arith,
-                starts,
-                active,
+                group_size: mean.groups.group_size(),
+                arith: mean.arith,
+                starts: mean.starts,
+                active: mean.active,
             });
         }
         for (n, ranks) in by_count {
@@ -177,9 +181,9 @@ impl Communicator for SimulatedWorld {
             backend.average(AverageArgs {
                 arena: &mut gathered,
                 group_size: n,
-                arith,
-                starts,
-                active,
+                arith: mean.arith,
+                starts: mean.starts,
+                active: mean.active,
             })?;
             let back: Vec<CopyRegion> = there
                 .iter()
@@ -190,7 +194,7 @@ impl Communicator for SimulatedWorld {
                 })
                 .collect();
             backend.copy_regions(&gathered, arena, &back)?;
-            self.record(|s| s.add_all_reduce(n, bytes_per_rank));
+            self.record(|s| s.add_all_reduce(n, mean.bytes_per_rank));
         }
         Ok(())
     }
@@ -201,28 +205,15 @@ impl Communicator for SimulatedWorld {
         arena: &mut Arena,
         mean: AllReduceMeanArgs<'_>,
     ) -> Result<()> {
-        let AllReduceMeanArgs {
-            groups,
-            arith,
-            starts,
-            active,
-            bytes_per_rank,
-        } = mean;
-        if groups.world_size() != self.size || arena.ranks() != self.size {
-            return Err(Error::value(format!(
-                "all_reduce over {} ranks in a world of {}",
-                arena.ranks(),
-                self.size
-            )));
-        }
+        self.check_mean(arena, &mean)?;
         backend.average(AverageArgs {
             arena,
-            group_size: groups.group_size(),
-            arith,
-            starts,
-            active,
+            group_size: mean.groups.group_size(),
+            arith: mean.arith,
+            starts: mean.starts,
+            active: mean.active,
         })?;
-        self.record(|s| s.add_all_reduce(groups.group_size(), bytes_per_rank));
+        self.record(|s| s.add_all_reduce(mean.groups.group_size(), mean.bytes_per_rank));
         Ok(())
     }
 
