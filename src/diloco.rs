@@ -55,7 +55,7 @@ use serde_json::{Value, json};
 
 use crate::backend::kernels::{ConvertArgs, PseudoGradientArgs, SgdArgs, SgdScalars};
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
-use crate::comm::{AllReduceMeanArgs, Communicator, Subgroups};
+use crate::comm::{AllReduceMeanArgs, Communicator, InFlightMean, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
@@ -342,6 +342,19 @@ enum Target {
     Scratch,
 }
 
+/// One bucket's all-reduce of the fragment in flight, still travelling (a world of processes
+/// moves it while the inner steps run: [`Communicator::start_all_reduce_mean_live`]).
+#[derive(Debug)]
+struct Travelling {
+    bucket: usize,
+    /// The bucket's members in the fragment.
+    active: Vec<bool>,
+    /// Whether the mean travels in the bucket's wire arena (compressed), to be widened into the
+    /// scratch arena once it arrives.
+    compressed: bool,
+    mean: InFlightMean,
+}
+
 /// DiLoCo: inner steps on every rank, and every `sync_every` of them an outer step with the
 /// world's mean pseudo-gradient.
 ///
@@ -398,6 +411,9 @@ pub struct DiLoCo {
     scratch: StateArenas,
     /// The fragment whose all-reduce has started and whose outer step is not applied yet.
     pending: Option<usize>,
+    /// The pending fragment's all-reduces still travelling, per bucket (empty once they
+    /// arrived in the scratch arenas: always, in a world that reduces at once).
+    travelling: Vec<Travelling>,
     /// The ranks admitted by this step's sync points, with the rank each is healed from at the
     /// step's end.
     joining: Vec<(usize, usize)>,
@@ -497,6 +513,7 @@ impl DiLoCo {
             alpha: options.fragment_update_alpha,
             scratch: StateArenas::empty(replicas.buckets().len()),
             pending: None,
+            travelling: Vec::new(),
             joining: Vec::new(),
             healed: Vec::new(),
             ranks: replicas.ranks(),
@@ -766,6 +783,10 @@ impl DiLoCo {
     /// The world's errors (a `RuntimeError` when it cannot heal across processes and the two
     /// ranks are in different ones); the backend's errors.
     fn heal(&mut self, replicas: &mut Replicas, local_step: u64) -> Result<()> {
+        if !self.joining.is_empty() {
+            // A joiner is healed with the fragment in flight's mean: it must have arrived.
+            self.settle(replicas)?;
+        }
         let world = self.world.clone();
         let local = world.local_ranks();
         for (joiner, source) in std::mem::take(&mut self.joining) {
@@ -917,6 +938,8 @@ impl DiLoCo {
             }
         }
         let ranks = self.ranks;
+        // Dropped (abandoned) unless every bucket starts.
+        let mut travelling = Vec::new();
         for (b, (bucket, (active, bytes, regions))) in
             replicas.buckets_mut().iter_mut().zip(&plans).enumerate()
         {
@@ -964,18 +987,33 @@ impl DiLoCo {
                     starts,
                     active,
                 })?;
-                self.world.all_reduce_mean_live(
-                    backend.as_ref(),
-                    arena,
-                    live,
-                    AllReduceMeanArgs {
-                        groups: subgroups,
-                        arith: wire,
-                        starts,
-                        active,
-                        bytes_per_rank: *bytes,
-                    },
-                )?;
+                let mean = AllReduceMeanArgs {
+                    groups: subgroups,
+                    arith: wire,
+                    starts,
+                    active,
+                    bytes_per_rank: *bytes,
+                };
+                if target == Target::Scratch {
+                    let mean = self.world.start_all_reduce_mean_live(
+                        backend.as_ref(),
+                        arena,
+                        live,
+                        mean,
+                    )?;
+                    if !mean.is_done() {
+                        travelling.push(Travelling {
+                            bucket: b,
+                            active: active.clone(),
+                            compressed: true,
+                            mean,
+                        });
+                        continue;
+                    }
+                } else {
+                    self.world
+                        .all_reduce_mean_live(backend.as_ref(), arena, live, mean)?;
+                }
                 backend.convert(ConvertArgs {
                     src: arena,
                     dst: out,
@@ -985,22 +1023,65 @@ impl DiLoCo {
                 continue;
             }
             // The reference all-reduces each pseudo-gradient in its own dtype.
-            self.world.all_reduce_mean_live(
-                backend.as_ref(),
-                out,
-                live,
-                AllReduceMeanArgs {
-                    groups: subgroups,
-                    arith: format,
-                    starts,
-                    active,
-                    bytes_per_rank: *bytes,
-                },
-            )?;
+            let mean = AllReduceMeanArgs {
+                groups: subgroups,
+                arith: format,
+                starts,
+                active,
+                bytes_per_rank: *bytes,
+            };
+            if target == Target::Scratch {
+                let mean =
+                    self.world
+                        .start_all_reduce_mean_live(backend.as_ref(), out, live, mean)?;
+                if !mean.is_done() {
+                    travelling.push(Travelling {
+                        bucket: b,
+                        active: active.clone(),
+                        compressed: false,
+                        mean,
+                    });
+                }
+            } else {
+                self.world
+                    .all_reduce_mean_live(backend.as_ref(), out, live, mean)?;
+            }
         }
+        self.travelling = travelling;
         if let Some(source) = membership.source() {
             self.joining
                 .extend(membership.joining.iter().map(|&rank| (rank, source)));
+        }
+        Ok(())
+    }
+
+    /// Waits for the pending fragment's all-reduces still travelling and puts their means in
+    /// the scratch arenas (widened from the wire format when compressed), where a world that
+    /// reduces at once left them at the start.
+    ///
+    /// # Errors
+    /// The world's errors (those of [`Communicator::all_reduce_mean_live`]) and the backend's.
+    /// The means that did not arrive are abandoned.
+    fn settle(&mut self, replicas: &mut Replicas) -> Result<()> {
+        let backend = replicas.backend().clone();
+        for t in std::mem::take(&mut self.travelling) {
+            let bucket = &mut replicas.buckets_mut()[t.bucket];
+            let (_, _, starts) = bucket.arenas_mut();
+            let out = self.scratch.get_mut(t.bucket).expect("started in flight");
+            if !t.compressed {
+                self.world
+                    .finish_all_reduce_mean_live(backend.as_ref(), out, t.mean)?;
+                continue;
+            }
+            let arena = self.wire[t.bucket].as_mut().expect("started in flight");
+            self.world
+                .finish_all_reduce_mean_live(backend.as_ref(), arena, t.mean)?;
+            backend.convert(ConvertArgs {
+                src: arena,
+                dst: out,
+                starts,
+                active: &t.active,
+            })?;
         }
         Ok(())
     }
@@ -1015,6 +1096,9 @@ impl DiLoCo {
     fn finish(&mut self, replicas: &mut Replicas, f: usize) -> Result<()> {
         let member = self.member_mask(f);
         let held = self.pending == Some(f);
+        if held {
+            self.settle(replicas)?;
+        }
         let mix = self.alpha > 0.0;
         let backend = replicas.backend().clone();
         let plans: Vec<(Vec<bool>, Vec<CopyRegion>)> = (0..replicas.buckets().len())
@@ -1139,9 +1223,16 @@ impl DiLoCo {
     /// # Errors
     /// A `ValueError` when `replicas` has other ranks or parameters than DiLoCo was built for; an
     /// `IndexError` when `rank` is out of range (from the optimizers' `state_dict`); a
-    /// `RuntimeError` when a readback fails (a GPU error, a lost device).
+    /// `RuntimeError` when a readback fails (a GPU error, a lost device), or while the fragment
+    /// in flight's all-reduce is still travelling over a world of processes (its mean is not
+    /// known yet: step to its apply point, or `sync`, first).
     pub async fn state_dict(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
         check_same_model(replicas, self.ranks, self.params)?;
+        if let Some(f) = self.pending.filter(|_| !self.travelling.is_empty()) {
+            return Err(Error::runtime(format!(
+                "fragment {f}'s all-reduce is still in flight: its mean is not known before its outer step (step to it, or call sync(), first)"
+            )));
+        }
         let inner = self.inner.state_dict(replicas, rank).await?;
         let outer = self.outer.state_dict(replicas, rank).await?;
         let mut original = Vec::with_capacity(self.params);
@@ -1263,6 +1354,8 @@ impl DiLoCo {
             }
         }
         self.pending = pending.map(|(f, _)| f);
+        // A mean still travelling belonged to the state replaced.
+        self.travelling.clear();
         self.local_step = local_step;
         Ok(())
     }

@@ -394,6 +394,20 @@ fn elastic_worker(world: &Arc<NatsWorld>) -> Result<(), String> {
     println!("elastic rank {rank} slowest {}", slowest.as_millis());
     println!("elastic rank {rank} lives {}", lives.join(","));
     println!("elastic rank {rank} agreements {}", world.agreements());
+    // The membership each changed sync point's mean was taken over, as agreed last at that
+    // point (a mean in flight that a death made the survivors take again is over them).
+    let changes: Vec<String> = world
+        .membership_changes()
+        .iter()
+        .map(|m| {
+            let live: String = (0..m.live.len())
+                .filter(|&r| m.live[r])
+                .map(|r| r.to_string())
+                .collect();
+            format!("{}:{live}", m.epoch)
+        })
+        .collect();
+    println!("elastic rank {rank} changes {}", changes.join(","));
     Ok(())
 }
 
@@ -1975,6 +1989,7 @@ fn elastic(server: &Server, failures: &mut Vec<String>) {
         };
         let exits = processes.wait(Duration::from_secs(120));
         let (mut bits, mut lives, mut agreements) = (BTreeMap::new(), BTreeMap::new(), 0);
+        let mut changes = BTreeMap::new();
         for exit in &exits {
             if exit.status != Some(0) {
                 failures.push(format!(
@@ -1991,6 +2006,12 @@ fn elastic(server: &Server, failures: &mut Vec<String>) {
                     }
                     ["elastic", "rank", r, "lives", l] => {
                         lives.insert(rank(r), l.to_string());
+                    }
+                    ["elastic", "rank", r, "changes", c] => {
+                        changes.insert(rank(r), c.to_string());
+                    }
+                    ["elastic", "rank", r, "changes"] => {
+                        changes.insert(rank(r), String::new());
                     }
                     ["elastic", "rank", _, "agreements", n] => {
                         agreements = n.parse().unwrap_or(u64::MAX);
@@ -2038,14 +2059,34 @@ fn elastic(server: &Server, failures: &mut Vec<String>) {
             ));
             continue;
         }
-        let mut schedule = Vec::new();
-        let mut done = 0;
-        for (t, &after) in syncs_after.iter().enumerate() {
-            for _ in done..after {
-                schedule.push(steps[t].bytes().map(|b| usize::from(b - b'0')).collect());
-            }
-            done = after;
+        // Each sync point's membership: the last change agreed at or before it (the survivors
+        // must report the same changes).
+        let reported: Vec<&String> = changes.values().collect();
+        if reported.len() != 2 || reported[0] != reported[1] {
+            failures.push(format!(
+                "elastic {scenario}: the survivors must report the same membership changes: {changes:?}"
+            ));
+            continue;
         }
+        let changed: Vec<(u64, Vec<usize>)> = reported[0]
+            .split(',')
+            .filter(|c| !c.is_empty())
+            .filter_map(|c| c.split_once(':'))
+            .map(|(p, live)| {
+                let live = live.bytes().map(|b| usize::from(b - b'0')).collect();
+                (p.parse().unwrap_or(u64::MAX), live)
+            })
+            .collect();
+        let done = syncs_after.last().copied().unwrap_or(0);
+        let schedule: Vec<Vec<usize>> = (0..done)
+            .map(|point| {
+                changed
+                    .iter()
+                    .rev()
+                    .find(|(p, _)| *p <= point)
+                    .map_or(all.to_vec(), |(_, live)| live.clone())
+            })
+            .collect();
         if during.is_some() {
             if agreements > done {
                 retried += 1;

@@ -7,6 +7,7 @@
 //! argument is a world rank. Algorithms written against the trait run unchanged on both.
 
 mod collectives;
+mod in_flight;
 mod membership;
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub mod mpi;
@@ -25,6 +26,7 @@ use crate::backend::{Arena, Backend};
 use crate::error::{Error, Result};
 
 pub use collectives::{AllReduceMeanArgs, AllReduceScaledSumArgs};
+pub use in_flight::InFlightMean;
 pub use membership::{Membership, MembershipSchedule};
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub use mpi::MpiWorld;
@@ -120,6 +122,47 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
             )));
         }
         self.all_reduce_mean(backend, arena, mean)
+    }
+
+    /// Starts [`Communicator::all_reduce_mean_live`] so that it travels while the caller
+    /// computes (Streaming DiLoCo's fragment during its `fragment_sync_delay`): the arena's
+    /// values are taken now, and [`Communicator::finish_all_reduce_mean_live`] later writes the
+    /// mean into the same arena, which the caller leaves as it is in between. Every rank starts
+    /// and finishes at the same points; other collectives may run in between. The result, and
+    /// its rule when a rank dies meanwhile (the mean applied on every live rank or on none),
+    /// are those of `all_reduce_mean_live`. The default computes the mean now, into the arena;
+    /// a world of processes moves it in the background.
+    ///
+    /// # Errors
+    /// Those of `all_reduce_mean_live` that can be known at the start.
+    fn start_all_reduce_mean_live(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut Arena,
+        live: &[bool],
+        mean: AllReduceMeanArgs<'_>,
+    ) -> Result<InFlightMean> {
+        self.all_reduce_mean_live(backend, arena, live, mean)?;
+        Ok(InFlightMean::done())
+    }
+
+    /// Waits for a mean [`Communicator::start_all_reduce_mean_live`] started and writes it into
+    /// `arena`, the arena it started on, untouched since. A mean already done is left as it is.
+    ///
+    /// # Errors
+    /// Those of `all_reduce_mean_live`; a `RuntimeError` for a mean another world started.
+    fn finish_all_reduce_mean_live(
+        &self,
+        _backend: &dyn Backend,
+        _arena: &mut Arena,
+        in_flight: InFlightMean,
+    ) -> Result<()> {
+        if in_flight.is_done() {
+            return Ok(());
+        }
+        Err(Error::runtime(
+            "an all-reduce-mean in flight was started by another world than the one finishing it",
+        ))
     }
 
     /// `DistributedDataParallel`'s gradient all-reduce, joined ranks included (see

@@ -15,6 +15,7 @@
 
 use std::ops::Range;
 
+use super::overlap::store_values;
 use super::{KIND_VOTE, NatsWorld, Sum, param_runs};
 use crate::backend::Arena;
 use crate::comm::wire::{Assembler, MessageId};
@@ -61,7 +62,7 @@ impl NatsWorld {
 
     /// The committed mean: reduce, vote, apply or agree on a new membership and reduce again.
     /// Returns the members of this rank's group the mean was taken over.
-    fn mean_committed(
+    pub(super) fn mean_committed(
         &self,
         arena: &mut Arena,
         groups: Subgroups,
@@ -85,19 +86,30 @@ impl NatsWorld {
                 self.store_in(arena, arith, runs)?;
                 return Ok(members);
             }
-            if let Err(e) = reduced {
-                let someone_gone = voters
-                    .iter()
-                    .any(|&r| r != self.rank && self.inbox.silent_for(r) > self.bound);
-                if !someone_gone {
-                    return Err(e);
-                }
-            }
+            self.check_vote_failure(reduced, &voters)?;
             live = self.agree(true)?.live;
         }
     }
 
-    fn mean_in(
+    /// After a vote that did not commit: `Ok` when a voter is gone, so that the caller agrees
+    /// on a new membership and reduces again over it; otherwise this rank's own failure to
+    /// reduce (`reduced`), which is not a departure.
+    ///
+    /// # Errors
+    /// `reduced`'s error when no other voter has been silent for the failure bound.
+    pub(super) fn check_vote_failure(&self, reduced: Result<()>, voters: &[usize]) -> Result<()> {
+        if let Err(e) = reduced {
+            let someone_gone = voters
+                .iter()
+                .any(|&r| r != self.rank && self.inbox.silent_for(r) > self.bound);
+            if !someone_gone {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn mean_in(
         &self,
         arena: &mut Arena,
         arith: StorageFormat,
@@ -119,9 +131,17 @@ impl NatsWorld {
         runs: &[(Range<usize>, usize)],
     ) -> Result<()> {
         if arith == StorageFormat::F64 {
-            self.store_held::<f64>(arena, runs)
+            store_values::<f64>(
+                arena,
+                runs,
+                &mut self.scratch.lock().unwrap_or_else(|e| e.into_inner()),
+            )
         } else {
-            self.store_held::<f32>(arena, runs)
+            store_values::<f32>(
+                arena,
+                runs,
+                &mut self.scratch.lock().unwrap_or_else(|e| e.into_inner()),
+            )
         }
     }
 
@@ -132,6 +152,14 @@ impl NatsWorld {
     /// A `RuntimeError` when the vote cannot be published or a frame was refused.
     fn vote(&self, voters: &[usize], yes: bool) -> Result<bool> {
         let seq = self.begin();
+        self.vote_at(seq, voters, yes)
+    }
+
+    /// [`NatsWorld::vote`] as collective `seq`.
+    ///
+    /// # Errors
+    /// Those of [`NatsWorld::vote`].
+    pub(super) fn vote_at(&self, seq: u64, voters: &[usize], yes: bool) -> Result<bool> {
         self.send(&self.common, seq, KIND_VOTE, &[u8::from(yes)])?;
         let mut commit = yes;
         for &rank in voters.iter().filter(|&&r| r != self.rank) {

@@ -25,8 +25,11 @@ struct State {
     frames: HashMap<MessageId, Vec<Bytes>>,
     /// Bytes held in `frames` (checked against the memory budget before a frame is kept).
     held: usize,
-    /// Collectives before this one are over: their frames are stale and dropped.
+    /// Collectives before this one are over: their frames are stale and dropped, but for
+    /// those still `open`.
     floor: u64,
+    /// Collectives below the floor still under way (a mean in flight, `overlap.rs`).
+    open: std::collections::BTreeSet<u64>,
     /// When each rank was last heard from.
     heard: Vec<Instant>,
     /// The ranks of the current membership: only their silence ends a collective (a rank that
@@ -62,6 +65,7 @@ impl Inbox {
                 frames: HashMap::new(),
                 held: 0,
                 floor: 0,
+                open: std::collections::BTreeSet::new(),
                 heard: vec![Instant::now(); ranks],
                 live: vec![true; ranks],
                 refused: None,
@@ -120,7 +124,7 @@ impl Inbox {
             }
             return;
         }
-        if id.seq < state.floor {
+        if id.seq < state.floor && !state.open.contains(&id.seq) {
             return;
         }
         state.heard[from] = Instant::now();
@@ -203,14 +207,39 @@ impl Inbox {
         let mut state = self.lock();
         state.floor = seq;
         let mut freed = 0;
+        let open = std::mem::take(&mut state.open);
         state.frames.retain(|id, frames| {
-            let keep = id.seq >= seq;
+            let keep = id.seq >= seq || open.contains(&id.seq);
             if !keep {
                 freed += frames.iter().map(Bytes::len).sum::<usize>();
             }
             keep
         });
         state.held -= freed;
+        state.open = open;
+    }
+
+    /// Collective `seq` stays under way while later ones begin: its frames are kept until
+    /// [`Inbox::close`].
+    pub(super) fn hold_open(&self, seq: u64) {
+        self.lock().open.insert(seq);
+    }
+
+    /// Collective `seq`, held open, is over: its frames still held are dropped.
+    pub(super) fn close(&self, seq: u64) {
+        let mut state = self.lock();
+        state.open.remove(&seq);
+        if seq < state.floor {
+            let mut freed = 0;
+            state.frames.retain(|id, frames| {
+                let keep = id.seq != seq;
+                if !keep {
+                    freed += frames.iter().map(Bytes::len).sum::<usize>();
+                }
+                keep
+            });
+            state.held -= freed;
+        }
     }
 
     /// The server refused something this process did (`why`, its error): the next collective

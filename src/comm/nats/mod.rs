@@ -26,6 +26,9 @@
 //!   average over each other only, on the bits of the simulated world replaying that
 //!   membership. A sync's mean is committed (`commit.rs`): applied on every live rank or, when
 //!   a rank dies during it, on none, the survivors then averaging again without it.
+//! - **Means in flight** (`overlap.rs`): Streaming DiLoCo's fragment all-reduce travels on a
+//!   background thread during its `fragment_sync_delay` while the inner steps run
+//!   ([`Communicator::start_all_reduce_mean_live`]), committed as any sync point's mean.
 //! - **Joining a running run** (`heal.rs`, [`NatsOptions::join`]): a process takes the rank of
 //!   one that left, is admitted at the next sync point and healed at its end from the lowest
 //!   live rank, point to point ([`Communicator::heal_rows`]).
@@ -37,6 +40,7 @@ mod heal;
 mod inbox;
 mod join;
 mod membership;
+mod overlap;
 mod permissions;
 mod raw;
 mod seal;
@@ -56,7 +60,7 @@ use futures_util::StreamExt;
 use super::wire::{self, Assembler, MessageId};
 use super::{
     AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
-    Membership, StatsCounter, one_rank,
+    InFlightMean, Membership, StatsCounter, one_rank,
 };
 use crate::backend::kernels::{ParamStarts, Real};
 use crate::backend::{Arena, Backend};
@@ -86,6 +90,9 @@ const KIND_GATHER: u8 = 4;
 const KIND_VOTE: u8 = 5;
 /// Part of a joining rank's heal, from its source (`heal.rs`).
 const KIND_HEAL: u8 = 6;
+
+/// Work for the background thread that moves means in flight (`overlap.rs`).
+type Job = Box<dyn FnOnce() + Send>;
 
 /// What a reduction of arena values does with the sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,6 +197,12 @@ pub struct NatsWorld {
     received: Mutex<Vec<u64>>,
     /// Buffers of frames sent, for the next frames (at most [`SPARE_FRAMES`]).
     spare: Mutex<Vec<Vec<u8>>>,
+    /// Buffers of the last mean in flight, for the next one (`overlap.rs`).
+    in_flight_buffers: Mutex<Vec<Vec<u64>>>,
+    /// The thread that moves means in flight, once one was started (`overlap.rs`).
+    background: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+    /// This world, for the background thread's jobs.
+    this: std::sync::Weak<NatsWorld>,
     /// This process's key: it seals every frame it sends (`seal.rs`).
     signer: Arc<seal::Signer>,
     store: async_nats::jetstream::kv::Store,
@@ -372,6 +385,9 @@ impl NatsWorld {
             scratch: Mutex::new(Vec::new()),
             received: Mutex::new(Vec::new()),
             spare: Mutex::new(Vec::new()),
+            in_flight_buffers: Mutex::new(Vec::new()),
+            background: Mutex::new(None),
+            this: std::sync::Weak::new(),
             signer: Arc::new(signer),
             store,
             client,
@@ -379,7 +395,10 @@ impl NatsWorld {
             runtime,
         };
         world.start_heartbeat()?;
-        Ok(Arc::new(world))
+        Ok(Arc::new_cyclic(|this| {
+            world.this = this.clone();
+            world
+        }))
     }
 
     /// Publishes a heartbeat every [`HEARTBEAT`]: sealed, and numbered (its sequence number
@@ -644,10 +663,26 @@ impl NatsWorld {
         from_zero: bool,
         addend: impl Fn(T) -> T,
     ) -> Result<()> {
+        let seq = self.begin();
+        let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        self.reduce_at(seq, &mut received, arith, members, data, from_zero, addend)
+    }
+
+    /// [`NatsWorld::reduce`] as collective `seq`, assembling the contributions in `received`.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_at<T: Real + bytemuck::Pod>(
+        &self,
+        seq: u64,
+        received: &mut Vec<u64>,
+        arith: StorageFormat,
+        members: &[usize],
+        data: &mut [T],
+        from_zero: bool,
+        addend: impl Fn(T) -> T,
+    ) -> Result<()> {
         /// Elements summed at a time: this rank's own values of a block are copied aside
         /// (they are overwritten by the sums), small enough to stay in the L1 cache.
         const BLOCK: usize = 1024;
-        let seq = self.begin();
         let (m, n) = (members.len(), data.len());
         let me = members
             .iter()
@@ -663,8 +698,7 @@ impl NatsWorld {
         let len = own.len();
         // The other members' values of the own shard, each assembled into its slot of one
         // buffer kept between collectives (aligned for T, so summed where they lie).
-        let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        let slots: &mut [T] = scratch_of(&mut received, len * (m - 1));
+        let slots: &mut [T] = scratch_of(received, len * (m - 1));
         for (slot, (_, &rank)) in others().enumerate() {
             let dest = &mut slots[slot * len..(slot + 1) * len];
             self.receive_into(seq, rank, KIND_CONTRIBUTION, bytemuck::cast_slice_mut(dest))?;
@@ -704,7 +738,6 @@ impl NatsWorld {
                 }
             }
         }
-        drop(received);
         for (_, &rank) in others() {
             let sums: &[u8] = bytemuck::cast_slice(&data[own.clone()]);
             self.send(&self.subject(rank), seq, KIND_RESULT, sums)?;
@@ -723,7 +756,7 @@ impl NatsWorld {
     /// One run of elements stored as `T` with no contribution to make is reduced where it
     /// lies in the arena; otherwise the values go to a scratch buffer kept between calls, are
     /// reduced there and stored back, or, with `Sum::Held`, left there for
-    /// [`NatsWorld::store_held`].
+    /// `NatsWorld::store_in` (`commit.rs`).
     #[allow(clippy::too_many_arguments)]
     fn reduce_arena<T: Real + bytemuck::Pod>(
         &self,
@@ -836,32 +869,6 @@ impl NatsWorld {
             |x| T::round(arith, x / divisor),
             sum,
         )
-    }
-
-    /// Writes the sum a [`Sum::Held`] reduction of `runs` left in the scratch buffer to the
-    /// arena.
-    fn store_held<T: Real + bytemuck::Pod>(
-        &self,
-        arena: &mut Arena,
-        runs: &[(Range<usize>, usize)],
-    ) -> Result<()> {
-        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
-            return Ok(());
-        };
-        let format = arena.format();
-        let total: usize = runs.iter().map(|r| r.0.len()).sum();
-        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let out: &mut [T] = scratch_of(&mut scratch, total);
-        transfer::with_row_words(arena, first.0.start..last.0.end, |words, base| {
-            let mut k = 0;
-            for (run, _) in runs {
-                for i in run.clone() {
-                    T::store(format, words, i - base, out[k]);
-                    k += 1;
-                }
-            }
-            Ok(())
-        })
     }
 
     /// [`NatsWorld::reduce_arena`] of DDP's scaled sum over the world: this rank's values of
@@ -1020,6 +1027,27 @@ impl Communicator for NatsWorld {
         mean: AllReduceMeanArgs<'_>,
     ) -> Result<()> {
         self.mean_over(arena, live, mean, true)
+    }
+
+    /// The mean travels on a background thread while the caller computes (`overlap.rs`); it
+    /// is committed as `all_reduce_mean_live`'s is.
+    fn start_all_reduce_mean_live(
+        &self,
+        _backend: &dyn Backend,
+        arena: &mut Arena,
+        live: &[bool],
+        mean: AllReduceMeanArgs<'_>,
+    ) -> Result<InFlightMean> {
+        self.start_mean(arena, live, mean)
+    }
+
+    fn finish_all_reduce_mean_live(
+        &self,
+        _backend: &dyn Backend,
+        arena: &mut Arena,
+        in_flight: InFlightMean,
+    ) -> Result<()> {
+        self.finish_mean(arena, in_flight)
     }
 
     fn all_reduce_scaled_sum(
