@@ -55,7 +55,7 @@ use serde_json::{Value, json};
 
 use crate::backend::kernels::{ConvertArgs, PseudoGradientArgs, SgdArgs, SgdScalars};
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
-use crate::comm::{AllReduceMeanArgs, Communicator, InFlightMean, Subgroups};
+use crate::comm::{AllReduceMeanArgs, Communicator, InFlightMean, InFlightMembership, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
@@ -414,6 +414,9 @@ pub struct DiLoCo {
     /// The pending fragment's all-reduces still travelling, per bucket (empty once they
     /// arrived in the scratch arenas: always, in a world that reduces at once).
     travelling: Vec<Travelling>,
+    /// The membership of the pending fragment's sync point, until its outer step: the ranks
+    /// it admits are healed then.
+    agreeing: Option<InFlightMembership>,
     /// The ranks admitted by this step's sync points, with the rank each is healed from at the
     /// step's end.
     joining: Vec<(usize, usize)>,
@@ -514,6 +517,7 @@ impl DiLoCo {
             scratch: StateArenas::empty(replicas.buckets().len()),
             pending: None,
             travelling: Vec::new(),
+            agreeing: None,
             joining: Vec::new(),
             healed: Vec::new(),
             ranks: replicas.ranks(),
@@ -907,8 +911,16 @@ impl DiLoCo {
     ) -> Result<()> {
         let backend = replicas.backend().clone();
         let subgroups = Subgroups::world(self.world.world_size());
-        let membership = self.world.membership()?;
-        let live = &membership.live;
+        // A delayed fragment's sync point is agreed on while the inner steps run.
+        let membership = match target {
+            Target::Scratch => self.world.start_membership()?,
+            Target::Grads => InFlightMembership::done(self.world.membership()?),
+        };
+        let live = membership
+            .agreed()
+            .map(|m| m.live.clone())
+            .unwrap_or_default();
+        let live = &live;
         let wire = self.compression.wire_format();
         let plans: Vec<(Vec<bool>, u64, Vec<CopyRegion>)> = (0..replicas.buckets().len())
             .map(|b| {
@@ -995,10 +1007,10 @@ impl DiLoCo {
                     bytes_per_rank: *bytes,
                 };
                 if target == Target::Scratch {
-                    let mean = self.world.start_all_reduce_mean_live(
+                    let mean = self.world.start_all_reduce_mean_in(
                         backend.as_ref(),
                         arena,
-                        live,
+                        &membership,
                         mean,
                     )?;
                     if !mean.is_done() {
@@ -1031,9 +1043,12 @@ impl DiLoCo {
                 bytes_per_rank: *bytes,
             };
             if target == Target::Scratch {
-                let mean =
-                    self.world
-                        .start_all_reduce_mean_live(backend.as_ref(), out, live, mean)?;
+                let mean = self.world.start_all_reduce_mean_in(
+                    backend.as_ref(),
+                    out,
+                    &membership,
+                    mean,
+                )?;
                 if !mean.is_done() {
                     travelling.push(Travelling {
                         bucket: b,
@@ -1048,21 +1063,39 @@ impl DiLoCo {
             }
         }
         self.travelling = travelling;
-        if let Some(source) = membership.source() {
-            self.joining
-                .extend(membership.joining.iter().map(|&rank| (rank, source)));
+        if target == Target::Scratch {
+            // Its joiners are healed at the fragment's outer step (`settle`).
+            self.agreeing = Some(membership);
+            return Ok(());
+        }
+        if let Some(agreed) = membership.agreed() {
+            self.admit_joining(agreed);
         }
         Ok(())
     }
 
-    /// Waits for the pending fragment's all-reduces still travelling and puts their means in
-    /// the scratch arenas (widened from the wire format when compressed), where a world that
-    /// reduces at once left them at the start.
+    /// The ranks `membership` admits, to heal at this step's end from its source.
+    fn admit_joining(&mut self, membership: &crate::comm::Membership) {
+        if let Some(source) = membership.source() {
+            self.joining
+                .extend(membership.joining.iter().map(|&rank| (rank, source)));
+        }
+    }
+
+    /// Waits for the pending fragment's sync point: its membership, whose joiners are healed
+    /// at this step's end, and its all-reduces still travelling, whose means go to the scratch
+    /// arenas (widened from the wire format when compressed), where a world that reduces at
+    /// once left them at the start.
     ///
     /// # Errors
-    /// The world's errors (those of [`Communicator::all_reduce_mean_live`]) and the backend's.
-    /// The means that did not arrive are abandoned.
+    /// The world's errors (those of [`Communicator::membership`] and
+    /// [`Communicator::all_reduce_mean_live`]) and the backend's. The means that did not
+    /// arrive are abandoned.
     fn settle(&mut self, replicas: &mut Replicas) -> Result<()> {
+        if let Some(membership) = self.agreeing.take() {
+            let agreed = self.world.finish_membership(membership)?;
+            self.admit_joining(&agreed);
+        }
         let backend = replicas.backend().clone();
         for t in std::mem::take(&mut self.travelling) {
             let bucket = &mut replicas.buckets_mut()[t.bucket];
@@ -1228,7 +1261,10 @@ impl DiLoCo {
     /// known yet: step to its apply point, or `sync`, first).
     pub async fn state_dict(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
         check_same_model(replicas, self.ranks, self.params)?;
-        if let Some(f) = self.pending.filter(|_| !self.travelling.is_empty()) {
+        if let Some(f) = self.pending.filter(|_| {
+            !self.travelling.is_empty()
+                || self.agreeing.as_ref().is_some_and(|m| m.agreed().is_none())
+        }) {
             return Err(Error::runtime(format!(
                 "fragment {f}'s all-reduce is still in flight: its mean is not known before its outer step (step to it, or call sync(), first)"
             )));
@@ -1354,8 +1390,9 @@ impl DiLoCo {
             }
         }
         self.pending = pending.map(|(f, _)| f);
-        // A mean still travelling belonged to the state replaced.
+        // A sync point still in flight belonged to the state replaced.
         self.travelling.clear();
+        self.agreeing = None;
         self.local_step = local_step;
         Ok(())
     }

@@ -1310,11 +1310,12 @@ fn reported_schedule(stderr: &str, run: &str, ranks: usize) -> Option<String> {
     Some(schedule.iter().map(text).collect::<Vec<_>>().join(";"))
 }
 
-/// Churn: four DiLoCo processes of `distopt train --world`, a rank killed every 15 s (ranks 2,
+/// Churn: four Streaming DiLoCo processes of `distopt train --world` (two fragments, each
+/// all-reduce in flight for three inner steps), a rank killed every 15 s (ranks 2,
 /// 0, 3 and then the process that took rank 2's place) and a process started with `--join` in
 /// its place each time; the process of rank 1 runs throughout. No process hangs; every process
 /// not killed exits 0; the lowest live rank at the end (rank 0's second process) alone prints;
-/// every rank finished, on identical replicas, equal bit for bit to the simulated world
+/// every rank finished, its replica equal bit for bit to the simulated world
 /// replaying the membership rank 1 reports; and rank 1's resident memory grows by less than
 /// 64 MiB from the first change of membership to the last.
 fn churn(server: &Server, failures: &mut Vec<String>) {
@@ -1324,6 +1325,12 @@ fn churn(server: &Server, failures: &mut Vec<String>) {
         "train",
         "--algorithm",
         "diloco",
+        // Streaming: a fragment's sync point is in flight 3 steps of every 4, so a kill
+        // usually lands while one is.
+        "--fragments",
+        "2",
+        "--fragment-sync-delay",
+        "3",
         "--steps",
         "14000",
         "--backend",
@@ -1398,13 +1405,13 @@ fn churn(server: &Server, failures: &mut Vec<String>) {
     };
     let result = &report["results"][0];
     let replicas = &result["replica_loss_per_rank"];
-    let identical = (1..4).all(|r| replicas[r] == replicas[0]);
+    // Streaming: the fragment not synced at the last step has trained locally since its sync
+    // point, so the replicas differ a little; the replay below pins every one of them.
     if report["ranks_finished"] != serde_json::json!([0, 1, 2, 3])
-        || !identical
-        || !replicas[0].as_f64().is_some_and(f64::is_finite)
+        || !(0..4).all(|r| replicas[r].as_f64().is_some_and(f64::is_finite))
     {
         return failures.push(format!(
-            "churn: every rank must finish on identical, finite replicas: ranks_finished {}, replica losses {replicas}",
+            "churn: every rank must finish on finite replicas: ranks_finished {}, replica losses {replicas}",
             report["ranks_finished"]
         ));
     }
@@ -1441,7 +1448,7 @@ fn churn(server: &Server, failures: &mut Vec<String>) {
         ));
     }
     println!(
-        "churn: 4 DiLoCo processes, 4 killed and 4 joined over {} sync points; every rank finished on identical replicas, equal to the simulated replay bit for bit (replica loss {}); rank 1's resident memory {:.1} → {:.1} MiB",
+        "churn: 4 Streaming DiLoCo processes (a fragment in flight 3 steps of 4), 4 killed and 4 joined over {} sync points; every rank finished, each replica equal to the simulated replay's bit for bit (rank 0's loss {}); rank 1's resident memory {:.1} → {:.1} MiB",
         schedule.split(';').count(),
         replicas[0],
         mib(*first),
@@ -2035,27 +2042,15 @@ fn elastic(server: &Server, failures: &mut Vec<String>) {
             fixed.step(&mut replicas, &all, t).unwrap();
             syncs_after.push(counting.sync_points());
         }
-        // The membership of each step's sync points as the survivors recorded it (they must
-        // agree), against the rule: every rank before step T, the survivors after it, and at
-        // step T the survivors when the leaver exited before it, either when it died during it
-        // (its sync may have been committed with the leaver first).
+        // The membership each survivor saw after each step (a sync point agreed in flight may
+        // show a step later on one of them than on the other).
         let recorded: Vec<&String> = lives.values().collect();
         let steps: Vec<&str> = recorded
             .first()
             .map_or(Vec::new(), |l| l.split(',').collect());
-        let expected = |t: usize, live: &str| match t.cmp(&leave) {
-            std::cmp::Ordering::Less => live == "012",
-            std::cmp::Ordering::Equal if during.is_some() => live == "012" || live == "01",
-            _ => live == "01",
-        };
-        let synced = |t: usize| syncs_after[t] > t.checked_sub(1).map_or(0, |p| syncs_after[p]);
-        if recorded.len() != 2
-            || recorded[0] != recorded[1]
-            || steps.len() != ELASTIC_STEPS
-            || !(0..ELASTIC_STEPS).all(|t| !synced(t) || expected(t, steps[t]))
-        {
+        if recorded.len() != 2 || steps.len() != ELASTIC_STEPS {
             failures.push(format!(
-                "elastic {scenario}: the survivors must record one membership per step, every rank before step {leave} and ranks 0 and 1 after it: {lives:?}"
+                "elastic {scenario}: both survivors must record their membership after every step: {lives:?}"
             ));
             continue;
         }
@@ -2077,6 +2072,23 @@ fn elastic(server: &Server, failures: &mut Vec<String>) {
                 (p.parse().unwrap_or(u64::MAX), live)
             })
             .collect();
+        // The leaver leaves once: every change is to ranks 0 and 1, the first at a sync point
+        // started within a step of step T (one in flight when it left goes on without it).
+        let started_at = |t: usize| t.checked_sub(1).map_or(0, |p| syncs_after[p]);
+        let (lower, upper) = (
+            started_at(leave.saturating_sub(1)),
+            syncs_after[(leave + 1).min(ELASTIC_STEPS - 1)],
+        );
+        if changed.iter().any(|(_, live)| live != &[0, 1])
+            || !changed
+                .first()
+                .is_some_and(|(p, _)| (lower..=upper).contains(p))
+        {
+            failures.push(format!(
+                "elastic {scenario}: the survivors must go on without rank 2 once, from a sync point {lower} to {upper}: {changes:?}"
+            ));
+            continue;
+        }
         let done = syncs_after.last().copied().unwrap_or(0);
         let schedule: Vec<Vec<usize>> = (0..done)
             .map(|point| {

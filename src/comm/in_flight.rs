@@ -33,3 +33,42 @@ impl InFlightMean {
         self.0
     }
 }
+
+/// A sync point's membership agreed while the caller computes: what
+/// [`Communicator::start_membership`](super::Communicator::start_membership) hands back, to
+/// start means over its live ranks before it is known
+/// ([`Communicator::start_all_reduce_mean_in`](super::Communicator::start_all_reduce_mean_in))
+/// and to read it at the end
+/// ([`Communicator::finish_membership`](super::Communicator::finish_membership)).
+#[derive(Debug)]
+pub struct InFlightMembership(Result<super::Membership, Box<dyn Any + Send>>);
+
+impl InFlightMembership {
+    /// A membership already agreed.
+    pub fn done(membership: super::Membership) -> InFlightMembership {
+        InFlightMembership(Ok(membership))
+    }
+
+    /// A membership a world is still agreeing on, with what that world needs to read it.
+    pub fn agreeing(state: Box<dyn Any + Send>) -> InFlightMembership {
+        InFlightMembership(Err(state))
+    }
+
+    /// The membership, once agreed.
+    pub fn agreed(&self) -> Option<&super::Membership> {
+        self.0.as_ref().ok()
+    }
+
+    /// The world's state of a membership still being agreed on.
+    pub fn state(&self) -> Option<&(dyn Any + Send)> {
+        self.0.as_ref().err().map(|b| b.as_ref())
+    }
+
+    /// The membership, or the world's state while it is being agreed on.
+    ///
+    /// # Errors
+    /// The world's state (not an error) while the membership is being agreed on.
+    pub fn into_inner(self) -> Result<super::Membership, Box<dyn Any + Send>> {
+        self.0
+    }
+}

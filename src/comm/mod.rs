@@ -26,7 +26,7 @@ use crate::backend::{Arena, Backend};
 use crate::error::{Error, Result};
 
 pub use collectives::{AllReduceMeanArgs, AllReduceScaledSumArgs};
-pub use in_flight::InFlightMean;
+pub use in_flight::{InFlightMean, InFlightMembership};
 pub use membership::{Membership, MembershipSchedule};
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub use mpi::MpiWorld;
@@ -124,29 +124,58 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
         self.all_reduce_mean(backend, arena, mean)
     }
 
-    /// Starts [`Communicator::all_reduce_mean_live`] so that it travels while the caller
-    /// computes (Streaming DiLoCo's fragment during its `fragment_sync_delay`): the arena's
-    /// values are taken now, and [`Communicator::finish_all_reduce_mean_live`] later writes the
-    /// mean into the same arena, which the caller leaves as it is in between. Every rank starts
-    /// and finishes at the same points; other collectives may run in between. The result, and
-    /// its rule when a rank dies meanwhile (the mean applied on every live rank or on none),
-    /// are those of `all_reduce_mean_live`. The default computes the mean now, into the arena;
-    /// a world of processes moves it in the background.
+    /// Starts agreeing on the membership of the next sync point (as
+    /// [`Communicator::membership`]) so that the agreement, and the means started over it
+    /// ([`Communicator::start_all_reduce_mean_in`]), travel while the caller computes
+    /// (Streaming DiLoCo's fragment during its `fragment_sync_delay`). Every rank starts and
+    /// finishes at the same points. The default agrees now.
     ///
     /// # Errors
-    /// Those of `all_reduce_mean_live` that can be known at the start.
-    fn start_all_reduce_mean_live(
+    /// Those of `membership` that can be known at the start.
+    fn start_membership(&self) -> Result<InFlightMembership> {
+        Ok(InFlightMembership::done(self.membership()?))
+    }
+
+    /// The membership [`Communicator::start_membership`] started agreeing on, once agreed.
+    ///
+    /// # Errors
+    /// Those of [`Communicator::membership`]; a `RuntimeError` for a membership another world
+    /// started.
+    fn finish_membership(&self, membership: InFlightMembership) -> Result<Membership> {
+        membership.into_inner().map_err(|_| {
+            Error::runtime(
+                "a membership in flight was started by another world than the one finishing it",
+            )
+        })
+    }
+
+    /// Starts [`Communicator::all_reduce_mean_live`] over the live ranks of `membership` (in
+    /// flight or agreed) so that it travels while the caller computes: the arena's values are
+    /// taken now, and [`Communicator::finish_all_reduce_mean_live`] later writes the mean into
+    /// the same arena, which the caller leaves as it is in between (a rank outside the
+    /// membership keeps its data). Other collectives may run in between. The result, and its
+    /// rule when a rank dies meanwhile (the mean applied on every live rank or on none), are
+    /// those of `all_reduce_mean_live`. The default computes the mean now, into the arena; a
+    /// world of processes moves it in the background.
+    ///
+    /// # Errors
+    /// Those of `all_reduce_mean_live` that can be known at the start; a `RuntimeError` for a
+    /// membership in flight of another world.
+    fn start_all_reduce_mean_in(
         &self,
         backend: &dyn Backend,
         arena: &mut Arena,
-        live: &[bool],
+        membership: &InFlightMembership,
         mean: AllReduceMeanArgs<'_>,
     ) -> Result<InFlightMean> {
-        self.all_reduce_mean_live(backend, arena, live, mean)?;
+        let agreed = membership.agreed().ok_or_else(|| {
+            Error::runtime("a membership in flight was started by another world than this one")
+        })?;
+        self.all_reduce_mean_live(backend, arena, &agreed.live, mean)?;
         Ok(InFlightMean::done())
     }
 
-    /// Waits for a mean [`Communicator::start_all_reduce_mean_live`] started and writes it into
+    /// Waits for a mean [`Communicator::start_all_reduce_mean_in`] started and writes it into
     /// `arena`, the arena it started on, untouched since. A mean already done is left as it is.
     ///
     /// # Errors

@@ -325,6 +325,42 @@ fn a_rank_that_joins_is_healed_from_the_lowest_live_rank_and_averaged_in_from_th
     }
 }
 
+#[test]
+fn a_rank_admitted_at_a_delayed_fragments_sync_point_is_healed_at_its_outer_step() {
+    // Streaming (F = 2, delay 1, every 4 steps): fragment 1's sync point 1 starts at step 3
+    // and is applied at step 4. Rank 2, out of sync points 0 and 1, is admitted at point 1:
+    // it is healed at the end of step 4, with that point's outer step, not at its start (a
+    // world of processes agrees on the point while the delay's inner steps run).
+    let grads = grads_for(&[0, 1, 2]);
+    for (label, backend) in common::named_backends() {
+        let mut replicas = Replicas::replicate(backend.clone(), 3, &initial_params()).unwrap();
+        let world = scheduled(3, vec![vec![0, 1], vec![0, 1], vec![0, 1, 2]]);
+        let mut elastic = diloco(&replicas, world, Variant::Streaming);
+        for g in &grads[..3] {
+            step(&mut replicas, &mut elastic, g);
+        }
+        let started = param_bits(&replicas);
+        assert_ne!(
+            started[2], started[0],
+            "{label}: healed at the sync point's start"
+        );
+        assert!(
+            elastic.healed().is_empty(),
+            "{label}: {:?}",
+            elastic.healed()
+        );
+        step(&mut replicas, &mut elastic, &grads[3]);
+        assert_eq!(elastic.healed(), &[(2, 0)], "{label}");
+        let applied = param_bits(&replicas);
+        assert_eq!(applied[2], applied[0], "{label}: healed parameters");
+        assert_eq!(
+            state(&elastic, &replicas, 2),
+            state(&elastic, &replicas, 0),
+            "{label}: healed state"
+        );
+    }
+}
+
 /// A model of one float64 parameter of two elements per rank, with the given values.
 fn exact_model(backend: &Arc<dyn Backend>, values: &[[f64; 2]]) -> Replicas {
     let per_rank: Vec<Vec<Tensor>> = values

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
+use futures_util::{FutureExt, StreamExt};
 
 use super::inbox::Inbox;
 use super::join::{join_key, join_statement, read_claim};
@@ -238,6 +239,25 @@ pub(super) async fn admission(
     }
 }
 
+/// Waits until a key under `prefix` changes in the bucket (`watch`'s next update) or [`POLL`]
+/// passes; without a watch, or once it failed, for [`POLL`].
+async fn bucket_changed(watch: &mut Option<&mut kv::Watch>, prefix: &str) {
+    let deadline = tokio::time::Instant::now() + POLL;
+    if let Some(w) = watch.as_deref_mut() {
+        loop {
+            match tokio::time::timeout_at(deadline, w.next()).await {
+                Err(_) => return,
+                Ok(Some(Ok(entry))) if entry.key.starts_with(prefix) => return,
+                Ok(Some(Ok(_))) => {}
+                Ok(_) => break,
+            }
+        }
+        // The watch ended or failed: poll from now on.
+        *watch = None;
+    }
+    tokio::time::sleep_until(deadline).await;
+}
+
 /// What the agreement needs of its process.
 pub(super) struct Point<'a> {
     pub store: &'a kv::Store,
@@ -261,7 +281,17 @@ impl Point<'_> {
     /// # Errors
     /// A `RuntimeError` when the bucket cannot be read or written, the agreed membership is
     /// malformed, or it does not hold this rank.
-    pub(super) async fn agree(&self, k: u64, previous: &[bool]) -> Result<(Vec<bool>, Vec<usize>)> {
+    pub(super) async fn agree(
+        &self,
+        k: u64,
+        previous: &[bool],
+        mut watch: Option<&mut kv::Watch>,
+    ) -> Result<(Vec<bool>, Vec<usize>)> {
+        // Updates of earlier sync points: not this one's news.
+        if let Some(w) = watch.as_deref_mut() {
+            while let Some(Some(_)) = w.next().now_or_never() {}
+        }
+        let prefix = format!("sync.{k}.");
         let ranks = previous.len();
         let keys: std::sync::Arc<Keys> = self.inbox.keys().ok_or_else(|| {
             Error::runtime(format!(
@@ -357,7 +387,7 @@ impl Point<'_> {
                 }
                 continue;
             }
-            tokio::time::sleep(POLL).await;
+            bucket_changed(&mut watch, &prefix).await;
         };
         let (live, joining) = live;
         if !live[self.rank] {

@@ -60,7 +60,7 @@ use futures_util::StreamExt;
 use super::wire::{self, Assembler, MessageId};
 use super::{
     AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
-    InFlightMean, Membership, StatsCounter, one_rank,
+    InFlightMean, InFlightMembership, Membership, StatsCounter, one_rank,
 };
 use crate::backend::kernels::{ParamStarts, Real};
 use crate::backend::{Arena, Backend};
@@ -205,6 +205,9 @@ pub struct NatsWorld {
     this: std::sync::Weak<NatsWorld>,
     /// This process's key: it seals every frame it sends (`seal.rs`).
     signer: Arc<seal::Signer>,
+    /// Updates of the bucket's sync points, which wake a membership agreement
+    /// (`membership.rs`), once the first one was made.
+    watch: Mutex<Option<async_nats::jetstream::kv::Watch>>,
     store: async_nats::jetstream::kv::Store,
     client: async_nats::Client,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -389,6 +392,7 @@ impl NatsWorld {
             background: Mutex::new(None),
             this: std::sync::Weak::new(),
             signer: Arc::new(signer),
+            watch: Mutex::new(None),
             store,
             client,
             tasks: Mutex::new(tasks),
@@ -436,6 +440,13 @@ impl NatsWorld {
     /// [`Communicator::membership`], or (`again`) the membership agreed anew within the same
     /// sync point after a rank died during its mean (`commit.rs`).
     fn agree(&self, again: bool) -> Result<Membership> {
+        self.agree_with(again, false)
+    }
+
+    /// [`NatsWorld::agree`]; with `defer_joiners`, the ranks it admits are not awaited by
+    /// this process's collectives until [`NatsWorld::expect_joiners`] (a membership agreed in
+    /// flight, whose joiners are healed when its means are applied).
+    fn agree_with(&self, again: bool, defer_joiners: bool) -> Result<Membership> {
         let joining_after = self
             .joining_after
             .lock()
@@ -460,7 +471,15 @@ impl NatsWorld {
             rank: self.rank,
             bound: self.bound,
         };
-        let (live, joining) = self.runtime.block_on(point.agree(k, &previous))?;
+        let mut watch = self.watch.lock().unwrap_or_else(|e| e.into_inner());
+        let (live, joining) = self.runtime.block_on(async {
+            if watch.is_none() {
+                // Wakes the agreement when the bucket changes; without it, it polls.
+                *watch = self.store.watch("sync.>").await.ok();
+            }
+            point.agree(k, &previous, watch.as_mut()).await
+        })?;
+        drop(watch);
         self.rejoined(&joining)?;
         let agreed = Membership {
             epoch: k,
@@ -487,7 +506,8 @@ impl NatsWorld {
                 ));
         }
         let next = NatsWorld::with_joining(&agreed);
-        self.inbox.set_live(&next);
+        self.inbox
+            .set_live(if defer_joiners { &agreed.live } else { &next });
         *elastic = (k + 1, next);
         *self.heal.lock().unwrap_or_else(|e| e.into_inner()) =
             (k, std::collections::BTreeMap::new());
@@ -905,6 +925,12 @@ impl NatsWorld {
 
 impl Drop for NatsWorld {
     fn drop(&mut self) {
+        // The watch's subscription unsubscribes through the client's runtime.
+        let watch = self.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
+        {
+            let _runtime = self.runtime.enter();
+            drop(watch);
+        }
         for task in self.tasks.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             task.abort();
         }
@@ -1029,16 +1055,25 @@ impl Communicator for NatsWorld {
         self.mean_over(arena, live, mean, true)
     }
 
-    /// The mean travels on a background thread while the caller computes (`overlap.rs`); it
-    /// is committed as `all_reduce_mean_live`'s is.
-    fn start_all_reduce_mean_live(
+    /// The agreement runs on a background thread while the caller computes (`overlap.rs`).
+    fn start_membership(&self) -> Result<InFlightMembership> {
+        self.start_agreement()
+    }
+
+    fn finish_membership(&self, membership: InFlightMembership) -> Result<Membership> {
+        self.finish_agreement(membership)
+    }
+
+    /// The mean travels on a background thread, behind the agreement, while the caller
+    /// computes (`overlap.rs`); it is committed as `all_reduce_mean_live`'s is.
+    fn start_all_reduce_mean_in(
         &self,
         _backend: &dyn Backend,
         arena: &mut Arena,
-        live: &[bool],
+        membership: &InFlightMembership,
         mean: AllReduceMeanArgs<'_>,
     ) -> Result<InFlightMean> {
-        self.start_mean(arena, live, mean)
+        self.start_mean(arena, membership, mean)
     }
 
     fn finish_all_reduce_mean_live(

@@ -1,29 +1,70 @@
-//! A sync point's mean in flight (Streaming DiLoCo's fragment during its
-//! `fragment_sync_delay`): [`Communicator::start_all_reduce_mean_live`] takes this rank's
-//! values, reserves the collective's two sequence numbers (the reduction and its vote, so that
-//! every rank numbers the collectives that run meanwhile alike) and hands the exchange to a
-//! background thread, which reduces and votes exactly as a blocking mean does (`commit.rs`).
+//! A sync point in flight (Streaming DiLoCo's fragment during its `fragment_sync_delay`):
+//! [`Communicator::start_membership`] queues the membership agreement on a background thread;
+//! [`Communicator::start_all_reduce_mean_in`] takes this rank's values, reserves the mean's two
+//! sequence numbers (its reduction and its vote, so that every rank numbers the collectives
+//! that run meanwhile alike) and queues the exchange behind the agreement, which reduces over
+//! the agreed live ranks and votes exactly as a blocking mean does (`commit.rs`).
 //! [`Communicator::finish_all_reduce_mean_live`] waits for it and stores the sums, or, when a
 //! rank died meanwhile and the vote failed, agrees on a new membership and reduces the same
-//! values again over it, so the mean is applied on every live rank or on none.
+//! values again over it, so the mean is applied on every live rank or on none. The ranks the
+//! agreement admits are awaited from [`Communicator::finish_membership`] on, when they are
+//! healed.
 //!
-//! [`Communicator::start_all_reduce_mean_live`]: crate::comm::Communicator::start_all_reduce_mean_live
+//! [`Communicator::start_membership`]: crate::comm::Communicator::start_membership
+//! [`Communicator::start_all_reduce_mean_in`]: crate::comm::Communicator::start_all_reduce_mean_in
 //! [`Communicator::finish_all_reduce_mean_live`]: crate::comm::Communicator::finish_all_reduce_mean_live
+//! [`Communicator::finish_membership`]: crate::comm::Communicator::finish_membership
 
 use std::ops::Range;
-use std::sync::{Arc, Weak, mpsc};
+use std::sync::{Arc, Condvar, Mutex, Weak, mpsc};
 
 use super::inbox::Inbox;
 use super::{Job, NatsWorld, param_runs, rounds_to_itself, scratch_of};
 use crate::backend::Arena;
 use crate::backend::kernels::Real;
-use crate::comm::{AllReduceMeanArgs, InFlightMean, Subgroups};
+use crate::comm::{AllReduceMeanArgs, InFlightMean, InFlightMembership, Membership, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::transfer;
 
+/// A membership being agreed on the background thread: set once, read by the means queued
+/// behind it and by [`NatsWorld::finish_agreement`].
+struct Agreement {
+    world: Weak<NatsWorld>,
+    result: Mutex<Option<Result<Membership>>>,
+    agreed: Condvar,
+}
+
+impl Agreement {
+    fn new(world: Weak<NatsWorld>, result: Option<Result<Membership>>) -> Arc<Agreement> {
+        Arc::new(Agreement {
+            world,
+            result: Mutex::new(result),
+            agreed: Condvar::new(),
+        })
+    }
+
+    fn set(&self, result: Result<Membership>) {
+        *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+        self.agreed.notify_all();
+    }
+
+    fn wait(&self) -> Result<Membership> {
+        let mut result = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(result) = result.as_ref() {
+                return result.clone();
+            }
+            result = self.agreed.wait(result).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
 /// What the background exchange of a mean hands back.
 struct Outcome {
+    /// The ranks it was taken over: the live ranks, this rank's group of them and the
+    /// voters; `None` when this rank is not live (it keeps its data).
+    over: Option<(Vec<bool>, Vec<usize>, Vec<usize>)>,
     /// This rank's reduction: its sums are complete.
     reduced: Result<()>,
     /// The vote: every live rank holds its sums.
@@ -39,11 +80,8 @@ struct Travelling {
     inbox: Arc<Inbox>,
     seqs: [u64; 2],
     groups: Subgroups,
-    live: Vec<bool>,
     arith: StorageFormat,
     runs: Vec<(Range<usize>, usize)>,
-    members: Vec<usize>,
-    voters: Vec<usize>,
     bytes_per_rank: u64,
 }
 
@@ -56,39 +94,61 @@ impl Drop for Travelling {
 }
 
 impl NatsWorld {
-    /// [`Communicator::start_all_reduce_mean_live`](crate::comm::Communicator::start_all_reduce_mean_live).
+    /// [`Communicator::start_membership`](crate::comm::Communicator::start_membership): a
+    /// joining process, which has no sync point of its own to agree on, waits for its
+    /// admission now.
+    pub(super) fn start_agreement(&self) -> Result<InFlightMembership> {
+        let joining = self
+            .joining_after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if joining {
+            return Ok(InFlightMembership::done(self.agree(false)?));
+        }
+        let this = self.strong()?;
+        let agreement = Agreement::new(self.this.clone(), None);
+        let slot = agreement.clone();
+        self.in_background(Box::new(move || slot.set(this.agree_with(false, true))))?;
+        Ok(InFlightMembership::agreeing(Box::new(agreement)))
+    }
+
+    /// [`Communicator::finish_membership`](crate::comm::Communicator::finish_membership): from
+    /// now on the ranks it admits are awaited.
+    pub(super) fn finish_agreement(&self, membership: InFlightMembership) -> Result<Membership> {
+        let agreed = match membership.into_inner() {
+            Ok(agreed) => agreed,
+            Err(state) => self.agreement_of(state.downcast_ref())?.wait()?,
+        };
+        self.expect_joiners(&agreed);
+        Ok(agreed)
+    }
+
+    /// The ranks `agreed` admits are awaited by this process's collectives from now on.
+    fn expect_joiners(&self, agreed: &Membership) {
+        if !agreed.joining.is_empty() {
+            self.inbox.set_live(&NatsWorld::with_joining(agreed));
+        }
+    }
+
+    /// [`Communicator::start_all_reduce_mean_in`](crate::comm::Communicator::start_all_reduce_mean_in).
     pub(super) fn start_mean(
         &self,
         arena: &mut Arena,
-        live: &[bool],
+        membership: &InFlightMembership,
         mean: AllReduceMeanArgs<'_>,
     ) -> Result<InFlightMean> {
         self.check_one_rank(arena, "all_reduce")?;
-        crate::comm::check_live(live, self.size)?;
         mean.check(self.size)?;
-        if !live[self.rank] {
-            // Not in this sync: this rank keeps its data, as in the simulated world.
-            return Ok(InFlightMean::done());
-        }
-        let this = self
-            .this
-            .upgrade()
-            .ok_or_else(|| Error::runtime("this NATS world is being dropped"))?;
+        let agreement = match (membership.agreed(), membership.state()) {
+            (Some(agreed), _) => {
+                crate::comm::check_live(&agreed.live, self.size)?;
+                Agreement::new(self.this.clone(), Some(Ok(agreed.clone())))
+            }
+            (None, state) => self.agreement_of(state.and_then(|s| s.downcast_ref()))?,
+        };
+        let this = self.strong()?;
         let runs = param_runs(mean.starts, mean.active, arena.rank_len());
-        // Ranks a vote already left out at an earlier sync of this point stay out.
-        let known = self
-            .elastic
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            .clone();
-        let live: Vec<bool> = live.iter().zip(&known).map(|(&a, &b)| a && b).collect();
-        let members: Vec<usize> = mean
-            .groups
-            .group_of(self.rank)
-            .filter(|&r| live[r])
-            .collect();
-        let voters: Vec<usize> = (0..self.size).filter(|&r| live[r]).collect();
         let mut buffers = self.spare_buffers();
         let total: usize = runs.iter().map(|r| r.0.len()).sum();
         if mean.arith == StorageFormat::F64 {
@@ -98,9 +158,17 @@ impl NatsWorld {
         }
         let seqs = [self.begin_open(), self.begin_open()];
         let (sender, outcome) = mpsc::channel();
-        let (arith, job_members, job_voters) = (mean.arith, members.clone(), voters.clone());
+        let (groups, arith) = (mean.groups, mean.arith);
         let job = move || {
-            let outcome = this.exchange(seqs, arith, &job_members, &job_voters, buffers, total);
+            let outcome = match agreement.wait() {
+                Ok(agreed) => this.exchange(seqs, &agreed.live, groups, arith, buffers, total),
+                Err(e) => Outcome {
+                    over: None,
+                    reduced: Err(e.clone()),
+                    committed: Err(e),
+                    buffers,
+                },
+            };
             let _ = sender.send(outcome);
         };
         let travelling = Travelling {
@@ -109,11 +177,8 @@ impl NatsWorld {
             inbox: self.inbox.clone(),
             seqs,
             groups: mean.groups,
-            live,
             arith: mean.arith,
             runs,
-            members,
-            voters,
             bytes_per_rank: mean.bytes_per_rank,
         };
         self.in_background(Box::new(job))?;
@@ -129,12 +194,7 @@ impl NatsWorld {
             .downcast::<Travelling>()
             .ok()
             .filter(|t| t.world.ptr_eq(&self.this))
-            .ok_or_else(|| {
-                Error::runtime(format!(
-                    "run '{}' rank {}: an all-reduce-mean in flight was started by another world",
-                    self.run, self.rank
-                ))
-            })?;
+            .ok_or_else(|| self.foreign("an all-reduce-mean"))?;
         self.check_one_rank(arena, "all_reduce")?;
         let outcome = travelling.outcome.recv().map_err(|_| {
             Error::runtime(format!(
@@ -143,11 +203,18 @@ impl NatsWorld {
             ))
         })?;
         let Outcome {
+            over,
             reduced,
             committed,
             mut buffers,
         } = outcome;
         let t = &*travelling;
+        let committed = committed.inspect_err(|_| self.keep_buffers(std::mem::take(&mut buffers)));
+        let Some((live, members, voters)) = over else {
+            self.keep_buffers(buffers);
+            // The agreement failed (`committed` holds why), or this rank is not live.
+            return committed.map(drop);
+        };
         let members = if committed? {
             let stored = if t.arith == StorageFormat::F64 {
                 store_values::<f64>(arena, &t.runs, &mut buffers[0])
@@ -156,18 +223,40 @@ impl NatsWorld {
             };
             self.keep_buffers(buffers);
             stored?;
-            t.members.clone()
+            members
         } else {
             self.keep_buffers(buffers);
-            self.check_vote_failure(reduced, &t.voters)?;
+            self.check_vote_failure(reduced, &voters)?;
             // A rank died meanwhile: the survivors agree anew and average the values, which
             // the arena still holds, over each other (the live ranks of the new membership).
-            let live = self.agree(true)?.live;
-            let live: Vec<bool> = live.iter().zip(&t.live).map(|(&a, &b)| a && b).collect();
-            self.mean_committed(arena, t.groups, &live, t.arith, &t.runs)?
+            let again = self.agree(true)?.live;
+            let again: Vec<bool> = again.iter().zip(&live).map(|(&a, &b)| a && b).collect();
+            self.mean_committed(arena, t.groups, &again, t.arith, &t.runs)?
         };
         self.record(|s| s.add_all_reduce(members.len(), t.bytes_per_rank));
         Ok(())
+    }
+
+    /// This world, for a job on the background thread.
+    fn strong(&self) -> Result<Arc<NatsWorld>> {
+        self.this
+            .upgrade()
+            .ok_or_else(|| Error::runtime("this NATS world is being dropped"))
+    }
+
+    /// The agreement behind a membership in flight, if this world started it.
+    fn agreement_of(&self, state: Option<&Arc<Agreement>>) -> Result<Arc<Agreement>> {
+        state
+            .filter(|a| a.world.ptr_eq(&self.this))
+            .cloned()
+            .ok_or_else(|| self.foreign("a membership"))
+    }
+
+    fn foreign(&self, what: &str) -> Error {
+        Error::runtime(format!(
+            "run '{}' rank {}: {what} in flight was started by another world",
+            self.run, self.rank
+        ))
     }
 
     /// Starts a collective that stays open while later ones begin: its sequence number.
@@ -177,24 +266,36 @@ impl NatsWorld {
         seq
     }
 
-    /// The reduction and the vote of a mean in flight, on the background thread.
+    /// The reduction and the vote of a mean in flight over the `live` ranks, on the
+    /// background thread.
     fn exchange(
         &self,
         seqs: [u64; 2],
+        live: &[bool],
+        groups: Subgroups,
         arith: StorageFormat,
-        members: &[usize],
-        voters: &[usize],
         mut buffers: [Vec<u64>; 2],
         total: usize,
     ) -> Outcome {
+        if !live.get(self.rank).copied().unwrap_or(false) {
+            return Outcome {
+                over: None,
+                reduced: Ok(()),
+                committed: Ok(true),
+                buffers,
+            };
+        }
+        let members: Vec<usize> = groups.group_of(self.rank).filter(|&r| live[r]).collect();
+        let voters: Vec<usize> = (0..self.size).filter(|&r| live[r]).collect();
         let [values, received] = &mut buffers;
         let reduced = if arith == StorageFormat::F64 {
-            self.mean_at::<f64>(seqs[0], received, arith, members, values, total)
+            self.mean_at::<f64>(seqs[0], received, arith, &members, values, total)
         } else {
-            self.mean_at::<f32>(seqs[0], received, arith, members, values, total)
+            self.mean_at::<f32>(seqs[0], received, arith, &members, values, total)
         };
-        let committed = self.vote_at(seqs[1], voters, reduced.is_ok());
+        let committed = self.vote_at(seqs[1], &voters, reduced.is_ok());
         Outcome {
+            over: Some((live.to_vec(), members, voters)),
             reduced,
             committed,
             buffers,
@@ -222,7 +323,8 @@ impl NatsWorld {
         }
     }
 
-    /// Runs `job` on this world's background thread, started at the first job.
+    /// Runs `job` on this world's background thread, started at the first job; jobs run in
+    /// the order they were queued.
     fn in_background(&self, job: Job) -> Result<()> {
         let mut worker = self.background.lock().unwrap_or_else(|e| e.into_inner());
         if worker.is_none() {
@@ -273,8 +375,8 @@ impl NatsWorld {
             .in_flight_buffers
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        spare.clear();
-        spare.extend(buffers);
+        spare.extend(buffers.into_iter().filter(|b| !b.is_empty()));
+        spare.truncate(4);
     }
 }
 

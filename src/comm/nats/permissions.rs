@@ -44,6 +44,8 @@ pub fn run_permissions(run: &str) -> Result<RunPermissions> {
             format!("$JS.API.DIRECT.GET.{stream}.>"),
             format!("$JS.API.CONSUMER.*.{stream}"),
             format!("$JS.API.CONSUMER.*.{stream}.>"),
+            // The flow-control replies of the membership agreement's watch of the bucket.
+            format!("$JS.FC.{stream}.>"),
         ],
         subscribe: vec![
             format!("distopt.{run}.>"),
