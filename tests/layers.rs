@@ -94,6 +94,7 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
                 "bench_algorithms",
                 "bench_all",
                 "bench_comm",
+                "bench_overlap",
                 "bench_recovery",
                 "train",
             ],

@@ -679,7 +679,6 @@ impl Trainer {
     /// counted, but the replicas may have changed.
     pub async fn step(&mut self) -> Result<StepReport> {
         let local = self.world.local_ranks();
-        let shapes = self.task.param_shapes();
         let batches: Vec<Vec<usize>> = local.clone().map(|r| self.batch(r)).collect();
         let task = self.task.clone();
         let params = self.host_params().await?;
@@ -697,6 +696,52 @@ impl Trainer {
             .collect();
         // The ranks whose losses these are (a rank healed at this step's end has none).
         let losing = self.present_ranks();
+        let (gradients_reduced, averaged) = self.apply(all_grads)?;
+        self.host_params().await?;
+        let divergence = divergence(&self.present_params());
+        self.state_bytes = self.gather_state_bytes()?;
+        let mean_loss = losing.iter().map(|&r| loss_per_rank[r]).sum::<f64>() / losing.len() as f64;
+        Ok(StepReport {
+            step: self.steps,
+            loss_per_rank,
+            mean_loss,
+            divergence,
+            bytes_communicated_per_rank: self.comm_stats().total_bytes(),
+            gradients_reduced,
+            averaged,
+            optimizer_state_bytes_per_rank: self.optimizer_state_bytes_per_rank(),
+        })
+    }
+
+    /// `steps` iterations with no report: each local rank's gradient from its own parameters
+    /// (read back alone), then the gradient hook and the algorithm's step, as
+    /// [`Trainer::step`] takes them; nothing is gathered for a report (losses, divergence,
+    /// state sizes), so the only traffic is the algorithm's. For a run of processes that
+    /// reports at its end only, and for timing an algorithm's communication against its
+    /// computation (`distopt bench overlap`).
+    ///
+    /// # Errors
+    /// Those of [`Trainer::step`]; the steps before a failed one count.
+    pub async fn train_unreported(&mut self, steps: u64) -> Result<()> {
+        let local = self.world.local_ranks();
+        let task = self.task.clone();
+        for _ in 0..steps {
+            let batches: Vec<Vec<usize>> = local.clone().map(|r| self.batch(r)).collect();
+            let params = read_params(&self.replicas).await?;
+            let mut all_grads = Vec::with_capacity(local.len());
+            for ((rank, batch), params) in local.clone().zip(&batches).zip(&params) {
+                all_grads.push(task.loss_and_grad(params, rank, batch)?.1);
+            }
+            self.apply(all_grads)?;
+        }
+        Ok(())
+    }
+
+    /// The local ranks' gradients `all_grads` written, synchronized by the gradient hook and
+    /// stepped by the algorithm; the step counted and the ranks admitted healed. Returns the
+    /// report's `gradients_reduced` and `averaged`.
+    fn apply(&mut self, all_grads: Vec<Vec<Vec<f64>>>) -> Result<(Option<usize>, Option<usize>)> {
+        let shapes = self.task.param_shapes();
         for (rank, grads) in all_grads.into_iter().enumerate() {
             let tensors = grads
                 .iter()
@@ -727,20 +772,7 @@ impl Trainer {
         self.steps += 1;
         let healed = self.healed();
         self.heal_counters(&healed)?;
-        self.host_params().await?;
-        let divergence = divergence(&self.present_params());
-        self.state_bytes = self.gather_state_bytes()?;
-        let mean_loss = losing.iter().map(|&r| loss_per_rank[r]).sum::<f64>() / losing.len() as f64;
-        Ok(StepReport {
-            step: self.steps,
-            loss_per_rank,
-            mean_loss,
-            divergence,
-            bytes_communicated_per_rank: self.comm_stats().total_bytes(),
-            gradients_reduced,
-            averaged,
-            optimizer_state_bytes_per_rank: self.optimizer_state_bytes_per_rank(),
-        })
+        Ok((gradients_reduced, averaged))
     }
 
     /// Takes this process's ranks into a running run of processes (`distopt train --join`):

@@ -144,6 +144,39 @@ pub enum Bench {
     /// the last rank after --kill-after, starts a `--join` process in its place, and reads the
     /// times the survivors agreed on each new membership from rank 0's report.
     Recovery(BenchRecoveryArgs),
+    /// (feature nats, once per process with --world) Streaming DiLoCo's fragment all-reduce in
+    /// flight during its delay, against the same processes with no communication and with
+    /// blocking syncs: wall-clock per inner step of the demo's task.
+    Overlap(BenchOverlapArgs),
+}
+
+/// `distopt bench overlap`.
+#[derive(Debug, Args)]
+pub struct BenchOverlapArgs {
+    /// The run: --world nats://HOST:PORT --run NAME (and --ranks W), once per process.
+    #[command(flatten)]
+    pub world: WorldArgs,
+    /// Processes W of the run.
+    #[arg(long, value_name = "W", default_value = "4", value_parser = count)]
+    pub ranks: usize,
+    /// Timed inner steps per row and round.
+    #[arg(long, value_name = "N", default_value = "1024", value_parser = count)]
+    pub steps: usize,
+    /// DiLoCo's sync_every H.
+    #[arg(long, value_name = "H", default_value = "64", value_parser = count)]
+    pub sync_every: usize,
+    /// Fragments F.
+    #[arg(long, value_name = "F", default_value = "2", value_parser = count)]
+    pub fragments: usize,
+    /// Inner steps a fragment's all-reduce is in flight (below H / F).
+    #[arg(long, value_name = "D", default_value = "16", value_parser = count)]
+    pub fragment_sync_delay: usize,
+    /// Rounds (the median is reported).
+    #[arg(long, value_name = "K", default_value = "5", value_parser = repeats)]
+    pub repeats: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `distopt bench recovery`.

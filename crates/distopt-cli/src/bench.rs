@@ -38,6 +38,17 @@ pub fn run(which: Bench) -> Result<(), Error> {
         }
         #[cfg(feature = "nats")]
         Bench::Recovery(args) => return crate::bench_recovery::run(&args),
+        #[cfg(feature = "nats")]
+        Bench::Overlap(args) => {
+            let world = crate::world::join_nats(&args.world, Some(args.ranks))?;
+            return crate::bench_overlap::run(args, world);
+        }
+        #[cfg(not(feature = "nats"))]
+        Bench::Overlap(_) => {
+            return Err(Error::value(
+                "bench overlap needs the `nats` feature: cargo build --release --features nats",
+            ));
+        }
         #[cfg(not(feature = "nats"))]
         Bench::Recovery(_) => {
             return Err(Error::value(

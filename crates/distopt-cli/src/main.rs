@@ -17,6 +17,7 @@ mod bench_all;
 #[cfg(any(feature = "mpi", feature = "nats"))]
 mod bench_comm;
 #[cfg(feature = "nats")]
+mod bench_overlap;
 mod bench_recovery;
 mod progress;
 mod train;
