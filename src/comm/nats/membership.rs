@@ -239,15 +239,31 @@ pub(super) async fn admission(
     }
 }
 
-/// Waits until a key under `prefix` changes in the bucket (`watch`'s next update) or [`POLL`]
-/// passes; without a watch, or once it failed, for [`POLL`].
-async fn bucket_changed(watch: &mut Option<&mut kv::Watch>, prefix: &str) {
+/// This sync point's keys as last read or seen in a watch update (`None`: absent).
+type Seen = std::collections::HashMap<String, Option<Bytes>>;
+
+/// Waits until a key under `prefix` changes in the bucket (`watch`'s next update, recorded in
+/// `seen`) or [`POLL`] passes; without a watch, or once it failed, for [`POLL`]. Returns whether
+/// an update came (else every key must be read again).
+async fn bucket_changed(watch: &mut Option<&mut kv::Watch>, prefix: &str, seen: &mut Seen) -> bool {
     let deadline = tokio::time::Instant::now() + POLL;
     if let Some(w) = watch.as_deref_mut() {
         loop {
             match tokio::time::timeout_at(deadline, w.next()).await {
-                Err(_) => return,
-                Ok(Some(Ok(entry))) if entry.key.starts_with(prefix) => return,
+                Err(_) => return false,
+                Ok(Some(Ok(entry))) if entry.key.starts_with(prefix) => {
+                    let value = (entry.operation == kv::Operation::Put).then_some(entry.value);
+                    seen.insert(entry.key, value);
+                    // Take every update already there before looking again.
+                    while let Some(Some(Ok(entry))) = w.next().now_or_never() {
+                        if entry.key.starts_with(prefix) {
+                            let value =
+                                (entry.operation == kv::Operation::Put).then_some(entry.value);
+                            seen.insert(entry.key, value);
+                        }
+                    }
+                    return true;
+                }
                 Ok(Some(Ok(_))) => {}
                 Ok(_) => break,
             }
@@ -256,6 +272,7 @@ async fn bucket_changed(watch: &mut Option<&mut kv::Watch>, prefix: &str) {
         *watch = None;
     }
     tokio::time::sleep_until(deadline).await;
+    false
 }
 
 /// What the agreement needs of its process.
@@ -269,6 +286,20 @@ pub(super) struct Point<'a> {
 }
 
 impl Point<'_> {
+    /// `key`'s value: as `seen` holds it, else read from the bucket (and kept in `seen`).
+    async fn read(
+        &self,
+        seen: &mut Seen,
+        key: String,
+    ) -> std::result::Result<Option<Bytes>, kv::EntryError> {
+        if let Some(value) = seen.get(&key) {
+            return Ok(value.clone());
+        }
+        let value = self.store.get(&key).await?;
+        seen.insert(key, value.clone());
+        Ok(value)
+    }
+
     fn failed(&self, k: u64, what: &str, e: &dyn std::fmt::Display) -> Error {
         Error::runtime(format!(
             "run '{}' rank {}: sync point {k}: {what}: {e}",
@@ -306,10 +337,16 @@ impl Point<'_> {
             .put(arrived_key(k, self.rank), Bytes::copy_from_slice(&arrival))
             .await
             .map_err(|e| self.failed(k, "cannot say it arrived", &e))?;
+        // Every key is read at first and after a wait with no update; in between the watch's
+        // updates say what changed.
+        let mut seen = Seen::new();
+        let mut fresh = false;
         let live = loop {
+            if !fresh {
+                seen.clear();
+            }
             let agreed = self
-                .store
-                .get(live_key(k))
+                .read(&mut seen, live_key(k))
                 .await
                 .map_err(|e| self.failed(k, "cannot read the membership", &e))?;
             if let Some(bytes) = agreed {
@@ -335,8 +372,7 @@ impl Point<'_> {
             }
             // Another client may have overwritten this rank's arrival: say it again.
             let own = self
-                .store
-                .get(arrived_key(k, self.rank))
+                .read(&mut seen, arrived_key(k, self.rank))
                 .await
                 .map_err(|e| self.failed(k, "cannot read its arrival", &e))?;
             if own.as_deref() != Some(&arrival[..]) {
@@ -344,14 +380,17 @@ impl Point<'_> {
                     .put(arrived_key(k, self.rank), Bytes::copy_from_slice(&arrival))
                     .await
                     .map_err(|e| self.failed(k, "cannot say it arrived", &e))?;
+                seen.insert(
+                    arrived_key(k, self.rank),
+                    Some(Bytes::copy_from_slice(&arrival)),
+                );
             }
             let mut arrived = vec![false; ranks];
             let mut open = false;
             for rank in (0..ranks).filter(|&r| previous[r]) {
                 arrived[rank] = rank == self.rank || {
                     let said = self
-                        .store
-                        .get(arrived_key(k, rank))
+                        .read(&mut seen, arrived_key(k, rank))
                         .await
                         .map_err(|e| self.failed(k, "cannot read the arrivals", &e))?;
                     let statement = arrival_statement(self.run, k, rank);
@@ -385,9 +424,10 @@ impl Point<'_> {
                     let _ = self.store.put(LATEST_KEY, Bytes::from(k.to_string())).await;
                     break (arrived, joining);
                 }
+                fresh = false;
                 continue;
             }
-            bucket_changed(&mut watch, &prefix).await;
+            fresh = bucket_changed(&mut watch, &prefix, &mut seen).await;
         };
         let (live, joining) = live;
         if !live[self.rank] {
