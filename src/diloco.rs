@@ -342,8 +342,31 @@ enum Target {
     Scratch,
 }
 
+/// The mean of `arena` over the live ranks of a sync point's `membership`: for a delayed
+/// fragment ([`Target::Scratch`]) started, and `Some` while it travels (a world of processes);
+/// otherwise taken now, over the membership agreed at once.
+///
+/// # Errors
+/// The world's (those of [`Communicator::all_reduce_mean_live`]).
+fn mean_of(
+    world: &dyn Communicator,
+    backend: &dyn Backend,
+    arena: &mut Arena,
+    membership: &InFlightMembership,
+    target: Target,
+    mean: AllReduceMeanArgs<'_>,
+) -> Result<Option<InFlightMean>> {
+    if target == Target::Scratch {
+        let mean = world.start_all_reduce_mean_in(backend, arena, membership, mean)?;
+        return Ok((!mean.is_done()).then_some(mean));
+    }
+    let live = membership.agreed().map_or(&[][..], |m| m.live.as_slice());
+    world.all_reduce_mean_live(backend, arena, live, mean)?;
+    Ok(None)
+}
+
 /// One bucket's all-reduce of the fragment in flight, still travelling (a world of processes
-/// moves it while the inner steps run: [`Communicator::start_all_reduce_mean_live`]).
+/// moves it while the inner steps run: [`Communicator::start_all_reduce_mean_in`]).
 #[derive(Debug)]
 struct Travelling {
     bucket: usize,
@@ -916,11 +939,6 @@ impl DiLoCo {
             Target::Scratch => self.world.start_membership()?,
             Target::Grads => InFlightMembership::done(self.world.membership()?),
         };
-        let live = membership
-            .agreed()
-            .map(|m| m.live.clone())
-            .unwrap_or_default();
-        let live = &live;
         let wire = self.compression.wire_format();
         let plans: Vec<(Vec<bool>, u64, Vec<CopyRegion>)> = (0..replicas.buckets().len())
             .map(|b| {
@@ -1006,25 +1024,17 @@ impl DiLoCo {
                     active,
                     bytes_per_rank: *bytes,
                 };
-                if target == Target::Scratch {
-                    let mean = self.world.start_all_reduce_mean_in(
-                        backend.as_ref(),
-                        arena,
-                        &membership,
+                let world = self.world.as_ref();
+                if let Some(mean) =
+                    mean_of(world, backend.as_ref(), arena, &membership, target, mean)?
+                {
+                    travelling.push(Travelling {
+                        bucket: b,
+                        active: active.clone(),
+                        compressed: true,
                         mean,
-                    )?;
-                    if !mean.is_done() {
-                        travelling.push(Travelling {
-                            bucket: b,
-                            active: active.clone(),
-                            compressed: true,
-                            mean,
-                        });
-                        continue;
-                    }
-                } else {
-                    self.world
-                        .all_reduce_mean_live(backend.as_ref(), arena, live, mean)?;
+                    });
+                    continue;
                 }
                 backend.convert(ConvertArgs {
                     src: arena,
@@ -1042,24 +1052,14 @@ impl DiLoCo {
                 active,
                 bytes_per_rank: *bytes,
             };
-            if target == Target::Scratch {
-                let mean = self.world.start_all_reduce_mean_in(
-                    backend.as_ref(),
-                    out,
-                    &membership,
+            let world = self.world.as_ref();
+            if let Some(mean) = mean_of(world, backend.as_ref(), out, &membership, target, mean)? {
+                travelling.push(Travelling {
+                    bucket: b,
+                    active: active.clone(),
+                    compressed: false,
                     mean,
-                )?;
-                if !mean.is_done() {
-                    travelling.push(Travelling {
-                        bucket: b,
-                        active: active.clone(),
-                        compressed: false,
-                        mean,
-                    });
-                }
-            } else {
-                self.world
-                    .all_reduce_mean_live(backend.as_ref(), out, live, mean)?;
+                });
             }
         }
         self.travelling = travelling;

@@ -1,5 +1,5 @@
 //! An elastic sync point's mean that travels while the caller computes: what
-//! [`Communicator::start_all_reduce_mean_live`](super::Communicator::start_all_reduce_mean_live)
+//! [`Communicator::start_all_reduce_mean_in`](super::Communicator::start_all_reduce_mean_in)
 //! hands back and
 //! [`Communicator::finish_all_reduce_mean_live`](super::Communicator::finish_all_reduce_mean_live)
 //! takes (Streaming DiLoCo's fragment in flight during its `fragment_sync_delay`).

@@ -28,7 +28,8 @@
 //!   a rank dies during it, on none, the survivors then averaging again without it.
 //! - **Means in flight** (`overlap.rs`): Streaming DiLoCo's fragment all-reduce travels on a
 //!   background thread during its `fragment_sync_delay` while the inner steps run
-//!   ([`Communicator::start_all_reduce_mean_live`]), committed as any sync point's mean.
+//!   ([`Communicator::start_membership`], [`Communicator::start_all_reduce_mean_in`]): the
+//!   agreement and the means, committed as any sync point's mean.
 //! - **Joining a running run** (`heal.rs`, [`NatsOptions::join`]): a process takes the rank of
 //!   one that left, is admitted at the next sync point and healed at its end from the lowest
 //!   live rank, point to point ([`Communicator::heal_rows`]).
