@@ -836,13 +836,7 @@ impl NatsWorld {
             }
             self.reduce::<T>(arith, members, data, false, &addend)?;
             if sum == Sum::Stored {
-                let mut k = 0;
-                for (run, _) in runs {
-                    for i in run.clone() {
-                        T::store(format, words, i - base, data[k]);
-                        k += 1;
-                    }
-                }
+                store_runs(format, words, base, runs, data);
             }
             Ok(())
         })
@@ -976,6 +970,24 @@ fn rounds_to_itself<T>(arith: StorageFormat) -> bool {
         (arith, std::mem::size_of::<T>()),
         (StorageFormat::F32 | StorageFormat::F64, 4) | (StorageFormat::F64, 8)
     )
+}
+
+/// Stores `values`, in run order, into the `runs` of a row's `words` (whose first element is
+/// element `base`).
+fn store_runs<T: Real>(
+    format: StorageFormat,
+    words: &mut [u32],
+    base: usize,
+    runs: &[(Range<usize>, usize)],
+    values: &[T],
+) {
+    let mut k = 0;
+    for (run, _) in runs {
+        for i in run.clone() {
+            T::store(format, words, i - base, values[k]);
+            k += 1;
+        }
+    }
 }
 
 /// The first `len` elements of a scratch buffer viewed as `T`, growing it as needed.

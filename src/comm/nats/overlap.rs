@@ -19,7 +19,7 @@ use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, Weak, mpsc};
 
 use super::inbox::Inbox;
-use super::{Job, NatsWorld, param_runs, rounds_to_itself, scratch_of};
+use super::{Job, NatsWorld, param_runs, rounds_to_itself, scratch_of, store_runs};
 use crate::backend::Arena;
 use crate::backend::kernels::Real;
 use crate::comm::{AllReduceMeanArgs, InFlightMean, InFlightMembership, Membership, Subgroups};
@@ -209,23 +209,23 @@ impl NatsWorld {
             mut buffers,
         } = outcome;
         let t = &*travelling;
-        let committed = committed.inspect_err(|_| self.keep_buffers(std::mem::take(&mut buffers)));
+        // A committed mean's sums go to the arena; then the buffers serve the next mean.
+        let stored = match (&over, &committed) {
+            (Some(_), Ok(true)) if t.arith == StorageFormat::F64 => {
+                store_values::<f64>(arena, &t.runs, &mut buffers[0])
+            }
+            (Some(_), Ok(true)) => store_values::<f32>(arena, &t.runs, &mut buffers[0]),
+            _ => Ok(()),
+        };
+        self.keep_buffers(buffers);
+        stored?;
         let Some((live, members, voters)) = over else {
-            self.keep_buffers(buffers);
             // The agreement failed (`committed` holds why), or this rank is not live.
             return committed.map(drop);
         };
         let members = if committed? {
-            let stored = if t.arith == StorageFormat::F64 {
-                store_values::<f64>(arena, &t.runs, &mut buffers[0])
-            } else {
-                store_values::<f32>(arena, &t.runs, &mut buffers[0])
-            };
-            self.keep_buffers(buffers);
-            stored?;
             members
         } else {
-            self.keep_buffers(buffers);
             self.check_vote_failure(reduced, &voters)?;
             // A rank died meanwhile: the survivors agree anew and average the values, which
             // the arena still holds, over each other (the live ranks of the new membership).
@@ -417,13 +417,7 @@ pub(super) fn store_values<T: Real + bytemuck::Pod>(
     let total: usize = runs.iter().map(|r| r.0.len()).sum();
     let out: &mut [T] = scratch_of(buffer, total);
     transfer::with_row_words(arena, first.0.start..last.0.end, |words, base| {
-        let mut k = 0;
-        for (run, _) in runs {
-            for i in run.clone() {
-                T::store(format, words, i - base, out[k]);
-                k += 1;
-            }
-        }
+        store_runs(format, words, base, runs, out);
         Ok(())
     })
 }
