@@ -15,8 +15,7 @@
 //! [`Communicator::heal_rows`]: crate::comm::Communicator::heal_rows
 //! [`Communicator::heal_bytes`]: crate::comm::Communicator::heal_bytes
 
-use async_nats::jetstream::kv;
-
+use super::link::Bucket;
 use super::{KIND_HEAL, NatsOptions, NatsWorld, join, membership};
 use crate::backend::Arena;
 use crate::comm::Membership;
@@ -52,7 +51,7 @@ impl NatsWorld {
     /// A `RuntimeError` when within the timeout the run reaches no sync point or no rank (or not
     /// the one asked for) leaves it; a `ValueError` for a rank outside the run.
     pub(super) async fn take_left_rank(
-        store: &kv::Store,
+        store: &dyn Bucket,
         run: &str,
         options: &NatsOptions,
         own: &join::Claim,
@@ -97,7 +96,7 @@ impl NatsWorld {
                     options.join_timeout.as_secs_f64()
                 )));
             }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            store.pause(std::time::Duration::from_millis(100)).await;
         }
     }
 
@@ -117,7 +116,7 @@ impl NatsWorld {
             .seal_statement(&join::join_statement(&self.run, self.rank));
         let key = join::join_key(self.rank);
         let (epoch, agreed) = self.runtime.block_on(async {
-            let task = super::listen(&self.client, &self.common, &self.inbox)
+            let task = super::listen(&*self.link, &self.common, &self.inbox)
                 .await
                 .map_err(|e| {
                     Error::runtime(format!("run '{}': cannot subscribe: {e}", self.run))
@@ -126,19 +125,19 @@ impl NatsWorld {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(task);
-            self.client.flush().await.map_err(|e| {
+            self.link.flush().await.map_err(|e| {
                 Error::runtime(format!("run '{}': cannot reach the server: {e}", self.run))
             })?;
             // The live ranks' heartbeats are heard from now on: nobody's silence so far.
             self.inbox.all_heard();
             self.store
-                .put(key.clone(), bytes::Bytes::copy_from_slice(&request))
+                .put(&key, bytes::Bytes::copy_from_slice(&request))
                 .await
                 .map_err(|e| {
                     Error::runtime(format!("run '{}': cannot ask to join: {e}", self.run))
                 })?;
             let admission = membership::admission(
-                &self.store,
+                &*self.store,
                 &self.run,
                 &keys,
                 (self.rank, self.size),
@@ -146,7 +145,7 @@ impl NatsWorld {
                 self.join_timeout,
             )
             .await;
-            let _ = self.store.delete(key).await;
+            let _ = self.store.delete(&key).await;
             admission
         })?;
         Ok(Membership {
@@ -170,7 +169,7 @@ impl NatsWorld {
         for &rank in joining {
             let claim = self
                 .runtime
-                .block_on(join::read_claim(&self.store, &self.run, rank))?;
+                .block_on(join::read_claim(&*self.store, &self.run, rank))?;
             let keys = self
                 .inbox
                 .keys()

@@ -11,8 +11,9 @@
 
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
+
+use super::link::{Bucket, Link};
 
 use crate::error::{Error, Result};
 
@@ -59,8 +60,8 @@ pub(super) fn join_statement(run: &str, rank: usize) -> Vec<u8> {
 ///
 /// # Errors
 /// A `RuntimeError` when the run has no bucket (it has not started, or it is over).
-pub(super) async fn running_bucket(js: &jetstream::Context, run: &str) -> Result<kv::Store> {
-    js.get_key_value(bucket_name(run)).await.map_err(|e| {
+pub(super) async fn running_bucket(link: &dyn Link, run: &str) -> Result<Box<dyn Bucket>> {
+    link.bucket(&bucket_name(run), false).await.map_err(|e| {
         Error::runtime(format!(
             "run '{run}' is not running (its key-value bucket {} cannot be opened: {e}): start it without --join",
             bucket_name(run)
@@ -72,8 +73,8 @@ pub(super) async fn running_bucket(js: &jetstream::Context, run: &str) -> Result
 ///
 /// # Errors
 /// A `RuntimeError` when the bucket cannot be read, or the claim is missing or malformed.
-pub(super) async fn read_claim(store: &kv::Store, run: &str, rank: usize) -> Result<Claim> {
-    match store.get(rank_key(rank)).await {
+pub(super) async fn read_claim(store: &dyn Bucket, run: &str, rank: usize) -> Result<Claim> {
+    match store.get(&rank_key(rank)).await {
         Ok(Some(value)) => Claim::decode(run, rank, &value),
         Ok(None) => Err(Error::runtime(format!(
             "run '{run}': rank {rank} has no claim"
@@ -89,41 +90,25 @@ pub(super) async fn read_claim(store: &kv::Store, run: &str, rank: usize) -> Res
 /// # Errors
 /// A `RuntimeError` when the bucket cannot be written.
 pub(super) async fn take_over(
-    store: &kv::Store,
+    store: &dyn Bucket,
     run: &str,
     rank: usize,
     claim: &Claim,
 ) -> Result<()> {
     store
-        .put(rank_key(rank), Bytes::from(claim.encode()))
+        .put(&rank_key(rank), Bytes::from(claim.encode()))
         .await
-        .map(|_| ())
         .map_err(|e| Error::runtime(format!("run '{run}': cannot claim rank {rank}: {e}")))
 }
 
 /// Opens (or creates) run `run`'s bucket.
-pub(super) async fn open_bucket(js: &jetstream::Context, run: &str) -> Result<kv::Store> {
+pub(super) async fn open_bucket(link: &dyn Link, run: &str) -> Result<Box<dyn Bucket>> {
     let bucket = bucket_name(run);
-    if let Ok(store) = js.get_key_value(&bucket).await {
-        return Ok(store);
-    }
-    match js
-        .create_key_value(kv::Config {
-            bucket: bucket.clone(),
-            history: 1,
-            storage: jetstream::stream::StorageType::Memory,
-            ..Default::default()
-        })
-        .await
-    {
-        Ok(store) => Ok(store),
-        // Another process created it meanwhile.
-        Err(first) => js.get_key_value(&bucket).await.map_err(|_| {
-            Error::runtime(format!(
-                "run '{run}': cannot open the key-value bucket {bucket} (is JetStream enabled on the server? start it with -js): {first}"
-            ))
-        }),
-    }
+    link.bucket(&bucket, true).await.map_err(|e| {
+        Error::runtime(format!(
+            "run '{run}': cannot open the key-value bucket {bucket} (is JetStream enabled on the server? start it with -js): {e}"
+        ))
+    })
 }
 
 /// A rank's claim: the process's token (which names its subject) and its public key (which
@@ -159,7 +144,7 @@ impl Claim {
 
 /// Claims a rank of `ranks` with `claim`: `requested`, or the lowest free one.
 pub(super) async fn claim(
-    store: &kv::Store,
+    store: &dyn Bucket,
     run: &str,
     ranks: usize,
     requested: Option<usize>,
@@ -176,7 +161,7 @@ pub(super) async fn claim(
     };
     for rank in candidates {
         if store
-            .create(rank_key(rank), Bytes::from(claim.encode()))
+            .create(&rank_key(rank), Bytes::from(claim.encode()))
             .await
             .is_ok()
         {
@@ -197,7 +182,7 @@ pub(super) async fn claim(
 /// process saw it, a claim is malformed, or this process's own claim holds another value (a
 /// client of the run overwrote it, to have its key taken for this rank's).
 pub(super) async fn claims(
-    store: &kv::Store,
+    store: &dyn Bucket,
     run: &str,
     ranks: usize,
     timeout: Duration,
@@ -208,9 +193,9 @@ pub(super) async fn claims(
     loop {
         for (rank, slot) in tokens.iter_mut().enumerate() {
             if slot.is_none()
-                && let Ok(Some(entry)) = store.entry(rank_key(rank)).await
+                && let Ok(Some(entry)) = store.entry(&rank_key(rank)).await
             {
-                if entry.operation != kv::Operation::Put {
+                if entry.deleted {
                     // The rank joined and has left already: the run started without this
                     // process seeing it, and cannot go on.
                     return Err(Error::runtime(format!(
@@ -237,6 +222,6 @@ pub(super) async fn claims(
                 timeout.as_secs_f64()
             )));
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        store.pause(Duration::from_millis(20)).await;
     }
 }

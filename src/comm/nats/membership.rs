@@ -25,12 +25,11 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::kv;
 use bytes::Bytes;
-use futures_util::{FutureExt, StreamExt};
 
 use super::inbox::Inbox;
 use super::join::{join_key, join_statement, read_claim};
+use super::link::{Bucket, LinkError, Watch, Watched};
 use super::seal::{Keys, Signer};
 use crate::comm::wire::SEAL_BYTES;
 use crate::error::{Error, Result};
@@ -160,7 +159,7 @@ fn decode(bytes: &[u8], ranks: usize) -> Option<Agreed> {
 /// # Errors
 /// A `RuntimeError` when the bucket cannot be read.
 pub(super) async fn latest(
-    store: &kv::Store,
+    store: &dyn Bucket,
     run: &str,
     ranks: usize,
 ) -> Result<Option<(u64, Agreed)>> {
@@ -173,7 +172,7 @@ pub(super) async fn latest(
     let Some(k) = last.and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok()) else {
         return Ok(None);
     };
-    let bytes = store.get(live_key(k)).await.map_err(|e| failed(&e))?;
+    let bytes = store.get(&live_key(k)).await.map_err(|e| failed(&e))?;
     Ok(bytes
         .and_then(|bytes| decode(&bytes, ranks))
         .map(|agreed| (k, agreed)))
@@ -186,7 +185,7 @@ pub(super) async fn latest(
 /// A `RuntimeError` when no sync point admits it within `timeout`, the bucket cannot be read,
 /// or an agreement is malformed or forged.
 pub(super) async fn admission(
-    store: &kv::Store,
+    store: &dyn Bucket,
     run: &str,
     keys: &Keys,
     (rank, ranks): (usize, usize),
@@ -197,7 +196,7 @@ pub(super) async fn admission(
     let mut k = after + 1;
     loop {
         let bytes = store
-            .get(live_key(k))
+            .get(&live_key(k))
             .await
             .map_err(|e| Error::runtime(format!("run '{run}': cannot read sync point {k}: {e}")))?;
         if let Some(bytes) = bytes {
@@ -235,7 +234,7 @@ pub(super) async fn admission(
                 k.saturating_sub(1)
             )));
         }
-        tokio::time::sleep(POLL).await;
+        store.pause(POLL).await;
     }
 }
 
@@ -243,41 +242,45 @@ pub(super) async fn admission(
 type Seen = std::collections::HashMap<String, Option<Bytes>>;
 
 /// Waits until a key under `prefix` changes in the bucket (`watch`'s next update, recorded in
-/// `seen`) or [`POLL`] passes; without a watch, or once it failed, for [`POLL`]. Returns whether
+/// `seen`) or [`POLL`] passes; without a watch, or once it ended, for [`POLL`]. Returns whether
 /// an update came (else every key must be read again).
-async fn bucket_changed(watch: &mut Option<&mut kv::Watch>, prefix: &str, seen: &mut Seen) -> bool {
-    let deadline = tokio::time::Instant::now() + POLL;
+async fn bucket_changed(
+    store: &dyn Bucket,
+    watch: &mut Option<&mut Box<dyn Watch>>,
+    prefix: &str,
+    seen: &mut Seen,
+) -> bool {
+    let deadline = std::time::Instant::now() + POLL;
     if let Some(w) = watch.as_deref_mut() {
         loop {
-            match tokio::time::timeout_at(deadline, w.next()).await {
-                Err(_) => return false,
-                Ok(Some(Ok(entry))) if entry.key.starts_with(prefix) => {
-                    let value = (entry.operation == kv::Operation::Put).then_some(entry.value);
-                    seen.insert(entry.key, value);
+            match w.next_before(deadline).await {
+                Watched::Quiet => return false,
+                Watched::Update(update) if update.key.starts_with(prefix) => {
+                    seen.insert(update.key, update.value);
                     // Take every update already there before looking again.
-                    while let Some(Some(Ok(entry))) = w.next().now_or_never() {
-                        if entry.key.starts_with(prefix) {
-                            let value =
-                                (entry.operation == kv::Operation::Put).then_some(entry.value);
-                            seen.insert(entry.key, value);
+                    while let Some(update) = w.ready() {
+                        if update.key.starts_with(prefix) {
+                            seen.insert(update.key, update.value);
                         }
                     }
                     return true;
                 }
-                Ok(Some(Ok(_))) => {}
-                Ok(_) => break,
+                Watched::Update(_) => {}
+                Watched::Ended => break,
             }
         }
         // The watch ended or failed: poll from now on.
         *watch = None;
     }
-    tokio::time::sleep_until(deadline).await;
+    store
+        .pause(deadline.saturating_duration_since(std::time::Instant::now()))
+        .await;
     false
 }
 
 /// What the agreement needs of its process.
 pub(super) struct Point<'a> {
-    pub store: &'a kv::Store,
+    pub store: &'a dyn Bucket,
     pub inbox: &'a Inbox,
     pub signer: &'a Signer,
     pub run: &'a str,
@@ -291,7 +294,7 @@ impl Point<'_> {
         &self,
         seen: &mut Seen,
         key: String,
-    ) -> std::result::Result<Option<Bytes>, kv::EntryError> {
+    ) -> std::result::Result<Option<Bytes>, LinkError> {
         if let Some(value) = seen.get(&key) {
             return Ok(value.clone());
         }
@@ -316,11 +319,11 @@ impl Point<'_> {
         &self,
         k: u64,
         previous: &[bool],
-        mut watch: Option<&mut kv::Watch>,
+        mut watch: Option<&mut Box<dyn Watch>>,
     ) -> Result<(Vec<bool>, Vec<usize>)> {
         // Updates of earlier sync points: not this one's news.
         if let Some(w) = watch.as_deref_mut() {
-            while let Some(Some(_)) = w.next().now_or_never() {}
+            while w.ready().is_some() {}
         }
         let prefix = format!("sync.{k}.");
         let ranks = previous.len();
@@ -334,7 +337,7 @@ impl Point<'_> {
             .signer
             .seal_statement(&arrival_statement(self.run, k, self.rank));
         self.store
-            .put(arrived_key(k, self.rank), Bytes::copy_from_slice(&arrival))
+            .put(&arrived_key(k, self.rank), Bytes::copy_from_slice(&arrival))
             .await
             .map_err(|e| self.failed(k, "cannot say it arrived", &e))?;
         // Every key is read at first and after a wait with no update; in between the watch's
@@ -377,7 +380,7 @@ impl Point<'_> {
                 .map_err(|e| self.failed(k, "cannot read its arrival", &e))?;
             if own.as_deref() != Some(&arrival[..]) {
                 self.store
-                    .put(arrived_key(k, self.rank), Bytes::copy_from_slice(&arrival))
+                    .put(&arrived_key(k, self.rank), Bytes::copy_from_slice(&arrival))
                     .await
                     .map_err(|e| self.failed(k, "cannot say it arrived", &e))?;
                 seen.insert(
@@ -416,7 +419,7 @@ impl Point<'_> {
                 let seal = self.signer.seal_statement(&statement);
                 if self
                     .store
-                    .create(live_key(k), encode(&arrived, self.rank, &seal, &joining))
+                    .create(&live_key(k), encode(&arrived, self.rank, &seal, &joining))
                     .await
                     .is_ok()
                 {
@@ -427,7 +430,7 @@ impl Point<'_> {
                 fresh = false;
                 continue;
             }
-            fresh = bucket_changed(&mut watch, &prefix, &mut seen).await;
+            fresh = bucket_changed(self.store, &mut watch, &prefix, &mut seen).await;
         };
         let (live, joining) = live;
         if !live[self.rank] {
@@ -437,9 +440,9 @@ impl Point<'_> {
             )));
         }
         if k >= 2 {
-            let _ = self.store.delete(arrived_key(k - 2, self.rank)).await;
+            let _ = self.store.delete(&arrived_key(k - 2, self.rank)).await;
             if live.iter().position(|&l| l) == Some(self.rank) {
-                let _ = self.store.delete(live_key(k - 2)).await;
+                let _ = self.store.delete(&live_key(k - 2)).await;
             }
         }
         Ok((live, joining))
@@ -450,7 +453,7 @@ impl Point<'_> {
     async fn join_requests(&self, previous: &[bool], arrived: &[bool]) -> Result<Vec<usize>> {
         let mut joining = Vec::new();
         for rank in (0..previous.len()).filter(|&r| !previous[r] && !arrived[r]) {
-            let request = self.store.get(join_key(rank)).await.map_err(|e| {
+            let request = self.store.get(&join_key(rank)).await.map_err(|e| {
                 Error::runtime(format!(
                     "run '{}': cannot read the requests to join: {e}",
                     self.run

@@ -40,12 +40,16 @@ mod commit;
 mod heal;
 mod inbox;
 mod join;
+mod link;
 mod membership;
+mod native;
+mod options;
 mod overlap;
 mod permissions;
 mod raw;
 mod seal;
 
+pub use options::NatsOptions;
 pub use permissions::{
     RunCredentials, RunPermissions, ServerListen, run_permissions, server_config,
 };
@@ -56,7 +60,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 
 use super::wire::{self, Assembler, MessageId};
 use super::{
@@ -69,6 +72,7 @@ use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::transfer;
 use inbox::{Inbox, KIND_HEARTBEAT};
+use link::{Bucket, Link, LinkResult, Pending, Task};
 
 /// What the one-rank checks call a process of this world.
 const HOLDER: &str = "a process of a NATS run";
@@ -104,55 +108,6 @@ enum Sum {
     Dropped,
     /// Kept in the scratch buffer, the arena untouched, until the reduction is committed.
     Held,
-}
-
-/// How a process joins a run (see [`NatsWorld::join`]).
-#[derive(Debug, Clone)]
-pub struct NatsOptions {
-    /// The server, `nats://HOST:PORT` (or `HOST:PORT`).
-    pub url: String,
-    /// The run's name: letters, digits, `-` and `_`.
-    pub run: String,
-    /// Ranks in the run (the target world size).
-    pub ranks: usize,
-    /// The rank to take; the lowest free one when `None`.
-    pub rank: Option<usize>,
-    /// How long to wait for all ranks to join.
-    pub join_timeout: Duration,
-    /// How long a rank may be silent before a collective waiting on it fails.
-    pub failure_bound: Duration,
-    /// The server's authentication token, when it asks for one.
-    pub token: Option<String>,
-    /// The run's secret, on a server with a user per run (`permissions.rs`,
-    /// [`server_config`]): the password of the user named after the run.
-    pub secret: Option<String>,
-    /// A PEM file of the certificate authorities to trust for the server's TLS certificate
-    /// (a server with a certificate of its own CA, say); TLS is then required. A `tls://` URL
-    /// without it trusts the system's authorities.
-    pub tls_ca: Option<std::path::PathBuf>,
-    /// Join a running run (`distopt train --join`): take the rank of a process that left it
-    /// (`rank`, or the lowest one outside its last membership), be admitted at its next sync
-    /// point and healed there from a live rank, instead of forming a new run.
-    pub join: bool,
-}
-
-impl NatsOptions {
-    /// Options for run `run` of `ranks` ranks on the server at `url`, with the defaults: the
-    /// lowest free rank, 60 s to join, a 5 s failure bound, no token.
-    pub fn new(url: impl Into<String>, run: impl Into<String>, ranks: usize) -> NatsOptions {
-        NatsOptions {
-            url: url.into(),
-            run: run.into(),
-            ranks,
-            rank: None,
-            join_timeout: Duration::from_secs(60),
-            failure_bound: Duration::from_secs(5),
-            token: None,
-            secret: None,
-            tls_ca: None,
-            join: false,
-        }
-    }
 }
 
 /// This process's rank of a run over NATS (see the module documentation).
@@ -208,11 +163,14 @@ pub struct NatsWorld {
     signer: Arc<seal::Signer>,
     /// Updates of the bucket's sync points, which wake a membership agreement
     /// (`membership.rs`), once the first one was made.
-    watch: Mutex<Option<async_nats::jetstream::kv::Watch>>,
-    store: async_nats::jetstream::kv::Store,
-    client: async_nats::Client,
-    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// Declared last: dropped after the client and the tasks that use it.
+    watch: Mutex<Option<Box<dyn link::Watch>>>,
+    /// The run's key-value bucket (`join.rs`, `membership.rs`).
+    store: Box<dyn Bucket>,
+    /// The connection to the server (`link.rs`).
+    link: Box<dyn Link>,
+    /// The subscriptions and the heartbeat.
+    tasks: Mutex<Vec<Task>>,
+    /// Declared last: dropped after the link and the tasks that use it.
     runtime: tokio::runtime::Runtime,
 }
 
@@ -272,70 +230,35 @@ impl NatsWorld {
         let run_id = wire::run_id(&run);
         let inbox = Arc::new(Inbox::new(run_id, options.ranks));
         let common = format!("distopt.{run}.all");
-        let (client, store, rank, tokens, tasks, admitted) = runtime.block_on(async {
-            let refusals = inbox.clone();
-            let mut connect = async_nats::ConnectOptions::new()
-                .no_echo()
-                .name(format!("distopt run {run}"))
-                .custom_inbox_prefix(permissions::inbox_prefix(&run))
-                .event_callback(move |event| {
-                    let refusals = refusals.clone();
-                    async move {
-                        // A publish or subscription the server's permissions refuse: the next
-                        // collective fails naming it instead of waiting for the bound.
-                        if let async_nats::Event::ServerError(e) = event {
-                            refusals.server_refused(&e.to_string());
-                        }
-                    }
-                });
-            if let Some(secret) = &options.token {
-                connect = connect.token(secret.clone());
-            }
-            if let Some(secret) = &options.secret {
-                connect = connect.user_and_password(run.clone(), secret.clone());
-            }
-            if let Some(ca) = &options.tls_ca {
-                if !ca.is_file() {
-                    return Err(Error::value(format!(
-                        "run '{run}': the TLS certificate authorities file {} does not exist",
-                        ca.display()
-                    )));
-                }
-                connect = connect.add_root_certificates(ca.clone()).require_tls(true);
-            }
-            let client = connect
-                .connect(options.url.as_str())
-                .await
-                .map_err(|e| fail(&format!("cannot connect to {}", options.url), &e))?;
+        let (link, store, rank, tokens, tasks, admitted) = runtime.block_on(async {
+            let link = native::NativeLink::connect(options, &run, &inbox).await?;
             let mut tasks = Vec::new();
             // A joining process hears the run's common subject from when it asks to be taken
             // in (`heal.rs`): until then its traffic is not this process's.
             let subjects = [format!("distopt.{run}.p.{token}"), common.clone()];
             for subject in &subjects[..if options.join { 1 } else { 2 }] {
                 tasks.push(
-                    listen(&client, subject, &inbox)
+                    listen(&link, subject, &inbox)
                         .await
                         .map_err(|e| fail("cannot subscribe", &e))?,
                 );
             }
             // The subscriptions are in place on the server before this process claims a rank.
-            client
-                .flush()
+            link.flush()
                 .await
                 .map_err(|e| fail("cannot reach the server", &e))?;
-            let js = async_nats::jetstream::new(client.clone());
             let (store, rank, last) = if options.join {
-                let store = join::running_bucket(&js, &run).await?;
-                let (k, rank) = NatsWorld::take_left_rank(&store, &run, options, &own).await?;
+                let store = join::running_bucket(&link, &run).await?;
+                let (k, rank) = NatsWorld::take_left_rank(&*store, &run, options, &own).await?;
                 (store, rank, Some(k))
             } else {
-                let store = join::open_bucket(&js, &run).await?;
-                let rank = join::claim(&store, &run, options.ranks, options.rank, &own).await?;
+                let store = join::open_bucket(&link, &run).await?;
+                let rank = join::claim(&*store, &run, options.ranks, options.rank, &own).await?;
                 (store, rank, None)
             };
             inbox.set_rank(rank);
             let claims = join::claims(
-                &store,
+                &*store,
                 &run,
                 options.ranks,
                 options.join_timeout,
@@ -350,7 +273,7 @@ impl NatsWorld {
             let tokens = match keyed {
                 Ok(tokens) => tokens,
                 Err(e) => {
-                    let _ = store.delete(join::rank_key(rank)).await;
+                    let _ = store.delete(&join::rank_key(rank)).await;
                     return Err(e);
                 }
             };
@@ -358,10 +281,10 @@ impl NatsWorld {
             // membership (`heal.rs`), once it is ready to be healed.
             let admitted = last;
             inbox.all_heard();
-            Ok::<_, Error>((client, store, rank, tokens, tasks, admitted))
+            Ok::<_, Error>((link, store, rank, tokens, tasks, admitted))
         })?;
 
-        let max_frame = (client.server_info().max_payload).max(wire::HEADER_BYTES + 1024);
+        let max_frame = link.max_payload().max(wire::HEADER_BYTES + 1024);
         let mut world = NatsWorld {
             rank,
             size: options.ranks,
@@ -395,7 +318,7 @@ impl NatsWorld {
             signer: Arc::new(signer),
             watch: Mutex::new(None),
             store,
-            client,
+            link: Box::new(link),
             tasks: Mutex::new(tasks),
             runtime,
         };
@@ -418,19 +341,17 @@ impl NatsWorld {
             .map(|mut frames| Bytes::from(frames.pop().unwrap_or_default()))
         };
         beat(1)?;
-        let (client, subject) = (self.client.clone(), self.common.clone());
         let beating = self.beating.clone();
-        let task = self.runtime.spawn(async move {
-            for n in 1.. {
-                if beating.load(std::sync::atomic::Ordering::Acquire)
-                    && let Ok(frame) = beat(n)
-                    && client.publish(subject.clone(), frame).await.is_ok()
-                {
-                    let _ = client.flush().await;
-                }
-                tokio::time::sleep(HEARTBEAT).await;
-            }
-        });
+        let task = self.link.heartbeat(
+            self.common.clone(),
+            HEARTBEAT,
+            Box::new(move |n| {
+                beating
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    .then(|| beat(n).ok())
+                    .flatten()
+            }),
+        );
         self.tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -465,7 +386,7 @@ impl NatsWorld {
         let mut elastic = self.elastic.lock().unwrap_or_else(|e| e.into_inner());
         let (k, previous) = (elastic.0, elastic.1.clone());
         let point = membership::Point {
-            store: &self.store,
+            store: &*self.store,
             inbox: &self.inbox,
             signer: &self.signer,
             run: &self.run,
@@ -622,12 +543,12 @@ impl NatsWorld {
                 let buffer = buffers.pop().unwrap_or_default();
                 let frame = Bytes::from(framer.frame(chunk, buffer, |d| self.signer.seal(d)));
                 frames.push(frame.clone());
-                self.client
-                    .publish(subject.to_string(), frame)
+                self.link
+                    .publish(subject, frame)
                     .await
                     .map_err(|e| self.transport_error("cannot publish", &e))?;
             }
-            self.client
+            self.link
                 .flush()
                 .await
                 .map_err(|e| self.transport_error("cannot flush", &e))
@@ -920,47 +841,30 @@ impl NatsWorld {
 
 impl Drop for NatsWorld {
     fn drop(&mut self) {
-        // The watch's subscription unsubscribes through the client's runtime.
-        let watch = self.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
-        {
-            let _runtime = self.runtime.enter();
-            drop(watch);
-        }
-        for task in self.tasks.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            task.abort();
-        }
-        let (store, key, client) = (
-            self.store.clone(),
-            join::rank_key(self.rank),
-            self.client.clone(),
-        );
+        // The watch unsubscribes through the client's runtime (`native.rs`).
+        drop(self.watch.lock().unwrap_or_else(|e| e.into_inner()).take());
+        self.tasks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let key = join::rank_key(self.rank);
         // Leave the run's name free for another run; never wait long on a server that is gone.
-        self.runtime.block_on(async move {
+        self.runtime.block_on(async {
             let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                let _ = store.delete(key).await;
-                let _ = client.flush().await;
+                let _ = self.store.delete(&key).await;
+                let _ = self.link.flush().await;
             })
             .await;
         });
     }
 }
 
-/// Subscribes to `subject`, every message going into `inbox`: the task that does it.
-///
-/// # Errors
-/// The client's, when the subscription cannot be made.
-async fn listen(
-    client: &async_nats::Client,
-    subject: &str,
+/// Subscribes to `subject` through `link`, every message going into `inbox`: the task that
+/// does it.
+fn listen<'a>(
+    link: &'a dyn Link,
+    subject: &'a str,
     inbox: &Arc<Inbox>,
-) -> std::result::Result<tokio::task::JoinHandle<()>, async_nats::SubscribeError> {
-    let mut subscription = client.subscribe(subject.to_string()).await?;
+) -> Pending<'a, LinkResult<Task>> {
     let inbox = inbox.clone();
-    Ok(tokio::spawn(async move {
-        while let Some(message) = subscription.next().await {
-            inbox.push(message.payload);
-        }
-    }))
+    link.subscribe(subject, Box::new(move |payload| inbox.push(payload)))
 }
 
 /// Whether rounding a `T` to `arith` leaves it as it is (float32 arithmetic computed in

@@ -6,9 +6,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 
 use super::NatsWorld;
+use super::link::Task;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 
@@ -17,7 +17,8 @@ pub struct RawPeer<'a> {
     world: &'a NatsWorld,
     subjects: Vec<String>,
     received: Arc<(Mutex<usize>, Condvar)>,
-    task: tokio::task::JoinHandle<()>,
+    /// The subscription (dropped with the peer).
+    _task: Task,
 }
 
 impl NatsWorld {
@@ -30,23 +31,22 @@ impl NatsWorld {
         let subject = format!("distopt.{}.raw.{}", self.run, self.rank);
         let received = Arc::new((Mutex::new(0usize), Condvar::new()));
         let counter = received.clone();
+        let count = move |payload: Bytes| {
+            let (bytes, arrived) = &*counter;
+            *bytes.lock().unwrap_or_else(|e| e.into_inner()) += payload.len();
+            arrived.notify_all();
+        };
         let task = self.runtime.block_on(async {
-            let mut subscription = self
-                .client
-                .subscribe(subject)
+            let task = self
+                .link
+                .subscribe(&subject, Box::new(count))
                 .await
                 .map_err(|e| self.transport_error("cannot subscribe", &e))?;
-            self.client
+            self.link
                 .flush()
                 .await
                 .map_err(|e| self.transport_error("cannot flush", &e))?;
-            Ok::<_, Error>(tokio::spawn(async move {
-                while let Some(message) = subscription.next().await {
-                    let (bytes, arrived) = &*counter;
-                    *bytes.lock().unwrap_or_else(|e| e.into_inner()) += message.payload.len();
-                    arrived.notify_all();
-                }
-            }))
+            Ok::<_, Error>(task)
         })?;
         // Every rank subscribed before any publishes.
         self.all_gather_bytes(vec![Vec::new()])?;
@@ -56,7 +56,7 @@ impl NatsWorld {
                 .map(|r| format!("distopt.{}.raw.{r}", self.run))
                 .collect(),
             received,
-            task,
+            _task: task,
         })
     }
 }
@@ -80,14 +80,14 @@ impl RawPeer<'_> {
                 while at < range.end {
                     let end = (at + chunk).min(range.end);
                     world
-                        .client
-                        .publish(self.subjects[to].clone(), payload.slice(at..end))
+                        .link
+                        .publish(&self.subjects[to], payload.slice(at..end))
                         .await
                         .map_err(|e| world.transport_error("cannot publish", &e))?;
                     at = end;
                 }
                 world
-                    .client
+                    .link
                     .flush()
                     .await
                     .map_err(|e| world.transport_error("cannot flush", &e))
@@ -124,11 +124,5 @@ impl RawPeer<'_> {
         }
         *got -= bytes;
         Ok(())
-    }
-}
-
-impl Drop for RawPeer<'_> {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }

@@ -1,0 +1,157 @@
+//! The messaging system as the networked world's protocol sees it: publish and subscribe on
+//! subjects, and the run's key-value bucket (rank claims, sync points, requests to join).
+//!
+//! The protocol (`join.rs`, `membership.rs`, `heal.rs` and the collectives of `mod.rs`) speaks
+//! only to these traits, so that it is one protocol whatever client carries it: natively
+//! async-nats on a tokio runtime (`native.rs`); the traits are shaped for a JavaScript client
+//! (nats.js, over WebSocket) too — every operation a future, timers included, and nothing that
+//! names a runtime. Every future is boxed, so that the traits are object safe, and `Send`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+/// A future of the link.
+pub(super) type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// An operation of the link that failed, in the client's words (they end up in the named
+/// errors of the collective or the join that needed it).
+#[derive(Debug, Clone)]
+pub(super) struct LinkError(pub String);
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl LinkError {
+    /// The error `e` of the client, by its text.
+    pub(super) fn of(e: impl std::fmt::Display) -> LinkError {
+        LinkError(e.to_string())
+    }
+}
+
+/// What an operation of the link gives.
+pub(super) type LinkResult<T> = std::result::Result<T, LinkError>;
+
+/// Something the link keeps doing in the background (delivering a subscription's messages,
+/// publishing heartbeats), until it is dropped.
+pub(super) struct Task(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl Task {
+    /// A task that `stop` ends.
+    pub(super) fn new(stop: impl FnOnce() + Send + Sync + 'static) -> Task {
+        Task(Some(Box::new(stop)))
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        if let Some(stop) = self.0.take() {
+            stop();
+        }
+    }
+}
+
+/// What a subscription does with each message it receives: its payload.
+pub(super) type Deliver = Box<dyn Fn(Bytes) + Send + Sync>;
+
+/// A heartbeat's `n`-th message, `None` to skip it (the rank is not beating yet).
+pub(super) type Beat = Box<dyn Fn(u64) -> Option<Bytes> + Send + Sync>;
+
+/// A connection to the messaging system.
+pub(super) trait Link: Send + Sync {
+    /// The largest payload the server takes in one message.
+    fn max_payload(&self) -> usize;
+
+    /// Publishes `payload` on `subject` (buffered: [`Link::flush`] sends it).
+    fn publish<'a>(&'a self, subject: &'a str, payload: Bytes) -> Pending<'a, LinkResult<()>>;
+
+    /// Sends everything published so far, and waits until the server has it.
+    fn flush(&self) -> Pending<'_, LinkResult<()>>;
+
+    /// Subscribes to `subject`: from when the future is ready (the server has the
+    /// subscription only once [`Link::flush`] returns), every message's payload goes to
+    /// `deliver`, until the task is dropped.
+    fn subscribe<'a>(&'a self, subject: &'a str, deliver: Deliver)
+    -> Pending<'a, LinkResult<Task>>;
+
+    /// Publishes `beat(1)`, `beat(2)`, … on `subject`, one every `period`, each flushed, until
+    /// the task is dropped.
+    fn heartbeat(&self, subject: String, period: Duration, beat: Beat) -> Task;
+
+    /// Opens key-value bucket `name`; with `create`, creates it (in memory, one revision per
+    /// key) when it does not exist. Its error says why it cannot be opened.
+    fn bucket<'a>(
+        &'a self,
+        name: &'a str,
+        create: bool,
+    ) -> Pending<'a, LinkResult<Box<dyn Bucket>>>;
+}
+
+/// A key's last revision as a bucket holds it.
+#[derive(Debug, Clone)]
+pub(super) struct Entry {
+    /// The value put (empty when deleted).
+    pub value: Bytes,
+    /// Whether the last revision deleted or purged the key.
+    pub deleted: bool,
+}
+
+/// One change of a watched key.
+#[derive(Debug, Clone)]
+pub(super) struct Update {
+    /// The key.
+    pub key: String,
+    /// Its new value; `None` when it was deleted or purged.
+    pub value: Option<Bytes>,
+}
+
+/// What waiting on a [`Watch`] gave.
+#[derive(Debug)]
+pub(super) enum Watched {
+    /// A key changed.
+    Update(Update),
+    /// Nothing changed before the deadline.
+    Quiet,
+    /// The watch ended or failed: it gives nothing more.
+    Ended,
+}
+
+/// A key-value bucket of the server (JetStream KV): the run's rendezvous.
+pub(super) trait Bucket: Send + Sync {
+    /// `key`'s value, `None` when it has none (never put, or deleted).
+    fn get<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<Option<Bytes>>>;
+
+    /// `key`'s last revision, deleted or not; `None` when it was never put.
+    fn entry<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<Option<Entry>>>;
+
+    /// Puts `value` as `key`'s value.
+    fn put<'a>(&'a self, key: &'a str, value: Bytes) -> Pending<'a, LinkResult<()>>;
+
+    /// Puts `value` as `key`'s value unless the key has one: the server's atomic create, of
+    /// which exactly one of several racing callers succeeds. An error when it has one.
+    fn create<'a>(&'a self, key: &'a str, value: Bytes) -> Pending<'a, LinkResult<()>>;
+
+    /// Deletes `key`.
+    fn delete<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<()>>;
+
+    /// Watches the keys matching `pattern` (`sync.>`) for changes from now on.
+    fn watch<'a>(&'a self, pattern: &'a str) -> Pending<'a, LinkResult<Box<dyn Watch>>>;
+
+    /// Waits `duration` before the bucket is read again (the client's timer).
+    fn pause(&self, duration: Duration) -> Pending<'static, ()>;
+}
+
+/// The changes of a bucket's watched keys, in the order the server made them.
+pub(super) trait Watch: Send {
+    /// The next change, waiting until `deadline` at the most.
+    fn next_before(&mut self, deadline: Instant) -> Pending<'_, Watched>;
+
+    /// The next change already received, without waiting (`None`: none is there, or the
+    /// watch ended).
+    fn ready(&mut self) -> Option<Update>;
+}
