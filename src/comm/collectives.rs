@@ -60,3 +60,20 @@ pub struct AllReduceScaledSumArgs<'a> {
     /// The bytes of one rank's summed values, as [`super::CommStats`] counts them.
     pub bytes_per_rank: u64,
 }
+
+impl AllReduceScaledSumArgs<'_> {
+    /// Checks the description against `arena` (its local ranks and parameters).
+    ///
+    /// # Errors
+    /// Those of [`check_scaled_sum`](crate::backend::kernels::check_scaled_sum).
+    #[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
+    pub(crate) fn check(&self, arena: &crate::backend::Arena) -> crate::error::Result<()> {
+        crate::backend::kernels::check_scaled_sum(
+            arena,
+            self.starts,
+            self.reduced,
+            self.scales,
+            self.present,
+        )
+    }
+}

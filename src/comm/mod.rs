@@ -15,6 +15,8 @@ pub mod mpi;
 pub mod nats;
 #[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
 mod one_rank;
+#[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
+mod regions;
 mod simulated;
 mod stats;
 mod subgroups;

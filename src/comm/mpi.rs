@@ -33,7 +33,7 @@ use mpi::traits::*;
 
 use super::{
     AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
-    StatsCounter, one_rank,
+    StatsCounter, one_rank, regions,
 };
 use crate::backend::gpu::GpuArena;
 use crate::backend::kernels::ParamStarts;
@@ -425,15 +425,8 @@ impl Communicator for MpiWorld {
     ) -> Result<()> {
         self.check_one_rank(arena, "all_reduce")?;
         mean.check(self.size)?;
-        let AllReduceMeanArgs {
-            groups,
-            arith,
-            starts,
-            active,
-            bytes_per_rank,
-        } = mean;
-        let g = groups.group_size();
-        let runs = active_runs(starts, active, arena.rank_len());
+        let g = mean.groups.group_size();
+        let runs = active_runs(mean.starts, mean.active, arena.rank_len());
         let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
             return Ok(());
         };
@@ -445,19 +438,19 @@ impl Communicator for MpiWorld {
         let (mut send, mut recv) = (std::mem::take(&mut mpi.send), std::mem::take(&mut mpi.recv));
         let comm = mpi.group(g, self.rank, self.size)?;
         if let (ArenaStorage::Gpu(gpu), StorageFormat::F32, StorageFormat::F32, [run]) =
-            (&arena.storage, format, arith, &runs[..])
+            (&arena.storage, format, mean.arith, &runs[..])
         {
             // A mapped device arena: reduced in place, as a host arena is.
             if let Some(()) = all_reduce_mean_mapped_f32(gpu, comm, run, g as f32) {
                 (mpi.send, mpi.recv) = (send, recv);
                 drop(guard);
-                self.record(|s| s.add_all_reduce(g, bytes_per_rank));
+                self.record(|s| s.add_all_reduce(g, mean.bytes_per_rank));
                 return Ok(());
             }
         }
         let result = transfer::with_row_words(arena, span, |words, base| {
             let at = |run: &Range<usize>| run.start - base..run.end - base;
-            match (format, arith) {
+            match (format, mean.arith) {
                 (StorageFormat::F32, StorageFormat::F32) => {
                     let values: &mut [f32] = bytemuck::cast_slice_mut(words);
                     let divisor = g as f32;
@@ -531,7 +524,7 @@ impl Communicator for MpiWorld {
         (mpi.send, mpi.recv) = (send, recv);
         drop(guard);
         result?;
-        self.record(|s| s.add_all_reduce(g, bytes_per_rank));
+        self.record(|s| s.add_all_reduce(g, mean.bytes_per_rank));
         Ok(())
     }
 
@@ -541,27 +534,19 @@ impl Communicator for MpiWorld {
         arena: &mut Arena,
         sum: AllReduceScaledSumArgs<'_>,
     ) -> Result<()> {
-        let AllReduceScaledSumArgs {
-            arith,
-            starts,
-            reduced,
-            scales,
-            present,
-            bytes_per_rank,
-        } = sum;
         self.check_one_rank(arena, "all_reduce")?;
-        crate::backend::kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
-        let runs = active_runs(starts, reduced, arena.rank_len());
+        sum.check(arena)?;
+        let runs = active_runs(sum.starts, sum.reduced, arena.rank_len());
         let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
             return Ok(());
         };
         let span = first.start..last.end;
         let format = arena.format();
         let total: usize = runs.iter().map(|r| r.len()).sum();
-        let scale = scales[0];
+        let scale = sum.scales[0];
         // Whether element i's value goes into the sum (a joined rank and an absent gradient
         // contribute zeros, as DDP's zero-filled buckets do).
-        let contributes = |i: usize| scale.is_some() && present[starts.param_of(i)];
+        let contributes = |i: usize| scale.is_some() && sum.present[sum.starts.param_of(i)];
         let receives = scale.is_some();
         let mut guard = self.lock();
         let mpi = &mut *guard;
@@ -570,7 +555,7 @@ impl Communicator for MpiWorld {
         let result = transfer::with_row_words(arena, span, |words, base| {
             let elements = runs.iter().flat_map(|run| run.start - base..run.end - base);
             let at = |k: usize| k + base;
-            match arith {
+            match sum.arith {
                 StorageFormat::F64 => {
                     let s = scale.unwrap_or(0.0);
                     let send: &mut [f64] = scratch(&mut send, total);
@@ -638,7 +623,7 @@ impl Communicator for MpiWorld {
         (mpi.send, mpi.recv) = (send, recv);
         drop(guard);
         result?;
-        self.record(|s| s.add_all_reduce(self.size, bytes_per_rank));
+        self.record(|s| s.add_all_reduce(self.size, sum.bytes_per_rank));
         Ok(())
     }
 
@@ -681,62 +666,20 @@ impl Communicator for MpiWorld {
         self.check_one_rank(dst, "broadcast")?;
         self.check_root(root, "broadcast")?;
         let format = dst.format();
-        let total: usize = regions.iter().map(|r| format.words_for(r.len)).sum();
-        let mut words = Vec::with_capacity(total);
-        if root == self.rank {
-            let src = src.ok_or_else(|| {
-                Error::runtime(format!("rank {root} broadcasts but holds no source"))
-            })?;
-            if src.format() != format {
-                return Err(Error::value(format!(
-                    "cannot broadcast {:?} elements into a {format:?} arena",
-                    src.format()
-                )));
-            }
-            // One readback per source rank (from a GPU arena) covering its regions, then the
-            // regions from it.
-            let mut ranks: Vec<usize> = regions.iter().map(|r| r.src_rank).collect();
-            ranks.sort_unstable();
-            ranks.dedup();
-            let mut staged = Vec::with_capacity(ranks.len());
-            for rank in ranks {
-                let mine = regions.iter().filter(|r| r.src_rank == rank);
-                let start = mine.clone().map(|r| r.src_offset).min().unwrap_or(0);
-                let end = mine.map(|r| r.src_offset + r.len).max().unwrap_or(0);
-                staged.push((
-                    rank,
-                    start,
-                    transfer::read_row_words(src, rank, start, end - start)?,
-                ));
-            }
-            for r in regions {
-                let (_, start, span) = staged
-                    .iter()
-                    .find(|(rank, _, _)| *rank == r.src_rank)
-                    .ok_or_else(|| Error::runtime("source rank not staged"))?;
-                let first = format.word_of(r.src_offset) - format.word_of(*start);
-                words.extend_from_slice(&span[first..first + format.words_for(r.len)]);
-            }
+        let mut words = if root == self.rank {
+            regions::words_to_send(src, root, format, regions)?
         } else {
-            for r in regions {
-                dst.check_range(0, r.dst_offset, r.len)?;
-            }
-            words.resize(total, 0);
-        }
+            regions::check_destination(dst, regions)?;
+            vec![0; regions::words_of(format, regions)]
+        };
         self.lock()
             .world
             .process_at_rank(root as i32)
             .broadcast_into(&mut words[..]);
         if root != self.rank {
-            let mut k = 0;
-            for r in regions {
-                let n = format.words_for(r.len);
-                dst.write(0, r.dst_offset, &words[k..k + n])?;
-                k += n;
-            }
+            regions::write_received(dst, regions, &words)?;
         }
-        let bytes: usize = regions.iter().map(|r| r.len * format.element_bytes()).sum();
-        self.record(|s| s.broadcast_bytes += bytes as u64);
+        self.record(|s| s.broadcast_bytes += regions::bytes_of(format, regions));
         Ok(())
     }
 

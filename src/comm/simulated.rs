@@ -4,6 +4,7 @@
 
 use std::sync::Mutex;
 
+use super::stats::gathered_to;
 use super::{
     AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
     Membership, MembershipSchedule, StatsCounter,
@@ -349,13 +350,8 @@ impl Communicator for SimulatedWorld {
                 self.size
             )));
         }
-        let bytes: usize = per_local_rank
-            .iter()
-            .enumerate()
-            .filter(|&(rank, _)| rank != to)
-            .map(|(_, b)| b.len())
-            .sum();
-        self.record(|s| s.gather_bytes += bytes as u64);
+        let bytes = gathered_to(&per_local_rank, to);
+        self.record(|s| s.gather_bytes += bytes);
         Ok(Some(per_local_rank))
     }
 

@@ -76,3 +76,9 @@ impl StatsCounter {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = CommStats::default();
     }
 }
+
+/// The bytes a gather of `parts` (every rank's, by rank) to rank `to` moves: all but `to`'s own.
+pub(crate) fn gathered_to(parts: &[Vec<u8>], to: usize) -> u64 {
+    let own = parts.get(to).map_or(0, Vec::len);
+    (parts.iter().map(Vec::len).sum::<usize>() - own) as u64
+}

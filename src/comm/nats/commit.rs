@@ -37,26 +37,23 @@ impl NatsWorld {
         self.check_one_rank(arena, "all_reduce")?;
         crate::comm::check_live(live, self.size)?;
         mean.check(self.size)?;
-        let AllReduceMeanArgs {
-            groups,
-            arith,
-            starts,
-            active,
-            bytes_per_rank,
-        } = mean;
         if !live[self.rank] {
             // Not in this sync: this rank keeps its data, as in the simulated world.
             return Ok(());
         }
-        let runs = param_runs(starts, active, arena.rank_len());
+        let runs = param_runs(mean.starts, mean.active, arena.rank_len());
         let members = if elastic {
-            self.mean_committed(arena, groups, live, arith, &runs)?
+            self.mean_committed(arena, mean.groups, live, mean.arith, &runs)?
         } else {
-            let members: Vec<usize> = groups.group_of(self.rank).filter(|&r| live[r]).collect();
-            self.mean_in(arena, arith, &members, &runs, Sum::Stored)?;
+            let members: Vec<usize> = mean
+                .groups
+                .group_of(self.rank)
+                .filter(|&r| live[r])
+                .collect();
+            self.mean_in(arena, mean.arith, &members, &runs, Sum::Stored)?;
             members
         };
-        self.record(|s| s.add_all_reduce(members.len(), bytes_per_rank));
+        self.record(|s| s.add_all_reduce(members.len(), mean.bytes_per_rank));
         Ok(())
     }
 

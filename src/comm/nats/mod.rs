@@ -64,7 +64,7 @@ use bytes::Bytes;
 use super::wire::{self, Assembler, MessageId};
 use super::{
     AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
-    InFlightMean, InFlightMembership, Membership, StatsCounter, one_rank,
+    InFlightMean, InFlightMembership, Membership, StatsCounter, one_rank, regions,
 };
 use crate::backend::kernels::{ParamStarts, Real};
 use crate::backend::{Arena, Backend};
@@ -590,6 +590,18 @@ impl NatsWorld {
             .receive_into(Assembler::new(id, dest.len()), dest, self.bound, &self.run)
     }
 
+    /// Every rank's part of gather `seq`, by rank: `mine` in this rank's place, the others'
+    /// as they arrive.
+    fn gathered(&self, seq: u64, mine: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        let mut mine = Some(mine);
+        (0..self.size)
+            .map(|rank| match mine.take_if(|_| rank == self.rank) {
+                Some(mine) => Ok(mine),
+                None => self.receive(seq, rank, KIND_GATHER, None),
+            })
+            .collect()
+    }
+
     /// The elementwise sum over `members` (world ranks, in order) of each member's values,
     /// in place: `data` holds this rank's values on entry and the sums on exit, on every
     /// member. Each member owns a shard: it turns every member's value into its addend
@@ -1008,23 +1020,15 @@ impl Communicator for NatsWorld {
         arena: &mut Arena,
         sum: AllReduceScaledSumArgs<'_>,
     ) -> Result<()> {
-        let AllReduceScaledSumArgs {
-            arith,
-            starts,
-            reduced,
-            scales,
-            present,
-            bytes_per_rank,
-        } = sum;
         self.check_one_rank(arena, "all_reduce")?;
-        crate::backend::kernels::check_scaled_sum(arena, starts, reduced, scales, present)?;
-        let runs = param_runs(starts, reduced, arena.rank_len());
-        if arith == StorageFormat::F64 {
-            self.scaled_sum_arena::<f64>(arena, arith, &runs, scales[0], present)?;
+        sum.check(arena)?;
+        let runs = param_runs(sum.starts, sum.reduced, arena.rank_len());
+        if sum.arith == StorageFormat::F64 {
+            self.scaled_sum_arena::<f64>(arena, sum.arith, &runs, sum.scales[0], sum.present)?;
         } else {
-            self.scaled_sum_arena::<f32>(arena, arith, &runs, scales[0], present)?;
+            self.scaled_sum_arena::<f32>(arena, sum.arith, &runs, sum.scales[0], sum.present)?;
         }
-        self.record(|s| s.add_all_reduce(self.size, bytes_per_rank));
+        self.record(|s| s.add_all_reduce(self.size, sum.bytes_per_rank));
         Ok(())
     }
 
@@ -1069,26 +1073,8 @@ impl Communicator for NatsWorld {
         self.check_one_rank(dst, "broadcast")?;
         self.check_root(root, "broadcast")?;
         let format = dst.format();
-        let total: usize = regions.iter().map(|r| format.words_for(r.len)).sum();
         if root == self.rank {
-            let src = src.ok_or_else(|| {
-                Error::runtime(format!("rank {root} broadcasts but holds no source"))
-            })?;
-            if src.format() != format {
-                return Err(Error::value(format!(
-                    "cannot broadcast {:?} elements into a {format:?} arena",
-                    src.format()
-                )));
-            }
-            let mut words = Vec::with_capacity(total);
-            for r in regions {
-                words.extend(transfer::read_row_words(
-                    src,
-                    r.src_rank,
-                    r.src_offset,
-                    r.len,
-                )?);
-            }
+            let words = regions::words_to_send(src, root, format, regions)?;
             let seq = self.begin();
             self.send(
                 &self.common,
@@ -1097,21 +1083,13 @@ impl Communicator for NatsWorld {
                 bytemuck::cast_slice(&words),
             )?;
         } else {
-            for r in regions {
-                dst.check_range(0, r.dst_offset, r.len)?;
-            }
+            regions::check_destination(dst, regions)?;
             let seq = self.begin();
-            let bytes = self.receive(seq, root, KIND_BROADCAST, Some(total * 4))?;
-            let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-            let mut k = 0;
-            for r in regions {
-                let n = format.words_for(r.len);
-                dst.write(0, r.dst_offset, &words[k..k + n])?;
-                k += n;
-            }
+            let size = regions::words_of(format, regions) * 4;
+            let bytes = self.receive(seq, root, KIND_BROADCAST, Some(size))?;
+            regions::write_received(dst, regions, &bytemuck::pod_collect_to_vec(&bytes))?;
         }
-        let bytes: usize = regions.iter().map(|r| r.len * format.element_bytes()).sum();
-        self.record(|s| s.broadcast_bytes += bytes as u64);
+        self.record(|s| s.broadcast_bytes += regions::bytes_of(format, regions));
         Ok(())
     }
 
@@ -1148,15 +1126,7 @@ impl Communicator for NatsWorld {
         let mine = per_local_rank.into_iter().next().unwrap_or_default();
         let seq = self.begin();
         self.send(&self.common, seq, KIND_GATHER, &mine)?;
-        let mut all = Vec::with_capacity(self.size);
-        let mut mine = Some(mine);
-        for rank in 0..self.size {
-            if rank == self.rank {
-                all.push(mine.take().unwrap_or_default());
-            } else {
-                all.push(self.receive(seq, rank, KIND_GATHER, None)?);
-            }
-        }
+        let all = self.gathered(seq, mine)?;
         let bytes: usize = all.iter().map(Vec::len).sum();
         self.record(|s| s.gather_bytes += bytes as u64);
         Ok(all)
@@ -1215,22 +1185,9 @@ impl Communicator for NatsWorld {
             self.record(|_| {});
             return Ok(None);
         }
-        let mut all = Vec::with_capacity(self.size);
-        let mut mine = Some(mine);
-        for rank in 0..self.size {
-            if rank == self.rank {
-                all.push(mine.take().unwrap_or_default());
-            } else {
-                all.push(self.receive(seq, rank, KIND_GATHER, None)?);
-            }
-        }
-        let bytes: usize = all
-            .iter()
-            .enumerate()
-            .filter(|&(rank, _)| rank != to)
-            .map(|(_, b)| b.len())
-            .sum();
-        self.record(|s| s.gather_bytes += bytes as u64);
+        let all = self.gathered(seq, mine)?;
+        let bytes = super::stats::gathered_to(&all, to);
+        self.record(|s| s.gather_bytes += bytes);
         Ok(Some(all))
     }
 

@@ -192,23 +192,11 @@ impl Bucket for NativeBucket {
     }
 
     fn put<'a>(&'a self, key: &'a str, value: Bytes) -> Pending<'a, LinkResult<()>> {
-        Box::pin(async move {
-            self.store
-                .put(key, value)
-                .await
-                .map(|_| ())
-                .map_err(LinkError::of)
-        })
+        Box::pin(async move { written(self.store.put(key, value).await) })
     }
 
     fn create<'a>(&'a self, key: &'a str, value: Bytes) -> Pending<'a, LinkResult<()>> {
-        Box::pin(async move {
-            self.store
-                .create(key, value)
-                .await
-                .map(|_| ())
-                .map_err(LinkError::of)
-        })
+        Box::pin(async move { written(self.store.create(key, value).await) })
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<()>> {
@@ -228,6 +216,11 @@ impl Bucket for NativeBucket {
     fn pause(&self, duration: Duration) -> Pending<'static, ()> {
         Box::pin(tokio::time::sleep(duration))
     }
+}
+
+/// A put's or create's outcome, its revision dropped.
+fn written<E: std::fmt::Display>(result: std::result::Result<u64, E>) -> LinkResult<()> {
+    result.map(|_revision| ()).map_err(LinkError::of)
 }
 
 /// A watch of async-nats.
