@@ -36,14 +36,7 @@ impl DistributedDataParallel {
         world: Arc<dyn Communicator>,
         replicas: &mut Replicas,
     ) -> Result<DistributedDataParallel> {
-        if replicas.ranks() != world.local_ranks().len() {
-            return Err(Error::value(format!(
-                "the replicas have {} ranks, this process holds {} of the world's {}",
-                replicas.ranks(),
-                world.local_ranks().len(),
-                world.world_size()
-            )));
-        }
+        replicas.check_local_ranks(world.as_ref())?;
         replicas.broadcast_params(world.as_ref(), 0)?;
         Ok(DistributedDataParallel {
             world,

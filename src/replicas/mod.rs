@@ -264,6 +264,23 @@ impl Replicas {
         Ok(())
     }
 
+    /// Checks that these replicas hold one replica per local rank of `world`, as an algorithm
+    /// over `world` (DDP, ZeRO) needs when it is built.
+    ///
+    /// # Errors
+    /// A `ValueError` naming both counts when they differ.
+    pub(crate) fn check_local_ranks(&self, world: &dyn crate::comm::Communicator) -> Result<()> {
+        if self.ranks != world.local_ranks().len() {
+            return Err(Error::value(format!(
+                "the replicas have {} ranks, this process holds {} of the world's {}",
+                self.ranks,
+                world.local_ranks().len(),
+                world.world_size()
+            )));
+        }
+        Ok(())
+    }
+
     /// Copies rank `root`'s parameters to every other rank (a broadcast from `root`, as
     /// `DistributedDataParallel` does at construction), on the device.
     ///

@@ -230,14 +230,7 @@ impl ZeroRedundancyOptimizer {
         defaults: &OptionMap,
         options: ZeroOptions,
     ) -> Result<Self> {
-        if replicas.ranks() != world.local_ranks().len() {
-            return Err(Error::value(format!(
-                "the replicas have {} ranks, this process holds {} of the world's {}",
-                replicas.ranks(),
-                world.local_ranks().len(),
-                world.world_size()
-            )));
-        }
+        replicas.check_local_ranks(world.as_ref())?;
         if groups.iter().all(|(g, _)| g.is_empty()) {
             return Err(Error::value(
                 "ZeroRedundancyOptimizer got an empty parameter list",
