@@ -870,24 +870,13 @@ impl DiLoCo {
     /// Every rank's copy regions of the members of bucket `b` flagged in `member` (the same
     /// offsets in both arenas).
     fn regions(replicas: &Replicas, b: usize, member: &[bool]) -> Vec<CopyRegion> {
-        let bucket = &replicas.buckets()[b];
-        (0..replicas.ranks())
-            .flat_map(|rank| {
-                bucket
-                    .members()
-                    .iter()
-                    .filter(|&&j| member[j])
-                    .map(move |&j| (rank, replicas.place(j)))
-                    .filter(|(_, place)| place.numel > 0)
-                    .map(|(rank, place)| CopyRegion {
-                        src_rank: rank,
-                        src_offset: place.offset,
-                        dst_rank: rank,
-                        dst_offset: place.offset,
-                        len: place.numel,
-                    })
-            })
-            .collect()
+        let members: Vec<usize> = replicas.buckets()[b]
+            .members()
+            .iter()
+            .copied()
+            .filter(|&j| member[j])
+            .collect();
+        replicas.same_place_regions(&members)
     }
 
     /// SGD settings (every rank, every member of a bucket) that make `Backend::sgd` compute

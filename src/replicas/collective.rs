@@ -87,6 +87,28 @@ impl Replicas {
         Ok(())
     }
 
+    /// Every rank's copy region of each parameter in `params` (all of one bucket), at the
+    /// parameter's own offset on both sides: a copy between two arenas laid out like that
+    /// bucket (its parameters, gradients, or state made for it). Rank after rank, `params` in
+    /// their order; a parameter of no elements has none.
+    pub(crate) fn same_place_regions(&self, params: &[usize]) -> Vec<CopyRegion> {
+        (0..self.ranks())
+            .flat_map(|rank| {
+                params
+                    .iter()
+                    .map(move |&j| (rank, self.place(j)))
+                    .filter(|(_, place)| place.numel > 0)
+                    .map(|(rank, place)| CopyRegion {
+                        src_rank: rank,
+                        src_offset: place.offset,
+                        dst_rank: rank,
+                        dst_offset: place.offset,
+                        len: place.numel,
+                    })
+            })
+            .collect()
+    }
+
     /// Copies `pairs` `(j, k)`: this replicas' parameter `j` of rank `src_rank` into `dst`'s
     /// parameter `k` of rank `dst_rank`, parameters or gradients, on the device. Each pair must
     /// agree in dtype and element count.

@@ -3,7 +3,7 @@
 //! arena per format bucket, created when first needed.
 
 use super::{Replicas, Values};
-use crate::backend::{Arena, CopyRegion};
+use crate::backend::Arena;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -115,21 +115,12 @@ impl StateArenas {
             let Some(arena) = self.get_mut(b) else {
                 continue;
             };
-            let regions: Vec<CopyRegion> = (0..replicas.ranks())
-                .flat_map(|rank| {
-                    params
-                        .iter()
-                        .map(move |&j| (rank, replicas.place(j)))
-                        .filter(|(_, place)| place.bucket == b && place.numel > 0)
-                        .map(|(rank, place)| CopyRegion {
-                            src_rank: rank,
-                            src_offset: place.offset,
-                            dst_rank: rank,
-                            dst_offset: place.offset,
-                            len: place.numel,
-                        })
-                })
+            let in_bucket: Vec<usize> = params
+                .iter()
+                .copied()
+                .filter(|&j| replicas.place(j).bucket == b)
                 .collect();
+            let regions = replicas.same_place_regions(&in_bucket);
             if !regions.is_empty() {
                 backend.copy_regions(bucket.arena(Values::Params), arena, &regions)?;
             }
