@@ -1351,18 +1351,8 @@ impl DiLoCo {
         }
         let mut tensors = Vec::with_capacity(original.len());
         for (j, value) in original.iter().enumerate() {
-            let tensor = tensor_from_json(value, &format!("original_parameters[{j}]"))?;
-            if tensor.dtype() != replicas.dtype(j) || tensor.shape() != replicas.shape(j) {
-                return Err(Error::value(format!(
-                    "original_parameters[{j}] is {} {}, the parameter is {} {}",
-                    tensor.dtype(),
-                    crate::tensor::format_shape(tensor.shape()),
-                    replicas.dtype(j),
-                    crate::tensor::format_shape(replicas.shape(j))
-                )));
-            }
-            let format = replicas.buckets()[replicas.place(j).bucket].format();
-            tensors.push(transfer::encode(&tensor, format, "a loaded state tensor")?);
+            let what = format!("original_parameters[{j}]");
+            tensors.push(loaded_words(replicas, j, value, &what, "the parameter")?);
         }
         let pending = self.pending_of(replicas, state_dict, local_step)?;
         // Both optimizers check their parts before either changes.
@@ -1429,21 +1419,35 @@ impl DiLoCo {
         let mut held = Vec::with_capacity(list.len());
         for (k, (&j, value)) in self.fragments[f].iter().zip(list).enumerate() {
             let what = format!("pending.pseudo_gradients[{k}]");
-            let tensor = tensor_from_json(value, &what)?;
-            if tensor.dtype() != replicas.dtype(j) || tensor.shape() != replicas.shape(j) {
-                return Err(Error::value(format!(
-                    "{what} is {} {}, parameter {j} is {} {}",
-                    tensor.dtype(),
-                    crate::tensor::format_shape(tensor.shape()),
-                    replicas.dtype(j),
-                    crate::tensor::format_shape(replicas.shape(j))
-                )));
-            }
-            let format = replicas.buckets()[replicas.place(j).bucket].format();
-            held.push(transfer::encode(&tensor, format, "a loaded state tensor")?);
+            let parameter = format!("parameter {j}");
+            held.push(loaded_words(replicas, j, value, &what, &parameter)?);
         }
         Ok(Some((f, held)))
     }
+}
+
+/// A loaded state tensor of parameter `j` (`what`, as the state dict names it): it must have
+/// the parameter's dtype and shape (an error names the parameter as `parameter`); encoded for
+/// the arenas of the parameter's bucket.
+fn loaded_words(
+    replicas: &Replicas,
+    j: usize,
+    value: &Value,
+    what: &str,
+    parameter: &str,
+) -> Result<Vec<u32>> {
+    let tensor = tensor_from_json(value, what)?;
+    if tensor.dtype() != replicas.dtype(j) || tensor.shape() != replicas.shape(j) {
+        return Err(Error::value(format!(
+            "{what} is {} {}, {parameter} is {} {}",
+            tensor.dtype(),
+            crate::tensor::format_shape(tensor.shape()),
+            replicas.dtype(j),
+            crate::tensor::format_shape(replicas.shape(j))
+        )));
+    }
+    let format = replicas.buckets()[replicas.place(j).bucket].format();
+    transfer::encode(&tensor, format, "a loaded state tensor")
 }
 
 /// A lerp weight in float32, torch's opmath for float32 and 16-bit tensors: `α` (the
