@@ -32,3 +32,4 @@ pub use options::{GroupOptions, OptionMap, option_map};
 pub use sgd::{Sgd, SgdMath};
 pub use sgd_options::SgdOptions;
 pub use shell::{DUPLICATE_WARNING, Optimizer, OptimizerMath, ParamGroup, Shell};
+pub(crate) use shell::{check_loaded_group_size, loaded_param_groups};

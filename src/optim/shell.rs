@@ -229,15 +229,7 @@ impl<O: GroupOptions> Shell<O> {
     /// groups of another optimizer class, and parses the loaded options: the new groups, to
     /// be committed once everything else has been checked.
     fn parse_loaded_groups(&self, state_dict: &Value) -> Result<Vec<ParamGroup<O>>> {
-        let saved = state_dict
-            .get("param_groups")
-            .and_then(Value::as_array)
-            .ok_or_else(|| Error::value("state dict has no \"param_groups\" list"))?;
-        if saved.len() != self.groups.len() {
-            return Err(Error::value(
-                "loaded state dict has a different number of parameter groups",
-            ));
-        }
+        let saved = loaded_param_groups(state_dict, self.groups.len())?;
         let mut out = Vec::with_capacity(saved.len());
         for (index, (group, mine)) in saved.iter().zip(&self.groups).enumerate() {
             let Value::Object(group) = group else {
@@ -245,15 +237,7 @@ impl<O: GroupOptions> Shell<O> {
                     "loaded state dict's parameter group {index} is not a dict"
                 )));
             };
-            let len = group
-                .get("params")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            if len != mine.params.len() {
-                return Err(Error::value(
-                    "loaded state dict contains a parameter group that doesn't match the size of optimizer's group",
-                ));
-            }
+            check_loaded_group_size(group.get("params"), mine.params.len())?;
             self.check_class(index, group)?;
             let mut map = mine.map.clone();
             for (key, value) in group {
@@ -633,6 +617,38 @@ impl<A: OptimizerMath> LocalOptimizer for Optimizer<A> {
             .filter(|&j| self.shell.count(rank, j) > 0)
             .count()
     }
+}
+
+/// The `"param_groups"` list of a loaded state dict, checked to hold `count` groups, as
+/// PyTorch's `load_state_dict` checks it.
+///
+/// # Errors
+/// A `ValueError` when there is no such list or it holds another number of groups.
+pub(crate) fn loaded_param_groups(state_dict: &Value, count: usize) -> Result<&Vec<Value>> {
+    let saved = state_dict
+        .get("param_groups")
+        .and_then(Value::as_array)
+        .ok_or_else(|| Error::value("state dict has no \"param_groups\" list"))?;
+    if saved.len() != count {
+        return Err(Error::value(
+            "loaded state dict has a different number of parameter groups",
+        ));
+    }
+    Ok(saved)
+}
+
+/// PyTorch's check that a loaded group's `params` (a list, or missing: none) are as many as
+/// the `len` of the group it loads into.
+///
+/// # Errors
+/// PyTorch's `ValueError` when they are not.
+pub(crate) fn check_loaded_group_size(params: Option<&Value>, len: usize) -> Result<()> {
+    if params.and_then(Value::as_array).map_or(0, Vec::len) != len {
+        return Err(Error::value(
+            "loaded state dict contains a parameter group that doesn't match the size of optimizer's group",
+        ));
+    }
+    Ok(())
 }
 
 /// A loaded state tensor, checked to fit parameter `j` and encoded for its arena (cast to the

@@ -858,26 +858,9 @@ impl ZeroRedundancyOptimizer {
                 return Err(Error::new(ErrorKind::IndexError, "list index out of range"));
             }
         }
-        let groups = state_dict
-            .get("param_groups")
-            .and_then(Value::as_array)
-            .ok_or_else(|| Error::value("state dict has no \"param_groups\" list"))?;
-        if groups.len() != self.groups.len() {
-            return Err(Error::value(
-                "loaded state dict has a different number of parameter groups",
-            ));
-        }
+        let groups = optim::loaded_param_groups(state_dict, self.groups.len())?;
         for (group, (mine, _)) in groups.iter().zip(&self.groups) {
-            if group
-                .get("params")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len)
-                != mine.len()
-            {
-                return Err(Error::value(
-                    "loaded state dict contains a parameter group that doesn't match the size of optimizer's group",
-                ));
-            }
+            optim::check_loaded_group_size(group.get("params"), mine.len())?;
         }
         // The saved hyper-parameters replace ours. Every local optimizer checks its part
         // before any of them (or ZeRO's groups) changes.
