@@ -98,25 +98,25 @@ impl WorkerState {
     ) -> Result<()> {
         self.contexts.check(context)?;
         let value = self.value(id)?;
-        if value.dtype() != gradient.dtype() {
-            // A gradient of another dtype than its tensor: `RuntimeError`, as `param.grad = grad`
-            // (the library's dtype rule, see `Replicas`).
-            return Err(Error::runtime(format!(
-                "assigned grad has data of a different type: gradient of {} {:?} for a {} {:?} tensor",
-                gradient.dtype(),
-                gradient.shape(),
-                value.dtype(),
-                value.shape()
-            )));
-        }
-        if value.shape() != gradient.shape() {
-            return Err(Error::value(format!(
+        let mismatch = || {
+            format!(
                 "gradient of {} {:?} for a {} {:?} tensor",
                 gradient.dtype(),
                 gradient.shape(),
                 value.dtype(),
                 value.shape()
+            )
+        };
+        if value.dtype() != gradient.dtype() {
+            // A gradient of another dtype than its tensor: `RuntimeError`, as `param.grad = grad`
+            // (the library's dtype rule, see `Replicas`).
+            return Err(Error::runtime(format!(
+                "assigned grad has data of a different type: {}",
+                mismatch()
             )));
+        }
+        if value.shape() != gradient.shape() {
+            return Err(Error::value(mismatch()));
         }
         let contexts = self.contexts.clone();
         self.context_gradients
