@@ -179,9 +179,7 @@ impl DatasetTask {
     /// # Errors
     /// `ValueError` for parameters of the wrong number or sizes.
     pub fn evaluate_train(&self, params: &[Vec<f64>]) -> Result<(f64, f64)> {
-        self.train
-            .mlp
-            .evaluate(params, &self.train.inputs, &self.train.labels)
+        self.train.evaluate(params)
     }
 }
 

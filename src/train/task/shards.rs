@@ -38,6 +38,11 @@ impl Shards {
         counts
     }
 
+    /// Mean loss and accuracy of `params` over every sample of every shard.
+    pub(super) fn evaluate(&self, params: &[Vec<f64>]) -> Result<(f64, f64)> {
+        self.mlp.evaluate(params, &self.inputs, &self.labels)
+    }
+
     pub(super) fn loss_and_grad(
         &self,
         params: &[Vec<f64>],

@@ -191,9 +191,7 @@ impl SyntheticTask {
     /// # Errors
     /// `ValueError` for parameters of the wrong number or sizes.
     pub fn evaluate(&self, params: &[Vec<f64>]) -> Result<(f64, f64)> {
-        self.data
-            .mlp
-            .evaluate(params, &self.data.inputs, &self.data.labels)
+        self.data.evaluate(params)
     }
 }
 
