@@ -9,7 +9,7 @@ use super::half::{BFloat16, Binary16};
 use super::parts::{
     PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
 };
-use super::storage::{Exact, ExactFused, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
+use super::storage::{Exact, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
     AdamArenas, AdamScalars, AdamSlices, Chunking, ParamStarts, adam_rank, adam_rank_slices,
@@ -271,8 +271,8 @@ fn adam_segment(
     }
     use std::marker::PhantomData as M;
     match (format, s.fused) {
-        (StorageFormat::F32, false) => go(Exact, s, seg, arrays, g),
-        (StorageFormat::F32, true) => go(ExactFused, s, seg, arrays, g),
+        (StorageFormat::F32, false) => go(Exact::<false>, s, seg, arrays, g),
+        (StorageFormat::F32, true) => go(Exact::<true>, s, seg, arrays, g),
         (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, arrays, g),
         (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, arrays, g),
         (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, arrays, g),

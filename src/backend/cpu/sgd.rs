@@ -9,7 +9,7 @@ use super::half::{BFloat16, Binary16};
 use super::parts::{
     PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
 };
-use super::storage::{Exact, ExactFused, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
+use super::storage::{Exact, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
     Chunking, ParamStarts, SgdArgs, SgdScalars, check_sgd_arenas, host_words, host_words_mut,
@@ -269,8 +269,8 @@ fn sgd_segment(
     }
     use std::marker::PhantomData as M;
     match (format, s.fused) {
-        (StorageFormat::F32, false) => go(Exact, s, seg, p, g, b),
-        (StorageFormat::F32, true) => go(ExactFused, s, seg, p, g, b),
+        (StorageFormat::F32, false) => go(Exact::<false>, s, seg, p, g, b),
+        (StorageFormat::F32, true) => go(Exact::<true>, s, seg, p, g, b),
         (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, p, g, b),
         (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, p, g, b),
         (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, p, g, b),

@@ -37,31 +37,13 @@ pub(super) trait Storage: Copy {
     fn store(self, x: f32) -> Self::Elem;
 }
 
-/// float32 storage: the result is already rounded.
+/// float32 storage: the result is already rounded; `FUSED` is PyTorch's `fused=True`, whose
+/// multiply-adds are fused ([`Storage::FUSED`]).
 #[derive(Clone, Copy)]
-pub(super) struct Exact;
-impl Storage for Exact {
+pub(super) struct Exact<const FUSED: bool>;
+impl<const FUSED: bool> Storage for Exact<FUSED> {
     type Elem = f32;
-    #[inline(always)]
-    fn r(self, x: f32) -> f32 {
-        x
-    }
-    #[inline(always)]
-    fn load(self, e: f32) -> f32 {
-        e
-    }
-    #[inline(always)]
-    fn store(self, x: f32) -> f32 {
-        x
-    }
-}
-
-/// float32 storage under PyTorch's `fused=True`: [`Exact`] with its multiply-adds fused.
-#[derive(Clone, Copy)]
-pub(super) struct ExactFused;
-impl Storage for ExactFused {
-    type Elem = f32;
-    const FUSED: bool = true;
+    const FUSED: bool = FUSED;
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
         x
