@@ -15,20 +15,29 @@ pub(super) const STREAMING_THRESHOLD_BYTES: usize = 24 << 20;
 #[inline]
 pub(super) fn store_words(dst: &mut [u32], src: &[u32], streaming: bool) {
     assert_eq!(dst.len(), src.len(), "store_words: slices differ in length");
+    // SAFETY: `dst` holds `src.len()` elements (asserted) and does not overlap `src` (it is
+    // `&mut`).
+    if !unsafe { stream(dst.as_mut_ptr(), src, streaming) } {
+        dst.copy_from_slice(src);
+    }
+}
+
+/// Writes `src` to `dst` with `stream_bytes` when `streaming` is set and the target has
+/// streaming stores, and says whether it did (the caller copies otherwise).
+///
+/// # Safety
+/// `dst` must be valid for writes of `src.len()` elements that do not overlap `src`.
+#[inline]
+unsafe fn stream<T: Copy>(dst: *mut T, src: &[T], streaming: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     if streaming {
-        // SAFETY: both slices hold `size_of_val(src)` bytes and do not overlap (one is `&mut`).
-        unsafe {
-            stream_bytes(
-                dst.as_mut_ptr().cast(),
-                src.as_ptr().cast(),
-                size_of_val(src),
-            )
-        };
-        return;
+        // SAFETY: both ranges hold `size_of_val(src)` bytes and do not overlap (the caller's
+        // contract); `T: Copy` has no drop glue, and every element is copied whole.
+        unsafe { stream_bytes(dst.cast(), src.as_ptr().cast(), size_of_val(src)) };
+        return true;
     }
-    let _ = streaming;
-    dst.copy_from_slice(src);
+    let _ = (dst, src, streaming);
+    false
 }
 
 /// Copies `bytes` bytes from `s` to `d` with non-temporal 16-byte stores for the part of `d`
@@ -82,21 +91,11 @@ pub(super) fn store_elements<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T], str
         src.len(),
         "store_elements: slices differ in length"
     );
-    #[cfg(target_arch = "x86_64")]
-    if streaming {
-        // SAFETY: both slices hold `size_of_val(src)` bytes and do not overlap (one is `&mut`);
-        // `T: Copy` has no drop glue, and every element is copied whole.
-        unsafe {
-            stream_bytes(
-                dst.as_mut_ptr().cast(),
-                src.as_ptr().cast(),
-                size_of_val(src),
-            )
-        };
-        return;
-    }
-    let _ = streaming;
-    for (out, &x) in dst.iter_mut().zip(src) {
-        out.write(x);
+    // SAFETY: `dst` holds `src.len()` elements (asserted) and does not overlap `src` (it is
+    // `&mut`); a `MaybeUninit<T>` has the layout of a `T`.
+    if !unsafe { stream(dst.as_mut_ptr().cast::<T>(), src, streaming) } {
+        for (out, &x) in dst.iter_mut().zip(src) {
+            out.write(x);
+        }
     }
 }
