@@ -70,6 +70,18 @@ pub fn numel_of(shape: &[usize]) -> Result<usize> {
         })
 }
 
+/// `product(shape)`, checked against the `len` elements given for it.
+fn numel_for(shape: &[usize], len: usize) -> Result<usize> {
+    let numel = numel_of(shape)?;
+    if len != numel {
+        return Err(Error::value(format!(
+            "data has {len} elements but shape {} needs {numel}",
+            format_shape(shape)
+        )));
+    }
+    Ok(numel)
+}
+
 /// A shape as PyTorch prints it in messages: `[2, 3]`, `[]`.
 pub fn format_shape(shape: &[usize]) -> String {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
@@ -83,14 +95,7 @@ impl Tensor {
     /// A `ValueError` when the shape's element count overflows `usize` or `data` holds another
     /// number of elements.
     pub fn new(shape: &[usize], data: HostData) -> Result<Tensor> {
-        let numel = numel_of(shape)?;
-        if data.len() != numel {
-            return Err(Error::value(format!(
-                "data has {} elements but shape {} needs {numel}",
-                data.len(),
-                format_shape(shape)
-            )));
-        }
+        numel_for(shape, data.len())?;
         Ok(Tensor {
             shape: shape.to_vec(),
             storage: Arc::new(Storage::Host(data)),
@@ -111,14 +116,7 @@ impl Tensor {
     /// A `ValueError` when `data` does not hold `product(shape)` elements; a `RuntimeError`
     /// when the converted values do not fit the memory budget ([`crate::budget`]).
     pub fn from_f64(dtype: DType, shape: &[usize], data: &[f64]) -> Result<Tensor> {
-        let numel = numel_of(shape)?;
-        if data.len() != numel {
-            return Err(Error::value(format!(
-                "data has {} elements but shape {} needs {numel}",
-                data.len(),
-                format_shape(shape)
-            )));
-        }
+        let numel = numel_for(shape, data.len())?;
         let what = format!("a {} tensor of shape {}", dtype.name(), format_shape(shape));
         crate::budget::check(
             crate::budget::bytes_of(numel, dtype.size_bytes(), &what)?,
