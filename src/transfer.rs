@@ -64,12 +64,10 @@ pub(crate) async fn read_tensor(
     shape: &[usize],
     dtype: DType,
 ) -> Result<Tensor> {
-    let numel = shape.iter().product();
-    let words = arena.read_range(rank, offset, numel).await?;
-    Tensor::new(
-        shape,
-        HostData::decode(dtype, arena.format(), &words, numel),
-    )
+    let words = arena
+        .read_range(rank, offset, shape.iter().product())
+        .await?;
+    decode_tensor(&words, arena.format(), shape, dtype)
 }
 
 /// The `dtype` tensor of `shape` from `offset` of rank `rank`'s row inside `words`, a
@@ -84,12 +82,19 @@ pub(crate) fn tensor_in_rows(
     shape: &[usize],
     dtype: DType,
 ) -> Result<Tensor> {
-    let numel = shape.iter().product();
     let start = rank * format.words_for(rank_len) + format.word_of(offset);
-    Tensor::new(
-        shape,
-        HostData::decode(dtype, format, &words[start..], numel),
-    )
+    decode_tensor(&words[start..], format, shape, dtype)
+}
+
+/// The `dtype` tensor of `shape` stored in `format` at the start of `words`.
+fn decode_tensor(
+    words: &[u32],
+    format: StorageFormat,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Tensor> {
+    let numel = shape.iter().product();
+    Tensor::new(shape, HostData::decode(dtype, format, words, numel))
 }
 
 /// Runs `work` on the words of row 0 of `arena` covering elements `span` (word aligned): in
