@@ -24,8 +24,6 @@ mod spare;
 
 use std::sync::{Arc, Mutex};
 
-use wgpu::util::DeviceExt;
-
 pub(crate) use arena::GpuArena;
 use contract::{StepUniforms, WORKGROUP_SIZE};
 use kernel::Kernel;
@@ -279,6 +277,21 @@ impl GpuBackend {
         }
     }
 
+    /// One dispatch of `kernel` in `pass` over `pairs` invocations, `buffers` bound by their
+    /// binding names.
+    pub(crate) fn dispatch(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        kernel: &Kernel,
+        buffers: &[(&str, &wgpu::Buffer)],
+        pairs: usize,
+    ) -> Result<()> {
+        pass.set_bind_group(0, &kernel.bind(&self.shared.device, buffers)?, &[]);
+        let (x, y) = self.grid(pairs);
+        pass.dispatch_workgroups(x, y, 1);
+        Ok(())
+    }
+
     /// Bytes of buffers this device keeps from dropped arenas for the next arenas of their
     /// size (at most 512 MiB; a new arena that takes one is cleared, a scratch arena is not).
     pub fn cached_buffer_bytes(&self) -> u64 {
@@ -324,18 +337,13 @@ impl GpuBackend {
                     octets,
                     _pad: [0; 3],
                 };
-                let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("copy uniforms"),
-                    contents: bytemuck::bytes_of(&uniforms),
-                    usage: wgpu::BufferUsages::UNIFORM,
-                });
-                let bind_group = kernel.bind(
-                    device,
+                let uniform = self.shared.uniform_buffer("copy uniforms", &uniforms);
+                self.dispatch(
+                    &mut pass,
+                    kernel,
                     &[("copy", &uniform), ("src", &a.buffer), ("dst", &b.buffer)],
+                    octets as usize,
                 )?;
-                pass.set_bind_group(0, &bind_group, &[]);
-                let (x, y) = self.grid(octets as usize);
-                pass.dispatch_workgroups(x, y, 1);
             }
         }
         self.shared.queue.submit([encoder.finish()]);
@@ -478,23 +486,20 @@ impl Backend for GpuBackend {
                     divisor,
                     _pad: [0; 2],
                 };
-                let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("dp_sgd_step uniforms"),
-                    contents: bytemuck::bytes_of(&uniforms),
-                    usage: wgpu::BufferUsages::UNIFORM,
-                });
-                let bind_group = kernel.bind(
-                    device,
+                let uniform = self
+                    .shared
+                    .uniform_buffer("dp_sgd_step uniforms", &uniforms);
+                self.dispatch(
+                    &mut pass,
+                    kernel,
                     &[
                         ("step", &uniform),
                         ("grads", &gc.buffer),
                         ("params", &pc.buffer),
                         ("means", &mc.buffer),
                     ],
+                    pc.len / 8,
                 )?;
-                pass.set_bind_group(0, &bind_group, &[]);
-                let (x, y) = self.grid(pc.len / 8);
-                pass.dispatch_workgroups(x, y, 1);
             }
         }
         self.shared.queue.submit([encoder.finish()]);

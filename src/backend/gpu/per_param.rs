@@ -99,20 +99,14 @@ impl GpuBackend {
                     group_size: group_size as u32,
                     _pad: [0; 2],
                 };
-                let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("distopt geometry"),
-                    contents: bytemuck::bytes_of(&geometry),
-                    usage: wgpu::BufferUsages::UNIFORM,
-                });
+                let uniform = self.shared.uniform_buffer("distopt geometry", &geometry);
                 let mut buffers: Vec<(&str, &wgpu::Buffer)> =
                     vec![("geometry", &uniform), ("starts", &starts_buffer)];
                 buffers.extend_from_slice(tables);
                 buffers.extend(arenas.iter().map(|&(name, a)| {
                     (name, a.map_or(&self.placeholder, |a| &a.chunks[c].buffer))
                 }));
-                pass.set_bind_group(0, &kernel.bind(device, &buffers)?, &[]);
-                let (x, y) = self.grid(chunk.len / 8 * lanes);
-                pass.dispatch_workgroups(x, y, 1);
+                self.dispatch(&mut pass, kernel, &buffers, chunk.len / 8 * lanes)?;
                 first_element += chunk.len;
             }
         }

@@ -3,6 +3,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use wgpu::util::DeviceExt;
+
 use super::spare;
 use crate::error::{Error, Result};
 
@@ -50,6 +52,16 @@ impl GpuShared {
             Some(message) => Err(Error::runtime(format!("GPU error: {message}"))),
             None => Ok(()),
         }
+    }
+
+    /// A uniform buffer holding `value` (a kernel's per-dispatch uniforms).
+    pub(crate) fn uniform_buffer<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::bytes_of(value),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
     }
 
     /// Blocks natively until the device is idle; a no-op in browsers, where mapping callbacks
