@@ -190,7 +190,7 @@ impl GpuArena {
 
     /// The `(buffer, word offset, words)` runs that hold `words` words of rank `rank` from
     /// word `first_word`, one per chunk touched.
-    fn runs(
+    pub(crate) fn runs(
         &self,
         rank: usize,
         first_word: usize,

@@ -623,29 +623,15 @@ impl Backend for GpuBackend {
             .device
             .create_command_encoder(&Default::default());
         let mut copied = 0;
-        while copied < words {
-            let (buffer, src, left) = gpu.locate(from, first + copied);
-            let run = left.min(words - copied);
-            encoder.copy_buffer_to_buffer(
-                buffer,
-                src as u64 * 4,
-                &scratch,
-                copied as u64 * 4,
-                Some(run as u64 * 4),
-            );
+        for (buffer, src, run) in gpu.runs(from, first, words) {
+            let (at, bytes) = (copied as u64 * 4, run as u64 * 4);
+            encoder.copy_buffer_to_buffer(buffer, src as u64 * 4, &scratch, at, Some(bytes));
             copied += run;
         }
         copied = 0;
-        while copied < words {
-            let (buffer, dst, left) = gpu.locate(to, first + copied);
-            let run = left.min(words - copied);
-            encoder.copy_buffer_to_buffer(
-                &scratch,
-                copied as u64 * 4,
-                buffer,
-                dst as u64 * 4,
-                Some(run as u64 * 4),
-            );
+        for (buffer, dst, run) in gpu.runs(to, first, words) {
+            let (at, bytes) = (copied as u64 * 4, run as u64 * 4);
+            encoder.copy_buffer_to_buffer(&scratch, at, buffer, dst as u64 * 4, Some(bytes));
             copied += run;
         }
         self.shared.queue.submit([encoder.finish()]);
