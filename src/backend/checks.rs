@@ -54,7 +54,7 @@ pub(crate) fn check_same_format(src: &Arena, dst: &Arena) -> Result<()> {
     Ok(())
 }
 
-/// The argument checks of [`super::Backend::dp_sgd_step`].
+/// The argument checks of [`super::Backend::dp_sgd_step`], the same on every backend.
 pub(crate) fn check_step_arenas(
     params: &Arena,
     grads: &Arena,
@@ -77,6 +77,10 @@ pub(crate) fn check_step_arenas(
         return Err(Error::value(format!(
             "dp_sgd_step arenas do not match: params {params:?}, grads {grads:?}, means {means:?}"
         )));
+    }
+    if params.ranks() == 0 {
+        // A mean over no ranks.
+        return Err(Error::value("dp_sgd_step needs at least one rank"));
     }
     Ok(())
 }

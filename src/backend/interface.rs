@@ -106,8 +106,8 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// # Errors
     /// A `ValueError` when `divisor` is not positive and finite, or the arenas do not match
     /// (`grads` with other ranks than `params`, `means` with more than one rank, another `rank_len`
-    /// or `chunk_len`, `means` in another format than `params`; the CPU backend also refuses arenas
-    /// without ranks); a `RuntimeError` for an arena this backend cannot use (another backend's:
+    /// or `chunk_len`, `means` in another format than `params`, arenas without ranks); a
+    /// `RuntimeError` for an arena this backend cannot use (another backend's:
     /// see the trait's documentation), or when the GPU device reports an error or is lost.
     fn dp_sgd_step_with_divisor(
         &self,

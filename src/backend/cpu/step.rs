@@ -15,7 +15,7 @@ use crate::backend::check_step_arenas;
 use crate::backend::quotient::{ByDivision, ByScale, Divide, Quotient};
 use crate::backend::{host_words as host, host_words_mut as host_mut};
 use crate::dtype::StorageFormat;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 // ---------------------------------------------------------------------------------------------
 // The data-parallel SGD step.
@@ -391,9 +391,6 @@ pub(super) fn dp_sgd_step(
     let (param_format, grad_format) = (params.format(), grads.format());
     let elements = params.rank_len();
     let ranks = params.ranks();
-    if ranks == 0 {
-        return Err(Error::value("dp_sgd_step needs at least one rank"));
-    }
     if elements == 0 {
         return Ok(());
     }

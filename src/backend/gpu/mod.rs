@@ -454,10 +454,6 @@ impl Backend for GpuBackend {
             );
         }
         check_step_arenas(params, grads, means, divisor)?;
-        if params.ranks() == 0 {
-            // The CPU backend's refusal: a mean over no ranks.
-            return Err(Error::value("dp_sgd_step needs at least one rank"));
-        }
         let (param_format, grad_format) = (params.format(), grads.format());
         let ranks = params.ranks();
         let kernel = &self.kernels.dp_sgd_step;
