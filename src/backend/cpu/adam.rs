@@ -369,14 +369,15 @@ fn adam_rank_f32(slices: AdamSlices<'_>, starts: &ParamStarts, table: &[AdamScal
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::test_arenas::{FORMATS, SIZES, Values, arena, copy, same};
+    use crate::backend::cpu::test_arenas::{
+        FORMATS, SIZES, Values, arena, copy, same, sizes_table,
+    };
     use crate::backend::kernels::adam_reference;
-    use crate::backend::{Arena, ArenaStorage, layout_params};
+    use crate::backend::{Arena, ArenaStorage};
 
     #[test]
     fn adam_matches_the_reference_bit_for_bit() {
-        let (offsets, rank_len) = layout_params(&SIZES);
-        let starts = ParamStarts(offsets.iter().map(|&o| o as u32).collect());
+        let (starts, rank_len) = sizes_table();
         let ranks = 2;
         let mut v = Values(11);
         for format in FORMATS {

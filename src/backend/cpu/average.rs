@@ -168,60 +168,37 @@ fn average_group_f32(groups: &Groups<'_>, group: &mut [u32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::test_arenas::{SIZES, Values, arena, copy, same};
-    use crate::backend::kernels::{ParamStarts, average_reference};
-    use crate::backend::layout_params;
+    use crate::backend::cpu::test_arenas::{SIZES, Values, arena, copy, same, sizes_table};
+    use crate::backend::kernels::average_reference;
 
     #[test]
     fn average_matches_the_reference_bit_for_bit() {
-        let (offsets, rank_len) = layout_params(&SIZES);
-        let starts = ParamStarts(offsets.iter().map(|&o| o as u32).collect());
+        let (starts, rank_len) = sizes_table();
         let mut v = Values(3);
         for (ranks, group) in [(4, 2), (6, 3), (8, 8), (3, 1)] {
             let a = arena(StorageFormat::F32, ranks, rank_len, &mut v);
             let active: Vec<bool> = (0..SIZES.len()).map(|j| j % 3 != 2).collect();
-            let mut want = copy(&a);
-            average_reference(AverageArgs {
-                arena: &mut want,
-                group_size: group,
-                arith: StorageFormat::F32,
-                starts: &starts,
-                active: &active,
-            })
-            .unwrap();
-            // The by-group fallback (other formats, layouts off the slots) computes the same.
-            let mut got = copy(&a);
-            average_by_group(AverageArgs {
-                arena: &mut got,
-                group_size: group,
-                arith: StorageFormat::F32,
-                starts: &starts,
-                active: &active,
-            })
-            .unwrap();
-            same(
-                &got,
-                &want,
-                &format!("average R={ranks} g={group} by group"),
-            );
-            for threads in [1, 2, 5] {
+            let run = |threads: Option<usize>, by_group: bool| {
                 let mut got = copy(&a);
-                average(
-                    threads,
-                    AverageArgs {
-                        arena: &mut got,
-                        group_size: group,
-                        arith: StorageFormat::F32,
-                        starts: &starts,
-                        active: &active,
-                    },
-                )
-                .unwrap();
-                same(
-                    &got,
-                    &want,
-                    &format!("average R={ranks} g={group} threads {threads}"),
-                );
+                let args = AverageArgs {
+                    arena: &mut got,
+                    group_size: group,
+                    arith: StorageFormat::F32,
+                    starts: &starts,
+                    active: &active,
+                };
+                match threads {
+                    None if by_group => average_by_group(args).unwrap(),
+                    None => average_reference(args).unwrap(),
+                    Some(t) => average(t, args).unwrap(),
+                }
+                got
+            };
+            let want = run(None, false);
+            // The by-group fallback (other formats, layouts off the slots) computes the same.
+            for threads in [Some(1), Some(2), Some(5), None] {
+                let what = format!("average R={ranks} g={group} threads {threads:?}");
+                same(&run(threads, true), &want, &what);
             }
         }
     }

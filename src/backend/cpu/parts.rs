@@ -200,13 +200,11 @@ pub(super) fn run_best<W: PartWork>(work: W) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::test_arenas::SIZES;
-    use crate::backend::layout_params;
+    use crate::backend::cpu::test_arenas::{SIZES, sizes_table};
 
     #[test]
     fn plans_cover_every_active_element_once_at_slot_boundaries() {
-        let (offsets, rank_len) = layout_params(&SIZES);
-        let starts = ParamStarts(offsets.iter().map(|&o| o as u32).collect());
+        let (starts, rank_len) = sizes_table();
         for threads in [1, 2, 3, 8] {
             for ranks in [1, 3] {
                 let active = |e: usize| e % 3 != 1;
@@ -227,7 +225,7 @@ mod tests {
                 for rank in 0..ranks {
                     for (j, &n) in SIZES.iter().enumerate() {
                         let want = u8::from(active(rank * SIZES.len() + j));
-                        let at = rank * rank_len + offsets[j];
+                        let at = rank * rank_len + starts.0[j] as usize;
                         assert!(seen[at..at + n].iter().all(|&x| x == want));
                     }
                 }

@@ -369,14 +369,14 @@ fn sgd_rank_f32(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::test_arenas::{FORMATS, SIZES, Values, arena, copy, same};
+    use crate::backend::cpu::test_arenas::{
+        FORMATS, SIZES, Values, arena, copy, same, sizes_table,
+    };
     use crate::backend::kernels::sgd_reference;
-    use crate::backend::layout_params;
 
     #[test]
     fn sgd_matches_the_reference_bit_for_bit() {
-        let (offsets, rank_len) = layout_params(&SIZES);
-        let starts = ParamStarts(offsets.iter().map(|&o| o as u32).collect());
+        let (starts, rank_len) = sizes_table();
         let ranks = 3;
         let mut v = Values(7);
         for format in FORMATS {
@@ -406,45 +406,30 @@ mod tests {
                     arena(format, ranks, rank_len, &mut v),
                     arena(format, ranks, rank_len, &mut v),
                 );
-                let (mut p0, mut b0) = (copy(&p), copy(&b));
-                sgd_reference(SgdArgs {
-                    params: &mut p0,
-                    grads: &g,
-                    momentum: Some(&mut b0),
-                    starts: &starts,
-                    scalars: &scalars,
-                })
-                .unwrap();
-                for threads in [1, 2, 3] {
+                let run = |threads: Option<usize>, by_rank: bool| {
                     let (mut p1, mut b1) = (copy(&p), copy(&b));
-                    sgd(
-                        threads,
-                        SgdArgs {
-                            params: &mut p1,
-                            grads: &g,
-                            momentum: Some(&mut b1),
-                            starts: &starts,
-                            scalars: &scalars,
-                        },
-                    )
-                    .unwrap();
-                    let what = format!("sgd {format:?} variant {variant} threads {threads}");
+                    let args = SgdArgs {
+                        params: &mut p1,
+                        grads: &g,
+                        momentum: Some(&mut b1),
+                        starts: &starts,
+                        scalars: &scalars,
+                    };
+                    match threads {
+                        None if by_rank => sgd_by_rank(args).unwrap(),
+                        None => sgd_reference(args).unwrap(),
+                        Some(t) => sgd(t, args).unwrap(),
+                    }
+                    (p1, b1)
+                };
+                let (p0, b0) = run(None, false);
+                // The by-rank fallback (float64, layouts off the slots) computes the same.
+                for threads in [Some(1), Some(2), Some(3), None] {
+                    let (p1, b1) = run(threads, true);
+                    let what = format!("sgd {format:?} variant {variant} threads {threads:?}");
                     same(&p1, &p0, &format!("{what}: params"));
                     same(&b1, &b0, &format!("{what}: momentum"));
                 }
-                // The by-rank fallback (float64, layouts off the slots) computes the same.
-                let (mut p1, mut b1) = (copy(&p), copy(&b));
-                sgd_by_rank(SgdArgs {
-                    params: &mut p1,
-                    grads: &g,
-                    momentum: Some(&mut b1),
-                    starts: &starts,
-                    scalars: &scalars,
-                })
-                .unwrap();
-                let what = format!("sgd {format:?} variant {variant} by rank");
-                same(&p1, &p0, &format!("{what}: params"));
-                same(&b1, &b0, &format!("{what}: momentum"));
             }
         }
     }

@@ -2,8 +2,8 @@
 //! `parts.rs`): deterministic values with the awkward ones among them, copies, and a bit-for-bit
 //! comparison that lets a NaN match any NaN.
 
-use crate::backend::kernels::host_words;
-use crate::backend::{Arena, ArenaStorage};
+use crate::backend::kernels::{ParamStarts, host_words};
+use crate::backend::{Arena, ArenaStorage, layout_params};
 use crate::dtype::StorageFormat;
 
 /// A deterministic stream of values with zeros of both signs, subnormals, huge values,
@@ -97,6 +97,15 @@ pub(super) fn same(a: &Arena, b: &Arena, what: &str) {
 /// Parameter sizes with tiny ones, slot-sized and odd ones, and one big enough to be split
 /// between threads.
 pub(super) const SIZES: [usize; 8] = [1, 63, 64, 65, 7, 3000, 2, 70_001];
+
+/// The parameter table of [`SIZES`] laid out on the slots, and the elements of a rank.
+pub(super) fn sizes_table() -> (ParamStarts, usize) {
+    let (offsets, rank_len) = layout_params(&SIZES);
+    (
+        ParamStarts(offsets.iter().map(|&o| o as u32).collect()),
+        rank_len,
+    )
+}
 pub(super) const FORMATS: [StorageFormat; 4] = [
     StorageFormat::F32,
     StorageFormat::F16,
