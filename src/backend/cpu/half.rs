@@ -178,22 +178,22 @@ mod tests {
     use super::*;
     use half::{bf16, f16};
 
-    #[test]
-    fn f16_decode_matches_half_for_every_value() {
+    /// `H::decode` against `want` (the `half` crate's widening) on every 16-bit value.
+    fn decode_matches<H: HalfFormat>(want: fn(u16) -> f32, what: &str) {
         for h in 0..=u16::MAX {
-            let want = f16::from_bits(h).to_f32().to_bits();
-            let got = Binary16::decode(u32::from(h)).to_bits();
-            assert_eq!(got, want, "f16 bits {h:#06x}");
+            let got = H::decode(u32::from(h)).to_bits();
+            assert_eq!(got, want(h).to_bits(), "{what} bits {h:#06x}");
         }
     }
 
     #[test]
+    fn f16_decode_matches_half_for_every_value() {
+        decode_matches::<Binary16>(|h| f16::from_bits(h).to_f32(), "f16");
+    }
+
+    #[test]
     fn bf16_decode_matches_half_for_every_value() {
-        for h in 0..=u16::MAX {
-            let want = bf16::from_bits(h).to_f32().to_bits();
-            let got = BFloat16::decode(u32::from(h)).to_bits();
-            assert_eq!(got, want, "bf16 bits {h:#06x}");
-        }
+        decode_matches::<BFloat16>(|h| bf16::from_bits(h).to_f32(), "bf16");
     }
 
     /// `H::round` against `decode(encode())` on every f32 whose bits above `dropped` take
