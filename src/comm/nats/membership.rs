@@ -320,12 +320,19 @@ impl Point<'_> {
         k: u64,
         previous: &[bool],
         mut watch: Option<&mut Box<dyn Watch>>,
+        watched_before: bool,
     ) -> Result<(Vec<bool>, Vec<usize>)> {
-        // Updates of earlier sync points: not this one's news.
-        if let Some(w) = watch.as_deref_mut() {
-            while w.ready().is_some() {}
-        }
         let prefix = format!("sync.{k}.");
+        // This sync point's keys as the watch has shown them; updates of earlier sync points
+        // are not this one's news.
+        let mut seen = Seen::new();
+        if let Some(w) = watch.as_deref_mut() {
+            while let Some(update) = w.ready() {
+                if update.key.starts_with(&prefix) {
+                    seen.insert(update.key, update.value);
+                }
+            }
+        }
         let ranks = previous.len();
         let keys: std::sync::Arc<Keys> = self.inbox.keys().ok_or_else(|| {
             Error::runtime(format!(
@@ -340,10 +347,21 @@ impl Point<'_> {
             .put(&arrived_key(k, self.rank), Bytes::copy_from_slice(&arrival))
             .await
             .map_err(|e| self.failed(k, "cannot say it arrived", &e))?;
-        // Every key is read at first and after a wait with no update; in between the watch's
-        // updates say what changed.
-        let mut seen = Seen::new();
-        let mut fresh = false;
+        // A watch open since before this sync point began (`watched_before`: its first key is
+        // put after this process arrived at the last one) has shown every key of it put so
+        // far, so what it has not shown is absent and nothing is read. Otherwise every key is
+        // read at first; and after a wait with no update, in case the watch missed one.
+        let mut fresh = watched_before && watch.is_some();
+        if fresh {
+            seen.insert(
+                arrived_key(k, self.rank),
+                Some(Bytes::copy_from_slice(&arrival)),
+            );
+            seen.entry(live_key(k)).or_insert(None);
+            for rank in (0..ranks).filter(|&r| previous[r]) {
+                seen.entry(arrived_key(k, rank)).or_insert(None);
+            }
+        }
         let live = loop {
             if !fresh {
                 seen.clear();

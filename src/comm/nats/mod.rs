@@ -394,12 +394,15 @@ impl NatsWorld {
             bound: self.bound,
         };
         let mut watch = self.watch.lock().unwrap_or_else(|e| e.into_inner());
+        let watched_before = watch.is_some();
         let (live, joining) = self.runtime.block_on(async {
             if watch.is_none() {
                 // Wakes the agreement when the bucket changes; without it, it polls.
                 *watch = self.store.watch("sync.>").await.ok();
             }
-            point.agree(k, &previous, watch.as_mut()).await
+            point
+                .agree(k, &previous, watch.as_mut(), watched_before)
+                .await
         })?;
         drop(watch);
         self.rejoined(&joining)?;
