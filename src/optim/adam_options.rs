@@ -5,8 +5,7 @@ use serde_json::{Value, json};
 
 use super::kind::OptimizerKind;
 use super::options::{self, GroupOptions, OptionMap};
-use crate::error::{Error, Result};
-use crate::pyfmt::float_repr;
+use crate::error::Result;
 
 /// Adam's hyper-parameters, with `torch.optim.Adam`'s defaults. Build them with
 /// `AdamOptions::default().with_lr(..)…` (the struct may gain fields). For `AdamW` use
@@ -233,30 +232,19 @@ impl GroupOptions for AdamOptions {
     /// PyTorch's constructor checks (`not 0.0 <= x`, so NaN is refused), in its order.
     fn validate(&self) -> Result<()> {
         if !at_least_zero(self.lr) {
-            return Err(Error::value(format!(
-                "Invalid learning rate: {}",
-                float_repr(self.lr)
-            )));
+            return Err(options::invalid("learning rate", self.lr));
         }
         if !at_least_zero(self.eps) {
-            return Err(Error::value(format!(
-                "Invalid epsilon value: {}",
-                float_repr(self.eps)
-            )));
+            return Err(options::invalid("epsilon value", self.eps));
         }
         for (index, beta) in [self.betas.0, self.betas.1].into_iter().enumerate() {
             if !(0.0..1.0).contains(&beta) {
-                return Err(Error::value(format!(
-                    "Invalid beta parameter at index {index}: {}",
-                    float_repr(beta)
-                )));
+                let what = format!("beta parameter at index {index}");
+                return Err(options::invalid(&what, beta));
             }
         }
         if !at_least_zero(self.weight_decay) {
-            return Err(Error::value(format!(
-                "Invalid weight_decay value: {}",
-                float_repr(self.weight_decay)
-            )));
+            return Err(options::invalid("weight_decay value", self.weight_decay));
         }
         Ok(())
     }

@@ -6,7 +6,6 @@ use serde_json::{Value, json};
 use super::kind::OptimizerKind;
 use super::options::{self, GroupOptions, OptionMap};
 use crate::error::{Error, Result};
-use crate::pyfmt::float_repr;
 
 /// SGD's hyper-parameters, with PyTorch's defaults. Build them with
 /// `SgdOptions::default().with_lr(..)…` (the struct may gain fields).
@@ -133,22 +132,13 @@ impl GroupOptions for SgdOptions {
     /// through.
     fn validate(&self) -> Result<()> {
         if self.lr < 0.0 {
-            return Err(Error::value(format!(
-                "Invalid learning rate: {}",
-                float_repr(self.lr)
-            )));
+            return Err(options::invalid("learning rate", self.lr));
         }
         if self.momentum < 0.0 {
-            return Err(Error::value(format!(
-                "Invalid momentum value: {}",
-                float_repr(self.momentum)
-            )));
+            return Err(options::invalid("momentum value", self.momentum));
         }
         if self.weight_decay < 0.0 {
-            return Err(Error::value(format!(
-                "Invalid weight_decay value: {}",
-                float_repr(self.weight_decay)
-            )));
+            return Err(options::invalid("weight_decay value", self.weight_decay));
         }
         if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
             return Err(Error::value(
