@@ -1233,6 +1233,15 @@ impl DiLoCo {
         Ok(())
     }
 
+    /// The fragment in flight whose sync point is still travelling over a world of processes
+    /// (its membership or a mean not yet known), if any.
+    fn travelling_fragment(&self) -> Option<usize> {
+        self.pending.filter(|_| {
+            !self.travelling.is_empty()
+                || self.agreeing.as_ref().is_some_and(|m| m.agreed().is_none())
+        })
+    }
+
     /// Rank `rank`'s (a local index) state: `{"inner_optimizer", "outer_optimizer",
     /// "local_step", "original_parameters", "pending"}` — both optimizers' `state_dict()`s, the
     /// inner steps since the start of the period, the parameters at their fragment's last sync,
@@ -1250,10 +1259,7 @@ impl DiLoCo {
     /// known yet: step to its apply point, or `sync`, first).
     pub async fn state_dict(&self, replicas: &Replicas, rank: usize) -> Result<Value> {
         check_same_model(replicas, self.ranks, self.params)?;
-        if let Some(f) = self.pending.filter(|_| {
-            !self.travelling.is_empty()
-                || self.agreeing.as_ref().is_some_and(|m| m.agreed().is_none())
-        }) {
+        if let Some(f) = self.travelling_fragment() {
             return Err(Error::runtime(format!(
                 "fragment {f}'s all-reduce is still in flight: its mean is not known before its outer step (step to it, or call sync(), first)"
             )));
@@ -1307,7 +1313,8 @@ impl DiLoCo {
     /// per parameter of that fragment in its dtype and shape; the optimizers' `ValueError`s and
     /// `TypeError`s ([`LocalOptimizer::check_state_dict`]), checked before either optimizer
     /// changes; a `RuntimeError` when a loaded tensor or a state arena does not fit the memory
-    /// budget or the backend fails.
+    /// budget or the backend fails, or while the fragment in flight's sync point is still
+    /// travelling over a world of processes (its ranks would wait for this one's part of it).
     pub fn load_state_dict(
         &mut self,
         replicas: &mut Replicas,
@@ -1315,6 +1322,13 @@ impl DiLoCo {
         state_dict: &Value,
     ) -> Result<()> {
         check_same_model(replicas, self.ranks, self.params)?;
+        if let Some(f) = self.travelling_fragment() {
+            // Its ranks are still reducing it with this one: replacing the state would leave
+            // them waiting for this rank's part of the sync point.
+            return Err(Error::runtime(format!(
+                "fragment {f}'s all-reduce is still in flight: a state dict cannot be loaded before its outer step (step to it, or call sync(), first)"
+            )));
+        }
         if rank >= self.ranks {
             return Err(Error::new(
                 crate::ErrorKind::IndexError,
@@ -1369,7 +1383,8 @@ impl DiLoCo {
             }
         }
         self.pending = pending.map(|(f, _)| f);
-        // A sync point still in flight belonged to the state replaced.
+        // The sync point the replaced state had started (its means already known: one still
+        // travelling refuses the load above) is the loaded state's now.
         self.travelling.clear();
         self.agreeing = None;
         self.local_step = local_step;

@@ -1238,11 +1238,14 @@ fn distopt_train_compress_sends_half_the_bytes() {
 }
 
 /// A world whose all-reduce fails while armed (a lost peer, a network error), the simulated
-/// world otherwise.
+/// world otherwise. With `travel`, a sync point's mean started in flight is handed back as
+/// still travelling until it is finished (it is computed at its start, as the simulated world
+/// does): what a world of processes holds during Streaming DiLoCo's `fragment_sync_delay`.
 #[derive(Debug)]
 struct FailingWorld {
     inner: SimulatedWorld,
     fail: std::sync::atomic::AtomicBool,
+    travel: bool,
 }
 
 impl FailingWorld {
@@ -1250,6 +1253,15 @@ impl FailingWorld {
         Arc::new(FailingWorld {
             inner: SimulatedWorld::new(size).unwrap(),
             fail: false.into(),
+            travel: false,
+        })
+    }
+
+    fn travelling(size: usize) -> Arc<FailingWorld> {
+        Arc::new(FailingWorld {
+            inner: SimulatedWorld::new(size).unwrap(),
+            fail: false.into(),
+            travel: true,
         })
     }
 
@@ -1273,6 +1285,34 @@ impl Communicator for FailingWorld {
             return Err(distopt::Error::runtime("injected all-reduce failure"));
         }
         self.inner.all_reduce_mean(backend, arena, mean)
+    }
+
+    fn start_all_reduce_mean_in(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut distopt::backend::Arena,
+        membership: &distopt::comm::InFlightMembership,
+        mean: distopt::comm::AllReduceMeanArgs<'_>,
+    ) -> distopt::Result<distopt::comm::InFlightMean> {
+        // The trait's default (so that an armed world fails here too), then in flight.
+        let agreed = membership
+            .agreed()
+            .expect("the simulated world agrees at once");
+        self.all_reduce_mean_live(backend, arena, &agreed.live, mean)?;
+        Ok(if self.travel {
+            distopt::comm::InFlightMean::travelling(Box::new(()))
+        } else {
+            distopt::comm::InFlightMean::done()
+        })
+    }
+
+    fn finish_all_reduce_mean_live(
+        &self,
+        _backend: &dyn Backend,
+        _arena: &mut distopt::backend::Arena,
+        _in_flight: distopt::comm::InFlightMean,
+    ) -> distopt::Result<()> {
+        Ok(())
     }
 
     fn all_reduce_scaled_sum(
@@ -1414,6 +1454,55 @@ fn a_failed_all_reduce_does_not_count_the_step_and_leaves_the_sync_state_as_befo
             "{label}: the ranks agree after the sync"
         );
     }
+}
+
+#[test]
+fn a_state_dict_is_neither_saved_nor_loaded_while_a_fragments_mean_travels() {
+    let grads = all_grads();
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let params = vec![initial_params(); WORLD];
+    let (mut straight, mut reference) = fresh_streaming(&backend, &params, 1, 0.5, world());
+    let world = FailingWorld::travelling(WORLD);
+    let (mut replicas, mut diloco) = fresh_streaming(&backend, &params, 1, 0.5, world);
+    let saved = states(&diloco, &replicas);
+    let mut refused = 0;
+    for g in &grads {
+        step(&mut straight, &mut reference, g);
+        step(&mut replicas, &mut diloco, g);
+        match diloco.pending_fragment() {
+            None => assert_eq!(states(&diloco, &replicas).len(), WORLD),
+            Some(f) => {
+                let before = param_bits(&replicas);
+                let err = diloco.state_dict(&replicas, 0).block_on().unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::RuntimeError, "{err}");
+                assert!(
+                    err.message()
+                        .contains(&format!("fragment {f}'s all-reduce is still in flight")),
+                    "{err}"
+                );
+                let err = diloco
+                    .load_state_dict(&mut replicas, 0, &saved[0])
+                    .unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::RuntimeError, "{err}");
+                assert!(err.message().contains("cannot be loaded"), "{err}");
+                assert_eq!(diloco.pending_fragment(), Some(f));
+                assert_eq!(param_bits(&replicas), before);
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        refused >= 3,
+        "only {refused} steps had a fragment in flight"
+    );
+    // Refused calls changed nothing: the run equals the one in a world whose means are done
+    // at their start, bit for bit, and once nothing travels a state dict is saved again.
+    assert_eq!(param_bits(&replicas), param_bits(&straight));
+    assert!(diloco.pending_fragment().is_some());
+    reference.sync(&mut straight).unwrap();
+    diloco.sync(&mut replicas).unwrap();
+    assert_eq!(param_bits(&replicas), param_bits(&straight));
+    assert_eq!(states(&diloco, &replicas), states(&reference, &straight));
 }
 
 /// Streaming DiLoCo over `shapes()` in two fragments, syncing every 4 steps with `delay` and
