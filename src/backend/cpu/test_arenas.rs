@@ -106,6 +106,7 @@ pub(super) fn sizes_table() -> (ParamStarts, usize) {
         rank_len,
     )
 }
+
 pub(super) const FORMATS: [StorageFormat; 4] = [
     StorageFormat::F32,
     StorageFormat::F16,

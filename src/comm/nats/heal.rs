@@ -51,7 +51,7 @@ impl NatsWorld {
     /// A `RuntimeError` when within the timeout the run reaches no sync point or no rank (or not
     /// the one asked for) leaves it; a `ValueError` for a rank outside the run.
     pub(super) async fn take_left_rank(
-        store: &dyn Bucket,
+        bucket: &dyn Bucket,
         run: &str,
         options: &NatsOptions,
         own: &join::Claim,
@@ -64,7 +64,7 @@ impl NatsWorld {
         }
         let deadline = std::time::Instant::now() + options.join_timeout;
         loop {
-            let last = membership::latest(store, run, ranks).await?;
+            let last = membership::latest(bucket, run, ranks).await?;
             if let Some((k, last)) = &last {
                 let left = |r: usize| !last.live[r] && !last.joining.contains(&r);
                 let rank = match options.rank {
@@ -72,7 +72,7 @@ impl NatsWorld {
                     None => (0..ranks).find(|&r| left(r)),
                 };
                 if let Some(rank) = rank {
-                    join::take_over(store, run, rank, own).await?;
+                    join::take_over(bucket, run, rank, own).await?;
                     return Ok((*k, rank));
                 }
             }
@@ -96,7 +96,7 @@ impl NatsWorld {
                     options.join_timeout.as_secs_f64()
                 )));
             }
-            store.pause(std::time::Duration::from_millis(100)).await;
+            bucket.pause(std::time::Duration::from_millis(100)).await;
         }
     }
 
@@ -130,14 +130,14 @@ impl NatsWorld {
             })?;
             // The live ranks' heartbeats are heard from now on: nobody's silence so far.
             self.inbox.all_heard();
-            self.store
+            self.bucket
                 .put(&key, bytes::Bytes::copy_from_slice(&request))
                 .await
                 .map_err(|e| {
                     Error::runtime(format!("run '{}': cannot ask to join: {e}", self.run))
                 })?;
             let admission = membership::admission(
-                &*self.store,
+                &*self.bucket,
                 &self.run,
                 &keys,
                 (self.rank, self.size),
@@ -145,7 +145,7 @@ impl NatsWorld {
                 self.join_timeout,
             )
             .await;
-            let _ = self.store.delete(&key).await;
+            let _ = self.bucket.delete(&key).await;
             admission
         })?;
         Ok(Membership {
@@ -169,7 +169,7 @@ impl NatsWorld {
         for &rank in joining {
             let claim = self
                 .runtime
-                .block_on(join::read_claim(&*self.store, &self.run, rank))?;
+                .block_on(join::read_claim(&*self.bucket, &self.run, rank))?;
             let keys = self
                 .inbox
                 .keys()

@@ -73,8 +73,8 @@ pub(super) async fn running_bucket(link: &dyn Link, run: &str) -> Result<Box<dyn
 ///
 /// # Errors
 /// A `RuntimeError` when the bucket cannot be read, or the claim is missing or malformed.
-pub(super) async fn read_claim(store: &dyn Bucket, run: &str, rank: usize) -> Result<Claim> {
-    match store.get(&rank_key(rank)).await {
+pub(super) async fn read_claim(bucket: &dyn Bucket, run: &str, rank: usize) -> Result<Claim> {
+    match bucket.get(&rank_key(rank)).await {
         Ok(Some(value)) => Claim::decode(run, rank, &value),
         Ok(None) => Err(Error::runtime(format!(
             "run '{run}': rank {rank} has no claim"
@@ -90,12 +90,12 @@ pub(super) async fn read_claim(store: &dyn Bucket, run: &str, rank: usize) -> Re
 /// # Errors
 /// A `RuntimeError` when the bucket cannot be written.
 pub(super) async fn take_over(
-    store: &dyn Bucket,
+    bucket: &dyn Bucket,
     run: &str,
     rank: usize,
     claim: &Claim,
 ) -> Result<()> {
-    store
+    bucket
         .put(&rank_key(rank), Bytes::from(claim.encode()))
         .await
         .map_err(|e| Error::runtime(format!("run '{run}': cannot claim rank {rank}: {e}")))
@@ -144,7 +144,7 @@ impl Claim {
 
 /// Claims a rank of `ranks` with `claim`: `requested`, or the lowest free one.
 pub(super) async fn claim(
-    store: &dyn Bucket,
+    bucket: &dyn Bucket,
     run: &str,
     ranks: usize,
     requested: Option<usize>,
@@ -160,7 +160,7 @@ pub(super) async fn claim(
         None => (0..ranks).collect(),
     };
     for rank in candidates {
-        if store
+        if bucket
             .create(&rank_key(rank), Bytes::from(claim.encode()))
             .await
             .is_ok()
@@ -182,7 +182,7 @@ pub(super) async fn claim(
 /// process saw it, a claim is malformed, or this process's own claim holds another value (a
 /// client of the run overwrote it, to have its key taken for this rank's).
 pub(super) async fn claims(
-    store: &dyn Bucket,
+    bucket: &dyn Bucket,
     run: &str,
     ranks: usize,
     timeout: Duration,
@@ -193,7 +193,7 @@ pub(super) async fn claims(
     loop {
         for (rank, slot) in tokens.iter_mut().enumerate() {
             if slot.is_none()
-                && let Ok(Some(entry)) = store.entry(&rank_key(rank)).await
+                && let Ok(Some(entry)) = bucket.entry(&rank_key(rank)).await
             {
                 if entry.deleted {
                     // The rank joined and has left already: the run started without this
@@ -222,6 +222,6 @@ pub(super) async fn claims(
                 timeout.as_secs_f64()
             )));
         }
-        store.pause(Duration::from_millis(20)).await;
+        bucket.pause(Duration::from_millis(20)).await;
     }
 }

@@ -153,13 +153,13 @@ fn decode(bytes: &[u8], ranks: usize) -> Option<Agreed> {
     })
 }
 
-/// The last sync point's agreed membership in `store` (a run of `ranks` ranks), `None` before
+/// The last sync point's agreed membership in `bucket` (a run of `ranks` ranks), `None` before
 /// the first: the index and the agreement, unchecked (a process that joins has no keys yet).
 ///
 /// # Errors
 /// A `RuntimeError` when the bucket cannot be read.
 pub(super) async fn latest(
-    store: &dyn Bucket,
+    bucket: &dyn Bucket,
     run: &str,
     ranks: usize,
 ) -> Result<Option<(u64, Agreed)>> {
@@ -168,11 +168,11 @@ pub(super) async fn latest(
             "run '{run}': cannot read the run's sync points: {e}"
         ))
     };
-    let last = store.get(LATEST_KEY).await.map_err(|e| failed(&e))?;
+    let last = bucket.get(LATEST_KEY).await.map_err(|e| failed(&e))?;
     let Some(k) = last.and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok()) else {
         return Ok(None);
     };
-    let bytes = store.get(&live_key(k)).await.map_err(|e| failed(&e))?;
+    let bytes = bucket.get(&live_key(k)).await.map_err(|e| failed(&e))?;
     Ok(bytes
         .and_then(|bytes| decode(&bytes, ranks))
         .map(|agreed| (k, agreed)))
@@ -185,7 +185,7 @@ pub(super) async fn latest(
 /// A `RuntimeError` when no sync point admits it within `timeout`, the bucket cannot be read,
 /// or an agreement is malformed or forged.
 pub(super) async fn admission(
-    store: &dyn Bucket,
+    bucket: &dyn Bucket,
     run: &str,
     keys: &Keys,
     (rank, ranks): (usize, usize),
@@ -195,7 +195,7 @@ pub(super) async fn admission(
     let deadline = std::time::Instant::now() + timeout;
     let mut k = after + 1;
     loop {
-        let bytes = store
+        let bytes = bucket
             .get(&live_key(k))
             .await
             .map_err(|e| Error::runtime(format!("run '{run}': cannot read sync point {k}: {e}")))?;
@@ -221,7 +221,7 @@ pub(super) async fn admission(
         }
         // Not there: not yet, or deleted already (the run is two points further): go on from
         // the last one there is.
-        if let Some((last, _)) = latest(store, run, ranks).await?
+        if let Some((last, _)) = latest(bucket, run, ranks).await?
             && last > k
         {
             k = last;
@@ -234,7 +234,7 @@ pub(super) async fn admission(
                 k.saturating_sub(1)
             )));
         }
-        store.pause(POLL).await;
+        bucket.pause(POLL).await;
     }
 }
 
@@ -245,7 +245,7 @@ type Seen = std::collections::HashMap<String, Option<Bytes>>;
 /// `seen`) or [`POLL`] passes; without a watch, or once it ended, for [`POLL`]. Returns whether
 /// an update came (else every key must be read again).
 async fn bucket_changed(
-    store: &dyn Bucket,
+    bucket: &dyn Bucket,
     watch: &mut Option<&mut Box<dyn Watch>>,
     prefix: &str,
     seen: &mut Seen,
@@ -272,7 +272,7 @@ async fn bucket_changed(
         // The watch ended or failed: poll from now on.
         *watch = None;
     }
-    store
+    bucket
         .pause(deadline.saturating_duration_since(std::time::Instant::now()))
         .await;
     false
@@ -280,7 +280,7 @@ async fn bucket_changed(
 
 /// What the agreement needs of its process.
 pub(super) struct Point<'a> {
-    pub store: &'a dyn Bucket,
+    pub bucket: &'a dyn Bucket,
     pub inbox: &'a Inbox,
     pub signer: &'a Signer,
     pub run: &'a str,
@@ -298,7 +298,7 @@ impl Point<'_> {
         if let Some(value) = seen.get(&key) {
             return Ok(value.clone());
         }
-        let value = self.store.get(&key).await?;
+        let value = self.bucket.get(&key).await?;
         seen.insert(key, value.clone());
         Ok(value)
     }
@@ -340,11 +340,13 @@ impl Point<'_> {
                 self.run, self.rank
             ))
         })?;
-        let arrival = self
-            .signer
-            .seal_statement(&arrival_statement(self.run, k, self.rank));
-        self.store
-            .put(&arrived_key(k, self.rank), Bytes::copy_from_slice(&arrival))
+        let arrival = Bytes::copy_from_slice(
+            &self
+                .signer
+                .seal_statement(&arrival_statement(self.run, k, self.rank)),
+        );
+        self.bucket
+            .put(&arrived_key(k, self.rank), arrival.clone())
             .await
             .map_err(|e| self.failed(k, "cannot say it arrived", &e))?;
         // A watch open since before this sync point began (`watched_before`: its first key is
@@ -353,10 +355,7 @@ impl Point<'_> {
         // read at first; and after a wait with no update, in case the watch missed one.
         let mut fresh = watched_before && watch.is_some();
         if fresh {
-            seen.insert(
-                arrived_key(k, self.rank),
-                Some(Bytes::copy_from_slice(&arrival)),
-            );
+            seen.insert(arrived_key(k, self.rank), Some(arrival.clone()));
             seen.entry(live_key(k)).or_insert(None);
             for rank in (0..ranks).filter(|&r| previous[r]) {
                 seen.entry(arrived_key(k, rank)).or_insert(None);
@@ -397,14 +396,11 @@ impl Point<'_> {
                 .await
                 .map_err(|e| self.failed(k, "cannot read its arrival", &e))?;
             if own.as_deref() != Some(&arrival[..]) {
-                self.store
-                    .put(&arrived_key(k, self.rank), Bytes::copy_from_slice(&arrival))
+                self.bucket
+                    .put(&arrived_key(k, self.rank), arrival.clone())
                     .await
                     .map_err(|e| self.failed(k, "cannot say it arrived", &e))?;
-                seen.insert(
-                    arrived_key(k, self.rank),
-                    Some(Bytes::copy_from_slice(&arrival)),
-                );
+                seen.insert(arrived_key(k, self.rank), Some(arrival.clone()));
             }
             let mut arrived = vec![false; ranks];
             let mut open = false;
@@ -436,19 +432,22 @@ impl Point<'_> {
                     live_statement(self.run, k, &ranks_text(&arrived), &joining_text(&joining));
                 let seal = self.signer.seal_statement(&statement);
                 if self
-                    .store
+                    .bucket
                     .create(&live_key(k), encode(&arrived, self.rank, &seal, &joining))
                     .await
                     .is_ok()
                 {
                     // Where a joining process finds the run (`latest`).
-                    let _ = self.store.put(LATEST_KEY, Bytes::from(k.to_string())).await;
+                    let _ = self
+                        .bucket
+                        .put(LATEST_KEY, Bytes::from(k.to_string()))
+                        .await;
                     break (arrived, joining);
                 }
                 fresh = false;
                 continue;
             }
-            fresh = bucket_changed(self.store, &mut watch, &prefix, &mut seen).await;
+            fresh = bucket_changed(self.bucket, &mut watch, &prefix, &mut seen).await;
         };
         let (live, joining) = live;
         if !live[self.rank] {
@@ -458,9 +457,9 @@ impl Point<'_> {
             )));
         }
         if k >= 2 {
-            let _ = self.store.delete(&arrived_key(k - 2, self.rank)).await;
+            let _ = self.bucket.delete(&arrived_key(k - 2, self.rank)).await;
             if live.iter().position(|&l| l) == Some(self.rank) {
-                let _ = self.store.delete(&live_key(k - 2)).await;
+                let _ = self.bucket.delete(&live_key(k - 2)).await;
             }
         }
         Ok((live, joining))
@@ -471,14 +470,14 @@ impl Point<'_> {
     async fn join_requests(&self, previous: &[bool], arrived: &[bool]) -> Result<Vec<usize>> {
         let mut joining = Vec::new();
         for rank in (0..previous.len()).filter(|&r| !previous[r] && !arrived[r]) {
-            let request = self.store.get(&join_key(rank)).await.map_err(|e| {
+            let request = self.bucket.get(&join_key(rank)).await.map_err(|e| {
                 Error::runtime(format!(
                     "run '{}': cannot read the requests to join: {e}",
                     self.run
                 ))
             })?;
             let Some(seal) = request else { continue };
-            let Ok(claim) = read_claim(self.store, self.run, rank).await else {
+            let Ok(claim) = read_claim(self.bucket, self.run, rank).await else {
                 continue;
             };
             if Keys::sealed_by_key(&claim.key, &join_statement(self.run, rank), &seal) {

@@ -165,7 +165,7 @@ pub struct NatsWorld {
     /// (`membership.rs`), once the first one was made.
     watch: Mutex<Option<Box<dyn link::Watch>>>,
     /// The run's key-value bucket (`join.rs`, `membership.rs`).
-    store: Box<dyn Bucket>,
+    bucket: Box<dyn Bucket>,
     /// The connection to the server (`link.rs`).
     link: Box<dyn Link>,
     /// The subscriptions and the heartbeat.
@@ -230,7 +230,7 @@ impl NatsWorld {
         let run_id = wire::run_id(&run);
         let inbox = Arc::new(Inbox::new(run_id, options.ranks));
         let common = format!("distopt.{run}.all");
-        let (link, store, rank, tokens, tasks, admitted) = runtime.block_on(async {
+        let (link, bucket, rank, tokens, tasks, admitted) = runtime.block_on(async {
             let link = native::NativeLink::connect(options, &run, &inbox).await?;
             let mut tasks = Vec::new();
             // A joining process hears the run's common subject from when it asks to be taken
@@ -247,18 +247,18 @@ impl NatsWorld {
             link.flush()
                 .await
                 .map_err(|e| fail("cannot reach the server", &e))?;
-            let (store, rank, last) = if options.join {
-                let store = join::running_bucket(&link, &run).await?;
-                let (k, rank) = NatsWorld::take_left_rank(&*store, &run, options, &own).await?;
-                (store, rank, Some(k))
+            let (bucket, rank, last) = if options.join {
+                let bucket = join::running_bucket(&link, &run).await?;
+                let (k, rank) = NatsWorld::take_left_rank(&*bucket, &run, options, &own).await?;
+                (bucket, rank, Some(k))
             } else {
-                let store = join::open_bucket(&link, &run).await?;
-                let rank = join::claim(&*store, &run, options.ranks, options.rank, &own).await?;
-                (store, rank, None)
+                let bucket = join::open_bucket(&link, &run).await?;
+                let rank = join::claim(&*bucket, &run, options.ranks, options.rank, &own).await?;
+                (bucket, rank, None)
             };
             inbox.set_rank(rank);
             let claims = join::claims(
-                &*store,
+                &*bucket,
                 &run,
                 options.ranks,
                 options.join_timeout,
@@ -273,7 +273,7 @@ impl NatsWorld {
             let tokens = match keyed {
                 Ok(tokens) => tokens,
                 Err(e) => {
-                    let _ = store.delete(&join::rank_key(rank)).await;
+                    let _ = bucket.delete(&join::rank_key(rank)).await;
                     return Err(e);
                 }
             };
@@ -281,7 +281,7 @@ impl NatsWorld {
             // membership (`heal.rs`), once it is ready to be healed.
             let admitted = last;
             inbox.all_heard();
-            Ok::<_, Error>((link, store, rank, tokens, tasks, admitted))
+            Ok::<_, Error>((link, bucket, rank, tokens, tasks, admitted))
         })?;
 
         let max_frame = link.max_payload().max(wire::HEADER_BYTES + 1024);
@@ -317,7 +317,7 @@ impl NatsWorld {
             this: std::sync::Weak::new(),
             signer: Arc::new(signer),
             watch: Mutex::new(None),
-            store,
+            bucket,
             link: Box::new(link),
             tasks: Mutex::new(tasks),
             runtime,
@@ -386,7 +386,7 @@ impl NatsWorld {
         let mut elastic = self.elastic.lock().unwrap_or_else(|e| e.into_inner());
         let (k, previous) = (elastic.0, elastic.1.clone());
         let point = membership::Point {
-            store: &*self.store,
+            bucket: &*self.bucket,
             inbox: &self.inbox,
             signer: &self.signer,
             run: &self.run,
@@ -398,7 +398,7 @@ impl NatsWorld {
         let (live, joining) = self.runtime.block_on(async {
             if watch.is_none() {
                 // Wakes the agreement when the bucket changes; without it, it polls.
-                *watch = self.store.watch("sync.>").await.ok();
+                *watch = self.bucket.watch("sync.>").await.ok();
             }
             point
                 .agree(k, &previous, watch.as_mut(), watched_before)
@@ -863,7 +863,7 @@ impl Drop for NatsWorld {
         // Leave the run's name free for another run; never wait long on a server that is gone.
         self.runtime.block_on(async {
             let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                let _ = self.store.delete(&key).await;
+                let _ = self.bucket.delete(&key).await;
                 let _ = self.link.flush().await;
             })
             .await;
