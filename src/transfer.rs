@@ -111,7 +111,7 @@ pub(crate) fn with_row_words(
         let rank_words = format.words_for(arena.rank_len());
         return work(&mut host_words_mut(arena)?[..rank_words], 0);
     }
-    let mut words = pollster::block_on(arena.read_range(0, span.start, span.len()))?;
+    let mut words = readback(arena.read_range(0, span.start, span.len()))?;
     work(&mut words, span.start)?;
     arena.write(0, span.start, &words)
 }
@@ -131,5 +131,26 @@ pub(crate) fn read_row_words(
         let start = rank * format.words_for(arena.rank_len()) + format.word_of(offset);
         return Ok(host_words(arena)?[start..start + format.words_for(len)].to_vec());
     }
-    pollster::block_on(arena.read_range(rank, offset, len))
+    readback(arena.read_range(rank, offset, len))
+}
+
+/// Waits for a device readback: natively on the calling thread; in wasm, where a thread
+/// cannot wait for the GPU, only a readback that is ready at once (a host arena's).
+#[cfg(any(feature = "mpi", feature = "nats"))]
+fn readback(read: impl std::future::Future<Output = Result<Vec<u32>>>) -> Result<Vec<u32>> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        pollster::block_on(read)
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let mut read = std::pin::pin!(read);
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        match read.as_mut().poll(&mut context) {
+            std::task::Poll::Ready(words) => words,
+            std::task::Poll::Pending => Err(crate::error::Error::runtime(
+                "a rank of a networked world in wasm cannot wait for a GPU readback: its arenas must be on the CPU backend",
+            )),
+        }
+    }
 }

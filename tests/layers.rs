@@ -68,6 +68,8 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
             &["boundary", "handles"],
             &["slot"],
             &["typings"],
+            // A networked rank's link: the npm package's NATS port.
+            &["nats"],
             // The current backend, the worlds, the CPU pool's workers.
             &["session", "world", "threads"],
             // The replicas every algorithm takes, and what a wrapper of them holds.

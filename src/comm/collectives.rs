@@ -28,7 +28,7 @@ impl AllReduceMeanArgs<'_> {
     /// # Errors
     /// A `ValueError` when `groups` partitions another world or `active` does not hold one
     /// flag per parameter.
-    #[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
+    #[cfg(any(all(feature = "mpi", not(target_arch = "wasm32")), feature = "nats"))]
     pub(crate) fn check(&self, world_size: usize) -> crate::error::Result<()> {
         if self.groups.world_size() != world_size || self.active.len() != self.starts.0.len() {
             return Err(crate::error::Error::value(format!(
@@ -66,7 +66,7 @@ impl AllReduceScaledSumArgs<'_> {
     ///
     /// # Errors
     /// Those of [`check_scaled_sum`](crate::backend::kernels::check_scaled_sum).
-    #[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
+    #[cfg(any(all(feature = "mpi", not(target_arch = "wasm32")), feature = "nats"))]
     pub(crate) fn check(&self, arena: &crate::backend::Arena) -> crate::error::Result<()> {
         crate::backend::kernels::check_scaled_sum(
             arena,

@@ -11,11 +11,11 @@ mod in_flight;
 mod membership;
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub mod mpi;
-#[cfg(all(feature = "nats", not(target_arch = "wasm32")))]
+#[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
+#[cfg(any(all(feature = "mpi", not(target_arch = "wasm32")), feature = "nats"))]
 mod one_rank;
-#[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
+#[cfg(any(all(feature = "mpi", not(target_arch = "wasm32")), feature = "nats"))]
 mod regions;
 mod simulated;
 mod stats;
@@ -32,7 +32,7 @@ pub use in_flight::{InFlightMean, InFlightMembership};
 pub use membership::{Membership, MembershipSchedule};
 #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
 pub use mpi::MpiWorld;
-#[cfg(all(feature = "nats", not(target_arch = "wasm32")))]
+#[cfg(feature = "nats")]
 pub use nats::{
     NatsOptions, NatsWorld, RunCredentials, RunPermissions, ServerListen, run_permissions,
     server_config,

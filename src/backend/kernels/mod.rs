@@ -74,7 +74,7 @@ pub use convert::{ConvertArgs, convert_reference};
 pub(crate) use pseudo_gradient::check_pseudo_gradient;
 pub use pseudo_gradient::{PseudoGradientArgs, pseudo_gradient_reference};
 // The communicators' all-reduce check.
-#[cfg(all(any(feature = "mpi", feature = "nats"), not(target_arch = "wasm32")))]
+#[cfg(any(all(feature = "mpi", not(target_arch = "wasm32")), feature = "nats"))]
 pub(crate) use scaled_sum::check_scaled_sum;
 pub use scaled_sum::{ScaledSumArgs, scaled_sum_reference};
 pub(crate) use sgd::check_sgd_arenas;

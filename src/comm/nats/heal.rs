@@ -62,7 +62,7 @@ impl NatsWorld {
                 "rank {rank} requested in run '{run}' of {ranks} ranks"
             )));
         }
-        let deadline = std::time::Instant::now() + options.join_timeout;
+        let deadline = web_time::Instant::now() + options.join_timeout;
         loop {
             let last = membership::latest(bucket, run, ranks).await?;
             if let Some((k, last)) = &last {
@@ -76,7 +76,7 @@ impl NatsWorld {
                     return Ok((*k, rank));
                 }
             }
-            if std::time::Instant::now() > deadline {
+            if web_time::Instant::now() > deadline {
                 let why = match (&last, options.rank) {
                     (None, _) => {
                         "it reached no sync point (a process joins a running run at one of them)"

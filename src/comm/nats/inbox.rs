@@ -5,8 +5,10 @@
 //! it (`seal.rs`); before, frames are kept and checked when the keys arrive.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use web_time::Instant;
 
 use bytes::Bytes;
 
@@ -54,6 +56,18 @@ pub(super) struct Inbox {
     me: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
     arrived: Condvar,
+    /// Delivers the messages the link has received, on the waiting thread (a link whose
+    /// client has no thread of its own to deliver them: [`Link::pump`](super::link::Link::pump)).
+    pump: OnceLock<Pump>,
+}
+
+/// [`Inbox::pump_with`]'s function.
+pub(super) struct Pump(pub Box<dyn Fn(Duration) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Pump {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pump")
+    }
 }
 
 impl Inbox {
@@ -74,7 +88,46 @@ impl Inbox {
                 forged: 0,
             }),
             arrived: Condvar::new(),
+            pump: OnceLock::new(),
         }
+    }
+
+    /// Waits with `pump` (the link's [`Link::pump`](super::link::Link::pump)): when it
+    /// delivers, a wait for frames calls it instead of waiting for another thread to push them.
+    pub(super) fn pump_with(&self, pump: Pump) {
+        let _ = self.pump.set(pump);
+    }
+
+    /// Delivers what the link has received so far, without waiting (a link that delivers on
+    /// threads of its own: nothing to do).
+    pub(super) fn drain(&self) {
+        if let Some(pump) = self.pump.get() {
+            (pump.0)(Duration::ZERO);
+        }
+    }
+
+    /// Waits up to `at_most` for frames to arrive, `state`'s lock released meanwhile.
+    fn await_frames<'a>(
+        &'a self,
+        state: MutexGuard<'a, State>,
+        at_most: Duration,
+    ) -> MutexGuard<'a, State> {
+        if let Some(pump) = self.pump.get() {
+            drop(state);
+            if (pump.0)(at_most) {
+                return self.lock();
+            }
+            let state = self.lock();
+            return self
+                .arrived
+                .wait_timeout(state, at_most)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        self.arrived
+            .wait_timeout(state, at_most)
+            .unwrap_or_else(|e| e.into_inner())
+            .0
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -256,6 +309,7 @@ impl Inbox {
 
     /// How long rank `rank` has been silent.
     pub(super) fn silent_for(&self, rank: usize) -> Duration {
+        self.drain();
         self.lock()
             .heard
             .get(rank)
@@ -327,6 +381,8 @@ impl Inbox {
     ) -> Result<Option<Vec<u8>>> {
         let id = *assembler.expected();
         let me = self.me.load(std::sync::atomic::Ordering::Relaxed);
+        // What arrived while this thread computed counts before anyone's silence does.
+        self.drain();
         let mut state = self.lock();
         loop {
             if let Some(why) = state.refused.take() {
@@ -363,11 +419,7 @@ impl Inbox {
                 if left {
                     return Ok(None);
                 }
-                state = self
-                    .arrived
-                    .wait_timeout(state, Duration::from_millis(50))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                state = self.await_frames(state, Duration::from_millis(50));
                 continue;
             }
             let gone = std::iter::once(awaited)
@@ -380,11 +432,7 @@ impl Inbox {
                     bound.as_secs_f64()
                 )));
             }
-            state = self
-                .arrived
-                .wait_timeout(state, Duration::from_millis(50))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            state = self.await_frames(state, Duration::from_millis(50));
         }
     }
 }

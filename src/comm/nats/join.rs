@@ -9,7 +9,9 @@
 //! claims, no rank can publish to another before that one listens. A process that leaves cleanly
 //! deletes its key, so the name can be used again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use web_time::Instant;
 
 use bytes::Bytes;
 

@@ -6,20 +6,29 @@
 //! async-nats on a tokio runtime (`native.rs`); the traits are shaped for a JavaScript client
 //! (nats.js, over WebSocket) too — every operation a future, timers included, and nothing that
 //! names a runtime. Every future is boxed, so that the traits are object safe, and `Send`.
+//!
+//! A link whose client cannot deliver messages on a thread of its own (the npm package's
+//! nats.js port, whose client runs in a worker while the rank's thread blocks) delivers them
+//! when the protocol waits: [`Link::pump`].
+//!
+//! [`NatsWorld::join_over`](super::NatsWorld::join_over) joins a run over any link.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
+
+use web_time::Instant;
 
 use bytes::Bytes;
 
 /// A future of the link.
-pub(super) type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// An operation of the link that failed, in the client's words (they end up in the named
 /// errors of the collective or the join that needed it).
 #[derive(Debug, Clone)]
-pub(super) struct LinkError(pub String);
+pub struct LinkError(pub String);
 
 impl std::fmt::Display for LinkError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -29,21 +38,21 @@ impl std::fmt::Display for LinkError {
 
 impl LinkError {
     /// The error `e` of the client, by its text.
-    pub(super) fn of(e: impl std::fmt::Display) -> LinkError {
+    pub fn of(e: impl std::fmt::Display) -> LinkError {
         LinkError(e.to_string())
     }
 }
 
 /// What an operation of the link gives.
-pub(super) type LinkResult<T> = std::result::Result<T, LinkError>;
+pub type LinkResult<T> = std::result::Result<T, LinkError>;
 
 /// Something the link keeps doing in the background (delivering a subscription's messages,
 /// publishing heartbeats), until it is dropped.
-pub(super) struct Task(Option<Box<dyn FnOnce() + Send + Sync>>);
+pub struct Task(Option<Box<dyn FnOnce() + Send + Sync>>);
 
 impl Task {
     /// A task that `stop` ends.
-    pub(super) fn new(stop: impl FnOnce() + Send + Sync + 'static) -> Task {
+    pub fn new(stop: impl FnOnce() + Send + Sync + 'static) -> Task {
         Task(Some(Box::new(stop)))
     }
 }
@@ -57,13 +66,18 @@ impl Drop for Task {
 }
 
 /// What a subscription does with each message it receives: its payload.
-pub(super) type Deliver = Box<dyn Fn(Bytes) + Send + Sync>;
+pub type Deliver = Box<dyn Fn(Bytes) + Send + Sync>;
 
 /// A heartbeat's `n`-th message, `None` to skip it (the rank is not beating yet).
-pub(super) type Beat = Box<dyn Fn(u64) -> Option<Bytes> + Send + Sync>;
+pub type Beat = Box<dyn Fn(u64) -> Option<Bytes> + Send + Sync>;
+
+/// Where a link reports what the server refused this process (a publish or a subscription
+/// its permissions deny), in the server's words: the collective awaiting it then fails naming
+/// it instead of waiting for the failure bound.
+pub type Refused = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// A connection to the messaging system.
-pub(super) trait Link: Send + Sync {
+pub trait Link: Send + Sync {
     /// The largest payload the server takes in one message.
     fn max_payload(&self) -> usize;
 
@@ -90,11 +104,23 @@ pub(super) trait Link: Send + Sync {
         name: &'a str,
         create: bool,
     ) -> Pending<'a, LinkResult<Box<dyn Bucket>>>;
+
+    /// From now on, tells `refused` what the server refuses this process (see [`Refused`]).
+    fn report_refusals(&self, refused: Refused);
+
+    /// Delivers, on the calling thread, the messages received so far to their
+    /// subscriptions' [`Deliver`]s, waiting up to `at_most` for the first: `true`. A link
+    /// whose client delivers on threads of its own (the native one, the default) returns
+    /// `false` at once, and the caller waits for the deliveries instead.
+    fn pump(&self, at_most: Duration) -> bool {
+        let _ = at_most;
+        false
+    }
 }
 
 /// A key's last revision as a bucket holds it.
 #[derive(Debug, Clone)]
-pub(super) struct Entry {
+pub struct Entry {
     /// The value put (empty when deleted).
     pub value: Bytes,
     /// Whether the last revision deleted or purged the key.
@@ -103,7 +129,7 @@ pub(super) struct Entry {
 
 /// One change of a watched key.
 #[derive(Debug, Clone)]
-pub(super) struct Update {
+pub struct Update {
     /// The key.
     pub key: String,
     /// Its new value; `None` when it was deleted or purged.
@@ -112,7 +138,7 @@ pub(super) struct Update {
 
 /// What waiting on a [`Watch`] gave.
 #[derive(Debug)]
-pub(super) enum Watched {
+pub enum Watched {
     /// A key changed.
     Update(Update),
     /// Nothing changed before the deadline.
@@ -122,7 +148,7 @@ pub(super) enum Watched {
 }
 
 /// A key-value bucket of the server (JetStream KV): the run's rendezvous.
-pub(super) trait Bucket: Send + Sync {
+pub trait Bucket: Send + Sync {
     /// `key`'s value, `None` when it has none (never put, or deleted).
     fn get<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<Option<Bytes>>>;
 
@@ -147,7 +173,7 @@ pub(super) trait Bucket: Send + Sync {
 }
 
 /// The changes of a bucket's watched keys, in the order the server made them.
-pub(super) trait Watch: Send {
+pub trait Watch: Send {
     /// The next change, waiting until `deadline` at the most.
     fn next_before(&mut self, deadline: Instant) -> Pending<'_, Watched>;
 

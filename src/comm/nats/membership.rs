@@ -192,7 +192,7 @@ pub(super) async fn admission(
     after: u64,
     timeout: Duration,
 ) -> Result<(u64, Agreed)> {
-    let deadline = std::time::Instant::now() + timeout;
+    let deadline = web_time::Instant::now() + timeout;
     let mut k = after + 1;
     loop {
         let bytes = bucket
@@ -227,7 +227,7 @@ pub(super) async fn admission(
             k = last;
             continue;
         }
-        if std::time::Instant::now() > deadline {
+        if web_time::Instant::now() > deadline {
             return Err(Error::runtime(format!(
                 "run '{run}': no sync point took this process in as rank {rank} within {:.0} s (the run reached sync point {})",
                 timeout.as_secs_f64(),
@@ -250,7 +250,7 @@ async fn bucket_changed(
     prefix: &str,
     seen: &mut Seen,
 ) -> bool {
-    let deadline = std::time::Instant::now() + POLL;
+    let deadline = web_time::Instant::now() + POLL;
     if let Some(w) = watch.as_deref_mut() {
         loop {
             match w.next_before(deadline).await {
@@ -273,7 +273,7 @@ async fn bucket_changed(
         *watch = None;
     }
     bucket
-        .pause(deadline.saturating_duration_since(std::time::Instant::now()))
+        .pause(deadline.saturating_duration_since(web_time::Instant::now()))
         .await;
     false
 }

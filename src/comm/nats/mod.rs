@@ -40,19 +40,23 @@ mod commit;
 mod heal;
 mod inbox;
 mod join;
-mod link;
+pub mod link;
 mod membership;
+#[cfg(not(target_arch = "wasm32"))]
 mod native;
 mod options;
 mod overlap;
 mod permissions;
+#[cfg(not(target_arch = "wasm32"))]
 mod raw;
+mod runtime;
 mod seal;
 
 pub use options::NatsOptions;
 pub use permissions::{
     RunCredentials, RunPermissions, ServerListen, run_permissions, server_config,
 };
+#[cfg(not(target_arch = "wasm32"))]
 pub use raw::RawPeer;
 
 use std::ops::Range;
@@ -72,7 +76,8 @@ use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::transfer;
 use inbox::{Inbox, KIND_HEARTBEAT};
-use link::{Bucket, Link, LinkResult, Pending, Task};
+use link::{Bucket, Link, LinkResult, Pending, Refused, Task};
+use runtime::Runtime;
 
 /// What the one-rank checks call a process of this world.
 const HOLDER: &str = "a process of a NATS run";
@@ -134,7 +139,7 @@ pub struct NatsWorld {
     join_timeout: Duration,
     /// The sync points whose membership changed (ranks left, or joined after it), each with
     /// the algorithm's index of the sync point as its epoch.
-    changes: Mutex<Vec<(Membership, std::time::SystemTime)>>,
+    changes: Mutex<Vec<(Membership, web_time::SystemTime)>>,
     /// The algorithms' sync points so far: the agreements less those made again within one
     /// (a rank that died during a sync point's mean, `commit.rs`).
     points: Mutex<u64>,
@@ -167,11 +172,11 @@ pub struct NatsWorld {
     /// The run's key-value bucket (`join.rs`, `membership.rs`).
     bucket: Box<dyn Bucket>,
     /// The connection to the server (`link.rs`).
-    link: Box<dyn Link>,
+    link: Arc<dyn Link>,
     /// The subscriptions and the heartbeat.
     tasks: Mutex<Vec<Task>>,
     /// Declared last: dropped after the link and the tasks that use it.
-    runtime: tokio::runtime::Runtime,
+    runtime: Runtime,
 }
 
 impl std::fmt::Debug for NatsWorld {
@@ -184,17 +189,18 @@ impl std::fmt::Debug for NatsWorld {
     }
 }
 
-/// A token no other process holds: the process id, the time and an address, hashed.
-fn process_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
+/// A token no other process holds: a digest of this process's fresh key (random), and the
+/// time.
+fn process_token(signer: &seal::Signer) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(signer.public_key().as_bytes());
+    h.update(
+        &web_time::SystemTime::now()
+            .duration_since(web_time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+            .to_le_bytes(),
     );
-    format!("{:016x}", h.finish())
+    h.finalize().to_hex()[..16].to_string()
 }
 
 impl NatsWorld {
@@ -206,39 +212,68 @@ impl NatsWorld {
     /// outside the run; a `RuntimeError` when the server cannot be reached, has no JetStream,
     /// the rank asked for is taken (or every rank is), or the run is not complete within
     /// `options.join_timeout`.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn join(options: &NatsOptions) -> Result<Arc<NatsWorld>> {
+        NatsWorld::check_options(options)?;
+        let runtime = Runtime::new(&options.run)?;
+        let link = runtime.block_on(native::NativeLink::connect(options))?;
+        NatsWorld::join_with(options, runtime, Arc::new(link))
+    }
+
+    /// [`NatsWorld::join`] over `link`, a connection to the server of a client other than the
+    /// native one (the npm package's nats.js port, say): `options`' URL, token, secret and TLS
+    /// authorities are the link's business, not read here.
+    ///
+    /// # Errors
+    /// Those of [`NatsWorld::join`].
+    pub fn join_over(options: &NatsOptions, link: Arc<dyn Link>) -> Result<Arc<NatsWorld>> {
+        NatsWorld::check_options(options)?;
+        let runtime = Runtime::new(&options.run)?;
+        NatsWorld::join_with(options, runtime, link)
+    }
+
+    fn check_options(options: &NatsOptions) -> Result<()> {
         join::check_run_name(&options.run)?;
         if options.ranks == 0 {
             return Err(Error::value("a run needs at least one rank"));
         }
+        Ok(())
+    }
+
+    fn join_with(
+        options: &NatsOptions,
+        runtime: Runtime,
+        link: Arc<dyn Link>,
+    ) -> Result<Arc<NatsWorld>> {
         let run = options.run.clone();
         let fail = |what: &str, e: &dyn std::fmt::Display| {
             Error::runtime(format!("run '{run}': {what}: {e}"))
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("distopt-nats")
-            .enable_all()
-            .build()
-            .map_err(|e| fail("cannot start the NATS client's runtime", &e))?;
-        let token = process_token();
-        let signer = seal::Signer::new();
+        let signer = seal::Signer::new()?;
+        let token = process_token(&signer);
         let own = join::Claim {
             token: token.clone(),
             key: signer.public_key(),
         };
         let run_id = wire::run_id(&run);
         let inbox = Arc::new(Inbox::new(run_id, options.ranks));
+        let refusals = inbox.clone();
+        let refused: Refused = Arc::new(move |why| refusals.server_refused(why));
+        link.report_refusals(refused);
+        let pumped = Arc::downgrade(&link);
+        inbox.pump_with(inbox::Pump(Box::new(move |at_most| {
+            pumped.upgrade().is_some_and(|link| link.pump(at_most))
+        })));
         let common = format!("distopt.{run}.all");
-        let (link, bucket, rank, tokens, tasks, admitted) = runtime.block_on(async {
-            let link = native::NativeLink::connect(options, &run, &inbox).await?;
+        let (bucket, rank, tokens, tasks, admitted) = runtime.block_on(async {
+            let link = &*link;
             let mut tasks = Vec::new();
             // A joining process hears the run's common subject from when it asks to be taken
             // in (`heal.rs`): until then its traffic is not this process's.
             let subjects = [format!("distopt.{run}.p.{token}"), common.clone()];
             for subject in &subjects[..if options.join { 1 } else { 2 }] {
                 tasks.push(
-                    listen(&link, subject, &inbox)
+                    listen(link, subject, &inbox)
                         .await
                         .map_err(|e| fail("cannot subscribe", &e))?,
                 );
@@ -248,11 +283,11 @@ impl NatsWorld {
                 .await
                 .map_err(|e| fail("cannot reach the server", &e))?;
             let (bucket, rank, last) = if options.join {
-                let bucket = join::running_bucket(&link, &run).await?;
+                let bucket = join::running_bucket(link, &run).await?;
                 let (k, rank) = NatsWorld::take_left_rank(&*bucket, &run, options, &own).await?;
                 (bucket, rank, Some(k))
             } else {
-                let bucket = join::open_bucket(&link, &run).await?;
+                let bucket = join::open_bucket(link, &run).await?;
                 let rank = join::claim(&*bucket, &run, options.ranks, options.rank, &own).await?;
                 (bucket, rank, None)
             };
@@ -281,7 +316,7 @@ impl NatsWorld {
             // membership (`heal.rs`), once it is ready to be healed.
             let admitted = last;
             inbox.all_heard();
-            Ok::<_, Error>((link, bucket, rank, tokens, tasks, admitted))
+            Ok::<_, Error>((bucket, rank, tokens, tasks, admitted))
         })?;
 
         let max_frame = link.max_payload().max(wire::HEADER_BYTES + 1024);
@@ -318,7 +353,7 @@ impl NatsWorld {
             signer: Arc::new(signer),
             watch: Mutex::new(None),
             bucket,
-            link: Box::new(link),
+            link,
             tasks: Mutex::new(tasks),
             runtime,
         };
@@ -427,7 +462,7 @@ impl NatsWorld {
                         epoch: point,
                         ..agreed.clone()
                     },
-                    std::time::SystemTime::now(),
+                    web_time::SystemTime::now(),
                 ));
         }
         let next = NatsWorld::with_joining(&agreed);
@@ -478,7 +513,7 @@ impl NatsWorld {
     /// [`NatsWorld::membership_changes`], each with the time this process learnt the agreement
     /// (how long a run took to go on without a rank that died, or to take one in:
     /// `distopt bench recovery`).
-    pub fn timed_membership_changes(&self) -> Vec<(Membership, std::time::SystemTime)> {
+    pub fn timed_membership_changes(&self) -> Vec<(Membership, web_time::SystemTime)> {
         self.changes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -861,13 +896,11 @@ impl Drop for NatsWorld {
         self.tasks.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let key = join::rank_key(self.rank);
         // Leave the run's name free for another run; never wait long on a server that is gone.
-        self.runtime.block_on(async {
-            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        self.runtime
+            .block_on_at_most(Duration::from_secs(2), async {
                 let _ = self.bucket.delete(&key).await;
                 let _ = self.link.flush().await;
-            })
-            .await;
-        });
+            });
     }
 }
 

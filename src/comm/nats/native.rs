@@ -1,6 +1,6 @@
 //! The [`Link`] of a native process: async-nats, on the world's own tokio runtime.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
@@ -8,10 +8,9 @@ use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use tokio::runtime::Handle;
 
-use super::inbox::Inbox;
 use super::link::{
-    Beat, Bucket, Deliver, Entry, Link, LinkError, LinkResult, Pending, Task, Update, Watch,
-    Watched,
+    Beat, Bucket, Deliver, Entry, Link, LinkError, LinkResult, Pending, Refused, Task, Update,
+    Watch, Watched,
 };
 use super::options::NatsOptions;
 use super::permissions;
@@ -21,23 +20,23 @@ use crate::error::{Error, Result};
 pub(super) struct NativeLink {
     client: async_nats::Client,
     handle: Handle,
+    /// Where the server's refusals go, once the world says ([`Link::report_refusals`]).
+    refused: Arc<OnceLock<Refused>>,
 }
 
 impl NativeLink {
-    /// Connects to `options.url` for run `run` (with the options' token, run secret and TLS
-    /// authorities): a publish or subscription the server's permissions refuse is told to
-    /// `inbox`, so that the collective waiting on it fails naming it. Runs on the world's
-    /// runtime (inside its `block_on`).
+    /// Connects to `options.url` for run `options.run` (with the options' token, run secret
+    /// and TLS authorities): a publish or subscription the server's permissions refuse is
+    /// reported ([`Link::report_refusals`]). Runs on the world's runtime (inside its
+    /// `block_on`).
     ///
     /// # Errors
     /// A `ValueError` for a TLS authorities file that does not exist; a `RuntimeError` when
     /// the server cannot be reached.
-    pub(super) async fn connect(
-        options: &NatsOptions,
-        run: &str,
-        inbox: &Arc<Inbox>,
-    ) -> Result<NativeLink> {
-        let refusals = inbox.clone();
+    pub(super) async fn connect(options: &NatsOptions) -> Result<NativeLink> {
+        let run = options.run.as_str();
+        let refused: Arc<OnceLock<Refused>> = Arc::default();
+        let refusals = refused.clone();
         let mut connect = async_nats::ConnectOptions::new()
             .no_echo()
             .name(format!("distopt run {run}"))
@@ -47,8 +46,10 @@ impl NativeLink {
                 async move {
                     // A publish or subscription the server's permissions refuse: the next
                     // collective fails naming it instead of waiting for the bound.
-                    if let async_nats::Event::ServerError(e) = event {
-                        refusals.server_refused(&e.to_string());
+                    if let async_nats::Event::ServerError(e) = event
+                        && let Some(report) = refusals.get()
+                    {
+                        report(&e.to_string());
                     }
                 }
             });
@@ -76,11 +77,16 @@ impl NativeLink {
         Ok(NativeLink {
             client,
             handle: Handle::current(),
+            refused,
         })
     }
 }
 
 impl Link for NativeLink {
+    fn report_refusals(&self, refused: Refused) {
+        let _ = self.refused.set(refused);
+    }
+
     fn max_payload(&self) -> usize {
         self.client.server_info().max_payload
     }

@@ -27,11 +27,15 @@ impl std::fmt::Debug for Signer {
 }
 
 impl Signer {
-    /// A fresh key from the operating system's random source.
-    pub(super) fn new() -> Signer {
-        Signer {
-            key: KeyPair::new_user(),
-        }
+    /// A fresh key from the operating system's random source (in wasm, the browser's or
+    /// Node's `crypto.getRandomValues`).
+    pub(super) fn new() -> Result<Signer> {
+        let mut seed = [0u8; 32];
+        getrandom::getrandom(&mut seed)
+            .map_err(|e| Error::runtime(format!("no random source for a rank's key: {e}")))?;
+        let key = KeyPair::new_from_raw(nkeys::KeyPairType::User, seed)
+            .map_err(|e| Error::runtime(format!("cannot make a rank's key: {e}")))?;
+        Ok(Signer { key })
     }
 
     /// The public key, as the claim carries it (an NKey: `U…`).
@@ -142,7 +146,7 @@ mod tests {
 
     #[test]
     fn only_the_claimed_key_seals_a_rank_s_frames() {
-        let (zero, one) = (Signer::new(), Signer::new());
+        let (zero, one) = (Signer::new().unwrap(), Signer::new().unwrap());
         let keys = Keys::new("r", &[zero.public_key(), one.public_key()]).unwrap();
         let sealed = |signer: &Signer, from| {
             frames_sealed(&id(from), &[5; 300], 256, Vec::new, |d| signer.seal(d)).unwrap()
@@ -176,7 +180,7 @@ mod tests {
 
     #[test]
     fn a_statement_is_sealed_by_its_rank_only_and_for_itself_only() {
-        let (zero, one) = (Signer::new(), Signer::new());
+        let (zero, one) = (Signer::new().unwrap(), Signer::new().unwrap());
         let keys = Keys::new("r", &[zero.public_key(), one.public_key()]).unwrap();
         let seal = one.seal_statement(b"sync 3 at 1");
         assert!(keys.sealed_statement(1, b"sync 3 at 1", &seal));
@@ -188,7 +192,11 @@ mod tests {
 
     #[test]
     fn a_claim_without_a_key_is_refused_naming_the_rank() {
-        let e = Keys::new("r", &[Signer::new().public_key(), "nonsense".into()]).unwrap_err();
+        let e = Keys::new(
+            "r",
+            &[Signer::new().unwrap().public_key(), "nonsense".into()],
+        )
+        .unwrap_err();
         assert!(
             e.message()
                 .starts_with("run 'r': rank 1's claim holds no valid public key"),
