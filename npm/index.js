@@ -282,6 +282,15 @@ function arrayBufferCopy(value, path) {
  * and any failure names `path`. `seen.elements` counts the plain arrays' elements so far over
  * the call's arguments (see ARRAY_ELEMENT_BYTES).
  */
+/** Whether `value` is a port of distopt/nats (its class marks its prototype). */
+function isPort(value) {
+  try {
+    return Object.getPrototypeOf(value)?.[Symbol.for('distopt.port')] === true;
+  } catch {
+    return false;
+  }
+}
+
 function plain(value, path, depth, stack, seen = { elements: 0 }) {
   if (value === null || (typeof value !== 'object' && typeof value !== 'function')) return value;
   if (typeof value === 'function') {
@@ -300,6 +309,8 @@ function plain(value, path, depth, stack, seen = { elements: 0 }) {
   }
   if (depth > MAX_DEPTH) throw readError('ValueError', `${path}: nested too deeply (or cyclic)`);
   if (stack.has(value)) throw readError('ValueError', `${path} is cyclic (it contains itself)`);
+  // A NATS port (distopt/nats) is the caller's connection, not data: `World.joinNats` calls it.
+  if (depth === 0 && isPort(value)) return value;
   const cls = distoptClassOf(value);
   if (cls !== null) {
     if (genuine.get(value) !== cls) {

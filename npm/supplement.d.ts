@@ -253,3 +253,35 @@ export type AnyLocalOptimizer = SGD | Adam | AdamW;
 /** Either averager. */
 export type ModelAverager = PeriodicModelAverager | HierarchicalModelAverager;
 
+
+// ---------------------------------------------------------------------------------------------
+// Ranks in other processes: a run over NATS (`World.joinNats`)
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * A connection to a NATS server whose calls block the calling thread until done (Node's main
+ * thread, or any Worker): `await openPort({servers})` from `distopt/nats`. The NATS client
+ * (nats.js) runs in a worker thread of its own. `World.joinNats` takes it.
+ */
+export interface Port {
+  /** The server's largest message, in bytes. */
+  readonly maxPayload: number;
+  /** Closes the connection and stops its worker (idempotent). */
+  close(): void;
+}
+
+/** How `World.joinNats` joins a run. */
+export interface NatsJoinOptions {
+  /** The run's name: letters, digits, `-` and `_`. */
+  run: string;
+  /** Ranks in the run (the target world size). */
+  ranks: number;
+  /** The rank to take; the lowest free one when omitted. */
+  rank?: number;
+  /** Join a running run: take a rank that left, be admitted and healed at its next sync point. */
+  join?: boolean;
+  /** Seconds a rank may be silent before a collective waiting on it fails (5). */
+  failureBound?: number;
+  /** Seconds to wait for every rank to join (60). */
+  joinTimeout?: number;
+}

@@ -118,6 +118,9 @@ if [ "$HAVE_THREADS" = 1 ]; then
 fi
 
 cp npm/package.json npm/index.js npm/flavor.js npm/index.cjs npm/README.md LICENSE-MIT LICENSE-APACHE "$PKG/"
+# The synchronous NATS port (a rank's link to a NATS run) and the worker that runs nats.js.
+mkdir -p "$PKG/nats"
+cp npm/nats/*.js npm/nats/*.d.ts "$PKG/nats/"
 # The package version follows the crate's.
 CRATE_VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 node -e '

@@ -2,6 +2,7 @@
 // name exactly what the package exports.
 
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -19,6 +20,19 @@ export const TORCHFT_CASES = path.join(ROOT, 'tests/torchft-cases');
 export async function importPackage() {
   const entry = path.join(PACKAGE, 'index.js');
   assert.ok(fs.existsSync(entry), `build the package first (scripts/build-npm.sh): ${entry} is missing`);
+  return import(pathToFileURL(entry).href);
+}
+
+/**
+ * Imports the built package's NATS port (`distopt/nats`). Its dependencies (@nats-io/*) resolve
+ * as in a user's install, from a node_modules beside the package: here a link to
+ * tests/js/node_modules, which holds them pinned (npm pack leaves it out of the tarball).
+ */
+export async function importPort() {
+  const entry = path.join(PACKAGE, 'nats/port.js');
+  assert.ok(fs.existsSync(entry), `build the package first (scripts/build-npm.sh): ${entry} is missing`);
+  const link = path.join(PACKAGE, 'node_modules');
+  if (!fs.existsSync(link)) fs.symlinkSync(path.join(HERE, 'node_modules'), link, 'dir');
   return import(pathToFileURL(entry).href);
 }
 
@@ -139,4 +153,28 @@ export function typedExports() {
   for (const m of dts.matchAll(/^export \{ ([\w, ]+) \};/gm)) m[1].split(',').forEach((n) => names.add(n.trim()));
   if (/^export default /m.test(dts)) names.add('default');
   return [...names].sort();
+}
+
+/**
+ * Digests of the bits of every rank's parameters, fed by the golden runner's `observe`
+ * (`runCases(api, cases, {observe})`): two placements of the same cases (a simulated world, one
+ * rank per process) agree bit for bit when their digests of a rank are equal.
+ */
+export function bitDigests() {
+  const hashes = new Map();
+  return {
+    observe(name, rank, step, params) {
+      if (!hashes.has(rank)) hashes.set(rank, createHash('sha256'));
+      const hash = hashes.get(rank);
+      hash.update(`${name}/${step}/`);
+      for (const p of params) {
+        hash.update(`${p.dtype}[${p.shape}]`);
+        hash.update(new Uint8Array(p.data.buffer, p.data.byteOffset, p.data.byteLength));
+      }
+    },
+    /** Rank `rank`'s digest (hex), once everything was observed. */
+    digest(rank) {
+      return hashes.get(rank)?.digest('hex') ?? null;
+    },
+  };
 }

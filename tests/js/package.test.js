@@ -1,5 +1,7 @@
-// The packed tarball as a user gets it: installed offline (the package has no dependencies, so
-// `npm install <tarball> --offline` needs nothing from the registry or npm's cache) into a fresh
+// The packed tarball as a user gets it: installed offline (its only dependencies, the NATS
+// clients @nats-io/* of distopt/nats, are pinned in tests/js/package.json too, so the npm cache
+// holds them once .ci/install-js has run, and `npm install <tarball> --offline` needs nothing
+// from the registry) into a fresh
 // plain page and a fresh Vite project, type-checked against the installed typings, built with
 // `vite build`, and both run in Chromium with `import init, { sgdStep } from 'distopt'`.
 // The Vite project is built by the Vite the tests installed (tests/js/node_modules), run in the
@@ -72,6 +74,10 @@ test('the tarball holds the package and nothing else', () => {
     'package/index.cjs',
     'package/index.d.ts',
     'package/index.js',
+    // distopt/nats: the port a rank of a run over NATS joins through, and its worker.
+    'package/nats/port.d.ts',
+    'package/nats/port.js',
+    'package/nats/worker.js',
     'package/package.json',
     // The threaded build (distopt/threads), where the package was built with nightly.
     ...(THREADED

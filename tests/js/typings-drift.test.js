@@ -79,7 +79,7 @@ function usageErrors(typings) {
     strict: true,
     noEmit: true,
     types: [],
-    paths: { distopt: [typings] },
+    paths: { distopt: [typings], 'distopt/nats': [path.join(PACKAGE, 'nats/port.d.ts')] },
   };
   const program = ts.createProgram([USAGE], options);
   return ts.getPreEmitDiagnostics(program).map((d) => ts.flattenDiagnosticMessageText(d.messageText, '\n'));

@@ -151,7 +151,7 @@ impl PeriodicModelAveragerJs {
         let world = js(world_of(&world))?;
         let period = js(optional_integer_arg(&period, "period"))?.unwrap_or(1);
         let warmup = js(optional_integer_arg(&warmup_steps, "warmupSteps"))?.unwrap_or(0);
-        let group = js(subgroups(&world, &group_size))?;
+        let group = js(subgroups(&*world, &group_size))?;
         let averager = js(PeriodicModelAverager::with_group(
             period,
             warmup,

@@ -26,6 +26,9 @@ mod convert;
 mod diloco;
 mod handles;
 mod join;
+// A networked rank blocks its one thread on the port: not in the threaded build.
+#[cfg(not(target_feature = "atomics"))]
+mod nats;
 mod optim;
 mod post_local_sgd;
 mod replicas;

@@ -21,7 +21,6 @@ use super::typings::{
     TensorListArg, WorldArg,
 };
 use super::world::world_of;
-use distopt::comm::Communicator;
 use distopt::error::Result;
 use distopt::replicas::Replicas;
 use distopt::tensor::Tensor;
@@ -240,10 +239,10 @@ impl ReplicasJs {
     ) -> JsResult<()> {
         let world = js(world_of(&world))?;
         let mut replicas = js(borrow_mut(&self.inner))?;
-        if world.world_size() != replicas.ranks() {
+        if world.local_ranks().len() != replicas.ranks() {
             return Err(js_error(distopt::error::Error::value(format!(
                 "broadcastParams: the world has {} ranks but the replicas hold {}",
-                world.world_size(),
+                world.local_ranks().len(),
                 replicas.ranks()
             ))));
         }

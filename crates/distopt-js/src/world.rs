@@ -1,4 +1,5 @@
-//! `World`: a simulated world of R ranks and the bytes its collectives would have moved.
+//! `World`: a simulated world of R ranks and the bytes its collectives would have moved, or
+//! this process's rank of a run over NATS (`World.joinNats`, `nats.rs`).
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -12,34 +13,39 @@ use super::convert::{count_arg, optional_integer_arg, rank_arg};
 use super::handles;
 use super::typings::{IntegerArg, to_js};
 use distopt::comm::{
-    CommStats as LibCommStats, Communicator, SimulatedWorld, Subgroups, new_subgroups,
+    CommStats as LibCommStats, Communicator, NatsWorld, SimulatedWorld, Subgroups, new_subgroups,
 };
 use distopt::error::Result;
 
 /// A world of R ranks simulated on one device (`SimulatedWorld`), with its communication
-/// statistics. Averagers and the post-local-SGD gradient hook run their collectives on it.
+/// statistics, or this process's rank of a run over NATS (`World.joinNats`). Averagers, DiLoCo
+/// and the post-local-SGD gradient hook run their collectives on it.
 #[wasm_bindgen(js_name = World)]
 pub struct WorldJs {
     inner: Rc<WorldHandle>,
 }
 
 /// The world shared with everything made over it.
-pub(crate) struct WorldHandle(Arc<SimulatedWorld>);
+pub(crate) struct WorldHandle {
+    world: Arc<dyn Communicator>,
+    /// The same world when it is a rank of a run over NATS.
+    networked: Option<Arc<NatsWorld>>,
+}
 
 /// The world behind a JS `World` argument.
-pub(crate) fn world_of(value: &JsValue) -> Result<Arc<SimulatedWorld>> {
+pub(crate) fn world_of(value: &JsValue) -> Result<Arc<dyn Communicator>> {
     handles::resolve::<WorldHandle>(value, "__distoptWorld", "world must be a World")
-        .map(|w| Arc::clone(&w.0))
+        .map(|w| Arc::clone(&w.world))
 }
 
 /// The world as the library's communicator.
-pub(crate) fn communicator(world: &Arc<SimulatedWorld>) -> Arc<dyn Communicator> {
+pub(crate) fn communicator(world: &Arc<dyn Communicator>) -> Arc<dyn Communicator> {
     world.clone()
 }
 
 /// The partition into groups of `group_size` ranks (`undefined`/`null`: the whole world),
 /// with `new_subgroups`'s errors.
-pub(crate) fn subgroups(world: &SimulatedWorld, group_size: &JsValue) -> Result<Subgroups> {
+pub(crate) fn subgroups(world: &dyn Communicator, group_size: &JsValue) -> Result<Subgroups> {
     let size = world.world_size();
     match optional_integer_arg(group_size, "groupSize")? {
         None => Ok(Subgroups::world(size)),
@@ -85,8 +91,84 @@ impl WorldJs {
     #[wasm_bindgen(constructor)]
     pub fn new(size: IntegerArg) -> JsResult<WorldJs> {
         let size = js(count_arg(&size, "size"))?;
-        let inner = Rc::new(WorldHandle(Arc::new(js(SimulatedWorld::new(size))?)));
+        let world: Arc<dyn Communicator> = Arc::new(js(SimulatedWorld::new(size))?);
+        let inner = Rc::new(WorldHandle {
+            world,
+            networked: None,
+        });
         Ok(WorldJs { inner })
+    }
+
+    /// Joins run `options.run` of `options.ranks` ranks over `port` (a connection to a NATS
+    /// server with JetStream: `await openPort({servers})`, from `distopt/nats`) and waits until
+    /// every rank has joined: this process's rank of it, a world whose replicas hold that one
+    /// rank. Its collectives block this thread until the other ranks' data has arrived, so
+    /// call it in Node or in a Worker (a browser page's main thread cannot block).
+    ///
+    /// Options: `run` (letters, digits, `-`, `_`), `ranks`, and optionally `rank` (the rank to
+    /// take; the lowest free one by default), `join` (join a running run, healed from a live
+    /// rank at its next sync point), `failureBound` (seconds a rank may be silent before a
+    /// collective waiting on it fails; 5), `joinTimeout` (seconds to wait for the run; 60).
+    #[wasm_bindgen(js_name = joinNats)]
+    pub fn join_nats(
+        #[wasm_bindgen(unchecked_param_type = "Port")] port: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "NatsJoinOptions")] options: JsValue,
+    ) -> JsResult<WorldJs> {
+        #[cfg(not(target_feature = "atomics"))]
+        {
+            let options = js(super::nats::join_options(&options))?;
+            let link = Arc::new(js(super::nats::PortLink::new(port))?);
+            let networked = js(NatsWorld::join_over(&options, link))?;
+            let inner = Rc::new(WorldHandle {
+                world: networked.clone(),
+                networked: Some(networked),
+            });
+            Ok(WorldJs { inner })
+        }
+        #[cfg(target_feature = "atomics")]
+        {
+            let _ = (port, options);
+            Err(super::boundary::js_error(distopt::error::Error::runtime(
+                "World.joinNats is not in the threaded build (distopt/threads): a networked rank blocks its thread on the port; import distopt",
+            )))
+        }
+    }
+
+    /// This process's first rank (0 in a simulated world, which holds every rank).
+    #[wasm_bindgen(getter)]
+    pub fn rank(&self) -> f64 {
+        self.inner.world.local_ranks().start as f64
+    }
+
+    /// The ranks this process holds: all of them when simulated, its one rank in a run.
+    #[wasm_bindgen(getter, js_name = localRanks, unchecked_return_type = "number[]")]
+    pub fn local_ranks(&self) -> Vec<JsValue> {
+        self.inner
+            .world
+            .local_ranks()
+            .map(|r| JsValue::from_f64(r as f64))
+            .collect()
+    }
+
+    /// The live ranks agreed at the last sync point (`true` for every rank of a simulated
+    /// world, and of a run before its first sync point).
+    #[wasm_bindgen(getter, unchecked_return_type = "boolean[]")]
+    pub fn live(&self) -> Vec<JsValue> {
+        let live = match &self.inner.networked {
+            Some(world) => world.live(),
+            None => vec![true; self.inner.world.world_size()],
+        };
+        live.into_iter().map(JsValue::from_bool).collect()
+    }
+
+    /// Frames dropped because the rank they name did not seal them (0 in a simulated world):
+    /// above zero, a client of the run tried to speak for another rank.
+    #[wasm_bindgen(getter, js_name = forgedFrames)]
+    pub fn forged_frames(&self) -> f64 {
+        self.inner
+            .networked
+            .as_ref()
+            .map_or(0.0, |w| w.forged_frames() as f64)
     }
 
     /// Hands the world to the call it is passed to (internal: `handles::resolve`).
@@ -98,19 +180,19 @@ impl WorldJs {
     /// Ranks in the world.
     #[wasm_bindgen(getter)]
     pub fn size(&self) -> f64 {
-        self.inner.0.world_size() as f64
+        self.inner.world.world_size() as f64
     }
 
     /// Bytes the collectives so far would have sent per rank, by kind.
     #[wasm_bindgen(unchecked_return_type = "CommStats")]
     pub fn stats(&self) -> JsResult<JsValue> {
-        stats_to_js(&self.inner.0.stats())
+        stats_to_js(&self.inner.world.stats())
     }
 
     /// Clears the statistics.
     #[wasm_bindgen(js_name = resetStats)]
     pub fn reset_stats(&self) {
-        self.inner.0.reset_stats();
+        self.inner.world.reset_stats();
     }
 
     /// The ranks of the group of `groupSize` contiguous ranks (`new_subgroups`; default: the
@@ -123,8 +205,8 @@ impl WorldJs {
         #[wasm_bindgen(js_name = groupSize)] group_size: Option<IntegerArg>,
     ) -> JsResult<Vec<f64>> {
         let group_size = group_size.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
-        let rank = js(rank_arg(&rank, self.inner.0.world_size()))?;
-        let groups = js(subgroups(&self.inner.0, &group_size))?;
+        let rank = js(rank_arg(&rank, self.inner.world.world_size()))?;
+        let groups = js(subgroups(&*self.inner.world, &group_size))?;
         Ok(groups.group_of(rank).map(|r| r as f64).collect())
     }
 }

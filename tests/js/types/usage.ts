@@ -31,8 +31,11 @@ import init, {
   tensorValues,
   version,
 } from 'distopt';
+import { openPort } from 'distopt/nats';
 import type {
   BackendSelection,
+  NatsJoinOptions,
+  Port,
   CommStats,
   DistoptError,
   ErrorName,
@@ -290,4 +293,22 @@ export async function tour(): Promise<void> {
   bench.free();
   trainer.free();
   world.free();
+}
+
+// A rank of a run over NATS, in its own process (Node, or a Worker).
+export async function joinRun(): Promise<void> {
+  const port: Port = await openPort({ servers: 'nats://127.0.0.1:4222', name: 'rank' });
+  const options: NatsJoinOptions = { run: 'demo', ranks: 4, failureBound: 5 };
+  const world = World.joinNats(port, options);
+  const mine: number[] = world.localRanks;
+  const live: boolean[] = world.live;
+  const replicas = Replicas.replicate(mine.length, [[1, 2, 3]]);
+  const averager = new PeriodicModelAverager(4, 0, world);
+  console.log(world.rank, live, world.forgedFrames, averager.averageParameters(replicas), port.maxPayload);
+  // @ts-expect-error: a run has a name
+  World.joinNats(port, { ranks: 4 });
+  averager.free();
+  replicas.free();
+  world.free();
+  port.close();
 }

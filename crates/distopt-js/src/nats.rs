@@ -1,0 +1,453 @@
+//! The networked world's [`Link`] in wasm: the npm package's nats.js port
+//! (`npm/nats/port.js`), whose client runs in a worker thread while this thread blocks in the
+//! port's synchronous calls (`Atomics.wait`: Node's main thread or any Worker may block; a
+//! browser page's main thread may not).
+//!
+//! Every operation is done when its future is made, so the protocol's futures are ready when
+//! first polled. Messages of the subscriptions wait in the port until the protocol waits for
+//! them ([`Link::pump`]), and are delivered then, on this thread. The heartbeat's frames are
+//! sealed here, ahead of time, and handed to the port, which publishes one every period while
+//! this thread computes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use wasm_bindgen::JsCast;
+use wasm_bindgen::prelude::*;
+use web_time::Instant;
+
+use distopt::comm::NatsOptions;
+use distopt::comm::nats::link::{
+    Beat, Bucket, Deliver, Entry, Link, LinkError, LinkResult, Pending, Refused, Task, Update,
+    Watch, Watched,
+};
+
+#[wasm_bindgen]
+extern "C" {
+    /// A connection to a NATS server whose calls block until done (`openPort`,
+    /// npm/nats/port.js).
+    #[wasm_bindgen(typescript_type = "Port")]
+    pub type Port;
+
+    #[wasm_bindgen(method, getter, js_name = maxPayload)]
+    fn max_payload(this: &Port) -> f64;
+    #[wasm_bindgen(method, catch)]
+    fn publish(this: &Port, subject: &str, data: &[u8]) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn flush(this: &Port) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn subscribe(this: &Port, sid: u32, subject: &str) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn unsubscribe(this: &Port, sid: u32) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn pump(this: &Port, timeout_ms: f64) -> Result<js_sys::Array, JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn heartbeat(this: &Port, hid: u32, subject: &str, period_ms: f64) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn beats(this: &Port, hid: u32, frames: js_sys::Array) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch, js_name = stopHeartbeat)]
+    fn stop_heartbeat(this: &Port, hid: u32) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch, js_name = kvOpen)]
+    fn kv_open(this: &Port, bucket: &str, create: bool) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch, js_name = kvGet)]
+    fn kv_get(this: &Port, bucket: &str, key: &str) -> Result<JsValue, JsValue>;
+    #[wasm_bindgen(method, catch, js_name = kvEntry)]
+    fn kv_entry(this: &Port, bucket: &str, key: &str) -> Result<JsValue, JsValue>;
+    #[wasm_bindgen(method, catch, js_name = kvPut)]
+    fn kv_put(this: &Port, bucket: &str, key: &str, value: &[u8]) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch, js_name = kvCreate)]
+    fn kv_create(this: &Port, bucket: &str, key: &str, value: &[u8]) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch, js_name = kvDelete)]
+    fn kv_delete(this: &Port, bucket: &str, key: &str) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch, js_name = kvWatch)]
+    fn kv_watch(this: &Port, wid: u32, bucket: &str, pattern: &str) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch, js_name = watchNext)]
+    fn watch_next(this: &Port, wid: u32, timeout_ms: f64) -> Result<JsValue, JsValue>;
+    #[wasm_bindgen(method, catch, js_name = watchReady)]
+    fn watch_ready(this: &Port, wid: u32) -> Result<JsValue, JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn unwatch(this: &Port, wid: u32) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn sleep(this: &Port, ms: f64) -> Result<(), JsValue>;
+}
+
+/// The port, shared by the link, its buckets and watches.
+///
+/// The module is built without threads (the networked world is not offered in the threaded
+/// build, `World.joinNats`): this thread is the only one, so the port may be held where the
+/// protocol's traits ask for `Send` and `Sync`.
+#[derive(Clone)]
+struct Shared(Arc<Port>);
+
+// SAFETY: this module exists only in a build without atomics, where there is one thread.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+/// A JS exception as a link error: an `Error`'s message, or the value's text.
+fn link_error(e: JsValue) -> LinkError {
+    let message = e
+        .dyn_ref::<js_sys::Error>()
+        .map(|e| String::from(e.message()))
+        .or_else(|| e.as_string())
+        .unwrap_or_else(|| format!("{e:?}"));
+    LinkError(message)
+}
+
+fn done<'a, T: Send + 'a>(result: LinkResult<T>) -> Pending<'a, LinkResult<T>> {
+    Box::pin(std::future::ready(result))
+}
+
+/// A heartbeat's frames, sealed ahead and handed to the port.
+struct Heartbeat {
+    beat: Beat,
+    /// The next frame's number.
+    next: u64,
+    /// When the frames handed to the port run out.
+    covered_until: Instant,
+    period: Duration,
+}
+
+/// How far ahead a heartbeat's frames are made, and how much is left when more are made.
+const BEATS_AHEAD: Duration = Duration::from_secs(120);
+const BEATS_LOW: Duration = Duration::from_secs(60);
+
+/// What the link keeps between calls.
+#[derive(Default)]
+struct State {
+    next_id: u32,
+    subscriptions: HashMap<u32, Arc<Deliver>>,
+    heartbeats: HashMap<u32, Heartbeat>,
+}
+
+/// The link over a [`Port`].
+pub(crate) struct PortLink {
+    port: Shared,
+    state: Arc<Mutex<State>>,
+    refused: OnceLock<Refused>,
+}
+
+impl PortLink {
+    /// The link over `port`, which must be a port (`openPort`'s, or an object with its
+    /// methods): a `TypeError` otherwise.
+    pub(crate) fn new(port: JsValue) -> distopt::error::Result<PortLink> {
+        let is_port = port.is_object()
+            && ["pump", "publish", "flush", "kvOpen"].iter().all(|method| {
+                js_sys::Reflect::get(&port, &JsValue::from_str(method))
+                    .is_ok_and(|f| f.is_function())
+            });
+        if !is_port {
+            return Err(distopt::error::Error::type_error(
+                "port must be a Port (await openPort({servers}) from distopt/nats)",
+            ));
+        }
+        Ok(PortLink {
+            port: Shared(Arc::new(port.unchecked_into())),
+            state: Arc::default(),
+            refused: OnceLock::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn id(&self) -> u32 {
+        let mut state = self.lock();
+        state.next_id += 1;
+        state.next_id
+    }
+
+    /// Hands every heartbeat more frames when what the port holds runs low.
+    fn refill(&self) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        for (&hid, heartbeat) in &mut state.heartbeats {
+            if heartbeat.covered_until > now + BEATS_LOW {
+                continue;
+            }
+            let from = heartbeat.covered_until.max(now);
+            let count = (BEATS_AHEAD.as_secs_f64() / heartbeat.period.as_secs_f64()).ceil() as u64;
+            let frames = js_sys::Array::new();
+            for _ in 0..count {
+                // Not beating yet (a joining process before it is healed): try again later.
+                let Some(frame) = (heartbeat.beat)(heartbeat.next) else {
+                    break;
+                };
+                frames.push(&js_sys::Uint8Array::from(&frame[..]));
+                heartbeat.next += 1;
+            }
+            if frames.length() > 0 && self.port.0.beats(hid, frames.clone()).is_ok() {
+                heartbeat.covered_until = from + heartbeat.period * frames.length();
+            }
+        }
+    }
+}
+
+impl Link for PortLink {
+    fn max_payload(&self) -> usize {
+        self.port.0.max_payload() as usize
+    }
+
+    fn publish<'a>(&'a self, subject: &'a str, payload: Bytes) -> Pending<'a, LinkResult<()>> {
+        done(self.port.0.publish(subject, &payload).map_err(link_error))
+    }
+
+    fn flush(&self) -> Pending<'_, LinkResult<()>> {
+        self.refill();
+        done(self.port.0.flush().map_err(link_error))
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        subject: &'a str,
+        deliver: Deliver,
+    ) -> Pending<'a, LinkResult<Task>> {
+        let sid = self.id();
+        if let Err(e) = self.port.0.subscribe(sid, subject) {
+            return done(Err(link_error(e)));
+        }
+        self.lock().subscriptions.insert(sid, Arc::new(deliver));
+        let (port, state) = (self.port.clone(), self.state.clone());
+        done(Ok(Task::new(move || {
+            state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .subscriptions
+                .remove(&sid);
+            let _ = port.0.unsubscribe(sid);
+        })))
+    }
+
+    fn heartbeat(&self, subject: String, period: Duration, beat: Beat) -> Task {
+        let hid = self.id();
+        let _ = self
+            .port
+            .0
+            .heartbeat(hid, &subject, period.as_secs_f64() * 1e3);
+        self.lock().heartbeats.insert(
+            hid,
+            Heartbeat {
+                beat,
+                next: 1,
+                covered_until: Instant::now(),
+                period,
+            },
+        );
+        self.refill();
+        let (port, state) = (self.port.clone(), self.state.clone());
+        Task::new(move || {
+            state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .heartbeats
+                .remove(&hid);
+            let _ = port.0.stop_heartbeat(hid);
+        })
+    }
+
+    fn bucket<'a>(
+        &'a self,
+        name: &'a str,
+        create: bool,
+    ) -> Pending<'a, LinkResult<Box<dyn Bucket>>> {
+        let opened = self.port.0.kv_open(name, create).map_err(link_error);
+        done(opened.map(|()| {
+            Box::new(PortBucket {
+                port: self.port.clone(),
+                name: name.to_string(),
+                state: self.state.clone(),
+            }) as Box<dyn Bucket>
+        }))
+    }
+
+    fn report_refusals(&self, refused: Refused) {
+        let _ = self.refused.set(refused);
+    }
+
+    fn pump(&self, at_most: Duration) -> bool {
+        self.refill();
+        let Ok(delivered) = self.port.0.pump(at_most.as_secs_f64() * 1e3) else {
+            return true;
+        };
+        for pair in delivered.iter() {
+            let pair: js_sys::Array = pair.unchecked_into();
+            let sid = pair.get(0).as_f64().unwrap_or(0.0) as u32;
+            let payload = js_sys::Uint8Array::new(&pair.get(1)).to_vec();
+            if sid == 0 {
+                if let Some(report) = self.refused.get() {
+                    report(&String::from_utf8_lossy(&payload));
+                }
+                continue;
+            }
+            let deliver = self.lock().subscriptions.get(&sid).cloned();
+            if let Some(deliver) = deliver {
+                deliver(Bytes::from(payload));
+            }
+        }
+        true
+    }
+}
+
+/// A bucket through the port.
+struct PortBucket {
+    port: Shared,
+    name: String,
+    state: Arc<Mutex<State>>,
+}
+
+/// A `Uint8Array` (or `null`) answered by the port.
+fn optional_bytes(value: &JsValue) -> Option<Bytes> {
+    (!value.is_null() && !value.is_undefined())
+        .then(|| Bytes::from(js_sys::Uint8Array::new(value).to_vec()))
+}
+
+/// Field `key` of an object the port answered.
+fn field(value: &JsValue, key: &str) -> JsValue {
+    js_sys::Reflect::get(value, &JsValue::from_str(key)).unwrap_or(JsValue::UNDEFINED)
+}
+
+/// A watch's `{key, value}` as an update.
+fn update(value: &JsValue) -> Update {
+    Update {
+        key: field(value, "key").as_string().unwrap_or_default(),
+        value: optional_bytes(&field(value, "value")),
+    }
+}
+
+impl Bucket for PortBucket {
+    fn get<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<Option<Bytes>>> {
+        let value = self.port.0.kv_get(&self.name, key).map_err(link_error);
+        done(value.map(|v| optional_bytes(&v)))
+    }
+
+    fn entry<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<Option<Entry>>> {
+        let entry = self.port.0.kv_entry(&self.name, key).map_err(link_error);
+        done(entry.map(|e| {
+            (!e.is_null() && !e.is_undefined()).then(|| Entry {
+                value: optional_bytes(&field(&e, "value")).unwrap_or_default(),
+                deleted: field(&e, "deleted").is_truthy(),
+            })
+        }))
+    }
+
+    fn put<'a>(&'a self, key: &'a str, value: Bytes) -> Pending<'a, LinkResult<()>> {
+        done(
+            self.port
+                .0
+                .kv_put(&self.name, key, &value)
+                .map_err(link_error),
+        )
+    }
+
+    fn create<'a>(&'a self, key: &'a str, value: Bytes) -> Pending<'a, LinkResult<()>> {
+        done(
+            self.port
+                .0
+                .kv_create(&self.name, key, &value)
+                .map_err(link_error),
+        )
+    }
+
+    fn delete<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<()>> {
+        done(self.port.0.kv_delete(&self.name, key).map_err(link_error))
+    }
+
+    fn watch<'a>(&'a self, pattern: &'a str) -> Pending<'a, LinkResult<Box<dyn Watch>>> {
+        let wid = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.next_id += 1;
+            state.next_id
+        };
+        let watching = self.port.0.kv_watch(wid, &self.name, pattern);
+        done(watching.map_err(link_error).map(|()| {
+            Box::new(PortWatch {
+                port: self.port.clone(),
+                wid,
+            }) as Box<dyn Watch>
+        }))
+    }
+
+    fn pause(&self, duration: Duration) -> Pending<'static, ()> {
+        let _ = self.port.0.sleep(duration.as_secs_f64() * 1e3);
+        Box::pin(std::future::ready(()))
+    }
+}
+
+/// A watch through the port.
+struct PortWatch {
+    port: Shared,
+    wid: u32,
+}
+
+impl Watch for PortWatch {
+    fn next_before(&mut self, deadline: Instant) -> Pending<'_, Watched> {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let watched = match self.port.0.watch_next(self.wid, wait.as_secs_f64() * 1e3) {
+            Ok(v) if v.as_string().as_deref() == Some("quiet") => Watched::Quiet,
+            Ok(v) if v.is_object() => Watched::Update(update(&v)),
+            _ => Watched::Ended,
+        };
+        Box::pin(std::future::ready(watched))
+    }
+
+    fn ready(&mut self) -> Option<Update> {
+        match self.port.0.watch_ready(self.wid) {
+            Ok(v) if v.is_object() => Some(update(&v)),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for PortWatch {
+    fn drop(&mut self) {
+        let _ = self.port.0.unwatch(self.wid);
+    }
+}
+
+/// `World.joinNats`'s options as the library's: `run` and `ranks` required; `rank`, `join`,
+/// `failureBound` and `joinTimeout` (seconds) optional.
+pub(crate) fn join_options(value: &JsValue) -> distopt::error::Result<NatsOptions> {
+    use super::convert::{count_arg, get, number, optional_bool_arg, optional_integer_arg};
+    use distopt::error::Error;
+    if !value.is_object() {
+        return Err(Error::type_error(
+            "joinNats options must be an object with run and ranks",
+        ));
+    }
+    let run = get(value, "run")
+        .as_string()
+        .ok_or_else(|| Error::type_error("joinNats options.run must be a string"))?;
+    let ranks = count_arg(&get(value, "ranks"), "options.ranks")?;
+    let mut options = NatsOptions::new(String::new(), run, ranks);
+    options.rank = optional_integer_arg(&get(value, "rank"), "options.rank")?
+        .map(|r| {
+            usize::try_from(r)
+                .map_err(|_| Error::value(format!("options.rank must be at least 0, got {r}")))
+        })
+        .transpose()?;
+    options.join = optional_bool_arg(&get(value, "join"), "options.join")?.unwrap_or(false);
+    for (key, slot) in [
+        ("failureBound", &mut options.failure_bound),
+        ("joinTimeout", &mut options.join_timeout),
+    ] {
+        let given = get(value, key);
+        if given.is_undefined() {
+            continue;
+        }
+        let seconds = number(&given, &format!("options.{key}"))?;
+        *slot = Duration::try_from_secs_f64(seconds).map_err(|_| {
+            Error::value(format!(
+                "options.{key} must be a positive number of seconds, got {seconds}"
+            ))
+        })?;
+        if slot.is_zero() {
+            return Err(Error::value(format!(
+                "options.{key} must be a positive number of seconds, got {seconds}"
+            )));
+        }
+    }
+    Ok(options)
+}
