@@ -188,6 +188,18 @@ function addUpdate(api, p, u) {
   return api.tensor(p.dtype, p.shape, sum);
 }
 
+/**
+ * Where a case's ranks live: by default a simulated world of all of them (`ranks` 0..size-1);
+ * `options.place(size)` puts them elsewhere — this process's rank of a run over NATS, whose
+ * other ranks run the same case in other processes. Replicas index the local ranks in order;
+ * `ranks[i]` is the world rank of replica `i`, whose expected values a rank checks.
+ */
+function place(api, options, size) {
+  if (options.place) return options.place(size);
+  const world = new api.World(size);
+  return { world, ranks: [...Array(size).keys()], release: () => world.free() };
+}
+
 function makeAverager(api, c, world) {
   const input = c.input;
   if (c.kind === 'periodic_averager') {
@@ -200,27 +212,28 @@ function zeroGrads(api, params, hasGrad) {
   return params.map((p, j) => (hasGrad[j] ? api.tensor(p.dtype, p.shape, new Float64Array(p.data.length)) : null));
 }
 
-async function averager(api, c) {
+async function averager(api, c, options) {
   const input = c.input;
   const expected = c.expected;
-  const world = new api.World(input.world_size);
+  const { world, ranks, release } = place(api, options, input.world_size);
   let avg;
   try {
     avg = makeAverager(api, c, world);
   } catch (error) {
+    release();
     return compareError(c, error);
   }
-  const replicas = new api.Replicas(input.initial_params);
-  input.initial_params.forEach((params, r) => replicas.setGrads(r, zeroGrads(api, params, input.param_has_grad)));
+  const replicas = new api.Replicas(ranks.map((r) => input.initial_params[r]));
+  ranks.forEach((r, i) => replicas.setGrads(i, zeroGrads(api, input.initial_params[r], input.param_has_grad)));
   const averagedAt = [];
   const groupSizes = [];
   let exact = true;
   try {
     for (let t = 0; t < input.updates.length; t++) {
       const params = await replicas.params();
-      for (let r = 0; r < input.world_size; r++) {
-        replicas.setParams(r, params[r].map((p, j) => addUpdate(api, p, input.updates[t][r][j])));
-      }
+      ranks.forEach((r, i) => {
+        replicas.setParams(i, params[i].map((p, j) => addUpdate(api, p, input.updates[t][r][j])));
+      });
       let used;
       try {
         used = avg.averageParameters(replicas);
@@ -231,9 +244,10 @@ async function averager(api, c) {
       groupSizes.push(used);
       if (expected.error) continue;
       const after = await replicas.params();
-      for (let r = 0; r < input.world_size; r++) {
-        exact = compareTensorList(api, c, after[r], expected.params_after_step[t][r], `params_after_step[${t}][${r}]`) && exact;
-      }
+      ranks.forEach((r, i) => {
+        options.observe?.(c.name, r, t, after[i]);
+        exact = compareTensorList(api, c, after[i], expected.params_after_step[t][r], `params_after_step[${t}][${r}]`) && exact;
+      });
     }
     if (expected.error) fail('expected an error, none was raised');
     if (!sameList(averagedAt, expected.averaged_at_steps)) {
@@ -247,7 +261,7 @@ async function averager(api, c) {
   } finally {
     avg.free();
     replicas.free();
-    world.free();
+    release();
   }
 }
 
@@ -282,17 +296,17 @@ async function localOptimizer(api, c) {
   return exact;
 }
 
-async function postLocalSgd(api, c) {
+async function postLocalSgd(api, c, options) {
   const { input, expected } = c;
-  const world = new api.World(input.world_size);
-  const replicas = new api.Replicas(input.initial_params);
+  const { world, ranks, release } = place(api, options, input.world_size);
+  const replicas = new api.Replicas(ranks.map((r) => input.initial_params[r]));
   let exact = true;
   let hook = null;
   if (input.variant === 'ddp_hook') {
     replicas.broadcastParams(world, 0);
     const params = await replicas.params();
-    params.forEach((p, r) => {
-      exact = compareTensorList(api, c, p, expected.params_after_ddp_init[r], 'params_after_ddp_init') && exact;
+    params.forEach((p, i) => {
+      exact = compareTensorList(api, c, p, expected.params_after_ddp_init[ranks[i]], 'params_after_ddp_init') && exact;
     });
     const h = input.hook;
     hook = new api.PostLocalSGDState(world, h.subgroup_size ?? null, h.start_localSGD_iter ?? 0, h.post_local_gradient_allreduce ?? true);
@@ -313,11 +327,12 @@ async function postLocalSgd(api, c) {
   const stepsBefore = [];
   for (let t = 0; t < input.grads.length; t++) {
     opt.zeroGrad();
-    for (let r = 0; r < input.world_size; r++) replicas.setGrads(r, input.grads[t][r]);
+    ranks.forEach((r, i) => replicas.setGrads(i, input.grads[t][r]));
     if (hook) {
       hook.synchronizeGradients(replicas);
       const grads = await replicas.grads();
-      grads.forEach((g, r) => {
+      grads.forEach((g, i) => {
+        const r = ranks[i];
         exact = compareTensorList(api, c, g, expected.grads_seen[t][r], `grads_seen[${t}][${r}]`) && exact;
       });
     }
@@ -326,13 +341,17 @@ async function postLocalSgd(api, c) {
     if (used !== null) averagedAt.push(t);
     sizes.push(used);
     const params = await replicas.params();
-    params.forEach((p, r) => {
+    params.forEach((p, i) => {
+      const r = ranks[i];
+      options.observe?.(c.name, r, t, p);
       exact = compareTensorList(api, c, p, expected.params_after_step[t][r], `params_after_step[${t}][${r}]`) && exact;
     });
     if (load && load.after_step === t + 1) {
       const saved = [];
-      for (let r = 0; r < input.world_size; r++) saved.push(await opt.stateDict(r));
-      exact = compareJson(api, c, saved[0], expected.saved_state_dict, 'saved_state_dict') && exact;
+      for (let i = 0; i < ranks.length; i++) saved.push(await opt.stateDict(i));
+      if (ranks[0] === 0) {
+        exact = compareJson(api, c, saved[0], expected.saved_state_dict, 'saved_state_dict') && exact;
+      }
       if (opt.averagerStep !== expected.averager_step_before_load) fail(`averager step before load ${opt.averagerStep}`);
       // PyTorch reloads into the same instance; a freshly built one (new local optimizer,
       // new averager, no state) shows that the load restores everything.
@@ -349,19 +368,21 @@ async function postLocalSgd(api, c) {
   if (!sameList(sizes, expected.averaging_group_size_at_step)) fail(`group sizes ${JSON.stringify(sizes)}`);
   if (!sameList(stepsBefore, expected.averager_step_before_each_step)) fail(`averager steps ${JSON.stringify(stepsBefore)}`);
   if (opt.averagerStep !== expected.final_averager_step) fail(`final averager step ${opt.averagerStep}`);
-  for (let r = 0; r < input.world_size; r++) {
-    const sd = await opt.stateDict(r);
+  for (let i = 0; i < ranks.length; i++) {
+    const r = ranks[i];
+    const sd = await opt.stateDict(i);
     exact = compareJson(api, c, sd, expected.state_dict_per_rank[r], `state_dict_per_rank[${r}]`) && exact;
     if (r === 0) exact = compareJson(api, c, sd, expected.state_dict_rank0, 'state_dict_rank0') && exact;
   }
+  release();
   return exact;
 }
 
 /** diloco: inner steps per rank, every sync_every steps the outer step with the mean pseudo-gradient. */
-async function diloco(api, c) {
+async function diloco(api, c, options) {
   const { input, expected } = c;
-  const world = new api.World(input.world_size);
-  const replicas = api.Replicas.replicate(input.world_size, input.initial_params);
+  const { world, ranks, release } = place(api, options, input.world_size);
+  const replicas = api.Replicas.replicate(ranks.length, input.initial_params);
   // The reference passes foreach=False to both torch.optim optimizers.
   const spec = (s) => ({ name: s.name, options: { foreach: false, ...s.options } });
   const inner = makeOptimizer(api, replicas, spec(input.inner_optimizer));
@@ -373,23 +394,27 @@ async function diloco(api, c) {
   const syncedAt = [];
   for (let t = 0; t < input.grads.length; t++) {
     opt.zeroGrad();
-    for (let r = 0; r < input.world_size; r++) replicas.setGrads(r, input.grads[t][r]);
+    ranks.forEach((r, i) => replicas.setGrads(i, input.grads[t][r]));
     if (opt.step()) syncedAt.push(t);
     const params = await replicas.params();
-    params.forEach((p, r) => {
+    params.forEach((p, i) => {
+      const r = ranks[i];
+      options.observe?.(c.name, r, t, p);
       exact = compareTensorList(api, c, p, expected.params_after_step[t][r], `params_after_step[${t}][${r}]`) && exact;
     });
   }
   sameOrFail(syncedAt, expected.synced_at_steps, 'synced_at_steps');
-  for (let r = 0; r < input.world_size; r++) {
-    const sd = await opt.stateDict(r);
+  for (let i = 0; i < ranks.length; i++) {
+    const r = ranks[i];
+    const sd = await opt.stateDict(i);
     exact = compareJson(api, c, sd.inner_optimizer, expected.inner_state_dicts[r], `inner_state_dicts[${r}]`) && exact;
     exact = compareJson(api, c, sd.outer_optimizer, expected.outer_state_dict, `outer_state_dict (rank ${r})`) && exact;
   }
   // The optimizer objects report their state from inside the DiLoCo.
   exact = compareJson(api, c, await outer.stateDict(0), expected.outer_state_dict, 'outer.stateDict(0)') && exact;
-  exact = compareJson(api, c, await inner.stateDict(0), expected.inner_state_dicts[0], 'inner.stateDict(0)') && exact;
+  exact = compareJson(api, c, await inner.stateDict(0), expected.inner_state_dicts[ranks[0]], 'inner.stateDict(0)') && exact;
   opt.free();
+  release();
   return exact;
 }
 
@@ -398,10 +423,10 @@ async function diloco(api, c) {
  * fragment's all-reduce started fragment_sync_delay steps before its outer step, whose result is
  * lerped towards the local parameters by fragment_update_alpha.
  */
-async function streamingDiloco(api, c) {
+async function streamingDiloco(api, c, options) {
   const { input, expected } = c;
-  const world = new api.World(input.world_size);
-  const replicas = api.Replicas.replicate(input.world_size, input.initial_params);
+  const { world, ranks, release } = place(api, options, input.world_size);
+  const replicas = api.Replicas.replicate(ranks.length, input.initial_params);
   const spec = (s) => ({ name: s.name, options: { foreach: false, ...s.options } });
   const inner = makeOptimizer(api, replicas, spec(input.inner_optimizer));
   const outer = makeOptimizer(api, replicas, spec(input.outer_optimizer));
@@ -420,7 +445,7 @@ async function streamingDiloco(api, c) {
   const preparedAt = [];
   for (let t = 0; t < input.grads.length; t++) {
     opt.zeroGrad();
-    for (let r = 0; r < input.world_size; r++) replicas.setGrads(r, input.grads[t][r]);
+    ranks.forEach((r, i) => replicas.setGrads(i, input.grads[t][r]));
     const before = opt.pendingFragment;
     const applied = opt.stepFragments();
     for (const f of applied) {
@@ -431,19 +456,23 @@ async function streamingDiloco(api, c) {
     const after = opt.pendingFragment;
     if (after !== null && after !== before) preparedAt.push([t, after]);
     const params = await replicas.params();
-    params.forEach((p, r) => {
+    params.forEach((p, i) => {
+      const r = ranks[i];
+      options.observe?.(c.name, r, t, p);
       exact = compareTensorList(api, c, p, expected.params_after_step[t][r], `params_after_step[${t}][${r}]`) && exact;
     });
   }
   sameOrFail(syncedAt, expected.synced_at_steps, 'synced_at_steps');
   sameOrFail(preparedAt, expected.prepared_at_steps, 'prepared_at_steps');
-  for (let r = 0; r < input.world_size; r++) {
-    const sd = await opt.stateDict(r);
+  for (let i = 0; i < ranks.length; i++) {
+    const r = ranks[i];
+    const sd = await opt.stateDict(i);
     exact = compareJson(api, c, sd.inner_optimizer, expected.inner_state_dicts[r], `inner_state_dicts[${r}]`) && exact;
     exact = compareJson(api, c, sd.outer_optimizer, expected.outer_state_dict, `outer_state_dict (rank ${r})`) && exact;
     exact = compareJson(api, c, sd.original_parameters, expected.original_parameters, `original_parameters (rank ${r})`) && exact;
   }
   opt.free();
+  release();
   return exact;
 }
 
@@ -943,8 +972,11 @@ export function hasRunner(kind) {
 /**
  * Runs one case. Resolves to {name, kind, ok, bitExact, message}; never rejects.
  * `typedInputs`: pass dp_sgd_step tensors as typed arrays instead of the golden number lists.
+ * `place(size)`: where the ranks live (see `place` above). `observe(name, rank, step, params)`:
+ * called with each rank's parameters after each step (the averagers, post-local SGD, DiLoCo),
+ * so that two placements of the same case can be compared bit for bit.
  */
-export async function runCase(api, c, { typedInputs = false } = {}) {
+export async function runCase(api, c, { typedInputs = false, place = undefined, observe = undefined } = {}) {
   const result = { name: c.name, kind: c.kind, ok: false, bitExact: false, message: '' };
   const runner = RUNNERS[c.kind];
   if (!runner) {
@@ -953,7 +985,7 @@ export async function runCase(api, c, { typedInputs = false } = {}) {
   }
   api.takeWarnings();
   try {
-    const exact = await runner(api, c, { typedInputs });
+    const exact = await runner(api, c, { typedInputs, place, observe });
     compareWarnings(c, api.takeWarnings());
     result.ok = true;
     result.bitExact = exact;

@@ -1,0 +1,54 @@
+// One rank of a run over NATS in a Node process of its own (tests/js/nats-ranks.test.js starts
+// R of them): joins run DISTOPT_RUN of DISTOPT_RANKS ranks on the server DISTOPT_URL through the
+// package's port (`distopt/nats`) and replays every golden case of the multi-rank kinds at that
+// world size with this process's one rank (golden-runner.js, `place`), checking its own rank's
+// results. Prints one JSON line {rank, passed, bitExact, digest, failed: [{name, message}]}
+// (`digest`: of its parameters' bits after every step, helpers.js `bitDigests`) and exits 0 when
+// every case passed.
+
+import { bitDigests, goldenFiles, importPackage, importPort } from './helpers.js';
+import { runCases } from './golden-runner.js';
+
+/** The kinds a rank in its own process replays (the multi-rank kinds over a `World`). */
+export const NETWORKED_KINDS = [
+  'periodic_averager',
+  'hierarchical_averager',
+  'post_local_sgd',
+  'diloco',
+  'streaming_diloco',
+];
+
+const env = (name) => {
+  const value = process.env[name];
+  if (value === undefined) throw new Error(`${name} is not set`);
+  return value;
+};
+
+const api = await importPackage();
+await api.default({ backend: 'cpu' });
+const { openPort } = await importPort();
+const ranks = Number(env('DISTOPT_RANKS'));
+const port = await openPort({ servers: env('DISTOPT_URL'), name: `distopt test rank (pid ${process.pid})` });
+const world = api.World.joinNats(port, { run: env('DISTOPT_RUN'), ranks });
+const cases = goldenFiles()
+  .filter((f) => NETWORKED_KINDS.includes(f.kind) && f.case.input.world_size === ranks)
+  .map((f) => f.case);
+const place = (size) => {
+  if (size !== ranks) throw new Error(`a run of ${ranks} ranks cannot replay a world of ${size}`);
+  return { world, ranks: [...world.localRanks], release: () => {} };
+};
+const digests = bitDigests();
+const results = await runCases(api, cases, { place, observe: digests.observe });
+const failed = results.filter((r) => !r.ok).map((r) => ({ name: r.name, message: r.message }));
+console.log(
+  JSON.stringify({
+    rank: world.rank,
+    passed: results.filter((r) => r.ok).length,
+    bitExact: results.filter((r) => r.bitExact).length,
+    digest: digests.digest(world.rank),
+    failed,
+  }),
+);
+world.free();
+port.close();
+process.exit(failed.length === 0 ? 0 : 1);
