@@ -92,15 +92,15 @@ impl Mlp {
         for (k, a) in s.hidden.iter_mut().enumerate() {
             let row = &w1[k * d..(k + 1) * d];
             let z: f64 = b1[k] + row.iter().zip(x).map(|(w, x)| w * x).sum::<f64>();
-            *a = z.tanh();
+            *a = libm::tanh(z);
         }
         for (k, z) in s.logits.iter_mut().enumerate() {
             let row = &w2[k * h..(k + 1) * h];
             *z = b2[k] + row.iter().zip(&s.hidden).map(|(w, a)| w * a).sum::<f64>();
         }
         let max = s.logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = s.logits.iter().map(|z| (z - max).exp()).sum();
-        let log_sum = max + sum.ln();
+        let sum: f64 = s.logits.iter().map(|z| libm::exp(z - max)).sum();
+        let log_sum = max + libm::log(sum);
         let loss = log_sum - s.logits[label];
         let predicted = s
             .logits
@@ -113,7 +113,7 @@ impl Mlp {
         if let Some(grads) = grads {
             // dL/dz2 = softmax − one-hot, kept in `logits`.
             for (k, z) in s.logits.iter_mut().enumerate() {
-                *z = (*z - log_sum).exp() - if k == label { 1.0 } else { 0.0 };
+                *z = libm::exp(*z - log_sum) - if k == label { 1.0 } else { 0.0 };
             }
             s.delta_hidden.fill(0.0);
             let (gw1, rest) = grads.split_at_mut(1);

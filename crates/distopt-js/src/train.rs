@@ -16,6 +16,7 @@ use super::boundary::{JsResult, busy, js};
 use super::convert::{count_arg, json_from_js, rank_arg, set, tensors_to_js};
 use super::session::current_backend;
 use super::typings::IntegerArg;
+use super::world::{WorldHandle, world_handle_of};
 use distopt::diloco::Compression;
 use distopt::error::{Error, Result};
 use distopt::train::{
@@ -82,6 +83,13 @@ export interface TrainerSettings {
   seed?: number;
   /** The synthetic task (default), or a real data set with a held-out split. */
   task?: TaskSettings | DatasetTaskSettings;
+  /**
+   * The world to train in: by default a simulated world of `ranks` ranks; this process's rank
+   * of a run over NATS (`World.joinNats`, a world of `ranks` ranks) trains its own shard, every
+   * process of the run constructing the same Trainer and making the same calls. A world joined
+   * with `join: true` is taken in by `await trainer.admit()` before its first step.
+   */
+  world?: World;
 }
 "#;
 
@@ -153,6 +161,18 @@ fn get_usize(map: &serde_json::Map<String, Value>, key: &str, default: usize) ->
 
 /// A NaN or infinite number among the settings (or `task`'s) is reported as JS writes it:
 /// JSON, the settings' form in the library, has no NaN, so it would read as the string "nan".
+/// `settings` less its `world` (a `World` is no setting to read as data), and that world.
+fn take_world(settings: &JsValue) -> Result<(JsValue, Option<std::rc::Rc<WorldHandle>>)> {
+    let given = super::convert::get(settings, "world");
+    if given.is_undefined() || !settings.is_object() {
+        return Ok((settings.clone(), None));
+    }
+    let world = world_handle_of(&given)?;
+    let rest = js_sys::Object::assign(&js_sys::Object::new(), settings.unchecked_ref());
+    let _ = js_sys::Reflect::delete_property(&rest, &JsValue::from_str("world"));
+    Ok((rest.into(), Some(world)))
+}
+
 fn check_finite_settings(value: &JsValue, what: &str) -> Result<()> {
     if !value.is_object() || Array::is_array(value) {
         return Ok(());
@@ -576,6 +596,8 @@ impl TrainerJs {
 
     fn build(settings: &JsValue) -> Result<TrainerJs> {
         check_finite_settings(settings, "")?;
+        let (settings, world) = take_world(settings)?;
+        let settings = &settings;
         let Value::Object(map) = json_from_js(settings, "settings")? else {
             return Err(Error::type_error(
                 "Trainer needs a settings object: {ranks, algorithm, …}",
@@ -600,7 +622,21 @@ impl TrainerJs {
         };
         let description = config.algorithm.describe();
         let name = config.algorithm.name();
-        let trainer = Trainer::new(current_backend()?, task.clone(), config)?;
+        let trainer = match world {
+            None => Trainer::new(current_backend()?, task.clone(), config)?,
+            Some(world) if world.joining() => Trainer::joining(
+                current_backend()?,
+                task.clone(),
+                config,
+                world.communicator(),
+            )?,
+            Some(world) => Trainer::with_world(
+                current_backend()?,
+                task.clone(),
+                config,
+                world.communicator(),
+            )?,
+        };
         Ok(TrainerJs {
             inner: Rc::new(RefCell::new(trainer)),
             ranks,
@@ -747,6 +783,17 @@ impl TrainerJs {
         })
     }
 
+    /// Takes this process in at its run's next sync point, healed there from a live rank
+    /// (a world joined with `join: true`; call it once, before the first step).
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
+    pub fn admit(&self) -> Promise {
+        let inner = self.inner.clone();
+        super::boundary::promise_now(async move {
+            js(admit(&inner).await)?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
     /// The loss of every replica and of their mean (and its accuracy) on the evaluation samples
     /// (the held-out split of a data set; every shard of the synthetic task).
     #[wasm_bindgen(unchecked_return_type = "Promise<Evaluation>")]
@@ -779,6 +826,12 @@ impl TrainerJs {
 async fn step(inner: &RefCell<Trainer>) -> Result<TrainStepReport> {
     let mut trainer = inner.try_borrow_mut().map_err(|_| busy("trainer"))?;
     trainer.step().await
+}
+
+#[allow(clippy::await_holding_refcell_ref)]
+async fn admit(inner: &RefCell<Trainer>) -> Result<()> {
+    let mut trainer = inner.try_borrow_mut().map_err(|_| busy("trainer"))?;
+    trainer.admit().await
 }
 
 #[allow(clippy::await_holding_refcell_ref)]

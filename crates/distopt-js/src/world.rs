@@ -30,6 +30,25 @@ pub(crate) struct WorldHandle {
     world: Arc<dyn Communicator>,
     /// The same world when it is a rank of a run over NATS.
     networked: Option<Arc<NatsWorld>>,
+    /// Whether this process joined a running run (to be taken in at its next sync point).
+    joining: bool,
+}
+
+impl WorldHandle {
+    /// The world as the library's communicator.
+    pub(crate) fn communicator(&self) -> Arc<dyn Communicator> {
+        self.world.clone()
+    }
+
+    /// Whether this process joined a running run (`joinNats` with `join: true`).
+    pub(crate) fn joining(&self) -> bool {
+        self.joining
+    }
+}
+
+/// The world behind a JS `World` argument, with what it knows of itself.
+pub(crate) fn world_handle_of(value: &JsValue) -> Result<Rc<WorldHandle>> {
+    handles::resolve::<WorldHandle>(value, "__distoptWorld", "world must be a World")
 }
 
 /// The world behind a JS `World` argument.
@@ -95,6 +114,7 @@ impl WorldJs {
         let inner = Rc::new(WorldHandle {
             world,
             networked: None,
+            joining: false,
         });
         Ok(WorldJs { inner })
     }
@@ -122,6 +142,7 @@ impl WorldJs {
             let inner = Rc::new(WorldHandle {
                 world: networked.clone(),
                 networked: Some(networked),
+                joining: options.join,
             });
             Ok(WorldJs { inner })
         }

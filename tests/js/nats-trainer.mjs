@@ -1,0 +1,35 @@
+// One rank of `distopt train`'s run, as a Node process (tests/js/nats-mixed.test.js runs it
+// beside native `distopt train --world` processes): joins run DISTOPT_RUN of DISTOPT_RANKS ranks
+// on DISTOPT_URL as rank DISTOPT_RANK, builds the Trainer the command line builds for
+// `--algorithm DISTOPT_ALGORITHM --period DISTOPT_PERIOD` over that world, and makes the calls
+// its train loop makes (an evaluation, DISTOPT_STEPS steps, an evaluation). Prints one JSON
+// line {rank, steps, meanModelLoss} and exits 0.
+
+import { importPackage, importPort } from './helpers.js';
+
+const env = (name) => {
+  const value = process.env[name];
+  if (value === undefined) throw new Error(`${name} is not set`);
+  return value;
+};
+
+const api = await importPackage();
+await api.default({ backend: 'cpu' });
+const { openPort } = await importPort();
+const ranks = Number(env('DISTOPT_RANKS'));
+const port = await openPort({ servers: env('DISTOPT_URL'), name: `distopt trainer rank (pid ${process.pid})` });
+const world = api.World.joinNats(port, { run: env('DISTOPT_RUN'), ranks, rank: Number(env('DISTOPT_RANK')) });
+const trainer = new api.Trainer({
+  ranks,
+  algorithm: env('DISTOPT_ALGORITHM'),
+  period: Number(env('DISTOPT_PERIOD')),
+  world,
+});
+await trainer.evaluate();
+const steps = Number(env('DISTOPT_STEPS'));
+while (trainer.steps < steps) await trainer.step();
+const evaluation = await trainer.evaluate();
+console.log(JSON.stringify({ rank: world.rank, steps: trainer.steps, meanModelLoss: evaluation.meanModelLoss }));
+trainer.free();
+world.free();
+port.close();
