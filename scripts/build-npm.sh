@@ -118,9 +118,21 @@ if [ "$HAVE_THREADS" = 1 ]; then
 fi
 
 cp npm/package.json npm/index.js npm/flavor.js npm/index.cjs npm/README.md LICENSE-MIT LICENSE-APACHE "$PKG/"
-# The synchronous NATS port (a rank's link to a NATS run) and the worker that runs nats.js.
+# The synchronous NATS port (a rank's link to a NATS run) and the worker that runs nats.js:
+# in Node as it is (its @nats-io/* dependencies installed beside the package); for browsers
+# bundled with them by esbuild (tests/js pins it), so that a page needs no bundler or import
+# map to start it (nats.js is Apache-2.0: its notices are kept at the end of the file).
 mkdir -p "$PKG/nats"
 cp npm/nats/*.js npm/nats/*.d.ts "$PKG/nats/"
+ESBUILD=tests/js/node_modules/.bin/esbuild
+if [ ! -x "$ESBUILD" ]; then
+  echo "build-npm: $ESBUILD is missing: run .ci/install-js (tests/js's dependencies) first" >&2
+  exit 1
+fi
+NODE_PATH=tests/js/node_modules "$ESBUILD" npm/nats/worker.js --bundle --minify --format=esm \
+  --platform=browser --legal-comments=eof --log-level=warning \
+  --banner:js="// distopt's NATS worker for browsers: npm/nats/worker.js bundled with @nats-io/nats-core and @nats-io/kv (Apache-2.0) by esbuild." \
+  --outfile="$PKG/nats/worker.browser.js"
 # The package version follows the crate's.
 CRATE_VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 node -e '

@@ -92,7 +92,8 @@ async function startWorker() {
       worker.on('error', onError);
     };
   } else {
-    worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+    // The worker bundled with nats.js (scripts/build-npm.sh): a page needs no bundler for it.
+    worker = new Worker(new URL('./worker.browser.js', import.meta.url), { type: 'module' });
     on = (fn) => {
       worker.onmessage = ({ data }) => {
         worker.onmessage = null;

@@ -2,6 +2,7 @@
 // name exactly what the package exports.
 
 import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -177,4 +178,35 @@ export function bitDigests() {
       return hashes.get(rank)?.digest('hex') ?? null;
     },
   };
+}
+
+/** The distopt command line, built as tests/run builds it (with MPI where mpirun exists): its path. */
+export function buildDistoptCli() {
+  const args = ['build', '--release', '--quiet', '-p', 'distopt-cli', '--bin', 'distopt'];
+  let mpi = false;
+  try {
+    execFileSync('sh', ['-c', 'command -v mpirun'], { stdio: 'ignore' });
+    mpi = process.env.DISTOPT_TEST_MPI !== '0';
+  } catch {
+    // no MPI here
+  }
+  if (mpi) args.push('--features', 'distopt-cli/mpi');
+  execFileSync('cargo', args, { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
+  return path.join(process.env.CARGO_TARGET_DIR || path.join(ROOT, 'target'), 'release', 'distopt');
+}
+
+/** Runs `command args` with `env` added, killed after `deadlineMs`: resolves to {code, out, err}. */
+export function runProcess(command, args, env = {}, deadlineMs = 240_000) {
+  return new Promise((resolve) => {
+    const child = spawn(command, args, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (err += d));
+    const timer = setTimeout(() => child.kill('SIGKILL'), deadlineMs);
+    child.on('exit', (code, signal) => {
+      clearTimeout(timer);
+      resolve({ code: code ?? signal, out, err });
+    });
+  });
 }

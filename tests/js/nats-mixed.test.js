@@ -6,54 +6,20 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
 import path from 'node:path';
 
-import { HERE, ROOT } from './helpers.js';
+import { HERE, buildDistoptCli, runProcess } from './helpers.js';
 import { startServer } from './nats-server.js';
-
-const DEADLINE_MS = 240_000;
 
 let server;
 let distopt;
 
-/** The distopt command line, built as tests/run builds it (with MPI where mpirun exists). */
-function buildCli() {
-  const args = ['build', '--release', '--quiet', '-p', 'distopt-cli', '--bin', 'distopt'];
-  let mpi = false;
-  try {
-    execFileSync('sh', ['-c', 'command -v mpirun'], { stdio: 'ignore' });
-    mpi = process.env.DISTOPT_TEST_MPI !== '0';
-  } catch {
-    // no MPI here
-  }
-  if (mpi) args.push('--features', 'distopt-cli/mpi');
-  execFileSync('cargo', args, { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
-  return path.join(process.env.CARGO_TARGET_DIR || path.join(ROOT, 'target'), 'release', 'distopt');
-}
-
 before(async () => {
   server = await startServer(['-js']);
-  distopt = buildCli();
+  distopt = buildDistoptCli();
 });
 
 after(() => server?.stop());
-
-/** Runs `command args` with `env`; resolves to {code, out, err}. */
-function run(command, args, env = {}) {
-  return new Promise((resolve) => {
-    const child = spawn(command, args, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (d) => (out += d));
-    child.stderr.on('data', (d) => (err += d));
-    const timer = setTimeout(() => child.kill('SIGKILL'), DEADLINE_MS);
-    child.on('exit', (code, signal) => {
-      clearTimeout(timer);
-      resolve({ code: code ?? signal, out, err });
-    });
-  });
-}
 
 for (const algorithm of ['diloco', 'periodic']) {
   test(`distopt train --world with Node processes as ranks 1 and 2 prints the simulated run's numbers (${algorithm})`, async () => {
@@ -61,14 +27,14 @@ for (const algorithm of ['diloco', 'periodic']) {
     const steps = 40;
     const period = 4;
     const flags = ['train', '--algorithm', algorithm, '--steps', String(steps), '--period', String(period), '--backend', 'cpu', '--json', '--ranks', String(ranks)];
-    const simulated = await run(distopt, flags);
+    const simulated = await runProcess(distopt, flags);
     assert.equal(simulated.code, 0, simulated.err);
     const runName = `mixed-${algorithm}`;
     const start = Date.now();
     const [native, ...node] = await Promise.all([
-      run(distopt, [...flags, '--world', server.url, '--run', runName, '--rank', '0']),
+      runProcess(distopt, [...flags, '--world', server.url, '--run', runName, '--rank', '0']),
       ...[1, 2].map((rank) =>
-        run(process.execPath, [path.join(HERE, 'nats-trainer.mjs')], {
+        runProcess(process.execPath, [path.join(HERE, 'nats-trainer.mjs')], {
           DISTOPT_URL: server.url,
           DISTOPT_RUN: runName,
           DISTOPT_RANKS: String(ranks),

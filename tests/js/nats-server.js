@@ -36,11 +36,21 @@ async function accepting(port, child) {
 
 /**
  * Starts nats-server on a free loopback port with `args` (`['-js']`: JetStream, its store in a
- * fresh temporary folder). Resolves to {url, stop}; `stop()` kills it and removes its store.
+ * fresh temporary folder); with `websocket`, a WebSocket listener on another free loopback port
+ * too (browsers connect there). Resolves to {url, wsUrl, store, stop}; `stop()` kills it and
+ * removes its store.
  */
-export async function startServer(args = ['-js']) {
+export async function startServer(args = ['-js'], { websocket = false } = {}) {
   const port = await freePort();
   const store = fs.mkdtempSync(path.join(os.tmpdir(), 'distopt-nats-'));
+  let wsUrl;
+  if (websocket) {
+    const wsPort = await freePort();
+    const config = path.join(store, 'websocket.conf');
+    fs.writeFileSync(config, `websocket { listen: "127.0.0.1:${wsPort}", no_tls: true }\n`);
+    args = [...args, '-c', config];
+    wsUrl = `ws://127.0.0.1:${wsPort}`;
+  }
   const child = spawn('nats-server', ['-a', '127.0.0.1', '-p', String(port), '-sd', store, ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -50,6 +60,7 @@ export async function startServer(args = ['-js']) {
   await accepting(port, child);
   return {
     url: `nats://127.0.0.1:${port}`,
+    wsUrl,
     store,
     stop() {
       child.kill('SIGKILL');

@@ -77,6 +77,7 @@ test('the tarball holds the package and nothing else', () => {
     // distopt/nats: the port a rank of a run over NATS joins through, and its worker.
     'package/nats/port.d.ts',
     'package/nats/port.js',
+    'package/nats/worker.browser.js',
     'package/nats/worker.js',
     'package/package.json',
     // The threaded build (distopt/threads), where the package was built with nightly.

@@ -1,0 +1,150 @@
+// Ranks in Chromium pages over a real nats-server's WebSocket listener (the server on PATH;
+// .ci/run installs it). Each page runs its rank in a Worker (nats-rank-worker.js) through the
+// package's port (`distopt/nats`, its worker bundled with nats.js for browsers):
+//   - golden replays with one rank per page, the pages split over two browsers (several pages
+//     of one browser, and two browsers): every case passes on every rank, and each rank's
+//     parameters after every step equal that rank's in the simulated world bit for bit;
+//   - one run mixing all three: `distopt train --world` (native) as rank 0, a Node process as
+//     rank 1 and a page as rank 2 print the simulated run's numbers bit for bit.
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+
+import { serve } from '../../scripts/serve.mjs';
+import { NO_WEBGPU_FLAGS, launch } from './chromium.js';
+import { runCases } from './golden-runner.js';
+import {
+  GOLDEN,
+  HERE,
+  PACKAGE,
+  TORCHFT_CASES,
+  bitDigests,
+  buildDistoptCli,
+  goldenFiles,
+  importPackage,
+  runProcess,
+} from './helpers.js';
+import { startServer } from './nats-server.js';
+
+/** The kinds a rank replays (nats-rank.mjs's). */
+const KINDS = ['periodic_averager', 'hierarchical_averager', 'post_local_sgd', 'diloco', 'streaming_diloco'];
+
+let nats;
+let http;
+let baseUrl;
+let browsers = [];
+let api;
+
+before(async () => {
+  assert.ok(fs.existsSync(path.join(PACKAGE, 'nats/worker.browser.js')), `build the package first: ${PACKAGE}`);
+  nats = await startServer(['-js'], { websocket: true });
+  ({ server: http, url: baseUrl } = await serve({
+    port: 0,
+    mounts: [
+      ['/pkg/', PACKAGE],
+      ['/golden/', GOLDEN],
+      ['/torchft-cases/', TORCHFT_CASES],
+      ['/tests/', HERE],
+    ].sort((a, b) => b[0].length - a[0].length),
+  }));
+  // Two browsers, each a context of its own; the ranks run on the CPU backend.
+  browsers = [await launch(NO_WEBGPU_FLAGS), await launch(NO_WEBGPU_FLAGS)];
+  api = await importPackage();
+  await api.default({ backend: 'cpu' });
+});
+
+after(async () => {
+  for (const b of browsers) await b.close();
+  http?.close();
+  nats?.stop();
+});
+
+/** A page of browser `which` ready to start a rank; its errors are collected. */
+async function rankPage(which, errors) {
+  const page = await browsers[which].newPage();
+  page.on('pageerror', (e) => errors.push(e.message));
+  await page.goto(new URL('/tests/browser/nats-rank.html', baseUrl).href);
+  await page.waitForFunction(() => window.ready === true);
+  return page;
+}
+
+const files = goldenFiles().filter((f) => KINDS.includes(f.kind));
+const sizes = [...new Set(files.map((f) => f.case.input.world_size))].sort((a, b) => a - b);
+
+for (const size of sizes) {
+  test(`golden replays with one rank per Chromium page (two browsers), W = ${size}`, async () => {
+    const mine = files.filter((f) => f.case.input.world_size === size);
+    const simulated = bitDigests();
+    const reference = await runCases(api, mine.map((f) => f.case), { observe: simulated.observe });
+    assert.deepEqual(reference.filter((r) => !r.ok), [], 'the simulated world passes them');
+    const errors = [];
+    const pages = await Promise.all(Array.from({ length: size }, (_, k) => rankPage(k % 2, errors)));
+    const start = Date.now();
+    const task = { mode: 'golden', url: nats.wsUrl, run: `pages-${size}`, ranks: size, files: mine.map((f) => f.file) };
+    try {
+      const reports = await Promise.all(pages.map((page) => page.evaluate((t) => window.startRank(t), task)));
+      assert.deepEqual(reports.filter((r) => r.error), [], 'no rank failed');
+      assert.deepEqual(
+        reports.map((r) => r.rank).sort((a, b) => a - b),
+        Array.from({ length: size }, (_, r) => r),
+        'each page holds its own rank',
+      );
+      for (const r of reports) {
+        assert.deepEqual(r.failed, [], `rank ${r.rank}: every case passes`);
+        assert.equal(r.passed, mine.length);
+        assert.match(r.digest, /^[0-9a-f]{64}$/);
+        assert.equal(r.digest, simulated.digest(r.rank), `rank ${r.rank}: its parameters after every step are the simulated world's, bit for bit`);
+      }
+      assert.deepEqual(errors, []);
+      console.log(
+        `W = ${size}: ${mine.length} cases passed in each of ${size} Chromium pages over two browsers, every rank bit-identical to the simulated world (${((Date.now() - start) / 1000).toFixed(1)} s)`,
+      );
+    } finally {
+      await Promise.all(pages.map((p) => p.close()));
+    }
+  });
+}
+
+test('one run of a native process, a Node process and a Chromium page prints the simulated run', async () => {
+  const distopt = buildDistoptCli();
+  const [ranks, steps, period, algorithm] = [3, 40, 4, 'diloco'];
+  const flags = ['train', '--algorithm', algorithm, '--steps', String(steps), '--period', String(period), '--backend', 'cpu', '--json', '--ranks', String(ranks)];
+  const simulated = await runProcess(distopt, flags);
+  assert.equal(simulated.code, 0, simulated.err);
+  const errors = [];
+  const page = await rankPage(0, errors);
+  const run = 'all-three';
+  const start = Date.now();
+  try {
+    const [native, node, browser] = await Promise.all([
+      runProcess(distopt, [...flags, '--world', nats.url, '--run', run, '--rank', '0']),
+      runProcess(process.execPath, [path.join(HERE, 'nats-trainer.mjs')], {
+        DISTOPT_URL: nats.url,
+        DISTOPT_RUN: run,
+        DISTOPT_RANKS: String(ranks),
+        DISTOPT_RANK: '1',
+        DISTOPT_ALGORITHM: algorithm,
+        DISTOPT_PERIOD: String(period),
+        DISTOPT_STEPS: String(steps),
+      }),
+      page.evaluate((t) => window.startRank(t), { mode: 'trainer', url: nats.wsUrl, run, ranks, rank: 2, algorithm, period, steps }),
+    ]);
+    assert.equal(native.code, 0, `the native rank: ${native.err}`);
+    assert.equal(node.code, 0, `the Node rank: ${node.out}\n${node.err}`);
+    assert.equal(browser.error, undefined, `the page's rank: ${browser.error}`);
+    assert.deepEqual([JSON.parse(node.out.trim().split('\n').pop()).rank, browser.rank, browser.steps], [1, 2, steps]);
+    const a = JSON.parse(simulated.out).results[0];
+    const b = JSON.parse(native.out).results[0];
+    const keys = ['mean_loss_per_step', 'divergence_per_step', 'replica_loss_per_rank', 'all_reduce_bytes_by_group_size'];
+    const differ = keys.filter((key) => JSON.stringify(b[key]) !== JSON.stringify(a[key]));
+    assert.deepEqual(differ, [], 'the mixed run prints the simulated run');
+    assert.deepEqual(errors, []);
+    console.log(
+      `${algorithm}: a native process, a Node process and a Chromium page as ranks 0, 1, 2 printed the simulated run's numbers bit for bit (${steps} steps, ${((Date.now() - start) / 1000).toFixed(1)} s)`,
+    );
+  } finally {
+    await page.close();
+  }
+});

@@ -1,0 +1,81 @@
+// One rank of a run over NATS in a browser Worker (tests/browser/nats-rank.html starts it):
+// the package on its CPU backend, its port over the server's WebSocket listener, and one of
+//   {mode: 'golden', url, run, ranks, files}: the golden cases `files` replayed with this rank
+//     (golden-runner.js, `place`), reported as {rank, passed, bitExact, digest, failed}, the
+//     digest the SHA-256 of the bytes helpers.js `bitDigests` hashes for this rank;
+//   {mode: 'trainer', url, run, ranks, rank, algorithm, period, steps}: the calls
+//     `distopt train`'s loop makes with the Trainer over the rank's world (nats-trainer.mjs),
+//     reported as {rank, steps, meanModelLoss}.
+// Any failure is reported as {error}.
+
+import init, * as api from '/pkg/index.js';
+import { openPort } from '/pkg/nats/port.js';
+import { runCases } from '/tests/golden-runner.js';
+
+const text = new TextEncoder();
+
+async function golden({ url, run, ranks, files }) {
+  const cases = [];
+  for (const file of files) {
+    const response = await fetch(`/golden/${file}`);
+    if (!response.ok) throw new Error(`cannot fetch ${file}: ${response.status}`);
+    cases.push(await response.json());
+  }
+  const port = await openPort({ servers: url, name: 'distopt browser rank' });
+  const world = api.World.joinNats(port, { run, ranks });
+  const chunks = [];
+  const observe = (name, rank, step, params) => {
+    chunks.push(text.encode(`${name}/${step}/`));
+    for (const p of params) {
+      chunks.push(text.encode(`${p.dtype}[${p.shape}]`));
+      chunks.push(new Uint8Array(p.data.buffer, p.data.byteOffset, p.data.byteLength).slice());
+    }
+  };
+  const place = (size) => {
+    if (size !== ranks) throw new Error(`a run of ${ranks} ranks cannot replay a world of ${size}`);
+    return { world, ranks: [...world.localRanks], release: () => {} };
+  };
+  const results = await runCases(api, cases, { place, observe });
+  const all = new Uint8Array(chunks.reduce((n, c) => n + c.length, 0));
+  let at = 0;
+  for (const c of chunks) {
+    all.set(c, at);
+    at += c.length;
+  }
+  const digest = [...new Uint8Array(await crypto.subtle.digest('SHA-256', all))]
+    .map((b) => b.toString(16).padStart(2, '0'))
+    .join('');
+  const report = {
+    rank: world.rank,
+    passed: results.filter((r) => r.ok).length,
+    bitExact: results.filter((r) => r.bitExact).length,
+    digest,
+    failed: results.filter((r) => !r.ok).map((r) => ({ name: r.name, message: r.message })),
+  };
+  world.free();
+  port.close();
+  return report;
+}
+
+async function trainer({ url, run, ranks, rank, algorithm, period, steps }) {
+  const port = await openPort({ servers: url, name: 'distopt browser trainer rank' });
+  const world = api.World.joinNats(port, { run, ranks, rank });
+  const t = new api.Trainer({ ranks, algorithm, period, world });
+  await t.evaluate();
+  while (t.steps < steps) await t.step();
+  const evaluation = await t.evaluate();
+  const report = { rank: world.rank, steps: t.steps, meanModelLoss: evaluation.meanModelLoss };
+  t.free();
+  world.free();
+  port.close();
+  return report;
+}
+
+self.onmessage = async ({ data }) => {
+  try {
+    await init({ backend: 'cpu' });
+    self.postMessage(await (data.mode === 'golden' ? golden(data) : trainer(data)));
+  } catch (error) {
+    self.postMessage({ error: `${error?.name}: ${error?.message}\n${error?.stack}` });
+  }
+};
