@@ -4,6 +4,11 @@
 // package's `Trainer`. The training loop runs in a Web Worker (worker.js); this page only
 // draws: uPlot charts of each rank's loss, the held-out accuracy, how far the replicas drift
 // apart and what the collectives would have sent.
+//
+// Across tabs and devices: where the page's server runs a NATS server (scripts/demo.sh says so
+// in /config/nats.json), "Invite" makes a run that other tabs join by its link
+// (`?run=NAME&s=SETTINGS`): each tab is then one rank, its worker joined to the run over the
+// server's WebSocket listener (distopt/nats), and every tab plots every rank.
 
 import uPlot from './vendor/uplot/uPlot.esm.js';
 import { formatBytes } from './format.js';
@@ -45,7 +50,12 @@ const GHOST_DASH = [[10, 4], [4, 4], [1, 4]];
 const RANK_DASH = [[], [8, 4], [2, 3], [10, 3, 2, 3], [4, 4], [12, 6], [2, 6], [6, 2, 2, 2]];
 const CLASS_COLORS = ['#7aa2ff', '#5ee6c8', '#f5b454', '#ff7eb6', '#b18cff', '#9be15d', '#ff9f6e', '#6ee0ff', '#e0e36e', '#d98cff'];
 
-const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+/** The run this tab is a rank of, from its link (`?run=NAME&s=SETTINGS`); null when simulated. */
+const networked = invitation(new URLSearchParams(location.search));
+// A networked rank blocks its worker's thread on the port: the one-thread build.
+const worker = new Worker(new URL(networked ? './worker.js?threads=0' : './worker.js', import.meta.url), {
+  type: 'module',
+});
 demo.worker = worker;
 let run = null;
 let runCounter = 0;
@@ -331,6 +341,39 @@ function scheduleDraw() {
 // ---------------------------------------------------------------------------------------------
 // Runs
 
+/** The run a link invites to: {run, settings, task}, or null (no run, or a broken link). */
+function invitation(params) {
+  const name = params.get('run');
+  if (!name || !/^[A-Za-z0-9_-]{1,64}$/.test(name)) return null;
+  try {
+    const { settings, task } = JSON.parse(atob(params.get('s') || ''));
+    return Number.isInteger(settings?.ranks) ? { run: name, settings, task: task === 'digits' ? 'digits' : 'synthetic' } : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The link that invites other tabs into a new run of the current settings. */
+function inviteLink() {
+  const name = `demo-${Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16).padStart(2, '0')).join('')}`;
+  const encoded = btoa(JSON.stringify({ settings: settings(), task: ui.task.value }));
+  const url = new URL(location.pathname, location.href);
+  url.search = new URLSearchParams({ run: name, s: encoded }).toString();
+  return url.href;
+}
+
+/** The NATS server's WebSocket listener, where the page's server runs one (scripts/demo.sh). */
+async function natsServer() {
+  try {
+    const response = await fetch(new URL('./config/nats.json', location.href));
+    if (!response.ok) return null;
+    const { websocket } = await response.json();
+    return typeof websocket === 'string' ? websocket : null;
+  } catch {
+    return null;
+  }
+}
+
 function newRun() {
   if (run && run.history.length >= 10) {
     ghosts.unshift({
@@ -344,8 +387,8 @@ function newRun() {
     ghosts = ghosts.slice(0, GHOST_COLORS.length);
     demo.ghosts = ghosts;
   }
-  const s = settings();
-  const task = ui.task.value;
+  const s = networked ? networked.settings : settings();
+  const task = networked ? networked.task : ui.task.value;
   const id = ++runCounter;
   run = {
     id,
@@ -366,12 +409,23 @@ function newRun() {
   demo.history = run.history;
   demo.evaluations = run.evaluations;
   updateHelp();
-  worker.postMessage({ type: 'new', id, settings: s, task });
+  if (networked) {
+    worker.postMessage({ type: 'join', id, ws: networked.ws, run: networked.run, settings: s, task });
+  } else {
+    worker.postMessage({ type: 'new', id, settings: s, task });
+  }
 }
 
 /** The worker has built the run's trainer. */
 function onRun(message) {
   if (!run || message.id !== run.id) return;
+  demo.rank = message.rank;
+  if (networked) {
+    $('network-status').textContent = `This tab is rank ${message.rank} of ${message.ranks} in run ${networked.run}.`;
+    // Every rank trains from here: the others are waiting for this one.
+    running = true;
+    ui.start.textContent = 'Training';
+  }
   Object.assign(run, {
     ready: true,
     ranks: message.ranks,
@@ -561,13 +615,51 @@ function onError(message) {
   showError(message);
 }
 
+/** A networked tab: the run's settings shown and fixed, the invitation shown, then joined. */
+async function joinNetworked() {
+  const ws = await natsServer();
+  if (!ws) {
+    showError({ name: 'Error', message: 'this page was opened from an invitation, but its server runs no NATS server (start it with scripts/demo.sh)' });
+    return;
+  }
+  networked.ws = ws;
+  const s = networked.settings;
+  for (const [input, value] of [[ui.ranks, s.ranks], [ui.period, s.period], [ui.warmup, s.warmup], [ui.lr, s.lr], [ui.skew, s.task?.heterogeneity], [ui.fragments, s.fragments]]) {
+    if (value !== undefined) input.value = String(value);
+  }
+  ui.algorithm.value = s.algorithm;
+  ui.task.value = networked.task;
+  for (const input of [...Object.values(ui)]) input.disabled = true;
+  updateOutputs();
+  updateApplicable();
+  $('subtitle').textContent = 'data-parallel training across tabs and devices';
+  $('network').hidden = false;
+  $('invite').hidden = true;
+  const link = $('invite-link');
+  link.href = location.href;
+  link.textContent = location.href;
+  link.hidden = false;
+  $('network-status').textContent = `Waiting for all ${s.ranks} ranks of run ${networked.run}: open the link below in other tabs or on other devices.`;
+  newRun();
+}
+
 function onReady(message) {
   const { info } = message;
   const backend = demo.backend;
   demo.info = info;
   showAdapter(info, backend);
   $('version').textContent = message.version;
+  if (networked) {
+    joinNetworked();
+    demo.ready = true;
+    return;
+  }
   newRun();
+  natsServer().then((ws) => {
+    if (!ws) return;
+    $('network').hidden = false;
+    $('invite').addEventListener('click', () => location.assign(inviteLink()));
+  });
   for (const input of [ui.ranks, ui.period, ui.warmup, ui.fragments, ui.lr, ui.skew]) {
     input.addEventListener('input', () => {
       updateOutputs();
@@ -607,6 +699,9 @@ worker.onmessage = (event) => {
       hierarchies.set(`${message.period}/${message.ranks}`, message.levels);
       updateHelp();
       break;
+    case 'joining':
+      if (networked) $('network-status').textContent += ' Connected to the server; joining…';
+      break;
     case 'run':
       onRun(message);
       break;
@@ -641,7 +736,8 @@ function main() {
   updateOutputs();
   updateApplicable();
   const params = new URLSearchParams(location.search);
-  const backend = params.get('backend') || 'auto';
+  // A networked rank runs on the CPU backend (a GPU readback cannot block its thread).
+  const backend = networked ? 'cpu' : params.get('backend') || 'auto';
   if (params.get('task') === 'digits') ui.task.value = 'digits';
   demo.backend = backend;
   ui.backend.value = backend;

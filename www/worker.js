@@ -5,17 +5,20 @@
 //
 // Page → worker: {type: 'init', backend} · {type: 'backend', choice} · {type: 'hierarchy',
 //   period, ranks} · {type: 'new', id, settings, task: 'synthetic' | 'digits'} ·
+//   {type: 'join', id, ws, run, settings, task}: this tab as a rank of run `run` over the NATS
+//   server's WebSocket listener `ws` (the other ranks are other tabs or devices) ·
 //   {type: 'start' | 'pause', id}
 // Worker → page: {type: 'ready', info, version} · {type: 'backend', info} · {type: 'hierarchy',
-//   period, ranks, levels} · {type: 'run', id, …what the trainer is} · {type: 'steps', id,
-//   reports, evaluation} · {type: 'stopped', id, done} · {type: 'error', id, name, message}
+//   period, ranks, levels} · {type: 'joining', id} · {type: 'run', id, rank, …what the trainer
+//   is} · {type: 'steps', id, reports, evaluation} · {type: 'stopped', id, done} ·
+//   {type: 'error', id, name, message}
 
 import { loadDistopt } from './load-distopt.js';
 
 // The package's threaded build where this worker may use it (see load-distopt.js).
-let init, Trainer, selectBackend, version;
+let init, Trainer, selectBackend, version, World;
 const loaded = loadDistopt(new URL('./pkg/', import.meta.url)).then((distopt) => {
-  ({ default: init, Trainer, selectBackend, version } = distopt);
+  ({ default: init, Trainer, selectBackend, version, World } = distopt);
 });
 
 const MAX_STEPS = 1500;
@@ -23,6 +26,9 @@ const BATCH_MS = 30;
 const EVALUATE_EVERY = 25;
 
 let trainer = null;
+/** This tab's rank of a run over NATS, and its port (a networked run only). */
+let world = null;
+let port = null;
 let runId = null;
 let running = false;
 let digits = null;
@@ -70,11 +76,13 @@ async function newRun({ id, settings, task }) {
     s.task = { dataset: data, heterogeneity: settings.task.heterogeneity };
   }
   if (runId !== id) return;
+  if (world) s.world = world;
   trainer = new Trainer(s);
   const ranks = trainer.ranks;
   post({
     type: 'run',
     id,
+    rank: world ? world.rank : null,
     ranks,
     description: trainer.description,
     taskName: trainer.taskName,
@@ -84,6 +92,22 @@ async function newRun({ id, settings, task }) {
     stateBytes: trainer.optimizerStateBytesPerRank(),
     evaluation: evaluation(await trainer.evaluate()),
   });
+}
+
+/**
+ * This tab joins run `run` as one of its ranks: a port to the server (distopt/nats), the rank
+ * (waiting until every rank has joined: other tabs opening the invitation), then the trainer
+ * over that world.
+ */
+async function joinRun({ id, ws, run, settings, task }) {
+  running = false;
+  runId = id;
+  await looping;
+  const { openPort } = await import(new URL('./pkg/nats/port.js', import.meta.url).href);
+  post({ type: 'joining', id });
+  port = await openPort({ servers: ws, name: `distopt demo tab (run ${run})` });
+  world = World.joinNats(port, { run, ranks: settings.ranks, joinTimeout: 600 });
+  await newRun({ id, settings, task });
 }
 
 async function loop(id) {
@@ -152,6 +176,13 @@ async function handle(message) {
     case 'new':
       try {
         await newRun(message);
+      } catch (error) {
+        fail(message.id, error);
+      }
+      break;
+    case 'join':
+      try {
+        await joinRun(message);
       } catch (error) {
         fail(message.id, error);
       }

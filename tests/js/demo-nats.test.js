@@ -1,0 +1,102 @@
+// The demo across tabs, in Chromium, with a real nats-server (JetStream and a WebSocket
+// listener) as scripts/demo.sh starts it: the first tab's "Invite other tabs" makes a DiLoCo run
+// of 2 ranks and joins it; a second tab (in another browser) opens the invitation link and
+// becomes the other rank; both train, and each plots both ranks (screenshots in
+// target/screenshots/demo-nats-tab{0,1}.png).
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+import { serve } from '../../scripts/serve.mjs';
+import { NO_WEBGPU_FLAGS, launch } from './chromium.js';
+import { PACKAGE, ROOT } from './helpers.js';
+import { startServer } from './nats-server.js';
+
+let nats;
+let http;
+let baseUrl;
+let config;
+const browsers = [];
+
+before(async () => {
+  assert.ok(fs.existsSync(path.join(PACKAGE, 'nats/worker.browser.js')), `build the package first: ${PACKAGE}`);
+  nats = await startServer(['-js'], { websocket: true });
+  config = fs.mkdtempSync(path.join(os.tmpdir(), 'distopt-demo-config-'));
+  fs.writeFileSync(path.join(config, 'nats.json'), JSON.stringify({ websocket: nats.wsUrl }));
+  ({ server: http, url: baseUrl } = await serve({
+    port: 0,
+    mounts: [
+      ['/pkg/', PACKAGE],
+      ['/config/', config],
+      ['/', path.join(ROOT, 'www')],
+    ].sort((a, b) => b[0].length - a[0].length),
+  }));
+  browsers.push(await launch(NO_WEBGPU_FLAGS), await launch(NO_WEBGPU_FLAGS));
+});
+
+after(async () => {
+  for (const b of browsers) await b.close();
+  http?.close();
+  nats?.stop();
+  if (config) fs.rmSync(config, { recursive: true, force: true });
+});
+
+test('a tab invites another: each becomes a rank of one DiLoCo run, and both plot both ranks', async () => {
+  const errors = [];
+  const open = async (which, url) => {
+    const page = await browsers[which].newPage();
+    page.on('pageerror', (e) => errors.push(`${which}: ${e.message}`));
+    await page.goto(url);
+    return page;
+  };
+  const first = await open(0, new URL('/?backend=cpu', baseUrl).href);
+  await first.waitForFunction(() => window.demo?.ready === true, null, { timeout: 60_000 });
+  // The invitation appears where the page's server runs a NATS server.
+  await first.waitForSelector('#invite', { state: 'visible' });
+  await first.selectOption('#algorithm', 'diloco');
+  await first.evaluate(() => {
+    const ranks = document.getElementById('ranks');
+    ranks.value = '2';
+    ranks.dispatchEvent(new Event('input'));
+    ranks.dispatchEvent(new Event('change'));
+  });
+  await Promise.all([first.waitForURL(/[?&]run=demo-[0-9a-f]{16}/), first.click('#invite')]);
+  await first.waitForSelector('#invite-link', { state: 'visible' });
+  const link = await first.$eval('#invite-link', (a) => a.href);
+  assert.match(link, /[?&]run=demo-[0-9a-f]{16}&s=/);
+  assert.match(await first.textContent('#network-status'), /Waiting for all 2 ranks/);
+
+  const second = await open(1, link);
+  for (const page of [first, second]) {
+    await page.waitForFunction(() => window.demo?.rank !== undefined && window.demo.history.length >= 40, null, {
+      timeout: 180_000,
+    });
+  }
+  const seen = await Promise.all(
+    [first, second].map((page) =>
+      page.evaluate(() => ({
+        rank: window.demo.rank,
+        ranks: window.demo.history.at(-1) && document.getElementById('ranks').value,
+        lossRanks: window.demo.history.at(-1)?.lossPerRank?.length,
+        status: document.getElementById('network-status').textContent,
+        subtitle: document.getElementById('subtitle').textContent,
+      })),
+    ),
+  );
+  assert.deepEqual(seen.map((s) => s.rank).sort(), [0, 1], 'each tab holds its own rank');
+  for (const s of seen) {
+    assert.equal(s.lossRanks, 2, 'each tab plots both ranks');
+    assert.match(s.status, new RegExp(`rank ${s.rank} of 2 in run demo-`));
+    assert.match(s.subtitle, /across tabs/);
+  }
+  assert.deepEqual(errors, []);
+  const shots = path.join(ROOT, 'target/screenshots');
+  fs.mkdirSync(shots, { recursive: true });
+  for (const [i, page] of [first, second].entries()) {
+    await page.screenshot({ path: path.join(shots, `demo-nats-tab${i}.png`) });
+  }
+  console.log(`two tabs in two browsers trained one DiLoCo run as ranks ${seen.map((s) => s.rank).join(' and ')}: ${JSON.stringify(seen.map((s) => s.status))}`);
+});
