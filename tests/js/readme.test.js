@@ -1,4 +1,6 @@
-// The README's "Install" and "Use it with your model" JavaScript examples, run as written:
+// The README's "Install", "Use it with your model" and "Train across tabs, devices and
+// machines" JavaScript examples, run as written (the last one as 4 Node processes of one run on
+// a real nats-server, its address put in):
 // each ```js block of those sections is saved as a file of a fresh Node project that installed
 // the packed tarball (offline), run with Node, and its output checked. (Their Rust blocks run
 // as doctests: src/lib.rs includes the README.) The package's own README (npm/README.md, what a
@@ -11,7 +13,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-import { ROOT } from './helpers.js';
+import { ROOT, runProcess } from './helpers.js';
+import { startServer } from './nats-server.js';
 
 const OUT = path.join(ROOT, 'target/npm');
 let work;
@@ -74,4 +77,25 @@ test('the package README (npm/README.md): its examples run as written', () => {
   const [training] = readmeBlocks('Training, step by step', 'js', 'npm/README.md');
   const out = run('npm-readme-2.mjs', training);
   assert.match(out, /Float32Array/);
+});
+
+test("the README's example across processes runs as 4 Node processes of one run (the installed package's distopt/nats)", async () => {
+  const [block] = readmeBlocks('Train across tabs, devices and machines', 'js');
+  assert.ok(block.includes("'nats://127.0.0.1:4222'"), 'the example connects to a server on loopback');
+  const server = await startServer(['-js']);
+  try {
+    const file = path.join(work, 'across.mjs');
+    fs.writeFileSync(file, block.replace("'nats://127.0.0.1:4222'", JSON.stringify(server.url)));
+    const runs = await Promise.all([0, 1, 2, 3].map(() => runProcess(process.execPath, [file], {}, 180_000)));
+    runs.forEach((r, i) => assert.equal(r.code, 0, `process ${i}: ${r.out}\n${r.err}`));
+    const lines = runs.map((r) => r.out.trim().split('\n'));
+    const ranks = lines.map((l) => Number(/^rank (\d+) of 4$/.exec(l[0])?.[1])).sort();
+    assert.deepEqual(ranks, [0, 1, 2, 3]);
+    const losses = lines.map((l) => /^rank \d: mean model loss (\S+)$/.exec(l[1])?.[1]);
+    // DiLoCo's outer step leaves every replica on the same model: every rank reports its loss.
+    assert.equal(new Set(losses).size, 1, `every rank evaluates the same mean model: ${losses}`);
+    assert.ok(Number(losses[0]) < 1.5, `it trained: ${losses[0]}`);
+  } finally {
+    server.stop();
+  }
 });
