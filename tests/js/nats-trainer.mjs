@@ -3,7 +3,8 @@
 // on DISTOPT_URL as rank DISTOPT_RANK, builds the Trainer the command line builds for
 // `--algorithm DISTOPT_ALGORITHM --period DISTOPT_PERIOD` over that world, and makes the calls
 // its train loop makes (an evaluation, DISTOPT_STEPS steps, an evaluation). Prints one JSON
-// line {rank, steps, meanModelLoss} and exits 0.
+// line {rank, steps, meanModelLoss, lossPerRank, live} and exits 0; a failure prints
+// {rank, error: {name, message}, at} and exits 1.
 
 import { importPackage, importPort } from './helpers.js';
 
@@ -25,11 +26,26 @@ const trainer = new api.Trainer({
   period: Number(env('DISTOPT_PERIOD')),
   world,
 });
-await trainer.evaluate();
-const steps = Number(env('DISTOPT_STEPS'));
-while (trainer.steps < steps) await trainer.step();
-const evaluation = await trainer.evaluate();
-console.log(JSON.stringify({ rank: world.rank, steps: trainer.steps, meanModelLoss: evaluation.meanModelLoss }));
+const started = Date.now();
+try {
+  await trainer.evaluate();
+  const steps = Number(env('DISTOPT_STEPS'));
+  while (trainer.steps < steps) await trainer.step();
+  const evaluation = await trainer.evaluate();
+  console.log(
+    JSON.stringify({
+      rank: world.rank,
+      steps: trainer.steps,
+      meanModelLoss: evaluation.meanModelLoss,
+      lossPerRank: Array.from(evaluation.lossPerRank),
+      live: world.live,
+    }),
+  );
+} catch (error) {
+  // A failed collective: its named error, and when it came (ms since the epoch).
+  console.log(JSON.stringify({ rank: world.rank, error: { name: error.name, message: error.message }, at: Date.now(), ms: Date.now() - started }));
+  process.exit(1);
+}
 trainer.free();
 world.free();
 port.close();

@@ -1,0 +1,100 @@
+// Ranks that die, over a real nats-server, with every rank a Node process
+// (tests/js/nats-trainer.mjs: the package's Trainer over `World.joinNats`), SIGKILLed as a tab
+// or a process dies:
+//   - synchronous SGD fails fast: every survivor's pending collective fails with the
+//     RuntimeError naming the dead rank within the failure bound (5 s) and a little;
+//   - DiLoCo goes on: the survivors drop the dead rank at the next sync point and finish, on
+//     identical replicas.
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+
+import { HERE } from './helpers.js';
+import { startServer } from './nats-server.js';
+
+const BOUND_S = 5;
+
+let server;
+
+before(async () => {
+  server = await startServer(['-js']);
+});
+
+after(() => server?.stop());
+
+/** Starts rank `rank` of `run` (3 ranks); resolves {code, report, err, exitAt} when it exits. */
+function startRank(run, rank, algorithm, steps) {
+  const child = spawn(process.execPath, [path.join(HERE, 'nats-trainer.mjs')], {
+    env: {
+      ...process.env,
+      DISTOPT_URL: server.url,
+      DISTOPT_RUN: run,
+      DISTOPT_RANKS: '3',
+      DISTOPT_RANK: String(rank),
+      DISTOPT_ALGORITHM: algorithm,
+      DISTOPT_PERIOD: '8',
+      DISTOPT_STEPS: String(steps),
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  let err = '';
+  child.stdout.on('data', (d) => (out += d));
+  child.stderr.on('data', (d) => (err += d));
+  const timer = setTimeout(() => child.kill('SIGKILL'), 240_000);
+  const exited = new Promise((resolve) =>
+    child.on('exit', (code, signal) => {
+      clearTimeout(timer);
+      let report = null;
+      try {
+        report = JSON.parse(out.trim().split('\n').pop());
+      } catch {
+        // none printed
+      }
+      resolve({ code: code ?? signal, report, out, err, exitAt: Date.now() });
+    }),
+  );
+  return { child, exited };
+}
+
+/** Waits until all three ranks have joined and trained a while (their stdout is quiet until the end). */
+const settle = () => new Promise((resolve) => setTimeout(resolve, 4000));
+
+test('synchronous SGD: a killed Node rank fails both survivors with the named error within the bound', async () => {
+  const ranks = [0, 1, 2].map((r) => startRank('faults-sync', r, 'sync', 1e9));
+  await settle();
+  ranks[2].child.kill('SIGKILL');
+  const killedAt = Date.now();
+  const [a, b, killed] = await Promise.all(ranks.map((r) => r.exited));
+  assert.equal(killed.code, 'SIGKILL');
+  for (const s of [a, b]) {
+    assert.equal(s.code, 1, `a survivor exits 1: ${s.out}\n${s.err}`);
+    assert.equal(s.report?.error?.name, 'RuntimeError', s.out);
+    assert.match(s.report.error.message, /rank 2 is gone: nothing heard from it for/);
+    const after = (s.report.at - killedAt) / 1000;
+    assert.ok(after >= BOUND_S - 0.5 && after <= BOUND_S + 3, `failed ${after.toFixed(1)} s after the kill (bound ${BOUND_S} s)`);
+  }
+  console.log(
+    `sync: both Node survivors failed naming rank 2, ${((a.report.at - killedAt) / 1000).toFixed(1)} s and ${((b.report.at - killedAt) / 1000).toFixed(1)} s after the kill (bound ${BOUND_S} s)`,
+  );
+});
+
+test('DiLoCo: the survivors of a killed Node rank finish on identical replicas', async () => {
+  const steps = 6000;
+  const ranks = [0, 1, 2].map((r) => startRank('faults-diloco', r, 'diloco', steps));
+  await settle();
+  ranks[2].child.kill('SIGKILL');
+  const [a, b, killed] = await Promise.all(ranks.map((r) => r.exited));
+  assert.equal(killed.code, 'SIGKILL', 'rank 2 was still training when killed (raise the steps)');
+  for (const s of [a, b]) {
+    assert.equal(s.code, 0, `a survivor finishes: ${s.out}\n${s.err}`);
+    assert.equal(s.report.steps, steps);
+    assert.deepEqual(s.report.live, [true, true, false], 'rank 2 left at a sync point');
+  }
+  assert.equal(a.report.meanModelLoss, b.report.meanModelLoss, 'the survivors hold the same mean model');
+  assert.deepEqual(a.report.lossPerRank.slice(0, 2), b.report.lossPerRank.slice(0, 2));
+  assert.equal(a.report.lossPerRank[0], a.report.lossPerRank[1], 'DiLoCo leaves the survivors on the same replica');
+  console.log(`diloco: rank 2 killed; ranks 0 and 1 finished ${steps} steps on identical replicas (mean model loss ${a.report.meanModelLoss})`);
+});
