@@ -448,14 +448,36 @@ function onRun(message) {
   if (running) worker.postMessage({ type: 'start', id: run.id });
 }
 
+/** Ranks left or joined the run at a sync point: said in the run's log, newest first. */
+function onMembership(message) {
+  if (!run || message.id !== run.id) return;
+  const lines = [
+    ...message.left.map((r) => `rank ${r} left at step ${message.step}`),
+    ...message.joined.map((r) => `rank ${r} joined at step ${message.step} (healed from a live rank)`),
+  ];
+  demo.membership = [...(demo.membership ?? []), ...lines];
+  const log = $('membership-log');
+  for (const line of lines) {
+    const item = document.createElement('li');
+    item.textContent = line;
+    log.prepend(item);
+  }
+  log.hidden = false;
+}
+
+/** `value` smoothed after the series' last value (a gap, null, is skipped over). */
 function smoothed(series, value) {
-  const last = series.length ? series[series.length - 1] : value;
-  return series.length ? last + SMOOTHING * (value - last) : value;
+  const last = series.findLast((v) => v !== null);
+  return last === undefined ? value : last + SMOOTHING * (value - last);
 }
 
 function record(report) {
   run.history.push(report);
-  report.lossPerRank.forEach((loss, r) => run.lossPerRank[r].push(smoothed(run.lossPerRank[r], loss)));
+  // A rank that was not training (it left a run over NATS, until a tab takes its place) has
+  // no loss: a gap in its line.
+  report.lossPerRank.forEach((loss, r) =>
+    run.lossPerRank[r].push(Number.isFinite(loss) ? smoothed(run.lossPerRank[r], loss) : null),
+  );
   run.meanLoss.push(smoothed(run.meanLoss, report.meanLoss));
   run.divergence.push(report.divergence);
   run.bytes.push(report.bytesCommunicatedPerRank);
@@ -700,7 +722,14 @@ worker.onmessage = (event) => {
       updateHelp();
       break;
     case 'joining':
-      if (networked) $('network-status').textContent += ' Connected to the server; joining…';
+      if (networked) {
+        $('network-status').textContent = message.late
+          ? `Run ${networked.run} is under way with all its ${networked.settings.ranks} ranks: this tab joins as the next rank that leaves, and is healed from a live rank at the next sync point.`
+          : `${$('network-status').textContent} Connected to the server; joining…`;
+      }
+      break;
+    case 'membership':
+      onMembership(message);
       break;
     case 'run':
       onRun(message);

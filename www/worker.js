@@ -9,9 +9,10 @@
 //   server's WebSocket listener `ws` (the other ranks are other tabs or devices) ·
 //   {type: 'start' | 'pause', id}
 // Worker → page: {type: 'ready', info, version} · {type: 'backend', info} · {type: 'hierarchy',
-//   period, ranks, levels} · {type: 'joining', id} · {type: 'run', id, rank, …what the trainer
-//   is} · {type: 'steps', id, reports, evaluation} · {type: 'stopped', id, done} ·
-//   {type: 'error', id, name, message}
+//   period, ranks, levels} · {type: 'joining', id, late} · {type: 'run', id, rank, …what the
+//   trainer is} · {type: 'steps', id, reports, evaluation} · {type: 'membership', id, step,
+//   left, joined, live}: ranks that left or joined the run at a sync point ·
+//   {type: 'stopped', id, done} · {type: 'error', id, name, message}
 
 import { loadDistopt } from './load-distopt.js';
 
@@ -29,6 +30,10 @@ let trainer = null;
 /** This tab's rank of a run over NATS, and its port (a networked run only). */
 let world = null;
 let port = null;
+/** Whether this tab joined a run already under way (taken in at its next sync point). */
+let late = false;
+/** The live ranks last seen (a networked run only). */
+let live = null;
 let runId = null;
 let running = false;
 let digits = null;
@@ -78,6 +83,10 @@ async function newRun({ id, settings, task }) {
   if (runId !== id) return;
   if (world) s.world = world;
   trainer = new Trainer(s);
+  // A tab that joined a run under way is taken in at its next sync point, and healed there
+  // from a live rank: its parameters, DiLoCo's state and the step count.
+  if (late) await trainer.admit();
+  live = world ? world.live : null;
   const ranks = trainer.ranks;
   post({
     type: 'run',
@@ -104,10 +113,27 @@ async function joinRun({ id, ws, run, settings, task }) {
   runId = id;
   await looping;
   const { openPort } = await import(new URL('./pkg/nats/port.js', import.meta.url).href);
-  post({ type: 'joining', id });
+  post({ type: 'joining', id, late: false });
   port = await openPort({ servers: ws, name: `distopt demo tab (run ${run})` });
-  world = World.joinNats(port, { run, ranks: settings.ranks, joinTimeout: 600 });
+  try {
+    world = World.joinNats(port, { run, ranks: settings.ranks, joinTimeout: 600 });
+  } catch (error) {
+    if (!/already has its \d+ ranks/.test(error.message)) throw error;
+    // Every rank is taken: join the run under way as a rank that leaves (or has left).
+    post({ type: 'joining', id, late: true });
+    late = true;
+    world = World.joinNats(port, { run, ranks: settings.ranks, join: true, joinTimeout: 600 });
+  }
   await newRun({ id, settings, task });
+}
+
+/** Tells the page which ranks left or joined at the last sync point, when that changed. */
+function membership(id, step) {
+  const now = world.live;
+  const left = now.flatMap((l, r) => (!l && live[r] ? [r] : []));
+  const joined = now.flatMap((l, r) => (l && !live[r] ? [r] : []));
+  live = now;
+  if (left.length || joined.length) post({ type: 'membership', id, step, left, joined, live: now });
 }
 
 async function loop(id) {
@@ -118,6 +144,7 @@ async function loop(id) {
       let evaluated = null;
       do {
         const r = await trainer.step();
+        if (world) membership(id, r.step);
         reports.push({
           step: r.step,
           lossPerRank: Array.from(r.lossPerRank),

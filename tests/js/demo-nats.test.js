@@ -1,8 +1,10 @@
 // The demo across tabs, in Chromium, with a real nats-server (JetStream and a WebSocket
 // listener) as scripts/demo.sh starts it: the first tab's "Invite other tabs" makes a DiLoCo run
 // of 2 ranks and joins it; a second tab (in another browser) opens the invitation link and
-// becomes the other rank; both train, and each plots both ranks (screenshots in
-// target/screenshots/demo-nats-tab{0,1}.png).
+// becomes the other rank; both train, and each plots both ranks. Then the second tab closes:
+// the first goes on and says "rank 1 left at step N"; a third tab opens the link late, takes
+// the free rank, is healed and trains, and the first says it joined (screenshots of the first
+// and third tabs in target/screenshots/demo-nats-tab{0,1}.png).
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -44,7 +46,7 @@ after(async () => {
   if (config) fs.rmSync(config, { recursive: true, force: true });
 });
 
-test('a tab invites another: each becomes a rank of one DiLoCo run, and both plot both ranks', async () => {
+test('a tab invites another, which leaves; a late tab takes its place, healed; the run goes on', async () => {
   const errors = [];
   const open = async (which, url) => {
     const page = await browsers[which].newPage();
@@ -92,11 +94,29 @@ test('a tab invites another: each becomes a rank of one DiLoCo run, and both plo
     assert.match(s.status, new RegExp(`rank ${s.rank} of 2 in run demo-`));
     assert.match(s.subtitle, /across tabs/);
   }
+  // The second tab closes: under DiLoCo the first goes on without it, and says so.
+  const gone = await second.evaluate(() => window.demo.rank);
+  await second.close();
+  await first.waitForFunction((r) => (window.demo.membership ?? []).some((l) => l.startsWith(`rank ${r} left at step `)), gone, {
+    timeout: 60_000,
+  });
+  const stepAtLeave = await first.evaluate(() => window.demo.history.length);
+  await first.waitForFunction((n) => window.demo.history.length >= n + 20, stepAtLeave, { timeout: 60_000 });
+  // A tab opening the link late takes the free rank, healed at the next sync point.
+  const third = await open(1, link);
+  await third.waitForFunction((r) => window.demo?.rank === r && window.demo.history.length >= 10, gone, { timeout: 120_000 });
+  await first.waitForFunction((r) => (window.demo.membership ?? []).some((l) => l.startsWith(`rank ${r} joined at step `)), gone, {
+    timeout: 60_000,
+  });
+  const log = await first.evaluate(() => window.demo.membership);
+  const thirdStatus = await third.textContent('#network-status');
+  assert.match(thirdStatus, new RegExp(`rank ${gone} of 2`));
   assert.deepEqual(errors, []);
   const shots = path.join(ROOT, 'target/screenshots');
   fs.mkdirSync(shots, { recursive: true });
-  for (const [i, page] of [first, second].entries()) {
+  for (const [i, page] of [first, third].entries()) {
     await page.screenshot({ path: path.join(shots, `demo-nats-tab${i}.png`) });
   }
-  console.log(`two tabs in two browsers trained one DiLoCo run as ranks ${seen.map((s) => s.rank).join(' and ')}: ${JSON.stringify(seen.map((s) => s.status))}`);
+  console.log(`two tabs in two browsers trained one DiLoCo run as ranks ${seen.map((s) => s.rank).join(' and ')}; the first tab's log after the second closed and a third opened the link: ${JSON.stringify(log)}`);
+  await third.close();
 });
