@@ -210,3 +210,24 @@ export function runProcess(command, args, env = {}, deadlineMs = 240_000) {
     });
   });
 }
+
+/**
+ * A rank process of the NATS tests: the package on its CPU backend, and this process's rank of
+ * run DISTOPT_RUN (DISTOPT_RANKS ranks; rank DISTOPT_RANK when set) on the server DISTOPT_URL,
+ * joined through the package's port. Resolves to {api, port, world, ranks}.
+ */
+export async function joinFromEnv(role) {
+  const env = (name) => {
+    const value = process.env[name];
+    if (value === undefined) throw new Error(`${name} is not set`);
+    return value;
+  };
+  const api = await importPackage();
+  await api.default({ backend: 'cpu' });
+  const { openPort } = await importPort();
+  const ranks = Number(env('DISTOPT_RANKS'));
+  const port = await openPort({ servers: env('DISTOPT_URL'), name: `distopt ${role} (pid ${process.pid})` });
+  const options = { run: env('DISTOPT_RUN'), ranks };
+  if (process.env.DISTOPT_RANK !== undefined) options.rank = Number(process.env.DISTOPT_RANK);
+  return { api, port, world: api.World.joinNats(port, options), ranks, env };
+}

@@ -6,7 +6,7 @@
 // (`digest`: of its parameters' bits after every step, helpers.js `bitDigests`) and exits 0 when
 // every case passed.
 
-import { bitDigests, goldenFiles, importPackage, importPort } from './helpers.js';
+import { bitDigests, goldenFiles, joinFromEnv } from './helpers.js';
 import { runCases } from './golden-runner.js';
 
 /** The kinds a rank in its own process replays (the multi-rank kinds over a `World`). */
@@ -18,18 +18,7 @@ export const NETWORKED_KINDS = [
   'streaming_diloco',
 ];
 
-const env = (name) => {
-  const value = process.env[name];
-  if (value === undefined) throw new Error(`${name} is not set`);
-  return value;
-};
-
-const api = await importPackage();
-await api.default({ backend: 'cpu' });
-const { openPort } = await importPort();
-const ranks = Number(env('DISTOPT_RANKS'));
-const port = await openPort({ servers: env('DISTOPT_URL'), name: `distopt test rank (pid ${process.pid})` });
-const world = api.World.joinNats(port, { run: env('DISTOPT_RUN'), ranks });
+const { api, port, world, ranks } = await joinFromEnv('test rank');
 const cases = goldenFiles()
   .filter((f) => NETWORKED_KINDS.includes(f.kind) && f.case.input.world_size === ranks)
   .map((f) => f.case);

@@ -8,11 +8,10 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import path from 'node:path';
 
 import { runCases } from './golden-runner.js';
-import { HERE, bitDigests, goldenFiles, importPackage } from './helpers.js';
+import { HERE, bitDigests, goldenFiles, importPackage, runProcess } from './helpers.js';
 import { startServer } from './nats-server.js';
 
 /** The kinds nats-rank.mjs replays (its NETWORKED_KINDS). */
@@ -31,25 +30,12 @@ before(async () => {
 
 after(() => server?.stop());
 
-/** Runs `ranks` processes of nats-rank.mjs in run `run`: their exit codes and output lines. */
+/** Runs `ranks` processes of nats-rank.mjs in run `run`: their exit codes and output. */
 function runRanks(run, ranks) {
-  const one = () =>
-    new Promise((resolve) => {
-      const child = spawn(process.execPath, [path.join(HERE, 'nats-rank.mjs')], {
-        env: { ...process.env, DISTOPT_URL: server.url, DISTOPT_RUN: run, DISTOPT_RANKS: String(ranks) },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      });
-      let out = '';
-      let err = '';
-      child.stdout.on('data', (d) => (out += d));
-      child.stderr.on('data', (d) => (err += d));
-      const timer = setTimeout(() => child.kill('SIGKILL'), DEADLINE_MS);
-      child.on('exit', (code, signal) => {
-        clearTimeout(timer);
-        resolve({ code, signal, out, err });
-      });
-    });
-  return Promise.all(Array.from({ length: ranks }, one));
+  const env = { DISTOPT_URL: server.url, DISTOPT_RUN: run, DISTOPT_RANKS: String(ranks) };
+  return Promise.all(
+    Array.from({ length: ranks }, () => runProcess(process.execPath, [path.join(HERE, 'nats-rank.mjs')], env, DEADLINE_MS)),
+  );
 }
 
 const sizes = [...new Set(goldenFiles().filter((f) => KINDS.includes(f.kind)).map((f) => f.case.input.world_size))].sort(
@@ -77,7 +63,7 @@ for (const size of sizes) {
       try {
         return JSON.parse(line);
       } catch {
-        return { parseError: `exit ${e.code ?? e.signal}: ${e.out}\n${e.err}` };
+        return { parseError: `exit ${e.code}: ${e.out}\n${e.err}` };
       }
     });
     const failures = reports.filter((r) => r.parseError || r.failed.length > 0 || r.passed !== expected);

@@ -6,20 +6,9 @@
 // line {rank, steps, meanModelLoss, lossPerRank, live} and exits 0; a failure prints
 // {rank, error: {name, message}, at} and exits 1.
 
-import { importPackage, importPort } from './helpers.js';
+import { joinFromEnv } from './helpers.js';
 
-const env = (name) => {
-  const value = process.env[name];
-  if (value === undefined) throw new Error(`${name} is not set`);
-  return value;
-};
-
-const api = await importPackage();
-await api.default({ backend: 'cpu' });
-const { openPort } = await importPort();
-const ranks = Number(env('DISTOPT_RANKS'));
-const port = await openPort({ servers: env('DISTOPT_URL'), name: `distopt trainer rank (pid ${process.pid})` });
-const world = api.World.joinNats(port, { run: env('DISTOPT_RUN'), ranks, rank: Number(env('DISTOPT_RANK')) });
+const { api, port, world, ranks, env } = await joinFromEnv('trainer rank');
 const trainer = new api.Trainer({
   ranks,
   algorithm: env('DISTOPT_ALGORITHM'),
