@@ -11,7 +11,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 
-import { importPort } from './helpers.js';
+import { importPackage, importPort } from './helpers.js';
 import { freePort, startServer as startNats } from './nats-server.js';
 
 const servers = [];
@@ -271,4 +271,32 @@ test('close drains, is idempotent, and later calls throw', async () => {
   c.close();
   assert.throws(() => c.flush(), /closed/);
   assert.throws(() => c.publish('x', bytes('y')), /closed/);
+});
+
+test('World.joinNats: one world per port, and named errors for a wrong port or options', async () => {
+  const api = await importPackage();
+  await api.default({ backend: 'cpu' });
+  const port = await open({ servers: url, name: 'port-world' });
+  const world = api.World.joinNats(port, { run: 'one-rank', ranks: 1 });
+  assert.deepEqual([world.rank, world.size, world.localRanks, world.live], [0, 1, [0], [true]]);
+  assert.throws(() => api.World.joinNats(port, { run: 'another', ranks: 1 }), {
+    name: 'ValueError',
+    message: /this port already serves a World/,
+  });
+  world.free();
+  // Freed, the port serves the next world.
+  const again = api.World.joinNats(port, { run: 'one-rank-again', ranks: 1 });
+  assert.equal(again.size, 1);
+  again.free();
+  assert.throws(() => api.World.joinNats({ pump() {} }, { run: 'r', ranks: 1 }), {
+    name: 'TypeError',
+    message: /port must be a Port/,
+  });
+  assert.throws(() => api.World.joinNats(port, { run: 'no spaces', ranks: 1 }), { name: 'ValueError' });
+  assert.throws(() => api.World.joinNats(port, { run: 'r', ranks: 0 }), { name: 'ValueError', message: /at least one rank/ });
+  assert.throws(() => api.World.joinNats(port, { ranks: 2 }), { name: 'TypeError', message: /options.run must be a string/ });
+  assert.throws(() => api.World.joinNats(port, { run: 'r', ranks: 2, failureBound: -1 }), {
+    name: 'ValueError',
+    message: /options.failureBound must be a positive number of seconds/,
+  });
 });

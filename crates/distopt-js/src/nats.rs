@@ -129,6 +129,19 @@ pub(crate) struct PortLink {
     refused: OnceLock<Refused>,
 }
 
+thread_local! {
+    /// The ports a live link uses: one world per port, since a port's deliveries go to
+    /// whichever link pumps them.
+    static IN_USE: std::cell::RefCell<Vec<JsValue>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Drop for PortLink {
+    fn drop(&mut self) {
+        let port: &JsValue = &self.port.0;
+        IN_USE.with(|used| used.borrow_mut().retain(|p| !js_sys::Object::is(p, port)));
+    }
+}
+
 impl PortLink {
     /// The link over `port`, which must be a port (`openPort`'s, or an object with its
     /// methods): a `TypeError` otherwise.
@@ -141,6 +154,19 @@ impl PortLink {
         if !is_port {
             return Err(distopt::error::Error::type_error(
                 "port must be a Port (await openPort({servers}) from distopt/nats)",
+            ));
+        }
+        let taken = IN_USE.with(|used| {
+            let mut used = used.borrow_mut();
+            let taken = used.iter().any(|p| js_sys::Object::is(p, &port));
+            if !taken {
+                used.push(port.clone());
+            }
+            taken
+        });
+        if taken {
+            return Err(distopt::error::Error::value(
+                "this port already serves a World (one world per port: open another port, or free that world first)",
             ));
         }
         Ok(PortLink {
@@ -270,6 +296,9 @@ impl Link for PortLink {
     fn pump(&self, at_most: Duration) -> bool {
         self.refill();
         let Ok(delivered) = self.port.0.pump(at_most.as_secs_f64() * 1e3) else {
+            // The connection is gone: nothing more arrives, and the ranks' silence ends the
+            // collective waiting on them (named) within the failure bound; no busy wait meanwhile.
+            let _ = self.port.0.sleep(at_most.as_secs_f64() * 1e3);
             return true;
         };
         for pair in delivered.iter() {
