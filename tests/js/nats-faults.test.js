@@ -4,14 +4,15 @@
 //   - synchronous SGD fails fast: every survivor's pending collective fails with the
 //     RuntimeError naming the dead rank within the failure bound (5 s) and a little;
 //   - DiLoCo goes on: the survivors drop the dead rank at the next sync point and finish, on
-//     identical replicas.
+//     identical replicas, which equal bit for bit the simulated world's replaying the
+//     membership the run reported (`distopt train --membership`).
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 
-import { HERE } from './helpers.js';
+import { HERE, buildDistoptCli, runProcess } from './helpers.js';
 import { startServer } from './nats-server.js';
 
 const BOUND_S = 5;
@@ -59,6 +60,29 @@ function startRank(run, rank, algorithm, steps) {
   return { child, exited };
 }
 
+/**
+ * The membership schedule `distopt train --membership` replays, from a rank's
+ * `World.membershipChanges`: each sync point's live ranks, a rank that joined at point K live
+ * from K + 1, up to the point after the last change.
+ */
+function schedule(changes, ranks) {
+  const byPoint = new Map(changes.map((c) => [c.syncPoint, c]));
+  const last = Math.max(...changes.map((c) => c.syncPoint));
+  let current = Array.from({ length: ranks }, (_, r) => r);
+  const out = [];
+  for (let k = 0; k <= last + 1; k++) {
+    const change = byPoint.get(k);
+    if (change) {
+      current = [...change.live];
+      out.push(current);
+      current = [...new Set([...current, ...change.joining])].sort((a, b) => a - b);
+    } else {
+      out.push(current);
+    }
+  }
+  return out.map((live) => live.join(',')).join(';');
+}
+
 /** Waits until all three ranks have joined and trained a while (their stdout is quiet until the end). */
 const settle = () => new Promise((resolve) => setTimeout(resolve, 4000));
 
@@ -96,5 +120,16 @@ test('DiLoCo: the survivors of a killed Node rank finish on identical replicas',
   assert.equal(a.report.meanModelLoss, b.report.meanModelLoss, 'the survivors hold the same mean model');
   assert.deepEqual(a.report.lossPerRank.slice(0, 2), b.report.lossPerRank.slice(0, 2));
   assert.equal(a.report.lossPerRank[0], a.report.lossPerRank[1], 'DiLoCo leaves the survivors on the same replica');
-  console.log(`diloco: rank 2 killed; ranks 0 and 1 finished ${steps} steps on identical replicas (mean model loss ${a.report.meanModelLoss})`);
+  // The simulated world replaying the membership the run agreed on: the survivors' replicas.
+  assert.deepEqual(a.report.membershipChanges, b.report.membershipChanges, 'both survivors report one membership');
+  const replayed = schedule(a.report.membershipChanges, 3);
+  const flags = ['train', '--algorithm', 'diloco', '--period', '8', '--steps', String(steps), '--backend', 'cpu', '--json', '--ranks', '3'];
+  const replay = await runProcess(buildDistoptCli(), [...flags, '--membership', replayed]);
+  assert.equal(replay.code, 0, replay.err);
+  const simulated = JSON.parse(replay.out).results[0].replica_loss_per_rank;
+  assert.deepEqual(a.report.lossPerRank.slice(0, 2), simulated.slice(0, 2), 'the survivors equal the simulated replay bit for bit');
+  const left = a.report.membershipChanges[0];
+  console.log(
+    `diloco: rank 2 killed, out from sync point ${left.syncPoint}; ranks 0 and 1 finished ${steps} steps on identical replicas, equal to the simulated replay of that membership bit for bit (replica loss ${a.report.lossPerRank[0]})`,
+  );
 });

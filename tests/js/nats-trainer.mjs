@@ -3,7 +3,7 @@
 // on DISTOPT_URL as rank DISTOPT_RANK, builds the Trainer the command line builds for
 // `--algorithm DISTOPT_ALGORITHM --period DISTOPT_PERIOD` over that world, and makes the calls
 // its train loop makes (an evaluation, DISTOPT_STEPS steps, an evaluation). Prints one JSON
-// line {rank, steps, meanModelLoss, lossPerRank, live} and exits 0; a failure prints
+// line {rank, steps, meanModelLoss, lossPerRank, live, membershipChanges} and exits 0; a failure prints
 // {rank, error: {name, message}, at} and exits 1.
 
 import { joinFromEnv } from './helpers.js';
@@ -28,6 +28,7 @@ try {
       meanModelLoss: evaluation.meanModelLoss,
       lossPerRank: Array.from(evaluation.lossPerRank),
       live: world.live,
+      membershipChanges: world.membershipChanges,
     }),
   );
 } catch (error) {

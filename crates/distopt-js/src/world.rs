@@ -72,6 +72,18 @@ pub(crate) fn subgroups(world: &dyn Communicator, group_size: &JsValue) -> Resul
     }
 }
 
+/// A sync point of a run whose membership changed (`World.membershipChanges`).
+#[derive(Serialize, Tsify)]
+#[serde(rename_all = "camelCase")]
+pub struct MembershipChange {
+    /// The sync point's index in the run (0, 1, …).
+    sync_point: f64,
+    /// The ranks that took part in it.
+    live: Vec<f64>,
+    /// The ranks taken in after it (healed at its end, taking part from the next one).
+    joining: Vec<f64>,
+}
+
 /// Bytes each rank sent, by kind of collective (a world's, or a trainer's run's).
 #[derive(Serialize, Tsify)]
 #[serde(rename_all = "camelCase")]
@@ -180,6 +192,33 @@ impl WorldJs {
             None => vec![true; self.inner.world.world_size()],
         };
         live.into_iter().map(JsValue::from_bool).collect()
+    }
+
+    /// The sync points whose membership changed, in order (none in a simulated world):
+    /// `{syncPoint, live, joining}` — the live ranks of that sync and the ranks taken in after
+    /// it. This is the schedule a simulated replay takes (`distopt train --membership`).
+    #[wasm_bindgen(getter, js_name = membershipChanges, unchecked_return_type = "MembershipChange[]")]
+    pub fn membership_changes(&self) -> JsResult<JsValue> {
+        let changes: Vec<MembershipChange> = self
+            .inner
+            .networked
+            .as_ref()
+            .map(|w| w.membership_changes())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| MembershipChange {
+                sync_point: m.epoch as f64,
+                live: m
+                    .live
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| **l)
+                    .map(|(r, _)| r as f64)
+                    .collect(),
+                joining: m.joining.iter().map(|&r| r as f64).collect(),
+            })
+            .collect();
+        to_js(&changes)
     }
 
     /// Frames dropped because the rank they name did not seal them (0 in a simulated world):

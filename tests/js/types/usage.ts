@@ -34,6 +34,7 @@ import init, {
 import { openPort } from 'distopt/nats';
 import type {
   BackendSelection,
+  MembershipChange,
   NatsJoinOptions,
   Port,
   CommStats,
@@ -304,7 +305,8 @@ export async function joinRun(): Promise<void> {
   const live: boolean[] = world.live;
   const replicas = Replicas.replicate(mine.length, [[1, 2, 3]]);
   const averager = new PeriodicModelAverager(4, 0, world);
-  console.log(world.rank, live, world.forgedFrames, averager.averageParameters(replicas), port.maxPayload);
+  const changes: MembershipChange[] = world.membershipChanges;
+  console.log(world.rank, live, world.forgedFrames, averager.averageParameters(replicas), port.maxPayload, changes[0]?.syncPoint);
   // @ts-expect-error: a run has a name
   World.joinNats(port, { ranks: 4 });
   averager.free();
