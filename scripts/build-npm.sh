@@ -118,21 +118,30 @@ if [ "$HAVE_THREADS" = 1 ]; then
 fi
 
 cp npm/package.json npm/index.js npm/flavor.js npm/index.cjs npm/README.md LICENSE-MIT LICENSE-APACHE "$PKG/"
-# The synchronous NATS port (a rank's link to a NATS run) and the worker that runs nats.js:
-# in Node as it is (its @nats-io/* dependencies installed beside the package); for browsers
-# bundled with them by esbuild (tests/js pins it), so that a page needs no bundler or import
-# map to start it (nats.js is Apache-2.0: its notices are kept at the end of the file).
+# The synchronous NATS port (a rank's link to a NATS run, distopt/nats) and the worker that
+# runs nats.js, bundled by esbuild with nats.js (@nats-io/*, pinned in tests/js with esbuild)
+# once for Node (TCP) and once for browsers (WebSocket): the package installs nothing else,
+# and a page needs no bundler or import map to start the worker. nats.js is Apache-2.0: its
+# notices are kept at the end of each file.
 mkdir -p "$PKG/nats"
-cp npm/nats/*.js npm/nats/*.d.ts "$PKG/nats/"
+cp npm/nats/port.js npm/nats/port.d.ts "$PKG/nats/"
 ESBUILD=tests/js/node_modules/.bin/esbuild
 if [ ! -x "$ESBUILD" ]; then
   echo "build-npm: $ESBUILD is missing: run .ci/install-js (tests/js's dependencies) first" >&2
   exit 1
 fi
-NODE_PATH=tests/js/node_modules "$ESBUILD" npm/nats/worker.js --bundle --minify --format=esm \
-  --platform=browser --legal-comments=eof --log-level=warning \
-  --banner:js="// distopt's NATS worker for browsers: npm/nats/worker.js bundled with @nats-io/nats-core and @nats-io/kv (Apache-2.0) by esbuild." \
-  --outfile="$PKG/nats/worker.browser.js"
+for platform in node browser; do
+  banner="// distopt's NATS worker ($platform): npm/nats/worker.js bundled with nats.js (@nats-io/*, Apache-2.0) by esbuild."
+  # nats.js's CommonJS parts require Node's modules (crypto, net): an ES module has no
+  # `require` of its own, so the Node bundle makes one.
+  if [ "$platform" = node ]; then
+    banner="$banner
+import { createRequire as distoptRequire } from 'node:module'; const require = distoptRequire(import.meta.url);"
+  fi
+  NODE_PATH=tests/js/node_modules "$ESBUILD" "npm/nats/worker-$platform.js" --bundle --minify \
+    --format=esm --platform="$platform" --legal-comments=eof --log-level=warning \
+    --banner:js="$banner" --outfile="$PKG/nats/worker.$platform.js"
+done
 # The package version follows the crate's.
 CRATE_VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 node -e '

@@ -1,6 +1,7 @@
 // The synchronous port to NATS: the rank's side. A WebAssembly rank runs synchronous Rust that
 // calls synchronous JavaScript, so it cannot await nats.js. The NATS client runs instead in a
-// worker thread with its own event loop (./worker.js); this side posts each request to it with
+// worker thread with its own event loop (worker.js, bundled with nats.js as worker.node.js and
+// worker.browser.js); this side posts each request to it with
 // postMessage and, for a call that answers, blocks on Atomics.wait until the worker has written
 // the answer into a SharedArrayBuffer and called Atomics.notify. Blocking is allowed in Node
 // (main thread included) and in any Web Worker, not on a browser page's main thread.
@@ -79,7 +80,8 @@ async function startWorker() {
   let on;
   if (isNode) {
     const { Worker } = await import(/* webpackIgnore: true */ /* @vite-ignore */ NODE_WORKERS);
-    worker = new Worker(new URL('./worker.js', import.meta.url));
+    // The worker bundled with nats.js for Node (scripts/build-npm.sh).
+    worker = new Worker(new URL('./worker.node.js', import.meta.url));
     on = (fn) => {
       const onMessage = (data) => done(data);
       const onError = (error) => done({ error: String(error?.message ?? error) });

@@ -6,13 +6,12 @@
 //
 // Before the connection: it says 'ready' once it listens; {op: 'connect'} is answered by
 // postMessage ({sab, maxPayload} or {error}); every later answer goes through the area.
-import { wsconnect } from '@nats-io/nats-core';
+//
+// The worker's entry points give it its transport and its thread's messaging: worker-node.js
+// (TCP, worker_threads) and worker-browser.js (WebSocket, a Web Worker). scripts/build-npm.sh
+// bundles each with nats.js into the package (nats/worker.node.js, nats/worker.browser.js), so
+// the package has no dependencies to install.
 import { Kvm } from '@nats-io/kv';
-
-const isNode = typeof process !== 'undefined' && !!process.versions?.node;
-/** Named through variables so that bundlers leave Node's modules out of browser builds. */
-const NODE_WORKERS = 'node:worker_threads';
-const NODE_TRANSPORT = '@nats-io/transport-node';
 
 const BODY = 16;
 const SEQ = 0;
@@ -25,6 +24,8 @@ const PER_DELIVERY = 40;
 const MAX_DELAY = 0x7fffffff;
 
 let post;
+/** The client's connect (transport-node's, or nats-core's wsconnect). */
+let connect;
 let nc = null;
 let ctl = null;
 let bytes = null;
@@ -119,9 +120,6 @@ function broken(error) {
 }
 
 async function connectTo(options) {
-  const connect = isNode
-    ? (await import(/* webpackIgnore: true */ /* @vite-ignore */ NODE_TRANSPORT)).connect
-    : wsconnect;
   nc = await connect(options);
   const maxPayload = nc.info?.max_payload ?? 1024 * 1024;
   const sab = new SharedArrayBuffer(BODY + 2 * maxPayload + 1024 * 1024);
@@ -338,16 +336,14 @@ function onMessage(request) {
   if (!running) serve().catch(broken);
 }
 
-if (isNode) {
-  const { parentPort } = await import(/* webpackIgnore: true */ /* @vite-ignore */ NODE_WORKERS);
-  post = (data) => parentPort.postMessage(data);
-  parentPort.on('message', onMessage);
-  process.on('uncaughtException', broken);
-  process.on('unhandledRejection', broken);
-} else {
-  post = (data) => self.postMessage(data);
-  self.addEventListener('message', ({ data }) => onMessage(data));
-  self.addEventListener('error', (event) => broken(event.message));
-  self.addEventListener('unhandledrejection', (event) => broken(event.reason));
+/**
+ * Serves the port: `connector` is the client's connect, `host` the thread's messaging —
+ * `host.post(message)` to the rank's side, `host.listen(onMessage, onFailure)` for its requests
+ * and for errors nothing caught. Says 'ready' once it listens.
+ */
+export function serveWorker(connector, host) {
+  connect = connector;
+  post = host.post;
+  host.listen(onMessage, broken);
+  post('ready');
 }
-post('ready');

@@ -24,16 +24,10 @@ export async function importPackage() {
   return import(pathToFileURL(entry).href);
 }
 
-/**
- * Imports the built package's NATS port (`distopt/nats`). Its dependencies (@nats-io/*) resolve
- * as in a user's install, from a node_modules beside the package: here a link to
- * tests/js/node_modules, which holds them pinned (npm pack leaves it out of the tarball).
- */
+/** Imports the built package's NATS port (`distopt/nats`: nats.js bundled into its worker). */
 export async function importPort() {
   const entry = path.join(PACKAGE, 'nats/port.js');
   assert.ok(fs.existsSync(entry), `build the package first (scripts/build-npm.sh): ${entry} is missing`);
-  const link = path.join(PACKAGE, 'node_modules');
-  if (!fs.existsSync(link)) fs.symlinkSync(path.join(HERE, 'node_modules'), link, 'dir');
   return import(pathToFileURL(entry).href);
 }
 

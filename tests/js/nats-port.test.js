@@ -3,8 +3,7 @@
 // heartbeats, JetStream KV, watches, a server's permission refusal, a failed connect, close.
 // Every blocking call runs on this test's main thread (Node lets it Atomics.wait).
 //
-// The port is the built package's (scripts/build-npm.sh), its @nats-io/* dependencies resolved
-// as in a user's install (helpers.js, importPort).
+// The port is the built package's (scripts/build-npm.sh), its worker nats.js bundled for Node.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';

@@ -1,7 +1,6 @@
-// The packed tarball as a user gets it: installed offline (its only dependencies, the NATS
-// clients @nats-io/* of distopt/nats, are pinned in tests/js/package.json too, so the npm cache
-// holds them once .ci/install-js has run, and `npm install <tarball> --offline` needs nothing
-// from the registry) into a fresh
+// The packed tarball as a user gets it: installed offline (the package has no dependencies —
+// distopt/nats carries nats.js bundled — so `npm install <tarball> --offline` needs nothing
+// from the registry or npm's cache) into a fresh
 // plain page and a fresh Vite project, type-checked against the installed typings, built with
 // `vite build`, and both run in Chromium with `import init, { sgdStep } from 'distopt'`.
 // The Vite project is built by the Vite the tests installed (tests/js/node_modules), run in the
@@ -78,7 +77,7 @@ test('the tarball holds the package and nothing else', () => {
     'package/nats/port.d.ts',
     'package/nats/port.js',
     'package/nats/worker.browser.js',
-    'package/nats/worker.js',
+    'package/nats/worker.node.js',
     'package/package.json',
     // The threaded build (distopt/threads), where the package was built with nightly.
     ...(THREADED
@@ -101,6 +100,7 @@ test('the tarball holds the package and nothing else', () => {
   console.log(`packed tarball: ${path.basename(tarball)}, ${size} bytes`);
   // What a registry shows: both license texts, and metadata naming every capability.
   const pkg = JSON.parse(execFileSync('tar', ['-xzOf', tarball, 'package/package.json'], { encoding: 'utf8' }));
+  assert.equal(pkg.dependencies, undefined, 'the package installs nothing else (nats.js is bundled into distopt/nats)');
   assert.equal(pkg.license, 'MIT OR Apache-2.0');
   for (const capability of ['data-parallel SGD', 'SGD/Adam/AdamW', 'hierarchical model averaging', 'post-local SGD', 'ZeRO', 'DistributedOptimizer', 'Join', 'DiLoCo']) {
     assert.ok(pkg.description.includes(capability), `the description names ${capability}`);
