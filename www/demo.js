@@ -10,6 +10,7 @@
 // (`?run=NAME&s=SETTINGS`): each tab is then one rank, its worker joined to the run over the
 // server's WebSocket listener (distopt/nats), and every tab plots every rank.
 
+import qrcode from './vendor/qrcode/qrcode.mjs';
 import uPlot from './vendor/uplot/uPlot.esm.js';
 import { formatBytes } from './format.js';
 
@@ -661,6 +662,12 @@ async function joinNetworked() {
   link.href = location.href;
   link.textContent = location.href;
   link.hidden = false;
+  // The link as a QR code, for a phone (where the page's server is reachable from it).
+  const qr = qrcode(0, 'M');
+  qr.addData(location.href);
+  qr.make();
+  $('invite-qr').innerHTML = qr.createSvgTag({ cellSize: 3, margin: 2, alt: 'the invitation link as a QR code' });
+  $('invite-qr').hidden = false;
   $('network-status').textContent = `Waiting for all ${s.ranks} ranks of run ${networked.run}: open the link below in other tabs or on other devices.`;
   newRun();
 }

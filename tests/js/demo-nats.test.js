@@ -70,6 +70,8 @@ test('a tab invites another, which leaves; a late tab takes its place, healed; t
   const link = await first.$eval('#invite-link', (a) => a.href);
   assert.match(link, /[?&]run=demo-[0-9a-f]{16}&s=/);
   assert.match(await first.textContent('#network-status'), /Waiting for all 2 ranks/);
+  // The link as a QR code too (the vendored qrcode-generator's SVG).
+  assert.match(await first.$eval('#invite-qr', (q) => q.innerHTML), /^<svg[^>]*>.*<path /s);
 
   const second = await open(1, link);
   for (const page of [first, second]) {
