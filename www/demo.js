@@ -363,7 +363,11 @@ function inviteLink() {
   return url.href;
 }
 
-/** The NATS server's WebSocket listener, where the page's server runs one (scripts/demo.sh). */
+/**
+ * The NATS server's WebSocket listener, where the page's server runs one: scripts/demo.sh serves
+ * its own config/nats.json over www/config/nats.json, which says there is none (so that a page
+ * served without one fetches no missing file).
+ */
 async function natsServer() {
   try {
     const response = await fetch(new URL('./config/nats.json', location.href));
