@@ -122,6 +122,13 @@ struct State {
     heartbeats: HashMap<u32, Heartbeat>,
 }
 
+/// A fresh id of a subscription, heartbeat or watch of the link.
+fn next_id(state: &Mutex<State>) -> u32 {
+    let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+    state.next_id += 1;
+    state.next_id
+}
+
 /// The link over a [`Port`].
 pub(crate) struct PortLink {
     port: Shared,
@@ -181,9 +188,21 @@ impl PortLink {
     }
 
     fn id(&self) -> u32 {
-        let mut state = self.lock();
-        state.next_id += 1;
-        state.next_id
+        next_id(&self.state)
+    }
+
+    /// A task whose end runs `forget` on the link's state (the id's entry) and `stop` on the
+    /// port.
+    fn task(
+        &self,
+        forget: impl FnOnce(&mut State) + Send + Sync + 'static,
+        stop: impl FnOnce(&Port) + Send + Sync + 'static,
+    ) -> Task {
+        let (port, state) = (self.port.clone(), self.state.clone());
+        Task::new(move || {
+            forget(&mut state.lock().unwrap_or_else(|e| e.into_inner()));
+            stop(&port.0);
+        })
     }
 
     /// Hands every heartbeat more frames when what the port holds runs low.
@@ -236,15 +255,10 @@ impl Link for PortLink {
             return done(Err(link_error(e)));
         }
         self.lock().subscriptions.insert(sid, Arc::new(deliver));
-        let (port, state) = (self.port.clone(), self.state.clone());
-        done(Ok(Task::new(move || {
-            state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .subscriptions
-                .remove(&sid);
-            let _ = port.0.unsubscribe(sid);
-        })))
+        done(Ok(self.task(
+            move |state| drop(state.subscriptions.remove(&sid)),
+            move |port| drop(port.unsubscribe(sid)),
+        )))
     }
 
     fn heartbeat(&self, subject: String, period: Duration, beat: Beat) -> Task {
@@ -263,15 +277,10 @@ impl Link for PortLink {
             },
         );
         self.refill();
-        let (port, state) = (self.port.clone(), self.state.clone());
-        Task::new(move || {
-            state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .heartbeats
-                .remove(&hid);
-            let _ = port.0.stop_heartbeat(hid);
-        })
+        self.task(
+            move |state| drop(state.heartbeats.remove(&hid)),
+            move |port| drop(port.stop_heartbeat(hid)),
+        )
     }
 
     fn bucket<'a>(
@@ -385,11 +394,7 @@ impl Bucket for PortBucket {
     }
 
     fn watch<'a>(&'a self, pattern: &'a str) -> Pending<'a, LinkResult<Box<dyn Watch>>> {
-        let wid = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            state.next_id += 1;
-            state.next_id
-        };
+        let wid = next_id(&self.state);
         let watching = self.port.0.kv_watch(wid, &self.name, pattern);
         done(watching.map_err(link_error).map(|()| {
             Box::new(PortWatch {
