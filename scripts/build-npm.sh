@@ -142,6 +142,9 @@ import { createRequire as distoptRequire } from 'node:module'; const require = d
     --format=esm --platform="$platform" --legal-comments=eof --log-level=warning \
     --banner:js="$banner" --outfile="$PKG/nats/worker.$platform.js"
 done
+# distopt/worker: the package in a worker of its own, every call awaited (a page's main thread).
+mkdir -p "$PKG/worker"
+cp npm/worker/remote.js npm/worker/remote.d.ts npm/worker/host.js "$PKG/worker/"
 # The package version follows the crate's.
 CRATE_VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 node -e '

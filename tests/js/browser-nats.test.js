@@ -5,7 +5,9 @@
 //     of one browser, and two browsers): every case passes on every rank, and each rank's
 //     parameters after every step equal that rank's in the simulated world bit for bit;
 //   - one run mixing all three: `distopt train --world` (native) as rank 0, a Node process as
-//     rank 1 and a page as rank 2 print the simulated run's numbers bit for bit.
+//     rank 1 and a page as rank 2 print the simulated run's numbers bit for bit;
+//   - ranks driven from pages' main threads (`distopt/worker`, every call awaited): the pages
+//     answer while their ranks train, and the run is the simulated one bit for bit.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -146,5 +148,53 @@ test('one run of a native process, a Node process and a Chromium page prints the
     );
   } finally {
     await page.close();
+  }
+});
+
+test("ranks driven from pages' main threads (distopt/worker): the pages stay responsive, the run is the simulated one", async () => {
+  const [ranks, steps, period, algorithm] = [2, 60, 4, 'diloco'];
+  const simulated = new api.Trainer({ ranks, algorithm, period });
+  while (simulated.steps < steps) await simulated.step();
+  const expected = await simulated.evaluate();
+  simulated.free();
+  const errors = [];
+  const pages = [];
+  for (const which of [0, 1]) {
+    const page = await browsers[which].newPage();
+    page.on('pageerror', (e) => errors.push(e.message));
+    await page.goto(new URL('/tests/browser/nats-main.html', baseUrl).href);
+    await page.waitForFunction(() => window.ready === true);
+    pages.push(page);
+  }
+  const start = Date.now();
+  try {
+    const running = pages.map((page, rank) =>
+      page.evaluate((t) => window.runRank(t), { url: nats.wsUrl, run: 'main-threads', ranks, rank, algorithm, period, steps }),
+    );
+    let done = false;
+    Promise.allSettled(running).then(() => (done = true));
+    // Each page's main thread answers while its rank trains: the steps it has seen so far.
+    const seen = [new Set(), new Set()];
+    while (!done) {
+      await Promise.all(pages.map(async (page, k) => seen[k].add(await page.evaluate(() => window.progress))));
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    const reports = await Promise.all(running);
+    assert.deepEqual(reports.filter((r) => r.error), [], 'no rank failed');
+    assert.deepEqual(reports.map((r) => [r.rank, r.steps]), [[0, steps], [1, steps]]);
+    for (const r of reports) {
+      assert.equal(r.meanModelLoss, expected.meanModelLoss, `rank ${r.rank}: the simulated run's mean model loss, bit for bit`);
+      assert.deepEqual(r.lossPerRank, Array.from(expected.lossPerRank));
+    }
+    for (const [k, steps_] of seen.entries()) {
+      const middle = [...steps_].filter((s) => s > 0 && s < steps);
+      assert.ok(middle.length >= 2, `page ${k} answered while its rank trained (steps seen: ${[...steps_].sort((a, b) => a - b)})`);
+    }
+    assert.deepEqual(errors, []);
+    console.log(
+      `${algorithm}: 2 ranks driven from 2 pages' main threads (two browsers) trained ${steps} steps in ${((Date.now() - start) / 1000).toFixed(1)} s, the simulated run's numbers bit for bit; the pages answered ${seen[0].size} and ${seen[1].size} distinct progress reads meanwhile`,
+    );
+  } finally {
+    await Promise.all(pages.map((p) => p.close()));
   }
 });

@@ -93,6 +93,10 @@ test('the tarball holds the package and nothing else', () => {
     'package/wasm/distopt_wasm.js',
     'package/wasm/distopt_wasm_bg.wasm',
     'package/wasm/params.js',
+    // distopt/worker: the package in a worker of its own, every call awaited.
+    'package/worker/host.js',
+    'package/worker/remote.d.ts',
+    'package/worker/remote.js',
   ]);
   const manifest = JSON.parse(fs.readFileSync(path.join(OUT, 'package/package.json'), 'utf8'));
   assert.equal('./threads' in manifest.exports, THREADED, 'distopt/threads is exported exactly when it was built');

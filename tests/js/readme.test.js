@@ -99,3 +99,22 @@ test("the README's example across processes runs as 4 Node processes of one run 
     server.stop();
   }
 });
+
+test("the README's main-thread example (distopt/worker) runs as 4 Node processes of one run, every call awaited", async () => {
+  const [, block] = readmeBlocks('Train across tabs, devices and machines', 'js');
+  assert.ok(block.includes("from 'distopt/worker'") && block.includes("'ws://127.0.0.1:4223'"), 'the example is the worker one');
+  const server = await startServer(['-js']);
+  try {
+    const file = path.join(work, 'from-page.mjs');
+    // In Node the worker's port speaks TCP: the same example against the server's TCP listener.
+    fs.writeFileSync(file, block.replace("'ws://127.0.0.1:4223'", JSON.stringify(server.url)));
+    const runs = await Promise.all([0, 1, 2, 3].map(() => runProcess(process.execPath, [file], {}, 180_000)));
+    runs.forEach((r, i) => assert.equal(r.code, 0, `process ${i}: ${r.out}\n${r.err}`));
+    const lines = runs.map((r) => /^rank (\d): (\S+)$/.exec(r.out.trim()));
+    assert.deepEqual(lines.map((m) => Number(m?.[1])).sort(), [0, 1, 2, 3]);
+    assert.equal(new Set(lines.map((m) => m[2])).size, 1, 'every rank evaluates the same mean model');
+    assert.ok(Number(lines[0][2]) < 1.5, `it trained: ${lines[0][2]}`);
+  } finally {
+    server.stop();
+  }
+});

@@ -79,7 +79,11 @@ function usageErrors(typings) {
     strict: true,
     noEmit: true,
     types: [],
-    paths: { distopt: [typings], 'distopt/nats': [path.join(PACKAGE, 'nats/port.d.ts')] },
+    paths: {
+      distopt: [typings],
+      'distopt/nats': [path.join(PACKAGE, 'nats/port.d.ts')],
+      'distopt/worker': [path.join(PACKAGE, 'worker/remote.d.ts')],
+    },
   };
   const program = ts.createProgram([USAGE], options);
   return ts.getPreEmitDiagnostics(program).map((d) => ts.flattenDiagnosticMessageText(d.messageText, '\n'));

@@ -32,6 +32,7 @@ import init, {
   version,
 } from 'distopt';
 import { openPort } from 'distopt/nats';
+import { inWorker } from 'distopt/worker';
 import type {
   BackendSelection,
   MembershipChange,
@@ -313,4 +314,28 @@ export async function joinRun(): Promise<void> {
   replicas.free();
   world.free();
   port.close();
+}
+
+// The same rank on a browser page's main thread: the package in a worker, every call awaited.
+export async function joinRunFromPage(): Promise<void> {
+  const distopt = await inWorker({ backend: 'cpu' });
+  const port = await distopt.openPort({ servers: 'ws://127.0.0.1:4223' });
+  const world = await distopt.World.joinNats(port, { run: 'demo', ranks: 4 });
+  const rank: number = await world.rank;
+  // @ts-expect-error: joinNats takes a port
+  await distopt.World.joinNats(world, { run: 'x', ranks: 2 });
+  const trainer = await new distopt.Trainer({ ranks: 4, algorithm: 'diloco', period: 8, world });
+  const report: StepReport = await trainer.step();
+  const steps: number = await trainer.steps;
+  const evaluation: Evaluation = await trainer.evaluate();
+  console.log(rank, report, steps, evaluation.meanModelLoss, await distopt.version());
+  // @ts-expect-error: a remote object's property is awaited, not read
+  const wrong: number = trainer.steps;
+  // @ts-expect-error: a World of this thread is not the worker's
+  await new distopt.Trainer({ ranks: 4, world: new World(4) });
+  await trainer.free();
+  await world.free();
+  await port.free();
+  distopt.terminate();
+  console.log(wrong);
 }
