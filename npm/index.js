@@ -630,6 +630,7 @@ export function backendInfo() {
   if (!initialized || trapped !== null) return null;
   return enter('backendInfo', () => glue.backendInfo());
 }
+export const natsServerConfig = guardFunction('natsServerConfig', glue.natsServerConfig);
 export const recordedWarnings = guardFunction('recordedWarnings', glue.recordedWarnings);
 export const selectBackend = guardFunction('selectBackend', glue.selectBackend, { async: true });
 export const sgdStep = guardFunction('sgdStep', glue.sgdStep, { async: true });

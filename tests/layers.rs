@@ -68,8 +68,8 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
             &["boundary", "handles"],
             &["slot"],
             &["typings"],
-            // A networked rank's link: the npm package's NATS port.
-            &["nats"],
+            // A networked rank's link: the npm package's NATS port; a server's configuration.
+            &["nats", "nats_config"],
             // The current backend, the worlds, the CPU pool's workers.
             &["session", "world", "threads"],
             // The replicas every algorithm takes, and what a wrapper of them holds.

@@ -342,38 +342,56 @@ function scheduleDraw() {
 // ---------------------------------------------------------------------------------------------
 // Runs
 
-/** The run a link invites to: {run, settings, task}, or null (no run, or a broken link). */
+/**
+ * The run a link invites to: {run, secret, settings, task}, or null (no run, or a broken link).
+ * `secret` (the link's `k`) is the run's password on a server with a user per run.
+ */
 function invitation(params) {
   const name = params.get('run');
   if (!name || !/^[A-Za-z0-9_-]{1,64}$/.test(name)) return null;
+  const secret = params.get('k') ?? undefined;
+  if (secret !== undefined && !/^[A-Za-z0-9._~-]{8,128}$/.test(secret)) return null;
   try {
     const { settings, task } = JSON.parse(atob(params.get('s') || ''));
-    return Number.isInteger(settings?.ranks) ? { run: name, settings, task: task === 'digits' ? 'digits' : 'synthetic' } : null;
+    return Number.isInteger(settings?.ranks) ? { run: name, secret, settings, task: task === 'digits' ? 'digits' : 'synthetic' } : null;
   } catch {
     return null;
   }
 }
 
-/** The link that invites other tabs into a new run of the current settings. */
-function inviteLink() {
-  const name = `demo-${Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16).padStart(2, '0')).join('')}`;
-  const encoded = btoa(JSON.stringify({ settings: settings(), task: ui.task.value }));
+/**
+ * The link that invites other tabs into a new run of the current settings: the page's server
+ * makes the run (`POST /runs`: its name, and the secret the link carries) where it admits runs
+ * one by one; elsewhere the name is this tab's own draw.
+ */
+async function inviteLink(server) {
+  let params;
+  if (server.runs) {
+    const response = await fetch(new URL(server.runs, location.href), { method: 'POST' });
+    const answer = await response.json();
+    if (!response.ok) throw new Error(`the demo's server made no run: ${answer.error ?? response.status}`);
+    params = { run: answer.run, k: answer.secret };
+  } else {
+    params = { run: `demo-${Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16).padStart(2, '0')).join('')}` };
+  }
+  params.s = btoa(JSON.stringify({ settings: settings(), task: ui.task.value }));
   const url = new URL(location.pathname, location.href);
-  url.search = new URLSearchParams({ run: name, s: encoded }).toString();
+  url.search = new URLSearchParams(params).toString();
   return url.href;
 }
 
 /**
- * The NATS server's WebSocket listener, where the page's server runs one: scripts/demo.sh serves
- * its own config/nats.json over www/config/nats.json, which says there is none (so that a page
- * served without one fetches no missing file).
+ * The NATS server the page's server runs, as {websocket, runs} (its WebSocket listener, and
+ * where to ask for a run), or null: scripts/demo.mjs answers config/nats.json itself, over
+ * www/config/nats.json, which says there is none (so that a page served without one fetches no
+ * missing file).
  */
 async function natsServer() {
   try {
     const response = await fetch(new URL('./config/nats.json', location.href));
     if (!response.ok) return null;
-    const { websocket } = await response.json();
-    return typeof websocket === 'string' ? websocket : null;
+    const { websocket, runs } = await response.json();
+    return typeof websocket === 'string' ? { websocket, runs: typeof runs === 'string' ? runs : null } : null;
   } catch {
     return null;
   }
@@ -415,7 +433,7 @@ function newRun() {
   demo.evaluations = run.evaluations;
   updateHelp();
   if (networked) {
-    worker.postMessage({ type: 'join', id, ws: networked.ws, run: networked.run, settings: s, task });
+    worker.postMessage({ type: 'join', id, ws: networked.ws, run: networked.run, secret: networked.secret, settings: s, task });
   } else {
     worker.postMessage({ type: 'new', id, settings: s, task });
   }
@@ -644,7 +662,7 @@ function onError(message) {
 
 /** A networked tab: the run's settings shown and fixed, the invitation shown, then joined. */
 async function joinNetworked() {
-  const ws = await natsServer();
+  const ws = (await natsServer())?.websocket;
   if (!ws) {
     showError({ name: 'Error', message: 'this page was opened from an invitation, but its server runs no NATS server (start it with scripts/demo.sh)' });
     return;
@@ -688,10 +706,15 @@ function onReady(message) {
     return;
   }
   newRun();
-  natsServer().then((ws) => {
-    if (!ws) return;
+  natsServer().then((server) => {
+    if (!server) return;
     $('network').hidden = false;
-    $('invite').addEventListener('click', () => location.assign(inviteLink()));
+    $('invite').addEventListener('click', () =>
+      inviteLink(server).then(
+        (link) => location.assign(link),
+        (error) => showError({ name: 'Error', message: error.message }),
+      ),
+    );
   });
   for (const input of [ui.ranks, ui.period, ui.warmup, ui.fragments, ui.lr, ui.skew]) {
     input.addEventListener('input', () => {

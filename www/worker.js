@@ -5,8 +5,9 @@
 //
 // Page → worker: {type: 'init', backend} · {type: 'backend', choice} · {type: 'hierarchy',
 //   period, ranks} · {type: 'new', id, settings, task: 'synthetic' | 'digits'} ·
-//   {type: 'join', id, ws, run, settings, task}: this tab as a rank of run `run` over the NATS
-//   server's WebSocket listener `ws` (the other ranks are other tabs or devices) ·
+//   {type: 'join', id, ws, run, secret, settings, task}: this tab as a rank of run `run` over
+//   the NATS server's WebSocket listener `ws`, as the run's user when it has a `secret` (the
+//   other ranks are other tabs or devices) ·
 //   {type: 'start' | 'pause', id}
 // Worker → page: {type: 'ready', info, version} · {type: 'backend', info} · {type: 'hierarchy',
 //   period, ranks, levels} · {type: 'joining', id, late} · {type: 'run', id, rank, …what the
@@ -108,13 +109,14 @@ async function newRun({ id, settings, task }) {
  * (waiting until every rank has joined: other tabs opening the invitation), then the trainer
  * over that world.
  */
-async function joinRun({ id, ws, run, settings, task }) {
+async function joinRun({ id, ws, run, secret, settings, task }) {
   running = false;
   runId = id;
   await looping;
   const { openPort } = await import(new URL('./pkg/nats/port.js', import.meta.url).href);
   post({ type: 'joining', id, late: false });
-  port = await openPort({ servers: ws, name: `distopt demo tab (run ${run})` });
+  const user = secret ? { run, secret } : {};
+  port = await openPort({ servers: ws, name: `distopt demo tab (run ${run})`, ...user });
   try {
     world = World.joinNats(port, { run, ranks: settings.ranks, joinTimeout: 600 });
   } catch (error) {

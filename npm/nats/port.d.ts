@@ -17,6 +17,13 @@ export interface PortOptions {
   name?: string;
   /** The prefix of the client's reply subjects (`_INBOX.distopt.<run>` on a server with a user per run). */
   inboxPrefix?: string;
+  /**
+   * With `secret`: the run whose user this connection is, on a server with a user per run
+   * (`natsServerConfig`, `distopt nats-config`) — user, password and inbox prefix in one.
+   */
+  run?: string;
+  /** The run's secret (its user's password), as a join link carries it. */
+  secret?: string;
 }
 
 /**

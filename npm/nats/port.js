@@ -43,10 +43,21 @@ const NODE_WORKERS = 'node:worker_threads';
  * @param {string} [options.pass]
  * @param {string} [options.name] the connection's name, as the server reports it.
  * @param {string} [options.inboxPrefix]
+ * @param {string} [options.run] with `secret`: the run whose user this connection is, on a
+ *   server with a user per run (`natsServerConfig`, `distopt nats-config`): the user is the run,
+ *   the password its secret, and the replies come to the run's own inbox.
+ * @param {string} [options.secret] the run's secret.
  * @returns {Promise<Port>} once connected; rejects with an Error naming the server and the
  *   client's reason when it cannot connect.
  */
-export async function openPort({ servers, token, user, pass, name, inboxPrefix } = {}) {
+export async function openPort({ servers, token, user, pass, name, inboxPrefix, run, secret } = {}) {
+  if (secret !== undefined) {
+    if (typeof run !== 'string' || typeof secret !== 'string') {
+      throw new TypeError('openPort: a run\'s secret comes with the run\'s name: {run, secret}, both strings');
+    }
+    // The user a server with a user per run admits for it (distopt::comm::run_permissions).
+    [user, pass, inboxPrefix] = [run, secret, `_INBOX.distopt.${run}`];
+  }
   if (typeof SharedArrayBuffer === 'undefined') {
     throw new Error('openPort: SharedArrayBuffer is unavailable (a browser page must be cross-origin isolated)');
   }

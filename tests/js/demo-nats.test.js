@@ -1,6 +1,8 @@
-// The demo across tabs, in Chromium, with a real nats-server (JetStream and a WebSocket
-// listener) as scripts/demo.sh starts it: the first tab's "Invite other tabs" makes a DiLoCo run
-// of 2 ranks and joins it; a second tab (in another browser) opens the invitation link and
+// The demo across tabs, in Chromium, with a real nats-server started as scripts/demo.sh starts
+// it (scripts/demo.mjs: JetStream, a WebSocket listener, a user per run): the first tab's
+// "Invite other tabs" asks the demo's server for a run (its name and secret, which the link
+// carries: the server admits no one without a run's secret) and joins it as one rank of a
+// DiLoCo run of 2; a second tab (in another browser) opens the invitation link and
 // becomes the other rank; both train, and each plots both ranks. Then the second tab closes:
 // the first goes on and says "rank 1 left at step N"; a third tab opens the link late, takes
 // the free rank, is healed and trains, and the first says it joined (screenshots of the first
@@ -9,32 +11,30 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 
+import { demoRoutes, startNats } from '../../scripts/demo.mjs';
 import { serve } from '../../scripts/serve.mjs';
 import { NO_WEBGPU_FLAGS, launch } from './chromium.js';
-import { PACKAGE, ROOT } from './helpers.js';
-import { startServer } from './nats-server.js';
+import { PACKAGE, ROOT, importPackage, importPort } from './helpers.js';
 
 let nats;
 let http;
 let baseUrl;
-let config;
 const browsers = [];
 
 before(async () => {
   assert.ok(fs.existsSync(path.join(PACKAGE, 'nats/worker.browser.js')), `build the package first: ${PACKAGE}`);
-  nats = await startServer(['-js'], { websocket: true });
-  config = fs.mkdtempSync(path.join(os.tmpdir(), 'distopt-demo-config-'));
-  fs.writeFileSync(path.join(config, 'nats.json'), JSON.stringify({ websocket: nats.wsUrl }));
+  const distopt = await importPackage();
+  await distopt.default({ backend: 'cpu' });
+  nats = await startNats(distopt.natsServerConfig);
   ({ server: http, url: baseUrl } = await serve({
     port: 0,
     mounts: [
       ['/pkg/', PACKAGE],
-      ['/config/', config],
       ['/', path.join(ROOT, 'www')],
     ].sort((a, b) => b[0].length - a[0].length),
+    routes: demoRoutes(nats),
   }));
   browsers.push(await launch(NO_WEBGPU_FLAGS), await launch(NO_WEBGPU_FLAGS));
 });
@@ -43,7 +43,41 @@ after(async () => {
   for (const b of browsers) await b.close();
   http?.close();
   nats?.stop();
-  if (config) fs.rmSync(config, { recursive: true, force: true });
+});
+
+test("the demo's server admits a run's ranks by its secret only", async () => {
+  const { openPort } = await importPort();
+  const runs = await Promise.all([0, 1].map(() => fetch(new URL('/runs', baseUrl), { method: 'POST' }).then((r) => r.json())));
+  for (const { run, secret } of runs) {
+    assert.match(run, /^demo-[0-9a-f]{16}$/);
+    assert.match(secret, /^[0-9a-f]{32}$/);
+  }
+  assert.notEqual(runs[0].secret, runs[1].secret);
+  assert.equal((await fetch(new URL('/runs', baseUrl))).status, 405, 'a run is made by POST only');
+  // No secret, a wrong one, another run's: refused by the server.
+  const refused = async (options) => {
+    const error = await openPort({ servers: nats.url, ...options }).then(
+      (port) => (port.close(), null),
+      (e) => e,
+    );
+    assert.ok(error instanceof Error, `refused: ${JSON.stringify(options)}`);
+    assert.match(error.message, /cannot connect to .*(Authorization|AUTHORIZATION|auth)/i);
+  };
+  await refused({});
+  await refused({ run: runs[0].run, secret: 'not-the-secret' });
+  await refused({ run: runs[0].run, secret: runs[1].secret });
+  // The run's own secret: its rank's subjects, not the other run's.
+  const port = await openPort({ servers: nats.url, ...runs[0] });
+  try {
+    port.publish(`distopt.${runs[0].run}.probe`, new Uint8Array([1]));
+    port.flush();
+    port.subscribe(1, `distopt.${runs[1].run}.>`);
+    port.flush();
+    const deliveries = port.pump(2_000);
+    assert.ok(deliveries.some(([sid, data]) => sid === 0 && /Permissions Violation/i.test(new TextDecoder().decode(data))), 'another run\'s subjects are refused');
+  } finally {
+    port.close();
+  }
 });
 
 test('a tab invites another, which leaves; a late tab takes its place, healed; the run goes on', async () => {
@@ -68,7 +102,8 @@ test('a tab invites another, which leaves; a late tab takes its place, healed; t
   await Promise.all([first.waitForURL(/[?&]run=demo-[0-9a-f]{16}/), first.click('#invite')]);
   await first.waitForSelector('#invite-link', { state: 'visible' });
   const link = await first.$eval('#invite-link', (a) => a.href);
-  assert.match(link, /[?&]run=demo-[0-9a-f]{16}&s=/);
+  // The run the demo's server made, and its secret.
+  assert.match(link, /[?&]run=demo-[0-9a-f]{16}&k=[0-9a-f]{32}&s=/);
   assert.match(await first.textContent('#network-status'), /Waiting for all 2 ranks/);
   // The link as a QR code too (the vendored qrcode-generator's SVG).
   assert.match(await first.$eval('#invite-qr', (q) => q.innerHTML), /^<svg[^>]*>.*<path /s);

@@ -7,10 +7,11 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 
-import { importPackage, importPort } from './helpers.js';
+import { buildDistoptCli, importPackage, importPort } from './helpers.js';
 import { freePort, startServer as startNats } from './nats-server.js';
 
 const servers = [];
@@ -298,4 +299,35 @@ test('World.joinNats: one world per port, and named errors for a wrong port or o
     name: 'ValueError',
     message: /options.failureBound must be a positive number of seconds/,
   });
+});
+
+test('natsServerConfig writes what `distopt nats-config` prints, and names what is wrong', async () => {
+  const api = await importPackage();
+  await api.default({ backend: 'cpu' });
+  const runs = [
+    { run: 'alpha', secret: 'secret-alpha-1' },
+    { run: 'beta_2', secret: 'secret.beta~22' },
+  ];
+  const listen = { client: '127.0.0.1:4222', websocket: '127.0.0.1:8443', storeDir: '/tmp/store' };
+  const cli = execFileSync(
+    buildDistoptCli(),
+    ['nats-config', ...runs.flatMap((r) => ['--run', `${r.run}:${r.secret}`]), '--listen', listen.client, '--websocket', listen.websocket, '--store-dir', listen.storeDir],
+    { encoding: 'utf8' },
+  );
+  assert.equal(api.natsServerConfig(runs, listen), cli, 'one source: the library writes both');
+  const error = (runs_, listen_) => {
+    try {
+      api.natsServerConfig(runs_, listen_);
+    } catch (e) {
+      return `${e.name}: ${e.message}`;
+    }
+    return 'no error';
+  };
+  assert.equal(error([], listen), 'ValueError: natsServerConfig: a server configuration needs at least one run');
+  assert.equal(error([{ run: 'alpha' }], listen), 'TypeError: natsServerConfig: runs: missing field `secret`');
+  assert.equal(error([{ run: 'alpha', secret: 'short' }], listen), "ValueError: natsServerConfig: a run's secret holds 8 to 128 letters, digits, '-', '.', '_' and '~' (it travels in join links)");
+  assert.equal(error([runs[0], runs[0]], listen), "ValueError: natsServerConfig: run 'alpha' is named twice");
+  assert.equal(error(null, listen), 'TypeError: natsServerConfig: runs must be an array of {run, secret}');
+  assert.equal(error(runs, {}), 'TypeError: natsServerConfig: listen: missing field `client`');
+  assert.equal(error(runs, 'x'), 'TypeError: natsServerConfig: listen must be an object {client, websocket?, storeDir?}');
 });

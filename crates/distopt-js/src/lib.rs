@@ -29,6 +29,7 @@ mod join;
 // A networked rank blocks its one thread on the port: not in the threaded build.
 #[cfg(not(target_feature = "atomics"))]
 mod nats;
+mod nats_config;
 mod optim;
 mod post_local_sgd;
 mod replicas;
