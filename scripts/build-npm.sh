@@ -74,8 +74,9 @@ if [ "$WASM_OPT" = 1 ]; then
   else
     WASM_OPT_CMD=(npx --yes "--package=binaryen@$BINARYEN_VERSION" -- wasm-opt)
   fi
+  # SIMD: the frames' BLAKE3 (blake3's wasm32_simd, 4 lanes of SIMD128).
   WASM_FEATURES=(--enable-bulk-memory --enable-nontrapping-float-to-int --enable-sign-ext
-    --enable-mutable-globals --enable-reference-types --enable-multivalue)
+    --enable-mutable-globals --enable-reference-types --enable-multivalue --enable-simd)
   echo "build-npm: before wasm-opt: $(size_line "$PKG/wasm/distopt_wasm_bg.wasm")"
   echo "build-npm: wasm-opt -Oz (binaryen $BINARYEN_VERSION from npm)"
   "${WASM_OPT_CMD[@]}" -Oz "${WASM_FEATURES[@]}" \

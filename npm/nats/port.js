@@ -179,8 +179,11 @@ export class Port {
     this.#worker.post(message, transfer);
   }
 
-  /** Posts a request and blocks until its answer; returns it or throws its error. */
-  #call(message, transfer) {
+  /**
+   * Posts a request and blocks until its answer; returns it (its blobs views of the answer
+   * area with `views`) or throws its error.
+   */
+  #call(message, transfer, views = false) {
     if (this.#closed) throw new Error('the NATS port is closed');
     this.#seq = this.#seq >= 0x7fffffff ? 1 : this.#seq + 1;
     const seq = this.#seq;
@@ -193,13 +196,17 @@ export class Port {
       }
       Atomics.wait(this.#ctl, SEQ, seen);
     }
-    const value = this.#read();
-    if (Atomics.load(this.#ctl, STATUS) !== 0) throw new Error(String(value));
+    const failed = Atomics.load(this.#ctl, STATUS) !== 0;
+    const value = this.#read(views && !failed);
+    if (failed) throw new Error(String(value));
     return value;
   }
 
-  /** Decodes the answer area: the JSON header with its blobs put back as Uint8Arrays. */
-  #read() {
+  /**
+   * Decodes the answer area: the JSON header with its blobs put back as Uint8Arrays (copies;
+   * with `views`, views of the area itself, valid until the next call that answers).
+   */
+  #read(views = false) {
     const headLength = Atomics.load(this.#ctl, HEAD);
     const head = new TextDecoder().decode(this.#bytes.slice(BODY, BODY + headLength));
     let offset = BODY + headLength;
@@ -208,7 +215,8 @@ export class Port {
       if (value !== null && typeof value === 'object' && typeof value.$b === 'number') {
         while (blobs.length <= value.$b) {
           const length = this.#view.getUint32(offset, true);
-          blobs.push(this.#bytes.slice(offset + 4, offset + 4 + length));
+          const blob = views ? this.#bytes.subarray(offset + 4, offset + 4 + length) : this.#bytes.slice(offset + 4, offset + 4 + length);
+          blobs.push(blob);
           offset += 4 + length;
         }
         return blobs[value.$b];
@@ -259,6 +267,16 @@ export class Port {
    */
   pump(timeoutMs) {
     return this.#call({ op: 'pump', timeoutMs });
+  }
+
+  /**
+   * {@link Port#pump} whose payloads are views of the port's answer area, not copies: each is
+   * valid until the port's next call that answers (a rank copies it into its own memory at once).
+   * @param {number} timeoutMs
+   * @returns {Array<[number, Uint8Array]>}
+   */
+  pumpViews(timeoutMs) {
+    return this.#call({ op: 'pump', timeoutMs }, undefined, true);
   }
 
   /**

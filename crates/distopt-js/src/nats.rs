@@ -41,8 +41,10 @@ extern "C" {
     fn subscribe(this: &Port, sid: u32, subject: &str) -> Result<(), JsValue>;
     #[wasm_bindgen(method, catch)]
     fn unsubscribe(this: &Port, sid: u32) -> Result<(), JsValue>;
-    #[wasm_bindgen(method, catch)]
-    fn pump(this: &Port, timeout_ms: f64) -> Result<js_sys::Array, JsValue>;
+    /// `pump` whose payloads are views of the port's answer area, valid until its next call
+    /// that answers.
+    #[wasm_bindgen(method, catch, js_name = pumpViews)]
+    fn pump_views(this: &Port, timeout_ms: f64) -> Result<js_sys::Array, JsValue>;
     #[wasm_bindgen(method, catch)]
     fn heartbeat(this: &Port, hid: u32, subject: &str, period_ms: f64) -> Result<(), JsValue>;
     #[wasm_bindgen(method, catch)]
@@ -304,16 +306,23 @@ impl Link for PortLink {
 
     fn pump(&self, at_most: Duration) -> bool {
         self.refill();
-        let Ok(delivered) = self.port.0.pump(at_most.as_secs_f64() * 1e3) else {
+        let Ok(delivered) = self.port.0.pump_views(at_most.as_secs_f64() * 1e3) else {
             // The connection is gone: nothing more arrives, and the ranks' silence ends the
             // collective waiting on them (named) within the failure bound; no busy wait meanwhile.
             let _ = self.port.0.sleep(at_most.as_secs_f64() * 1e3);
             return true;
         };
-        for pair in delivered.iter() {
-            let pair: js_sys::Array = pair.unchecked_into();
-            let sid = pair.get(0).as_f64().unwrap_or(0.0) as u32;
-            let payload = js_sys::Uint8Array::new(&pair.get(1)).to_vec();
+        // Every payload is copied out of the port's answer area before anything is delivered
+        // (a delivery may call the port, whose next answer overwrites the area).
+        let delivered: Vec<(u32, Vec<u8>)> = delivered
+            .iter()
+            .map(|pair| {
+                let pair: js_sys::Array = pair.unchecked_into();
+                let sid = pair.get(0).as_f64().unwrap_or(0.0) as u32;
+                (sid, copied(&pair.get(1).unchecked_into()))
+            })
+            .collect();
+        for (sid, payload) in delivered {
             if sid == 0 {
                 if let Some(report) = self.refused.get() {
                     report(&String::from_utf8_lossy(&payload));
@@ -338,8 +347,16 @@ struct PortBucket {
 
 /// A `Uint8Array` (or `null`) answered by the port.
 fn optional_bytes(value: &JsValue) -> Option<Bytes> {
-    (!value.is_null() && !value.is_undefined())
-        .then(|| Bytes::from(js_sys::Uint8Array::new(value).to_vec()))
+    (!value.is_null() && !value.is_undefined()).then(|| Bytes::from(copied(value.unchecked_ref())))
+}
+
+/// The bytes of `array` in memory of the module's own: one copy, no zeroing first.
+fn copied(array: &js_sys::Uint8Array) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(array.length() as usize);
+    let len = array.copy_to_uninit(bytes.spare_capacity_mut()).len();
+    // SAFETY: `copy_to_uninit` initialized the first `len` bytes of the spare capacity.
+    unsafe { bytes.set_len(len) };
+    bytes
 }
 
 /// Field `key` of an object the port answered.

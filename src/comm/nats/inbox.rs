@@ -393,7 +393,7 @@ impl Inbox {
             if let Some(frames) = state.frames.remove(&id) {
                 state.held -= frames.iter().map(Bytes::len).sum::<usize>();
                 for bytes in frames {
-                    // Checked as it arrived (`push`): the CRC-32 is not computed again.
+                    // Checked as it arrived (`push`: its sizes and its seal): not parsed again.
                     let frame = Frame::parse_header(&bytes).map_err(Error::from)?;
                     let accepted = match dest.as_deref_mut() {
                         Some(dest) => assembler

@@ -6,7 +6,7 @@
 //! - **Transport**: every process subscribes to a subject of its own (point-to-point) and to
 //!   the run's common subject (broadcasts, heartbeats). Messages are cut into the frames of
 //!   [`super::wire`] under the server's `max_payload`, each naming run, epoch, collective
-//!   and sender and carrying a CRC-32; nothing a peer sends is trusted before it is checked.
+//!   and sender and carrying its sender's seal; nothing a peer sends is trusted before it is checked.
 //! - **Ranks bound to their claims** (`seal.rs`): each process's claim carries a fresh NKey,
 //!   and every frame is sealed with it; a frame another client publishes in a rank's name is
 //!   dropped and counted ([`NatsWorld::forged_frames`]), never summed.

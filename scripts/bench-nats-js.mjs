@@ -1,0 +1,231 @@
+#!/usr/bin/env node
+// The all-reduce of JavaScript ranks over NATS, against its peers in the same run:
+//
+//   node scripts/bench-nats-js.mjs [--ranks 2,4] [--elements 4194304] [--repeats 10] [--rounds 3]
+//
+// For each world size W and round, on one nats-server on loopback (started here, stopped at the
+// end), W Node processes each time, in turn:
+//   - distopt, JS ranks: the all-reduce-mean of `elements` float32 per rank through
+//     `World.joinNats` over the package's port (DistributedDataParallel's gradient all-reduce,
+//     the package built by scripts/build-npm.sh in target/npm/package);
+//   - raw nats.js: the same bytes in the same pattern (each rank's shards to their owners, each
+//     owner's shard back to every rank) published by nats.js on each process's main thread,
+//     with no port, frames, seals or arithmetic: the floor for a JavaScript process;
+//   - distopt, native ranks: `distopt bench comm --world` (target/release/distopt, built with
+//     `cargo build --release -p distopt-cli` when missing), which times its own all-reduce-mean
+//     and raw NATS pub/sub of the same bytes alternately.
+// Each figure is the slowest process's median; the table gives every round. Needs nats-server
+// on PATH and tests/js's dependencies (nats.js), as the test suite does.
+
+import { execFileSync, spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+
+import { startServer } from '../tests/js/nats-server.js';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const PACKAGE = process.env.DISTOPT_PACKAGE_DIR || path.join(ROOT, 'target/npm/package');
+const NATS_JS = path.join(ROOT, 'tests/js/node_modules/@nats-io/transport-node/lib/mod.js');
+
+const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+
+// ---------------------------------------------------------------------------------------------
+// One rank (a child process): times `repeats` all-reduces and prints {rank, ms: [...]}.
+
+async function distoptRank({ url, run, ranks, elements, repeats }) {
+  const { default: init, World, Replicas, DistributedDataParallel } = await import(pathToFileURL(path.join(PACKAGE, 'index.js')).href);
+  const { openPort } = await import(pathToFileURL(path.join(PACKAGE, 'nats/port.js')).href);
+  await init({ backend: 'cpu' });
+  const port = await openPort({ servers: url });
+  const world = World.joinNats(port, { run, ranks });
+  const model = Replicas.replicate(1, [new Float32Array(elements)]);
+  const ddp = new DistributedDataParallel(world, model);
+  const grads = Float32Array.from({ length: elements }, (_, i) => (i % 251) * (world.rank + 1));
+  const ms = [];
+  for (let i = 0; i < repeats + 2; i++) {
+    model.setGrads(0, [grads]);
+    const start = performance.now();
+    ddp.synchronizeGradients();
+    if (i >= 2) ms.push(performance.now() - start);
+  }
+  // The mean is right: element i is (i % 251) times the mean of 1..W.
+  const [got] = (await model.grads())[0];
+  const scale = (ranks + 1) / 2;
+  for (const i of [0, 1, 250, elements - 1]) {
+    if (Math.abs(got.data[i] - (i % 251) * scale) > 1e-4 * Math.max(1, (i % 251) * scale)) {
+      throw new Error(`element ${i} averaged to ${got.data[i]}, expected ${(i % 251) * scale}`);
+    }
+  }
+  const rank = world.rank;
+  ddp.free();
+  model.free();
+  world.free();
+  port.close();
+  return { rank, ms };
+}
+
+async function rawRank({ url, run, ranks, rank, elements, repeats }) {
+  const { connect } = await import(pathToFileURL(NATS_JS).href);
+  const nc = await connect({ servers: url, noEcho: true });
+  const bytes = elements * 4;
+  const payload = new Uint8Array(bytes);
+  const chunk = nc.info.max_payload;
+  const shard = (k) => [Math.floor((k * bytes) / ranks), Math.floor(((k + 1) * bytes) / ranks)];
+  let received = 0;
+  let wake = () => {};
+  const arrived = (want) =>
+    new Promise((resolve) => {
+      const check = () => {
+        if (received >= want) {
+          received -= want;
+          wake = () => {};
+          resolve();
+        } else wake = check;
+      };
+      check();
+    });
+  const sub = nc.subscribe(`raw.${run}.${rank}`, { callback: (_, m) => ((received += m.data.length), wake()) });
+  // Barrier `gen`: every other rank has published `gen` on the barrier subject.
+  const heard = new Map();
+  let onHeard = () => {};
+  const barrier = nc.subscribe(`raw.${run}.barrier`, {
+    callback: (_, m) => {
+      const gen = Number(new TextDecoder().decode(m.data));
+      heard.set(gen, (heard.get(gen) ?? 0) + 1);
+      onHeard();
+    },
+  });
+  await nc.flush();
+  // Every rank's subscriptions are in place before anyone publishes: the driver says go once
+  // every process said it subscribed.
+  console.log('subscribed');
+  await new Promise((resolve) => process.stdin.once('data', resolve));
+  const sync = async (gen) => {
+    nc.publish(`raw.${run}.barrier`, new TextEncoder().encode(String(gen)));
+    await new Promise((resolve) => {
+      onHeard = () => (heard.get(gen) ?? 0) >= ranks - 1 && resolve();
+      onHeard();
+    });
+  };
+  const publish = async (to, [from, end]) => {
+    for (let at = from; at < end; at += chunk) nc.publish(`raw.${run}.${to}`, payload.subarray(at, Math.min(at + chunk, end)));
+    await nc.flush();
+  };
+  const ms = [];
+  for (let i = 0; i < repeats + 2; i++) {
+    await sync(i + 1);
+    const start = performance.now();
+    const [a, b] = shard(rank);
+    for (let k = 0; k < ranks; k++) if (k !== rank) await publish(k, shard(k));
+    await arrived((b - a) * (ranks - 1));
+    for (let k = 0; k < ranks; k++) if (k !== rank) await publish(k, [a, b]);
+    await arrived(bytes - (b - a));
+    if (i >= 2) ms.push(performance.now() - start);
+  }
+  sub.unsubscribe();
+  barrier.unsubscribe();
+  await nc.drain();
+  return { rank, ms };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The driver.
+
+/** A rank's process: {subscribed (a promise: it said so), go(), result (a promise)}. */
+function child(task) {
+  const proc = spawn(process.execPath, [fileURLToPath(import.meta.url), '--child', JSON.stringify(task)], {
+    stdio: ['pipe', 'pipe', 'inherit'],
+  });
+  let out = '';
+  let said = () => {};
+  const subscribed = new Promise((resolve) => (said = resolve));
+  proc.stdout.on('data', (d) => {
+    out += d;
+    if (out.includes('subscribed\n')) said();
+  });
+  const result = new Promise((resolve, reject) =>
+    proc.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out.trim().split('\n').pop())) : reject(new Error(`a ${task.mode} rank exited ${code}: ${out}`)))),
+  );
+  return { subscribed, go: () => proc.stdin.end('go\n'), result };
+}
+
+/** W processes of `mode`; the slowest one's median (ms). */
+async function jsRow(mode, url, ranks, elements, repeats, tag) {
+  const run = `bench-${mode}-${tag}`;
+  const procs = Array.from({ length: ranks }, (_, rank) => child({ mode, url, run, ranks, rank, elements, repeats }));
+  if (mode === 'raw') {
+    await Promise.all(procs.map((p) => p.subscribed));
+    procs.forEach((p) => p.go());
+  }
+  const results = await Promise.all(procs.map((p) => p.result));
+  return Math.max(...results.map((r) => median(r.ms)));
+}
+
+/** `distopt bench comm --world` in W processes: {distopt, raw} (ms, the first rank's JSON). */
+async function nativeRow(distopt, url, ranks, elements, repeats, tag) {
+  const run = `bench-native-${tag}`;
+  const outs = await Promise.all(
+    Array.from({ length: ranks }, () =>
+      new Promise((resolve, reject) => {
+        const proc = spawn(
+          distopt,
+          ['bench', 'comm', '--world', url, '--run', run, '--ranks', String(ranks), '--elements', String(elements), '--repeats', String(repeats), '--backend', 'cpu', '--json'],
+          { stdio: ['ignore', 'pipe', 'inherit'] },
+        );
+        let out = '';
+        proc.stdout.on('data', (d) => (out += d));
+        proc.on('exit', (code) => (code === 0 ? resolve(out.trim()) : reject(new Error(`distopt bench comm exited ${code}`))));
+      }),
+    ),
+  );
+  const report = JSON.parse(outs.find((o) => o.startsWith('{')));
+  return { distopt: report.distopt_all_reduce_mean_ms, raw: report.raw_nats_ms };
+}
+
+async function main() {
+  const { values } = parseArgs({
+    options: {
+      ranks: { type: 'string', default: '2,4' },
+      elements: { type: 'string', default: String(1 << 22) },
+      repeats: { type: 'string', default: '10' },
+      rounds: { type: 'string', default: '3' },
+    },
+  });
+  const sizes = values.ranks.split(',').map(Number);
+  const [elements, repeats, rounds] = [values.elements, values.repeats, values.rounds].map(Number);
+  if (!fs.existsSync(path.join(PACKAGE, 'nats/worker.node.js'))) throw new Error(`build the package first (scripts/build-npm.sh): ${PACKAGE}`);
+  const distopt = path.join(process.env.CARGO_TARGET_DIR || path.join(ROOT, 'target'), 'release', 'distopt');
+  execFileSync('cargo', ['build', '--release', '--quiet', '-p', 'distopt-cli', '--bin', 'distopt'], { cwd: ROOT, stdio: 'inherit' });
+  const server = await startServer(['-js']);
+  const mib = (elements * 4) / (1 << 20);
+  console.log(`bench-nats-js: all-reduce-mean of ${elements} float32 (${mib.toFixed(1)} MiB) per rank, one nats-server on loopback, median of ${repeats}, slowest process`);
+  console.log('| W | round | distopt, JS ranks | raw nats.js (JS floor) | JS / raw nats.js | distopt, native ranks | raw NATS (native) | JS / native distopt |');
+  console.log('|---|---|---|---|---|---|---|---|');
+  try {
+    for (const ranks of sizes) {
+      for (let round = 1; round <= rounds; round++) {
+        const tag = `${ranks}-${round}-${Date.now()}`;
+        const js = await jsRow('distopt', server.url, ranks, elements, repeats, tag);
+        const raw = await jsRow('raw', server.url, ranks, elements, repeats, tag);
+        const native = await nativeRow(distopt, server.url, ranks, elements, repeats, tag);
+        const f = (ms) => `${ms.toFixed(1)} ms`;
+        console.log(
+          `| ${ranks} | ${round} | ${f(js)} | ${f(raw)} | ${(js / raw).toFixed(2)}× | ${f(native.distopt)} | ${f(native.raw)} | ${(js / native.distopt).toFixed(2)}× |`,
+        );
+      }
+    }
+  } finally {
+    server.stop();
+  }
+}
+
+if (process.argv[2] === '--child') {
+  const task = JSON.parse(process.argv[3]);
+  const result = await (task.mode === 'distopt' ? distoptRank(task) : rawRank(task));
+  console.log(JSON.stringify(result));
+  process.exit(0);
+} else {
+  await main();
+}
