@@ -223,5 +223,6 @@ export async function joinFromEnv(role) {
   const port = await openPort({ servers: env('DISTOPT_URL'), name: `distopt ${role} (pid ${process.pid})` });
   const options = { run: env('DISTOPT_RUN'), ranks };
   if (process.env.DISTOPT_RANK !== undefined) options.rank = Number(process.env.DISTOPT_RANK);
+  if (process.env.DISTOPT_JOIN === '1') options.join = true;
   return { api, port, world: api.World.joinNats(port, options), ranks, env };
 }

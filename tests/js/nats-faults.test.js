@@ -5,7 +5,10 @@
 //     RuntimeError naming the dead rank within the failure bound (5 s) and a little;
 //   - DiLoCo goes on: the survivors drop the dead rank at the next sync point and finish, on
 //     identical replicas, which equal bit for bit the simulated world's replaying the
-//     membership the run reported (`distopt train --membership`).
+//     membership the run reported (`distopt train --membership`);
+//   - DiLoCo and post-local SGD (periodic averaging) take a new Node process in the dead rank's
+//     place (`join: true`, `trainer.admit()`): healed from a live rank, it finishes with the
+//     survivors, all three equal bit for bit to the simulated replay of that membership.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -25,8 +28,11 @@ before(async () => {
 
 after(() => server?.stop());
 
-/** Starts rank `rank` of `run` (3 ranks); resolves {code, report, err, exitAt} when it exits. */
-function startRank(run, rank, algorithm, steps) {
+/**
+ * Starts rank `rank` of `run` (3 ranks; with `join`, as a process joining the running run in
+ * that rank's place); resolves {code, report, err, exitAt} when it exits.
+ */
+function startRank(run, rank, algorithm, steps, join = false) {
   const child = spawn(process.execPath, [path.join(HERE, 'nats-trainer.mjs')], {
     env: {
       ...process.env,
@@ -37,6 +43,7 @@ function startRank(run, rank, algorithm, steps) {
       DISTOPT_ALGORITHM: algorithm,
       DISTOPT_PERIOD: '8',
       DISTOPT_STEPS: String(steps),
+      ...(join ? { DISTOPT_JOIN: '1' } : {}),
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -133,3 +140,43 @@ test('DiLoCo: the survivors of a killed Node rank finish on identical replicas',
     `diloco: rank 2 killed, out from sync point ${left.syncPoint}; ranks 0 and 1 finished ${steps} steps on identical replicas, equal to the simulated replay of that membership bit for bit (replica loss ${a.report.lossPerRank[0]})`,
   );
 });
+
+for (const algorithm of ['diloco', 'periodic']) {
+  test(`${algorithm}: a Node process joins in a killed rank's place, is healed, and all three equal the simulated replay`, async () => {
+    const steps = 8000;
+    const run = `faults-join-${algorithm}`;
+    const ranks = [0, 1, 2].map((r) => startRank(run, r, algorithm, steps));
+    await settle();
+    ranks[2].child.kill('SIGKILL');
+    const killed = await ranks[2].exited;
+    assert.equal(killed.code, 'SIGKILL', 'rank 2 was still training when killed (raise the steps)');
+    // Once the survivors have dropped it (the failure bound and a sync point), a new process
+    // asks for rank 2.
+    await new Promise((resolve) => setTimeout(resolve, (BOUND_S + 1) * 1000));
+    const joiner = startRank(run, 2, algorithm, steps, true);
+    const [a, b, c] = await Promise.all([ranks[0].exited, ranks[1].exited, joiner.exited]);
+    for (const [who, s] of [['rank 0', a], ['rank 1', b], ['the joiner', c]]) {
+      assert.equal(s.code, 0, `${who} finishes: ${s.out}\n${s.err}`);
+      assert.equal(s.report.steps, steps);
+      assert.deepEqual(s.report.live, [true, true, true], `${who}: all three live at the end`);
+    }
+    assert.equal(c.report.rank, 2, 'the joiner took rank 2');
+    const changes = a.report.membershipChanges;
+    assert.deepEqual(b.report.membershipChanges, changes, 'the survivors report one membership');
+    assert.ok(changes.some((m) => !m.live.includes(2)) && changes.some((m) => m.joining.includes(2)), `rank 2 left and came back: ${JSON.stringify(changes)}`);
+    // Every process evaluates the same replicas; they equal the simulated replay, bit for bit.
+    const replayed = schedule(changes, 3);
+    const flags = ['train', '--algorithm', algorithm, '--period', '8', '--steps', String(steps), '--backend', 'cpu', '--json', '--ranks', '3'];
+    const replay = await runProcess(buildDistoptCli(), [...flags, '--membership', replayed]);
+    assert.equal(replay.code, 0, replay.err);
+    const simulated = JSON.parse(replay.out).results[0];
+    for (const s of [a, b, c]) {
+      assert.deepEqual(s.report.lossPerRank, simulated.replica_loss_per_rank, `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
+    }
+    const left = changes.find((m) => !m.live.includes(2));
+    const back = changes.find((m) => m.joining.includes(2));
+    console.log(
+      `${algorithm}: rank 2 killed, out from sync point ${left.syncPoint}; a new Node process joined, was healed and taken in after sync point ${back.syncPoint}; all three finished ${steps} steps equal to the simulated replay bit for bit (replica losses ${c.report.lossPerRank.join(', ')})`,
+    );
+  });
+}

@@ -1,6 +1,7 @@
 // One rank of `distopt train`'s run, as a Node process (tests/js/nats-mixed.test.js runs it
 // beside native `distopt train --world` processes): joins run DISTOPT_RUN of DISTOPT_RANKS ranks
-// on DISTOPT_URL as rank DISTOPT_RANK, builds the Trainer the command line builds for
+// on DISTOPT_URL as rank DISTOPT_RANK (with DISTOPT_JOIN=1, the running run as a rank that left
+// it, taken in and healed by `trainer.admit()` before its first step), builds the Trainer the command line builds for
 // `--algorithm DISTOPT_ALGORITHM --period DISTOPT_PERIOD` over that world, and makes the calls
 // its train loop makes (an evaluation, DISTOPT_STEPS steps, an evaluation). Prints one JSON
 // line {rank, steps, meanModelLoss, lossPerRank, live, membershipChanges} and exits 0; a failure prints
@@ -17,6 +18,7 @@ const trainer = new api.Trainer({
 });
 const started = Date.now();
 try {
+  if (process.env.DISTOPT_JOIN === '1') await trainer.admit();
   await trainer.evaluate();
   const steps = Number(env('DISTOPT_STEPS'));
   while (trainer.steps < steps) await trainer.step();
