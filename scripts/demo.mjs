@@ -20,7 +20,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
-import { parseArgs, serve } from './serve.mjs';
+import { parseArgs, serveOnFreePort } from './serve.mjs';
 
 /** The most runs one demo server admits (each is a user of the NATS server). */
 export const MAX_RUNS = 256;
@@ -137,15 +137,5 @@ if (import.meta.url === pathToFileURL(process.argv[1]).href) {
     console.log(`      WebSocket ${nats.websocket}), each run a user of its own whose secret the link carries.`);
   }
   options.routes = demoRoutes(nats);
-  // A busy port: try the next few.
-  for (let attempt = 0; ; attempt++) {
-    try {
-      const { url } = await serve(options);
-      console.log(`serving ${url}`);
-      break;
-    } catch (err) {
-      if (err.code !== 'EADDRINUSE' || attempt === 20 || options.port === 0) throw err;
-      options.port++;
-    }
-  }
+  await serveOnFreePort(options);
 }

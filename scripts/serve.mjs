@@ -126,17 +126,20 @@ function notFound(res) {
   res.end('not found');
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
-  const options = parseArgs(process.argv.slice(2));
-  // A busy port: try the next few.
+/** `serve(options)` on `options.port` or, when it is busy, one of the next 20; prints the URL. */
+export async function serveOnFreePort(options) {
   for (let attempt = 0; ; attempt++) {
     try {
-      const { url } = await serve(options);
-      console.log(`serving ${url}`);
-      break;
+      const started = await serve(options);
+      console.log(`serving ${started.url}`);
+      return started;
     } catch (err) {
       if (err.code !== 'EADDRINUSE' || attempt === 20 || options.port === 0) throw err;
       options.port++;
     }
   }
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  await serveOnFreePort(parseArgs(process.argv.slice(2)));
 }
