@@ -31,7 +31,16 @@ import {
 import { startServer } from './nats-server.js';
 
 /** The kinds a rank replays (nats-rank.mjs's). */
-const KINDS = ['periodic_averager', 'hierarchical_averager', 'post_local_sgd', 'diloco', 'streaming_diloco'];
+const KINDS = [
+  'periodic_averager',
+  'hierarchical_averager',
+  'post_local_sgd',
+  'diloco',
+  'streaming_diloco',
+  'zero_trajectory',
+  'zero_errors',
+  'zero_join',
+];
 
 let nats;
 let http;

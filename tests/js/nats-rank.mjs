@@ -2,12 +2,13 @@
 // R of them): joins run DISTOPT_RUN of DISTOPT_RANKS ranks on the server DISTOPT_URL through the
 // package's port (`distopt/nats`) and replays every golden case of the multi-rank kinds at that
 // world size with this process's one rank (golden-runner.js, `place`), checking its own rank's
-// results. Prints one JSON line {rank, passed, bitExact, digest, failed: [{name, message}]}
+// results. Prints one JSON line {rank, passed, bitExact, digest, failed: [{name, message}],
+// skipped: [what a run of this size cannot replay: a ZeRO reload into another world size]}
 // (`digest`: of its parameters' bits after every step, helpers.js `bitDigests`) and exits 0 when
 // every case passed.
 
 import { bitDigests, goldenFiles, joinFromEnv } from './helpers.js';
-import { runCases } from './golden-runner.js';
+import { runCases, takeSkippedParts } from './golden-runner.js';
 
 /** The kinds a rank in its own process replays (the multi-rank kinds over a `World`). */
 export const NETWORKED_KINDS = [
@@ -16,6 +17,9 @@ export const NETWORKED_KINDS = [
   'post_local_sgd',
   'diloco',
   'streaming_diloco',
+  'zero_trajectory',
+  'zero_errors',
+  'zero_join',
 ];
 
 const { api, port, world, ranks } = await joinFromEnv('test rank');
@@ -36,6 +40,7 @@ console.log(
     bitExact: results.filter((r) => r.bitExact).length,
     digest: digests.digest(world.rank),
     failed,
+    skipped: takeSkippedParts(),
   }),
 );
 world.free();

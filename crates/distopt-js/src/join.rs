@@ -274,8 +274,9 @@ impl JoinJs {
         self.join.try_borrow_mut().map_err(|_| busy("Join"))
     }
 
-    /// The start of a global iteration: `hasInput[r]` is whether rank r still has an input (a
-    /// rank without one joins for good).
+    /// The start of a global iteration: `hasInput[i]` is whether the rank of replica `i` still
+    /// has an input (a rank without one joins for good): every rank of a simulated world, this
+    /// process's rank in a run over NATS.
     pub fn iteration(
         &self,
         #[wasm_bindgen(js_name = hasInput)] has_input: HasInputArg,

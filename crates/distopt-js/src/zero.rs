@@ -63,6 +63,8 @@ pub struct ZeroRedundancyOptimizerJs {
 pub(crate) struct ZeroHandle {
     pub(crate) zero: SharedZero,
     pub(crate) replicas: SharedReplicas,
+    /// The world rank of replica 0 (0 in a simulated world; this process's rank in a run).
+    pub(crate) first_rank: usize,
 }
 
 /// The optimizer behind a JS `ZeroRedundancyOptimizer` argument, if it is one.
@@ -451,6 +453,7 @@ impl ZeroRedundancyOptimizerJs {
         let inner = Rc::new(ZeroHandle {
             zero: zero.clone(),
             replicas: shared.clone(),
+            first_rank: local.start,
         });
         Ok(ZeroRedundancyOptimizerJs { inner, name })
     }
@@ -542,14 +545,16 @@ impl ZeroRedundancyOptimizerJs {
         }))
     }
 
-    /// `state_dict()` as seen on rank `rank`: a promise of the consolidated state dict in a
-    /// plain optimizer's layout (a promise, as every optimizer's `stateDict` is). Rejects with
-    /// a RuntimeError unless it was consolidated to `rank`; an invalid `rank` throws.
+    /// `state_dict()` as seen on the rank of replica `rank` (the world's rank `rank` when
+    /// simulated; in a run over NATS, this process's rank for 0): a promise of the consolidated
+    /// state dict in a plain optimizer's layout (a promise, as every optimizer's `stateDict`
+    /// is). Rejects with a RuntimeError unless it was consolidated to that rank; an invalid
+    /// `rank` throws.
     #[wasm_bindgen(js_name = stateDict, unchecked_return_type = "Promise<StateDict>")]
     pub fn state_dict(&self, rank: IntegerArg) -> JsResult<Promise> {
         let zero = js(self.zero())?;
         let ranks = js(borrow(&self.inner.replicas))?.ranks();
-        let rank = js(super::convert::rank_arg(&rank, ranks))?;
+        let rank = self.inner.first_rank + js(super::convert::rank_arg(&rank, ranks))?;
         Ok(match zero.state_dict(rank).and_then(|sd| json_to_js(&sd)) {
             Ok(state_dict) => Promise::resolve(&state_dict),
             Err(error) => Promise::reject(&super::boundary::js_error(error)),
