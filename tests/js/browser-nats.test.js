@@ -7,7 +7,10 @@
 //   - one run mixing all three: `distopt train --world` (native) as rank 0, a Node process as
 //     rank 1 and a page as rank 2 print the simulated run's numbers bit for bit;
 //   - ranks driven from pages' main threads (`distopt/worker`, every call awaited): the pages
-//     answer while their ranks train, and the run is the simulated one bit for bit.
+//     answer while their ranks train, and the run is the simulated one bit for bit;
+//   - a page closed mid-run under DiLoCo, and a new page joining in its place: the run goes
+//     on, the newcomer is healed, and all three pages end equal to the simulated replay of the
+//     membership bit for bit.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -26,6 +29,7 @@ import {
   buildDistoptCli,
   goldenFiles,
   importPackage,
+  membershipSchedule,
   runProcess,
 } from './helpers.js';
 import { startServer } from './nats-server.js';
@@ -205,5 +209,50 @@ test("ranks driven from pages' main threads (distopt/worker): the pages stay res
     );
   } finally {
     await Promise.all(pages.map((p) => p.close()));
+  }
+});
+
+test('DiLoCo: a closed page is replaced by a page that joins; all three equal the simulated replay', async () => {
+  // Long enough that the newcomer joins well before the end (about 10 s in).
+  const [ranks, steps, period, algorithm] = [3, 3000, 8, 'diloco'];
+  const run = 'pages-join';
+  const errors = [];
+  const pages = await Promise.all([0, 1, 0].map((which) => rankPage(which, errors)));
+  const task = (rank, join = false) => ({ mode: 'trainer', url: nats.wsUrl, run, ranks, rank, algorithm, period, steps, join });
+  const start = Date.now();
+  let joiner;
+  try {
+    const running = pages.map((page, rank) => page.evaluate((t) => window.startRank(t), task(rank)).catch((e) => ({ error: e.message })));
+    // The tab of rank 2 closes mid-run; once the others have dropped it (the failure bound and a
+    // sync point), a new tab asks for its rank.
+    await new Promise((resolve) => setTimeout(resolve, 4000));
+    await pages[2].close();
+    await new Promise((resolve) => setTimeout(resolve, 6000));
+    joiner = await rankPage(1, errors);
+    const [a, b, c] = await Promise.all([running[0], running[1], joiner.evaluate((t) => window.startRank(t), task(2, true))]);
+    for (const [who, r] of [['rank 0', a], ['rank 1', b], ['the joiner', c]]) {
+      assert.equal(r.error, undefined, `${who}: ${r.error}`);
+      assert.equal(r.steps, steps);
+      assert.deepEqual(r.live, [true, true, true], `${who}: all three live at the end`);
+    }
+    assert.equal(c.rank, 2, 'the joiner took rank 2');
+    const changes = a.membershipChanges;
+    assert.deepEqual(b.membershipChanges, changes, 'the survivors report one membership');
+    assert.ok(changes.some((m) => !m.live.includes(2)) && changes.some((m) => m.joining.includes(2)), `rank 2 left and came back: ${JSON.stringify(changes)}`);
+    const flags = ['train', '--algorithm', algorithm, '--period', String(period), '--steps', String(steps), '--backend', 'cpu', '--json', '--ranks', String(ranks)];
+    const replay = await runProcess(buildDistoptCli(), [...flags, '--membership', membershipSchedule(changes, ranks)]);
+    assert.equal(replay.code, 0, replay.err);
+    const simulated = JSON.parse(replay.out).results[0];
+    for (const r of [a, b, c]) {
+      assert.deepEqual(r.lossPerRank, simulated.replica_loss_per_rank, `rank ${r.rank}: the simulated replay's replicas, bit for bit`);
+    }
+    assert.deepEqual(errors, []);
+    const left = changes.find((m) => !m.live.includes(2));
+    const back = changes.find((m) => m.joining.includes(2));
+    console.log(
+      `${algorithm}: rank 2's page closed, out from sync point ${left.syncPoint}; a new page joined, was healed and taken in after sync point ${back.syncPoint}; all three pages finished ${steps} steps equal to the simulated replay bit for bit (${((Date.now() - start) / 1000).toFixed(1)} s)`,
+    );
+  } finally {
+    await Promise.all([...pages.slice(0, 2), joiner].filter(Boolean).map((p) => p.close()));
   }
 });

@@ -226,3 +226,26 @@ export async function joinFromEnv(role) {
   if (process.env.DISTOPT_JOIN === '1') options.join = true;
   return { api, port, world: api.World.joinNats(port, options), ranks, env };
 }
+
+/**
+ * The membership schedule `distopt train --membership` replays, from a rank's
+ * `World.membershipChanges`: each sync point's live ranks, a rank that joined at point K live
+ * from K + 1, up to the point after the last change.
+ */
+export function membershipSchedule(changes, ranks) {
+  const byPoint = new Map(changes.map((c) => [c.syncPoint, c]));
+  const last = Math.max(...changes.map((c) => c.syncPoint));
+  let current = Array.from({ length: ranks }, (_, r) => r);
+  const out = [];
+  for (let k = 0; k <= last + 1; k++) {
+    const change = byPoint.get(k);
+    if (change) {
+      current = [...change.live];
+      out.push(current);
+      current = [...new Set([...current, ...change.joining])].sort((a, b) => a - b);
+    } else {
+      out.push(current);
+    }
+  }
+  return out.map((live) => live.join(',')).join(';');
+}

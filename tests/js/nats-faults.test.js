@@ -15,7 +15,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 
-import { HERE, buildDistoptCli, runProcess } from './helpers.js';
+import { HERE, buildDistoptCli, membershipSchedule as schedule, runProcess } from './helpers.js';
 import { startServer } from './nats-server.js';
 
 const BOUND_S = 5;
@@ -65,29 +65,6 @@ function startRank(run, rank, algorithm, steps, join = false) {
     }),
   );
   return { child, exited };
-}
-
-/**
- * The membership schedule `distopt train --membership` replays, from a rank's
- * `World.membershipChanges`: each sync point's live ranks, a rank that joined at point K live
- * from K + 1, up to the point after the last change.
- */
-function schedule(changes, ranks) {
-  const byPoint = new Map(changes.map((c) => [c.syncPoint, c]));
-  const last = Math.max(...changes.map((c) => c.syncPoint));
-  let current = Array.from({ length: ranks }, (_, r) => r);
-  const out = [];
-  for (let k = 0; k <= last + 1; k++) {
-    const change = byPoint.get(k);
-    if (change) {
-      current = [...change.live];
-      out.push(current);
-      current = [...new Set([...current, ...change.joining])].sort((a, b) => a - b);
-    } else {
-      out.push(current);
-    }
-  }
-  return out.map((live) => live.join(',')).join(';');
 }
 
 /** Waits until all three ranks have joined and trained a while (their stdout is quiet until the end). */

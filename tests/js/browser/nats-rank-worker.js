@@ -3,9 +3,10 @@
 //   {mode: 'golden', url, run, ranks, files}: the golden cases `files` replayed with this rank
 //     (golden-runner.js, `place`), reported as {rank, passed, bitExact, digest, failed}, the
 //     digest the SHA-256 of the bytes helpers.js `bitDigests` hashes for this rank;
-//   {mode: 'trainer', url, run, ranks, rank, algorithm, period, steps}: the calls
-//     `distopt train`'s loop makes with the Trainer over the rank's world (nats-trainer.mjs),
-//     reported as {rank, steps, meanModelLoss}.
+//   {mode: 'trainer', url, run, ranks, rank, algorithm, period, steps, join?}: the calls
+//     `distopt train`'s loop makes with the Trainer over the rank's world (nats-trainer.mjs;
+//     with `join`, joining the running run in that rank's place and admitted first), reported
+//     as {rank, steps, meanModelLoss, lossPerRank, live, membershipChanges}.
 // Any failure is reported as {error}.
 
 import init, * as api from '/pkg/index.js';
@@ -57,14 +58,22 @@ async function golden({ url, run, ranks, files }) {
   return report;
 }
 
-async function trainer({ url, run, ranks, rank, algorithm, period, steps }) {
+async function trainer({ url, run, ranks, rank, algorithm, period, steps, join = false }) {
   const port = await openPort({ servers: url, name: 'distopt browser trainer rank' });
-  const world = api.World.joinNats(port, { run, ranks, rank });
+  const world = api.World.joinNats(port, { run, ranks, rank, join });
   const t = new api.Trainer({ ranks, algorithm, period, world });
+  if (join) await t.admit();
   await t.evaluate();
   while (t.steps < steps) await t.step();
   const evaluation = await t.evaluate();
-  const report = { rank: world.rank, steps: t.steps, meanModelLoss: evaluation.meanModelLoss };
+  const report = {
+    rank: world.rank,
+    steps: t.steps,
+    meanModelLoss: evaluation.meanModelLoss,
+    lossPerRank: Array.from(evaluation.lossPerRank),
+    live: world.live,
+    membershipChanges: world.membershipChanges,
+  };
   t.free();
   world.free();
   port.close();
