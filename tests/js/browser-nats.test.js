@@ -19,7 +19,7 @@ import path from 'node:path';
 
 import { serve } from '../../scripts/serve.mjs';
 import { NO_WEBGPU_FLAGS, launch } from './chromium.js';
-import { runCases } from './golden-runner.js';
+import { NETWORKED_KINDS, runCases } from './golden-runner.js';
 import {
   GOLDEN,
   HERE,
@@ -34,17 +34,8 @@ import {
 } from './helpers.js';
 import { startServer } from './nats-server.js';
 
-/** The kinds a rank replays (nats-rank.mjs's). */
-const KINDS = [
-  'periodic_averager',
-  'hierarchical_averager',
-  'post_local_sgd',
-  'diloco',
-  'streaming_diloco',
-  'zero_trajectory',
-  'zero_errors',
-  'zero_join',
-];
+/** The kinds a rank replays. */
+const KINDS = NETWORKED_KINDS;
 
 let nats;
 let http;

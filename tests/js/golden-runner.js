@@ -188,6 +188,21 @@ function addUpdate(api, p, u) {
   return api.tensor(p.dtype, p.shape, sum);
 }
 
+/**
+ * The kinds a rank in a process of its own replays (`place`): the multi-rank kinds over a
+ * `World`, as the native tests/nats.rs replays them.
+ */
+export const NETWORKED_KINDS = [
+  'periodic_averager',
+  'hierarchical_averager',
+  'post_local_sgd',
+  'diloco',
+  'streaming_diloco',
+  'zero_trajectory',
+  'zero_errors',
+  'zero_join',
+];
+
 /** Parts of cases a placement cannot run (a ZeRO reload into another world size), said by name. */
 const skippedParts = [];
 

@@ -8,19 +8,8 @@
 // every case passed.
 
 import { bitDigests, goldenFiles, joinFromEnv } from './helpers.js';
-import { runCases, takeSkippedParts } from './golden-runner.js';
+import { NETWORKED_KINDS, runCases, takeSkippedParts } from './golden-runner.js';
 
-/** The kinds a rank in its own process replays (the multi-rank kinds over a `World`). */
-export const NETWORKED_KINDS = [
-  'periodic_averager',
-  'hierarchical_averager',
-  'post_local_sgd',
-  'diloco',
-  'streaming_diloco',
-  'zero_trajectory',
-  'zero_errors',
-  'zero_join',
-];
 
 const { api, port, world, ranks } = await joinFromEnv('test rank');
 const cases = goldenFiles()

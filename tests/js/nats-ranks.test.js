@@ -10,21 +10,12 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 
-import { runCases } from './golden-runner.js';
+import { NETWORKED_KINDS, runCases } from './golden-runner.js';
 import { HERE, bitDigests, goldenFiles, importPackage, runProcess } from './helpers.js';
 import { startServer } from './nats-server.js';
 
-/** The kinds nats-rank.mjs replays (its NETWORKED_KINDS). */
-const KINDS = [
-  'periodic_averager',
-  'hierarchical_averager',
-  'post_local_sgd',
-  'diloco',
-  'streaming_diloco',
-  'zero_trajectory',
-  'zero_errors',
-  'zero_join',
-];
+/** The kinds a rank replays. */
+const KINDS = NETWORKED_KINDS;
 /** How long one run of R processes may take. */
 const DEADLINE_MS = 240_000;
 
