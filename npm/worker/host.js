@@ -6,8 +6,8 @@
 
 import init, * as distopt from '../index.js';
 import { openPort } from '../nats/port.js';
+import { REF, decodeRefs } from './remote.js';
 
-const REF = '__distoptRemote';
 const isNode = typeof process !== 'undefined' && !!process.versions?.node;
 /** Node's worker_threads, named through a variable so that bundlers leave it out of browser builds. */
 const NODE_WORKERS = 'node:worker_threads';
@@ -36,13 +36,7 @@ function encode(value) {
 
 /** What the other side sent, its ids put back as the objects they stand for. */
 function decode(value) {
-  if (value === null || typeof value !== 'object' || ArrayBuffer.isView(value)) return value;
-  if (Array.isArray(value)) return value.map(decode);
-  if (Object.getPrototypeOf(value) !== Object.prototype) return value;
-  if (typeof value[REF] === 'number') return heldObject(value[REF]);
-  const out = {};
-  for (const key of Object.keys(value)) out[key] = decode(value[key]);
-  return out;
+  return decodeRefs(value, heldObject);
 }
 
 function heldObject(id) {

@@ -30,13 +30,28 @@
 // `target` names an object the worker holds (0: the module); a held object crosses as
 // {[REF]: id, cls}.
 
-/** The key that marks a held object in a message. */
-const REF = '__distoptRemote';
+/** The key that marks a held object in a message (host.js uses it too). */
+export const REF = '__distoptRemote';
 const isNode = typeof process !== 'undefined' && !!process.versions?.node;
 /** Node's worker_threads, named through a variable so that bundlers leave it out of browser builds. */
 const NODE_WORKERS = 'node:worker_threads';
 const MAX_DEPTH = 64;
 const INTRINSIC_ERRORS = { TypeError, RangeError, SyntaxError, ReferenceError, EvalError, URIError };
+
+/**
+ * `value` from a message, each held object's mark ({[REF]: id, cls}) replaced by
+ * `resolve(id, cls)`: the other side's objects put back, on either side (host.js: the objects
+ * themselves; here: their proxies).
+ */
+export function decodeRefs(value, resolve) {
+  if (value === null || typeof value !== 'object' || ArrayBuffer.isView(value)) return value;
+  if (Array.isArray(value)) return value.map((v) => decodeRefs(v, resolve));
+  if (Object.getPrototypeOf(value) !== Object.prototype) return value;
+  if (typeof value[REF] === 'number') return resolve(value[REF], value.cls);
+  const out = {};
+  for (const key of Object.keys(value)) out[key] = decodeRefs(value[key], resolve);
+  return out;
+}
 
 /**
  * Loads distopt in a worker and initializes it with `options` (those of `init()`).
@@ -196,13 +211,7 @@ class Client {
 
   /** What the worker sent, its held objects made proxies. */
   #decode(value) {
-    if (value === null || typeof value !== 'object' || ArrayBuffer.isView(value)) return value;
-    if (Array.isArray(value)) return value.map((v) => this.#decode(v));
-    if (Object.getPrototypeOf(value) !== Object.prototype) return value;
-    if (typeof value[REF] === 'number') return this.#proxy(value[REF], [], value.cls ?? 'object');
-    const out = {};
-    for (const key of Object.keys(value)) out[key] = this.#decode(value[key]);
-    return out;
+    return decodeRefs(value, (id, cls) => this.#proxy(id, [], cls ?? 'object'));
   }
 
   /** `value` as a message may carry it: proxies become their ids. */

@@ -306,7 +306,7 @@ impl<'a> Frame<'a> {
 
     /// Whether the frame carries a seal (unsealed frames' seal is zeros).
     pub fn is_sealed(&self) -> bool {
-        self.seal.iter().any(|&b| b != 0)
+        is_seal(self.seal)
     }
 
     /// What the frame's seal signs: the BLAKE3 hash of its header's fields (run, epoch,
@@ -315,6 +315,11 @@ impl<'a> Frame<'a> {
     pub fn digest(&self) -> [u8; 32] {
         digest(self.fields, self.payload)
     }
+}
+
+/// Whether `seal` is one (an unsealed frame's seal field is zeros).
+fn is_seal(seal: &[u8; SEAL_BYTES]) -> bool {
+    seal.iter().any(|&b| b != 0)
 }
 
 fn digest(fields: &[u8], payload: &[u8]) -> [u8; 32] {
@@ -433,7 +438,7 @@ impl<'a> Framer<'a> {
         let sealed = seal(&digest(&frame, part));
         frame.extend_from_slice(&sealed);
         frame.extend_from_slice(&[0; 4]);
-        if sealed.iter().all(|&b| b == 0) {
+        if !is_seal(&sealed) {
             let crc = checksum(&frame, part);
             frame[CRC_AT..HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
         }
