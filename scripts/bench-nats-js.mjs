@@ -14,8 +14,17 @@
 //   - distopt, native ranks: `distopt bench comm --world` (target/release/distopt, built with
 //     `cargo build --release -p distopt-cli` when missing), which times its own all-reduce-mean
 //     and raw NATS pub/sub of the same bytes alternately.
-// Each figure is the slowest process's median; the table gives every round. Needs nats-server
-// on PATH and tests/js's dependencies (nats.js), as the test suite does.
+// Each figure is the slowest process's median; the table gives every round.
+//
+//   node scripts/bench-nats-js.mjs --trainer 400 [--ranks 3] [--rounds 3]
+//
+// times a DiLoCo run instead (the demo's task, a sync every 8 steps, 400 steps after a first
+// evaluation): W Node processes of the package's `Trainer` over `World.joinNats` against W
+// native `distopt train --world` processes of the same flags, in milliseconds per step of the
+// slowest process (each step's report gathers every rank's loss, and every 8th step is a sync
+// point: the agreement, the all-reduce of the pseudo-gradients and the vote).
+//
+// Needs nats-server on PATH and tests/js's dependencies (nats.js), as the test suite does.
 
 import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -64,6 +73,25 @@ async function distoptRank({ url, run, ranks, elements, repeats }) {
   world.free();
   port.close();
   return { rank, ms };
+}
+
+async function trainerRank({ url, run, ranks, steps }) {
+  const api = await import(pathToFileURL(path.join(PACKAGE, 'index.js')).href);
+  const { openPort } = await import(pathToFileURL(path.join(PACKAGE, 'nats/port.js')).href);
+  await api.default({ backend: 'cpu' });
+  const port = await openPort({ servers: url });
+  const world = api.World.joinNats(port, { run, ranks });
+  const trainer = new api.Trainer({ ranks, algorithm: 'diloco', period: 8, world });
+  await trainer.evaluate();
+  const start = performance.now();
+  while (trainer.steps < steps) await trainer.step();
+  const ms = (performance.now() - start) / steps;
+  const { lossPerRank } = await trainer.evaluate();
+  const rank = world.rank;
+  trainer.free();
+  world.free();
+  port.close();
+  return { rank, ms: [ms], lossPerRank: Array.from(lossPerRank) };
 }
 
 async function rawRank({ url, run, ranks, rank, elements, repeats }) {
@@ -184,21 +212,74 @@ async function nativeRow(distopt, url, ranks, elements, repeats, tag) {
   return { distopt: report.distopt_all_reduce_mean_ms, raw: report.raw_nats_ms };
 }
 
+/** W Node processes of `trainerRank`: the slowest one's ms per step, and the replicas' losses. */
+async function trainerRow(url, ranks, steps, tag) {
+  const run = `bench-trainer-${tag}`;
+  const procs = Array.from({ length: ranks }, () => child({ mode: 'trainer', url, run, ranks, steps }));
+  const results = await Promise.all(procs.map((p) => p.result));
+  return { ms: Math.max(...results.map((r) => r.ms[0])), losses: results[0].lossPerRank };
+}
+
+/** `distopt train --world` of the same run in W processes: ms per step and the replicas' losses. */
+async function nativeTrainerRow(distopt, url, ranks, steps, tag) {
+  const run = `bench-native-trainer-${tag}`;
+  const flags = ['train', '--world', url, '--run', run, '--ranks', String(ranks), '--algorithm', 'diloco', '--period', '8', '--steps', String(steps), '--backend', 'cpu', '--json'];
+  const outs = await Promise.all(
+    Array.from({ length: ranks }, () =>
+      new Promise((resolve, reject) => {
+        const proc = spawn(distopt, flags, { stdio: ['ignore', 'pipe', 'ignore'] });
+        let out = '';
+        proc.stdout.on('data', (d) => (out += d));
+        proc.on('exit', (code) => (code === 0 ? resolve(out.trim()) : reject(new Error(`distopt train exited ${code}`))));
+      }),
+    ),
+  );
+  const result = JSON.parse(outs.find((o) => o.startsWith('{'))).results[0];
+  return { ms: result.ms_per_step, losses: result.replica_loss_per_rank };
+}
+
+/** The `--trainer` table: JS ranks against native ranks of one DiLoCo run, W = each of `sizes`. */
+async function trainerTable(distopt, server, sizes, steps, rounds) {
+  console.log(`bench-nats-js: DiLoCo (sync every 8 steps), ${steps} steps of the demo's task, one nats-server on loopback, ms per step of the slowest process`);
+  console.log('| W | round | JS ranks | native ranks | JS / native |');
+  console.log('|---|---|---|---|---|');
+  for (const ranks of sizes) {
+    for (let round = 1; round <= rounds; round++) {
+      const tag = `${ranks}-${round}-${Date.now()}`;
+      const js = await trainerRow(server.url, ranks, steps, tag);
+      const native = await nativeTrainerRow(distopt, server.url, ranks, steps, tag);
+      // The same run: JS and native ranks end on the same replicas, bit for bit.
+      if (JSON.stringify(js.losses) !== JSON.stringify(native.losses)) {
+        throw new Error(`the JS and native runs differ: ${js.losses} against ${native.losses}`);
+      }
+      console.log(`| ${ranks} | ${round} | ${js.ms.toFixed(2)} ms | ${native.ms.toFixed(2)} ms | ${(js.ms / native.ms).toFixed(2)}× |`);
+    }
+  }
+}
+
 async function main() {
   const { values } = parseArgs({
     options: {
-      ranks: { type: 'string', default: '2,4' },
+      ranks: { type: 'string' },
       elements: { type: 'string', default: String(1 << 22) },
       repeats: { type: 'string', default: '10' },
       rounds: { type: 'string', default: '3' },
+      trainer: { type: 'string' },
     },
   });
-  const sizes = values.ranks.split(',').map(Number);
+  const sizes = (values.ranks ?? (values.trainer === undefined ? '2,4' : '3')).split(',').map(Number);
   const [elements, repeats, rounds] = [values.elements, values.repeats, values.rounds].map(Number);
   if (!fs.existsSync(path.join(PACKAGE, 'nats/worker.node.js'))) throw new Error(`build the package first (scripts/build-npm.sh): ${PACKAGE}`);
   const distopt = path.join(process.env.CARGO_TARGET_DIR || path.join(ROOT, 'target'), 'release', 'distopt');
   execFileSync('cargo', ['build', '--release', '--quiet', '-p', 'distopt-cli', '--bin', 'distopt'], { cwd: ROOT, stdio: 'inherit' });
   const server = await startServer(['-js']);
+  if (values.trainer !== undefined) {
+    try {
+      return await trainerTable(distopt, server, sizes, Number(values.trainer), rounds);
+    } finally {
+      server.stop();
+    }
+  }
   const mib = (elements * 4) / (1 << 20);
   console.log(`bench-nats-js: all-reduce-mean of ${elements} float32 (${mib.toFixed(1)} MiB) per rank, one nats-server on loopback, median of ${repeats}, slowest process`);
   console.log('| W | round | distopt, JS ranks | raw nats.js (JS floor) | JS / raw nats.js | distopt, native ranks | raw NATS (native) | JS / native distopt |');
@@ -223,7 +304,8 @@ async function main() {
 
 if (process.argv[2] === '--child') {
   const task = JSON.parse(process.argv[3]);
-  const result = await (task.mode === 'distopt' ? distoptRank(task) : rawRank(task));
+  const rank = { distopt: distoptRank, trainer: trainerRank, raw: rawRank }[task.mode];
+  const result = await rank(task);
   console.log(JSON.stringify(result));
   process.exit(0);
 } else {

@@ -87,6 +87,15 @@ pub trait Link: Send + Sync {
     /// Sends everything published so far, and waits until the server has it.
     fn flush(&self) -> Pending<'_, LinkResult<()>>;
 
+    /// Sends everything published so far, without waiting for the server: a collective's
+    /// frames, whose receivers wait for them (a connection that fails meanwhile ends the
+    /// collective through [`Link::pump`] or the failure bound). By default [`Link::flush`]; a
+    /// link whose flush is a round trip to the server (nats.js's is a PING answered by a PONG)
+    /// hands the frames to its client and returns.
+    fn send_published(&self) -> Pending<'_, LinkResult<()>> {
+        self.flush()
+    }
+
     /// Subscribes to `subject`: from when the future is ready (the server has the
     /// subscription only once [`Link::flush`] returns), every message's payload goes to
     /// `deliver`, until the task is dropped.

@@ -565,7 +565,7 @@ impl NatsWorld {
         ))
     }
 
-    /// Publishes message (`seq`, `kind`) with `payload` to `subject`, then flushes.
+    /// Publishes message (`seq`, `kind`) with `payload` to `subject`, and sends it.
     fn send(&self, subject: &str, seq: u64, kind: u8, payload: &[u8]) -> Result<()> {
         let framer = wire::Framer::new(&self.id(seq, kind), payload, self.max_frame)?;
         let mut buffers: Vec<Vec<u8>> = {
@@ -587,7 +587,7 @@ impl NatsWorld {
                     .map_err(|e| self.transport_error("cannot publish", &e))?;
             }
             self.link
-                .flush()
+                .send_published()
                 .await
                 .map_err(|e| self.transport_error("cannot flush", &e))
         });
