@@ -208,7 +208,8 @@ export function runProcess(command, args, env = {}, deadlineMs = 240_000) {
 /**
  * A rank process of the NATS tests: the package on its CPU backend, and this process's rank of
  * run DISTOPT_RUN (DISTOPT_RANKS ranks; rank DISTOPT_RANK when set) on the server DISTOPT_URL,
- * joined through the package's port. Resolves to {api, port, world, ranks}.
+ * joined through the package's port (DISTOPT_JOIN=1: joining the running run;
+ * DISTOPT_FAILURE_BOUND: the world's failure bound in seconds). Resolves to {api, port, world, ranks}.
  */
 export async function joinFromEnv(role) {
   const env = (name) => {
@@ -224,6 +225,7 @@ export async function joinFromEnv(role) {
   const options = { run: env('DISTOPT_RUN'), ranks };
   if (process.env.DISTOPT_RANK !== undefined) options.rank = Number(process.env.DISTOPT_RANK);
   if (process.env.DISTOPT_JOIN === '1') options.join = true;
+  if (process.env.DISTOPT_FAILURE_BOUND !== undefined) options.failureBound = Number(process.env.DISTOPT_FAILURE_BOUND);
   return { api, port, world: api.World.joinNats(port, options), ranks, env };
 }
 

@@ -13,6 +13,7 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
 import path from 'node:path';
 
 import { HERE, buildDistoptCli, membershipSchedule as schedule, runProcess } from './helpers.js';
@@ -29,21 +30,25 @@ before(async () => {
 after(() => server?.stop());
 
 /**
- * Starts rank `rank` of `run` (3 ranks; with `join`, as a process joining the running run in
- * that rank's place); resolves {code, report, err, exitAt} when it exits.
+ * Starts rank `rank` of `run` (`ranks` ranks, 3 by default; with `join`, as a process joining the
+ * running run in that rank's place; with `leaveBefore`, a rank that dies before that step; with
+ * `fragments` and `delay`, Streaming DiLoCo; `bound`: the failure bound in seconds); resolves
+ * {code, report, err, exitAt} when it exits.
  */
-function startRank(run, rank, algorithm, steps, join = false) {
+function startRank(run, rank, algorithm, steps, { join = false, ranks = 3, period = 8, leaveBefore, fragments, delay, bound } = {}) {
+  const optional = { DISTOPT_LEAVE_BEFORE: leaveBefore, DISTOPT_FRAGMENTS: fragments, DISTOPT_FRAGMENT_SYNC_DELAY: delay, DISTOPT_FAILURE_BOUND: bound };
   const child = spawn(process.execPath, [path.join(HERE, 'nats-trainer.mjs')], {
     env: {
       ...process.env,
       DISTOPT_URL: server.url,
       DISTOPT_RUN: run,
-      DISTOPT_RANKS: '3',
+      DISTOPT_RANKS: String(ranks),
       DISTOPT_RANK: String(rank),
       DISTOPT_ALGORITHM: algorithm,
-      DISTOPT_PERIOD: '8',
+      DISTOPT_PERIOD: String(period),
       DISTOPT_STEPS: String(steps),
       ...(join ? { DISTOPT_JOIN: '1' } : {}),
+      ...Object.fromEntries(Object.entries(optional).filter(([, v]) => v !== undefined).map(([k, v]) => [k, String(v)])),
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -69,6 +74,31 @@ function startRank(run, rank, algorithm, steps, join = false) {
 
 /** Waits until all three ranks have joined and trained a while (their stdout is quiet until the end). */
 const settle = () => new Promise((resolve) => setTimeout(resolve, 4000));
+
+const sleep = (s) => new Promise((resolve) => setTimeout(resolve, s * 1000));
+
+/**
+ * The simulated world (`distopt train --membership`) replaying the membership `changes` (a
+ * rank's `World.membershipChanges`) of a run of these settings: its result, whose
+ * `replica_loss_per_rank` the run's must equal bit for bit.
+ */
+async function replay({ algorithm, steps, ranks = 3, period = 8, fragments, delay }, changes) {
+  const flags = ['train', '--algorithm', algorithm, '--period', String(period), '--steps', String(steps), '--backend', 'cpu', '--json', '--ranks', String(ranks)];
+  if (fragments) flags.push('--fragments', String(fragments), '--fragment-sync-delay', String(delay ?? 0));
+  const out = await runProcess(buildDistoptCli(), [...flags, '--membership', schedule(changes, ranks)]);
+  assert.equal(out.code, 0, out.err);
+  return JSON.parse(out.out).results[0];
+}
+
+/** Resident memory of process `pid` in bytes (Linux's /proc), or null where unreadable. */
+function residentBytes(pid) {
+  try {
+    const kib = /VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return kib ? Number(kib[1]) * 1024 : null;
+  } catch {
+    return null;
+  }
+}
 
 test('synchronous SGD: a killed Node rank fails both survivors with the named error within the bound', async () => {
   const ranks = [0, 1, 2].map((r) => startRank('faults-sync', r, 'sync', 1e9));
@@ -106,11 +136,7 @@ test('DiLoCo: the survivors of a killed Node rank finish on identical replicas',
   assert.equal(a.report.lossPerRank[0], a.report.lossPerRank[1], 'DiLoCo leaves the survivors on the same replica');
   // The simulated world replaying the membership the run agreed on: the survivors' replicas.
   assert.deepEqual(a.report.membershipChanges, b.report.membershipChanges, 'both survivors report one membership');
-  const replayed = schedule(a.report.membershipChanges, 3);
-  const flags = ['train', '--algorithm', 'diloco', '--period', '8', '--steps', String(steps), '--backend', 'cpu', '--json', '--ranks', '3'];
-  const replay = await runProcess(buildDistoptCli(), [...flags, '--membership', replayed]);
-  assert.equal(replay.code, 0, replay.err);
-  const simulated = JSON.parse(replay.out).results[0].replica_loss_per_rank;
+  const simulated = (await replay({ algorithm: 'diloco', steps }, a.report.membershipChanges)).replica_loss_per_rank;
   assert.deepEqual(a.report.lossPerRank.slice(0, 2), simulated.slice(0, 2), 'the survivors equal the simulated replay bit for bit');
   const left = a.report.membershipChanges[0];
   console.log(
@@ -118,42 +144,135 @@ test('DiLoCo: the survivors of a killed Node rank finish on identical replicas',
   );
 });
 
+/**
+ * Three ranks of `algorithm` for `steps` steps. Rank 2 leaves: it dies before step `leaveBefore`
+ * when given, else it is SIGKILLed once the run has settled. Once the survivors have dropped it
+ * (the failure bound `bound` and a sync point), a new process asks for rank 2. All three
+ * finish with every rank live, the survivors report one membership that drops rank 2 and takes
+ * the joiner back, and every process holds the simulated replay's replicas bit for bit.
+ * Resolves {left, back, replicas}: the changes that dropped rank 2 and took it back.
+ */
+async function leaveAndJoin(run, { algorithm, steps, leaveBefore, bound = BOUND_S }) {
+  const ranks = [0, 1, 2].map((r) => startRank(run, r, algorithm, steps, { bound, leaveBefore: r === 2 ? leaveBefore : undefined }));
+  if (leaveBefore === undefined) {
+    await settle();
+    ranks[2].child.kill('SIGKILL');
+  }
+  const killed = await ranks[2].exited;
+  assert.equal(killed.code, 'SIGKILL', `rank 2 was still training when it left (raise the steps): ${killed.out}\n${killed.err}`);
+  await sleep(bound + 1);
+  const joiner = startRank(run, 2, algorithm, steps, { join: true, bound });
+  const [a, b, c] = await Promise.all([ranks[0].exited, ranks[1].exited, joiner.exited]);
+  for (const [who, s] of [['rank 0', a], ['rank 1', b], ['the joiner', c]]) {
+    assert.equal(s.code, 0, `${who} finishes: ${s.out}\n${s.err}`);
+    assert.equal(s.report.steps, steps);
+    assert.deepEqual(s.report.live, [true, true, true], `${who}: all three live at the end`);
+  }
+  assert.equal(c.report.rank, 2, 'the joiner took rank 2');
+  const changes = a.report.membershipChanges;
+  assert.deepEqual(b.report.membershipChanges, changes, 'the survivors report one membership');
+  const left = changes.find((m) => !m.live.includes(2));
+  const back = changes.find((m) => m.joining.includes(2));
+  assert.ok(left && back, `rank 2 left and came back: ${JSON.stringify(changes)}`);
+  // Every process evaluates the same replicas; they equal the simulated replay, bit for bit.
+  const simulated = await replay({ algorithm, steps }, changes);
+  for (const s of [a, b, c]) {
+    assert.deepEqual(s.report.lossPerRank, simulated.replica_loss_per_rank, `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
+  }
+  return { left, back, replicas: c.report.lossPerRank };
+}
+
 for (const algorithm of ['diloco', 'periodic']) {
   test(`${algorithm}: a Node process joins in a killed rank's place, is healed, and all three equal the simulated replay`, async () => {
     const steps = 8000;
-    const run = `faults-join-${algorithm}`;
-    const ranks = [0, 1, 2].map((r) => startRank(run, r, algorithm, steps));
-    await settle();
-    ranks[2].child.kill('SIGKILL');
-    const killed = await ranks[2].exited;
-    assert.equal(killed.code, 'SIGKILL', 'rank 2 was still training when killed (raise the steps)');
-    // Once the survivors have dropped it (the failure bound and a sync point), a new process
-    // asks for rank 2.
-    await new Promise((resolve) => setTimeout(resolve, (BOUND_S + 1) * 1000));
-    const joiner = startRank(run, 2, algorithm, steps, true);
-    const [a, b, c] = await Promise.all([ranks[0].exited, ranks[1].exited, joiner.exited]);
-    for (const [who, s] of [['rank 0', a], ['rank 1', b], ['the joiner', c]]) {
-      assert.equal(s.code, 0, `${who} finishes: ${s.out}\n${s.err}`);
-      assert.equal(s.report.steps, steps);
-      assert.deepEqual(s.report.live, [true, true, true], `${who}: all three live at the end`);
-    }
-    assert.equal(c.report.rank, 2, 'the joiner took rank 2');
-    const changes = a.report.membershipChanges;
-    assert.deepEqual(b.report.membershipChanges, changes, 'the survivors report one membership');
-    assert.ok(changes.some((m) => !m.live.includes(2)) && changes.some((m) => m.joining.includes(2)), `rank 2 left and came back: ${JSON.stringify(changes)}`);
-    // Every process evaluates the same replicas; they equal the simulated replay, bit for bit.
-    const replayed = schedule(changes, 3);
-    const flags = ['train', '--algorithm', algorithm, '--period', '8', '--steps', String(steps), '--backend', 'cpu', '--json', '--ranks', '3'];
-    const replay = await runProcess(buildDistoptCli(), [...flags, '--membership', replayed]);
-    assert.equal(replay.code, 0, replay.err);
-    const simulated = JSON.parse(replay.out).results[0];
-    for (const s of [a, b, c]) {
-      assert.deepEqual(s.report.lossPerRank, simulated.replica_loss_per_rank, `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
-    }
-    const left = changes.find((m) => !m.live.includes(2));
-    const back = changes.find((m) => m.joining.includes(2));
+    const { left, back, replicas } = await leaveAndJoin(`faults-join-${algorithm}`, { algorithm, steps });
     console.log(
-      `${algorithm}: rank 2 killed, out from sync point ${left.syncPoint}; a new Node process joined, was healed and taken in after sync point ${back.syncPoint}; all three finished ${steps} steps equal to the simulated replay bit for bit (replica losses ${c.report.lossPerRank.join(', ')})`,
+      `${algorithm}: rank 2 killed, out from sync point ${left.syncPoint}; a new Node process joined, was healed and taken in after sync point ${back.syncPoint}; all three finished ${steps} steps equal to the simulated replay bit for bit (replica losses ${replicas.join(', ')})`,
     );
   });
 }
+
+// (algorithm, T, K): rank 2 dies before step T, so that sync point K is the first it misses.
+// DiLoCo syncs at the end of step 8(K + 1) - 1; post-local SGD, after its 20 warm-up steps of
+// synchronous SGD, at step 20 + 8K.
+const EACH_SYNC_POINT = [
+  ['diloco', 7, 0],
+  ['diloco', 12, 1],
+  ['diloco', 23, 2],
+  ['diloco', 31, 3],
+  ['periodic', 20, 0],
+  ['periodic', 25, 1],
+  ['periodic', 36, 2],
+];
+
+test('a Node rank that dies before each sync point in turn is dropped there, replaced by a joiner, and every run equals its replay', async () => {
+  const lines = [];
+  for (const [algorithm, leaveBefore, missed] of EACH_SYNC_POINT) {
+    const { left, back } = await leaveAndJoin(`faults-point-${algorithm}-${leaveBefore}`, { algorithm, steps: 960, leaveBefore, bound: 3 });
+    assert.equal(left.syncPoint, missed, `${algorithm}: rank 2 died before step ${leaveBefore}, so sync point ${missed} is the first without it`);
+    assert.deepEqual(left.live, [0, 1]);
+    lines.push(`${algorithm} died before step ${leaveBefore}: out from sync point ${left.syncPoint}, joiner in after ${back.syncPoint}`);
+  }
+  console.log(`each sync point in turn (3 Node ranks, 960 steps, bound 3 s), all equal to their replay bit for bit:\n  ${lines.join('\n  ')}`);
+});
+
+test('Streaming DiLoCo: a Node rank that dies while a fragment is in flight leaves the mean applied on every survivor or on none', async () => {
+  // Two fragments, each all-reduce in flight for 2 of the 4 steps between sync points.
+  const settings = { algorithm: 'diloco', steps: 240, fragments: 2, delay: 2 };
+  const lines = [];
+  for (const leaveBefore of [5, 6, 7]) {
+    const run = `faults-flight-${leaveBefore}`;
+    const ranks = [0, 1, 2].map((r) => startRank(run, r, 'diloco', settings.steps, { ...settings, bound: 3, leaveBefore: r === 2 ? leaveBefore : undefined }));
+    const [a, b, gone] = await Promise.all(ranks.map((r) => r.exited));
+    assert.equal(gone.code, 'SIGKILL', gone.err);
+    for (const s of [a, b]) {
+      assert.equal(s.code, 0, `a survivor finishes: ${s.out}\n${s.err}`);
+      assert.deepEqual(s.report.live, [true, true, false]);
+    }
+    assert.deepEqual(a.report.membershipChanges, b.report.membershipChanges, 'both survivors report one membership');
+    const simulated = await replay(settings, a.report.membershipChanges);
+    for (const s of [a, b]) {
+      assert.deepEqual(s.report.lossPerRank.slice(0, 2), simulated.replica_loss_per_rank.slice(0, 2), `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
+    }
+    lines.push(`died before step ${leaveBefore}: out from sync point ${a.report.membershipChanges[0].syncPoint}`);
+  }
+  console.log(`streaming in flight (3 Node ranks, F = 2, delay 2), both survivors equal to the replay bit for bit:\n  ${lines.join('\n  ')}`);
+});
+
+test('churn: four Streaming DiLoCo Node ranks, one killed and one joining every few seconds, finish on the replay of their membership', async () => {
+  const settings = { algorithm: 'diloco', ranks: 4, steps: 4000, fragments: 2, delay: 3 };
+  const bound = 3;
+  const run = 'faults-churn';
+  const start = (rank, join = false) => startRank(run, rank, 'diloco', settings.steps, { ...settings, bound, join });
+  const holders = [0, 1, 2, 3].map((r) => start(r));
+  const killed = [];
+  const resident = [];
+  await settle();
+  for (const rank of [2, 0, 3, 2]) {
+    resident.push(residentBytes(holders[1].child.pid));
+    holders[rank].child.kill('SIGKILL');
+    killed.push(holders[rank]);
+    await sleep(bound + 1);
+    holders[rank] = start(rank, true);
+    await sleep(4);
+  }
+  resident.push(residentBytes(holders[1].child.pid));
+  for (const k of killed) assert.equal((await k.exited).code, 'SIGKILL', 'a killed rank was still training (raise the steps)');
+  const ends = await Promise.all(holders.map((h) => h.exited));
+  for (const s of ends) {
+    assert.equal(s.code, 0, `every rank not killed finishes: ${s.out}\n${s.err}`);
+    assert.equal(s.report.steps, settings.steps);
+    assert.deepEqual(s.report.live, [true, true, true, true]);
+  }
+  const changes = ends[1].report.membershipChanges;
+  assert.equal(changes.filter((m) => m.joining.length > 0).length, 4, `four joins: ${JSON.stringify(changes)}`);
+  const simulated = await replay(settings, changes);
+  for (const s of ends) {
+    assert.deepEqual(s.report.lossPerRank, simulated.replica_loss_per_rank, `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
+  }
+  const growth = resident.at(-1) - resident[0];
+  assert.ok(growth < 64 * 2 ** 20, `rank 1's resident memory grew by ${(growth / 2 ** 20).toFixed(1)} MiB over four changes`);
+  console.log(
+    `churn: 4 Node ranks of Streaming DiLoCo, ranks 2, 0, 3 and 2 killed and replaced over ${changes.at(-1).syncPoint + 1} sync points; every rank finished equal to the replay bit for bit; rank 1's resident memory ${(resident[0] / 2 ** 20).toFixed(1)} → ${(resident.at(-1) / 2 ** 20).toFixed(1)} MiB`,
+  );
+});

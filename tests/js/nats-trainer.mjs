@@ -2,8 +2,10 @@
 // beside native `distopt train --world` processes): joins run DISTOPT_RUN of DISTOPT_RANKS ranks
 // on DISTOPT_URL as rank DISTOPT_RANK (with DISTOPT_JOIN=1, the running run as a rank that left
 // it, taken in and healed by `trainer.admit()` before its first step), builds the Trainer the command line builds for
-// `--algorithm DISTOPT_ALGORITHM --period DISTOPT_PERIOD` over that world, and makes the calls
-// its train loop makes (an evaluation, DISTOPT_STEPS steps, an evaluation). Prints one JSON
+// `--algorithm DISTOPT_ALGORITHM --period DISTOPT_PERIOD` (and, when set, `--fragments
+// DISTOPT_FRAGMENTS --fragment-sync-delay DISTOPT_FRAGMENT_SYNC_DELAY`) over that world, and
+// makes the calls its train loop makes (an evaluation, DISTOPT_STEPS steps, an evaluation). With
+// DISTOPT_LEAVE_BEFORE=T it dies without a word (SIGKILL, as a closed tab) before step T. Prints one JSON
 // line {rank, steps, meanModelLoss, lossPerRank, live, membershipChanges} and exits 0; a failure prints
 // {rank, error: {name, message}, at} and exits 1.
 
@@ -14,14 +16,20 @@ const trainer = new api.Trainer({
   ranks,
   algorithm: env('DISTOPT_ALGORITHM'),
   period: Number(env('DISTOPT_PERIOD')),
+  ...(process.env.DISTOPT_FRAGMENTS ? { fragments: Number(process.env.DISTOPT_FRAGMENTS) } : {}),
+  ...(process.env.DISTOPT_FRAGMENT_SYNC_DELAY ? { fragmentSyncDelay: Number(process.env.DISTOPT_FRAGMENT_SYNC_DELAY) } : {}),
   world,
 });
+const leaveBefore = process.env.DISTOPT_LEAVE_BEFORE === undefined ? Infinity : Number(process.env.DISTOPT_LEAVE_BEFORE);
 const started = Date.now();
 try {
   if (process.env.DISTOPT_JOIN === '1') await trainer.admit();
   await trainer.evaluate();
   const steps = Number(env('DISTOPT_STEPS'));
-  while (trainer.steps < steps) await trainer.step();
+  while (trainer.steps < steps) {
+    if (trainer.steps === leaveBefore) process.kill(process.pid, 'SIGKILL');
+    await trainer.step();
+  }
   const evaluation = await trainer.evaluate();
   console.log(
     JSON.stringify({
