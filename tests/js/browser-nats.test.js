@@ -10,7 +10,8 @@
 //     answer while their ranks train, and the run is the simulated one bit for bit;
 //   - a page closed mid-run under DiLoCo, and a new page joining in its place: the run goes
 //     on, the newcomer is healed, and all three pages end equal to the simulated replay of the
-//     membership bit for bit.
+//     membership bit for bit; and a page whose rank stops before each of several sync points
+//     in turn, then closes, is dropped exactly there.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -203,24 +204,34 @@ test("ranks driven from pages' main threads (distopt/worker): the pages stay res
   }
 });
 
-test('DiLoCo: a closed page is replaced by a page that joins; all three equal the simulated replay', async () => {
-  // Long enough that the newcomer joins well before the end (about 10 s in).
-  const [ranks, steps, period, algorithm] = [3, 3000, 8, 'diloco'];
-  const run = 'pages-join';
+/**
+ * Three pages train `algorithm` for `steps` steps; rank 2's page closes (before step
+ * `leaveBefore` when given, its rank stopped there; else about 4 s in). Once the survivors have
+ * dropped it (the failure bound `bound` and a sync point), a new page joins in its place. All
+ * three pages finish with every rank live, the survivors report one membership that drops
+ * rank 2 and takes the joiner back, and every page holds the simulated replay's replicas bit for
+ * bit. Resolves {left, back}: the changes that dropped rank 2 and took it back.
+ */
+async function closeAndJoin(run, { algorithm, steps, period = 8, leaveBefore, bound = 5 }) {
+  const ranks = 3;
   const errors = [];
   const pages = await Promise.all([0, 1, 0].map((which) => rankPage(which, errors)));
-  const task = (rank, join = false) => ({ mode: 'trainer', url: nats.wsUrl, run, ranks, rank, algorithm, period, steps, join });
-  const start = Date.now();
+  const task = (rank, extra = {}) => ({ mode: 'trainer', url: nats.wsUrl, run, ranks, rank, algorithm, period, steps, failureBound: bound, ...extra });
   let joiner;
   try {
-    const running = pages.map((page, rank) => page.evaluate((t) => window.startRank(t), task(rank)).catch((e) => ({ error: e.message })));
-    // The tab of rank 2 closes mid-run; once the others have dropped it (the failure bound and a
-    // sync point), a new tab asks for its rank.
-    await new Promise((resolve) => setTimeout(resolve, 4000));
+    const running = pages.map((page, rank) =>
+      page.evaluate((t) => window.startRank(t), task(rank, rank === 2 ? { leaveBefore } : {})).catch((e) => ({ error: e.message })),
+    );
+    if (leaveBefore === undefined) {
+      await new Promise((resolve) => setTimeout(resolve, 4000));
+    } else {
+      const stopped = await running[2];
+      assert.equal(stopped.stopped, leaveBefore, `rank 2 stopped before step ${leaveBefore}: ${JSON.stringify(stopped)}`);
+    }
     await pages[2].close();
-    await new Promise((resolve) => setTimeout(resolve, 6000));
+    await new Promise((resolve) => setTimeout(resolve, (bound + 1) * 1000));
     joiner = await rankPage(1, errors);
-    const [a, b, c] = await Promise.all([running[0], running[1], joiner.evaluate((t) => window.startRank(t), task(2, true))]);
+    const [a, b, c] = await Promise.all([running[0], running[1], joiner.evaluate((t) => window.startRank(t), task(2, { join: true }))]);
     for (const [who, r] of [['rank 0', a], ['rank 1', b], ['the joiner', c]]) {
       assert.equal(r.error, undefined, `${who}: ${r.error}`);
       assert.equal(r.steps, steps);
@@ -229,7 +240,9 @@ test('DiLoCo: a closed page is replaced by a page that joins; all three equal th
     assert.equal(c.rank, 2, 'the joiner took rank 2');
     const changes = a.membershipChanges;
     assert.deepEqual(b.membershipChanges, changes, 'the survivors report one membership');
-    assert.ok(changes.some((m) => !m.live.includes(2)) && changes.some((m) => m.joining.includes(2)), `rank 2 left and came back: ${JSON.stringify(changes)}`);
+    const left = changes.find((m) => !m.live.includes(2));
+    const back = changes.find((m) => m.joining.includes(2));
+    assert.ok(left && back, `rank 2 left and came back: ${JSON.stringify(changes)}`);
     const flags = ['train', '--algorithm', algorithm, '--period', String(period), '--steps', String(steps), '--backend', 'cpu', '--json', '--ranks', String(ranks)];
     const replay = await runProcess(buildDistoptCli(), [...flags, '--membership', membershipSchedule(changes, ranks)]);
     assert.equal(replay.code, 0, replay.err);
@@ -238,12 +251,31 @@ test('DiLoCo: a closed page is replaced by a page that joins; all three equal th
       assert.deepEqual(r.lossPerRank, simulated.replica_loss_per_rank, `rank ${r.rank}: the simulated replay's replicas, bit for bit`);
     }
     assert.deepEqual(errors, []);
-    const left = changes.find((m) => !m.live.includes(2));
-    const back = changes.find((m) => m.joining.includes(2));
-    console.log(
-      `${algorithm}: rank 2's page closed, out from sync point ${left.syncPoint}; a new page joined, was healed and taken in after sync point ${back.syncPoint}; all three pages finished ${steps} steps equal to the simulated replay bit for bit (${((Date.now() - start) / 1000).toFixed(1)} s)`,
-    );
+    return { left, back };
   } finally {
     await Promise.all([...pages.slice(0, 2), joiner].filter(Boolean).map((p) => p.close()));
   }
+}
+
+test('DiLoCo: a closed page is replaced by a page that joins; all three equal the simulated replay', async () => {
+  // Long enough that the newcomer joins well before the end (about 10 s in, near step 300).
+  const start = Date.now();
+  const steps = 1200;
+  const { left, back } = await closeAndJoin('pages-join', { algorithm: 'diloco', steps });
+  console.log(
+    `diloco: rank 2's page closed, out from sync point ${left.syncPoint}; a new page joined, was healed and taken in after sync point ${back.syncPoint}; all three pages finished ${steps} steps equal to the simulated replay bit for bit (${((Date.now() - start) / 1000).toFixed(1)} s)`,
+  );
+});
+
+test('a page whose rank stops before each sync point in turn is dropped there when it closes, and a joining page takes its place', async () => {
+  // (algorithm, T, K): rank 2 stops before step T, so that sync point K is the first it misses
+  // (DiLoCo syncs at the end of step 8(K + 1) - 1, post-local SGD at step 20 + 8K).
+  const lines = [];
+  for (const [algorithm, leaveBefore, missed] of [['diloco', 7, 0], ['diloco', 12, 1], ['diloco', 23, 2], ['periodic', 25, 1]]) {
+    const { left, back } = await closeAndJoin(`pages-point-${algorithm}-${leaveBefore}`, { algorithm, steps: 960, leaveBefore, bound: 3 });
+    assert.equal(left.syncPoint, missed, `${algorithm}: rank 2 stopped before step ${leaveBefore}, so sync point ${missed} is the first without it`);
+    assert.deepEqual(left.live, [0, 1]);
+    lines.push(`${algorithm} stopped before step ${leaveBefore}: out from sync point ${left.syncPoint}, joining page in after ${back.syncPoint}`);
+  }
+  console.log(`each sync point in turn (3 Chromium pages, 960 steps, bound 3 s), all equal to their replay bit for bit:\n  ${lines.join('\n  ')}`);
 });

@@ -5,8 +5,10 @@
 //     digest the SHA-256 of the bytes helpers.js `bitDigests` hashes for this rank;
 //   {mode: 'trainer', url, run, ranks, rank, algorithm, period, steps, join?}: the calls
 //     `distopt train`'s loop makes with the Trainer over the rank's world (nats-trainer.mjs;
-//     with `join`, joining the running run in that rank's place and admitted first), reported
-//     as {rank, steps, meanModelLoss, lossPerRank, live, membershipChanges}.
+//     with `join`, joining the running run in that rank's place and admitted first; with
+//     `leaveBefore`, stopping before that step and reporting {stopped}, for the test to close
+//     the page; `failureBound`: the world's, in seconds), reported as {rank, steps,
+//     meanModelLoss, lossPerRank, live, membershipChanges}.
 // Any failure is reported as {error}.
 
 import init, * as api from '/pkg/index.js';
@@ -58,13 +60,20 @@ async function golden({ url, run, ranks, files }) {
   return report;
 }
 
-async function trainer({ url, run, ranks, rank, algorithm, period, steps, join = false }) {
+async function trainer({ url, run, ranks, rank, algorithm, period, steps, join = false, leaveBefore, failureBound }) {
   const port = await openPort({ servers: url, name: 'distopt browser trainer rank' });
-  const world = api.World.joinNats(port, { run, ranks, rank, join });
+  const world = api.World.joinNats(port, { run, ranks, rank, join, ...(failureBound ? { failureBound } : {}) });
   const t = new api.Trainer({ ranks, algorithm, period, world });
   if (join) await t.admit();
   await t.evaluate();
-  while (t.steps < steps) await t.step();
+  while (t.steps < steps) {
+    if (t.steps === leaveBefore) {
+      // Stops here without a word and says so; the test then closes the page.
+      self.postMessage({ stopped: t.steps });
+      await new Promise(() => {});
+    }
+    await t.step();
+  }
   const evaluation = await t.evaluate();
   const report = {
     rank: world.rank,
