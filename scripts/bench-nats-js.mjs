@@ -16,13 +16,26 @@
 //     and raw NATS pub/sub of the same bytes alternately.
 // Each figure is the slowest process's median; the table gives every round.
 //
-//   node scripts/bench-nats-js.mjs --trainer 400 [--ranks 3] [--rounds 3]
+//   node scripts/bench-nats-js.mjs --trainer 400 [--ranks 3] [--rounds 3] [--period 8]
+//                                  [--fragments F --delay D]
 //
-// times a DiLoCo run instead (the demo's task, a sync every 8 steps, 400 steps after a first
-// evaluation): W Node processes of the package's `Trainer` over `World.joinNats` against W
-// native `distopt train --world` processes of the same flags, in milliseconds per step of the
-// slowest process (each step's report gathers every rank's loss, and every 8th step is a sync
-// point: the agreement, the all-reduce of the pseudo-gradients and the vote).
+// times a DiLoCo run instead (the demo's task, a sync every `period` steps, 400 steps after a
+// first evaluation): W Node processes of the package's `Trainer` over `World.joinNats` against
+// W native `distopt train --world` processes of the same flags, in milliseconds per step of
+// the slowest process (each step's report gathers every rank's loss, and each sync point is
+// the agreement, the all-reduce of the pseudo-gradients and the vote). With F fragments
+// (Streaming DiLoCo) and a delay D, each round runs delay 0 (every sync point waited for in
+// its step) and delay D (`fragment_sync_delay`: the sync point in flight for D inner steps).
+//
+//   node scripts/bench-nats-js.mjs --diloco 480 [--ranks 3] [--rounds 3] [--period 32]
+//                                  [--delay 8] [--work-us 500] [--elements 65536]
+//
+// times Streaming DiLoCo's overlap in JavaScript ranks, the library's way (the `DiLoCo` class
+// over `World.joinNats`, no per-step report): W Node processes, each inner step `work-us` of
+// busy work (the model's compute) and an SGD step on two parameters of `elements` float32,
+// two fragments syncing every `period` steps. Three rows, in milliseconds per inner step of
+// the slowest process: no communication (a period longer than the run), syncs blocking (delay
+// 0: each sync point waited for in its step) and syncs in flight (`fragmentSyncDelay` D).
 //
 // Needs nats-server on PATH and tests/js's dependencies (nats.js), as the test suite does.
 
@@ -75,13 +88,13 @@ async function distoptRank({ url, run, ranks, elements, repeats }) {
   return { rank, ms };
 }
 
-async function trainerRank({ url, run, ranks, steps }) {
+async function trainerRank({ url, run, ranks, steps, period, fragments, delay }) {
   const api = await import(pathToFileURL(path.join(PACKAGE, 'index.js')).href);
   const { openPort } = await import(pathToFileURL(path.join(PACKAGE, 'nats/port.js')).href);
   await api.default({ backend: 'cpu' });
   const port = await openPort({ servers: url });
   const world = api.World.joinNats(port, { run, ranks });
-  const trainer = new api.Trainer({ ranks, algorithm: 'diloco', period: 8, world });
+  const trainer = new api.Trainer({ ranks, algorithm: 'diloco', period, fragments, fragmentSyncDelay: delay, world });
   await trainer.evaluate();
   const start = performance.now();
   while (trainer.steps < steps) await trainer.step();
@@ -92,6 +105,41 @@ async function trainerRank({ url, run, ranks, steps }) {
   world.free();
   port.close();
   return { rank, ms: [ms], lossPerRank: Array.from(lossPerRank) };
+}
+
+async function dilocoRank({ url, run, ranks, steps, period, delay, workUs, elements }) {
+  const api = await import(pathToFileURL(path.join(PACKAGE, 'index.js')).href);
+  const { openPort } = await import(pathToFileURL(path.join(PACKAGE, 'nats/port.js')).href);
+  await api.default({ backend: 'cpu' });
+  const port = await openPort({ servers: url });
+  const world = api.World.joinNats(port, { run, ranks });
+  const params = [new Float32Array(elements).fill(1), new Float32Array(elements).fill(2)];
+  const replicas = api.Replicas.replicate(1, params);
+  const inner = new api.SGD(replicas, { lr: 0.01 });
+  const outer = new api.SGD(replicas, { lr: 0.7, momentum: 0.9, nesterov: true });
+  const diloco = new api.DiLoCo(inner, outer, period, world, { fragments: [[0], [1]], fragmentSyncDelay: delay });
+  const grads = params.map(() => Float32Array.from({ length: elements }, (_, i) => ((i % 7) - 3) * (world.rank + 1) * 1e-3));
+  const busy = () => {
+    const end = performance.now() + workUs / 1000;
+    while (performance.now() < end);
+  };
+  const step = () => {
+    busy();
+    replicas.setGrads(0, grads);
+    diloco.step();
+  };
+  for (let i = 0; i < period; i++) step();
+  const start = performance.now();
+  for (let i = 0; i < steps; i++) step();
+  const ms = (performance.now() - start) / steps;
+  const rank = world.rank;
+  diloco.free();
+  inner.free();
+  outer.free();
+  replicas.free();
+  world.free();
+  port.close();
+  return { rank, ms: [ms] };
 }
 
 async function rawRank({ url, run, ranks, rank, elements, repeats }) {
@@ -213,17 +261,17 @@ async function nativeRow(distopt, url, ranks, elements, repeats, tag) {
 }
 
 /** W Node processes of `trainerRank`: the slowest one's ms per step, and the replicas' losses. */
-async function trainerRow(url, ranks, steps, tag) {
-  const run = `bench-trainer-${tag}`;
-  const procs = Array.from({ length: ranks }, () => child({ mode: 'trainer', url, run, ranks, steps }));
+async function trainerRow(url, ranks, run, tag) {
+  const procs = Array.from({ length: ranks }, () => child({ mode: 'trainer', url, ranks, ...run, run: `bench-trainer-${tag}` }));
   const results = await Promise.all(procs.map((p) => p.result));
   return { ms: Math.max(...results.map((r) => r.ms[0])), losses: results[0].lossPerRank };
 }
 
 /** `distopt train --world` of the same run in W processes: ms per step and the replicas' losses. */
-async function nativeTrainerRow(distopt, url, ranks, steps, tag) {
-  const run = `bench-native-trainer-${tag}`;
-  const flags = ['train', '--world', url, '--run', run, '--ranks', String(ranks), '--algorithm', 'diloco', '--period', '8', '--steps', String(steps), '--backend', 'cpu', '--json'];
+async function nativeTrainerRow(distopt, url, ranks, { steps, period, fragments, delay }, tag) {
+  const flags = ['train', '--world', url, '--run', `bench-native-trainer-${tag}`, '--ranks', String(ranks), '--algorithm', 'diloco', '--period', String(period)];
+  flags.push('--fragments', String(fragments), '--steps', String(steps), '--backend', 'cpu', '--json');
+  if (delay > 0) flags.push('--fragment-sync-delay', String(delay));
   const outs = await Promise.all(
     Array.from({ length: ranks }, () =>
       new Promise((resolve, reject) => {
@@ -239,20 +287,50 @@ async function nativeTrainerRow(distopt, url, ranks, steps, tag) {
 }
 
 /** The `--trainer` table: JS ranks against native ranks of one DiLoCo run, W = each of `sizes`. */
-async function trainerTable(distopt, server, sizes, steps, rounds) {
-  console.log(`bench-nats-js: DiLoCo (sync every 8 steps), ${steps} steps of the demo's task, one nats-server on loopback, ms per step of the slowest process`);
-  console.log('| W | round | JS ranks | native ranks | JS / native |');
+async function trainerTable(distopt, server, sizes, { steps, period, fragments, delay }, rounds) {
+  const delays = delay > 0 ? [0, delay] : [0];
+  console.log(
+    `bench-nats-js: DiLoCo (sync every ${period} steps, ${fragments} fragment(s)), ${steps} steps of the demo's task, one nats-server on loopback, ms per step of the slowest process`,
+  );
+  console.log('| W | round | delay | JS ranks | native ranks | JS / native |');
+  console.log('|---|---|---|---|---|---|');
+  for (const ranks of sizes) {
+    for (let round = 1; round <= rounds; round++) {
+      for (const d of delays) {
+        const tag = `${ranks}-${round}-${d}-${Date.now()}`;
+        const run = { steps, period, fragments, delay: d };
+        const js = await trainerRow(server.url, ranks, run, tag);
+        const native = await nativeTrainerRow(distopt, server.url, ranks, run, tag);
+        // The same run: JS and native ranks end on the same replicas, bit for bit.
+        if (JSON.stringify(js.losses) !== JSON.stringify(native.losses)) {
+          throw new Error(`the JS and native runs differ: ${js.losses} against ${native.losses}`);
+        }
+        console.log(`| ${ranks} | ${round} | ${d} | ${js.ms.toFixed(2)} ms | ${native.ms.toFixed(2)} ms | ${(js.ms / native.ms).toFixed(2)}× |`);
+      }
+    }
+  }
+}
+
+/** The `--diloco` table: no communication, syncs blocking and syncs in flight, W = each of `sizes`. */
+async function dilocoTable(server, sizes, { steps, period, delay, workUs, elements }, rounds) {
+  console.log(
+    `bench-nats-js: Streaming DiLoCo in JS ranks (2 fragments of ${elements} float32, a sync every ${period} steps, ${workUs} µs of work per inner step), ${steps} steps, ms per inner step of the slowest process`,
+  );
+  console.log('| W | round | no communication | syncs blocking | syncs in flight (delay ' + delay + ') |');
   console.log('|---|---|---|---|---|');
   for (const ranks of sizes) {
     for (let round = 1; round <= rounds; round++) {
-      const tag = `${ranks}-${round}-${Date.now()}`;
-      const js = await trainerRow(server.url, ranks, steps, tag);
-      const native = await nativeTrainerRow(distopt, server.url, ranks, steps, tag);
-      // The same run: JS and native ranks end on the same replicas, bit for bit.
-      if (JSON.stringify(js.losses) !== JSON.stringify(native.losses)) {
-        throw new Error(`the JS and native runs differ: ${js.losses} against ${native.losses}`);
+      const row = [];
+      // No sync point falls in the timed steps when the period outlasts the run.
+      for (const [p, d] of [[steps * 4, 0], [period, 0], [period, delay]]) {
+        const run = `bench-diloco-${ranks}-${round}-${p}-${d}-${Date.now()}`;
+        const procs = Array.from({ length: ranks }, () => child({ mode: 'diloco', url: server.url, run, ranks, steps, period: p, delay: d, workUs, elements }));
+        const results = await Promise.all(procs.map((proc) => proc.result));
+        row.push(Math.max(...results.map((r) => r.ms[0])));
       }
-      console.log(`| ${ranks} | ${round} | ${js.ms.toFixed(2)} ms | ${native.ms.toFixed(2)} ms | ${(js.ms / native.ms).toFixed(2)}× |`);
+      const [none, blocking, flight] = row;
+      const f = (ms) => `${ms.toFixed(3)} ms`;
+      console.log(`| ${ranks} | ${round} | ${f(none)} | ${f(blocking)} (${(blocking / none).toFixed(2)}×) | ${f(flight)} (**${(flight / none).toFixed(2)}×**) |`);
     }
   }
 }
@@ -261,21 +339,41 @@ async function main() {
   const { values } = parseArgs({
     options: {
       ranks: { type: 'string' },
-      elements: { type: 'string', default: String(1 << 22) },
+      elements: { type: 'string' },
       repeats: { type: 'string', default: '10' },
       rounds: { type: 'string', default: '3' },
       trainer: { type: 'string' },
+      diloco: { type: 'string' },
+      'work-us': { type: 'string', default: '500' },
+      period: { type: 'string' },
+      fragments: { type: 'string' },
+      delay: { type: 'string' },
     },
   });
-  const sizes = (values.ranks ?? (values.trainer === undefined ? '2,4' : '3')).split(',').map(Number);
-  const [elements, repeats, rounds] = [values.elements, values.repeats, values.rounds].map(Number);
+  const sizes = (values.ranks ?? (values.trainer === undefined && values.diloco === undefined ? '2,4' : '3')).split(',').map(Number);
+  const [elements, repeats, rounds] = [values.elements ?? 1 << 22, values.repeats, values.rounds].map(Number);
   if (!fs.existsSync(path.join(PACKAGE, 'nats/worker.node.js'))) throw new Error(`build the package first (scripts/build-npm.sh): ${PACKAGE}`);
   const distopt = path.join(process.env.CARGO_TARGET_DIR || path.join(ROOT, 'target'), 'release', 'distopt');
   execFileSync('cargo', ['build', '--release', '--quiet', '-p', 'distopt-cli', '--bin', 'distopt'], { cwd: ROOT, stdio: 'inherit' });
   const server = await startServer(['-js']);
+  if (values.diloco !== undefined) {
+    try {
+      const run = {
+        steps: Number(values.diloco),
+        period: Number(values.period ?? 32),
+        delay: Number(values.delay ?? 8),
+        workUs: Number(values['work-us']),
+        elements: Number(values.elements ?? 1 << 16),
+      };
+      return await dilocoTable(server, sizes, run, rounds);
+    } finally {
+      server.stop();
+    }
+  }
   if (values.trainer !== undefined) {
     try {
-      return await trainerTable(distopt, server, sizes, Number(values.trainer), rounds);
+      const run = { steps: Number(values.trainer), period: Number(values.period ?? 8), fragments: Number(values.fragments ?? 1), delay: Number(values.delay ?? 0) };
+      return await trainerTable(distopt, server, sizes, run, rounds);
     } finally {
       server.stop();
     }
@@ -304,7 +402,7 @@ async function main() {
 
 if (process.argv[2] === '--child') {
   const task = JSON.parse(process.argv[3]);
-  const rank = { distopt: distoptRank, trainer: trainerRank, raw: rawRank }[task.mode];
+  const rank = { distopt: distoptRank, trainer: trainerRank, diloco: dilocoRank, raw: rawRank }[task.mode];
   const result = await rank(task);
   console.log(JSON.stringify(result));
   process.exit(0);

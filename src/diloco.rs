@@ -705,6 +705,10 @@ impl DiLoCo {
         self.joining.clear();
         self.healed.clear();
         self.inner.step(replicas)?;
+        if let Some(membership) = &self.agreeing {
+            // A world with no thread to agree on moves the sync point in flight on here.
+            self.world.progress_membership(membership);
+        }
         let next = (self.local_step + 1) % self.sync_every;
         let mut applied = Vec::new();
         for f in 0..self.fragments.len() {

@@ -138,6 +138,14 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
         Ok(InFlightMembership::done(self.membership()?))
     }
 
+    /// Moves a membership [`Communicator::start_membership`] started on as far as it goes
+    /// without waiting, for a world that has no thread to agree on (a wasm rank over NATS):
+    /// the caller calls it between its steps while the membership is in flight. The default
+    /// does nothing.
+    fn progress_membership(&self, membership: &InFlightMembership) {
+        let _ = membership;
+    }
+
     /// The membership [`Communicator::start_membership`] started agreeing on, once agreed.
     ///
     /// # Errors

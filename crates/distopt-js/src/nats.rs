@@ -4,7 +4,10 @@
 //! browser page's main thread may not).
 //!
 //! Every operation is done when its future is made, so the protocol's futures are ready when
-//! first polled. Messages of the subscriptions wait in the port until the protocol waits for
+//! first polled — except the waits (a watch's next change, a pause) while a sync point in
+//! flight is polled between the caller's steps (`link::polled_between_steps`): they are then
+//! pending until due, so that Streaming DiLoCo's agreement moves on while the rank computes.
+//! Messages of the subscriptions wait in the port until the protocol waits for
 //! them ([`Link::pump`]), and are delivered then, on this thread. The heartbeat's frames are
 //! sealed here, ahead of time, and handed to the port, which publishes one every period while
 //! this thread computes.
@@ -21,7 +24,7 @@ use web_time::Instant;
 use distopt::comm::NatsOptions;
 use distopt::comm::nats::link::{
     Beat, Bucket, Deliver, Entry, Link, LinkError, LinkResult, Pending, Refused, Task, Update,
-    Watch, Watched,
+    Watch, Watched, polled_between_steps,
 };
 
 #[wasm_bindgen]
@@ -429,6 +432,22 @@ impl Bucket for PortBucket {
     }
 
     fn pause(&self, duration: Duration) -> Pending<'static, ()> {
+        if polled_between_steps() {
+            // Pending until due: the caller's steps go on meanwhile.
+            let due = Instant::now() + duration;
+            let port = self.port.clone();
+            return Box::pin(std::future::poll_fn(move |_| {
+                let left = due.saturating_duration_since(Instant::now());
+                if !left.is_zero() && polled_between_steps() {
+                    return std::task::Poll::Pending;
+                }
+                // Due, or waited for now (the sync point's end): sleep what is left.
+                if !left.is_zero() {
+                    let _ = port.0.sleep(left.as_secs_f64() * 1e3);
+                }
+                std::task::Poll::Ready(())
+            }));
+        }
         let _ = self.port.0.sleep(duration.as_secs_f64() * 1e3);
         Box::pin(std::future::ready(()))
     }
@@ -442,19 +461,43 @@ struct PortWatch {
 
 impl Watch for PortWatch {
     fn next_before(&mut self, deadline: Instant) -> Pending<'_, Watched> {
+        if polled_between_steps() {
+            // Pending until an update is there or the deadline is due: the caller's steps go on
+            // meanwhile.
+            return Box::pin(std::future::poll_fn(move |_| {
+                if !polled_between_steps() {
+                    // Waited for now (the sync point's end): wait in the port.
+                    let wait = deadline.saturating_duration_since(Instant::now());
+                    return std::task::Poll::Ready(self.next_now(wait));
+                }
+                if let Some(update) = self.ready() {
+                    return std::task::Poll::Ready(Watched::Update(update));
+                }
+                if Instant::now() < deadline {
+                    return std::task::Poll::Pending;
+                }
+                std::task::Poll::Ready(self.next_now(Duration::ZERO))
+            }));
+        }
         let wait = deadline.saturating_duration_since(Instant::now());
-        let watched = match self.port.0.watch_next(self.wid, wait.as_secs_f64() * 1e3) {
-            Ok(v) if v.as_string().as_deref() == Some("quiet") => Watched::Quiet,
-            Ok(v) if v.is_object() => Watched::Update(update(&v)),
-            _ => Watched::Ended,
-        };
-        Box::pin(std::future::ready(watched))
+        Box::pin(std::future::ready(self.next_now(wait)))
     }
 
     fn ready(&mut self) -> Option<Update> {
         match self.port.0.watch_ready(self.wid) {
             Ok(v) if v.is_object() => Some(update(&v)),
             _ => None,
+        }
+    }
+}
+
+impl PortWatch {
+    /// The next change, waiting up to `wait` in the port.
+    fn next_now(&self, wait: Duration) -> Watched {
+        match self.port.0.watch_next(self.wid, wait.as_secs_f64() * 1e3) {
+            Ok(v) if v.as_string().as_deref() == Some("quiet") => Watched::Quiet,
+            Ok(v) if v.is_object() => Watched::Update(update(&v)),
+            _ => Watched::Ended,
         }
     }
 }

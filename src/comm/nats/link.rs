@@ -25,6 +25,29 @@ use bytes::Bytes;
 /// A future of the link.
 pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+thread_local! {
+    static BETWEEN_STEPS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the protocol is being polled between the caller's steps rather than waited for: a
+/// link that answers every operation before its future is polled (the wasm port) then makes
+/// its waits — [`Watch::next_before`], [`Bucket::pause`] — pending until they are due instead
+/// of blocking the thread, so that a sync point in flight moves on while the caller computes.
+pub fn polled_between_steps() -> bool {
+    BETWEEN_STEPS.with(std::cell::Cell::get)
+}
+
+/// Polls `future` once, as [`polled_between_steps`] describes.
+pub(crate) fn poll_between_steps<F: Future + ?Sized>(
+    future: Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    BETWEEN_STEPS.with(|flag| flag.set(true));
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    let polled = future.poll(&mut context);
+    BETWEEN_STEPS.with(|flag| flag.set(false));
+    polled
+}
+
 /// An operation of the link that failed, in the client's words (they end up in the named
 /// errors of the collective or the join that needed it).
 #[derive(Debug, Clone)]

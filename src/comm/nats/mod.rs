@@ -420,6 +420,28 @@ impl NatsWorld {
         }
         let mut elastic = self.elastic.lock().unwrap_or_else(|e| e.into_inner());
         let (k, previous) = (elastic.0, elastic.1.clone());
+        let mut watch = self.watch.lock().unwrap_or_else(|e| e.into_inner());
+        let watched_before = watch.is_some();
+        let agreed =
+            self.runtime
+                .block_on(self.agree_at(k, &previous, &mut watch, watched_before))?;
+        drop(watch);
+        self.conclude(&mut elastic, &previous, agreed, again, defer_joiners)
+    }
+
+    /// Sync point `k`'s live and joining ranks, `previous` being its last membership
+    /// (`membership.rs`), woken by `watch` (opened here when there is none).
+    async fn agree_at(
+        &self,
+        k: u64,
+        previous: &[bool],
+        watch: &mut Option<Box<dyn link::Watch>>,
+        watched_before: bool,
+    ) -> Result<(Vec<bool>, Vec<usize>)> {
+        if watch.is_none() {
+            // Wakes the agreement when the bucket changes; without it, it polls.
+            *watch = self.bucket.watch("sync.>").await.ok();
+        }
         let point = membership::Point {
             bucket: &*self.bucket,
             inbox: &self.inbox,
@@ -428,18 +450,22 @@ impl NatsWorld {
             rank: self.rank,
             bound: self.bound,
         };
-        let mut watch = self.watch.lock().unwrap_or_else(|e| e.into_inner());
-        let watched_before = watch.is_some();
-        let (live, joining) = self.runtime.block_on(async {
-            if watch.is_none() {
-                // Wakes the agreement when the bucket changes; without it, it polls.
-                *watch = self.bucket.watch("sync.>").await.ok();
-            }
-            point
-                .agree(k, &previous, watch.as_mut(), watched_before)
-                .await
-        })?;
-        drop(watch);
+        point
+            .agree(k, previous, watch.as_mut(), watched_before)
+            .await
+    }
+
+    /// Records the membership `agreed` at the sync point `elastic` is at (its last membership
+    /// `previous`): the joiners it heals, the change of membership, and the next sync point.
+    fn conclude(
+        &self,
+        elastic: &mut (u64, Vec<bool>),
+        previous: &[bool],
+        (live, joining): (Vec<bool>, Vec<usize>),
+        again: bool,
+        defer_joiners: bool,
+    ) -> Result<Membership> {
+        let k = elastic.0;
         self.rejoined(&joining)?;
         let agreed = Membership {
             epoch: k,
@@ -1023,6 +1049,10 @@ impl Communicator for NatsWorld {
     /// The agreement runs on a background thread while the caller computes (`overlap.rs`).
     fn start_membership(&self) -> Result<InFlightMembership> {
         self.start_agreement()
+    }
+
+    fn progress_membership(&self, membership: &InFlightMembership) {
+        self.progress_agreement(membership);
     }
 
     fn finish_membership(&self, membership: InFlightMembership) -> Result<Membership> {

@@ -1,5 +1,8 @@
 //! A sync point in flight (Streaming DiLoCo's fragment during its `fragment_sync_delay`):
-//! [`Communicator::start_membership`] queues the membership agreement on a background thread;
+//! [`Communicator::start_membership`] queues the membership agreement on a background thread
+//! (in wasm, which has no thread to spare, it is a future that
+//! [`Communicator::progress_membership`] moves on between the caller's inner steps, and the
+//! exchange below runs when the mean is finished);
 //! [`Communicator::start_all_reduce_mean_in`] takes this rank's values, reserves the mean's two
 //! sequence numbers (its reduction and its vote, so that every rank numbers the collectives
 //! that run meanwhile alike) and queues the exchange behind the agreement, which reduces over
@@ -14,6 +17,7 @@
 //! [`Communicator::start_all_reduce_mean_in`]: crate::comm::Communicator::start_all_reduce_mean_in
 //! [`Communicator::finish_all_reduce_mean_live`]: crate::comm::Communicator::finish_all_reduce_mean_live
 //! [`Communicator::finish_membership`]: crate::comm::Communicator::finish_membership
+//! [`Communicator::progress_membership`]: crate::comm::Communicator::progress_membership
 
 use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, Weak, mpsc};
@@ -27,12 +31,18 @@ use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::transfer;
 
-/// A membership being agreed on the background thread: set once, read by the means queued
-/// behind it and by [`NatsWorld::finish_agreement`].
+/// The agreement of a sync point as a future: in wasm, polled between the caller's steps.
+type Agreeing = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Membership>> + Send>>;
+
+/// A membership being agreed on the background thread (in wasm: between the caller's steps):
+/// set once, read by the means queued behind it and by [`NatsWorld::finish_agreement`].
 struct Agreement {
     world: Weak<NatsWorld>,
     result: Mutex<Option<Result<Membership>>>,
     agreed: Condvar,
+    /// In wasm, the agreement itself until it is done: [`Agreement::progress`] polls it
+    /// without blocking, [`Agreement::wait`] to its end.
+    agreeing: Mutex<Option<Agreeing>>,
 }
 
 impl Agreement {
@@ -41,7 +51,22 @@ impl Agreement {
             world,
             result: Mutex::new(result),
             agreed: Condvar::new(),
+            agreeing: Mutex::new(None),
         })
+    }
+
+    /// Moves the agreement on as far as it goes without waiting (a key-value operation is a
+    /// round trip to the server; the wait for the other ranks' arrivals is not waited for).
+    fn progress(&self) {
+        let mut agreeing = self.agreeing.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(future) = agreeing.as_mut() else {
+            return;
+        };
+        if let std::task::Poll::Ready(result) = super::link::poll_between_steps(future.as_mut()) {
+            *agreeing = None;
+            drop(agreeing);
+            self.set(result);
+        }
     }
 
     fn set(&self, result: Result<Membership>) {
@@ -50,6 +75,14 @@ impl Agreement {
     }
 
     fn wait(&self) -> Result<Membership> {
+        let agreeing = self
+            .agreeing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let (Some(future), Some(world)) = (agreeing, self.world.upgrade()) {
+            self.set(world.runtime.block_on(future));
+        }
         let mut result = self.result.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(result) = result.as_ref() {
@@ -83,6 +116,8 @@ struct Travelling {
     arith: StorageFormat,
     runs: Vec<(Range<usize>, usize)>,
     bytes_per_rank: u64,
+    /// In wasm, the exchange itself, run when the mean is finished.
+    exchange: Option<Job>,
 }
 
 impl Drop for Travelling {
@@ -108,9 +143,48 @@ impl NatsWorld {
         }
         let this = self.strong()?;
         let agreement = Agreement::new(self.this.clone(), None);
+        if cfg!(target_arch = "wasm32") {
+            // No thread to spare: the agreement moves on between the caller's steps.
+            *agreement.agreeing.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(Box::pin(this.agree_in_flight()));
+            agreement.progress();
+            return Ok(InFlightMembership::agreeing(Box::new(agreement)));
+        }
         let slot = agreement.clone();
         self.in_background(Box::new(move || slot.set(this.agree_with(false, true))))?;
         Ok(InFlightMembership::agreeing(Box::new(agreement)))
+    }
+
+    /// The agreement of a sync point in flight as a future (wasm's, polled between the
+    /// caller's steps): [`NatsWorld::agree`]'s, whose joiners are awaited from
+    /// [`NatsWorld::finish_agreement`] on.
+    async fn agree_in_flight(self: Arc<NatsWorld>) -> Result<Membership> {
+        let (k, previous) = {
+            let elastic = self.elastic.lock().unwrap_or_else(|e| e.into_inner());
+            (elastic.0, elastic.1.clone())
+        };
+        let mut watch = self.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let watched_before = watch.is_some();
+        let agreed = self
+            .agree_at(k, &previous, &mut watch, watched_before)
+            .await;
+        *self.watch.lock().unwrap_or_else(|e| e.into_inner()) = watch;
+        let mut elastic = self.elastic.lock().unwrap_or_else(|e| e.into_inner());
+        if elastic.0 != k {
+            return Err(Error::runtime(format!(
+                "run '{}' rank {}: sync point {k} in flight: another agreement ran meanwhile",
+                self.run, self.rank
+            )));
+        }
+        self.conclude(&mut elastic, &previous, agreed?, false, true)
+    }
+
+    /// [`Communicator::progress_membership`](crate::comm::Communicator::progress_membership).
+    pub(super) fn progress_agreement(&self, membership: &InFlightMembership) {
+        if let Ok(agreement) = self.agreement_of(membership.state().and_then(|s| s.downcast_ref()))
+        {
+            agreement.progress();
+        }
     }
 
     /// [`Communicator::finish_membership`](crate::comm::Communicator::finish_membership): from
@@ -171,7 +245,7 @@ impl NatsWorld {
             };
             let _ = sender.send(outcome);
         };
-        let travelling = Travelling {
+        let mut travelling = Travelling {
             world: self.this.clone(),
             outcome,
             inbox: self.inbox.clone(),
@@ -180,8 +254,16 @@ impl NatsWorld {
             arith: mean.arith,
             runs,
             bytes_per_rank: mean.bytes_per_rank,
+            exchange: None,
         };
-        self.in_background(Box::new(job))?;
+        if cfg!(target_arch = "wasm32") {
+            // The exchange waits for the other ranks' values: without a thread of its own it
+            // runs where every rank comes in the same order, when the mean is finished (the
+            // agreement it waits for has moved on between the steps).
+            travelling.exchange = Some(Box::new(job));
+        } else {
+            self.in_background(Box::new(job))?;
+        }
         Ok(InFlightMean::travelling(Box::new(travelling)))
     }
 
@@ -190,12 +272,15 @@ impl NatsWorld {
         let Some(state) = in_flight.into_state() else {
             return Ok(());
         };
-        let travelling = state
+        let mut travelling = state
             .downcast::<Travelling>()
             .ok()
             .filter(|t| t.world.ptr_eq(&self.this))
             .ok_or_else(|| self.foreign("an all-reduce-mean"))?;
         self.check_one_rank(arena, "all_reduce")?;
+        if let Some(exchange) = travelling.exchange.take() {
+            exchange();
+        }
         let outcome = travelling.outcome.recv().map_err(|_| {
             Error::runtime(format!(
                 "run '{}' rank {}: the exchange of a mean in flight ended without a result",
@@ -326,8 +411,9 @@ impl NatsWorld {
     /// Runs `job` on this world's background thread, started at the first job; jobs run in
     /// the order they were queued.
     fn in_background(&self, job: Job) -> Result<()> {
-        // A wasm rank has no thread to spare (its link delivers on the rank's own thread):
-        // the job runs now, and the mean travels before the inner steps instead of during them.
+        // A wasm rank has no thread to spare (its link delivers on the rank's own thread): its
+        // sync points in flight do not come here (`start_agreement`, `start_mean`); a job runs
+        // now.
         #[cfg(target_arch = "wasm32")]
         {
             job();

@@ -2,7 +2,8 @@
 //! client's tasks (subscriptions, heartbeats) run too. In wasm: the calling thread, polled
 //! until ready — the link there answers every operation before its future is polled (the npm
 //! package's port blocks the thread until the NATS client in its worker has answered), so a
-//! future never waits on a wake-up that only another thread could give.
+//! future never waits on a wake-up that only another thread could give. (A sync point in
+//! flight is polled between the caller's steps instead: `overlap.rs`.)
 
 use std::future::Future;
 use std::time::Duration;
