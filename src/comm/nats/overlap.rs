@@ -122,6 +122,12 @@ struct Travelling {
 
 impl Drop for Travelling {
     fn drop(&mut self) {
+        // A mean abandoned before its finish (the caller failed first) still takes its part
+        // in the exchange, as the background thread does natively: the other ranks wait for
+        // this rank's values, and it is still heard from.
+        if let Some(exchange) = self.exchange.take() {
+            exchange();
+        }
         for seq in self.seqs {
             self.inbox.close(seq);
         }
