@@ -54,14 +54,21 @@ const NATS_JS = path.join(ROOT, 'tests/js/node_modules/@nats-io/transport-node/l
 const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 
 // ---------------------------------------------------------------------------------------------
-// One rank (a child process): times `repeats` all-reduces and prints {rank, ms: [...]}.
+// One rank (a child process): times its work and prints {rank, ms: [...]}.
 
-async function distoptRank({ url, run, ranks, elements, repeats }) {
-  const { default: init, World, Replicas, DistributedDataParallel } = await import(pathToFileURL(path.join(PACKAGE, 'index.js')).href);
+/** The package on its CPU backend and this process's rank of `run`: {api, port, world}. */
+async function joinRun({ url, run, ranks }) {
+  const api = await import(pathToFileURL(path.join(PACKAGE, 'index.js')).href);
   const { openPort } = await import(pathToFileURL(path.join(PACKAGE, 'nats/port.js')).href);
-  await init({ backend: 'cpu' });
+  await api.default({ backend: 'cpu' });
   const port = await openPort({ servers: url });
-  const world = World.joinNats(port, { run, ranks });
+  return { api, port, world: api.World.joinNats(port, { run, ranks }) };
+}
+
+/** `repeats` all-reduces of DistributedDataParallel. */
+async function distoptRank({ url, run, ranks, elements, repeats }) {
+  const { api, port, world } = await joinRun({ url, run, ranks });
+  const { Replicas, DistributedDataParallel } = api;
   const model = Replicas.replicate(1, [new Float32Array(elements)]);
   const ddp = new DistributedDataParallel(world, model);
   const grads = Float32Array.from({ length: elements }, (_, i) => (i % 251) * (world.rank + 1));
@@ -88,12 +95,9 @@ async function distoptRank({ url, run, ranks, elements, repeats }) {
   return { rank, ms };
 }
 
+/** `steps` steps of the demo's Trainer under (Streaming) DiLoCo. */
 async function trainerRank({ url, run, ranks, steps, period, fragments, delay }) {
-  const api = await import(pathToFileURL(path.join(PACKAGE, 'index.js')).href);
-  const { openPort } = await import(pathToFileURL(path.join(PACKAGE, 'nats/port.js')).href);
-  await api.default({ backend: 'cpu' });
-  const port = await openPort({ servers: url });
-  const world = api.World.joinNats(port, { run, ranks });
+  const { api, port, world } = await joinRun({ url, run, ranks });
   const trainer = new api.Trainer({ ranks, algorithm: 'diloco', period, fragments, fragmentSyncDelay: delay, world });
   await trainer.evaluate();
   const start = performance.now();
@@ -107,12 +111,9 @@ async function trainerRank({ url, run, ranks, steps, period, fragments, delay })
   return { rank, ms: [ms], lossPerRank: Array.from(lossPerRank) };
 }
 
+/** `steps` inner steps of the DiLoCo class, each `workUs` of busy work first. */
 async function dilocoRank({ url, run, ranks, steps, period, delay, workUs, elements }) {
-  const api = await import(pathToFileURL(path.join(PACKAGE, 'index.js')).href);
-  const { openPort } = await import(pathToFileURL(path.join(PACKAGE, 'nats/port.js')).href);
-  await api.default({ backend: 'cpu' });
-  const port = await openPort({ servers: url });
-  const world = api.World.joinNats(port, { run, ranks });
+  const { api, port, world } = await joinRun({ url, run, ranks });
   const params = [new Float32Array(elements).fill(1), new Float32Array(elements).fill(2)];
   const replicas = api.Replicas.replicate(1, params);
   const inner = new api.SGD(replicas, { lr: 0.01 });
@@ -227,44 +228,49 @@ function child(task) {
   return { subscribed, go: () => proc.stdin.end('go\n'), result };
 }
 
-/** W processes of `mode`; the slowest one's median (ms). */
-async function jsRow(mode, url, ranks, elements, repeats, tag) {
-  const run = `bench-${mode}-${tag}`;
-  const procs = Array.from({ length: ranks }, (_, rank) => child({ mode, url, run, ranks, rank, elements, repeats }));
-  if (mode === 'raw') {
+/** W child processes of `task` (rank K its `rank`): their results, and the slowest one's median (ms). */
+async function children(task, ranks) {
+  const procs = Array.from({ length: ranks }, (_, rank) => child({ ...task, ranks, rank }));
+  if (task.mode === 'raw') {
     await Promise.all(procs.map((p) => p.subscribed));
     procs.forEach((p) => p.go());
   }
   const results = await Promise.all(procs.map((p) => p.result));
-  return Math.max(...results.map((r) => median(r.ms)));
+  return { results, slowest: Math.max(...results.map((r) => median(r.ms))) };
+}
+
+/** W processes of `mode`; the slowest one's median (ms). */
+async function jsRow(mode, url, ranks, elements, repeats, tag) {
+  return (await children({ mode, url, run: `bench-${mode}-${tag}`, elements, repeats }, ranks)).slowest;
+}
+
+/** `distopt ...flags` in W processes: the JSON report the one that prints gives. */
+async function nativeRanks(distopt, ranks, flags) {
+  const outs = await Promise.all(
+    Array.from({ length: ranks }, () =>
+      new Promise((resolve, reject) => {
+        const proc = spawn(distopt, flags, { stdio: ['ignore', 'pipe', 'inherit'] });
+        let out = '';
+        proc.stdout.on('data', (d) => (out += d));
+        proc.on('exit', (code) => (code === 0 ? resolve(out.trim()) : reject(new Error(`distopt ${flags[0]} exited ${code}`))));
+      }),
+    ),
+  );
+  return JSON.parse(outs.find((o) => o.startsWith('{')));
 }
 
 /** `distopt bench comm --world` in W processes: {distopt, raw} (ms, the first rank's JSON). */
 async function nativeRow(distopt, url, ranks, elements, repeats, tag) {
-  const run = `bench-native-${tag}`;
-  const outs = await Promise.all(
-    Array.from({ length: ranks }, () =>
-      new Promise((resolve, reject) => {
-        const proc = spawn(
-          distopt,
-          ['bench', 'comm', '--world', url, '--run', run, '--ranks', String(ranks), '--elements', String(elements), '--repeats', String(repeats), '--backend', 'cpu', '--json'],
-          { stdio: ['ignore', 'pipe', 'inherit'] },
-        );
-        let out = '';
-        proc.stdout.on('data', (d) => (out += d));
-        proc.on('exit', (code) => (code === 0 ? resolve(out.trim()) : reject(new Error(`distopt bench comm exited ${code}`))));
-      }),
-    ),
-  );
-  const report = JSON.parse(outs.find((o) => o.startsWith('{')));
+  const flags = ['bench', 'comm', '--world', url, '--run', `bench-native-${tag}`, '--ranks', String(ranks)];
+  flags.push('--elements', String(elements), '--repeats', String(repeats), '--backend', 'cpu', '--json');
+  const report = await nativeRanks(distopt, ranks, flags);
   return { distopt: report.distopt_all_reduce_mean_ms, raw: report.raw_nats_ms };
 }
 
 /** W Node processes of `trainerRank`: the slowest one's ms per step, and the replicas' losses. */
 async function trainerRow(url, ranks, run, tag) {
-  const procs = Array.from({ length: ranks }, () => child({ mode: 'trainer', url, ranks, ...run, run: `bench-trainer-${tag}` }));
-  const results = await Promise.all(procs.map((p) => p.result));
-  return { ms: Math.max(...results.map((r) => r.ms[0])), losses: results[0].lossPerRank };
+  const { results, slowest } = await children({ mode: 'trainer', url, ...run, run: `bench-trainer-${tag}` }, ranks);
+  return { ms: slowest, losses: results[0].lossPerRank };
 }
 
 /** `distopt train --world` of the same run in W processes: ms per step and the replicas' losses. */
@@ -272,17 +278,7 @@ async function nativeTrainerRow(distopt, url, ranks, { steps, period, fragments,
   const flags = ['train', '--world', url, '--run', `bench-native-trainer-${tag}`, '--ranks', String(ranks), '--algorithm', 'diloco', '--period', String(period)];
   flags.push('--fragments', String(fragments), '--steps', String(steps), '--backend', 'cpu', '--json');
   if (delay > 0) flags.push('--fragment-sync-delay', String(delay));
-  const outs = await Promise.all(
-    Array.from({ length: ranks }, () =>
-      new Promise((resolve, reject) => {
-        const proc = spawn(distopt, flags, { stdio: ['ignore', 'pipe', 'ignore'] });
-        let out = '';
-        proc.stdout.on('data', (d) => (out += d));
-        proc.on('exit', (code) => (code === 0 ? resolve(out.trim()) : reject(new Error(`distopt train exited ${code}`))));
-      }),
-    ),
-  );
-  const result = JSON.parse(outs.find((o) => o.startsWith('{'))).results[0];
+  const result = (await nativeRanks(distopt, ranks, flags)).results[0];
   return { ms: result.ms_per_step, losses: result.replica_loss_per_rank };
 }
 
@@ -324,13 +320,31 @@ async function dilocoTable(server, sizes, { steps, period, delay, workUs, elemen
       // No sync point falls in the timed steps when the period outlasts the run.
       for (const [p, d] of [[steps * 4, 0], [period, 0], [period, delay]]) {
         const run = `bench-diloco-${ranks}-${round}-${p}-${d}-${Date.now()}`;
-        const procs = Array.from({ length: ranks }, () => child({ mode: 'diloco', url: server.url, run, ranks, steps, period: p, delay: d, workUs, elements }));
-        const results = await Promise.all(procs.map((proc) => proc.result));
-        row.push(Math.max(...results.map((r) => r.ms[0])));
+        row.push((await children({ mode: 'diloco', url: server.url, run, steps, period: p, delay: d, workUs, elements }, ranks)).slowest);
       }
       const [none, blocking, flight] = row;
       const f = (ms) => `${ms.toFixed(3)} ms`;
       console.log(`| ${ranks} | ${round} | ${f(none)} | ${f(blocking)} (${(blocking / none).toFixed(2)}×) | ${f(flight)} (**${(flight / none).toFixed(2)}×**) |`);
+    }
+  }
+}
+
+/** The all-reduce table: JS ranks, raw nats.js and native ranks, W = each of `sizes`. */
+async function allReduceTable(distopt, server, sizes, { elements, repeats }, rounds) {
+  const mib = (elements * 4) / (1 << 20);
+  console.log(`bench-nats-js: all-reduce-mean of ${elements} float32 (${mib.toFixed(1)} MiB) per rank, one nats-server on loopback, median of ${repeats}, slowest process`);
+  console.log('| W | round | distopt, JS ranks | raw nats.js (JS floor) | JS / raw nats.js | distopt, native ranks | raw NATS (native) | JS / native distopt |');
+  console.log('|---|---|---|---|---|---|---|---|');
+  for (const ranks of sizes) {
+    for (let round = 1; round <= rounds; round++) {
+      const tag = `${ranks}-${round}-${Date.now()}`;
+      const js = await jsRow('distopt', server.url, ranks, elements, repeats, tag);
+      const raw = await jsRow('raw', server.url, ranks, elements, repeats, tag);
+      const native = await nativeRow(distopt, server.url, ranks, elements, repeats, tag);
+      const f = (ms) => `${ms.toFixed(1)} ms`;
+      console.log(
+        `| ${ranks} | ${round} | ${f(js)} | ${f(raw)} | ${(js / raw).toFixed(2)}× | ${f(native.distopt)} | ${f(native.raw)} | ${(js / native.distopt).toFixed(2)}× |`,
+      );
     }
   }
 }
@@ -356,8 +370,8 @@ async function main() {
   const distopt = path.join(process.env.CARGO_TARGET_DIR || path.join(ROOT, 'target'), 'release', 'distopt');
   execFileSync('cargo', ['build', '--release', '--quiet', '-p', 'distopt-cli', '--bin', 'distopt'], { cwd: ROOT, stdio: 'inherit' });
   const server = await startServer(['-js']);
-  if (values.diloco !== undefined) {
-    try {
+  try {
+    if (values.diloco !== undefined) {
       const run = {
         steps: Number(values.diloco),
         period: Number(values.period ?? 32),
@@ -365,35 +379,12 @@ async function main() {
         workUs: Number(values['work-us']),
         elements: Number(values.elements ?? 1 << 16),
       };
-      return await dilocoTable(server, sizes, run, rounds);
-    } finally {
-      server.stop();
-    }
-  }
-  if (values.trainer !== undefined) {
-    try {
+      await dilocoTable(server, sizes, run, rounds);
+    } else if (values.trainer !== undefined) {
       const run = { steps: Number(values.trainer), period: Number(values.period ?? 8), fragments: Number(values.fragments ?? 1), delay: Number(values.delay ?? 0) };
-      return await trainerTable(distopt, server, sizes, run, rounds);
-    } finally {
-      server.stop();
-    }
-  }
-  const mib = (elements * 4) / (1 << 20);
-  console.log(`bench-nats-js: all-reduce-mean of ${elements} float32 (${mib.toFixed(1)} MiB) per rank, one nats-server on loopback, median of ${repeats}, slowest process`);
-  console.log('| W | round | distopt, JS ranks | raw nats.js (JS floor) | JS / raw nats.js | distopt, native ranks | raw NATS (native) | JS / native distopt |');
-  console.log('|---|---|---|---|---|---|---|---|');
-  try {
-    for (const ranks of sizes) {
-      for (let round = 1; round <= rounds; round++) {
-        const tag = `${ranks}-${round}-${Date.now()}`;
-        const js = await jsRow('distopt', server.url, ranks, elements, repeats, tag);
-        const raw = await jsRow('raw', server.url, ranks, elements, repeats, tag);
-        const native = await nativeRow(distopt, server.url, ranks, elements, repeats, tag);
-        const f = (ms) => `${ms.toFixed(1)} ms`;
-        console.log(
-          `| ${ranks} | ${round} | ${f(js)} | ${f(raw)} | ${(js / raw).toFixed(2)}× | ${f(native.distopt)} | ${f(native.raw)} | ${(js / native.distopt).toFixed(2)}× |`,
-        );
-      }
+      await trainerTable(distopt, server, sizes, run, rounds);
+    } else {
+      await allReduceTable(distopt, server, sizes, { elements, repeats }, rounds);
     }
   } finally {
     server.stop();

@@ -431,25 +431,21 @@ impl Bucket for PortBucket {
         }))
     }
 
+    /// Pending until due while polled between the caller's steps (its steps go on meanwhile);
+    /// waited for (the sync point's end), it sleeps what is left in the port.
     fn pause(&self, duration: Duration) -> Pending<'static, ()> {
-        if polled_between_steps() {
-            // Pending until due: the caller's steps go on meanwhile.
-            let due = Instant::now() + duration;
-            let port = self.port.clone();
-            return Box::pin(std::future::poll_fn(move |_| {
-                let left = due.saturating_duration_since(Instant::now());
-                if !left.is_zero() && polled_between_steps() {
+        let due = Instant::now() + duration;
+        let port = self.port.clone();
+        Box::pin(std::future::poll_fn(move |_| {
+            let left = due.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                if polled_between_steps() {
                     return std::task::Poll::Pending;
                 }
-                // Due, or waited for now (the sync point's end): sleep what is left.
-                if !left.is_zero() {
-                    let _ = port.0.sleep(left.as_secs_f64() * 1e3);
-                }
-                std::task::Poll::Ready(())
-            }));
-        }
-        let _ = self.port.0.sleep(duration.as_secs_f64() * 1e3);
-        Box::pin(std::future::ready(()))
+                let _ = port.0.sleep(left.as_secs_f64() * 1e3);
+            }
+            std::task::Poll::Ready(())
+        }))
     }
 }
 
@@ -460,27 +456,23 @@ struct PortWatch {
 }
 
 impl Watch for PortWatch {
+    /// Pending until an update is there or the deadline is due while polled between the
+    /// caller's steps (its steps go on meanwhile); waited for (the sync point's end), it waits
+    /// in the port.
     fn next_before(&mut self, deadline: Instant) -> Pending<'_, Watched> {
-        if polled_between_steps() {
-            // Pending until an update is there or the deadline is due: the caller's steps go on
-            // meanwhile.
-            return Box::pin(std::future::poll_fn(move |_| {
-                if !polled_between_steps() {
-                    // Waited for now (the sync point's end): wait in the port.
-                    let wait = deadline.saturating_duration_since(Instant::now());
-                    return std::task::Poll::Ready(self.next_now(wait));
-                }
-                if let Some(update) = self.ready() {
-                    return std::task::Poll::Ready(Watched::Update(update));
-                }
-                if Instant::now() < deadline {
-                    return std::task::Poll::Pending;
-                }
-                std::task::Poll::Ready(self.next_now(Duration::ZERO))
-            }));
-        }
-        let wait = deadline.saturating_duration_since(Instant::now());
-        Box::pin(std::future::ready(self.next_now(wait)))
+        Box::pin(std::future::poll_fn(move |_| {
+            if !polled_between_steps() {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                return std::task::Poll::Ready(self.next_now(wait));
+            }
+            if let Some(update) = self.ready() {
+                return std::task::Poll::Ready(Watched::Update(update));
+            }
+            if Instant::now() < deadline {
+                return std::task::Poll::Pending;
+            }
+            std::task::Poll::Ready(self.next_now(Duration::ZERO))
+        }))
     }
 
     fn ready(&mut self) -> Option<Update> {

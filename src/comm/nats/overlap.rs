@@ -415,17 +415,9 @@ impl NatsWorld {
     }
 
     /// Runs `job` on this world's background thread, started at the first job; jobs run in
-    /// the order they were queued.
+    /// the order they were queued. (A wasm rank, which has no thread to spare, never comes
+    /// here: `start_agreement` and `start_mean` keep its work for between and after its steps.)
     fn in_background(&self, job: Job) -> Result<()> {
-        // A wasm rank has no thread to spare (its link delivers on the rank's own thread): its
-        // sync points in flight do not come here (`start_agreement`, `start_mean`); a job runs
-        // now.
-        #[cfg(target_arch = "wasm32")]
-        {
-            job();
-            return Ok(());
-        }
-        #[allow(unreachable_code)]
         let mut worker = self.background.lock().unwrap_or_else(|e| e.into_inner());
         if worker.is_none() {
             let (sender, jobs) = mpsc::channel::<Job>();
