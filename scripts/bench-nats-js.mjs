@@ -37,6 +37,17 @@
 // the slowest process: no communication (a period longer than the run), syncs blocking (delay
 // 0: each sync point waited for in its step) and syncs in flight (`fragmentSyncDelay` D).
 //
+//   node scripts/bench-nats-js.mjs --recovery 2000 [--ranks 3] [--repeats 3] [--period 8]
+//                                  [--kill-after 3] [--bound 5]
+//
+// times an elastic run's recovery in JavaScript ranks, as `distopt bench recovery` does for
+// native ones: W Node processes of the demo's Trainer under DiLoCo, rank W-1 SIGKILLed after
+// `kill-after` seconds and a Node process joining in its place (`World.joinNats` with `join`,
+// `trainer.admit()`). From rank 0's view (the wall-clock time after the step in which it saw
+// each membership change): the rank's death to the survivors' first sync without it, the rank
+// leaving to the joiner healed, and the joiner's start to it healed, against the target of one
+// failure bound (`bound` seconds) plus one sync period. Median of `repeats` runs.
+//
 // Needs nats-server on PATH and tests/js's dependencies (nats.js), as the test suite does.
 
 import { execFileSync, spawn } from 'node:child_process';
@@ -57,12 +68,12 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 // One rank (a child process): times its work and prints {rank, ms: [...]}.
 
 /** The package on its CPU backend and this process's rank of `run`: {api, port, world}. */
-async function joinRun({ url, run, ranks }) {
+async function joinRun({ url, run, ranks }, options = {}) {
   const api = await import(pathToFileURL(path.join(PACKAGE, 'index.js')).href);
   const { openPort } = await import(pathToFileURL(path.join(PACKAGE, 'nats/port.js')).href);
   await api.default({ backend: 'cpu' });
   const port = await openPort({ servers: url });
-  return { api, port, world: api.World.joinNats(port, { run, ranks }) };
+  return { api, port, world: api.World.joinNats(port, { run, ranks, ...options }) };
 }
 
 /** `repeats` all-reduces of DistributedDataParallel. */
@@ -109,6 +120,31 @@ async function trainerRank({ url, run, ranks, steps, period, fragments, delay })
   world.free();
   port.close();
   return { rank, ms: [ms], lossPerRank: Array.from(lossPerRank) };
+}
+
+/**
+ * `steps` steps of the demo's Trainer under DiLoCo as rank `rank` (with `join`, joining the
+ * running run in that rank's place), noting when each membership change was first seen.
+ */
+async function recoveryRank({ url, run, ranks, rank, join, steps, period, bound }) {
+  const { api, port, world } = await joinRun({ url, run, ranks }, { rank, join, failureBound: bound });
+  const trainer = new api.Trainer({ ranks, algorithm: 'diloco', period, world });
+  if (join) await trainer.admit();
+  await trainer.evaluate();
+  const changes = [];
+  // Each step's time: their median is a step's time outside the stall at the rank's death.
+  const ms = [];
+  while (trainer.steps < steps) {
+    const start = performance.now();
+    await trainer.step();
+    ms.push(performance.now() - start);
+    const seen = world.membershipChanges;
+    for (const change of seen.slice(changes.length)) changes.push({ ...change, at: Date.now() });
+  }
+  trainer.free();
+  world.free();
+  port.close();
+  return { rank, ms, changes };
 }
 
 /** `steps` inner steps of the DiLoCo class, each `workUs` of busy work first. */
@@ -225,7 +261,7 @@ function child(task) {
   const result = new Promise((resolve, reject) =>
     proc.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out.trim().split('\n').pop())) : reject(new Error(`a ${task.mode} rank exited ${code}: ${out}`)))),
   );
-  return { subscribed, go: () => proc.stdin.end('go\n'), result };
+  return { subscribed, go: () => proc.stdin.end('go\n'), result, proc };
 }
 
 /** W child processes of `task` (rank K its `rank`): their results, and the slowest one's median (ms). */
@@ -329,6 +365,48 @@ async function dilocoTable(server, sizes, { steps, period, delay, workUs, elemen
   }
 }
 
+/**
+ * The `--recovery` table: W Node ranks, rank W-1 killed after `killAfter` s and a joiner in its
+ * place; each run's times from rank 0's view and their medians (seconds).
+ */
+async function recoveryTable(server, ranks, { steps, period, killAfter, bound, repeats }) {
+  const victim = ranks - 1;
+  console.log(
+    `bench-nats-js: recovery of a DiLoCo run of ${ranks} Node ranks (the demo's task, a sync every ${period} steps, ${steps} steps), rank ${victim} SIGKILLed after ${killAfter} s and a joining Node process started in its place; failure bound ${bound} s; one nats-server on loopback`,
+  );
+  console.log('| run | sync period | death → survivors\' next sync | left → joiner healed | joiner start → healed |');
+  console.log('|---|---|---|---|---|');
+  const rows = [];
+  for (let i = 1; i <= repeats; i++) {
+    const task = { mode: 'recovery', url: server.url, run: `bench-recovery-${i}-${Date.now()}`, ranks, steps, period, bound };
+    const procs = Array.from({ length: ranks }, (_, rank) => child({ ...task, rank }));
+    await new Promise((resolve) => setTimeout(resolve, killAfter * 1000));
+    procs[victim].proc.kill('SIGKILL');
+    const killed = Date.now();
+    procs[victim].result.catch(() => {});
+    const joinStart = Date.now();
+    const joiner = child({ ...task, rank: victim, join: true });
+    const results = await Promise.all([...procs.filter((_, r) => r !== victim), joiner].map((p) => p.result));
+    const zero = results.find((r) => r.rank === 0);
+    const left = zero.changes.find((c) => !c.live.includes(victim));
+    const admitted = zero.changes.find((c) => c.syncPoint >= left?.syncPoint && c.joining.includes(victim));
+    if (!left || !admitted) throw new Error(`run ${task.run}: rank 0 saw no sync point without rank ${victim} and one taking it in: ${JSON.stringify(zero.changes)}`);
+    const row = {
+      period: (median(zero.ms) * period) / 1000,
+      death: (left.at - killed) / 1000,
+      left: (admitted.at - left.at) / 1000,
+      join: (admitted.at - joinStart) / 1000,
+    };
+    rows.push(row);
+    console.log(`| ${i} | ${row.period.toFixed(3)} s | ${row.death.toFixed(2)} s | ${row.left.toFixed(2)} s | ${row.join.toFixed(2)} s |`);
+  }
+  const m = (key) => median(rows.map((r) => r[key]));
+  const target = bound + m('period');
+  console.log(
+    `| median | ${m('period').toFixed(3)} s | **${m('death').toFixed(2)} s (${(m('death') / target).toFixed(2)}× the target of ${target.toFixed(2)} s)** | ${m('left').toFixed(2)} s | ${m('join').toFixed(2)} s (${(m('join') / target).toFixed(2)}× the target) |`,
+  );
+}
+
 /** The all-reduce table: JS ranks, raw nats.js and native ranks, W = each of `sizes`. */
 async function allReduceTable(distopt, server, sizes, { elements, repeats }, rounds) {
   const mib = (elements * 4) / (1 << 20);
@@ -354,7 +432,7 @@ async function main() {
     options: {
       ranks: { type: 'string' },
       elements: { type: 'string' },
-      repeats: { type: 'string', default: '10' },
+      repeats: { type: 'string' },
       rounds: { type: 'string', default: '3' },
       trainer: { type: 'string' },
       diloco: { type: 'string' },
@@ -362,16 +440,22 @@ async function main() {
       period: { type: 'string' },
       fragments: { type: 'string' },
       delay: { type: 'string' },
+      recovery: { type: 'string' },
+      'kill-after': { type: 'string', default: '3' },
+      bound: { type: 'string', default: '5' },
     },
   });
-  const sizes = (values.ranks ?? (values.trainer === undefined && values.diloco === undefined ? '2,4' : '3')).split(',').map(Number);
-  const [elements, repeats, rounds] = [values.elements ?? 1 << 22, values.repeats, values.rounds].map(Number);
+  const sizes = (values.ranks ?? (values.trainer === undefined && values.diloco === undefined && values.recovery === undefined ? '2,4' : '3')).split(',').map(Number);
+  const [elements, repeats, rounds] = [values.elements ?? 1 << 22, values.repeats ?? 10, values.rounds].map(Number);
   if (!fs.existsSync(path.join(PACKAGE, 'nats/worker.node.js'))) throw new Error(`build the package first (scripts/build-npm.sh): ${PACKAGE}`);
   const distopt = path.join(process.env.CARGO_TARGET_DIR || path.join(ROOT, 'target'), 'release', 'distopt');
   execFileSync('cargo', ['build', '--release', '--quiet', '-p', 'distopt-cli', '--bin', 'distopt'], { cwd: ROOT, stdio: 'inherit' });
   const server = await startServer(['-js']);
   try {
-    if (values.diloco !== undefined) {
+    if (values.recovery !== undefined) {
+      const run = { steps: Number(values.recovery), period: Number(values.period ?? 8), killAfter: Number(values['kill-after']), bound: Number(values.bound) };
+      await recoveryTable(server, sizes[0], { ...run, repeats: Number(values.repeats ?? 3) });
+    } else if (values.diloco !== undefined) {
       const run = {
         steps: Number(values.diloco),
         period: Number(values.period ?? 32),
@@ -393,7 +477,7 @@ async function main() {
 
 if (process.argv[2] === '--child') {
   const task = JSON.parse(process.argv[3]);
-  const rank = { distopt: distoptRank, trainer: trainerRank, diloco: dilocoRank, raw: rawRank }[task.mode];
+  const rank = { distopt: distoptRank, trainer: trainerRank, diloco: dilocoRank, raw: rawRank, recovery: recoveryRank }[task.mode];
   const result = await rank(task);
   console.log(JSON.stringify(result));
   process.exit(0);
