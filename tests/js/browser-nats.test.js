@@ -11,7 +11,10 @@
 //   - a page closed mid-run under DiLoCo, and a new page joining in its place: the run goes
 //     on, the newcomer is healed, and all three pages end equal to the simulated replay of the
 //     membership bit for bit; and a page whose rank stops before each of several sync points
-//     in turn, then closes, is dropped exactly there.
+//     in turn, then closes, is dropped exactly there;
+//   - Streaming DiLoCo: a page closed while a fragment is in flight (the mean applied on every
+//     surviving page or on none), and churn: four pages, one closed and one joining in its
+//     place every few seconds, all ending on the simulated replay of their membership.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -30,10 +33,12 @@ import {
   buildDistoptCli,
   goldenFiles,
   importPackage,
-  membershipSchedule,
   runProcess,
+  simulatedReplay,
 } from './helpers.js';
 import { startServer } from './nats-server.js';
+
+const sleep = (s) => new Promise((resolve) => setTimeout(resolve, s * 1000));
 
 /** The kinds a rank replays. */
 const KINDS = NETWORKED_KINDS;
@@ -243,10 +248,7 @@ async function closeAndJoin(run, { algorithm, steps, period = 8, leaveBefore, bo
     const left = changes.find((m) => !m.live.includes(2));
     const back = changes.find((m) => m.joining.includes(2));
     assert.ok(left && back, `rank 2 left and came back: ${JSON.stringify(changes)}`);
-    const flags = ['train', '--algorithm', algorithm, '--period', String(period), '--steps', String(steps), '--backend', 'cpu', '--json', '--ranks', String(ranks)];
-    const replay = await runProcess(buildDistoptCli(), [...flags, '--membership', membershipSchedule(changes, ranks)]);
-    assert.equal(replay.code, 0, replay.err);
-    const simulated = JSON.parse(replay.out).results[0];
+    const simulated = await simulatedReplay({ algorithm, steps, ranks, period }, changes);
     for (const r of [a, b, c]) {
       assert.deepEqual(r.lossPerRank, simulated.replica_loss_per_rank, `rank ${r.rank}: the simulated replay's replicas, bit for bit`);
     }
@@ -278,4 +280,89 @@ test('a page whose rank stops before each sync point in turn is dropped there wh
     lines.push(`${algorithm} stopped before step ${leaveBefore}: out from sync point ${left.syncPoint}, joining page in after ${back.syncPoint}`);
   }
   console.log(`each sync point in turn (3 Chromium pages, 960 steps, bound 3 s), all equal to their replay bit for bit:\n  ${lines.join('\n  ')}`);
+});
+
+/** `rank`'s trainer task of `run` for a page (`mode: 'trainer'`; `settings` as the worker takes them). */
+const trainerTask = (run, rank, settings) => ({ mode: 'trainer', url: nats.wsUrl, run, rank, ranks: 3, period: 8, ...settings });
+
+test('Streaming DiLoCo: a page closed while a fragment is in flight leaves the mean applied on every surviving page or on none', async () => {
+  // Two fragments, each all-reduce in flight for 2 of the 4 steps between sync points (as
+  // nats-faults.test.js does with Node processes).
+  const settings = { algorithm: 'diloco', steps: 240, fragments: 2, delay: 2, failureBound: 3 };
+  const lines = [];
+  for (const leaveBefore of [5, 6, 7]) {
+    const run = `pages-flight-${leaveBefore}`;
+    const errors = [];
+    const pages = await Promise.all([0, 1, 0].map((which) => rankPage(which, errors)));
+    try {
+      const running = pages.map((page, rank) =>
+        page
+          .evaluate((t) => window.startRank(t), trainerTask(run, rank, { ...settings, ...(rank === 2 ? { leaveBefore } : {}) }))
+          .catch((e) => ({ error: e.message })),
+      );
+      const stopped = await running[2];
+      assert.equal(stopped.stopped, leaveBefore, `rank 2 stopped before step ${leaveBefore}: ${JSON.stringify(stopped)}`);
+      await pages[2].close();
+      const survivors = await Promise.all(running.slice(0, 2));
+      for (const r of survivors) {
+        assert.equal(r.error, undefined, `a surviving page: ${r.error}`);
+        assert.equal(r.steps, settings.steps);
+        assert.deepEqual(r.live, [true, true, false]);
+      }
+      const [a, b] = survivors;
+      assert.deepEqual(b.membershipChanges, a.membershipChanges, 'both survivors report one membership');
+      const simulated = await simulatedReplay(settings, a.membershipChanges);
+      for (const r of survivors) {
+        assert.deepEqual(r.lossPerRank.slice(0, 2), simulated.replica_loss_per_rank.slice(0, 2), `rank ${r.rank}: the simulated replay's replicas, bit for bit`);
+      }
+      assert.deepEqual(errors, []);
+      lines.push(`stopped before step ${leaveBefore}: out from sync point ${a.membershipChanges[0].syncPoint}`);
+    } finally {
+      await Promise.all(pages.slice(0, 2).map((p) => p.close()));
+    }
+  }
+  console.log(`streaming in flight (3 Chromium pages, F = 2, delay 2), both survivors equal to the replay bit for bit:\n  ${lines.join('\n  ')}`);
+});
+
+test('churn: four Streaming DiLoCo pages, one closed and one joining every few seconds, finish on the replay of their membership', async () => {
+  const settings = { algorithm: 'diloco', ranks: 4, steps: 1600, fragments: 2, delay: 3, failureBound: 3 };
+  const run = 'pages-churn';
+  const errors = [];
+  const start = Date.now();
+  /** A page of browser `rank % 2` running `rank` (joining with `join`): {page, running}. */
+  const open = async (rank, join = false) => {
+    const page = await rankPage(rank % 2, errors);
+    const running = page.evaluate((t) => window.startRank(t), trainerTask(run, rank, { ...settings, join })).catch((e) => ({ error: e.message }));
+    return { page, running };
+  };
+  const holders = await Promise.all([0, 1, 2, 3].map((r) => open(r)));
+  const closed = [];
+  try {
+    await sleep(4);
+    for (const rank of [2, 0, 3, 2]) {
+      closed.push(holders[rank]);
+      await holders[rank].page.close();
+      await sleep(settings.failureBound + 1);
+      holders[rank] = await open(rank, true);
+      await sleep(4);
+    }
+    const ends = await Promise.all(holders.map((h) => h.running));
+    for (const r of ends) {
+      assert.equal(r.error, undefined, `every page not closed finishes: ${r.error}`);
+      assert.equal(r.steps, settings.steps, 'a page finished its steps (raise them if the run ended before the last join)');
+      assert.deepEqual(r.live, [true, true, true, true]);
+    }
+    const changes = ends[1].membershipChanges;
+    assert.equal(changes.filter((m) => m.joining.length > 0).length, 4, `four joins: ${JSON.stringify(changes)}`);
+    const simulated = await simulatedReplay(settings, changes);
+    for (const r of ends) {
+      assert.deepEqual(r.lossPerRank, simulated.replica_loss_per_rank, `rank ${r.rank}: the simulated replay's replicas, bit for bit`);
+    }
+    assert.deepEqual(errors, []);
+    console.log(
+      `churn: 4 Chromium pages of Streaming DiLoCo, ranks 2, 0, 3 and 2 closed and replaced over ${changes.at(-1).syncPoint + 1} sync points; every page finished equal to the replay bit for bit (${((Date.now() - start) / 1000).toFixed(1)} s)`,
+    );
+  } finally {
+    await Promise.all(holders.map((h) => h.page.close()));
+  }
 });

@@ -251,3 +251,16 @@ export function membershipSchedule(changes, ranks) {
   }
   return out.map((live) => live.join(',')).join(';');
 }
+
+/**
+ * The simulated world (`distopt train --membership`) replaying the membership `changes` (a
+ * rank's `World.membershipChanges`) of a run of these settings: its result, whose
+ * `replica_loss_per_rank` the run's must equal bit for bit.
+ */
+export async function simulatedReplay({ algorithm, steps, ranks = 3, period = 8, fragments, delay }, changes) {
+  const flags = ['train', '--algorithm', algorithm, '--period', String(period), '--steps', String(steps), '--backend', 'cpu', '--json', '--ranks', String(ranks)];
+  if (fragments) flags.push('--fragments', String(fragments), '--fragment-sync-delay', String(delay ?? 0));
+  const out = await runProcess(buildDistoptCli(), [...flags, '--membership', membershipSchedule(changes, ranks)]);
+  if (out.code !== 0) throw new Error(`the simulated replay failed: ${out.err}`);
+  return JSON.parse(out.out).results[0];
+}

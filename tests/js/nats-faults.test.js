@@ -16,7 +16,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 
-import { HERE, buildDistoptCli, membershipSchedule as schedule, runProcess } from './helpers.js';
+import { HERE, simulatedReplay as replay } from './helpers.js';
 import { startServer } from './nats-server.js';
 
 const BOUND_S = 5;
@@ -76,19 +76,6 @@ function startRank(run, rank, algorithm, steps, { join = false, ranks = 3, perio
 const settle = () => new Promise((resolve) => setTimeout(resolve, 4000));
 
 const sleep = (s) => new Promise((resolve) => setTimeout(resolve, s * 1000));
-
-/**
- * The simulated world (`distopt train --membership`) replaying the membership `changes` (a
- * rank's `World.membershipChanges`) of a run of these settings: its result, whose
- * `replica_loss_per_rank` the run's must equal bit for bit.
- */
-async function replay({ algorithm, steps, ranks = 3, period = 8, fragments, delay }, changes) {
-  const flags = ['train', '--algorithm', algorithm, '--period', String(period), '--steps', String(steps), '--backend', 'cpu', '--json', '--ranks', String(ranks)];
-  if (fragments) flags.push('--fragments', String(fragments), '--fragment-sync-delay', String(delay ?? 0));
-  const out = await runProcess(buildDistoptCli(), [...flags, '--membership', schedule(changes, ranks)]);
-  assert.equal(out.code, 0, out.err);
-  return JSON.parse(out.out).results[0];
-}
 
 /** Resident memory of process `pid` in bytes (Linux's /proc), or null where unreadable. */
 function residentBytes(pid) {

@@ -7,7 +7,8 @@
 //     `distopt train`'s loop makes with the Trainer over the rank's world (nats-trainer.mjs;
 //     with `join`, joining the running run in that rank's place and admitted first; with
 //     `leaveBefore`, stopping before that step and reporting {stopped}, for the test to close
-//     the page; `failureBound`: the world's, in seconds), reported as {rank, steps,
+//     the page; `failureBound`: the world's, in seconds; `fragments` and `delay`: Streaming
+//     DiLoCo's fragments and fragment_sync_delay), reported as {rank, steps,
 //     meanModelLoss, lossPerRank, live, membershipChanges}.
 // Any failure is reported as {error}.
 
@@ -60,10 +61,11 @@ async function golden({ url, run, ranks, files }) {
   return report;
 }
 
-async function trainer({ url, run, ranks, rank, algorithm, period, steps, join = false, leaveBefore, failureBound }) {
+async function trainer({ url, run, ranks, rank, algorithm, period, steps, join = false, leaveBefore, failureBound, fragments, delay }) {
   const port = await openPort({ servers: url, name: 'distopt browser trainer rank' });
   const world = api.World.joinNats(port, { run, ranks, rank, join, ...(failureBound ? { failureBound } : {}) });
-  const t = new api.Trainer({ ranks, algorithm, period, world });
+  const streaming = fragments ? { fragments, fragmentSyncDelay: delay ?? 0 } : {};
+  const t = new api.Trainer({ ranks, algorithm, period, world, ...streaming });
   if (join) await t.admit();
   await t.evaluate();
   while (t.steps < steps) {
