@@ -12,7 +12,10 @@
 //   Int32 word 1  STATUS  0: ok, 1: error (the header is then the error's message, a string)
 //   Int32 word 2  HEAD    the byte length of the JSON header
 //   Int32 word 3  BROKEN  nonzero once the worker failed for good (every waiting call throws)
-//   byte 16 on    the JSON header (UTF-8), then the blobs it names, each a little-endian
+//   Int32 word 4  UPDATES how many KV watch updates (or ends) the worker has received so far,
+//                 any watch (Atomics.add): watchReady asks the worker only when it moved
+//   Int32 words 5-7       unused
+//   byte 32 on    the JSON header (UTF-8), then the blobs it names, each a little-endian
 //                 Uint32 length and that many bytes; a blob stands in the JSON as {"$b": i}
 //                 (the i-th blob after the header)
 //
@@ -21,12 +24,13 @@
 // requests one at a time, in order, and writes nothing unasked, so the area stays still from
 // the moment SEQ names this call until this side posts its next request.
 
-/** Byte offset of the answer's body (after the four Int32 control words). */
-const BODY = 16;
+/** Byte offset of the answer's body (after the eight Int32 control words). */
+const BODY = 32;
 const SEQ = 0;
 const STATUS = 1;
 const HEAD = 2;
 const BROKEN = 3;
+const UPDATES = 4;
 
 const isNode = typeof process !== 'undefined' && !!process.versions?.node;
 /** Node's worker_threads, named through a variable so that bundlers leave it out of browser builds. */
@@ -161,12 +165,14 @@ export class Port {
   #seq = 0;
   #closed = false;
   #sleeper = new Int32Array(new SharedArrayBuffer(4));
+  /** wid → the UPDATES count read before the worker last answered that the watch had none. */
+  #quiet = new Map();
 
   /** @hideconstructor */
   constructor(worker, sab, maxPayload) {
     this.#worker = worker;
     this.#sab = sab;
-    this.#ctl = new Int32Array(sab, 0, 4);
+    this.#ctl = new Int32Array(sab, 0, BODY / 4);
     this.#bytes = new Uint8Array(sab);
     this.#view = new DataView(sab);
     /** The server's max_payload (bytes): the largest message it accepts. */
@@ -362,6 +368,15 @@ export class Port {
   }
 
   /**
+   * Deletes `key`, a key no longer needed, without waiting: queued (this port's later calls
+   * see it done), and its failure ignored.
+   * @param {string} bucket @param {string} key
+   */
+  kvDiscard(bucket, key) {
+    this.#send({ op: 'kvDiscard', bucket, key });
+  }
+
+  /**
    * Starts watch `wid` on the keys of `bucket` matching `pattern`: updates only, from now on.
    * Blocks until the watch is in place.
    * @param {number} wid @param {string} bucket @param {string} pattern
@@ -386,11 +401,19 @@ export class Port {
    * @returns {{key: string, value: Uint8Array | null} | null}
    */
   watchReady(wid) {
-    return this.#call({ op: 'watchReady', wid });
+    // No update (of any watch) since the worker last said this one had none: none, without
+    // a round trip to the worker.
+    const updates = Atomics.load(this.#ctl, UPDATES);
+    if (this.#quiet.get(wid) === updates) return null;
+    const update = this.#call({ op: 'watchReady', wid });
+    if (update === null) this.#quiet.set(wid, updates);
+    else this.#quiet.delete(wid);
+    return update;
   }
 
   /** Stops watch `wid` (queued). @param {number} wid */
   unwatch(wid) {
+    this.#quiet.delete(wid);
     this.#send({ op: 'unwatch', wid });
   }
 

@@ -13,11 +13,12 @@
 // the package has no dependencies to install.
 import { Kvm } from '@nats-io/kv';
 
-const BODY = 16;
+const BODY = 32;
 const SEQ = 0;
 const STATUS = 1;
 const HEAD = 2;
 const BROKEN = 3;
+const UPDATES = 4;
 /** Room kept for the JSON header of one pumped delivery: `[sid,{"$b":i}],` plus its length word. */
 const PER_DELIVERY = 40;
 /** The longest setTimeout delay. */
@@ -123,7 +124,7 @@ async function connectTo(options) {
   nc = await connect(options);
   const maxPayload = nc.info?.max_payload ?? 1024 * 1024;
   const sab = new SharedArrayBuffer(BODY + 2 * maxPayload + 1024 * 1024);
-  ctl = new Int32Array(sab, 0, 4);
+  ctl = new Int32Array(sab, 0, BODY / 4);
   bytes = new Uint8Array(sab);
   view = new DataView(sab);
   listenForRefusals(nc);
@@ -183,12 +184,14 @@ async function kvWatch(wid, name, pattern) {
     try {
       for await (const e of iterator) {
         watch.updates.push({ key: e.key, value: e.operation === 'PUT' ? e.value : null });
+        Atomics.add(ctl, UPDATES, 1);
         wake();
       }
     } catch {
       // The watch failed: it has ended.
     }
     watch.ended = true;
+    Atomics.add(ctl, UPDATES, 1);
     wake();
   })();
 }
@@ -277,6 +280,13 @@ const handlers = {
   kvPut: async ({ bucket: name, key, value }) => void (await bucket(name).put(key, value)),
   kvCreate: async ({ bucket: name, key, value }) => void (await bucket(name).create(key, value)),
   kvDelete: async ({ bucket: name, key }) => void (await bucket(name).delete(key)),
+  kvDiscard: async ({ bucket: name, key }) => {
+    try {
+      await bucket(name).delete(key);
+    } catch {
+      // A key no longer needed: its failure is nobody's concern.
+    }
+  },
   kvWatch: ({ wid, bucket: name, pattern }) => kvWatch(wid, name, pattern),
   watchNext: async ({ wid, timeoutMs }) => {
     const watch = watches.get(wid);

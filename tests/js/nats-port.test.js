@@ -194,6 +194,13 @@ test('KV: open, get, entry, put, create, delete', () => {
   assert.deepEqual(b.kvEntry('port_kv', 'k'), { value: new Uint8Array(0), deleted: true });
   b.kvCreate('port_kv', 'k', bytes('again')); // a deleted key can be created again
   assert.deepEqual(a.kvGet('port_kv', 'k'), bytes('again'));
+  // A discard is queued: the same port's next call sees the key gone; a failed one (a bucket
+  // never opened) is ignored, and leaves no error for the next flush.
+  a.kvPut('port_kv', 'spent', bytes('x'));
+  a.kvDiscard('port_kv', 'spent');
+  assert.equal(a.kvGet('port_kv', 'spent'), null);
+  a.kvDiscard('never_opened', 'k');
+  a.flush();
 });
 
 test('a KV watch sees updates only, from now on', () => {

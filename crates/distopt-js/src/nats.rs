@@ -66,6 +66,8 @@ extern "C" {
     fn kv_create(this: &Port, bucket: &str, key: &str, value: &[u8]) -> Result<(), JsValue>;
     #[wasm_bindgen(method, catch, js_name = kvDelete)]
     fn kv_delete(this: &Port, bucket: &str, key: &str) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch, js_name = kvDiscard)]
+    fn kv_discard(this: &Port, bucket: &str, key: &str) -> Result<(), JsValue>;
     #[wasm_bindgen(method, catch, js_name = kvWatch)]
     fn kv_watch(this: &Port, wid: u32, bucket: &str, pattern: &str) -> Result<(), JsValue>;
     #[wasm_bindgen(method, catch, js_name = watchNext)]
@@ -418,6 +420,12 @@ impl Bucket for PortBucket {
 
     fn delete<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<()>> {
         done(self.port.0.kv_delete(&self.name, key).map_err(link_error))
+    }
+
+    /// Queued in the port: no round trip.
+    fn discard<'a>(&'a self, key: &'a str) -> Pending<'a, ()> {
+        let _ = self.port.0.kv_discard(&self.name, key);
+        Box::pin(std::future::ready(()))
     }
 
     fn watch<'a>(&'a self, pattern: &'a str) -> Pending<'a, LinkResult<Box<dyn Watch>>> {

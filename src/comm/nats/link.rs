@@ -197,6 +197,15 @@ pub trait Bucket: Send + Sync {
     /// Deletes `key`.
     fn delete<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<()>>;
 
+    /// Deletes `key`, a key no longer needed, its failure ignored. By default it waits for the
+    /// delete; a link may instead queue it (the wasm link's port: its later calls see it done)
+    /// so that the caller's step does not wait on a round trip for a clean-up.
+    fn discard<'a>(&'a self, key: &'a str) -> Pending<'a, ()> {
+        Box::pin(async move {
+            let _ = self.delete(key).await;
+        })
+    }
+
     /// Watches the keys matching `pattern` (`sync.>`) for changes from now on.
     fn watch<'a>(&'a self, pattern: &'a str) -> Pending<'a, LinkResult<Box<dyn Watch>>>;
 

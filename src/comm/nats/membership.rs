@@ -457,9 +457,9 @@ impl Point<'_> {
             )));
         }
         if k >= 2 {
-            let _ = self.bucket.delete(&arrived_key(k - 2, self.rank)).await;
+            self.bucket.discard(&arrived_key(k - 2, self.rank)).await;
             if live.iter().position(|&l| l) == Some(self.rank) {
-                let _ = self.bucket.delete(&live_key(k - 2)).await;
+                self.bucket.discard(&live_key(k - 2)).await;
             }
         }
         Ok((live, joining))
