@@ -48,10 +48,14 @@
 // leaving to the joiner healed, and the joiner's start to it healed, against the target of one
 // failure bound (`bound` seconds) plus one sync period. Median of `repeats` runs.
 //
+// Any mode takes `--latency MS`: the ranks then reach the server through a proxy on loopback
+// that holds every chunk MS milliseconds each way, as a server across a network would.
+//
 // Needs nats-server on PATH and tests/js's dependencies (nats.js), as the test suite does.
 
 import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -427,6 +431,26 @@ async function allReduceTable(distopt, server, sizes, { elements, repeats }, rou
   }
 }
 
+/**
+ * A TCP proxy on loopback to the server at `url` (`nats://host:port`) that holds every chunk
+ * `ms` milliseconds in each direction, in order: {url, close()}.
+ */
+async function delayingProxy(url, ms) {
+  const { hostname, port } = new URL(url.replace(/^nats:/, 'http:'));
+  const proxy = net.createServer((client) => {
+    const upstream = net.connect(Number(port), hostname);
+    const pass = (from, to) => {
+      from.on('data', (chunk) => setTimeout(() => to.destroyed || to.write(chunk), ms));
+      from.on('close', () => setTimeout(() => to.destroy(), ms));
+      from.on('error', () => {});
+    };
+    pass(client, upstream);
+    pass(upstream, client);
+  });
+  await new Promise((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+  return { url: `nats://127.0.0.1:${proxy.address().port}`, close: () => proxy.close() };
+}
+
 async function main() {
   const { values } = parseArgs({
     options: {
@@ -443,6 +467,7 @@ async function main() {
       recovery: { type: 'string' },
       'kill-after': { type: 'string', default: '3' },
       bound: { type: 'string', default: '5' },
+      latency: { type: 'string', default: '0' },
     },
   });
   const sizes = (values.ranks ?? (values.trainer === undefined && values.diloco === undefined && values.recovery === undefined ? '2,4' : '3')).split(',').map(Number);
@@ -450,7 +475,11 @@ async function main() {
   if (!fs.existsSync(path.join(PACKAGE, 'nats/worker.node.js'))) throw new Error(`build the package first (scripts/build-npm.sh): ${PACKAGE}`);
   const distopt = path.join(process.env.CARGO_TARGET_DIR || path.join(ROOT, 'target'), 'release', 'distopt');
   execFileSync('cargo', ['build', '--release', '--quiet', '-p', 'distopt-cli', '--bin', 'distopt'], { cwd: ROOT, stdio: 'inherit' });
-  const server = await startServer(['-js']);
+  const nats = await startServer(['-js']);
+  const latency = Number(values.latency);
+  const proxy = latency > 0 ? await delayingProxy(nats.url, latency) : null;
+  if (proxy) console.log(`bench-nats-js: every rank reaches the server through a proxy holding each chunk ${latency} ms each way`);
+  const server = { ...nats, url: proxy?.url ?? nats.url };
   try {
     if (values.recovery !== undefined) {
       const run = { steps: Number(values.recovery), period: Number(values.period ?? 8), killAfter: Number(values['kill-after']), bound: Number(values.bound) };
@@ -471,7 +500,8 @@ async function main() {
       await allReduceTable(distopt, server, sizes, { elements, repeats }, rounds);
     }
   } finally {
-    server.stop();
+    proxy?.close();
+    nats.stop();
   }
 }
 

@@ -14,7 +14,9 @@
 //   Int32 word 3  BROKEN  nonzero once the worker failed for good (every waiting call throws)
 //   Int32 word 4  UPDATES how many KV watch updates (or ends) the worker has received so far,
 //                 any watch (Atomics.add): watchReady asks the worker only when it moved
-//   Int32 words 5-7       unused
+//   Int32 word 5  SERVED  the ticket of the last started request the worker has served (its
+//                 answer kept until `result` takes it)
+//   Int32 words 6-7       unused
 //   byte 32 on    the JSON header (UTF-8), then the blobs it names, each a little-endian
 //                 Uint32 length and that many bytes; a blob stands in the JSON as {"$b": i}
 //                 (the i-th blob after the header)
@@ -31,6 +33,9 @@ const STATUS = 1;
 const HEAD = 2;
 const BROKEN = 3;
 const UPDATES = 4;
+const SERVED = 5;
+/** The requests {@link Port#start} may start. */
+const STARTABLE = new Set(['kvGet', 'kvEntry', 'kvPut', 'kvCreate']);
 
 const isNode = typeof process !== 'undefined' && !!process.versions?.node;
 /** Node's worker_threads, named through a variable so that bundlers leave it out of browser builds. */
@@ -163,6 +168,7 @@ export class Port {
   #bytes;
   #view;
   #seq = 0;
+  #ticket = 0;
   #closed = false;
   #sleeper = new Int32Array(new SharedArrayBuffer(4));
   /** wid → the UPDATES count read before the worker last answered that the watch had none. */
@@ -415,6 +421,42 @@ export class Port {
   unwatch(wid) {
     this.#quiet.delete(wid);
     this.#send({ op: 'unwatch', wid });
+  }
+
+  /**
+   * Starts key-value call `op` (`'kvGet'`, `'kvEntry'`, `'kvPut'` or `'kvCreate'`, with the
+   * arguments of that method; `value` a copy) without waiting for it: the worker serves it in
+   * order with every other request and keeps its answer. {@link Port#served} says whether it
+   * has been served; {@link Port#result} takes the answer (waiting for it when it has not);
+   * {@link Port#forget} drops an answer nobody will take.
+   * @param {string} op @param {string} bucket @param {string} key @param {Uint8Array} [value]
+   * @returns {number} the call's ticket
+   */
+  start(op, bucket, key, value) {
+    if (!STARTABLE.has(op)) throw new TypeError(`start: ${op} is not a key-value call that can be started`);
+    this.#ticket = this.#ticket >= 0x7fffffff ? 1 : this.#ticket + 1;
+    const ticket = this.#ticket;
+    const copy = value === undefined ? undefined : copyOf(value);
+    this.#send({ op, bucket, key, value: copy, ticket }, copy ? [copy.buffer] : []);
+    return ticket;
+  }
+
+  /** Whether started call `ticket` has been served (no wait). @param {number} ticket @returns {boolean} */
+  served(ticket) {
+    return Atomics.load(this.#ctl, SERVED) >= ticket;
+  }
+
+  /**
+   * The answer of started call `ticket` (blocks until it is served), or throws its error.
+   * @param {number} ticket
+   */
+  result(ticket) {
+    return this.#call({ op: 'result', of: ticket });
+  }
+
+  /** Drops the answer of started call `ticket`, which nobody will take (queued). @param {number} ticket */
+  forget(ticket) {
+    this.#send({ op: 'forget', of: ticket });
   }
 
   /** Blocks the calling thread for `ms` milliseconds. @param {number} ms */

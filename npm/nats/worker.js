@@ -19,6 +19,7 @@ const STATUS = 1;
 const HEAD = 2;
 const BROKEN = 3;
 const UPDATES = 4;
+const SERVED = 5;
 /** Room kept for the JSON header of one pumped delivery: `[sid,{"$b":i}],` plus its length word. */
 const PER_DELIVERY = 40;
 /** The longest setTimeout delay. */
@@ -44,6 +45,8 @@ const heartbeats = new Map();
 const buckets = new Map();
 /** wid → {iterator, updates: [{key, value}], ended}. */
 const watches = new Map();
+/** ticket → the answer of a started request ({value} or {error}), until `result` takes it. */
+const started = new Map();
 /** The first error of a request that had no answer (publish, subscribe, a beat): thrown by flush. */
 let deferredError = null;
 
@@ -300,6 +303,15 @@ const handlers = {
     watches.get(wid)?.iterator.stop();
     watches.delete(wid);
   },
+  // `of`: the started call's ticket (a request's own `ticket` marks it as started).
+  result: ({ of }) => {
+    const answer = started.get(of);
+    started.delete(of);
+    if (answer === undefined) throw new Error(`no answer for started call ${of}`);
+    if (answer.error !== undefined) throw new Error(answer.error);
+    return answer.value;
+  },
+  forget: ({ of }) => void started.delete(of),
   close: async () => {
     closing = true;
     for (const { timer } of heartbeats.values()) clearInterval(timer);
@@ -324,10 +336,13 @@ async function serve() {
     try {
       const value = await handlers[request.op](request);
       if (request.seq !== undefined) answer(request.seq, 0, value);
+      else if (request.ticket !== undefined) started.set(request.ticket, { value });
     } catch (error) {
       if (request.seq !== undefined) answer(request.seq, 1, message(error));
+      else if (request.ticket !== undefined) started.set(request.ticket, { error: message(error) });
       else deferError(error);
     }
+    if (request.ticket !== undefined) Atomics.store(ctl, SERVED, request.ticket);
   }
   running = false;
 }

@@ -203,6 +203,27 @@ test('KV: open, get, entry, put, create, delete', () => {
   a.flush();
 });
 
+test('a started key-value call is served in order while the caller goes on; its answer is taken once', () => {
+  a.kvOpen('port_start', true);
+  const put = a.start('kvPut', 'port_start', 'k', bytes('v'));
+  const create = a.start('kvCreate', 'port_start', 'k', bytes('w')); // fails: k has a value
+  const get = a.start('kvGet', 'port_start', 'k');
+  assert.ok(put < create && create < get, 'fresh tickets');
+  const end = Date.now() + 5000;
+  while (!a.served(get) && Date.now() < end) a.sleep(1);
+  assert.ok(a.served(put) && a.served(create) && a.served(get), 'served, in order');
+  assert.equal(a.result(put), null);
+  assert.throws(() => a.result(create), /wrong last sequence/i);
+  assert.deepEqual(a.result(get), bytes('v'));
+  assert.throws(() => a.result(get), /no answer for started call/, 'an answer is taken once');
+  // Waited for at once: result blocks until the call is served.
+  assert.deepEqual(a.result(a.start('kvEntry', 'port_start', 'k')), { value: bytes('v'), deleted: false });
+  const dropped = a.start('kvGet', 'port_start', 'k');
+  a.forget(dropped);
+  assert.throws(() => a.result(dropped), /no answer for started call/);
+  assert.throws(() => a.start('kvDelete', 'port_start', 'k'), TypeError);
+});
+
 test('a KV watch sees updates only, from now on', () => {
   a.kvOpen('port_watch', true);
   b.kvOpen('port_watch', false);

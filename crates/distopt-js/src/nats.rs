@@ -4,16 +4,21 @@
 //! browser page's main thread may not).
 //!
 //! Every operation is done when its future is made, so the protocol's futures are ready when
-//! first polled — except the waits (a watch's next change, a pause) while a sync point in
-//! flight is polled between the caller's steps (`link::polled_between_steps`): they are then
-//! pending until due, so that Streaming DiLoCo's agreement moves on while the rank computes.
+//! first polled — except while a sync point in flight is polled between the caller's steps
+//! (`link::polled_between_steps`): its waits (a watch's next change, a pause) are then pending
+//! until due, and its key-value calls are started in the port and pending until the port's
+//! worker has served them, so that Streaming DiLoCo's agreement moves on while the rank
+//! computes.
 //! Messages of the subscriptions wait in the port until the protocol waits for
 //! them ([`Link::pump`]), and are delivered then, on this thread. The heartbeat's frames are
 //! sealed here, ahead of time, and handed to the port, which publishes one every period while
 //! this thread computes.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -66,6 +71,14 @@ extern "C" {
     fn kv_create(this: &Port, bucket: &str, key: &str, value: &[u8]) -> Result<(), JsValue>;
     #[wasm_bindgen(method, catch, js_name = kvDelete)]
     fn kv_delete(this: &Port, bucket: &str, key: &str) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn start(this: &Port, op: &str, bucket: &str, key: &str, value: &[u8]) -> Result<u32, JsValue>;
+    #[wasm_bindgen(method)]
+    fn served(this: &Port, ticket: u32) -> bool;
+    #[wasm_bindgen(method, catch)]
+    fn result(this: &Port, ticket: u32) -> Result<JsValue, JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn forget(this: &Port, ticket: u32) -> Result<(), JsValue>;
     #[wasm_bindgen(method, catch, js_name = kvDiscard)]
     fn kv_discard(this: &Port, bucket: &str, key: &str) -> Result<(), JsValue>;
     #[wasm_bindgen(method, catch, js_name = kvWatch)]
@@ -384,38 +397,132 @@ fn update(value: &JsValue) -> Update {
     }
 }
 
+/// A key-value call of the port (`kvGet`, `kvEntry`, `kvPut`, `kvCreate`).
+#[derive(Clone, Copy)]
+enum KvCall {
+    Get,
+    Entry,
+    Put,
+    Create,
+}
+
+impl KvCall {
+    fn name(self) -> &'static str {
+        match self {
+            KvCall::Get => "kvGet",
+            KvCall::Entry => "kvEntry",
+            KvCall::Put => "kvPut",
+            KvCall::Create => "kvCreate",
+        }
+    }
+
+    /// The call, waiting for its answer in the port.
+    fn call(self, port: &Port, bucket: &str, key: &str, value: &[u8]) -> Result<JsValue, JsValue> {
+        match self {
+            KvCall::Get => port.kv_get(bucket, key),
+            KvCall::Entry => port.kv_entry(bucket, key),
+            KvCall::Put => port.kv_put(bucket, key, value).map(|()| JsValue::UNDEFINED),
+            KvCall::Create => port
+                .kv_create(bucket, key, value)
+                .map(|()| JsValue::UNDEFINED),
+        }
+    }
+}
+
+/// A key-value call as a future. Polled between the caller's steps it is started in the port
+/// (`Port.start`) and pending until the port's worker has served it, so that the steps go on
+/// during its round trip to the server; waited for, it waits in the port like every other call.
+struct KvFuture<T> {
+    port: Shared,
+    call: KvCall,
+    bucket: String,
+    key: String,
+    value: Bytes,
+    /// The ticket of the call once started.
+    ticket: Option<u32>,
+    answer: fn(JsValue) -> T,
+}
+
+impl<T> Future for KvFuture<T> {
+    type Output = LinkResult<T>;
+
+    fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<LinkResult<T>> {
+        let this = &mut *self;
+        let port = &this.port.0;
+        let answered = match this.ticket {
+            None if !polled_between_steps() => {
+                this.call.call(port, &this.bucket, &this.key, &this.value)
+            }
+            None => {
+                match port.start(this.call.name(), &this.bucket, &this.key, &this.value) {
+                    Ok(ticket) => this.ticket = Some(ticket),
+                    Err(e) => return Poll::Ready(Err(link_error(e))),
+                }
+                return Poll::Pending;
+            }
+            Some(ticket) if polled_between_steps() && !port.served(ticket) => {
+                return Poll::Pending;
+            }
+            Some(ticket) => {
+                this.ticket = None;
+                port.result(ticket)
+            }
+        };
+        Poll::Ready(answered.map(this.answer).map_err(link_error))
+    }
+}
+
+impl<T> Drop for KvFuture<T> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket {
+            let _ = self.port.0.forget(ticket);
+        }
+    }
+}
+
+impl PortBucket {
+    fn kv<'a, T: 'a>(
+        &self,
+        call: KvCall,
+        key: &str,
+        value: Bytes,
+        answer: fn(JsValue) -> T,
+    ) -> Pending<'a, LinkResult<T>>
+    where
+        KvFuture<T>: Send,
+    {
+        Box::pin(KvFuture {
+            port: self.port.clone(),
+            call,
+            bucket: self.name.clone(),
+            key: key.to_string(),
+            value,
+            ticket: None,
+            answer,
+        })
+    }
+}
+
 impl Bucket for PortBucket {
     fn get<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<Option<Bytes>>> {
-        let value = self.port.0.kv_get(&self.name, key).map_err(link_error);
-        done(value.map(|v| optional_bytes(&v)))
+        self.kv(KvCall::Get, key, Bytes::new(), |v| optional_bytes(&v))
     }
 
     fn entry<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<Option<Entry>>> {
-        let entry = self.port.0.kv_entry(&self.name, key).map_err(link_error);
-        done(entry.map(|e| {
+        self.kv(KvCall::Entry, key, Bytes::new(), |e| {
             (!e.is_null() && !e.is_undefined()).then(|| Entry {
                 value: optional_bytes(&field(&e, "value")).unwrap_or_default(),
                 deleted: field(&e, "deleted").is_truthy(),
             })
-        }))
+        })
     }
 
     fn put<'a>(&'a self, key: &'a str, value: Bytes) -> Pending<'a, LinkResult<()>> {
-        done(
-            self.port
-                .0
-                .kv_put(&self.name, key, &value)
-                .map_err(link_error),
-        )
+        self.kv(KvCall::Put, key, value, |_| ())
     }
 
     fn create<'a>(&'a self, key: &'a str, value: Bytes) -> Pending<'a, LinkResult<()>> {
-        done(
-            self.port
-                .0
-                .kv_create(&self.name, key, &value)
-                .map_err(link_error),
-        )
+        self.kv(KvCall::Create, key, value, |_| ())
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> Pending<'a, LinkResult<()>> {

@@ -31,8 +31,9 @@ thread_local! {
 
 /// Whether the protocol is being polled between the caller's steps rather than waited for: a
 /// link that answers every operation before its future is polled (the wasm port) then makes
-/// its waits — [`Watch::next_before`], [`Bucket::pause`] — pending until they are due instead
-/// of blocking the thread, so that a sync point in flight moves on while the caller computes.
+/// its waits — [`Watch::next_before`], [`Bucket::pause`] — pending until they are due, and its
+/// key-value calls pending until answered, instead of blocking the thread, so that a sync
+/// point in flight moves on while the caller computes.
 pub fn polled_between_steps() -> bool {
     BETWEEN_STEPS.with(std::cell::Cell::get)
 }
