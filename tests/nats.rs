@@ -1332,7 +1332,7 @@ fn churn(server: &Server, failures: &mut Vec<String>) {
         "--fragment-sync-delay",
         "3",
         "--steps",
-        "14000",
+        "20000",
         "--backend",
         "cpu",
         "--json",
@@ -1435,7 +1435,10 @@ fn churn(server: &Server, failures: &mut Vec<String>) {
         ));
     }
     let (Some(Some(first)), Some(Some(last))) = (resident.first(), resident.last()) else {
-        return failures.push("churn: rank 1's resident memory could not be read".into());
+        return failures.push(
+            "churn: rank 1's resident memory could not be read (had it finished already? train longer)"
+                .into(),
+        );
     };
     let growth = last.saturating_sub(*first);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
