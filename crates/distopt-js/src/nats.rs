@@ -3,8 +3,8 @@
 //! port's synchronous calls (`Atomics.wait`: Node's main thread or any Worker may block; a
 //! browser page's main thread may not).
 //!
-//! Every operation is done when its future is made, so the protocol's futures are ready when
-//! first polled — except while a sync point in flight is polled between the caller's steps
+//! Every operation is done when its future is made (a key-value call: when it is first
+//! polled), so the protocol's futures are ready when first polled — except while a sync point in flight is polled between the caller's steps
 //! (`link::polled_between_steps`): its waits (a watch's next change, a pause) are then pending
 //! until due, and its key-value calls are started in the port and pending until the port's
 //! worker has served them, so that Streaming DiLoCo's agreement moves on while the rank
