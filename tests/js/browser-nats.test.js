@@ -325,7 +325,9 @@ test('Streaming DiLoCo: a page closed while a fragment is in flight leaves the m
 });
 
 test('churn: four Streaming DiLoCo pages, one closed and one joining every few seconds, finish on the replay of their membership', async () => {
-  const settings = { algorithm: 'diloco', ranks: 4, steps: 1600, fragments: 2, delay: 3, failureBound: 3 };
+  // The pages train until told where to stop (`finishAt`), 200 steps after the last join: the
+  // schedule's sleeps never outlast the run, on a machine of any speed.
+  const settings = { algorithm: 'diloco', ranks: 4, steps: 1_000_000, fragments: 2, delay: 3, failureBound: 3 };
   const run = 'pages-churn';
   const errors = [];
   const start = Date.now();
@@ -346,15 +348,21 @@ test('churn: four Streaming DiLoCo pages, one closed and one joining every few s
       holders[rank] = await open(rank, true);
       await sleep(4);
     }
+    // Every page training (the last joiner admitted), then all told to stop 200 steps on.
+    const steps = () => Promise.all(holders.map((h) => h.page.evaluate(() => window.rankSteps)));
+    const deadline = Date.now() + 120_000;
+    while ((await steps()).some((n) => n === 0) && Date.now() < deadline) await sleep(0.2);
+    const at = Math.max(...(await steps())) + 200;
+    await Promise.all(holders.map((h) => h.page.evaluate((n) => window.finishAt(n), at)));
     const ends = await Promise.all(holders.map((h) => h.running));
     for (const r of ends) {
       assert.equal(r.error, undefined, `every page not closed finishes: ${r.error}`);
-      assert.equal(r.steps, settings.steps, 'a page finished its steps (raise them if the run ended before the last join)');
+      assert.equal(r.steps, at, 'every page stops where it was told');
       assert.deepEqual(r.live, [true, true, true, true]);
     }
     const changes = ends[1].membershipChanges;
     assert.equal(changes.filter((m) => m.joining.length > 0).length, 4, `four joins: ${JSON.stringify(changes)}`);
-    const simulated = await simulatedReplay(settings, changes);
+    const simulated = await simulatedReplay({ ...settings, steps: at }, changes);
     for (const r of ends) {
       assert.deepEqual(r.lossPerRank, simulated.replica_loss_per_rank, `rank ${r.rank}: the simulated replay's replicas, bit for bit`);
     }

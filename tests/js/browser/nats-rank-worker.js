@@ -8,7 +8,8 @@
 //     with `join`, joining the running run in that rank's place and admitted first; with
 //     `leaveBefore`, stopping before that step and reporting {stopped}, for the test to close
 //     the page; `failureBound`: the world's, in seconds; `fragments` and `delay`: Streaming
-//     DiLoCo's fragments and fragment_sync_delay), reported as {rank, steps,
+//     DiLoCo's fragments and fragment_sync_delay; a later message {finishAt: N} makes it stop
+//     after step N instead of `steps`; it posts {progress: steps} every 50 steps), reported as {rank, steps,
 //     meanModelLoss, lossPerRank, live, membershipChanges}.
 // Any failure is reported as {error}.
 
@@ -61,6 +62,9 @@ async function golden({ url, run, ranks, files }) {
   return report;
 }
 
+/** The step after which a trainer stops, when the test says ({finishAt}). */
+let finishAt = Infinity;
+
 async function trainer({ url, run, ranks, rank, algorithm, period, steps, join = false, leaveBefore, failureBound, fragments, delay }) {
   const port = await openPort({ servers: url, name: 'distopt browser trainer rank' });
   const world = api.World.joinNats(port, { run, ranks, rank, join, ...(failureBound ? { failureBound } : {}) });
@@ -68,7 +72,12 @@ async function trainer({ url, run, ranks, rank, algorithm, period, steps, join =
   const t = new api.Trainer({ ranks, algorithm, period, world, ...streaming });
   if (join) await t.admit();
   await t.evaluate();
-  while (t.steps < steps) {
+  while (t.steps < Math.min(steps, finishAt)) {
+    if (t.steps % 50 === 0) {
+      self.postMessage({ progress: t.steps });
+      // A step's promise settles without a task in between: let a {finishAt} message in.
+      await new Promise((resolve) => setTimeout(resolve, 0));
+    }
     if (t.steps === leaveBefore) {
       // Stops here without a word and says so; the test then closes the page.
       self.postMessage({ stopped: t.steps });
@@ -92,6 +101,10 @@ async function trainer({ url, run, ranks, rank, algorithm, period, steps, join =
 }
 
 self.onmessage = async ({ data }) => {
+  if (data.finishAt !== undefined) {
+    finishAt = data.finishAt;
+    return;
+  }
   try {
     await init({ backend: 'cpu' });
     self.postMessage(await (data.mode === 'golden' ? golden(data) : trainer(data)));
