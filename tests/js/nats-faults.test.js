@@ -33,7 +33,8 @@ after(() => server?.stop());
  * Starts rank `rank` of `run` (`ranks` ranks, 3 by default; with `join`, as a process joining the
  * running run in that rank's place; with `leaveBefore`, a rank that dies before that step; with
  * `fragments` and `delay`, Streaming DiLoCo; `bound`: the failure bound in seconds); resolves
- * {code, report, err, exitAt} when it exits.
+ * {code, report, err, exitAt} when it exits. With `steps` 'told', it trains until `finish(N)`:
+ * `progress()` is its steps so far (0 before it trains).
  */
 function startRank(run, rank, algorithm, steps, { join = false, ranks = 3, period = 8, leaveBefore, fragments, delay, bound } = {}) {
   const optional = { DISTOPT_LEAVE_BEFORE: leaveBefore, DISTOPT_FRAGMENTS: fragments, DISTOPT_FRAGMENT_SYNC_DELAY: delay, DISTOPT_FAILURE_BOUND: bound };
@@ -50,7 +51,7 @@ function startRank(run, rank, algorithm, steps, { join = false, ranks = 3, perio
       ...(join ? { DISTOPT_JOIN: '1' } : {}),
       ...Object.fromEntries(Object.entries(optional).filter(([, v]) => v !== undefined).map(([k, v]) => [k, String(v)])),
     },
-    stdio: ['ignore', 'pipe', 'pipe'],
+    stdio: ['pipe', 'pipe', 'pipe'],
   });
   let out = '';
   let err = '';
@@ -69,7 +70,9 @@ function startRank(run, rank, algorithm, steps, { join = false, ranks = 3, perio
       resolve({ code: code ?? signal, report, out, err, exitAt: Date.now() });
     }),
   );
-  return { child, exited };
+  const progress = () => Number([...err.matchAll(/progress (\d+)/g)].at(-1)?.[1] ?? 0);
+  const finish = (n) => child.stdin.write(`finish ${n}\n`);
+  return { child, exited, progress, finish };
 }
 
 /** Waits until all three ranks have joined and trained a while (their stdout is quiet until the end). */
@@ -227,7 +230,9 @@ test('Streaming DiLoCo: a Node rank that dies while a fragment is in flight leav
 });
 
 test('churn: four Streaming DiLoCo Node ranks, one killed and one joining every few seconds, finish on the replay of their membership', async () => {
-  const settings = { algorithm: 'diloco', ranks: 4, steps: 4000, fragments: 2, delay: 3 };
+  // The ranks train until told where to stop, 200 steps after the last join: the schedule's
+  // sleeps never outlast the run, on a machine of any speed.
+  const settings = { algorithm: 'diloco', ranks: 4, steps: 'told', fragments: 2, delay: 3 };
   const bound = 3;
   const run = 'faults-churn';
   const start = (rank, join = false) => startRank(run, rank, 'diloco', settings.steps, { ...settings, bound, join });
@@ -244,16 +249,20 @@ test('churn: four Streaming DiLoCo Node ranks, one killed and one joining every 
     await sleep(4);
   }
   resident.push(residentBytes(holders[1].child.pid));
-  for (const k of killed) assert.equal((await k.exited).code, 'SIGKILL', 'a killed rank was still training (raise the steps)');
+  const deadline = Date.now() + 120_000;
+  while (holders.some((h) => h.progress() === 0) && Date.now() < deadline) await sleep(0.2);
+  const at = Math.max(...holders.map((h) => h.progress())) + 200;
+  holders.forEach((h) => h.finish(at));
+  for (const k of killed) assert.equal((await k.exited).code, 'SIGKILL', 'a killed rank was still training');
   const ends = await Promise.all(holders.map((h) => h.exited));
   for (const s of ends) {
     assert.equal(s.code, 0, `every rank not killed finishes: ${s.out}\n${s.err}`);
-    assert.equal(s.report.steps, settings.steps);
+    assert.equal(s.report.steps, at);
     assert.deepEqual(s.report.live, [true, true, true, true]);
   }
   const changes = ends[1].report.membershipChanges;
   assert.equal(changes.filter((m) => m.joining.length > 0).length, 4, `four joins: ${JSON.stringify(changes)}`);
-  const simulated = await replay(settings, changes);
+  const simulated = await replay({ ...settings, steps: at }, changes);
   for (const s of ends) {
     assert.deepEqual(s.report.lossPerRank, simulated.replica_loss_per_rank, `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
   }

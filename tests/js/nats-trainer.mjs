@@ -5,7 +5,9 @@
 // `--algorithm DISTOPT_ALGORITHM --period DISTOPT_PERIOD` (and, when set, `--fragments
 // DISTOPT_FRAGMENTS --fragment-sync-delay DISTOPT_FRAGMENT_SYNC_DELAY`) over that world, and
 // makes the calls its train loop makes (an evaluation, DISTOPT_STEPS steps, an evaluation). With
-// DISTOPT_LEAVE_BEFORE=T it dies without a word (SIGKILL, as a closed tab) before step T. Prints one JSON
+// DISTOPT_LEAVE_BEFORE=T it dies without a word (SIGKILL, as a closed tab) before step T. With
+// DISTOPT_STEPS=told it trains until a line "finish N" on its stdin, then stops after step N, and
+// writes "progress S" (its steps so far) to stderr every 50 steps. Prints one JSON
 // line {rank, steps, meanModelLoss, lossPerRank, live, membershipChanges} and exits 0; a failure prints
 // {rank, error: {name, message}, at} and exits 1.
 
@@ -25,11 +27,27 @@ const started = Date.now();
 try {
   if (process.env.DISTOPT_JOIN === '1') await trainer.admit();
   await trainer.evaluate();
-  const steps = Number(env('DISTOPT_STEPS'));
+  let steps = Number(env('DISTOPT_STEPS'));
+  const told = env('DISTOPT_STEPS') === 'told';
+  if (told) {
+    steps = Infinity;
+    process.stdin.setEncoding('utf8');
+    process.stdin.on('data', (line) => {
+      const n = /finish (\d+)/.exec(line);
+      if (n) steps = Number(n[1]);
+    });
+  }
   while (trainer.steps < steps) {
+    if (told && trainer.steps % 50 === 0) {
+      process.stderr.write(`progress ${trainer.steps}\n`);
+      // A step's promise settles without a task in between: let the "finish" line in.
+      await new Promise((resolve) => setImmediate(resolve));
+    }
     if (trainer.steps === leaveBefore) process.kill(process.pid, 'SIGKILL');
     await trainer.step();
   }
+  // Listening on stdin would keep the process alive after its report.
+  if (told) process.stdin.destroy();
   const evaluation = await trainer.evaluate();
   console.log(
     JSON.stringify({
