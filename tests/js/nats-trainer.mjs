@@ -7,8 +7,8 @@
 // makes the calls its train loop makes (an evaluation, DISTOPT_STEPS steps, an evaluation). With
 // DISTOPT_LEAVE_BEFORE=T it dies without a word (SIGKILL, as a closed tab) before step T. With
 // DISTOPT_STEPS=told it trains until a line "finish N" on its stdin, then stops after step N, and
-// writes "progress S" (its steps so far) to stderr every 50 steps. Prints one JSON
-// line {rank, steps, meanModelLoss, lossPerRank, live, membershipChanges} and exits 0; a failure prints
+// writes "progress S" (its steps so far) to stderr every 50 steps. Prints one JSON line {rank,
+// steps, meanModelLoss, lossPerRank, live, membershipChanges} and exits 0; a failure prints
 // {rank, error: {name, message}, at} and exits 1.
 
 import { joinFromEnv } from './helpers.js';
@@ -27,10 +27,9 @@ const started = Date.now();
 try {
   if (process.env.DISTOPT_JOIN === '1') await trainer.admit();
   await trainer.evaluate();
-  let steps = Number(env('DISTOPT_STEPS'));
   const told = env('DISTOPT_STEPS') === 'told';
+  let steps = told ? Infinity : Number(env('DISTOPT_STEPS'));
   if (told) {
-    steps = Infinity;
     process.stdin.setEncoding('utf8');
     process.stdin.on('data', (line) => {
       const n = /finish (\d+)/.exec(line);

@@ -4,11 +4,11 @@
 //! browser page's main thread may not).
 //!
 //! Every operation is done when its future is made (a key-value call: when it is first
-//! polled), so the protocol's futures are ready when first polled — except while a sync point in flight is polled between the caller's steps
-//! (`link::polled_between_steps`): its waits (a watch's next change, a pause) are then pending
-//! until due, and its key-value calls are started in the port and pending until the port's
-//! worker has served them, so that Streaming DiLoCo's agreement moves on while the rank
-//! computes.
+//! polled), so the protocol's futures are ready when first polled — except while a sync point
+//! in flight is polled between the caller's steps (`link::polled_between_steps`): its waits (a
+//! watch's next change, a pause) are then pending until due, and its key-value calls are
+//! started in the port and pending until the port's worker has served them, so that Streaming
+//! DiLoCo's agreement moves on while the rank computes.
 //! Messages of the subscriptions wait in the port until the protocol waits for
 //! them ([`Link::pump`]), and are delivered then, on this thread. The heartbeat's frames are
 //! sealed here, ahead of time, and handed to the port, which publishes one every period while

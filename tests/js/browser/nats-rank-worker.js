@@ -9,8 +9,8 @@
 //     `leaveBefore`, stopping before that step and reporting {stopped}, for the test to close
 //     the page; `failureBound`: the world's, in seconds; `fragments` and `delay`: Streaming
 //     DiLoCo's fragments and fragment_sync_delay; a later message {finishAt: N} makes it stop
-//     after step N instead of `steps`; it posts {progress: steps} every 50 steps), reported as {rank, steps,
-//     meanModelLoss, lossPerRank, live, membershipChanges}.
+//     after step N instead of `steps`; it posts {progress: steps} every 50 steps), reported
+//     as {rank, steps, meanModelLoss, lossPerRank, live, membershipChanges}.
 // Any failure is reported as {error}.
 
 import init, * as api from '/pkg/index.js';
