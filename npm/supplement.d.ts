@@ -269,19 +269,3 @@ export interface Port {
   /** Closes the connection and stops its worker (idempotent). */
   close(): void;
 }
-
-/** How `World.joinNats` joins a run. */
-export interface NatsJoinOptions {
-  /** The run's name: letters, digits, `-` and `_`. */
-  run: string;
-  /** Ranks in the run (the target world size). */
-  ranks: number;
-  /** The rank to take; the lowest free one when omitted. */
-  rank?: number;
-  /** Join a running run: take a rank that left, be admitted and healed at its next sync point. */
-  join?: boolean;
-  /** Seconds a rank may be silent before a collective waiting on it fails (5). */
-  failureBound?: number;
-  /** Seconds to wait for every rank to join (60). */
-  joinTimeout?: number;
-}

@@ -63,6 +63,8 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
             // against it).
             &["budget"],
             &["convert"],
+            // Settings and options objects read as serde types.
+            &["settings"],
             // What every binding shares: thrown errors and promises; the registries that find
             // the Rust object behind a JS argument; the slot of an object a wrapper can take.
             &["boundary", "handles"],
@@ -72,6 +74,8 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
             &["nats", "nats_config"],
             // The current backend, the worlds, the CPU pool's workers.
             &["session", "world", "threads"],
+            // A Trainer's settings (its world among them).
+            &["trainer_settings"],
             // The replicas every algorithm takes, and what a wrapper of them holds.
             &["replicas"],
             &["wrapper"],

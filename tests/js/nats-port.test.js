@@ -323,6 +323,18 @@ test('World.joinNats: one world per port, and named errors for a wrong port or o
   assert.throws(() => api.World.joinNats(port, { run: 'no spaces', ranks: 1 }), { name: 'ValueError' });
   assert.throws(() => api.World.joinNats(port, { run: 'r', ranks: 0 }), { name: 'ValueError', message: /at least one rank/ });
   assert.throws(() => api.World.joinNats(port, { ranks: 2 }), { name: 'TypeError', message: /options.run must be a string/ });
+  assert.throws(() => api.World.joinNats(port, { run: 'r', ranks: 2, failurebound: 3 }), {
+    name: 'TypeError',
+    message: "unknown World.joinNats option 'failurebound': expected run, ranks, rank, join, failureBound or joinTimeout",
+  });
+  assert.throws(() => api.World.joinNats(port, { run: 'r', ranks: 2, rank: -1 }), {
+    name: 'ValueError',
+    message: 'options.rank must be a non-negative integer, got -1',
+  });
+  assert.throws(() => api.World.joinNats(port, { run: 'r', ranks: 2, joinTimeout: NaN }), {
+    name: 'ValueError',
+    message: 'options.joinTimeout must be a positive number of seconds, got NaN',
+  });
   assert.throws(() => api.World.joinNats(port, { run: 'r', ranks: 2, failureBound: -1 }), {
     name: 'ValueError',
     message: /options.failureBound must be a positive number of seconds/,

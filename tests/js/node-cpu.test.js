@@ -555,7 +555,8 @@ test('ZeroRedundancyOptimizer: sharded state, consolidation, named errors', asyn
     [() => new ZeroRedundancyOptimizer(world, world, null, 'SGD'), 'TypeError', 'replicas must be a Replicas'],
     [() => new ZeroRedundancyOptimizer(world, replicas, [7], 'SGD'), 'IndexError', 'out of range'],
     [() => new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', { lr: -1 }), 'ValueError', 'Invalid learning rate'],
-    [() => new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', {}, { bucket: true }), 'TypeError', "unknown ZeroRedundancyOptimizer option 'bucket'"],
+    [() => new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', {}, { bucket: true }), 'TypeError', "unknown ZeroRedundancyOptimizer option 'bucket': expected parametersAsBucketView or overlapWithDdp"],
+    [() => new ZeroRedundancyOptimizer(world, replicas, null, 'SGD', {}, { overlapWithDdp: 'yes' }), 'TypeError', 'zeroOptions.overlapWithDdp must be a boolean, got "yes"'],
     [() => new ZeroRedundancyOptimizer(world, replicas, [{ lr: 1 }], 'SGD'), 'ValueError', "must have a 'params' key"],
     [() => new ZeroRedundancyOptimizer(world, replicas, 5, 'SGD'), 'TypeError', 'iterable of Tensors or dicts, but got int'],
     [() => new ZeroRedundancyOptimizer(world, replicas, [0, 1.5], 'SGD'), 'TypeError', 'iterable of Tensors or dicts'],
@@ -626,6 +627,18 @@ test('Join: DDP and ZeRO with uneven inputs, each rank\'s error, warnings with t
   const joinError = await thrown(() => new Join([]));
   assert.equal(joinError.name, 'ValueError');
   assert.equal(joinError.message, 'The join context manager requires at least one joinable');
+  // Join's options are read by their declared keys: an unknown one before any value.
+  const ddp3 = new DistributedDataParallel(world, replicas);
+  for (const [options, name, message] of [
+    [{ enable: true, throwOnEarly: true }, 'TypeError', "unknown Join option 'throwOnEarly': expected enable, throwOnEarlyTermination or divideByInitialWorldSize"],
+    [{ enable: null }, 'TypeError', 'options.enable must be a boolean, got null'],
+    [{ divideByInitialWorldSize: 0 }, 'TypeError', 'options.divideByInitialWorldSize must be a boolean, got 0'],
+    ['on', 'TypeError', 'options must be an object {enable, throwOnEarlyTermination, divideByInitialWorldSize}'],
+  ]) {
+    const e = await thrown(() => new Join([ddp3], options));
+    assert.deepEqual([e.name, e.message], [name, message]);
+  }
+  ddp3.free();
 
   // Warnings carry their channel, category and ranks; errors each rank's message.
   const world2 = new World(2);
@@ -698,7 +711,9 @@ test('RpcWorld and DistributedOptimizer: steps from autograd contexts, named err
     [() => new DistributedOptimizer(world, 'NAdam', [a]), 'ValueError', "unknown optimizer 'NAdam'"],
     [() => new DistributedOptimizer(world, 'SGD', [foreign]), 'ValueError', 'belongs to another RpcWorld'],
     [() => new DistributedOptimizer(world, 'SGD', [a], { lr: -1 }), 'ValueError', 'Invalid learning rate'],
-    [() => new DistributedOptimizer(world, 'SGD', [a], {}, { functional: 'no' }), 'TypeError', 'functional must be a boolean'],
+    [() => new DistributedOptimizer(world, 'SGD', [a], {}, { functional: 'no' }), 'TypeError', 'settings.functional must be a boolean, got "no"'],
+    [() => new DistributedOptimizer(world, 'SGD', [a], {}, { functionl: false }), 'TypeError', "unknown DistributedOptimizer option 'functionl': expected functional"],
+    [() => new DistributedOptimizer(world, 'SGD', [a], {}, [true]), 'TypeError', 'settings must be an object {functional: boolean}'],
     [() => new DistributedOptimizer({}, 'SGD', [a]), 'TypeError', 'rpcWorld must be an RpcWorld'],
   ];
   for (const [call, name, text] of cases) {
@@ -792,6 +807,22 @@ test('the trainer learns the hand-written digits (task.dataset, Trainer.parseDig
   }
   const mixed = await thrown(() => new api.Trainer({ ranks: 2, task: { dataset: tiny, samples: 10 } }));
   assert.match(mixed.message, /unexpected setting 'samples'/);
+  // The settings' keys are the ones TrainerSettings declares; `world: undefined` is no world.
+  for (const [settings, name, message] of [
+    [{ ranks: 2, colour: 1 }, 'TypeError', "Trainer got an unexpected setting 'colour' (known: ranks, algorithm, period, fragments, fragmentSyncDelay, fragmentUpdateAlpha, compress, warmup, levels, subgroupSize, lr, momentum, batchSize, seed, task, world)"],
+    [{ ranks: 2, task: { sample: 10 } }, 'TypeError', "task got an unexpected setting 'sample' (known: features, hidden, classes, samples, heterogeneity, seed)"],
+    [{ ranks: 2, task: { dataset: { ...tiny, name: 5 } } }, 'TypeError', "'task.dataset.name' must be a string, got 5"],
+    [{ ranks: 2, lr: '0.1' }, 'TypeError', `'lr' must be a number, got "0.1"`],
+    [{ ranks: 2 ** 40 }, 'TypeError', "'ranks': invalid value: integer `1099511627776`, expected usize"],
+    [{ ranks: 2, levels: [[2, 2], [4]] }, 'TypeError', "'levels' must be [period, groupSize] pairs of non-negative integers, got [4]"],
+    [{ ranks: 2, task: 3 }, 'TypeError', "'task' must be an object, got 3"],
+  ]) {
+    const e = await thrown(() => new api.Trainer(settings));
+    assert.deepEqual([e.name, e.message], [name, message]);
+  }
+  const worldless = new api.Trainer({ ranks: 2, world: undefined, task: { samples: 64 } });
+  assert.equal(worldless.ranks, 2);
+  worldless.free();
   const notDigits = await thrown(() => api.Trainer.parseDigits(new Uint8Array([1, 2, 3])));
   assert.equal(notDigits.name, 'ValueError');
   assert.match(notDigits.message, /not a digits file/);

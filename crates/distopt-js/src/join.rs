@@ -5,13 +5,16 @@ use std::cell::{RefCell, RefMut};
 use std::rc::Rc;
 
 use js_sys::Array;
+use serde::Deserialize;
 use serde_json::Value;
+use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, busy, js, js_ranks};
 use super::convert::json_from_js;
 use super::handles;
 use super::replicas::{SharedReplicas, borrow_mut, replicas_of};
+use super::settings::{options_naming, read_js};
 use super::typings::{ReplicasArg, WorldArg};
 use super::world::{communicator, world_of};
 use super::zero::{ZeroHandle, zero_of};
@@ -146,56 +149,46 @@ fn as_joinables<'a>(borrowed: &'a mut [Borrowed<'_>]) -> Vec<&'a mut dyn Joinabl
         .collect()
 }
 
-#[wasm_bindgen(typescript_custom_section)]
-const JOIN_OPTIONS: &'static str = r#"
-/** `Join`'s options (PyTorch's keyword arguments and their defaults). */
-export interface JoinOptions {
-  /** Uneven-input detection (default true); off, uneven inputs are a RuntimeError. */
-  enable?: boolean;
-  /**
-   * Raise on every rank as soon as one runs out of inputs (default false): `RuntimeError`
-   * `Rank r exhausted all inputs.` on the ranks that did, `Detected at least one rank that
-   * exhausted inputs. Throwing across all ranks.` on the others, each in `rankErrors`.
-   */
-  throwOnEarlyTermination?: boolean;
-  /** DDP's join hook keyword (default true): divide by the initial world size, not the active ranks. */
-  divideByInitialWorldSize?: boolean;
+/// `Join`'s options (PyTorch's keyword arguments and their defaults).
+#[derive(Deserialize, Tsify)]
+#[serde(rename_all = "camelCase", default)]
+#[tsify(rename = "JoinOptions")]
+pub struct JoinSettings {
+    /// Uneven-input detection (default true); off, uneven inputs are a RuntimeError.
+    enable: bool,
+    /// Raise on every rank as soon as one runs out of inputs (default false): `RuntimeError`
+    /// `Rank r exhausted all inputs.` on the ranks that did, `Detected at least one rank that
+    /// exhausted inputs. Throwing across all ranks.` on the others, each in `rankErrors`.
+    throw_on_early_termination: bool,
+    /// DDP's join hook keyword (default true): divide by the initial world size, not the
+    /// active ranks.
+    divide_by_initial_world_size: bool,
 }
-"#;
 
-/// `{enable, throwOnEarlyTermination, divideByInitialWorldSize}` (PyTorch's defaults: `true`,
-/// `false`, `true`).
-fn join_options(value: &JsValue) -> Result<JoinOptions> {
-    let mut options = JoinOptions::default();
-    let map = match json_from_js(value, "options")? {
-        Value::Null => return Ok(options),
-        Value::Object(map) => map,
-        _ => {
-            return Err(Error::type_error(
-                "options must be an object {enable, throwOnEarlyTermination, divideByInitialWorldSize}",
-            ));
-        }
-    };
-    for (key, value) in &map {
-        let flag = match value {
-            Value::Bool(b) => *b,
-            _ => {
-                return Err(Error::type_error(format!(
-                    "options.{key} must be a boolean"
-                )));
-            }
-        };
-        match key.as_str() {
-            "enable" => options.enable = flag,
-            "throwOnEarlyTermination" => options.throw_on_early_termination = flag,
-            "divideByInitialWorldSize" => options.divide_by_initial_world_size = flag,
-            other => {
-                return Err(Error::type_error(format!(
-                    "unknown Join option '{other}': expected enable, throwOnEarlyTermination or divideByInitialWorldSize"
-                )));
-            }
+impl Default for JoinSettings {
+    fn default() -> Self {
+        let d = JoinOptions::default();
+        JoinSettings {
+            enable: d.enable,
+            throw_on_early_termination: d.throw_on_early_termination,
+            divide_by_initial_world_size: d.divide_by_initial_world_size,
         }
     }
+}
+
+/// `Join`'s options, PyTorch's defaults where absent (`JoinOptions`).
+fn join_options(value: &JsValue) -> Result<JoinOptions> {
+    let s: JoinSettings = read_js(
+        value,
+        "options",
+        "options must be an object {enable, throwOnEarlyTermination, divideByInitialWorldSize}",
+        &options_naming("Join", |key| format!("options.{key}")),
+    )?
+    .unwrap_or_default();
+    let mut options = JoinOptions::default();
+    options.enable = s.enable;
+    options.throw_on_early_termination = s.throw_on_early_termination;
+    options.divide_by_initial_world_size = s.divide_by_initial_world_size;
     Ok(options)
 }
 

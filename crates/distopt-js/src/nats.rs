@@ -615,47 +615,66 @@ impl Drop for PortWatch {
     }
 }
 
-/// `World.joinNats`'s options as the library's: `run` and `ranks` required; `rank`, `join`,
-/// `failureBound` and `joinTimeout` (seconds) optional.
+/// How `World.joinNats` joins a run.
+#[derive(serde::Deserialize, tsify::Tsify)]
+#[serde(rename_all = "camelCase")]
+#[tsify(rename = "NatsJoinOptions")]
+pub struct NatsJoinSettings {
+    /// The run's name: letters, digits, `-` and `_`.
+    #[tsify(type = "string")]
+    run: Option<String>,
+    /// Ranks in the run (the target world size).
+    #[tsify(type = "number")]
+    ranks: Option<usize>,
+    /// The rank to take; the lowest free one when omitted.
+    #[tsify(optional)]
+    rank: Option<usize>,
+    /// Join a running run: take a rank that left, be admitted and healed at its next sync
+    /// point.
+    #[tsify(optional)]
+    join: Option<bool>,
+    /// Seconds a rank may be silent before a collective waiting on it fails (5).
+    #[tsify(optional)]
+    failure_bound: Option<f64>,
+    /// Seconds to wait for every rank to join (60).
+    #[tsify(optional)]
+    join_timeout: Option<f64>,
+}
+
+/// `World.joinNats`'s options as the library's (`NatsJoinOptions`).
 pub(crate) fn join_options(value: &JsValue) -> distopt::error::Result<NatsOptions> {
-    use super::convert::{count_arg, get, number, optional_bool_arg, optional_integer_arg};
+    use super::settings::{options_naming, read_js};
     use distopt::error::Error;
-    if !value.is_object() {
-        return Err(Error::type_error(
-            "joinNats options must be an object with run and ranks",
-        ));
-    }
-    let run = get(value, "run")
-        .as_string()
-        .ok_or_else(|| Error::type_error("joinNats options.run must be a string"))?;
-    let ranks = count_arg(&get(value, "ranks"), "options.ranks")?;
+    let s: NatsJoinSettings = read_js(
+        value,
+        "options",
+        "joinNats options must be an object with run and ranks",
+        &options_naming("World.joinNats", |key| format!("options.{key}")),
+    )?
+    .ok_or_else(|| Error::type_error("joinNats options must be an object with run and ranks"))?;
+    let run = s
+        .run
+        .ok_or_else(|| Error::type_error("options.run must be a string, got undefined"))?;
+    let ranks = s.ranks.ok_or_else(|| {
+        Error::type_error("options.ranks must be a non-negative integer, got undefined")
+    })?;
     let mut options = NatsOptions::new(String::new(), run, ranks);
-    options.rank = optional_integer_arg(&get(value, "rank"), "options.rank")?
-        .map(|r| {
-            usize::try_from(r)
-                .map_err(|_| Error::value(format!("options.rank must be at least 0, got {r}")))
-        })
-        .transpose()?;
-    options.join = optional_bool_arg(&get(value, "join"), "options.join")?.unwrap_or(false);
-    for (key, slot) in [
-        ("failureBound", &mut options.failure_bound),
-        ("joinTimeout", &mut options.join_timeout),
+    options.rank = s.rank;
+    options.join = s.join.unwrap_or(false);
+    for (key, given, slot) in [
+        ("failureBound", s.failure_bound, &mut options.failure_bound),
+        ("joinTimeout", s.join_timeout, &mut options.join_timeout),
     ] {
-        let given = get(value, key);
-        if given.is_undefined() {
-            continue;
-        }
-        let seconds = number(&given, &format!("options.{key}"))?;
-        *slot = Duration::try_from_secs_f64(seconds).map_err(|_| {
-            Error::value(format!(
-                "options.{key} must be a positive number of seconds, got {seconds}"
-            ))
-        })?;
-        if slot.is_zero() {
-            return Err(Error::value(format!(
-                "options.{key} must be a positive number of seconds, got {seconds}"
-            )));
-        }
+        let Some(seconds) = given else { continue };
+        *slot = Duration::try_from_secs_f64(seconds)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                Error::value(format!(
+                    "options.{key} must be a positive number of seconds, got {}",
+                    super::convert::js_number(seconds)
+                ))
+            })?;
     }
     Ok(options)
 }

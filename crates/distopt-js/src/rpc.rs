@@ -5,15 +5,16 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use js_sys::{Array, Promise};
-use serde::Serialize;
+use js_sys::Promise;
+use serde::{Deserialize, Serialize};
 use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
-use super::convert::{array, get, optional_string, tensor_from_js, tensor_to_js};
+use super::convert::{array, optional_string, tensor_from_js, tensor_to_js};
 use super::handles;
 use super::optim::options;
+use super::settings::{options_naming, read_js};
 use super::typings::{OptimizerClassArg, OptimizerOptionsArg, StringArg, TensorInputArg};
 use distopt::backend::CpuBackend;
 use distopt::error::{Error, Result};
@@ -343,18 +344,26 @@ impl AutogradContextJs {
     }
 }
 
-#[wasm_bindgen(typescript_custom_section)]
-const DISTRIBUTED_OPTIMIZER_SETTINGS: &'static str = r#"
-/** What `DistributedOptimizer` runs on each owner. */
-export interface DistributedOptimizerSettings {
-  /**
-   * `true` (default, PyTorch's with TorchScript on): functional optimizers, which skip a
-   * parameter without a gradient in the context. `false`: the `torch.optim` path, where the
-   * context's gradients are assigned to `param.grad` and persist across steps.
-   */
-  functional?: boolean;
+/// What `DistributedOptimizer` runs on each owner.
+#[derive(Deserialize, Tsify)]
+pub struct DistributedOptimizerSettings {
+    /// `true` (default, PyTorch's with TorchScript on): functional optimizers, which skip a
+    /// parameter without a gradient in the context. `false`: the `torch.optim` path, where the
+    /// context's gradients are assigned to `param.grad` and persist across steps.
+    #[tsify(optional)]
+    functional: Option<bool>,
 }
-"#;
+
+/// `DistributedOptimizer`'s settings: whether the owners run functional optimizers.
+fn functional(settings: &JsValue) -> Result<bool> {
+    let s: Option<DistributedOptimizerSettings> = read_js(
+        settings,
+        "settings",
+        "settings must be an object {functional: boolean}",
+        &options_naming("DistributedOptimizer", |key| format!("settings.{key}")),
+    )?;
+    Ok(s.and_then(|s| s.functional).unwrap_or(true))
+}
 
 /// One owner's local optimizer.
 #[derive(Serialize, Tsify)]
@@ -419,21 +428,7 @@ impl DistributedOptimizerJs {
             .map(|(i, v)| rref_of(&v, &world, &format!("rrefs[{i}]")))
             .collect::<Result<Vec<RRef>>>()?;
         let options = options(options_value)?;
-        let functional = if settings.is_undefined() || settings.is_null() {
-            true
-        } else if settings.is_object() && !Array::is_array(settings) {
-            let flag = get(settings, "functional");
-            if flag.is_undefined() || flag.is_null() {
-                true
-            } else {
-                flag.as_bool()
-                    .ok_or_else(|| Error::type_error("settings.functional must be a boolean"))?
-            }
-        } else {
-            return Err(Error::type_error(
-                "settings must be an object {functional: boolean}",
-            ));
-        };
+        let functional = functional(settings)?;
         let kind = if functional {
             LocalOptimizerKind::Functional
         } else {

@@ -5,7 +5,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use js_sys::{Array, Promise};
+use serde::Deserialize;
 use serde_json::Value;
+use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, busy, js, js_ranks};
@@ -13,6 +15,7 @@ use super::convert::{json_from_js, json_to_js};
 use super::handles;
 use super::optim::{group_from_json, options};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
+use super::settings::{options_naming, read_js};
 use super::typings::{
     BooleanArg, IntegerArg, OptimizerClassArg, OptimizerOptionsArg, ReplicasArg, StateDictArg,
     WorldArg,
@@ -294,54 +297,36 @@ fn params_arg(value: &JsValue, replicas: &Replicas) -> Result<ParamsArg> {
     ))
 }
 
-#[wasm_bindgen(typescript_custom_section)]
-const ZERO_OPTIONS: &'static str = r#"
-/** `ZeroRedundancyOptimizer`'s own construction options. */
-export interface ZeroOptions {
-  /** Pack each rank's parameters into one flat bucket, broadcast as one transfer (default false). */
-  parametersAsBucketView?: boolean;
-  /**
-   * Overlap the optimizer with DDP's backward (default false). Without DDP the optimizer never
-   * finishes initializing, as in PyTorch: `step()` only warns, the partition getters are `null`,
-   * and the state-dict methods throw a RuntimeError.
-   */
-  overlapWithDdp?: boolean;
+/// `ZeroRedundancyOptimizer`'s own construction options (`null` reads as false).
+#[derive(Default, Deserialize, Tsify)]
+#[serde(rename_all = "camelCase")]
+#[tsify(rename = "ZeroOptions")]
+pub struct ZeroSettings {
+    /// Pack each rank's parameters into one flat bucket, broadcast as one transfer (default
+    /// false).
+    #[tsify(optional)]
+    parameters_as_bucket_view: Option<bool>,
+    /// Overlap the optimizer with DDP's backward (default false). Without DDP the optimizer
+    /// never finishes initializing, as in PyTorch: `step()` only warns, the partition getters
+    /// are `null`, and the state-dict methods throw a RuntimeError.
+    #[tsify(optional)]
+    overlap_with_ddp: Option<bool>,
 }
-"#;
 
-/// `{parametersAsBucketView, overlapWithDdp}` (both default `false`).
+/// ZeRO's own options (`ZeroOptions`).
 fn zero_options(value: &JsValue) -> Result<ZeroOptions> {
-    let map = match json_from_js(value, "zeroOptions")? {
-        Value::Null => return Ok(ZeroOptions::default()),
-        Value::Object(map) => map,
-        _ => {
-            return Err(Error::type_error(
-                "zeroOptions must be an object {parametersAsBucketView, overlapWithDdp}",
-            ));
-        }
-    };
-    let mut options = ZeroOptions::default();
-    for (key, value) in &map {
-        let flag = match value {
-            Value::Bool(b) => *b,
-            Value::Null => false,
-            _ => {
-                return Err(Error::type_error(format!(
-                    "zeroOptions.{key} must be a boolean"
-                )));
-            }
-        };
-        match key.as_str() {
-            "parametersAsBucketView" => options.parameters_as_bucket_view = flag,
-            "overlapWithDdp" => options.overlap_with_ddp = flag,
-            other => {
-                return Err(Error::type_error(format!(
-                    "unknown ZeroRedundancyOptimizer option '{other}': expected parametersAsBucketView or overlapWithDdp"
-                )));
-            }
-        }
-    }
-    Ok(options)
+    let s: ZeroSettings = read_js(
+        value,
+        "zeroOptions",
+        "zeroOptions must be an object {parametersAsBucketView, overlapWithDdp}",
+        &options_naming("ZeroRedundancyOptimizer", |key| {
+            format!("zeroOptions.{key}")
+        }),
+    )?
+    .unwrap_or_default();
+    Ok(ZeroOptions::default()
+        .with_parameters_as_bucket_view(s.parameters_as_bucket_view.unwrap_or(false))
+        .with_overlap_with_ddp(s.overlap_with_ddp.unwrap_or(false)))
 }
 
 fn indices_to_js(indices: &[usize]) -> Array {
