@@ -1,5 +1,5 @@
-//! Settings and options objects (`new Trainer(settings)`, `Join`'s and ZeRO's options) read as
-//! serde types. Each is a struct that declares every key once, with its Rust type, whether it
+//! Settings and options objects (`new Trainer(settings)`; the options of `Join`, ZeRO,
+//! `DistributedOptimizer` and `World.joinNats`) read as serde types. Each is a struct that declares every key once, with its Rust type, whether it
 //! may be left out, and its doc: serde reads it, and tsify writes its TypeScript interface into
 //! `index.d.ts` from the same declaration.
 //!
