@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::fmt;
 
 use serde::de::{self, DeserializeOwned, DeserializeSeed, IntoDeserializer, Visitor};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use wasm_bindgen::JsValue;
 
 use super::convert::json_from_js;
@@ -99,6 +99,19 @@ impl fmt::Display for Failure {
 
 impl std::error::Error for Failure {}
 
+impl Failure {
+    /// The failure of the value at `key`: serde's own message named by the key.
+    fn at(self, key: &str, naming: &Naming) -> Failure {
+        match self {
+            Failure::Serde(message) => Failure::Error(Error::type_error(format!(
+                "{}: {message}",
+                (naming.key)(key)
+            ))),
+            other => other,
+        }
+    }
+}
+
 impl de::Error for Failure {
     fn custom<T: fmt::Display>(message: T) -> Self {
         match CARRIED.with(|carried| carried.borrow_mut().take()) {
@@ -130,6 +143,22 @@ impl Reader<'_> {
             (self.naming.key)(self.key.unwrap_or(self.naming.name)),
             self.value
         )))
+    }
+
+    /// The object a struct with `fields` reads, every key checked before any value is read.
+    /// (Not generic: one copy serves every struct.)
+    fn object_of(&self, fields: &[&str]) -> Result<&Map<String, Value>, Failure> {
+        let Value::Object(map) = self.value else {
+            return Err(self.wrong("an object"));
+        };
+        match map.keys().find(|k| !fields.contains(&k.as_str())) {
+            Some(key) => Err(Failure::Error(Error::type_error((self.naming.unknown)(
+                self.object,
+                key,
+                fields,
+            )))),
+            None => Ok(map),
+        }
     }
 }
 
@@ -206,17 +235,7 @@ impl<'de, 'a> de::Deserializer<'de> for Reader<'a> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Failure> {
-        let Value::Object(map) = self.value else {
-            return Err(self.wrong("an object"));
-        };
-        // Every key is checked before any value is read.
-        if let Some(key) = map.keys().find(|k| !fields.contains(&k.as_str())) {
-            return Err(Failure::Error(Error::type_error((self.naming.unknown)(
-                self.object,
-                key,
-                fields,
-            ))));
-        }
+        let map = self.object_of(fields)?;
         visitor.visit_map(Entries {
             entries: map.iter(),
             value: None,
@@ -266,13 +285,7 @@ impl<'de> de::MapAccess<'de> for Entries<'_> {
             object: key,
             naming: self.naming,
         })
-        .map_err(|failure| match failure {
-            Failure::Serde(message) => Failure::Error(Error::type_error(format!(
-                "{}: {message}",
-                (self.naming.key)(key)
-            ))),
-            other => other,
-        })
+        .map_err(|failure| failure.at(key, self.naming))
     }
 }
 
