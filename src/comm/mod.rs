@@ -16,7 +16,11 @@ pub mod nats;
 #[cfg(any(all(feature = "mpi", not(target_arch = "wasm32")), feature = "nats"))]
 mod one_rank;
 #[cfg(any(all(feature = "mpi", not(target_arch = "wasm32")), feature = "nats"))]
+mod param_runs;
+#[cfg(any(all(feature = "mpi", not(target_arch = "wasm32")), feature = "nats"))]
 mod regions;
+#[cfg(any(all(feature = "mpi", not(target_arch = "wasm32")), feature = "nats"))]
+mod scratch;
 mod simulated;
 mod stats;
 mod subgroups;

@@ -31,12 +31,13 @@ use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::Communicator as _;
 use mpi::traits::*;
 
+use super::param_runs::merged_runs;
+use super::scratch::scratch_of;
 use super::{
     AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
     StatsCounter, one_rank, regions,
 };
 use crate::backend::gpu::GpuArena;
-use crate::backend::kernels::ParamStarts;
 use crate::backend::quotient::{divide_in_place, divide_into};
 use crate::backend::{Arena, ArenaStorage, Backend};
 use crate::dtype::StorageFormat;
@@ -273,21 +274,6 @@ pub fn install_panic_hook(world: &MpiWorld) {
     }));
 }
 
-/// The element ranges of the active parameters, adjacent ones merged (the padding between
-/// parameters travels along: it is zero on every rank).
-fn active_runs(starts: &ParamStarts, active: &[bool], rank_len: usize) -> Vec<Range<usize>> {
-    let mut runs: Vec<Range<usize>> = Vec::new();
-    for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {
-        let start = starts.0[j] as usize;
-        let end = starts.0.get(j + 1).map_or(rank_len, |&e| e as usize);
-        match runs.last_mut() {
-            Some(last) if last.end == start => last.end = end,
-            _ => runs.push(start..end),
-        }
-    }
-    runs
-}
-
 unsafe extern "C" {
     /// `MPI_IN_PLACE` (src/comm/mpi_in_place.c).
     fn distopt_mpi_in_place() -> *mut std::ffi::c_void;
@@ -352,26 +338,17 @@ fn f32_to_half(format: StorageFormat, value: f32) -> u16 {
     }
 }
 
-/// The first `len` elements of a scratch buffer viewed as `T`, growing it as needed (`u64`
-/// storage keeps every `T` used here aligned).
-fn scratch<T: bytemuck::Pod>(buffer: &mut Vec<u64>, len: usize) -> &mut [T] {
-    let bytes = len * std::mem::size_of::<T>();
-    if buffer.len() * 8 < bytes {
-        buffer.resize(bytes.div_ceil(8), 0);
-    }
-    &mut bytemuck::cast_slice_mut(&mut buffer[..])[..len]
-}
-
 /// All-reduces the listed elements of a rank's words through MPI: each element's `quotient`
-/// (its value divided by the group size, in the arithmetic type) into `send`, `op` over the
-/// group into `recv`, and each result `store`d back.
+/// (its value divided by the group size, or scaled, in the arithmetic type) into `send`, `op`
+/// over the group into `recv`, and each result `store`d back (none where `store` is `None`: a
+/// rank that contributes but does not receive).
 fn reduce_elements<T, O>(
     comm: &SimpleCommunicator,
     (send, recv): (&mut [T], &mut [T]),
     words: &mut [u32],
     elements: impl Iterator<Item = usize> + Clone,
     quotient: impl Fn(&[u32], usize) -> T,
-    store: impl Fn(&mut [u32], usize, T),
+    store: Option<impl Fn(&mut [u32], usize, T)>,
     op: O,
 ) where
     T: bytemuck::Pod + mpi::datatype::Equivalence,
@@ -381,8 +358,10 @@ fn reduce_elements<T, O>(
         *s = quotient(words, i);
     }
     comm.all_reduce_into(&send[..], &mut recv[..], op);
-    for (&v, i) in recv.iter().zip(elements) {
-        store(words, i, v);
+    if let Some(store) = store {
+        for (&v, i) in recv.iter().zip(elements) {
+            store(words, i, v);
+        }
     }
 }
 
@@ -426,7 +405,7 @@ impl Communicator for MpiWorld {
         self.check_one_rank(arena, "all_reduce")?;
         mean.check(self.size)?;
         let g = mean.groups.group_size();
-        let runs = active_runs(mean.starts, mean.active, arena.rank_len());
+        let runs = merged_runs(mean.starts, mean.active, arena.rank_len());
         let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
             return Ok(());
         };
@@ -459,13 +438,13 @@ impl Communicator for MpiWorld {
                         all_reduce_mean_in_place_f32(comm, &mut values[at(first)], divisor);
                     } else {
                         // Several runs: gathered into one message, summed, scattered back.
-                        let send: &mut [f32] = scratch(&mut send, total);
+                        let send: &mut [f32] = scratch_of(&mut send, total);
                         let mut k = 0;
                         for run in &runs {
                             divide_into(&mut send[k..k + run.len()], &values[at(run)], divisor);
                             k += run.len();
                         }
-                        let recv: &mut [f32] = scratch(&mut recv, total);
+                        let recv: &mut [f32] = scratch_of(&mut recv, total);
                         comm.all_reduce_into(&send[..], recv, SystemOperation::sum());
                         let mut k = 0;
                         for run in &runs {
@@ -478,11 +457,11 @@ impl Communicator for MpiWorld {
                     let divisor = g as f64;
                     reduce_elements(
                         comm,
-                        (scratch(&mut send, total), scratch(&mut recv, total)),
+                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
                         words,
                         runs.iter().flat_map(&at),
                         |words, i| format.load_f64(words, i) / divisor,
-                        |words, i, v| format.store_f64(words, i, v),
+                        Some(|words: &mut [u32], i, v| format.store_f64(words, i, v)),
                         SystemOperation::sum(),
                     );
                 }
@@ -490,11 +469,11 @@ impl Communicator for MpiWorld {
                     let divisor = g as f32;
                     reduce_elements(
                         comm,
-                        (scratch(&mut send, total), scratch(&mut recv, total)),
+                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
                         words,
                         runs.iter().flat_map(&at),
                         |words, i| format.load(words, i) / divisor,
-                        |words, i, v| format.store(words, i, v),
+                        Some(|words: &mut [u32], i, v| format.store(words, i, v)),
                         SystemOperation::sum(),
                     );
                 }
@@ -510,11 +489,13 @@ impl Communicator for MpiWorld {
                     let add = half_sum(half);
                     reduce_elements(
                         comm,
-                        (scratch(&mut send, total), scratch(&mut recv, total)),
+                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
                         words,
                         runs.iter().flat_map(&at),
                         |words, i| f32_to_half(half, format.load(words, i) / divisor),
-                        |words, i, v| format.store(words, i, half_to_f32(half, v)),
+                        Some(|words: &mut [u32], i, v| {
+                            format.store(words, i, half_to_f32(half, v))
+                        }),
                         &add,
                     );
                 }
@@ -536,7 +517,7 @@ impl Communicator for MpiWorld {
     ) -> Result<()> {
         self.check_one_rank(arena, "all_reduce")?;
         sum.check(arena)?;
-        let runs = active_runs(sum.starts, sum.reduced, arena.rank_len());
+        let runs = merged_runs(sum.starts, sum.reduced, arena.rank_len());
         let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
             return Ok(());
         };
@@ -558,39 +539,39 @@ impl Communicator for MpiWorld {
             match sum.arith {
                 StorageFormat::F64 => {
                     let s = scale.unwrap_or(0.0);
-                    let send: &mut [f64] = scratch(&mut send, total);
-                    for (v, k) in send.iter_mut().zip(elements.clone()) {
-                        *v = if contributes(at(k)) {
-                            format.load_f64(words, k) * s
-                        } else {
-                            0.0
-                        };
-                    }
-                    let recv: &mut [f64] = scratch(&mut recv, total);
-                    comm.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-                    if receives {
-                        for (&v, k) in recv.iter().zip(elements) {
-                            format.store_f64(words, k, v);
-                        }
-                    }
+                    reduce_elements(
+                        comm,
+                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
+                        words,
+                        elements,
+                        |words, k| {
+                            if contributes(at(k)) {
+                                format.load_f64(words, k) * s
+                            } else {
+                                0.0
+                            }
+                        },
+                        receives.then_some(|words: &mut [u32], k, v| format.store_f64(words, k, v)),
+                        SystemOperation::sum(),
+                    );
                 }
                 StorageFormat::F32 => {
                     let s = scale.unwrap_or(0.0) as f32;
-                    let send: &mut [f32] = scratch(&mut send, total);
-                    for (v, k) in send.iter_mut().zip(elements.clone()) {
-                        *v = if contributes(at(k)) {
-                            format.load(words, k) * s
-                        } else {
-                            0.0
-                        };
-                    }
-                    let recv: &mut [f32] = scratch(&mut recv, total);
-                    comm.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-                    if receives {
-                        for (&v, k) in recv.iter().zip(elements) {
-                            format.store(words, k, v);
-                        }
-                    }
+                    reduce_elements(
+                        comm,
+                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
+                        words,
+                        elements,
+                        |words, k| {
+                            if contributes(at(k)) {
+                                format.load(words, k) * s
+                            } else {
+                                0.0
+                            }
+                        },
+                        receives.then_some(|words: &mut [u32], k, v| format.store(words, k, v)),
+                        SystemOperation::sum(),
+                    );
                 }
                 half => {
                     // float16 / bfloat16 arithmetic: every product and addition rounds to it.
@@ -601,21 +582,23 @@ impl Communicator for MpiWorld {
                     }
                     let s = scale.unwrap_or(0.0) as f32;
                     let add = half_sum(half);
-                    let send: &mut [u16] = scratch(&mut send, total);
-                    for (v, k) in send.iter_mut().zip(elements.clone()) {
-                        *v = if contributes(at(k)) {
-                            f32_to_half(half, format.load(words, k) * s)
-                        } else {
-                            0
-                        };
-                    }
-                    let recv: &mut [u16] = scratch(&mut recv, total);
-                    comm.all_reduce_into(&send[..], &mut recv[..], &add);
-                    if receives {
-                        for (&v, k) in recv.iter().zip(elements) {
-                            format.store(words, k, half_to_f32(half, v));
-                        }
-                    }
+                    reduce_elements(
+                        comm,
+                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
+                        words,
+                        elements,
+                        |words, k| {
+                            if contributes(at(k)) {
+                                f32_to_half(half, format.load(words, k) * s)
+                            } else {
+                                0
+                            }
+                        },
+                        receives.then_some(|words: &mut [u32], k, v| {
+                            format.store(words, k, half_to_f32(half, v))
+                        }),
+                        &add,
+                    );
                 }
             }
             Ok(())

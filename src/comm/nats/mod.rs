@@ -65,12 +65,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::param_runs::param_runs;
+use super::scratch::scratch_of;
 use super::wire::{self, Assembler, MessageId};
 use super::{
     AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
     InFlightMean, InFlightMembership, Membership, StatsCounter, one_rank, regions,
 };
-use crate::backend::kernels::{ParamStarts, Real};
+use crate::backend::kernels::Real;
 use crate::backend::{Arena, Backend};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -966,29 +968,6 @@ fn store_runs<T: Real>(
             k += 1;
         }
     }
-}
-
-/// The first `len` elements of a scratch buffer viewed as `T`, growing it as needed.
-fn scratch_of<T: bytemuck::Pod>(buffer: &mut Vec<u64>, len: usize) -> &mut [T] {
-    let bytes = len * std::mem::size_of::<T>();
-    if buffer.len() * 8 < bytes {
-        buffer.resize(bytes.div_ceil(8), 0);
-    }
-    &mut bytemuck::cast_slice_mut(&mut buffer[..])[..len]
-}
-
-/// `(elements, parameter)` of each active parameter's element range.
-fn param_runs(starts: &ParamStarts, flags: &[bool], rank_len: usize) -> Vec<(Range<usize>, usize)> {
-    flags
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| **f)
-        .map(|(j, _)| {
-            let start = starts.0[j] as usize;
-            let end = starts.0.get(j + 1).map_or(rank_len, |&e| e as usize);
-            (start..end, j)
-        })
-        .collect()
 }
 
 impl Communicator for NatsWorld {
