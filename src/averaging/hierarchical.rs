@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{
-    MAX_PERIOD_ONE_WARNING, ModelAverager, admit_at, check_average_parameters, sync_point,
+    MAX_PERIOD_ONE_WARNING, ModelAverager, admit_at, average_at, check_average_parameters,
     warmup_error,
 };
 use crate::comm::{Communicator, Subgroups, new_subgroups};
@@ -133,16 +133,8 @@ impl ModelAverager for HierarchicalModelAverager {
             true => self.groups_at(self.step)?,
             false => None,
         };
-        let Some(groups) = groups else {
-            // Counted only once the call has succeeded.
-            self.step += 1;
-            return Ok(None);
-        };
-        let (step, healed) =
-            sync_point(self.world.as_ref(), replicas, groups, params, self.step + 1)?;
-        self.step = step;
-        self.healed = healed;
-        Ok(Some(groups.group_size()))
+        let counter = (&mut self.step, &mut self.healed);
+        average_at(self.world.as_ref(), replicas, groups, params, counter)
     }
 
     fn healed(&self) -> &[(usize, usize)] {

@@ -176,22 +176,31 @@ fn mean_over_live(
     Ok(membership)
 }
 
-/// An averager's sync point on the live ranks: the mean over them ([`average_parameters`]),
-/// then the heals of the ranks it admits, the step counter first (`step` is the counter once
-/// this call has counted), then the parameters. Returns the counter this process's ranks now
-/// have and the `(joiner, source)` heals.
-fn sync_point(
+/// [`ModelAverager::average_parameters`] for an averager whose step counter is `step` and
+/// whose schedule averages within `groups` at it (`None`: this call does not average). A
+/// call that averages is a sync point on the live ranks: the mean over them
+/// ([`average_parameters`]), then the heals of the ranks it admits, the step counter first,
+/// then the parameters; `step` becomes the counter this process's ranks now have and `healed`
+/// the `(joiner, source)` heals. A call that does not average only counts. Either way `step`
+/// changes only once the call has succeeded. Returns the group size used, or `None`.
+fn average_at(
     world: &dyn Communicator,
     replicas: &mut Replicas,
-    groups: Subgroups,
+    groups: Option<Subgroups>,
     params: Option<&[usize]>,
-    step: u64,
-) -> Result<(u64, Vec<(usize, usize)>)> {
+    (step, healed): (&mut u64, &mut Vec<(usize, usize)>),
+) -> Result<Option<usize>> {
+    let Some(groups) = groups else {
+        // Counted only once the call has succeeded.
+        *step += 1;
+        return Ok(None);
+    };
     let membership = mean_over_live(world, replicas, groups, params)?;
-    let step = heal::step(world, &membership, step)?;
+    let next = heal::step(world, &membership, *step + 1)?;
     let plan = heal::plan(groups, &membership);
     heal::params(world, replicas, &plan)?;
-    Ok((step, plan))
+    (*step, *healed) = (next, plan);
+    Ok(Some(groups.group_size()))
 }
 
 /// The checks of [`average_parameters`], changing nothing.

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{
-    ModelAverager, PERIOD_ONE_WARNING, admit_at, check_average_parameters, sync_point, warmup_error,
+    ModelAverager, PERIOD_ONE_WARNING, admit_at, average_at, check_average_parameters, warmup_error,
 };
 use crate::comm::{Communicator, Subgroups};
 use crate::error::{Error, Result};
@@ -114,21 +114,9 @@ impl ModelAverager for PeriodicModelAverager {
         params: Option<&[usize]>,
     ) -> Result<Option<usize>> {
         self.healed.clear();
-        if !self.averages_now() {
-            // Counted only once the call has succeeded.
-            self.step += 1;
-            return Ok(None);
-        }
-        let (step, healed) = sync_point(
-            self.world.as_ref(),
-            replicas,
-            self.group,
-            params,
-            self.step + 1,
-        )?;
-        self.step = step;
-        self.healed = healed;
-        Ok(Some(self.group.group_size()))
+        let groups = self.averages_now().then_some(self.group);
+        let counter = (&mut self.step, &mut self.healed);
+        average_at(self.world.as_ref(), replicas, groups, params, counter)
     }
 
     fn healed(&self) -> &[(usize, usize)] {
