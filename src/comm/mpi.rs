@@ -32,6 +32,7 @@ use mpi::traits::Communicator as _;
 use mpi::traits::*;
 
 use super::param_runs::merged_runs;
+use super::regions::Words;
 use super::scratch::scratch_of;
 use super::{
     AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
@@ -648,21 +649,18 @@ impl Communicator for MpiWorld {
     ) -> Result<()> {
         self.check_one_rank(dst, "broadcast")?;
         self.check_root(root, "broadcast")?;
-        let format = dst.format();
-        let mut words = if root == self.rank {
-            regions::words_to_send(src, root, format, regions)?
-        } else {
-            regions::check_destination(dst, regions)?;
-            vec![0; regions::words_of(format, regions)]
-        };
-        self.lock()
-            .world
-            .process_at_rank(root as i32)
-            .broadcast_into(&mut words[..]);
-        if root != self.rank {
-            regions::write_received(dst, regions, &words)?;
-        }
-        self.record(|s| s.broadcast_bytes += regions::bytes_of(format, regions));
+        let bytes = regions::broadcast(src, dst, (root, self.rank), regions, |words| {
+            let mut words = match words {
+                Words::Send(words) => words,
+                Words::Receive(len) => vec![0; len],
+            };
+            self.lock()
+                .world
+                .process_at_rank(root as i32)
+                .broadcast_into(&mut words[..]);
+            Ok(words)
+        })?;
+        self.record(|s| s.broadcast_bytes += bytes);
         Ok(())
     }
 

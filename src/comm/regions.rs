@@ -1,12 +1,50 @@
 //! A broadcast of [`BroadcastRegion`]s between the worlds that hold one rank per process
-//! (`MpiWorld`, `NatsWorld`): the words the root sends and what every other rank does with them.
-//! Regions are word aligned, so a region's elements are whole words of its row.
+//! (`MpiWorld`, `NatsWorld`): the words the root sends and what every other rank does with them
+//! ([`broadcast`]), each world moving the words over its own transport. Regions are word
+//! aligned, so a region's elements are whole words of its row.
 
 use super::BroadcastRegion;
 use crate::backend::Arena;
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::transfer;
+
+/// One rank's part of a broadcast's transfer: the words the root sends, or how many words
+/// another rank receives.
+pub(crate) enum Words {
+    /// On the root: its words, in [`words_to_send`]'s order.
+    Send(Vec<u32>),
+    /// On every other rank: the number of words to receive.
+    Receive(usize),
+}
+
+/// [`Communicator::broadcast_regions`](super::Communicator::broadcast_regions) on `rank`, a
+/// process's one rank, from `root`: the root reads its words from `src`, every other rank
+/// checks that the regions fit `dst` before anything is received; `transport` moves them (it
+/// gets this rank's [`Words`] and returns the words received, which the root does not use);
+/// every other rank writes them into `dst`. Returns the bytes moved, as
+/// [`CommStats`](super::CommStats) counts them ([`bytes_of`]).
+///
+/// # Errors
+/// Those of [`words_to_send`] on the root, of [`check_destination`] and [`write_received`]
+/// elsewhere; the transport's.
+pub(crate) fn broadcast(
+    src: Option<&Arena>,
+    dst: &mut Arena,
+    (root, rank): (usize, usize),
+    regions: &[BroadcastRegion],
+    transport: impl FnOnce(Words) -> Result<Vec<u32>>,
+) -> Result<u64> {
+    let format = dst.format();
+    if root == rank {
+        transport(Words::Send(words_to_send(src, root, format, regions)?))?;
+    } else {
+        check_destination(dst, regions)?;
+        let words = transport(Words::Receive(words_of(format, regions)))?;
+        write_received(dst, regions, &words)?;
+    }
+    Ok(bytes_of(format, regions))
+}
 
 /// The words of `regions` in order, as root `root` sends them, read from `src` (its source
 /// arena, of `format`): one readback per source rank (from a GPU arena) covering its regions,
@@ -15,7 +53,7 @@ use crate::transfer;
 /// # Errors
 /// A `RuntimeError` when the root holds no source; a `ValueError` when the source's format is
 /// not `format`; those of the readback.
-pub(crate) fn words_to_send(
+fn words_to_send(
     src: Option<&Arena>,
     root: usize,
     format: StorageFormat,
@@ -53,23 +91,19 @@ pub(crate) fn words_to_send(
 }
 
 /// The words `regions` of `format` take.
-pub(crate) fn words_of(format: StorageFormat, regions: &[BroadcastRegion]) -> usize {
+fn words_of(format: StorageFormat, regions: &[BroadcastRegion]) -> usize {
     regions.iter().map(|r| format.words_for(r.len)).sum()
 }
 
 /// Checks that every region fits `dst`, before anything is received.
-pub(crate) fn check_destination(dst: &Arena, regions: &[BroadcastRegion]) -> Result<()> {
+fn check_destination(dst: &Arena, regions: &[BroadcastRegion]) -> Result<()> {
     regions
         .iter()
         .try_for_each(|r| dst.check_range(0, r.dst_offset, r.len))
 }
 
 /// Writes the received `words` (as [`words_to_send`] ordered them) into `dst`'s regions.
-pub(crate) fn write_received(
-    dst: &mut Arena,
-    regions: &[BroadcastRegion],
-    words: &[u32],
-) -> Result<()> {
+fn write_received(dst: &mut Arena, regions: &[BroadcastRegion], words: &[u32]) -> Result<()> {
     let format = dst.format();
     let mut k = 0;
     for r in regions {
@@ -82,7 +116,7 @@ pub(crate) fn write_received(
 
 /// The bytes a broadcast of `regions` of `format` moves, as [`CommStats`](super::CommStats)
 /// counts them (elements, not words).
-pub(crate) fn bytes_of(format: StorageFormat, regions: &[BroadcastRegion]) -> u64 {
+fn bytes_of(format: StorageFormat, regions: &[BroadcastRegion]) -> u64 {
     regions
         .iter()
         .map(|r| (r.len * format.element_bytes()) as u64)

@@ -66,6 +66,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::param_runs::param_runs;
+use super::regions::Words;
 use super::scratch::scratch_of;
 use super::wire::{self, Assembler, MessageId};
 use super::{
@@ -1117,24 +1118,21 @@ impl Communicator for NatsWorld {
     ) -> Result<()> {
         self.check_one_rank(dst, "broadcast")?;
         self.check_root(root, "broadcast")?;
-        let format = dst.format();
-        if root == self.rank {
-            let words = regions::words_to_send(src, root, format, regions)?;
+        let bytes = regions::broadcast(src, dst, (root, self.rank), regions, |words| {
             let seq = self.begin();
-            self.send(
-                &self.common,
-                seq,
-                KIND_BROADCAST,
-                bytemuck::cast_slice(&words),
-            )?;
-        } else {
-            regions::check_destination(dst, regions)?;
-            let seq = self.begin();
-            let size = regions::words_of(format, regions) * 4;
-            let bytes = self.receive(seq, root, KIND_BROADCAST, Some(size))?;
-            regions::write_received(dst, regions, &bytemuck::pod_collect_to_vec(&bytes))?;
-        }
-        self.record(|s| s.broadcast_bytes += regions::bytes_of(format, regions));
+            match words {
+                Words::Send(words) => {
+                    let payload = bytemuck::cast_slice(&words);
+                    self.send(&self.common, seq, KIND_BROADCAST, payload)?;
+                    Ok(words)
+                }
+                Words::Receive(len) => {
+                    let bytes = self.receive(seq, root, KIND_BROADCAST, Some(len * 4))?;
+                    Ok(bytemuck::pod_collect_to_vec(&bytes))
+                }
+            }
+        })?;
+        self.record(|s| s.broadcast_bytes += bytes);
         Ok(())
     }
 
