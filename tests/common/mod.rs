@@ -398,3 +398,24 @@ pub fn optimizer(
     )
     .unwrap()
 }
+
+/// A deterministic pseudo-random stream (the library's splitmix64) of values in [-1, 1).
+pub struct Random(distopt::rng::SplitMix64);
+
+impl Random {
+    /// The stream from `seed`.
+    pub fn new(seed: u64) -> Random {
+        Random(distopt::rng::SplitMix64::from_state(seed))
+    }
+
+    /// The next value, in [-1, 1).
+    pub fn next(&mut self) -> f64 {
+        self.0.signed_unit()
+    }
+
+    /// A 1-D tensor of `n` such values in `dtype`.
+    pub fn tensor(&mut self, dtype: DType, n: usize) -> Tensor {
+        let values: Vec<f64> = (0..n).map(|_| self.next()).collect();
+        Tensor::from_f64(dtype, &[n], &values).unwrap()
+    }
+}

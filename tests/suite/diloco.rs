@@ -48,11 +48,9 @@ impl Rng {
     }
 }
 
+/// [`common::named_backends`], and a GPU backend whose tiny bindings force chunking.
 fn backends() -> Vec<(&'static str, Arc<dyn Backend>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Backend>)> = vec![("cpu", Arc::new(CpuBackend::new()))];
-    if let Some(gpu) = common::shared_gpu() {
-        out.push(("gpu", gpu));
-    }
+    let mut out = common::named_backends();
     if let Some(gpu) = common::tiny_gpu() {
         out.push(("gpu-chunked", gpu));
     }

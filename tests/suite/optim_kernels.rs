@@ -2,7 +2,7 @@
 //! parameters of mixed sizes (the per-parameter table lookup), every storage format, and arenas
 //! split into chunks with a 2-D dispatch grid.
 
-use crate::common;
+use crate::common::{self, Random};
 
 use std::sync::Arc;
 
@@ -13,19 +13,6 @@ use distopt::comm::SimulatedWorld;
 use distopt::optim::{Adam, AdamWOptions, LocalOptimizer, Sgd, SgdOptions};
 use distopt::replicas::Replicas;
 use distopt::{Backend, CpuBackend, DType, Tensor};
-
-/// A deterministic pseudo-random stream (the library's splitmix64) of values in [-1, 1).
-struct Random(distopt::rng::SplitMix64);
-
-impl Random {
-    fn new(seed: u64) -> Random {
-        Random(distopt::rng::SplitMix64::from_state(seed))
-    }
-
-    fn next(&mut self) -> f64 {
-        self.0.signed_unit()
-    }
-}
 
 const RANKS: usize = 4;
 

@@ -17,7 +17,7 @@ use crate::common;
 
 use std::sync::Arc;
 
-use common::Case;
+use common::{Case, Random};
 use distopt::BlockOn;
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::json::tensor_from_json;
@@ -481,24 +481,6 @@ fn reloads_into_fresh_optimizers_continue_pytorchs_trajectories() {
                 );
             }
         }
-    }
-}
-
-/// A deterministic pseudo-random stream (the library's splitmix64) of values in [-1, 1).
-struct Random(distopt::rng::SplitMix64);
-
-impl Random {
-    fn new(seed: u64) -> Random {
-        Random(distopt::rng::SplitMix64::from_state(seed))
-    }
-
-    fn next(&mut self) -> f64 {
-        self.0.signed_unit()
-    }
-
-    fn tensor(&mut self, dtype: DType, n: usize) -> Tensor {
-        let values: Vec<f64> = (0..n).map(|_| self.next()).collect();
-        Tensor::from_f64(dtype, &[n], &values).unwrap()
     }
 }
 
