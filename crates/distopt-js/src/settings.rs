@@ -100,13 +100,19 @@ impl fmt::Display for Failure {
 impl std::error::Error for Failure {}
 
 impl Failure {
-    /// The failure of the value at `key`: serde's own message named by the key.
+    /// The failure of the value at `key`: serde's own message named by the key (a
+    /// `ValueError` for a value of the right kind out of its field's range, such as a count
+    /// too large for `usize`; else a `TypeError`).
     fn at(self, key: &str, naming: &Naming) -> Failure {
         match self {
-            Failure::Serde(message) => Failure::Error(Error::type_error(format!(
-                "{}: {message}",
-                (naming.key)(key)
-            ))),
+            Failure::Serde(message) => {
+                let text = format!("{}: {message}", (naming.key)(key));
+                Failure::Error(if message.starts_with("invalid value") {
+                    Error::value(text)
+                } else {
+                    Error::type_error(text)
+                })
+            }
             other => other,
         }
     }
