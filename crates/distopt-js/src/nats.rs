@@ -645,13 +645,14 @@ pub struct NatsJoinSettings {
 pub(crate) fn join_options(value: &JsValue) -> distopt::error::Result<NatsOptions> {
     use super::settings::{options_naming, read_js};
     use distopt::error::Error;
+    const NOT_OBJECT: &str = "joinNats options must be an object with run and ranks";
     let s: NatsJoinSettings = read_js(
         value,
         "options",
-        "joinNats options must be an object with run and ranks",
+        NOT_OBJECT,
         &options_naming("World.joinNats", |key| format!("options.{key}")),
     )?
-    .ok_or_else(|| Error::type_error("joinNats options must be an object with run and ranks"))?;
+    .ok_or_else(|| Error::type_error(NOT_OBJECT))?;
     let run = s
         .run
         .ok_or_else(|| Error::type_error("options.run must be a string, got undefined"))?;

@@ -141,7 +141,7 @@ struct Reader<'a> {
     naming: &'a Naming,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     /// `{key} must be {what}, got {value}` as a `TypeError`.
     fn wrong(&self, what: &str) -> Failure {
         Failure::Error(Error::type_error(format!(
@@ -153,7 +153,7 @@ impl Reader<'_> {
 
     /// The object a struct with `fields` reads, every key checked before any value is read.
     /// (Not generic: one copy serves every struct.)
-    fn object_of(&self, fields: &[&str]) -> Result<&Map<String, Value>, Failure> {
+    fn object_of(&self, fields: &[&str]) -> Result<&'a Map<String, Value>, Failure> {
         let Value::Object(map) = self.value else {
             return Err(self.wrong("an object"));
         };
@@ -168,14 +168,12 @@ impl Reader<'_> {
     }
 }
 
-impl<'de, 'a> de::Deserializer<'de> for Reader<'a> {
+impl<'de> de::Deserializer<'de> for Reader<'de> {
     type Error = Failure;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Failure> {
-        // A field type that reads the value as it is (`Value::deserialize`).
+        // A field type that reads the value as it is (`Value::deserialize`), borrowed.
         self.value
-            .clone()
-            .into_deserializer()
             .deserialize_any(visitor)
             .map_err(<Failure as de::Error>::custom)
     }
@@ -266,7 +264,7 @@ struct Entries<'a> {
     naming: &'a Naming,
 }
 
-impl<'de> de::MapAccess<'de> for Entries<'_> {
+impl<'de> de::MapAccess<'de> for Entries<'de> {
     type Error = Failure;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(
