@@ -7,7 +7,7 @@ use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
-use super::convert::{count_arg, index_list, integer, optional_integer_arg};
+use super::convert::{count_arg, index_list, integer, optional_integer_arg, or_undefined};
 use super::handles;
 use super::replicas::{borrow_mut, replicas_of};
 use super::slot::Slot;
@@ -25,11 +25,6 @@ extern "C" {
         typescript_type = "ReadonlyArray<readonly [number, number]> | ReadonlyMap<number, number>"
     )]
     pub type PeriodGroupSizeDictArg;
-}
-
-/// `params` as `averageParameters` reads it (`undefined` for `None`).
-fn params_value(params: Option<IndexListArg>) -> JsValue {
-    params.map(JsValue::from).unwrap_or(JsValue::UNDEFINED)
 }
 
 /// What both averager classes share.
@@ -114,7 +109,7 @@ macro_rules! averager_methods {
             ) -> JsResult<JsValue> {
                 js(self
                     .core
-                    .average_parameters(&replicas, &params_value(params)))
+                    .average_parameters(&replicas, &or_undefined(params)))
             }
         }
     };
@@ -143,11 +138,9 @@ impl PeriodicModelAveragerJs {
         world: WorldArg,
         #[wasm_bindgen(js_name = groupSize)] group_size: Option<IntegerArg>,
     ) -> JsResult<PeriodicModelAveragerJs> {
-        let period: JsValue = period.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
-        let warmup_steps: JsValue = warmup_steps
-            .map(JsValue::from)
-            .unwrap_or(JsValue::UNDEFINED);
-        let group_size: JsValue = group_size.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
+        let period = or_undefined(period);
+        let warmup_steps = or_undefined(warmup_steps);
+        let group_size = or_undefined(group_size);
         let world = js(world_of(&world))?;
         let period = js(optional_integer_arg(&period, "period"))?.unwrap_or(1);
         let warmup = js(optional_integer_arg(&warmup_steps, "warmupSteps"))?.unwrap_or(0);
@@ -242,9 +235,7 @@ impl HierarchicalModelAveragerJs {
         warmup_steps: Option<IntegerArg>,
         world: WorldArg,
     ) -> JsResult<HierarchicalModelAveragerJs> {
-        let warmup_steps: JsValue = warmup_steps
-            .map(JsValue::from)
-            .unwrap_or(JsValue::UNDEFINED);
+        let warmup_steps = or_undefined(warmup_steps);
         let world = js(world_of(&world))?;
         let dict = js(period_group_sizes(&period_group_size_dict))?;
         let warmup = js(optional_integer_arg(&warmup_steps, "warmupSteps"))?.unwrap_or(0);

@@ -9,7 +9,7 @@ use js_sys::Promise;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{busy, js};
-use super::convert::count_arg;
+use super::convert::{count_arg, or_undefined};
 use super::session::current_backend;
 use super::typings::IntegerArg;
 use distopt::backend::Backend;
@@ -54,7 +54,7 @@ impl StepBench {
         elements: IntegerArg,
         dtype: Option<BenchDTypeArg>,
     ) -> Promise {
-        let dtype: JsValue = dtype.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
+        let dtype = or_undefined(dtype);
         let ranks = count_arg(&ranks, "ranks");
         let elements = count_arg(&elements, "elements");
         let dtype = super::convert::optional_string(&dtype, "dtype");

@@ -46,6 +46,11 @@ pub(crate) fn get(obj: &JsValue, key: &str) -> JsValue {
     }
 }
 
+/// An optional argument as the readers take it: `undefined` when it was left out.
+pub(crate) fn or_undefined(value: Option<impl Into<JsValue>>) -> JsValue {
+    value.map_or(JsValue::UNDEFINED, Into::into)
+}
+
 /// Sets `obj[key] = value` on a fresh plain object (cannot fail there).
 pub(crate) fn set(obj: &Object, key: &str, value: impl Into<JsValue>) {
     let _ = Reflect::set(obj, &JsValue::from_str(key), &value.into());
@@ -348,26 +353,29 @@ fn tensor_dtype(
 /// The values of a tensor object's `data` in `dtype`, for a tensor of `numel` elements.
 fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Result<HostData> {
     let numel = numel_of(shape)?;
-    let check_len = |len: usize| {
-        if len == numel {
-            Ok(())
-        } else {
-            Err(Error::value(format!(
+    // Every copy below is checked first: its length against the shape, then against the
+    // module's budget (the input itself, `input_bytes` per value, plus what the stored form
+    // in `dtype` adds when `stored` is set).
+    let admit = |len: usize, values: &str, input_bytes: u64, stored: bool| {
+        if len != numel {
+            return Err(Error::value(format!(
                 "{what}: data has {len} values but shape {} needs {numel}",
                 format_shape(shape)
-            )))
+            )));
         }
+        let stored_bytes = if stored {
+            (len as u64).saturating_mul(dtype.size_bytes() as u64)
+        } else {
+            0
+        };
+        budget::check(
+            &format!("{what} ({len} {values})"),
+            input_bytes * len as u64 + stored_bytes,
+        )
     };
-    // Every copy below is checked against the module's budget first: the input itself plus
-    // the stored form in `dtype`.
-    let stored = |len: usize| (len as u64).saturating_mul(dtype.size_bytes() as u64);
     if let Some(a) = data.dyn_ref::<Float32Array>() {
         let len = a.length() as usize;
-        check_len(len)?;
-        budget::check(
-            &format!("{what} ({len} float32 values)"),
-            4 * len as u64 + stored(len),
-        )?;
+        admit(len, "float32 values", 4, true)?;
         let mut values = budget::zeroed::<f32>(what, len)?;
         a.copy_to(&mut values);
         return Ok(match dtype {
@@ -380,19 +388,14 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
     }
     if let Some(a) = data.dyn_ref::<Float64Array>() {
         let len = a.length() as usize;
-        check_len(len)?;
-        budget::check(
-            &format!("{what} ({len} float64 values)"),
-            8 * len as u64 + stored(len),
-        )?;
+        admit(len, "float64 values", 8, true)?;
         let mut values = budget::zeroed::<f64>(what, len)?;
         a.copy_to(&mut values);
         return Ok(HostData::from_f64(dtype, &values));
     }
     if let Some(a) = data.dyn_ref::<Uint16Array>() {
         let len = a.length() as usize;
-        check_len(len)?;
-        budget::check(&format!("{what} ({len} 16-bit values)"), 2 * len as u64)?;
+        admit(len, "16-bit values", 2, false)?;
         let mut bits = budget::zeroed::<u16>(what, len)?;
         a.copy_to(&mut bits);
         return match dtype {
@@ -416,11 +419,7 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
             )));
         }
         let len = get(data, "length").as_f64().unwrap_or(0.0) as usize;
-        check_len(len)?;
-        budget::check(
-            &format!("{what} ({len} values)"),
-            8 * len as u64 + stored(len),
-        )?;
+        admit(len, "values", 8, true)?;
         // Any other typed array: its values, converted by JS.
         let values = Float64Array::new(data);
         let mut out = budget::zeroed::<f64>(what, values.length() as usize)?;
@@ -430,11 +429,7 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
     if Array::is_array(data) {
         let items: &Array = data.unchecked_ref();
         let len = items.length() as usize;
-        check_len(len)?;
-        budget::check(
-            &format!("{what} ({len} values)"),
-            8 * len as u64 + stored(len),
-        )?;
+        admit(len, "values", 8, true)?;
         let values = items
             .iter()
             .enumerate()

@@ -8,7 +8,7 @@ use js_sys::Promise;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
-use super::convert::{integer_arg, json_from_js, json_to_js};
+use super::convert::{integer_arg, json_from_js, json_to_js, or_undefined};
 use super::optim::optimizer_of;
 use super::replicas::{borrow, borrow_mut};
 use super::slot::Owner;
@@ -169,7 +169,7 @@ impl DiLoCoJs {
             DiLoCoOptionsArg,
         >,
     ) -> JsResult<DiLoCoJs> {
-        let options: JsValue = options.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
+        let options = or_undefined(options);
         let sync_every = js(integer_arg(&sync_every, "syncEvery"))?;
         let options = js(json_from_js(&options, "options")
             .and_then(|options| DiLoCoOptions::from_options(&options)))?;

@@ -11,7 +11,7 @@ use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, busy, js, js_ranks};
-use super::convert::json_from_js;
+use super::convert::{json_from_js, or_undefined};
 use super::handles;
 use super::replicas::{SharedReplicas, borrow_mut, replicas_of};
 use super::settings::{options_naming, read_js};
@@ -214,7 +214,7 @@ impl JoinJs {
     /// requires at least one joinable`).
     #[wasm_bindgen(constructor)]
     pub fn new(joinables: JoinablesArg, options: Option<JoinOptionsArg>) -> JsResult<JoinJs> {
-        let options: JsValue = options.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
+        let options = or_undefined(options);
         js(Self::build(&joinables, &options))
     }
 

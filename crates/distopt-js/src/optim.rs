@@ -8,7 +8,7 @@ use serde_json::Value;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
-use super::convert::{json_from_js, json_to_js, rank_arg};
+use super::convert::{json_from_js, json_to_js, or_undefined, rank_arg};
 use super::handles;
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
 use super::slot::Slot;
@@ -298,10 +298,8 @@ macro_rules! optimizer_class {
                 options: Option<$options>,
                 #[wasm_bindgen(js_name = paramGroups)] param_groups: Option<$groups>,
             ) -> JsResult<$ty> {
-                let options: JsValue = options.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
-                let param_groups: JsValue = param_groups
-                    .map(JsValue::from)
-                    .unwrap_or(JsValue::UNDEFINED);
+                let options = or_undefined(options);
+                let param_groups = or_undefined(param_groups);
                 Ok($ty {
                     core: js(OptimizerCore::create(
                         $name,

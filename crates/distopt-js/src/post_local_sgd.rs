@@ -8,7 +8,7 @@ use wasm_bindgen::prelude::*;
 
 use super::averaging::averager_of;
 use super::boundary::{JsResult, busy, js};
-use super::convert::{count_arg, optional_integer_arg};
+use super::convert::{count_arg, optional_integer_arg, or_undefined};
 use super::optim::optimizer_of;
 use super::replicas::{borrow_mut, replicas_of};
 use super::slot::Owner;
@@ -164,12 +164,8 @@ impl PostLocalSgdStateJs {
         )]
         post_local_gradient_allreduce: Option<BooleanArg>,
     ) -> JsResult<PostLocalSgdStateJs> {
-        let subgroup_size: JsValue = subgroup_size
-            .map(JsValue::from)
-            .unwrap_or(JsValue::UNDEFINED);
-        let post_local_gradient_allreduce: JsValue = post_local_gradient_allreduce
-            .map(JsValue::from)
-            .unwrap_or(JsValue::UNDEFINED);
+        let subgroup_size = or_undefined(subgroup_size);
+        let post_local_gradient_allreduce = or_undefined(post_local_gradient_allreduce);
         let world = js(world_of(&world))?;
         let post_local_gradient_allreduce = js(super::convert::optional_bool_arg(
             &post_local_gradient_allreduce,

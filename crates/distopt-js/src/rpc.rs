@@ -11,7 +11,7 @@ use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
-use super::convert::{array, optional_string, tensor_from_js, tensor_to_js};
+use super::convert::{array, optional_string, or_undefined, tensor_from_js, tensor_to_js};
 use super::handles;
 use super::optim::options;
 use super::settings::{options_naming, read_js};
@@ -399,10 +399,8 @@ impl DistributedOptimizerJs {
         #[wasm_bindgen(js_name = options)] options_value: Option<OptimizerOptionsArg>,
         settings: Option<DistributedOptimizerSettingsArg>,
     ) -> JsResult<DistributedOptimizerJs> {
-        let options_value: JsValue = options_value
-            .map(JsValue::from)
-            .unwrap_or(JsValue::UNDEFINED);
-        let settings: JsValue = settings.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
+        let options_value = or_undefined(options_value);
+        let settings = or_undefined(settings);
         js(Self::build(
             &rpc_world,
             &optimizer,

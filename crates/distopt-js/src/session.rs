@@ -113,7 +113,7 @@ pub(crate) fn backend_info_to_js(info: &LibBackendInfo) -> JsResult<JsValue> {
 /// theirs).
 #[wasm_bindgen(js_name = selectBackend, unchecked_return_type = "Promise<BackendSelection>")]
 pub async fn select_backend_js(choice: Option<BackendChoiceArg>) -> JsResult<JsValue> {
-    let choice = choice.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
+    let choice = convert::or_undefined(choice);
     let choice = js(convert::optional_string(&choice, "backend"))?.unwrap_or_else(|| "auto".into());
     let choice = js(BackendChoice::parse(&choice))?;
     let selection = js(select_backend(choice).await)?;

@@ -9,7 +9,7 @@ use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
-use super::convert::{count_arg, optional_integer_arg, rank_arg};
+use super::convert::{count_arg, optional_integer_arg, or_undefined, rank_arg};
 use super::handles;
 use super::typings::{IntegerArg, to_js};
 use distopt::comm::{
@@ -264,7 +264,7 @@ impl WorldJs {
         rank: IntegerArg,
         #[wasm_bindgen(js_name = groupSize)] group_size: Option<IntegerArg>,
     ) -> JsResult<Vec<f64>> {
-        let group_size = group_size.map(JsValue::from).unwrap_or(JsValue::UNDEFINED);
+        let group_size = or_undefined(group_size);
         let rank = js(rank_arg(&rank, self.inner.world.world_size()))?;
         let groups = js(subgroups(&*self.inner.world, &group_size))?;
         Ok(groups.group_of(rank).map(|r| r as f64).collect())

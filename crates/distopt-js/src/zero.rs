@@ -11,7 +11,7 @@ use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, busy, js, js_ranks};
-use super::convert::{json_from_js, json_to_js};
+use super::convert::{json_from_js, json_to_js, or_undefined};
 use super::handles;
 use super::optim::{group_from_json, options};
 use super::replicas::{SharedReplicas, borrow, borrow_mut, replicas_of};
@@ -383,12 +383,8 @@ impl ZeroRedundancyOptimizerJs {
         #[wasm_bindgen(js_name = options)] options_value: Option<OptimizerOptionsArg>,
         #[wasm_bindgen(js_name = zeroOptions)] zero_options_value: Option<ZeroOptionsArg>,
     ) -> JsResult<ZeroRedundancyOptimizerJs> {
-        let options_value: JsValue = options_value
-            .map(JsValue::from)
-            .unwrap_or(JsValue::UNDEFINED);
-        let zero_options_value: JsValue = zero_options_value
-            .map(JsValue::from)
-            .unwrap_or(JsValue::UNDEFINED);
+        let options_value = or_undefined(options_value);
+        let zero_options_value = or_undefined(zero_options_value);
         Self::build(
             &world,
             &replicas,
