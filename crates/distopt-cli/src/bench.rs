@@ -606,26 +606,15 @@ impl Report {
             (None, _) => "-".into(),
         };
         let _ = writeln!(out, "throughput ratios:");
-        let _ = writeln!(
-            out,
-            "  (a)/(d)  resident step vs adapter copy    {}",
-            judged(a_d, Some(0.8))
-        );
-        let _ = writeln!(
-            out,
-            "  (b)/(a)  one-shot vs resident step        {}",
-            judged(b_a, None)
-        );
-        let _ = writeln!(
-            out,
-            "  (c)/(e)  CPU one-shot vs host memcpy      {}",
-            judged(c_e, Some(0.7))
-        );
-        let _ = writeln!(
-            out,
-            "           CPU kernel vs host memcpy        {}",
-            judged(k_e, None)
-        );
+        let ratios = [
+            ("(a)/(d)  resident step vs adapter copy", a_d, Some(0.8)),
+            ("(b)/(a)  one-shot vs resident step", b_a, None),
+            ("(c)/(e)  CPU one-shot vs host memcpy", c_e, Some(0.7)),
+            ("         CPU kernel vs host memcpy", k_e, None),
+        ];
+        for (what, value, target) in ratios {
+            let _ = writeln!(out, "  {what:<42}{}", judged(value, target));
+        }
         out
     }
 }
