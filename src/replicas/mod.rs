@@ -364,6 +364,29 @@ impl Replicas {
             .unwrap_or(false)
     }
 
+    /// [`Replicas::write_values`] of one value per parameter, in parameter order; a
+    /// `ValueError` when `values` holds another number.
+    fn write_every<'a>(
+        &mut self,
+        rank: usize,
+        values: impl ExactSizeIterator<Item = Option<&'a Tensor>>,
+        which: Values,
+    ) -> Result<()> {
+        let (given, len) = (values.len(), self.params.len());
+        if given != len {
+            return Err(Error::value(match which {
+                Values::Params => {
+                    format!("{given} parameters given for rank {rank}, the model has {len}")
+                }
+                Values::Grads => format!(
+                    "{given} gradients given for rank {rank}, the model has {len} parameters"
+                ),
+            }));
+        }
+        let values: Vec<(usize, Option<&Tensor>)> = values.enumerate().collect();
+        self.write_values(rank, &values, which)
+    }
+
     /// Writes `values` (global index, value) into rank `rank`'s row of the parameters or the
     /// gradients; `None` writes zeros. Every value is checked before anything is written.
     fn write_values(
@@ -430,19 +453,7 @@ impl Replicas {
     /// A `ValueError` when `params` does not hold one tensor per parameter; for each tensor, as
     /// [`Replicas::set_param`]. Nothing is written when it fails.
     pub fn set_params(&mut self, rank: usize, params: &[Tensor]) -> Result<()> {
-        if params.len() != self.params.len() {
-            return Err(Error::value(format!(
-                "{} parameters given for rank {rank}, the model has {}",
-                params.len(),
-                self.params.len()
-            )));
-        }
-        let values: Vec<(usize, Option<&Tensor>)> = params
-            .iter()
-            .enumerate()
-            .map(|(j, t)| (j, Some(t)))
-            .collect();
-        self.write_values(rank, &values, Values::Params)
+        self.write_every(rank, params.iter().map(Some), Values::Params)
     }
 
     /// Overwrites parameter `j` of rank `rank`.
@@ -464,19 +475,7 @@ impl Replicas {
     /// A `ValueError` when `grads` does not hold one entry per parameter; for each gradient, as
     /// [`Replicas::set_grad`]. Nothing is written when it fails.
     pub fn set_grads(&mut self, rank: usize, grads: &[Option<Tensor>]) -> Result<()> {
-        if grads.len() != self.params.len() {
-            return Err(Error::value(format!(
-                "{} gradients given for rank {rank}, the model has {} parameters",
-                grads.len(),
-                self.params.len()
-            )));
-        }
-        let values: Vec<(usize, Option<&Tensor>)> = grads
-            .iter()
-            .enumerate()
-            .map(|(j, t)| (j, t.as_ref()))
-            .collect();
-        self.write_values(rank, &values, Values::Grads)?;
+        self.write_every(rank, grads.iter().map(Option::as_ref), Values::Grads)?;
         let len = self.params.len();
         for (j, g) in grads.iter().enumerate() {
             self.has_grad[rank * len + j] = g.is_some();
