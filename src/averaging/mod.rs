@@ -13,7 +13,7 @@ pub use periodic::PeriodicModelAverager;
 use crate::comm::{Communicator, Membership, Subgroups};
 use crate::dtype::{DType, StorageFormat};
 use crate::error::{Error, Result};
-use crate::replicas::{Replicas, Values};
+use crate::replicas::{Replicas, Values, check_param_index};
 
 /// The common surface of the averagers (PyTorch's `ModelAverager`).
 pub trait ModelAverager: crate::backend::MaybeSendSync + std::fmt::Debug {
@@ -227,14 +227,8 @@ fn plan_average(
         Some(list) => list.to_vec(),
         None => (0..replicas.len()).collect(),
     };
-    if let Some(&bad) = selected.iter().find(|&&j| j >= replicas.len()) {
-        return Err(Error::new(
-            crate::ErrorKind::IndexError,
-            format!(
-                "parameter index {bad} out of range for {} parameters",
-                replicas.len()
-            ),
-        ));
+    for &j in &selected {
+        check_param_index(j, replicas.len())?;
     }
     let averaged: Vec<usize> = selected
         .into_iter()

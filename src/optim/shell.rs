@@ -12,7 +12,7 @@ use super::local::LocalOptimizer;
 use super::options::{self, GroupOptions, OptionMap};
 use crate::backend::{BoxFuture, MaybeSendSync};
 use crate::error::{Error, ErrorKind, Result};
-use crate::replicas::{Replicas, StateArenas};
+use crate::replicas::{Replicas, StateArenas, check_param_index};
 
 /// The warning of a parameter listed twice in one group (PyTorch's `add_param_group`); the
 /// parameter is then optimized once.
@@ -96,14 +96,8 @@ impl<O: GroupOptions> Shell<O> {
     /// PyTorch's `add_param_group`: options over the defaults, the duplicate warning, and the
     /// `ValueError` for a parameter another group holds. Nothing changes on an error.
     fn add_group(&mut self, params: Vec<usize>, given: &OptionMap) -> Result<()> {
-        if let Some(&j) = params.iter().find(|&&j| j >= self.params) {
-            return Err(Error::new(
-                ErrorKind::IndexError,
-                format!(
-                    "parameter index {j} out of range for {} parameters",
-                    self.params
-                ),
-            ));
+        for &j in &params {
+            check_param_index(j, self.params)?;
         }
         let map = options::merge(self.kind.name(), &self.defaults, given)?;
         let options = O::from_map(&map)?;

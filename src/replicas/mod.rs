@@ -24,6 +24,18 @@ pub(crate) fn dtype_mismatch(message: String) -> Error {
     Error::runtime(message)
 }
 
+/// The `IndexError` of a parameter index `j` (given to an optimizer, ZeRO or an averager)
+/// outside a model of `params` parameters.
+pub(crate) fn check_param_index(j: usize, params: usize) -> Result<()> {
+    if j >= params {
+        return Err(Error::new(
+            crate::error::ErrorKind::IndexError,
+            format!("parameter index {j} out of range for {params} parameters"),
+        ));
+    }
+    Ok(())
+}
+
 /// One parameter: its shape, dtype and where it lives.
 #[derive(Debug, Clone)]
 struct ParamInfo {

@@ -18,7 +18,7 @@ use crate::comm::{BroadcastRegion, Communicator, local_index};
 use crate::error::{Error, ErrorKind, RankErrors, Result};
 use crate::join::{JoinConfig, notify_join_context};
 use crate::optim::{self, LocalOptimizer, OptimizerKind, OptionMap};
-use crate::replicas::{Replicas, Values};
+use crate::replicas::{Replicas, Values, check_param_index};
 use crate::warnings::{self, Warning};
 use args::{ParamsArg, TensorArg};
 
@@ -236,18 +236,8 @@ impl ZeroRedundancyOptimizer {
                 "ZeroRedundancyOptimizer got an empty parameter list",
             ));
         }
-        if let Some(&j) = groups
-            .iter()
-            .flat_map(|(g, _)| g)
-            .find(|&&j| j >= replicas.len())
-        {
-            return Err(Error::new(
-                ErrorKind::IndexError,
-                format!(
-                    "parameter index {j} out of range for {} parameters",
-                    replicas.len()
-                ),
-            ));
+        for &j in groups.iter().flat_map(|(g, _)| g) {
+            check_param_index(j, replicas.len())?;
         }
         let dtype = replicas.dtype(
             groups
@@ -258,15 +248,6 @@ impl ZeroRedundancyOptimizer {
                 .unwrap_or(0),
         );
         for &j in groups.iter().flat_map(|(g, _)| g) {
-            if j >= replicas.len() {
-                return Err(Error::new(
-                    ErrorKind::IndexError,
-                    format!(
-                        "parameter index {j} out of range for {} parameters",
-                        replicas.len()
-                    ),
-                ));
-            }
             if replicas.dtype(j) != dtype {
                 let name = |d: crate::DType| {
                     crate::zero::args::TensorArg {
@@ -656,15 +637,7 @@ impl ZeroRedundancyOptimizer {
             ));
         }
         for &j in &params {
-            if j >= replicas.len() {
-                return Err(Error::new(
-                    ErrorKind::IndexError,
-                    format!(
-                        "parameter index {j} out of range for {} parameters",
-                        replicas.len()
-                    ),
-                ));
-            }
+            check_param_index(j, replicas.len())?;
             if self.global.contains(&j) {
                 return Err(Error::value(
                     "some parameters appear in more than one parameter group",
