@@ -39,6 +39,7 @@ use super::{
     StatsCounter, one_rank, regions,
 };
 use crate::backend::gpu::GpuArena;
+use crate::backend::kernels::{ParamStarts, Real};
 use crate::backend::quotient::{divide_in_place, divide_into};
 use crate::backend::{Arena, ArenaStorage, Backend};
 use crate::dtype::StorageFormat;
@@ -181,6 +182,17 @@ impl MpiWorld {
 
     fn record(&self, update: impl FnOnce(&mut CommStats)) {
         self.stats.record(update);
+    }
+
+    /// Runs `collective` with the MPI state locked and its scratch buffers taken out of it (so
+    /// that they can be borrowed beside its communicators), then puts them back.
+    fn with_scratch<R>(&self, collective: impl FnOnce(&mut Mpi, Scratch<'_>) -> R) -> R {
+        let mut guard = self.lock();
+        let mpi = &mut *guard;
+        let (mut send, mut recv) = (std::mem::take(&mut mpi.send), std::mem::take(&mut mpi.recv));
+        let result = collective(mpi, (&mut send, &mut recv));
+        (mpi.send, mpi.recv) = (send, recv);
+        result
     }
 
     /// A barrier over the world.
@@ -339,30 +351,132 @@ fn f32_to_half(format: StorageFormat, value: f32) -> u16 {
     }
 }
 
-/// All-reduces the listed elements of a rank's words through MPI: each element's `quotient`
-/// (its value divided by the group size, or scaled, in the arithmetic type) into `send`, `op`
-/// over the group into `recv`, and each result `store`d back (none where `store` is `None`: a
-/// rank that contributes but does not receive).
-fn reduce_elements<T, O>(
-    comm: &SimpleCommunicator,
-    (send, recv): (&mut [T], &mut [T]),
-    words: &mut [u32],
-    elements: impl Iterator<Item = usize> + Clone,
-    quotient: impl Fn(&[u32], usize) -> T,
-    store: Option<impl Fn(&mut [u32], usize, T)>,
-    op: O,
-) where
-    T: bytemuck::Pod + mpi::datatype::Equivalence,
-    O: mpi::collective::Operation,
-{
-    for (s, i) in send.iter_mut().zip(elements.clone()) {
-        *s = quotient(words, i);
+/// The elements of this rank's arena row that an all-reduce covers: the flagged parameters'
+/// runs, adjacent ones merged, their span (first start to last end) and their number.
+struct RowRuns {
+    runs: Vec<Range<usize>>,
+    span: Range<usize>,
+    total: usize,
+}
+
+impl RowRuns {
+    /// The runs of the parameters `flags` marks; `None` when it marks none.
+    fn of(starts: &ParamStarts, flags: &[bool], arena: &Arena) -> Option<RowRuns> {
+        let runs = merged_runs(starts, flags, arena.rank_len());
+        let span = runs.first()?.start..runs.last()?.end;
+        let total = runs.iter().map(|r| r.len()).sum();
+        Some(RowRuns { runs, span, total })
     }
-    comm.all_reduce_into(&send[..], &mut recv[..], op);
-    if let Some(store) = store {
-        for (&v, i) in recv.iter().zip(elements) {
-            store(words, i, v);
+
+    /// The [`Reduction`] of these elements of `words`, the row's words from element `base` on
+    /// (see [`transfer::with_row_words`]), through `scratch` (send, receive).
+    fn reduction<'a>(
+        &'a self,
+        comm: &'a SimpleCommunicator,
+        scratch: Scratch<'a>,
+        words: &'a mut [u32],
+        base: usize,
+    ) -> Reduction<'a, impl Iterator<Item = usize> + Clone + 'a> {
+        let elements = self
+            .runs
+            .iter()
+            .flat_map(move |run| run.start - base..run.end - base);
+        let total = self.total;
+        Reduction {
+            comm,
+            scratch,
+            words,
+            elements,
+            total,
         }
+    }
+}
+
+/// The MPI state's send and receive scratch buffers, taken out of it for one collective (see
+/// [`MpiWorld::with_scratch`]).
+type Scratch<'a> = (&'a mut Vec<u64>, &'a mut Vec<u64>);
+
+/// An all-reduce through MPI of the listed elements (indices into `words`, `total` of them) of
+/// one rank's words, over `comm`.
+struct Reduction<'a, E> {
+    comm: &'a SimpleCommunicator,
+    scratch: Scratch<'a>,
+    words: &'a mut [u32],
+    elements: E,
+    total: usize,
+}
+
+impl<E: Iterator<Item = usize> + Clone> Reduction<'_, E> {
+    /// Each element's `quotient` (its value divided by the group size, or scaled, in the
+    /// arithmetic type) into the send buffer, `op` over the group into the receive buffer, and
+    /// each result `store`d back (none where `store` is `None`: a rank that contributes but does
+    /// not receive).
+    fn reduce<T, O>(
+        self,
+        quotient: impl Fn(&[u32], usize) -> T,
+        store: Option<impl Fn(&mut [u32], usize, T)>,
+        op: O,
+    ) where
+        T: bytemuck::Pod + mpi::datatype::Equivalence,
+        O: mpi::collective::Operation,
+    {
+        let (send, recv) = self.scratch;
+        let send: &mut [T] = scratch_of(send, self.total);
+        for (s, i) in send.iter_mut().zip(self.elements.clone()) {
+            *s = quotient(self.words, i);
+        }
+        let recv: &mut [T] = scratch_of(recv, self.total);
+        self.comm.all_reduce_into(&send[..], &mut recv[..], op);
+        if let Some(store) = store {
+            for (&v, i) in recv.iter().zip(self.elements) {
+                store(self.words, i, v);
+            }
+        }
+    }
+
+    /// The float64 or float32 (`T`) sum (`MPI_SUM`) of each element's `addend` of its value
+    /// (zero where it does not `contribute`), stored back in `format` where this rank
+    /// `receives`.
+    fn sum<T>(
+        self,
+        format: StorageFormat,
+        contributes: impl Fn(usize) -> bool,
+        addend: impl Fn(T) -> T,
+        receives: bool,
+    ) where
+        T: Real + bytemuck::Pod + mpi::datatype::Equivalence,
+    {
+        let zero = T::scalar(0.0);
+        self.reduce(
+            |words, k| match contributes(k) {
+                true => addend(T::load(format, words, k)),
+                false => zero,
+            },
+            receives.then_some(|words: &mut [u32], k, v| T::store(format, words, k, v)),
+            SystemOperation::sum(),
+        );
+    }
+
+    /// The sum in float16 or bfloat16 arithmetic (`half`, the arena's format): each element's
+    /// `addend` of its value (zero where it does not `contribute`) and every addition rounded
+    /// to it, stored back where this rank `receives`.
+    fn sum_half(
+        self,
+        half: StorageFormat,
+        contributes: impl Fn(usize) -> bool,
+        addend: impl Fn(f32) -> f32,
+        receives: bool,
+    ) {
+        let add = half_sum(half);
+        self.reduce(
+            |words, k| match contributes(k) {
+                true => f32_to_half(half, addend(half.load(words, k))),
+                false => 0,
+            },
+            receives
+                .then_some(|words: &mut [u32], k, v| half.store(words, k, half_to_f32(half, v))),
+            &add,
+        );
     }
 }
 
@@ -406,106 +520,73 @@ impl Communicator for MpiWorld {
         self.check_one_rank(arena, "all_reduce")?;
         mean.check(self.size)?;
         let g = mean.groups.group_size();
-        let runs = merged_runs(mean.starts, mean.active, arena.rank_len());
-        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+        let Some(runs) = RowRuns::of(mean.starts, mean.active, arena) else {
             return Ok(());
         };
-        let span = first.start..last.end;
         let format = arena.format();
-        let total: usize = runs.iter().map(|r| r.len()).sum();
-        let mut guard = self.lock();
-        let mpi = &mut *guard;
-        let (mut send, mut recv) = (std::mem::take(&mut mpi.send), std::mem::take(&mut mpi.recv));
-        let comm = mpi.group(g, self.rank, self.size)?;
-        if let (ArenaStorage::Gpu(gpu), StorageFormat::F32, StorageFormat::F32, [run]) =
-            (&arena.storage, format, mean.arith, &runs[..])
-        {
-            // A mapped device arena: reduced in place, as a host arena is.
-            if let Some(()) = all_reduce_mean_mapped_f32(gpu, comm, run, g as f32) {
-                (mpi.send, mpi.recv) = (send, recv);
-                drop(guard);
-                self.record(|s| s.add_all_reduce(g, mean.bytes_per_rank));
-                return Ok(());
-            }
-        }
-        let result = transfer::with_row_words(arena, span, |words, base| {
-            let at = |run: &Range<usize>| run.start - base..run.end - base;
-            match (format, mean.arith) {
-                (StorageFormat::F32, StorageFormat::F32) => {
-                    let values: &mut [f32] = bytemuck::cast_slice_mut(words);
-                    let divisor = g as f32;
-                    if runs.len() == 1 {
-                        // One run: reduced where it is.
-                        all_reduce_mean_in_place_f32(comm, &mut values[at(first)], divisor);
-                    } else {
-                        // Several runs: gathered into one message, summed, scattered back.
-                        let send: &mut [f32] = scratch_of(&mut send, total);
-                        let mut k = 0;
-                        for run in &runs {
-                            divide_into(&mut send[k..k + run.len()], &values[at(run)], divisor);
-                            k += run.len();
-                        }
-                        let recv: &mut [f32] = scratch_of(&mut recv, total);
-                        comm.all_reduce_into(&send[..], recv, SystemOperation::sum());
-                        let mut k = 0;
-                        for run in &runs {
-                            values[at(run)].copy_from_slice(&recv[k..k + run.len()]);
-                            k += run.len();
-                        }
-                    }
-                }
-                (_, StorageFormat::F64) => {
-                    let divisor = g as f64;
-                    reduce_elements(
-                        comm,
-                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
-                        words,
-                        runs.iter().flat_map(&at),
-                        |words, i| format.load_f64(words, i) / divisor,
-                        Some(|words: &mut [u32], i, v| format.store_f64(words, i, v)),
-                        SystemOperation::sum(),
-                    );
-                }
-                (_, StorageFormat::F32) => {
-                    let divisor = g as f32;
-                    reduce_elements(
-                        comm,
-                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
-                        words,
-                        runs.iter().flat_map(&at),
-                        |words, i| format.load(words, i) / divisor,
-                        Some(|words: &mut [u32], i, v| format.store(words, i, v)),
-                        SystemOperation::sum(),
-                    );
-                }
-                (_, half) => {
-                    // float16 / bfloat16 arithmetic: only parameters of that one format
-                    // promote to it. Every quotient and every addition rounds to it.
-                    if format != half {
-                        return Err(Error::value(format!(
-                            "cannot average {format:?} parameters in {half:?}"
-                        )));
-                    }
-                    let divisor = g as f32;
-                    let add = half_sum(half);
-                    reduce_elements(
-                        comm,
-                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
-                        words,
-                        runs.iter().flat_map(&at),
-                        |words, i| f32_to_half(half, format.load(words, i) / divisor),
-                        Some(|words: &mut [u32], i, v| {
-                            format.store(words, i, half_to_f32(half, v))
-                        }),
-                        &add,
-                    );
+        self.with_scratch(|mpi, (send, recv)| {
+            let comm = mpi.group(g, self.rank, self.size)?;
+            if let (ArenaStorage::Gpu(gpu), StorageFormat::F32, StorageFormat::F32, [run]) =
+                (&arena.storage, format, mean.arith, &runs.runs[..])
+            {
+                // A mapped device arena: reduced in place, as a host arena is.
+                if let Some(()) = all_reduce_mean_mapped_f32(gpu, comm, run, g as f32) {
+                    return Ok(());
                 }
             }
-            Ok(())
-        });
-        (mpi.send, mpi.recv) = (send, recv);
-        drop(guard);
-        result?;
+            transfer::with_row_words(arena, runs.span.clone(), |words, base| {
+                let every = |_: usize| true;
+                match (format, mean.arith) {
+                    (StorageFormat::F32, StorageFormat::F32) => {
+                        let values: &mut [f32] = bytemuck::cast_slice_mut(words);
+                        let at = |run: &Range<usize>| run.start - base..run.end - base;
+                        let divisor = g as f32;
+                        if let [run] = &runs.runs[..] {
+                            // One run: reduced where it is.
+                            all_reduce_mean_in_place_f32(comm, &mut values[at(run)], divisor);
+                        } else {
+                            // Several runs: gathered into one message, summed, scattered back.
+                            let send: &mut [f32] = scratch_of(send, runs.total);
+                            let mut k = 0;
+                            for run in &runs.runs {
+                                divide_into(&mut send[k..k + run.len()], &values[at(run)], divisor);
+                                k += run.len();
+                            }
+                            let recv: &mut [f32] = scratch_of(recv, runs.total);
+                            comm.all_reduce_into(&send[..], recv, SystemOperation::sum());
+                            let mut k = 0;
+                            for run in &runs.runs {
+                                values[at(run)].copy_from_slice(&recv[k..k + run.len()]);
+                                k += run.len();
+                            }
+                        }
+                    }
+                    (_, StorageFormat::F64) => {
+                        let divisor = g as f64;
+                        let reduction = runs.reduction(comm, (send, recv), words, base);
+                        reduction.sum(format, every, |x: f64| x / divisor, true);
+                    }
+                    (_, StorageFormat::F32) => {
+                        let divisor = g as f32;
+                        let reduction = runs.reduction(comm, (send, recv), words, base);
+                        reduction.sum(format, every, |x: f32| x / divisor, true);
+                    }
+                    (_, half) => {
+                        // float16 / bfloat16 arithmetic: only parameters of that one format
+                        // promote to it. Every quotient and every addition rounds to it.
+                        if format != half {
+                            return Err(Error::value(format!(
+                                "cannot average {format:?} parameters in {half:?}"
+                            )));
+                        }
+                        let divisor = g as f32;
+                        let reduction = runs.reduction(comm, (send, recv), words, base);
+                        reduction.sum_half(half, every, |x| x / divisor, true);
+                    }
+                }
+                Ok(())
+            })
+        })?;
         self.record(|s| s.add_all_reduce(g, mean.bytes_per_rank));
         Ok(())
     }
@@ -518,95 +599,41 @@ impl Communicator for MpiWorld {
     ) -> Result<()> {
         self.check_one_rank(arena, "all_reduce")?;
         sum.check(arena)?;
-        let runs = merged_runs(sum.starts, sum.reduced, arena.rank_len());
-        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+        let Some(runs) = RowRuns::of(sum.starts, sum.reduced, arena) else {
             return Ok(());
         };
-        let span = first.start..last.end;
         let format = arena.format();
-        let total: usize = runs.iter().map(|r| r.len()).sum();
         let scale = sum.scales[0];
-        // Whether element i's value goes into the sum (a joined rank and an absent gradient
-        // contribute zeros, as DDP's zero-filled buckets do).
-        let contributes = |i: usize| scale.is_some() && sum.present[sum.starts.param_of(i)];
+        let s = scale.unwrap_or(0.0);
         let receives = scale.is_some();
-        let mut guard = self.lock();
-        let mpi = &mut *guard;
-        let (mut send, mut recv) = (std::mem::take(&mut mpi.send), std::mem::take(&mut mpi.recv));
-        let comm = &mpi.world;
-        let result = transfer::with_row_words(arena, span, |words, base| {
-            let elements = runs.iter().flat_map(|run| run.start - base..run.end - base);
-            let at = |k: usize| k + base;
-            match sum.arith {
-                StorageFormat::F64 => {
-                    let s = scale.unwrap_or(0.0);
-                    reduce_elements(
-                        comm,
-                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
-                        words,
-                        elements,
-                        |words, k| {
-                            if contributes(at(k)) {
-                                format.load_f64(words, k) * s
-                            } else {
-                                0.0
-                            }
-                        },
-                        receives.then_some(|words: &mut [u32], k, v| format.store_f64(words, k, v)),
-                        SystemOperation::sum(),
-                    );
-                }
-                StorageFormat::F32 => {
-                    let s = scale.unwrap_or(0.0) as f32;
-                    reduce_elements(
-                        comm,
-                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
-                        words,
-                        elements,
-                        |words, k| {
-                            if contributes(at(k)) {
-                                format.load(words, k) * s
-                            } else {
-                                0.0
-                            }
-                        },
-                        receives.then_some(|words: &mut [u32], k, v| format.store(words, k, v)),
-                        SystemOperation::sum(),
-                    );
-                }
-                half => {
-                    // float16 / bfloat16 arithmetic: every product and addition rounds to it.
-                    if format != half {
-                        return Err(Error::value(format!(
-                            "cannot reduce {format:?} values in {half:?}"
-                        )));
+        self.with_scratch(|mpi, scratch| {
+            transfer::with_row_words(arena, runs.span.clone(), |words, base| {
+                // Whether element k's value goes into the sum (a joined rank and an absent
+                // gradient contribute zeros, as DDP's zero-filled buckets do).
+                let contributes = |k| receives && sum.present[sum.starts.param_of(k + base)];
+                let reduction = runs.reduction(&mpi.world, scratch, words, base);
+                match sum.arith {
+                    StorageFormat::F64 => {
+                        reduction.sum(format, contributes, |x: f64| x * s, receives)
                     }
-                    let s = scale.unwrap_or(0.0) as f32;
-                    let add = half_sum(half);
-                    reduce_elements(
-                        comm,
-                        (scratch_of(&mut send, total), scratch_of(&mut recv, total)),
-                        words,
-                        elements,
-                        |words, k| {
-                            if contributes(at(k)) {
-                                f32_to_half(half, format.load(words, k) * s)
-                            } else {
-                                0
-                            }
-                        },
-                        receives.then_some(|words: &mut [u32], k, v| {
-                            format.store(words, k, half_to_f32(half, v))
-                        }),
-                        &add,
-                    );
+                    StorageFormat::F32 => {
+                        let s = s as f32;
+                        reduction.sum(format, contributes, |x: f32| x * s, receives);
+                    }
+                    half => {
+                        // float16 / bfloat16 arithmetic: every product and addition rounds to it.
+                        if format != half {
+                            return Err(Error::value(format!(
+                                "cannot reduce {format:?} values in {half:?}"
+                            )));
+                        }
+                        let s = s as f32;
+                        reduction.sum_half(half, contributes, |x| x * s, receives);
+                    }
                 }
-            }
-            Ok(())
-        });
-        (mpi.send, mpi.recv) = (send, recv);
-        drop(guard);
-        result?;
+                Ok(())
+            })
+        })?;
         self.record(|s| s.add_all_reduce(self.size, sum.bytes_per_rank));
         Ok(())
     }
