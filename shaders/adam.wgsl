@@ -10,9 +10,9 @@
 // moment's `(1 - beta2) * g * g` term) are single-rounded here too (`exact_fma`; see
 // `adam_rank` in src/backend/kernels/adam.rs).
 
-// From optim_math: `fused`, `one`, `r`, `add_scaled`, `exact_fma`. `struct AdamScalars` and the
-// flag bits (ACTIVE, MAXIMIZE, AMSGRAD, DECOUPLED, FUSED) are declared in front of this file from
-// the Rust side (`ADAM` in src/backend/gpu/contract.rs).
+// From optim_math: `fused`, `one`, `r`, `add_scaled`, `add_scaled_or_fma`, `exact_fma`. `struct
+// AdamScalars` and the flag bits (ACTIVE, MAXIMIZE, AMSGRAD, DECOUPLED, FUSED) are declared in
+// front of this file from the Rust side (`ADAM` in src/backend/gpu/contract.rs).
 
 override FORMAT: u32 = 0u;
 
@@ -59,11 +59,7 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
     if ((s.flags & DECOUPLED) != 0u) {
         p = r(p * s.decay_factor);
     } else if (s.weight_decay != 0.0) {
-        if (fused) {
-            g = exact_fma(p, vec4<f32>(s.weight_decay), g);
-        } else {
-            g = add_scaled(g, s.weight_decay, p);
-        }
+        g = add_scaled_or_fma(g, s.weight_decay, p);
     }
     // exp_avg.lerp_(grad, 1 - beta1), PyTorch's two-sided formula.
     let w = s.one_minus_beta1;

@@ -91,3 +91,12 @@ fn r(x: vec4<f32>) -> vec4<f32> {
 fn add_scaled(x: vec4<f32>, alpha: f32, y: vec4<f32>) -> vec4<f32> {
     return r(x + r(r(vec4<f32>(alpha)) * y));
 }
+
+// `x.add(y, alpha=alpha)` in the update's arithmetic: `add_scaled`, or under `fused` one
+// fused multiply-add (`exact_fma`, `alpha` unrounded), as PyTorch's fused kernels compute it.
+fn add_scaled_or_fma(x: vec4<f32>, alpha: f32, y: vec4<f32>) -> vec4<f32> {
+    if (fused) {
+        return exact_fma(y, vec4<f32>(alpha), x);
+    }
+    return add_scaled(x, alpha, y);
+}

@@ -9,9 +9,9 @@
 // (`exact_fma`; see `sgd_rank` in src/backend/kernels/sgd.rs).
 // A parameter without a gradient on a rank (flags bit 0 clear) is skipped.
 
-// From optim_math: `fused`, `one`, `r`, `add_scaled`, `exact_fma`. `struct SgdScalars` and the
-// flag bits (ACTIVE, FIRST_STEP, NESTEROV, MAXIMIZE, FUSED) are declared in front of this file
-// from the Rust side (`SGD` in src/backend/gpu/contract.rs).
+// From optim_math: `r`, `add_scaled_or_fma`. `struct SgdScalars` and the flag bits (ACTIVE,
+// FIRST_STEP, NESTEROV, MAXIMIZE, FUSED) are declared in front of this file from the Rust side
+// (`SGD` in src/backend/gpu/contract.rs).
 
 override FORMAT: u32 = 0u;
 
@@ -25,54 +25,30 @@ override FORMAT: u32 = 0u;
 // for the packed arena, in that storage format (src/backend/gpu/bindings.rs).
 
 
-// `update` under PyTorch's `fused=True`: float32 throughout, its multiply-adds fused.
-fn update_fused(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> array<vec4<f32>, 2> {
-    var g = g_in;
-    if ((s.flags & MAXIMIZE) != 0u) {
-        g = -g;
-    }
-    if (s.weight_decay != 0.0) {
-        g = exact_fma(p, vec4<f32>(s.weight_decay), g);
-    }
-    var b = b_old;
-    if (s.momentum != 0.0) {
-        if ((s.flags & FIRST_STEP) != 0u) {
-            b = g;
-        } else {
-            b = exact_fma(g, vec4<f32>(s.one_minus_dampening), b_old * s.momentum);
-        }
-        if ((s.flags & NESTEROV) != 0u) {
-            g = exact_fma(b, vec4<f32>(s.momentum), g);
-        } else {
-            g = b;
-        }
-    }
-    return array<vec4<f32>, 2>(exact_fma(g, vec4<f32>(-s.lr), p), b);
-}
-
-// One half (four elements) of the update; `b_old` is ignored on the first step.
+// One half (four elements) of the update; `b_old` is ignored on the first step. Under `fused`
+// (PyTorch's `fused=True`): float32 throughout, its multiply-adds fused.
 fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> array<vec4<f32>, 2> {
     var g = g_in;
     if ((s.flags & MAXIMIZE) != 0u) {
         g = -g;
     }
     if (s.weight_decay != 0.0) {
-        g = add_scaled(g, s.weight_decay, p);
+        g = add_scaled_or_fma(g, s.weight_decay, p);
     }
     var b = b_old;
     if (s.momentum != 0.0) {
         if ((s.flags & FIRST_STEP) != 0u) {
             b = g;
         } else {
-            b = add_scaled(r(b_old * s.momentum), s.one_minus_dampening, g);
+            b = add_scaled_or_fma(r(b_old * s.momentum), s.one_minus_dampening, g);
         }
         if ((s.flags & NESTEROV) != 0u) {
-            g = add_scaled(g, s.momentum, b);
+            g = add_scaled_or_fma(g, s.momentum, b);
         } else {
             g = b;
         }
     }
-    return array<vec4<f32>, 2>(add_scaled(p, -s.lr, g), b);
+    return array<vec4<f32>, 2>(add_scaled_or_fma(p, -s.lr, g), b);
 }
 
 // One invocation: lane `rank`, eight elements at `octet`, parameter `j` (param_table's `main`).
@@ -89,15 +65,8 @@ fn run(rank: u32, octet: u32, j: u32) {
     if (s.momentum != 0.0 && (s.flags & FIRST_STEP) == 0u) {
         b = load_momentum(base, octet);
     }
-    var lo: array<vec4<f32>, 2>;
-    var hi: array<vec4<f32>, 2>;
-    if (fused) {
-        lo = update_fused(p.lo, g.lo, b.lo, s);
-        hi = update_fused(p.hi, g.hi, b.hi, s);
-    } else {
-        lo = update(p.lo, g.lo, b.lo, s);
-        hi = update(p.hi, g.hi, b.hi, s);
-    }
+    let lo = update(p.lo, g.lo, b.lo, s);
+    let hi = update(p.hi, g.hi, b.hi, s);
     if (s.momentum != 0.0) {
         store_momentum(base, octet, Eight(lo[1], hi[1]));
     }
