@@ -13,7 +13,7 @@ use super::storage::{Exact, Opmath, Storage, To, add_scaled, rows, rows_mut, sig
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
     AdamArenas, AdamScalars, AdamSlices, Chunking, ParamStarts, adam_rank, adam_rank_slices,
-    check_adam_arenas, host_words, host_words_mut,
+    check_adam_arenas, host_words, host_words_mut, maximum,
 };
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -97,15 +97,7 @@ fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, S: Storag
         };
         v[i] = st.store(v_new);
         let second = if AMSGRAD {
-            let old = st.load(vmax[i]);
-            // torch.maximum propagates NaN.
-            let new = if v_new.is_nan() || old.is_nan() {
-                if v_new.is_nan() { v_new } else { old }
-            } else if v_new > old {
-                v_new
-            } else {
-                old
-            };
+            let new = maximum(v_new, st.load(vmax[i]));
             vmax[i] = st.store(new);
             new
         } else {

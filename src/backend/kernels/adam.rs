@@ -5,7 +5,7 @@
 
 use super::{
     AdamScalars, Arena, Chunking, ParamStarts, Real, add_scaled, check_same_layout, check_table,
-    host_words, host_words_mut, optional_rank_slices, rounding_format,
+    host_words, host_words_mut, maximum, optional_rank_slices, rounding_format,
 };
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -181,15 +181,7 @@ pub(in crate::backend) fn adam_rank<T: Real>(
             T::store(format, v, i, v_new);
             let second = match vmax.as_deref_mut() {
                 Some(vmax) if s.amsgrad => {
-                    let old = T::load(format, vmax, i);
-                    // torch.maximum propagates NaN.
-                    let new = if v_new.is_nan() || old.is_nan() {
-                        if v_new.is_nan() { v_new } else { old }
-                    } else if v_new > old {
-                        v_new
-                    } else {
-                        old
-                    };
+                    let new = maximum(v_new, T::load(format, vmax, i));
                     T::store(format, vmax, i, new);
                     new
                 }

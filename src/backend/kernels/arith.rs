@@ -59,6 +59,7 @@ impl Real for f32 {
     fn mul_add(self, b: f32, c: f32) -> f32 {
         f32::mul_add(self, b, c)
     }
+    #[inline(always)]
     fn is_nan(self) -> bool {
         f32::is_nan(self)
     }
@@ -89,6 +90,7 @@ impl Real for f64 {
     fn mul_add(self, b: f64, c: f64) -> f64 {
         f64::mul_add(self, b, c)
     }
+    #[inline(always)]
     fn is_nan(self) -> bool {
         f64::is_nan(self)
     }
@@ -107,6 +109,18 @@ impl Real for f64 {
 pub(super) fn add_scaled<T: Real>(format: StorageFormat, x: T, alpha: T, y: T) -> T {
     let r = |v: T| T::round(format, v);
     r(x + r(r(alpha) * y))
+}
+
+/// `torch.maximum` of two elements: the larger, or a NaN where either is one (`a`'s first).
+#[inline(always)]
+pub(crate) fn maximum<T: Real>(a: T, b: T) -> T {
+    if a.is_nan() || b.is_nan() {
+        if a.is_nan() { a } else { b }
+    } else if a > b {
+        a
+    } else {
+        b
+    }
 }
 
 /// The format each tensor operation's result is rounded to: the storage format, or, for a

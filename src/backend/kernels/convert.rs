@@ -2,7 +2,7 @@
 //! (`backend/cpu/mod.rs`); its GPU twins are the dispatch in `backend/gpu/convert.rs` and the
 //! shader `shaders/convert.wgsl`.
 
-use super::{Arena, Chunking, ParamStarts, host_words, host_words_mut};
+use super::{Arena, Chunking, ParamStarts, check_flags, host_words, host_words_mut};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
@@ -75,12 +75,5 @@ pub(crate) fn check_convert(args: &ConvertArgs<'_>, chunking: Chunking) -> Resul
             "convert: arenas do not match ({src:?} vs {dst:?})"
         )));
     }
-    if args.active.len() != args.starts.0.len() {
-        return Err(Error::value(format!(
-            "convert: {} flags for {} parameters",
-            args.active.len(),
-            args.starts.0.len()
-        )));
-    }
-    Ok(())
+    check_flags("convert", args.active, args.starts)
 }

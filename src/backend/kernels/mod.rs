@@ -64,7 +64,7 @@ mod tables;
 pub(crate) use adam::check_adam_arenas;
 pub use adam::{AdamArenas, adam_reference};
 pub(in crate::backend) use adam::{AdamSlices, adam_rank, adam_rank_slices};
-pub(crate) use arith::Real;
+pub(crate) use arith::{Real, maximum};
 use arith::{add_scaled, rounding_format};
 pub(crate) use average::check_average_args;
 pub use average::{AverageArgs, average_reference};
@@ -83,7 +83,7 @@ pub(in crate::backend) use sgd::{sgd_rank, sgd_rank_slices};
 pub(in crate::backend) use slices::optional_rank_slices;
 pub(crate) use tables::Chunking;
 pub use tables::{AdamScalars, ParamStarts, SgdScalars};
-use tables::{check_same_layout, check_table};
+use tables::{check_flags, check_same_layout, check_table};
 // Host access to an arena's words, for the reference kernels (and the CPU backend).
 use crate::backend::Arena;
 pub(crate) use crate::backend::{host_words, host_words_mut};

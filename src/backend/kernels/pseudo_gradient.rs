@@ -2,9 +2,11 @@
 //! (`backend/cpu/mod.rs`); its GPU twins are the dispatch in `backend/gpu/pseudo_gradient.rs`
 //! and the shader `shaders/pseudo_gradient.wgsl`.
 
-use super::{Arena, Chunking, ParamStarts, check_same_layout, host_words, host_words_mut};
+use super::{
+    Arena, Chunking, ParamStarts, check_flags, check_same_layout, host_words, host_words_mut,
+};
 use crate::dtype::StorageFormat;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The arguments of DiLoCo's pseudo-gradient
 /// ([`Backend::pseudo_gradient`](crate::backend::Backend::pseudo_gradient),
@@ -31,14 +33,7 @@ pub(crate) fn check_pseudo_gradient(
     let params = &*args.params;
     check_same_layout("pseudo_gradient backup", params, args.backup, chunking)?;
     check_same_layout("pseudo_gradient grads", params, args.grads, chunking)?;
-    if args.active.len() != args.starts.0.len() {
-        return Err(Error::value(format!(
-            "pseudo_gradient: {} flags for {} parameters",
-            args.active.len(),
-            args.starts.0.len()
-        )));
-    }
-    Ok(())
+    check_flags("pseudo_gradient", args.active, args.starts)
 }
 
 /// DiLoCo's pseudo-gradient over three arenas of one layout, every rank at once, for the

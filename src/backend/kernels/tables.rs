@@ -107,6 +107,18 @@ pub(super) fn check_same_layout(
     Ok(())
 }
 
+/// A `ValueError` unless `active` holds one flag per parameter of `starts`.
+pub(super) fn check_flags(what: &str, active: &[bool], starts: &ParamStarts) -> Result<()> {
+    if active.len() != starts.0.len() {
+        return Err(Error::value(format!(
+            "{what}: {} flags for {} parameters",
+            active.len(),
+            starts.0.len()
+        )));
+    }
+    Ok(())
+}
+
 pub(super) fn check_table<T>(
     what: &str,
     arena: &Arena,
