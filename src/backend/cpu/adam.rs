@@ -306,12 +306,8 @@ fn adam_rank_f32(slices: AdamSlices<'_>, starts: &ParamStarts, table: &[AdamScal
     let g: &[f32] = bytemuck::cast_slice(g);
     let m: &mut [f32] = bytemuck::cast_slice_mut(m);
     let v: &mut [f32] = bytemuck::cast_slice_mut(v);
-    for (j, s) in table.iter().enumerate() {
-        if !s.active {
-            continue;
-        }
-        let start = starts.0[j] as usize;
-        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
+    let entries = table.iter().zip(starts.ranges(len));
+    for (s, range) in entries.filter(|(s, _)| s.active) {
         let w = s.one_minus_beta1 as f32;
         let (wd, decay) = (
             if s.decoupled {
@@ -330,11 +326,11 @@ fn adam_rank_f32(slices: AdamSlices<'_>, starts: &ParamStarts, table: &[AdamScal
         let sign = if s.maximize { -1.0f32 } else { 1.0 };
         let (decoupled, upper) = (s.decoupled, w >= 0.5);
         let one_minus_w = 1.0 - w;
-        let rows = p[start..end]
+        let rows = p[range.clone()]
             .iter_mut()
-            .zip(&g[start..end])
-            .zip(m[start..end].iter_mut())
-            .zip(v[start..end].iter_mut());
+            .zip(&g[range.clone()])
+            .zip(m[range.clone()].iter_mut())
+            .zip(v[range].iter_mut());
         for (((p, &g), m), v) in rows {
             let mut param = *p;
             let mut grad = sign * g;

@@ -131,21 +131,16 @@ fn average_group_f32(groups: &Groups<'_>, group: &mut [u32]) {
     let Groups {
         rank_words,
         group_size,
-        starts,
-        active,
-        len,
         ..
     } = *groups;
     const BLOCK: usize = 1024;
     let divisor = group_size as f32;
     let values: &mut [f32] = bytemuck::cast_slice_mut(group);
     let mut acc = [0f32; BLOCK];
-    for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {
-        let start = starts.0[j] as usize;
-        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
-        let mut first = start;
-        while first < end {
-            let n = BLOCK.min(end - first);
+    for range in groups.averaged() {
+        let mut first = range.start;
+        while first < range.end {
+            let n = BLOCK.min(range.end - first);
             let acc = &mut acc[..n];
             for (a, &x) in acc.iter_mut().zip(&values[first..first + n]) {
                 *a = x / divisor;

@@ -53,15 +53,10 @@ pub(super) fn plan(
     // Every active run, in flat order.
     let mut runs = Vec::new();
     for rank in 0..ranks {
-        for j in 0..count {
+        for (j, range) in starts.ranges(rank_len).enumerate() {
             let entry = rank * count + j;
-            if !active(entry) {
-                continue;
-            }
-            let start = starts.0[j] as usize;
-            let end = starts.0.get(j + 1).map_or(rank_len, |&e| e as usize);
-            if end > start {
-                runs.push((entry, rank * rank_len + start, end - start));
+            if active(entry) && !range.is_empty() {
+                runs.push((entry, rank * rank_len + range.start, range.len()));
             }
         }
     }

@@ -314,13 +314,9 @@ fn sgd_rank_f32(
 ) {
     let p: &mut [f32] = bytemuck::cast_slice_mut(p);
     let g: &[f32] = bytemuck::cast_slice(g);
-    for (j, s) in table.iter().enumerate() {
-        if !s.active {
-            continue;
-        }
-        let start = starts.0[j] as usize;
-        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
-        let (p, g) = (&mut p[start..end], &g[start..end]);
+    let entries = table.iter().zip(starts.ranges(len));
+    for (s, range) in entries.filter(|(s, _)| s.active) {
+        let (p, g) = (&mut p[range.clone()], &g[range.clone()]);
         let (lr, wd, mom, damp) = (
             -s.lr as f32,
             s.weight_decay as f32,
@@ -330,7 +326,7 @@ fn sgd_rank_f32(
         let sign = if s.maximize { -1.0f32 } else { 1.0 };
         let momentum = match buf.as_deref_mut() {
             Some(b) if s.momentum != 0.0 => {
-                Some(&mut bytemuck::cast_slice_mut::<u32, f32>(b)[start..end])
+                Some(&mut bytemuck::cast_slice_mut::<u32, f32>(b)[range.clone()])
             }
             _ => None,
         };

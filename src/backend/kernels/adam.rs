@@ -127,14 +127,10 @@ pub(in crate::backend) fn adam_rank<T: Real>(
         v,
         mut vmax,
     } = slices;
-    for (j, s) in table.iter().enumerate() {
-        if !s.active {
-            continue;
-        }
+    let entries = table.iter().zip(starts.ranges(len));
+    for (s, range) in entries.filter(|(s, _)| s.active) {
         let rounding = rounding_format(format, s.fused);
         let r = |x: T| T::round(rounding, x);
-        let start = starts.0[j] as usize;
-        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
         let w = T::scalar(s.one_minus_beta1);
         let (wd, decay) = (T::scalar(s.weight_decay), T::scalar(s.decay_factor));
         let (beta2, one_minus_beta2) = (T::scalar(s.beta2), T::scalar(s.one_minus_beta2));
@@ -143,7 +139,7 @@ pub(in crate::backend) fn adam_rank<T: Real>(
             T::scalar(s.bias_correction2_sqrt),
             T::scalar(s.eps),
         );
-        for i in start..end {
+        for i in range {
             let mut param = T::load(format, p, i);
             let mut grad = T::load(format, g, i);
             if s.maximize {

@@ -3,6 +3,8 @@
 //! `backend/cpu/average.rs`, the GPU dispatch in `backend/gpu/average.rs` and the shader
 //! `shaders/average.wgsl`.
 
+use std::ops::Range;
+
 use super::{Arena, ParamStarts, Real, host_words_mut};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -71,6 +73,14 @@ pub(in crate::backend) struct Groups<'a> {
     pub(in crate::backend) len: usize,
 }
 
+impl Groups<'_> {
+    /// The elements of a rank that are averaged: the [`range`](ParamStarts::range) of every
+    /// parameter flagged in `active`.
+    pub(in crate::backend) fn averaged(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        self.starts.active_ranges(self.active, self.len)
+    }
+}
+
 /// The arena of an average, checked ([`check_average_args`]) and cut into its groups' words
 /// (each group's ranks are contiguous): what the reference walks in turn and the CPU backend on
 /// threads.
@@ -110,16 +120,12 @@ fn average_group_in<T: Real>(groups: &Groups<'_>, group: &mut [u32]) {
         arith,
         rank_words,
         group_size,
-        starts,
-        active,
-        len,
+        ..
     } = *groups;
     let divisor = T::scalar(group_size as f64);
     let round = |x: T| T::round(arith, x);
-    for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {
-        let start = starts.0[j] as usize;
-        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
-        for i in start..end {
+    for range in groups.averaged() {
+        for i in range {
             let mut acc = round(T::load(format, &group[..rank_words], i) / divisor);
             for rank in 1..group_size {
                 let quotient = round(T::load(format, &group[rank * rank_words..], i) / divisor);

@@ -48,10 +48,8 @@ pub fn convert_reference(args: ConvertArgs<'_>) -> Result<()> {
             &from[rank * from_words..(rank + 1) * from_words],
             &mut to[rank * to_words..(rank + 1) * to_words],
         );
-        for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {
-            let start = starts.0[j] as usize;
-            let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
-            for i in start..end {
+        for range in starts.active_ranges(active, len) {
+            for i in range {
                 if wide {
                     to_format.store_f64(to, i, from_format.load_f64(from, i));
                 } else {

@@ -61,11 +61,10 @@ pub fn pseudo_gradient_reference(args: PseudoGradientArgs<'_>) -> Result<()> {
     let to = host_words_mut(grads)?;
     let current = host_words_mut(params)?;
     for rank in 0..ranks {
-        for (j, _) in active.iter().enumerate().filter(|(_, a)| **a) {
+        for range in starts.active_ranges(active, len) {
             // Parameters start at multiples of 64 elements and run to the next start: whole
             // words in every format.
-            let start = rank * len + starts.0[j] as usize;
-            let end = rank * len + starts.0.get(j + 1).map_or(len, |&e| e as usize);
+            let (start, end) = (rank * len + range.start, rank * len + range.end);
             match format {
                 StorageFormat::F32 => {
                     let (o, p, g): (&[f32], &[f32], &mut [f32]) = (

@@ -98,15 +98,13 @@ fn scaled_sum_in<T: Real>(args: ScaledSumArgs<'_>) -> Result<()> {
     let scales: Vec<Option<T>> = scales.iter().map(|s| s.map(T::scalar)).collect();
     let zero = T::scalar(0.0);
     for (j, _) in reduced.iter().enumerate().filter(|(_, r)| **r) {
-        let start = starts.0[j] as usize;
-        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
         let contribution = |words: &[u32], rank: usize, i: usize| match scales[rank] {
             Some(s) if present[rank * params + j] => {
                 round(T::load(format, &words[rank * rank_words..], i) * s)
             }
             _ => zero,
         };
-        for i in start..end {
+        for i in starts.range(j, len) {
             let mut acc = contribution(words, 0, i);
             for rank in 1..ranks {
                 acc = round(acc + contribution(words, rank, i));

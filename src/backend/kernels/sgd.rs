@@ -100,16 +100,12 @@ pub(in crate::backend) fn sgd_rank<T: Real>(
     table: &[SgdScalars],
     len: usize,
 ) {
-    for (j, s) in table.iter().enumerate() {
-        if !s.active {
-            continue;
-        }
+    let entries = table.iter().zip(starts.ranges(len));
+    for (s, range) in entries.filter(|(s, _)| s.active) {
         let rounding = rounding_format(format, s.fused);
         let r = |x: T| T::round(rounding, x);
         // `x.add(y, alpha=a)` (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
         let add = |x: T, alpha: T, y: T| add_scaled(rounding, x, alpha, y);
-        let start = starts.0[j] as usize;
-        let end = starts.0.get(j + 1).map_or(len, |&e| e as usize);
         let (lr, wd, mom, damp) = (
             T::scalar(-s.lr),
             T::scalar(s.weight_decay),
@@ -120,7 +116,7 @@ pub(in crate::backend) fn sgd_rank<T: Real>(
             // PyTorch's fused kernel (FusedSGDKernel.cpp): the compute precision throughout,
             // its multiply-adds single-rounded (`vec::fmadd`, and the scalar tail's
             // expressions contracted alike), each tensor rounded once, when stored.
-            for i in start..end {
+            for i in range.clone() {
                 let param = T::load(format, p, i);
                 let mut grad = T::load(format, g, i);
                 if s.maximize {
@@ -144,7 +140,7 @@ pub(in crate::backend) fn sgd_rank<T: Real>(
             }
             continue;
         }
-        for i in start..end {
+        for i in range {
             let param = T::load(format, p, i);
             let mut grad = T::load(format, g, i);
             if s.maximize {

@@ -1,6 +1,8 @@
 //! The per-parameter tables the optimizer and averaging kernels read, the same on every
 //! backend, and their checks against the arenas they describe.
 
+use std::ops::Range;
+
 use crate::backend::Arena;
 use crate::error::{Error, Result};
 
@@ -10,6 +12,30 @@ use crate::error::{Error, Result};
 pub struct ParamStarts(pub Vec<u32>);
 
 impl ParamStarts {
+    /// The elements of parameter `j` in a rank of `len` elements: from its start to the next
+    /// parameter's (the last one's, to `len`).
+    pub(crate) fn range(&self, j: usize, len: usize) -> Range<usize> {
+        self.0[j] as usize..self.0.get(j + 1).map_or(len, |&e| e as usize)
+    }
+
+    /// [`range`](Self::range) of every parameter, in order.
+    pub(crate) fn ranges(&self, len: usize) -> impl Iterator<Item = Range<usize>> + '_ {
+        (0..self.0.len()).map(move |j| self.range(j, len))
+    }
+
+    /// [`range`](Self::range) of every parameter flagged in `active` (one flag per parameter),
+    /// in order.
+    pub(crate) fn active_ranges<'a>(
+        &'a self,
+        active: &'a [bool],
+        len: usize,
+    ) -> impl Iterator<Item = Range<usize>> + 'a {
+        self.ranges(len)
+            .zip(active)
+            .filter(|(_, a)| **a)
+            .map(|(range, _)| range)
+    }
+
     /// The parameter that element `element` belongs to.
     pub fn param_of(&self, element: usize) -> usize {
         self.0
