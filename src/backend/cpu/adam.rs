@@ -283,10 +283,8 @@ fn adam_by_rank(
     scalars: &[AdamScalars],
 ) -> Result<()> {
     let (format, len) = (arenas.params.format(), arenas.params.rank_len());
-    let count = starts.0.len();
     let ranks = adam_rank_slices(arenas, starts, scalars)?;
-    for_each_rank(ranks, len, |rank, slices| {
-        let table = &scalars[rank * count..(rank + 1) * count];
+    for_each_rank(ranks, len, |_, (slices, table)| {
         if format == StorageFormat::F64 {
             adam_rank::<f64>(format, slices, starts, table, len);
         } else if format == StorageFormat::F32 && !table.iter().any(|s| s.amsgrad || s.fused) {

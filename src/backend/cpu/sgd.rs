@@ -12,8 +12,8 @@ use super::parts::{
 use super::storage::{Exact, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
-    Chunking, ParamStarts, SgdArgs, SgdScalars, check_sgd_arenas, host_words, host_words_mut,
-    sgd_rank, sgd_rank_slices,
+    Chunking, ParamStarts, SgdArgs, SgdScalars, SgdSlices, check_sgd_arenas, host_words,
+    host_words_mut, sgd_rank, sgd_rank_slices,
 };
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -285,17 +285,15 @@ fn sgd_segment(
 /// run (the same results as the reference).
 fn sgd_by_rank(args: SgdArgs<'_>) -> Result<()> {
     let (format, len) = (args.params.format(), args.params.rank_len());
-    let (starts, scalars) = (args.starts, args.scalars);
-    let count = starts.0.len();
+    let starts = args.starts;
     let ranks = sgd_rank_slices(args)?;
-    for_each_rank(ranks, len, |rank, (p, g, buf)| {
-        let table = &scalars[rank * count..(rank + 1) * count];
+    for_each_rank(ranks, len, |_, (slices, table)| {
         if format == StorageFormat::F64 {
-            sgd_rank::<f64>(format, p, g, buf, starts, table, len);
+            sgd_rank::<f64>(format, slices, starts, table, len);
         } else if format == StorageFormat::F32 && !table.iter().any(|s| s.fused) {
-            sgd_rank_f32(p, g, buf, starts, table, len);
+            sgd_rank_f32(slices, starts, table, len);
         } else {
-            sgd_rank::<f32>(format, p, g, buf, starts, table, len);
+            sgd_rank::<f32>(format, slices, starts, table, len);
         }
     });
     Ok(())
@@ -304,14 +302,8 @@ fn sgd_by_rank(args: SgdArgs<'_>) -> Result<()> {
 /// `sgd_rank` (`backend/kernels/sgd.rs`) for float32 storage without `fused`: the same operations
 /// on `f32` slices, with the per-parameter choices taken outside the element loops so that they
 /// vectorize.
-fn sgd_rank_f32(
-    p: &mut [u32],
-    g: &[u32],
-    mut buf: Option<&mut [u32]>,
-    starts: &ParamStarts,
-    table: &[SgdScalars],
-    len: usize,
-) {
+fn sgd_rank_f32(slices: SgdSlices<'_>, starts: &ParamStarts, table: &[SgdScalars], len: usize) {
+    let (p, g, mut buf) = slices;
     let p: &mut [f32] = bytemuck::cast_slice_mut(p);
     let g: &[f32] = bytemuck::cast_slice(g);
     let entries = table.iter().zip(starts.ranges(len));

@@ -5,7 +5,7 @@
 
 use super::{
     AdamScalars, Arena, Chunking, ParamStarts, Real, add_scaled, check_same_layout, check_table,
-    host_words, host_words_mut, maximum, optional_rank_slices, rounding_format,
+    maximum, optional_rank_slices, rank_slices, rank_slices_mut, rounding_format,
 };
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -61,10 +61,7 @@ pub fn adam_reference(
     scalars: &[AdamScalars],
 ) -> Result<()> {
     let (format, len) = (arenas.params.format(), arenas.params.rank_len());
-    let count = starts.0.len();
-    let ranks = adam_rank_slices(arenas, starts, scalars)?;
-    for (rank, slices) in ranks.into_iter().enumerate() {
-        let table = &scalars[rank * count..(rank + 1) * count];
+    for (slices, table) in adam_rank_slices(arenas, starts, scalars)? {
         if format == StorageFormat::F64 {
             adam_rank::<f64>(format, slices, starts, table, len);
         } else {
@@ -75,31 +72,26 @@ pub fn adam_reference(
 }
 
 /// The arenas of an Adam step, checked ([`check_adam_arenas`]) and cut into one
-/// [`AdamSlices`] per rank (what the reference walks in turn and the CPU backend on threads).
-pub(in crate::backend) fn adam_rank_slices<'a>(
+/// [`AdamSlices`] per rank, each with the rank's entries of the table (what the reference walks
+/// in turn and the CPU backend on threads).
+pub(in crate::backend) fn adam_rank_slices<'a, 's>(
     arenas: AdamArenas<'a>,
     starts: &ParamStarts,
-    scalars: &[AdamScalars],
-) -> Result<Vec<AdamSlices<'a>>> {
+    scalars: &'s [AdamScalars],
+) -> Result<Vec<(AdamSlices<'a>, &'s [AdamScalars])>> {
     check_adam_arenas(&arenas, starts, scalars, Chunking::Any)?;
-    let format = arenas.params.format();
-    let (ranks, len) = (arenas.params.ranks(), arenas.params.rank_len());
-    let rank_words = format.words_for(len).max(1);
-    let g = host_words(arenas.grads)?;
-    let m = host_words_mut(arenas.exp_avg)?;
-    let v = host_words_mut(arenas.exp_avg_sq)?;
-    let maxes = optional_rank_slices(
-        arenas.max_exp_avg_sq.map(host_words_mut).transpose()?,
-        rank_words,
-        ranks,
-    );
-    let p = host_words_mut(arenas.params)?;
-    Ok(p.chunks_mut(rank_words)
-        .zip(g.chunks(rank_words))
-        .zip(m.chunks_mut(rank_words))
-        .zip(v.chunks_mut(rank_words))
+    let ranks = arenas.params.ranks();
+    let g = rank_slices(arenas.grads)?;
+    let m = rank_slices_mut(arenas.exp_avg)?;
+    let v = rank_slices_mut(arenas.exp_avg_sq)?;
+    let maxes = optional_rank_slices(arenas.max_exp_avg_sq, ranks)?;
+    Ok(rank_slices_mut(arenas.params)?
+        .zip(g)
+        .zip(m)
+        .zip(v)
         .zip(maxes)
-        .map(|((((p, g), m), v), vmax)| AdamSlices { p, g, m, v, vmax })
+        .zip(scalars.chunks(starts.0.len()))
+        .map(|(((((p, g), m), v), vmax), table)| (AdamSlices { p, g, m, v, vmax }, table))
         .collect())
 }
 

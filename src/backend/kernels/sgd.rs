@@ -5,7 +5,7 @@
 
 use super::{
     Arena, Chunking, ParamStarts, Real, SgdScalars, add_scaled, check_same_layout, check_table,
-    host_words, host_words_mut, optional_rank_slices, rounding_format,
+    optional_rank_slices, rank_slices, rank_slices_mut, rounding_format,
 };
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -52,15 +52,12 @@ pub(crate) fn check_sgd_arenas(args: &SgdArgs<'_>, chunking: Chunking) -> Result
 /// lives on a GPU device (the reference runs on host arenas).
 pub fn sgd_reference(args: SgdArgs<'_>) -> Result<()> {
     let (format, len) = (args.params.format(), args.params.rank_len());
-    let (starts, scalars) = (args.starts, args.scalars);
-    let count = starts.0.len();
-    let ranks = sgd_rank_slices(args)?;
-    for (rank, (p, g, buf)) in ranks.into_iter().enumerate() {
-        let table = &scalars[rank * count..(rank + 1) * count];
+    let starts = args.starts;
+    for (slices, table) in sgd_rank_slices(args)? {
         if format == StorageFormat::F64 {
-            sgd_rank::<f64>(format, p, g, buf, starts, table, len);
+            sgd_rank::<f64>(format, slices, starts, table, len);
         } else {
-            sgd_rank::<f32>(format, p, g, buf, starts, table, len);
+            sgd_rank::<f32>(format, slices, starts, table, len);
         }
     }
     Ok(())
@@ -70,36 +67,32 @@ pub fn sgd_reference(args: SgdArgs<'_>) -> Result<()> {
 pub(in crate::backend) type SgdSlices<'a> = (&'a mut [u32], &'a [u32], Option<&'a mut [u32]>);
 
 /// The arenas of an SGD step, checked ([`check_sgd_arenas`]) and cut into one
-/// [`SgdSlices`] per rank (what the reference walks in turn and the CPU backend on threads).
-pub(in crate::backend) fn sgd_rank_slices(args: SgdArgs<'_>) -> Result<Vec<SgdSlices<'_>>> {
+/// [`SgdSlices`] per rank, each with the rank's entries of the table (what the reference walks
+/// in turn and the CPU backend on threads).
+pub(in crate::backend) fn sgd_rank_slices(
+    args: SgdArgs<'_>,
+) -> Result<Vec<(SgdSlices<'_>, &[SgdScalars])>> {
     check_sgd_arenas(&args, Chunking::Any)?;
-    let format = args.params.format();
-    let (ranks, len) = (args.params.ranks(), args.params.rank_len());
-    let rank_words = format.words_for(len);
-    let g = host_words(args.grads)?;
-    let buffers = optional_rank_slices(
-        args.momentum.map(host_words_mut).transpose()?,
-        rank_words,
-        ranks,
-    );
-    let p = host_words_mut(args.params)?;
-    Ok(p.chunks_mut(rank_words.max(1))
-        .zip(g.chunks(rank_words.max(1)))
+    let ranks = args.params.ranks();
+    let g = rank_slices(args.grads)?;
+    let buffers = optional_rank_slices(args.momentum, ranks)?;
+    Ok(rank_slices_mut(args.params)?
+        .zip(g)
         .zip(buffers)
-        .map(|((p, g), buf)| (p, g, buf))
+        .zip(args.scalars.chunks(args.starts.0.len()))
+        .map(|(((p, g), buf), table)| ((p, g, buf), table))
         .collect())
 }
 
 /// One rank's SGD update: every active parameter of `table`, element by element.
 pub(in crate::backend) fn sgd_rank<T: Real>(
     format: StorageFormat,
-    p: &mut [u32],
-    g: &[u32],
-    mut buf: Option<&mut [u32]>,
+    slices: SgdSlices<'_>,
     starts: &ParamStarts,
     table: &[SgdScalars],
     len: usize,
 ) {
+    let (p, g, mut buf) = slices;
     let entries = table.iter().zip(starts.ranges(len));
     for (s, range) in entries.filter(|(s, _)| s.active) {
         let rounding = rounding_format(format, s.fused);
