@@ -242,7 +242,7 @@ impl PartWork for SgdPart<'_> {
                 (Some(b), true) => b,
                 _ => &mut empty,
             };
-            sgd_segment(self.format, s, seg, self.p, self.g, b);
+            sgd_segment(self.format, s, seg, [&mut *self.p, b], self.g);
         }
     }
 }
@@ -252,29 +252,21 @@ fn sgd_segment(
     format: StorageFormat,
     s: &SgdScalars,
     seg: &Segment,
-    p: &mut [u32],
+    arrays: [&mut [u32]; 2],
     g: &[u32],
-    b: &mut [u32],
 ) {
     #[inline(always)]
-    fn go<S: Storage>(
-        st: S,
-        s: &SgdScalars,
-        seg: &Segment,
-        p: &mut [u32],
-        g: &[u32],
-        b: &mut [u32],
-    ) {
+    fn go<S: Storage>(st: S, s: &SgdScalars, seg: &Segment, [p, b]: [&mut [u32]; 2], g: &[u32]) {
         sgd_dispatch(s, st, rows_mut(p, seg), rows(g, seg), rows_mut(b, seg));
     }
     use std::marker::PhantomData as M;
     match (format, s.fused) {
-        (StorageFormat::F32, false) => go(Exact::<false>, s, seg, p, g, b),
-        (StorageFormat::F32, true) => go(Exact::<true>, s, seg, p, g, b),
-        (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, p, g, b),
-        (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, p, g, b),
-        (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, p, g, b),
-        (StorageFormat::BF16, true) => go(Opmath::<BFloat16>(M), s, seg, p, g, b),
+        (StorageFormat::F32, false) => go(Exact::<false>, s, seg, arrays, g),
+        (StorageFormat::F32, true) => go(Exact::<true>, s, seg, arrays, g),
+        (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, arrays, g),
+        (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, arrays, g),
+        (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, arrays, g),
+        (StorageFormat::BF16, true) => go(Opmath::<BFloat16>(M), s, seg, arrays, g),
         (StorageFormat::F64, _) => unreachable!("float64 runs the reference"),
     }
 }
