@@ -46,6 +46,8 @@ impl Sgd {
 
 /// The SGD update of `sgd_rank` in `backend/kernels/`, element by element. `MOM`: 0 no
 /// momentum buffer, 1 first step (the buffer starts as the gradient), 2 a running buffer.
+/// Under `fused=True` ([`Storage::FUSED`]) it is `sgd_rank` with `fused` (float32 throughout,
+/// its multiply-adds fused, one rounding per store).
 #[inline(always)]
 fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
     c: Sgd,
@@ -55,13 +57,17 @@ fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
     b: &mut [S::Elem],
 ) {
     let r = |x| st.r(x);
-    let add = |x, alpha, y| add_scaled(st, x, alpha, y);
+    // `x.add(y, alpha=alpha)` (see [`add_scaled`]), or one fused multiply-add under `fused`
+    // (where `r` is the identity).
+    let add = |x: f32, alpha: f32, y: f32| {
+        if S::FUSED {
+            y.mul_add(alpha, x)
+        } else {
+            add_scaled(st, x, alpha, y)
+        }
+    };
     let n = p.len().min(g.len());
     let (p, g) = (&mut p[..n], &g[..n]);
-    if S::FUSED {
-        sgd_block_fused::<WD, MOM, NESTEROV, S>(c, st, p, g, b);
-        return;
-    }
     if MOM == 0 {
         for (p, &g) in p.iter_mut().zip(g) {
             let param = st.load(*p);
@@ -92,51 +98,6 @@ fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
             buf
         };
         *p = st.store(add(param, c.neg_lr, grad));
-    }
-}
-
-/// [`sgd_block`] under `fused=True`: the fused branch of `sgd_rank` in `backend/kernels/`
-/// (float32 throughout, its multiply-adds fused, one rounding per store).
-#[inline(always)]
-fn sgd_block_fused<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
-    c: Sgd,
-    st: S,
-    p: &mut [S::Elem],
-    g: &[S::Elem],
-    b: &mut [S::Elem],
-) {
-    let n = p.len().min(g.len());
-    let (p, g) = (&mut p[..n], &g[..n]);
-    if MOM == 0 {
-        for (p, &g) in p.iter_mut().zip(g) {
-            let param = st.load(*p);
-            let mut grad = signed(st.load(g), c.flip);
-            if WD {
-                grad = param.mul_add(c.wd, grad);
-            }
-            *p = st.store(grad.mul_add(c.neg_lr, param));
-        }
-        return;
-    }
-    let b = &mut b[..n];
-    for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
-        let param = st.load(*p);
-        let mut grad = signed(st.load(g), c.flip);
-        if WD {
-            grad = param.mul_add(c.wd, grad);
-        }
-        let buf = if MOM == 1 {
-            grad
-        } else {
-            grad.mul_add(c.damp, st.load(*b) * c.momentum)
-        };
-        *b = st.store(buf);
-        if NESTEROV {
-            grad = buf.mul_add(c.momentum, grad);
-        } else {
-            grad = buf;
-        }
-        *p = st.store(grad.mul_add(c.neg_lr, param));
     }
 }
 

@@ -98,41 +98,23 @@ pub(in crate::backend) fn sgd_rank<T: Real>(
         let rounding = rounding_format(format, s.fused);
         let r = |x: T| T::round(rounding, x);
         // `x.add(y, alpha=a)` (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
-        let add = |x: T, alpha: T, y: T| add_scaled(rounding, x, alpha, y);
+        // With `fused`, PyTorch's fused kernel (FusedSGDKernel.cpp): the compute precision
+        // throughout (`r` is the identity), its multiply-adds single-rounded (`vec::fmadd`, and
+        // the scalar tail's expressions contracted alike), each tensor rounded once, when
+        // stored.
+        let add = |x: T, alpha: T, y: T| {
+            if s.fused {
+                y.mul_add(alpha, x)
+            } else {
+                add_scaled(rounding, x, alpha, y)
+            }
+        };
         let (lr, wd, mom, damp) = (
             T::scalar(-s.lr),
             T::scalar(s.weight_decay),
             T::scalar(s.momentum),
             T::scalar(s.one_minus_dampening),
         );
-        if s.fused {
-            // PyTorch's fused kernel (FusedSGDKernel.cpp): the compute precision throughout,
-            // its multiply-adds single-rounded (`vec::fmadd`, and the scalar tail's
-            // expressions contracted alike), each tensor rounded once, when stored.
-            for i in range.clone() {
-                let param = T::load(format, p, i);
-                let mut grad = T::load(format, g, i);
-                if s.maximize {
-                    grad = -grad;
-                }
-                if s.weight_decay != 0.0 {
-                    grad = param.mul_add(wd, grad);
-                }
-                if s.momentum != 0.0 {
-                    if let Some(buf) = buf.as_deref_mut() {
-                        let b = if s.first_step {
-                            grad
-                        } else {
-                            grad.mul_add(damp, T::load(format, buf, i) * mom)
-                        };
-                        T::store(format, buf, i, b);
-                        grad = if s.nesterov { b.mul_add(mom, grad) } else { b };
-                    }
-                }
-                T::store(format, p, i, grad.mul_add(lr, param));
-            }
-            continue;
-        }
         for i in range {
             let param = T::load(format, p, i);
             let mut grad = T::load(format, g, i);
