@@ -83,15 +83,15 @@ pub(crate) fn check_fused(defaults: &OptionMap) -> Result<()> {
     Ok(())
 }
 
-/// A float option: a JSON number, or `"nan"`, `"inf"`, `"-inf"` (how distopt writes
-/// non-finite floats in JSON; see [`crate::json::number_to_json`]), or a boolean (Python's
-/// `True == 1`).
 /// PyTorch's `ValueError` for a hyper-parameter out of range: `Invalid {what}: {x}`, `x` as
 /// Python writes it (`Invalid learning rate: -0.1`).
 pub(crate) fn invalid(what: &str, x: f64) -> Error {
     Error::value(format!("Invalid {what}: {}", crate::pyfmt::float_repr(x)))
 }
 
+/// A float option: a JSON number, or `"nan"`, `"inf"`, `"-inf"` (how distopt writes
+/// non-finite floats in JSON; see [`crate::json::number_to_json`]), or a boolean (Python's
+/// `True == 1`).
 pub(crate) fn number(options: &OptionMap, key: &str) -> Result<f64> {
     match options.get(key) {
         Some(Value::Bool(b)) => Ok(f64::from(u8::from(*b))),
