@@ -5,11 +5,10 @@
 //! not slot-aligned run the reference's arithmetic rank by rank. Bit for bit the reference in
 //! `backend/kernels/adam.rs`; its GPU twins are `backend/gpu/adam.rs` and `shaders/adam.wgsl`.
 
-use super::half::{BFloat16, Binary16};
 use super::parts::{
     PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
 };
-use super::storage::{Exact, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
+use super::storage::{OnStorage, Storage, add_scaled, rows, rows_mut, signed, with_storage};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
     AdamArenas, AdamScalars, AdamSlices, Chunking, ParamStarts, adam_rank, adam_rank_slices,
@@ -231,45 +230,39 @@ impl PartWork for AdamPart<'_> {
                 (Some(x), true) => x,
                 _ => &mut empty,
             };
-            adam_segment(self.format, s, seg, [&mut *p, &mut *m, &mut *v, x], self.g);
+            let segment = AdamSegment {
+                s,
+                seg,
+                arrays: [&mut *p, &mut *m, &mut *v, x],
+                g: self.g,
+            };
+            with_storage(self.format, s.fused, segment);
         }
     }
 }
 
-#[inline(always)]
-fn adam_segment(
-    format: StorageFormat,
-    s: &AdamScalars,
-    seg: &Segment,
-    arrays: [&mut [u32]; 4],
-    g: &[u32],
-) {
+/// One segment of a part: Adam over its rows of the parameters, gradients, both moments and
+/// the running maximum.
+struct AdamSegment<'a> {
+    s: &'a AdamScalars,
+    seg: &'a Segment,
+    arrays: [&'a mut [u32]; 4],
+    g: &'a [u32],
+}
+
+impl OnStorage for AdamSegment<'_> {
     #[inline(always)]
-    fn go<S: Storage>(
-        st: S,
-        s: &AdamScalars,
-        seg: &Segment,
-        [p, m, v, x]: [&mut [u32]; 4],
-        g: &[u32],
-    ) {
+    fn run<S: Storage>(self, st: S) {
+        let [p, m, v, x] = self.arrays;
+        let seg = self.seg;
         let rows = AdamRows {
             p: rows_mut(p, seg),
-            g: rows(g, seg),
+            g: rows(self.g, seg),
             m: rows_mut(m, seg),
             v: rows_mut(v, seg),
             vmax: rows_mut(x, seg),
         };
-        adam_dispatch(s, st, rows);
-    }
-    use std::marker::PhantomData as M;
-    match (format, s.fused) {
-        (StorageFormat::F32, false) => go(Exact::<false>, s, seg, arrays, g),
-        (StorageFormat::F32, true) => go(Exact::<true>, s, seg, arrays, g),
-        (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, arrays, g),
-        (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, arrays, g),
-        (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, arrays, g),
-        (StorageFormat::BF16, true) => go(Opmath::<BFloat16>(M), s, seg, arrays, g),
-        (StorageFormat::F64, _) => unreachable!("float64 runs the reference"),
+        adam_dispatch(self.s, st, rows);
     }
 }
 

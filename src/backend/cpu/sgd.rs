@@ -5,11 +5,10 @@
 //! slot-aligned run the reference's arithmetic rank by rank. Bit for bit the reference in
 //! `backend/kernels/sgd.rs`; its GPU twins are `backend/gpu/sgd.rs` and `shaders/sgd.wgsl`.
 
-use super::half::{BFloat16, Binary16};
 use super::parts::{
     PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
 };
-use super::storage::{Exact, Opmath, Storage, To, add_scaled, rows, rows_mut, signed};
+use super::storage::{OnStorage, Storage, add_scaled, rows, rows_mut, signed, with_storage};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
     Chunking, ParamStarts, SgdArgs, SgdScalars, SgdSlices, check_sgd_arenas, host_words,
@@ -203,32 +202,37 @@ impl PartWork for SgdPart<'_> {
                 (Some(b), true) => b,
                 _ => &mut empty,
             };
-            sgd_segment(self.format, s, seg, [&mut *self.p, b], self.g);
+            let segment = SgdSegment {
+                s,
+                seg,
+                arrays: [&mut *self.p, b],
+                g: self.g,
+            };
+            with_storage(self.format, s.fused, segment);
         }
     }
 }
 
-#[inline(always)]
-fn sgd_segment(
-    format: StorageFormat,
-    s: &SgdScalars,
-    seg: &Segment,
-    arrays: [&mut [u32]; 2],
-    g: &[u32],
-) {
+/// One segment of a part: SGD over its rows of the parameters, gradients and momentum buffers.
+struct SgdSegment<'a> {
+    s: &'a SgdScalars,
+    seg: &'a Segment,
+    arrays: [&'a mut [u32]; 2],
+    g: &'a [u32],
+}
+
+impl OnStorage for SgdSegment<'_> {
     #[inline(always)]
-    fn go<S: Storage>(st: S, s: &SgdScalars, seg: &Segment, [p, b]: [&mut [u32]; 2], g: &[u32]) {
-        sgd_dispatch(s, st, rows_mut(p, seg), rows(g, seg), rows_mut(b, seg));
-    }
-    use std::marker::PhantomData as M;
-    match (format, s.fused) {
-        (StorageFormat::F32, false) => go(Exact::<false>, s, seg, arrays, g),
-        (StorageFormat::F32, true) => go(Exact::<true>, s, seg, arrays, g),
-        (StorageFormat::F16, false) => go(To::<Binary16>(M), s, seg, arrays, g),
-        (StorageFormat::BF16, false) => go(To::<BFloat16>(M), s, seg, arrays, g),
-        (StorageFormat::F16, true) => go(Opmath::<Binary16>(M), s, seg, arrays, g),
-        (StorageFormat::BF16, true) => go(Opmath::<BFloat16>(M), s, seg, arrays, g),
-        (StorageFormat::F64, _) => unreachable!("float64 runs the reference"),
+    fn run<S: Storage>(self, st: S) {
+        let [p, b] = self.arrays;
+        let seg = self.seg;
+        sgd_dispatch(
+            self.s,
+            st,
+            rows_mut(p, seg),
+            rows(self.g, seg),
+            rows_mut(b, seg),
+        );
     }
 }
 

@@ -12,8 +12,9 @@
 //! operation's result is rounded to the format, and the rounded value is stored back, in one
 //! pass.
 
-use super::half::HalfFormat;
+use super::half::{BFloat16, Binary16, HalfFormat};
 use super::parts::Segment;
+use crate::dtype::StorageFormat;
 
 // The packed 16-bit arenas are read as `u16` slices: element `2k` is the low half of word `k`.
 const _: () = assert!(
@@ -35,6 +36,29 @@ pub(super) trait Storage: Copy {
     fn load(self, e: Self::Elem) -> f32;
     /// A value already rounded by [`r`](Self::r), as the arena stores it (exact).
     fn store(self, x: f32) -> Self::Elem;
+}
+
+/// A computation over one storage arithmetic, run by [`with_storage`] with the [`Storage`] a
+/// format and PyTorch's `fused` choose.
+pub(super) trait OnStorage {
+    fn run<S: Storage>(self, st: S);
+}
+
+/// Runs `f` with the arithmetic of a `format` arena: float32 as it is, float16 and bfloat16
+/// rounded after every tensor operation, or under `fused` computed in float32 and rounded once
+/// when stored. float64 arenas run the reference kernels, never this.
+#[inline(always)]
+pub(super) fn with_storage(format: StorageFormat, fused: bool, f: impl OnStorage) {
+    use std::marker::PhantomData as M;
+    match (format, fused) {
+        (StorageFormat::F32, false) => f.run(Exact::<false>),
+        (StorageFormat::F32, true) => f.run(Exact::<true>),
+        (StorageFormat::F16, false) => f.run(To::<Binary16>(M)),
+        (StorageFormat::BF16, false) => f.run(To::<BFloat16>(M)),
+        (StorageFormat::F16, true) => f.run(Opmath::<Binary16>(M)),
+        (StorageFormat::BF16, true) => f.run(Opmath::<BFloat16>(M)),
+        (StorageFormat::F64, _) => unreachable!("float64 runs the reference"),
+    }
 }
 
 /// float32 storage: the result is already rounded; `FUSED` is PyTorch's `fused=True`, whose
