@@ -353,29 +353,25 @@ fn tensor_dtype(
 /// The values of a tensor object's `data` in `dtype`, for a tensor of `numel` elements.
 fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Result<HostData> {
     let numel = numel_of(shape)?;
-    // Every copy below is checked first: its length against the shape, then against the
-    // module's budget (the input itself, `input_bytes` per value, plus what the stored form
-    // in `dtype` adds when `stored` is set).
-    let admit = |len: usize, values: &str, input_bytes: u64, stored: bool| {
+    // Every copy below is checked first: its length against the shape, then its bytes against
+    // the module's budget (`bytes_per_value`: the input's and, when it is converted, the stored
+    // form's in `dtype`).
+    let stored = dtype.size_bytes() as u64;
+    let admit = |len: usize, values: &str, bytes_per_value: u64| {
         if len != numel {
             return Err(Error::value(format!(
                 "{what}: data has {len} values but shape {} needs {numel}",
                 format_shape(shape)
             )));
         }
-        let stored_bytes = if stored {
-            (len as u64).saturating_mul(dtype.size_bytes() as u64)
-        } else {
-            0
-        };
         budget::check(
             &format!("{what} ({len} {values})"),
-            input_bytes * len as u64 + stored_bytes,
+            (len as u64).saturating_mul(bytes_per_value),
         )
     };
     if let Some(a) = data.dyn_ref::<Float32Array>() {
         let len = a.length() as usize;
-        admit(len, "float32 values", 4, true)?;
+        admit(len, "float32 values", 4 + stored)?;
         let mut values = budget::zeroed::<f32>(what, len)?;
         a.copy_to(&mut values);
         return Ok(match dtype {
@@ -388,14 +384,14 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
     }
     if let Some(a) = data.dyn_ref::<Float64Array>() {
         let len = a.length() as usize;
-        admit(len, "float64 values", 8, true)?;
+        admit(len, "float64 values", 8 + stored)?;
         let mut values = budget::zeroed::<f64>(what, len)?;
         a.copy_to(&mut values);
         return Ok(HostData::from_f64(dtype, &values));
     }
     if let Some(a) = data.dyn_ref::<Uint16Array>() {
         let len = a.length() as usize;
-        admit(len, "16-bit values", 2, false)?;
+        admit(len, "16-bit values", 2)?;
         let mut bits = budget::zeroed::<u16>(what, len)?;
         a.copy_to(&mut bits);
         return match dtype {
@@ -419,7 +415,7 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
             )));
         }
         let len = get(data, "length").as_f64().unwrap_or(0.0) as usize;
-        admit(len, "values", 8, true)?;
+        admit(len, "values", 8 + stored)?;
         // Any other typed array: its values, converted by JS.
         let values = Float64Array::new(data);
         let mut out = budget::zeroed::<f64>(what, values.length() as usize)?;
@@ -429,7 +425,7 @@ fn tensor_data(data: &JsValue, dtype: DType, shape: &[usize], what: &str) -> Res
     if Array::is_array(data) {
         let items: &Array = data.unchecked_ref();
         let len = items.length() as usize;
-        admit(len, "values", 8, true)?;
+        admit(len, "values", 8 + stored)?;
         let values = items
             .iter()
             .enumerate()

@@ -1,7 +1,8 @@
 //! Settings and options objects (`new Trainer(settings)`; the options of `Join`, ZeRO,
-//! `DistributedOptimizer` and `World.joinNats`) read as serde types. Each is a struct that declares every key once, with its Rust type, whether it
-//! may be left out, and its doc: serde reads it, and tsify writes its TypeScript interface into
-//! `index.d.ts` from the same declaration.
+//! `DistributedOptimizer` and `World.joinNats`) read as serde types. Each is a struct that
+//! declares every key once, with its Rust type, whether it may be left out, and its doc: serde
+//! reads it, and tsify writes its TypeScript interface into `index.d.ts` from the same
+//! declaration.
 //!
 //! [`read`] is the deserializer they are read with. It reads the object's JSON form
 //! (`convert::json_from_js`, which keeps JS's numbers as they are) and reports what is wrong
