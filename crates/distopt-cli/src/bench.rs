@@ -6,6 +6,7 @@
 //! rank-0 parameters read; R parameter copies and the means written); the copy rows move
 //! `(R+1)·N·element bytes`, which is the same traffic (read + write).
 
+use crate::output::{out, outln};
 use std::time::{Duration, Instant};
 
 use distopt::BlockOn;
@@ -66,9 +67,9 @@ pub fn run(which: Bench) -> Result<(), Error> {
     let config = Config::from_args(args)?;
     let report = bench_step(&config)?;
     if config.json {
-        println!("{}", report.to_json());
+        outln!("{}", report.to_json());
     } else {
-        print!("{}", report.to_table());
+        out!("{}", report.to_table());
     }
     Ok(())
 }

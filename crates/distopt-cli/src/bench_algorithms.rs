@@ -6,6 +6,7 @@
 //! bytes the kernel must read and write; the copy row moves an arena of the same size, counted
 //! as read + write, so the ratio is the fraction of the memory system the kernel reaches.
 
+use crate::output::outln;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -251,7 +252,7 @@ fn print(config: &Config, title: &str, rows: &[Row], copy: f64, copy_bytes: f64,
                        "ratio_to_roofline": roofline.map(|f| gbps(r.bytes, r.seconds) / f)})
             })
             .collect();
-        println!(
+        outln!(
             "{}",
             json!({"bench": title, "backend": config.backend.info().name, "ranks": config.ranks, "dtype": config.dtype.name(),
                    "elements": config.elements, "copy_ms": copy * 1e3, "copy_gbps": copy_gbps,
@@ -259,20 +260,26 @@ fn print(config: &Config, title: &str, rows: &[Row], copy: f64, copy_bytes: f64,
         );
         return;
     }
-    println!(
+    outln!(
         "distopt bench {title}: R = {}, N = {} {} elements per rank",
         config.ranks,
         config.elements,
         config.dtype.name()
     );
-    println!(
+    outln!(
         "backend: {} ({})",
         config.backend.info().name,
         config.reason
     );
-    println!(
+    outln!(
         "{:<28} {:>7} {:>10} {:>9} {:>9} {:>13} {:>9}",
-        "kernel", "params", "median ms", "GB/s", "vs copy", "roofline GB/s", "vs roof"
+        "kernel",
+        "params",
+        "median ms",
+        "GB/s",
+        "vs copy",
+        "roofline GB/s",
+        "vs roof"
     );
     for r in rows {
         let g = gbps(r.bytes, r.seconds);
@@ -283,7 +290,7 @@ fn print(config: &Config, title: &str, rows: &[Row], copy: f64, copy_bytes: f64,
             ),
             None => ("-".into(), "-".into()),
         };
-        println!(
+        outln!(
             "{:<28} {:>7} {:>10.3} {:>9.2} {:>8.0}% {:>13} {:>9}",
             r.name,
             r.params,
@@ -294,7 +301,7 @@ fn print(config: &Config, title: &str, rows: &[Row], copy: f64, copy_bytes: f64,
             vs
         );
     }
-    println!(
+    outln!(
         "{:<28} {:>7} {:>10.3} {:>9.2} {:>8}",
         "backend copy (same bytes)",
         "-",
@@ -303,7 +310,7 @@ fn print(config: &Config, title: &str, rows: &[Row], copy: f64, copy_bytes: f64,
         "100%"
     );
     if !extra.is_null() {
-        println!("{extra}");
+        outln!("{extra}");
     }
 }
 
@@ -478,29 +485,33 @@ pub fn zero(args: ZeroBenchArgs) -> Result<(), Error> {
     }
     let full_state = (2 * config.elements * 4) as f64;
     if config.json {
-        println!(
+        outln!(
             "{}",
             json!({"bench": "zero", "backend": config.backend.info().name, "elements": config.elements,
                    "params": params, "optimizer": "Adam", "unsharded_state_bytes": full_state, "worlds": results})
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "distopt bench zero: Adam, {params} parameters, {} float32 elements",
         config.elements
     );
-    println!(
+    outln!(
         "backend: {} ({})",
         config.backend.info().name,
         config.reason
     );
-    println!(
+    outln!(
         "{:>3} {:>12} {:>16} {:>12} {:>18}",
-        "W", "step ms", "state MiB/rank", "of full", "bcast MiB/rank"
+        "W",
+        "step ms",
+        "state MiB/rank",
+        "of full",
+        "bcast MiB/rank"
     );
     for r in &results {
         let max = r["max_state_bytes_per_rank"].as_f64().unwrap_or(0.0);
-        println!(
+        outln!(
             "{:>3} {:>12.2} {:>16.2} {:>11.1}% {:>18.2}",
             r["world_size"],
             r["step_ms"].as_f64().unwrap_or(0.0),

@@ -5,6 +5,7 @@
 //! Each benchmark runs as a child process of this executable (`distopt bench … --json`), so a
 //! row's allocations and page faults never carry over into the next one.
 
+use crate::output::{out, outln};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -220,9 +221,9 @@ pub fn run(args: BenchAllArgs) -> Result<(), Error> {
         "average": average["rows"],
     });
     if json_out {
-        println!("{report}");
+        outln!("{report}");
     } else {
-        print!("{}", table(&report));
+        out!("{}", table(&report));
     }
     Ok(())
 }

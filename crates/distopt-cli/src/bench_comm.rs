@@ -4,6 +4,7 @@
 //! the same float32 bytes (a raw `MPI_Allreduce`; raw NATS publish/subscribe in the pattern of
 //! distopt's reduction), timed in the same run.
 
+use crate::output::outln;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -173,7 +174,7 @@ pub fn run(
     let gbps = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
     let info = backend.info();
     if as_json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "world_size": size,
@@ -189,7 +190,7 @@ pub fn run(
             })
         );
     } else {
-        println!(
+        outln!(
             "distopt bench comm: {size} {transport} processes, all-reduce-mean of {elements} float32 ({:.1} MiB) per rank, median of {repeats}, slowest rank\n\
              backend: {:?} ({})\n\
              distopt all_reduce_mean        {ours_ms:8.3} ms  {:6.2} GB/s\n\

@@ -6,6 +6,7 @@
 //! alternate the three. No report is gathered during the timed steps
 //! (`Trainer::train_unreported`): the only traffic is DiLoCo's.
 
+use crate::output::outln;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -79,7 +80,7 @@ pub fn run(args: BenchOverlapArgs, world: Arc<dyn Communicator>) -> Result<(), E
     let medians: Vec<f64> = rows.iter_mut().map(|(_, _, t)| median(t)).collect();
     let base = medians[0];
     if args.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "ranks": ranks,
@@ -98,7 +99,7 @@ pub fn run(args: BenchOverlapArgs, world: Arc<dyn Communicator>) -> Result<(), E
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "Streaming DiLoCo over NATS: {ranks} processes, the demo's task (synthetic, {} parameters), \
          H {} · F {} · delay {}, {} inner steps, median of {} (slowest process)",
         task.param_shapes()
@@ -111,9 +112,9 @@ pub fn run(args: BenchOverlapArgs, world: Arc<dyn Communicator>) -> Result<(), E
         args.steps,
         args.repeats
     );
-    println!("{:<40} {:>14} {:>10}", "row", "µs/inner step", "ratio");
+    outln!("{:<40} {:>14} {:>10}", "row", "µs/inner step", "ratio");
     for ((name, _, _), m) in rows.iter().zip(&medians) {
-        println!("{name:<40} {:>14.1} {:>9.2}×", m * 1e6, m / base);
+        outln!("{name:<40} {:>14.1} {:>9.2}×", m * 1e6, m / base);
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! compares those with the kill and with the failure-detection bound. The target is one
 //! bound plus one sync period (the run's `ms_per_step` times its period).
 
+use crate::output::outln;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -91,7 +92,7 @@ pub fn run(args: &BenchRecoveryArgs) -> Result<(), Error> {
                 })
             })
             .collect();
-        println!(
+        outln!(
             "{}",
             json!({
                 "bench": "recovery",
@@ -107,7 +108,7 @@ pub fn run(args: &BenchRecoveryArgs) -> Result<(), Error> {
             })
         );
     } else {
-        println!(
+        outln!(
             "distopt bench recovery: {} {} processes, rank {} SIGKILLed after {} s and a --join process started; median of {} runs\n\
              failure bound {bound:.2} s, one sync period {period:.3} s: target {target:.2} s\n\
              rank death  -> survivors' next sync        {death:7.2} s  {:5.2}x the target\n\

@@ -1,6 +1,7 @@
 //! `distopt`: the command-line face of the library. Run `distopt --help` (and `distopt
 //! <COMMAND> --help`) for the grammar, which lives in `args.rs`.
 
+use crate::output::outln;
 use std::io::Read;
 use std::process::ExitCode;
 
@@ -19,6 +20,7 @@ mod bench_comm;
 #[cfg(feature = "nats")]
 mod bench_overlap;
 mod bench_recovery;
+mod output;
 mod progress;
 mod train;
 mod world;
@@ -183,7 +185,7 @@ fn step(args: args::StepArgs) -> Result<(), Error> {
     )
     .block_on()?;
     let json = pollster::block_on(distopt::step::step_output_to_json(&output))?;
-    println!("{json}");
+    outln!("{json}");
     Ok(())
 }
 
@@ -228,38 +230,42 @@ fn info(as_json: bool) -> Result<(), Error> {
             },
             "memory_budget": {"bytes": budget, "source": budget_source},
         });
-        println!("{report}");
+        outln!("{report}");
         return Ok(());
     }
     match &gpu {
         Ok(gpu) => {
             let i = distopt::Backend::info(gpu);
-            println!("GPU adapter: {}", i.name);
-            println!(
+            outln!("GPU adapter: {}", i.name);
+            outln!(
                 "  api: {}, device type: {}, driver: {}",
-                i.api, i.device_type, i.driver
+                i.api,
+                i.device_type,
+                i.driver
             );
-            println!(
+            outln!(
                 "  storage binding used: {} MiB (arenas above are chunked), max buffer: {} MiB",
                 i.max_binding_bytes >> 20,
                 i.max_buffer_bytes >> 20
             );
-            println!(
+            outln!(
                 "  workgroups per dimension: {}",
                 i.max_workgroups_per_dimension
             );
-            println!("  mappable primary buffers: {}", i.mappable_primary_buffers);
+            outln!("  mappable primary buffers: {}", i.mappable_primary_buffers);
         }
-        Err(err) => println!("GPU adapter: none ({})", err.message()),
+        Err(err) => outln!("GPU adapter: none ({})", err.message()),
     }
-    println!(
+    outln!(
         "--backend auto picks: {:?} ({}), because {}",
-        picked.kind, picked.name, auto.reason
+        picked.kind,
+        picked.name,
+        auto.reason
     );
     if picked.kind == distopt::BackendKind::Cpu {
-        println!("  CPU threads: {}", picked.threads);
+        outln!("  CPU threads: {}", picked.threads);
     }
-    println!(
+    outln!(
         "memory budget: {} ({budget_source}; set {} to change it)",
         distopt::budget::human(budget),
         distopt::budget::ENV_VAR

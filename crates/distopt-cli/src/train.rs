@@ -5,6 +5,7 @@
 //! The training itself is `distopt::train` (shared with the browser demo); this file parses
 //! options, times the steps, draws the progress bar and prints the comparison.
 
+use crate::output::{out, outln};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -143,9 +144,9 @@ pub fn run_in(args: TrainArgs, world: Option<Arc<dyn Communicator>>) -> Result<(
         options.ranks_finished = Some(finished);
     }
     if options.json {
-        println!("{}", to_json(&options, &selection, task.as_ref(), &results));
+        outln!("{}", to_json(&options, &selection, task.as_ref(), &results));
     } else {
-        print!(
+        out!(
             "{}",
             to_table(&options, &selection, task.as_ref(), &results)
         );

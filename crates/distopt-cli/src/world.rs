@@ -1,5 +1,6 @@
 //! `--world nats://HOST:PORT --run NAME --ranks R`: this process as one rank of a NATS run.
 
+use crate::output::out;
 use std::sync::Arc;
 
 use distopt::Error;
@@ -68,7 +69,7 @@ pub fn nats_config(args: &NatsConfigArgs) -> Result<(), Error> {
         websocket: args.websocket.clone(),
         store_dir: args.store_dir.clone(),
     };
-    print!("{}", server_config(&runs, &listen)?);
+    out!("{}", server_config(&runs, &listen)?);
     Ok(())
 }
 

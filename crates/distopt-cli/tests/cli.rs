@@ -416,6 +416,69 @@ fn info_json_is_one_object() {
     }
 }
 
+/// Runs `distopt args` (`stdin` on its standard input) with its standard output going to
+/// `stdout`, and returns its status and stderr.
+fn distopt_into(args: &[&str], stdin: &str, stdout: Stdio) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_distopt"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the distopt binary runs");
+    let mut pipe = child.stdin.take().unwrap();
+    match pipe.write_all(stdin.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => panic!("stdin: {e}"),
+        _ => drop(pipe),
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status, text(&out.stderr))
+}
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly_and_a_failed_write_is_an_error() {
+    let commands: [&[&str]; 3] = [
+        &["step", "--backend", "cpu"],
+        &["info"],
+        &[
+            "train",
+            "--backend",
+            "cpu",
+            "--steps",
+            "4",
+            "--ranks",
+            "2",
+            "--json",
+        ],
+    ];
+    for args in commands {
+        // `distopt … | head -c 0`: the reader is gone before anything is written.
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let (status, stderr) = distopt_into(args, EXAMPLE_1, writer.into());
+        assert!(
+            // (Mesa may say things on stderr; distopt itself must say nothing.)
+            status.success() && !stderr.contains("panicked") && !stderr.contains("distopt:"),
+            "distopt {args:?} into a closed pipe: {status}, stderr {stderr:?}"
+        );
+        // A full disk: the write fails, and says so.
+        let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+            continue;
+        };
+        let (status, stderr) = distopt_into(args, EXAMPLE_1, full.into());
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "distopt {args:?} into /dev/full: {stderr}"
+        );
+        assert!(
+            stderr.contains("distopt: cannot write to standard output: No space left on device")
+                && !stderr.contains("panicked"),
+            "distopt {args:?} into /dev/full: {stderr:?}"
+        );
+    }
+}
+
 /// `distopt ARGS` with `DISTOPT_MEMORY_BUDGET=budget` (or the default budget).
 fn distopt_with_budget(args: &[&str], budget: Option<&str>) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_distopt"));
