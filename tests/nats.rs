@@ -661,26 +661,53 @@ fn outputs<'a>(exits: impl IntoIterator<Item = &'a Exit>) -> String {
 
 /// Started processes, each read and awaited under a deadline.
 struct Processes {
-    children: Vec<(Child, Instant)>,
+    children: Vec<Running>,
+}
+
+/// One started process: its stdin held open (closing it ends a `--finish-on-stdin` run) and
+/// its stderr read as it comes (its `progress STEP` lines are read while it runs).
+struct Running {
+    child: Child,
+    started: Instant,
+    stdin: Option<std::process::ChildStdin>,
+    stderr: Arc<std::sync::Mutex<String>>,
+    stderr_reader: std::thread::JoinHandle<()>,
 }
 
 impl Processes {
     fn start(commands: Vec<Command>) -> Result<Processes, String> {
         let mut children = Vec::new();
         for mut command in commands {
-            let child = command
-                .stdin(Stdio::null())
+            let mut child = command
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("cannot start {command:?}: {e}"))?;
-            children.push((child, Instant::now()));
+            let stderr = Arc::new(std::sync::Mutex::new(String::new()));
+            let mut pipe = child.stderr.take();
+            let written = stderr.clone();
+            let stderr_reader = std::thread::spawn(move || {
+                let mut buffer = [0u8; 4096];
+                while let Some(Ok(n @ 1..)) = pipe.as_mut().map(|p| p.read(&mut buffer)) {
+                    if let Ok(mut text) = written.lock() {
+                        text.push_str(&String::from_utf8_lossy(&buffer[..n]));
+                    }
+                }
+            });
+            children.push(Running {
+                stdin: child.stdin.take(),
+                child,
+                started: Instant::now(),
+                stderr,
+                stderr_reader,
+            });
         }
         Ok(Processes { children })
     }
 
     fn kill(&mut self, index: usize) -> Instant {
-        let _ = self.children[index].0.kill();
+        let _ = self.children[index].child.kill();
         Instant::now()
     }
 
@@ -693,20 +720,47 @@ impl Processes {
 
     /// Process `index`'s resident memory (`VmRSS`, bytes), while it runs.
     fn resident_bytes(&self, index: usize) -> Option<u64> {
-        let pid = self.children[index].0.id();
+        let pid = self.children[index].child.id();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
         let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kib * 1024)
     }
 
+    /// The last `progress STEP` that process `index` wrote (`distopt train
+    /// --finish-on-stdin`), if any.
+    fn progress(&self, index: usize) -> Option<u64> {
+        let text = self.children[index].stderr.lock().ok()?;
+        text.lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("progress ")?.trim().parse().ok())
+    }
+
+    /// Writes `line` to process `index`'s stdin.
+    fn tell(&mut self, index: usize, line: &str) -> Result<(), String> {
+        use std::io::Write;
+        let stdin = self.children[index].stdin.as_mut();
+        stdin
+            .ok_or_else(|| format!("process {index} has no stdin"))?
+            .write_all(format!("{line}\n").as_bytes())
+            .map_err(|e| format!("process {index}: cannot write to its stdin: {e}"))
+    }
+
     fn wait(self, deadline: Duration) -> Vec<Exit> {
         let readers: Vec<_> = self
             .children
             .into_iter()
-            .map(|(mut child, started)| {
+            .map(|running| {
+                let Running {
+                    mut child,
+                    started,
+                    stdin,
+                    stderr,
+                    stderr_reader,
+                } = running;
                 let mut out = child.stdout.take();
-                let mut err = child.stderr.take();
+                // What the process was to be told has been told: it reads end of file now.
+                drop(stdin);
                 std::thread::spawn(move || {
                     let stdout = std::thread::spawn(move || {
                         let mut s = String::new();
@@ -715,10 +769,6 @@ impl Processes {
                         }
                         s
                     });
-                    let mut stderr = String::new();
-                    if let Some(e) = err.as_mut() {
-                        let _ = e.read_to_string(&mut stderr);
-                    }
                     let mut timed_out = false;
                     let status = loop {
                         match child.try_wait() {
@@ -732,6 +782,8 @@ impl Processes {
                             Err(_) => break None,
                         }
                     };
+                    let _ = stderr_reader.join();
+                    let stderr = stderr.lock().map(|t| t.clone()).unwrap_or_default();
                     Exit {
                         status,
                         stdout: stdout.join().unwrap_or_default(),
@@ -962,7 +1014,7 @@ fn killed_rank(server: &Server, failures: &mut Vec<String>) {
         Err(e) => failures.push(e.to_string()),
     }
     let killed_at = processes.kill(0);
-    let started = processes.children[0].1;
+    let started = processes.children[0].started;
     let exits = processes.wait(Duration::from_secs(60));
     let since_kill = |e: &Exit| (started + e.elapsed).saturating_duration_since(killed_at);
     let survivors = &exits[1..];
@@ -1313,7 +1365,9 @@ fn reported_schedule(stderr: &str, run: &str, ranks: usize) -> Option<String> {
 /// Churn: four Streaming DiLoCo processes of `distopt train --world` (two fragments, each
 /// all-reduce in flight for three inner steps), a rank killed every 15 s (ranks 2,
 /// 0, 3 and then the process that took rank 2's place) and a process started with `--join` in
-/// its place each time; the process of rank 1 runs throughout. No process hangs; every process
+/// its place each time; the process of rank 1 runs throughout; once every process reports
+/// progress after the last join, each is told the same step to finish at (`--finish-on-stdin`),
+/// 200 steps on. No process hangs; every process ends at that step; every process
 /// not killed exits 0; the lowest live rank at the end (rank 0's second process) alone prints;
 /// every rank finished, its replica equal bit for bit to the simulated world
 /// replaying the membership rank 1 reports; and rank 1's resident memory grows by less than
@@ -1321,7 +1375,7 @@ fn reported_schedule(stderr: &str, run: &str, ranks: usize) -> Option<String> {
 fn churn(server: &Server, failures: &mut Vec<String>) {
     const RUN: &str = "cli-churn";
     const INTERVAL: Duration = Duration::from_secs(15);
-    let flags = [
+    let base = [
         "train",
         "--algorithm",
         "diloco",
@@ -1331,14 +1385,16 @@ fn churn(server: &Server, failures: &mut Vec<String>) {
         "2",
         "--fragment-sync-delay",
         "3",
-        "--steps",
-        "20000",
         "--backend",
         "cpu",
         "--json",
         "--ranks",
         "4",
     ];
+    // The ranks train until told where to stop, 200 steps after every process reported
+    // progress past the last join: the schedule's sleeps never outlast the run, on a machine
+    // of any speed.
+    let flags = [&base[..], &["--steps", "1000000000", "--finish-on-stdin"]].concat();
     let rank_process = |rank: usize| {
         let mut command = distopt_train(server, RUN, &flags);
         command.args(["--rank", &rank.to_string()]);
@@ -1366,6 +1422,21 @@ fn churn(server: &Server, failures: &mut Vec<String>) {
         std::thread::sleep(INTERVAL);
     }
     resident.push(processes.resident_bytes(1));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while holder.iter().any(|&h| processes.progress(h).is_none()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let at = holder
+        .iter()
+        .filter_map(|&h| processes.progress(h))
+        .max()
+        .unwrap_or(0)
+        + 200;
+    for &h in &holder {
+        if let Err(e) = processes.tell(h, &format!("finish {at}")) {
+            return failures.push(format!("churn: {e}"));
+        }
+    }
     let exits = processes.wait(Duration::from_secs(300));
     let why = || {
         exits
@@ -1421,7 +1492,15 @@ fn churn(server: &Server, failures: &mut Vec<String>) {
             exits[1].stderr
         ));
     };
-    let simulated = match simulated_replay(&flags, &schedule) {
+    if report["steps"] != at {
+        return failures.push(format!(
+            "churn: the run must end at the step it was told ({at}), reported {}",
+            report["steps"]
+        ));
+    }
+    let at = at.to_string();
+    let replayed = [&base[..], &["--steps", &at]].concat();
+    let simulated = match simulated_replay(&replayed, &schedule) {
         Ok(r) => r,
         Err(e) => return failures.push(format!("churn: {e}")),
     };

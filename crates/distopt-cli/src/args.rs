@@ -384,6 +384,12 @@ pub struct TrainArgs {
     /// Training steps S.
     #[arg(long, value_name = "S", default_value_t = 200)]
     pub steps: u64,
+    /// Train until a line `finish N` arrives on standard input, then stop after step N (at
+    /// most S): how the processes of a run end together at a step chosen while it runs (tell
+    /// each the same N). Every 50 steps the process writes `progress STEP` to stderr; standard
+    /// input closing without a `finish` line ends the training at the step reached.
+    #[arg(long)]
+    pub finish_on_stdin: bool,
     /// Learning rate (default 0.05).
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub lr: Option<f64>,

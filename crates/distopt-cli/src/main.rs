@@ -20,6 +20,7 @@ mod bench_comm;
 #[cfg(feature = "nats")]
 mod bench_overlap;
 mod bench_recovery;
+mod finish;
 mod output;
 mod progress;
 mod train;

@@ -22,6 +22,7 @@ use distopt::{Error, warnings};
 use serde_json::{Value, json};
 
 use crate::args::{TrainArgs, TrainTask};
+use crate::finish::Finish;
 
 /// Steps whose training loss the table's "train loss" averages (the last ones).
 const SMOOTHING_STEPS: usize = 10;
@@ -133,6 +134,9 @@ pub fn run_in(args: TrainArgs, world: Option<Arc<dyn Communicator>>) -> Result<(
             world.clone(),
         )?);
     }
+    if options.finish.is_some() {
+        options.steps = results.iter().map(|r| r.steps).max().unwrap_or(0);
+    }
     if let Some(world) = &world {
         // A last agreement point: the ranks that finished (every rank, unless some left an
         // elastic run); the lowest of them prints.
@@ -176,6 +180,8 @@ struct Options {
     train: TrainConfig,
     /// `--membership`: the simulated world's membership schedule.
     membership: Option<MembershipSchedule>,
+    /// `--finish-on-stdin`: the step to end at, told on stdin.
+    finish: Option<Finish>,
     json: bool,
 }
 
@@ -208,6 +214,11 @@ impl Options {
             None => Compression::None,
         };
         let algorithm = args.algorithm;
+        if args.finish_on_stdin && algorithm == "all" {
+            return Err(Error::value(
+                "--finish-on-stdin ends one algorithm's run: give --algorithm",
+            ));
+        }
         let choice = args.backend;
         let json = args.json;
         if ranks == 0 {
@@ -295,6 +306,7 @@ impl Options {
                 seed,
             },
             membership,
+            finish: args.finish_on_stdin.then(|| Finish::from_stdin(steps)),
             json,
         })
     }
@@ -314,6 +326,8 @@ impl Options {
 /// One algorithm's run.
 struct RunResult {
     algorithm: Algorithm,
+    /// The steps the run ended at (`--steps`, or the step told with `--finish-on-stdin`).
+    steps: u64,
     mean_loss: Vec<f64>,
     divergence: Vec<f64>,
     steps_averaged: u64,
@@ -380,7 +394,11 @@ fn train_one(
     let mut divergence = Vec::new();
     let mut steps_averaged = 0;
     let mut elapsed = Duration::ZERO;
-    while trainer.steps() < options.steps {
+    let more = |steps: u64| match &options.finish {
+        Some(finish) => finish.more(steps),
+        None => steps < options.steps,
+    };
+    while more(trainer.steps()) {
         let start = Instant::now();
         let report = trainer.step().block_on()?;
         elapsed += start.elapsed();
@@ -399,10 +417,12 @@ fn train_one(
         bar.update(report.step, report.mean_loss);
     }
     bar.finish();
+    let steps = trainer.steps();
     let stats = trainer.comm_stats();
     let evaluation = trainer.evaluate().block_on()?;
     Ok(RunResult {
         algorithm,
+        steps,
         mean_loss,
         divergence,
         steps_averaged,

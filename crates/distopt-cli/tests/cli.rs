@@ -479,6 +479,59 @@ fn output_into_a_closed_pipe_ends_quietly_and_a_failed_write_is_an_error() {
     }
 }
 
+#[test]
+fn train_finishes_at_the_step_told_on_stdin() {
+    let train = |stdin: &str| {
+        distopt(
+            &[
+                "train",
+                "--algorithm",
+                "diloco",
+                "--ranks",
+                "2",
+                "--backend",
+                "cpu",
+                "--steps",
+                "1000000000",
+                "--finish-on-stdin",
+                "--json",
+            ],
+            Some(stdin),
+        )
+    };
+    let out = train("not a command\nfinish 300\n");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_str(&text(&out.stdout)).expect("a JSON report");
+    assert_eq!(report["steps"], 300, "{report}");
+    assert_eq!(
+        report["results"][0]["mean_loss_per_step"]
+            .as_array()
+            .map(Vec::len),
+        Some(300)
+    );
+    let progress: Vec<&str> = std::str::from_utf8(&out.stderr)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("progress "))
+        .collect();
+    assert_eq!(progress.first(), Some(&"progress 0"));
+    assert_eq!(progress.last(), Some(&"progress 300"));
+    assert_eq!(progress.len(), 7, "every 50 steps: {progress:?}");
+    // Standard input closed without a `finish` line: the run ends where it is.
+    let out = train("");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_str(&text(&out.stdout)).expect("a JSON report");
+    assert!(
+        report["steps"].as_u64().is_some_and(|s| s < 1000),
+        "{report}"
+    );
+    assert_fails(
+        &["train", "--finish-on-stdin", "--backend", "cpu"],
+        None,
+        &["--finish-on-stdin ends one algorithm's run: give --algorithm"],
+    );
+}
+
 /// `distopt ARGS` with `DISTOPT_MEMORY_BUDGET=budget` (or the default budget).
 fn distopt_with_budget(args: &[&str], budget: Option<&str>) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_distopt"));
