@@ -91,8 +91,8 @@ const FRONT_ENDS: &[(&str, &[&[&str]])] = &[
     (
         "distopt-cli",
         &[
-            // The command line and progress lines.
-            &["args", "progress"],
+            // The command line, its output, progress lines and the step told on stdin.
+            &["args", "output", "progress", "finish"],
             // The run a process joins (`--world`).
             &["world"],
             // The workloads.

@@ -711,6 +711,16 @@ impl Processes {
         Instant::now()
     }
 
+    /// Sends process `index` SIGINT (as Ctrl-C does); returns when.
+    fn interrupt(&mut self, index: usize) -> Result<std::time::SystemTime, String> {
+        let pid = self.children[index].child.id().to_string();
+        let sent = std::time::SystemTime::now();
+        match Command::new("kill").args(["-INT", &pid]).status() {
+            Ok(s) if s.success() => Ok(sent),
+            other => Err(format!("kill -INT {pid}: {other:?}")),
+        }
+    }
+
     /// Starts one more process; returns its index.
     fn add(&mut self, command: Command) -> Result<usize, String> {
         let more = Processes::start(vec![command])?;
@@ -1045,6 +1055,124 @@ fn killed_rank(server: &Server, failures: &mut Vec<String>) {
             slowest.as_secs_f64(),
             BOUND.as_secs()
         );
+    }
+}
+
+/// An interrupted rank (SIGINT, as Ctrl-C) tells its run it leaves: under synchronous SGD both
+/// survivors fail naming it well within the failure bound (a killed rank takes the bound,
+/// `killed_rank`); under DiLoCo the survivors agree on a membership without it well within the
+/// bound and finish. The interrupted process exits 130 saying so.
+fn interrupted(server: &Server, failures: &mut Vec<String>) {
+    const SOON: Duration = Duration::from_millis(2500);
+    let left_said = |e: &Exit| {
+        e.status == Some(130)
+            && e.stderr
+                .contains("distopt: interrupted: this rank left its run")
+    };
+    // Synchronous SGD: the survivors fail.
+    let flags = cli_flags("sync", "1000000");
+    let commands = (0..3)
+        .map(|rank| {
+            let mut command = distopt_train(server, "interrupted-sync", &flags);
+            command.args(["--rank", &rank.to_string()]);
+            command
+        })
+        .collect();
+    let mut processes = match Processes::start(commands) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    let started = processes.children[0].started;
+    let at = Instant::now();
+    if let Err(e) = processes.interrupt(0) {
+        return failures.push(e);
+    }
+    let exits = processes.wait(Duration::from_secs(60));
+    let since = |e: &Exit| (started + e.elapsed).saturating_duration_since(at);
+    let slowest = exits[1..].iter().map(since).max().unwrap_or_default();
+    let named = exits[1..]
+        .iter()
+        .all(|e| e.status == Some(1) && e.stderr.contains("rank 0 left the run while"));
+    if !left_said(&exits[0]) || !named || slowest > SOON {
+        return failures.push(format!(
+            "an interrupted rank must fail both survivors of a synchronous run naming it within {:.1} s (the bound is {} s): slowest {:.1} s: {}",
+            SOON.as_secs_f64(),
+            BOUND.as_secs(),
+            slowest.as_secs_f64(),
+            outputs(&exits)
+        ));
+    }
+    println!(
+        "a rank interrupted mid-run (SIGINT): it said it left, and both survivors of the synchronous run failed naming it {:.2} s later (a killed rank: the {} s bound)",
+        slowest.as_secs_f64(),
+        BOUND.as_secs()
+    );
+    // DiLoCo: the survivors go on without it, and finish.
+    let mut flags = cli_flags("diloco", "1000000000").to_vec();
+    flags.push("--finish-on-stdin");
+    let commands = (0..3)
+        .map(|rank| {
+            let mut command = distopt_train(server, "interrupted-diloco", &flags);
+            command.args(["--rank", &rank.to_string()]);
+            command
+        })
+        .collect();
+    let mut processes = match Processes::start(commands) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    let progressed = |processes: &Processes, ranks: &[usize], past: u64| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ranks
+            .iter()
+            .any(|&r| processes.progress(r).is_none_or(|p| p < past))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        ranks
+            .iter()
+            .filter_map(|&r| processes.progress(r))
+            .max()
+            .unwrap_or(0)
+    };
+    let before = progressed(&processes, &[0, 1, 2], 100);
+    let sent = match processes.interrupt(2) {
+        Ok(sent) => sent,
+        Err(e) => return failures.push(e),
+    };
+    let finish = progressed(&processes, &[0, 1], before + 200) + 200;
+    for rank in [0, 1] {
+        if let Err(e) = processes.tell(rank, &format!("finish {finish}")) {
+            return failures.push(e);
+        }
+    }
+    let exits = processes.wait(Duration::from_secs(120));
+    let agreed = exits[1].stderr.lines().find_map(|l| {
+        let rest = l.strip_prefix("distopt: run 'interrupted-diloco' sync point ")?;
+        let (_, rest) = rest.split_once(": live ranks 0,1; agreed at ")?;
+        rest.trim().parse::<f64>().ok()
+    });
+    let sent = sent
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let finished = exits[..2].iter().all(|e| e.status == Some(0))
+        && exits[0].stdout.contains("\"ranks_finished\":[0,1]");
+    match agreed {
+        Some(agreed) if left_said(&exits[2]) && finished && agreed - sent < SOON.as_secs_f64() => {
+            println!(
+                "a DiLoCo rank interrupted (SIGINT): the survivors agreed on a membership without it {:.2} s later (bound {} s) and finished",
+                agreed - sent,
+                BOUND.as_secs()
+            )
+        }
+        _ => failures.push(format!(
+            "an interrupted DiLoCo rank must be out of the survivors' next membership within {:.1} s, and they must finish: agreed {agreed:?}, interrupted at {sent:.3}: {}",
+            SOON.as_secs_f64(),
+            outputs(&exits)
+        )),
     }
 }
 
@@ -2343,10 +2471,11 @@ fn launcher() -> ExitCode {
     let only: Option<Vec<String>> = std::env::var("DISTOPT_NATS_ONLY")
         .ok()
         .map(|o| o.split(',').map(str::to_string).collect());
-    let parts: [(&str, Part); 14] = [
+    let parts: [(&str, Part); 15] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
+        ("interrupted", interrupted),
         ("elastic_command_line", elastic_command_line),
         ("join_command_line", join_command_line),
         ("churn", churn),

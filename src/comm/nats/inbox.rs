@@ -20,6 +20,15 @@ use crate::error::{Error, Result};
 /// The kind of frame a rank publishes every [`HEARTBEAT`](super::HEARTBEAT) to say it is alive.
 pub(super) const KIND_HEARTBEAT: u8 = 9;
 
+/// The kind of frame a process publishes once as it leaves the run (its world dropped, its
+/// command interrupted): sealed like a heartbeat, so that only the rank's own process can say
+/// it, and numbered past every heartbeat.
+pub(super) const KIND_LEAVING: u8 = 10;
+
+/// How long after its leaving frame a rank counts as gone: its last frames may come on other
+/// subjects than the leaving frame, and NATS orders a publisher's messages per subject only.
+pub(super) const LEAVING_GRACE: Duration = Duration::from_millis(500);
+
 /// Frames received, by message.
 #[derive(Debug)]
 struct State {
@@ -44,6 +53,9 @@ struct State {
     keys: Option<Arc<Keys>>,
     /// The last heartbeat number heard from each rank (a heartbeat played again is ignored).
     beats: Vec<u64>,
+    /// When each rank's process said it left ([`KIND_LEAVING`]): gone [`LEAVING_GRACE`]
+    /// later, until another process takes the rank.
+    left: Vec<Option<Instant>>,
     /// Frames dropped because their seal is not their sender's.
     forged: u64,
 }
@@ -85,6 +97,7 @@ impl Inbox {
                 refused: None,
                 keys: None,
                 beats: vec![0; ranks],
+                left: vec![None; ranks],
                 forged: 0,
             }),
             arrived: Condvar::new(),
@@ -168,6 +181,15 @@ impl Inbox {
             return;
         }
         let mut state = self.lock();
+        if id.kind == KIND_LEAVING {
+            // Only with the keys can it be the rank's own word (it is then checked above).
+            if state.keys.is_some() {
+                state.left[from].get_or_insert_with(Instant::now);
+                drop(state);
+                self.arrived.notify_all();
+            }
+            return;
+        }
         if id.kind == KIND_HEARTBEAT {
             // Before the keys, a heartbeat cannot be checked, and the time until the run is
             // complete is nobody's silence (`all_heard`): it is not counted.
@@ -221,6 +243,9 @@ impl Inbox {
         state.keys = Some(Arc::new(keys));
         if let Some(beat) = state.beats.get_mut(rank) {
             *beat = 0;
+        }
+        if let Some(left) = state.left.get_mut(rank) {
+            *left = None;
         }
         if let Some(heard) = state.heard.get_mut(rank) {
             *heard = Instant::now();
@@ -307,13 +332,11 @@ impl Inbox {
         self.lock().live = live.to_vec();
     }
 
-    /// How long rank `rank` has been silent.
+    /// How long rank `rank` has been silent ([`Duration::MAX`] once its process said it left,
+    /// [`LEAVING_GRACE`] ago).
     pub(super) fn silent_for(&self, rank: usize) -> Duration {
         self.drain();
-        self.lock()
-            .heard
-            .get(rank)
-            .map_or(Duration::MAX, Instant::elapsed)
+        self.lock().silent_for(rank)
     }
 
     /// Message `id`, assembled by `assembler`, waiting for its frames until its sender has been
@@ -415,12 +438,19 @@ impl Inbox {
             let awaited = id.from as usize;
             if tolerate_gone {
                 let left = !state.live.get(awaited).copied().unwrap_or(false)
-                    || state.heard.get(awaited).is_none_or(|h| h.elapsed() > bound);
+                    || state.silent_for(awaited) > bound;
                 if left {
                     return Ok(None);
                 }
                 state = self.await_frames(state, Duration::from_millis(50));
                 continue;
+            }
+            // The awaited rank's process may have said it left; another rank that did so may
+            // simply have finished first, and counts as gone only once silent for the bound.
+            if awaited != me && state.has_left(awaited) {
+                return Err(Error::runtime(format!(
+                    "run '{run_name}': rank {awaited} left the run while {id} was awaited"
+                )));
             }
             let gone = std::iter::once(awaited)
                 .chain((0..state.heard.len()).filter(|&r| state.live[r]))
@@ -434,6 +464,26 @@ impl Inbox {
             }
             state = self.await_frames(state, Duration::from_millis(50));
         }
+    }
+}
+
+impl State {
+    /// Whether `rank`'s process said it left, [`LEAVING_GRACE`] ago or more.
+    fn has_left(&self, rank: usize) -> bool {
+        self.left
+            .get(rank)
+            .copied()
+            .flatten()
+            .is_some_and(|at| at.elapsed() >= LEAVING_GRACE)
+    }
+
+    /// How long `rank` has been silent ([`Duration::MAX`] once it has left, or for a rank
+    /// outside the world).
+    fn silent_for(&self, rank: usize) -> Duration {
+        if self.has_left(rank) {
+            return Duration::MAX;
+        }
+        self.heard.get(rank).map_or(Duration::MAX, Instant::elapsed)
     }
 }
 

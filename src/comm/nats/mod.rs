@@ -78,7 +78,7 @@ use crate::backend::{Arena, Backend};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::transfer;
-use inbox::{Inbox, KIND_HEARTBEAT};
+use inbox::{Inbox, KIND_HEARTBEAT, KIND_LEAVING};
 use link::{Bucket, Link, LinkResult, Pending, Refused, Task};
 use runtime::Runtime;
 
@@ -365,6 +365,36 @@ impl NatsWorld {
             world.this = this.clone();
             world
         }))
+    }
+
+    /// Tells the run that this process leaves it: the other ranks stop waiting for it half a
+    /// second later (`inbox::LEAVING_GRACE`) instead of once it has been silent for the failure
+    /// bound. A collective awaiting its frames then fails at once, and the next sync point of
+    /// an elastic algorithm goes on without it. Dropping the world does this; call it first
+    /// from a handler that ends the process without dropping it (an interrupted command). The
+    /// statement is a frame sealed with this process's key, so no other client can make it,
+    /// and it waits at most 2 s for a server that is gone. Only once: a second call, or one
+    /// from a joining process not yet taken in (its key is not the rank's yet), says nothing.
+    pub fn leave(&self) {
+        if !self
+            .beating
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
+        let id = self.id(u64::MAX, KIND_LEAVING);
+        let Ok(frames) =
+            wire::frames_sealed(&id, &[], self.max_frame, Vec::new, |d| self.signer.seal(d))
+        else {
+            return;
+        };
+        self.runtime
+            .block_on_at_most(Duration::from_secs(2), async {
+                for frame in frames {
+                    let _ = self.link.publish(&self.common, Bytes::from(frame)).await;
+                }
+                let _ = self.link.flush().await;
+            });
     }
 
     /// Publishes a heartbeat every [`HEARTBEAT`]: sealed, and numbered (its sequence number
@@ -920,6 +950,7 @@ impl NatsWorld {
 
 impl Drop for NatsWorld {
     fn drop(&mut self) {
+        self.leave();
         // The watch unsubscribes through the client's runtime (`native.rs`).
         drop(self.watch.lock().unwrap_or_else(|e| e.into_inner()).take());
         self.tasks.lock().unwrap_or_else(|e| e.into_inner()).clear();
