@@ -1270,27 +1270,25 @@ impl DiLoCo {
         }
         let inner = self.inner.state_dict(replicas, rank).await?;
         let outer = self.outer.state_dict(replicas, rank).await?;
-        let mut original = Vec::with_capacity(self.params);
-        for j in 0..self.params {
-            let tensor = self
-                .backups
-                .read(replicas, rank, j)
-                .await?
-                .expect("every bucket has its backup");
-            original.push(tensor_to_json(&tensor).await?);
-        }
+        let original = held_tensors_json(
+            &self.backups,
+            replicas,
+            rank,
+            0..self.params,
+            "every bucket has its backup",
+        )
+        .await?;
         let pending = match self.pending {
             None => Value::Null,
             Some(f) => {
-                let mut held = Vec::with_capacity(self.fragments[f].len());
-                for &j in &self.fragments[f] {
-                    let tensor = self
-                        .scratch
-                        .read(replicas, rank, j)
-                        .await?
-                        .expect("a fragment in flight holds its pseudo-gradient");
-                    held.push(tensor_to_json(&tensor).await?);
-                }
+                let held = held_tensors_json(
+                    &self.scratch,
+                    replicas,
+                    rank,
+                    self.fragments[f].iter().copied(),
+                    "a fragment in flight holds its pseudo-gradient",
+                )
+                .await?;
                 json!({"fragment": f, "pseudo_gradients": held})
             }
         };
@@ -1443,6 +1441,24 @@ impl DiLoCo {
         }
         Ok(Some((f, held)))
     }
+}
+
+/// Rank `rank`'s tensors of `arenas` for the parameters `params`, in their order, as JSON (a
+/// state dict's list). Every one must be held: `held` says why (the panic's message
+/// otherwise).
+async fn held_tensors_json(
+    arenas: &StateArenas,
+    replicas: &Replicas,
+    rank: usize,
+    params: impl ExactSizeIterator<Item = usize>,
+    held: &str,
+) -> Result<Vec<Value>> {
+    let mut tensors = Vec::with_capacity(params.len());
+    for j in params {
+        let tensor = arenas.read(replicas, rank, j).await?.expect(held);
+        tensors.push(tensor_to_json(&tensor).await?);
+    }
+    Ok(tensors)
 }
 
 /// A loaded state tensor of parameter `j` (`what`, as the state dict names it): it must have
