@@ -373,6 +373,23 @@ pub(crate) fn check_live(live: &[bool], world_size: usize) -> Result<()> {
     Ok(())
 }
 
+/// A `ValueError` unless `root` is a rank of a world of `size` (`what`: the collective, in the
+/// message).
+fn check_root(root: usize, size: usize, what: &str) -> Result<()> {
+    if root >= size {
+        return Err(Error::value(format!(
+            "{what} from rank {root} in a world of {size}"
+        )));
+    }
+    Ok(())
+}
+
+/// The data the root of a [`Communicator::broadcast_bytes`] from `root` passed; a `ValueError`
+/// when it passed none.
+fn root_data(root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>> {
+    data.ok_or_else(|| Error::value(format!("broadcast from rank {root}: its data is missing")))
+}
+
 /// The local indices `(to, from)` of a heal of world rank `joiner` from world rank `source`.
 ///
 /// # Errors

@@ -253,7 +253,7 @@ impl MpiWorld {
     }
 
     fn check_root(&self, root: usize, what: &str) -> Result<()> {
-        one_rank::check_root(root, self.size, what)
+        super::check_root(root, self.size, what)
     }
 }
 
@@ -705,9 +705,7 @@ impl Communicator for MpiWorld {
     fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>> {
         self.check_root(root, "broadcast")?;
         let mine = if root == self.rank {
-            Some(data.ok_or_else(|| {
-                Error::value(format!("broadcast from rank {root}: its data is missing"))
-            })?)
+            Some(super::root_data(root, data)?)
         } else {
             None
         };

@@ -16,16 +16,6 @@ pub(crate) fn check_one_rank(arena: &Arena, what: &str, holder: &str) -> Result<
     Ok(())
 }
 
-/// A `ValueError` unless `root` is a rank of a world of `size`.
-pub(crate) fn check_root(root: usize, size: usize, what: &str) -> Result<()> {
-    if root >= size {
-        return Err(Error::value(format!(
-            "{what} from rank {root} in a world of {size}"
-        )));
-    }
-    Ok(())
-}
-
 /// The data of the one rank the process holds; a `ValueError` unless there is exactly one.
 pub(crate) fn only_rank<'a, T>(per_local_rank: &'a [T], holder: &str) -> Result<&'a T> {
     match per_local_rank {

@@ -245,12 +245,7 @@ impl Communicator for SimulatedWorld {
         offset: usize,
         len: usize,
     ) -> Result<()> {
-        if root >= arena.ranks() {
-            return Err(Error::value(format!(
-                "broadcast from rank {root} in a world of {}",
-                arena.ranks()
-            )));
-        }
+        super::check_root(root, arena.ranks(), "broadcast")?;
         for rank in 0..arena.ranks() {
             if rank != root {
                 backend.copy_between_ranks(arena, root, rank, offset, len)?;
@@ -317,15 +312,8 @@ impl Communicator for SimulatedWorld {
     }
 
     fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>> {
-        if root >= self.size {
-            return Err(Error::value(format!(
-                "broadcast from rank {root} in a world of {}",
-                self.size
-            )));
-        }
-        let data = data.ok_or_else(|| {
-            Error::value(format!("broadcast from rank {root}: its data is missing"))
-        })?;
+        super::check_root(root, self.size, "broadcast")?;
+        let data = super::root_data(root, data)?;
         let bytes = data.len() as u64;
         self.record(|s| s.broadcast_bytes += bytes);
         Ok(data)

@@ -877,7 +877,7 @@ impl NatsWorld {
     }
 
     fn check_root(&self, root: usize, what: &str) -> Result<()> {
-        one_rank::check_root(root, self.size, what)
+        super::check_root(root, self.size, what)
     }
 
     fn record(&self, update: impl FnOnce(&mut CommStats)) {
@@ -1180,9 +1180,7 @@ impl Communicator for NatsWorld {
     fn broadcast_bytes(&self, root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>> {
         self.check_root(root, "broadcast")?;
         let data = if root == self.rank {
-            let data = data.ok_or_else(|| {
-                Error::value(format!("broadcast from rank {root}: its data is missing"))
-            })?;
+            let data = super::root_data(root, data)?;
             let seq = self.begin();
             self.send(&self.common, seq, KIND_BROADCAST, &data)?;
             data
