@@ -384,6 +384,16 @@ fn check_root(root: usize, size: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// A `ValueError` unless `to`, the rank a gather collects on, is a rank of a world of `size`.
+fn check_gather_root(to: usize, size: usize) -> Result<()> {
+    if to >= size {
+        return Err(Error::value(format!(
+            "gather to rank {to} in a world of {size}"
+        )));
+    }
+    Ok(())
+}
+
 /// The data the root of a [`Communicator::broadcast_bytes`] from `root` passed; a `ValueError`
 /// when it passed none.
 fn root_data(root: usize, data: Option<Vec<u8>>) -> Result<Vec<u8>> {

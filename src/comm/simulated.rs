@@ -332,12 +332,7 @@ impl Communicator for SimulatedWorld {
         per_local_rank: Vec<Vec<u8>>,
     ) -> Result<Option<Vec<Vec<u8>>>> {
         self.check_local(per_local_rank.len())?;
-        if to >= self.size {
-            return Err(Error::value(format!(
-                "gather to rank {to} in a world of {}",
-                self.size
-            )));
-        }
+        super::check_gather_root(to, self.size)?;
         let bytes = gathered_to(&per_local_rank, to);
         self.record(|s| s.gather_bytes += bytes);
         Ok(Some(per_local_rank))

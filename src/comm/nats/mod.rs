@@ -1244,12 +1244,7 @@ impl Communicator for NatsWorld {
         per_local_rank: Vec<Vec<u8>>,
     ) -> Result<Option<Vec<Vec<u8>>>> {
         self.only(&per_local_rank)?;
-        if to >= self.size {
-            return Err(Error::value(format!(
-                "gather to rank {to} in a world of {}",
-                self.size
-            )));
-        }
+        super::check_gather_root(to, self.size)?;
         let mine = per_local_rank.into_iter().next().unwrap_or_default();
         let seq = self.begin();
         if to != self.rank {
