@@ -4,7 +4,7 @@
 
 use super::GpuBackend;
 use super::contract::{AdamScalars as AdamGpuScalars, adam_flags};
-use super::per_param::{PerParam, flag, nothing_to_dispatch};
+use super::per_param::{flag, nothing_to_dispatch};
 use crate::backend::check_param_table;
 use crate::backend::kernels::{AdamArenas, AdamScalars, Chunking, ParamStarts, check_adam_arenas};
 use crate::error::Result;
@@ -52,17 +52,7 @@ impl GpuBackend {
             })
             .collect();
         let table_buffer = self.storage_buffer("distopt adam scalars", &table);
-        self.launch(
-            params,
-            starts,
-            PerParam {
-                kernel: &self.kernels.adam,
-                overrides: &[("FORMAT", params.format().shader_code())],
-                lanes: params.ranks(),
-                group_size: 0,
-                tables: &[("scalars", &table_buffer)],
-                arenas: &bound,
-            },
-        )
+        let tables = [("scalars", &table_buffer)];
+        self.launch_per_rank(&self.kernels.adam, params, starts, &tables, &bound)
     }
 }

@@ -124,6 +124,31 @@ impl GpuBackend {
     pub(super) fn gpu_opt<'a>(&self, arena: Option<&'a Arena>) -> Result<Option<&'a GpuArena>> {
         arena.map(|a| self.gpu(a)).transpose()
     }
+
+    /// [`GpuBackend::launch`] of a kernel that works on every rank's row of `params` on its own
+    /// (SGD, Adam/AdamW, the pseudo-gradient): one lane per rank, specialized to the
+    /// parameters' format (`FORMAT`).
+    pub(super) fn launch_per_rank(
+        &self,
+        kernel: &Kernel,
+        params: &Arena,
+        starts: &ParamStarts,
+        tables: &[(&str, &wgpu::Buffer)],
+        arenas: &[(&str, Option<&GpuArena>)],
+    ) -> Result<()> {
+        self.launch(
+            params,
+            starts,
+            PerParam {
+                kernel,
+                overrides: &[("FORMAT", params.format().shader_code())],
+                lanes: params.ranks(),
+                group_size: 0,
+                tables,
+                arenas,
+            },
+        )
+    }
 }
 
 /// What [`GpuBackend::launch`] binds and how it spreads the grid.

@@ -3,7 +3,7 @@
 //! `backend/kernels/pseudo_gradient.rs`, which the CPU backend runs.
 
 use super::GpuBackend;
-use super::per_param::{PerParam, nothing_to_dispatch};
+use super::per_param::nothing_to_dispatch;
 use crate::backend::check_param_table;
 use crate::backend::kernels::{Chunking, PseudoGradientArgs, check_pseudo_gradient};
 use crate::error::Result;
@@ -21,17 +21,8 @@ impl GpuBackend {
             return Ok(());
         }
         let flags_buffer = self.flags_buffer("distopt pseudo_gradient flags", args.active);
-        self.launch(
-            args.params,
-            args.starts,
-            PerParam {
-                kernel: &self.kernels.pseudo_gradient,
-                overrides: &[("FORMAT", args.params.format().shader_code())],
-                lanes: args.params.ranks(),
-                group_size: 0,
-                tables: &[("synced", &flags_buffer)],
-                arenas: &bound,
-            },
-        )
+        let kernel = &self.kernels.pseudo_gradient;
+        let tables = [("synced", &flags_buffer)];
+        self.launch_per_rank(kernel, args.params, args.starts, &tables, &bound)
     }
 }

@@ -4,7 +4,7 @@
 
 use super::GpuBackend;
 use super::contract::{SgdScalars as SgdGpuScalars, sgd_flags};
-use super::per_param::{PerParam, flag, nothing_to_dispatch};
+use super::per_param::{flag, nothing_to_dispatch};
 use crate::backend::check_param_table;
 use crate::backend::kernels::{Chunking, SgdArgs, check_sgd_arenas};
 use crate::error::Result;
@@ -38,17 +38,13 @@ impl GpuBackend {
             })
             .collect();
         let table_buffer = self.storage_buffer("distopt sgd scalars", &table);
-        self.launch(
+        let tables = [("scalars", &table_buffer)];
+        self.launch_per_rank(
+            &self.kernels.sgd,
             args.params,
             args.starts,
-            PerParam {
-                kernel: &self.kernels.sgd,
-                overrides: &[("FORMAT", args.params.format().shader_code())],
-                lanes: args.params.ranks(),
-                group_size: 0,
-                tables: &[("scalars", &table_buffer)],
-                arenas: &arenas,
-            },
+            &tables,
+            &arenas,
         )
     }
 }
