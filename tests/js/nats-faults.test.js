@@ -36,8 +36,8 @@ after(() => server?.stop());
  * {code, report, err, exitAt} when it exits. With `steps` 'told', it trains until `finish(N)`:
  * `progress()` is its steps so far (0 before it trains).
  */
-function startRank(run, rank, algorithm, steps, { join = false, ranks = 3, period = 8, leaveBefore, fragments, delay, bound } = {}) {
-  const optional = { DISTOPT_LEAVE_BEFORE: leaveBefore, DISTOPT_FRAGMENTS: fragments, DISTOPT_FRAGMENT_SYNC_DELAY: delay, DISTOPT_FAILURE_BOUND: bound };
+function startRank(run, rank, algorithm, steps, { join = false, ranks = 3, period = 8, leaveBefore, saying, fragments, delay, bound } = {}) {
+  const optional = { DISTOPT_LEAVE_BEFORE: leaveBefore, DISTOPT_LEAVE_SAYING: saying, DISTOPT_FRAGMENTS: fragments, DISTOPT_FRAGMENT_SYNC_DELAY: delay, DISTOPT_FAILURE_BOUND: bound };
   const child = spawn(process.execPath, [path.join(HERE, 'nats-trainer.mjs')], {
     env: {
       ...process.env,
@@ -171,6 +171,32 @@ async function leaveAndJoin(run, { algorithm, steps, leaveBefore, bound = BOUND_
   }
   return { left, back, replicas: c.report.lossPerRank };
 }
+
+test('a Node rank that calls world.leave() is out of the next sync point at once, not after the failure bound', async () => {
+  // A bound of 30 s: without the leaving frame the survivors would wait that long.
+  const [steps, leaveBefore, bound] = [1600, 100, 30];
+  const ranks = [0, 1, 2].map((r) =>
+    startRank('faults-leave', r, 'diloco', steps, { bound, ...(r === 2 ? { leaveBefore, saying: 1 } : {}) }),
+  );
+  const [a, b, gone] = await Promise.all(ranks.map((r) => r.exited));
+  assert.equal(gone.code, 0, `rank 2 left saying so: ${gone.out}\n${gone.err}`);
+  for (const s of [a, b]) {
+    assert.equal(s.code, 0, `a survivor finishes: ${s.out}\n${s.err}`);
+    assert.equal(s.report.steps, steps);
+    assert.deepEqual(s.report.live, [true, true, false]);
+  }
+  const after = (Math.max(a.exitAt, b.exitAt) - gone.exitAt) / 1000;
+  assert.ok(after < bound / 2, `the survivors finished ${after.toFixed(1)} s after rank 2 left: they waited for the ${bound} s bound`);
+  const changes = a.report.membershipChanges;
+  assert.deepEqual(b.report.membershipChanges, changes, 'both survivors report one membership');
+  const simulated = await replay({ algorithm: 'diloco', steps }, changes);
+  for (const s of [a, b]) {
+    assert.deepEqual(s.report.lossPerRank.slice(0, 2), simulated.replica_loss_per_rank.slice(0, 2), `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
+  }
+  console.log(
+    `a DiLoCo Node rank left saying so before step ${leaveBefore}: out from sync point ${changes[0].syncPoint}; the survivors finished ${steps} steps ${after.toFixed(1)} s after it (failure bound ${bound} s), equal to the replay`,
+  );
+});
 
 for (const algorithm of ['diloco', 'periodic']) {
   test(`${algorithm}: a Node process joins in a killed rank's place, is healed, and all three equal the simulated replay`, async () => {

@@ -5,7 +5,8 @@
 // `--algorithm DISTOPT_ALGORITHM --period DISTOPT_PERIOD` (and, when set, `--fragments
 // DISTOPT_FRAGMENTS --fragment-sync-delay DISTOPT_FRAGMENT_SYNC_DELAY`) over that world, and
 // makes the calls its train loop makes (an evaluation, DISTOPT_STEPS steps, an evaluation). With
-// DISTOPT_LEAVE_BEFORE=T it dies without a word (SIGKILL, as a closed tab) before step T. With
+// DISTOPT_LEAVE_BEFORE=T it dies without a word (SIGKILL, as a closed tab) before step T (with
+// DISTOPT_LEAVE_SAYING=1 too, it calls world.leave() and exits 0 instead). With
 // DISTOPT_STEPS=told it trains until a line "finish N" on its stdin, then stops after step N, and
 // writes "progress S" (its steps so far) to stderr every 50 steps. Prints one JSON line {rank,
 // steps, meanModelLoss, lossPerRank, live, membershipChanges} and exits 0; a failure prints
@@ -42,7 +43,14 @@ try {
       // A step's promise settles without a task in between: let the "finish" line in.
       await new Promise((resolve) => setImmediate(resolve));
     }
-    if (trainer.steps === leaveBefore) process.kill(process.pid, 'SIGKILL');
+    if (trainer.steps === leaveBefore) {
+      // With DISTOPT_LEAVE_SAYING=1 it tells the run first, and exits 0 without a report.
+      if (process.env.DISTOPT_LEAVE_SAYING === '1') {
+        world.leave();
+        process.exit(0);
+      }
+      process.kill(process.pid, 'SIGKILL');
+    }
     await trainer.step();
   }
   // Listening on stdin would keep the process alive after its report.

@@ -231,6 +231,17 @@ impl WorldJs {
             .map_or(0.0, |w| w.forged_frames() as f64)
     }
 
+    /// Tells the run that this process leaves it (nothing in a simulated world): the other
+    /// ranks count it gone half a second later instead of after the failure bound — a
+    /// collective awaiting it fails at once, the next sync point of an elastic algorithm goes
+    /// on without it. Call it as the process ends on purpose (Node: on `SIGINT`); freeing the
+    /// world and every object that holds it does it too. Use the world no more afterwards.
+    pub fn leave(&self) {
+        if let Some(world) = &self.inner.networked {
+            world.leave();
+        }
+    }
+
     /// Hands the world to the call it is passed to (internal: `handles::resolve`).
     #[wasm_bindgen(js_name = __distoptWorld, skip_typescript)]
     pub fn hand_over(&self) {
