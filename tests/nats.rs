@@ -834,6 +834,17 @@ fn ranks_of_this_binary(server: &Server, role: &str, run: &str, size: usize) -> 
         .collect()
 }
 
+/// `distopt train FLAGS` for each rank of `ranks` in run `run`, process K asking for rank K.
+fn ranked(server: &Server, run: &str, flags: &[&str], ranks: usize) -> Vec<Command> {
+    (0..ranks)
+        .map(|rank| {
+            let mut command = distopt_train(server, run, flags);
+            command.args(["--rank", &rank.to_string()]);
+            command
+        })
+        .collect()
+}
+
 fn distopt_train(server: &Server, run: &str, flags: &[&str]) -> Command {
     let mut command = Command::new(common::distopt_exe());
     command
@@ -1071,14 +1082,7 @@ fn interrupted(server: &Server, failures: &mut Vec<String>) {
     };
     // Synchronous SGD: the survivors fail.
     let flags = cli_flags("sync", "1000000");
-    let commands = (0..3)
-        .map(|rank| {
-            let mut command = distopt_train(server, "interrupted-sync", &flags);
-            command.args(["--rank", &rank.to_string()]);
-            command
-        })
-        .collect();
-    let mut processes = match Processes::start(commands) {
+    let mut processes = match Processes::start(ranked(server, "interrupted-sync", &flags, 3)) {
         Ok(p) => p,
         Err(e) => return failures.push(e),
     };
@@ -1111,14 +1115,7 @@ fn interrupted(server: &Server, failures: &mut Vec<String>) {
     // DiLoCo: the survivors go on without it, and finish.
     let mut flags = cli_flags("diloco", "1000000000").to_vec();
     flags.push("--finish-on-stdin");
-    let commands = (0..3)
-        .map(|rank| {
-            let mut command = distopt_train(server, "interrupted-diloco", &flags);
-            command.args(["--rank", &rank.to_string()]);
-            command
-        })
-        .collect();
-    let mut processes = match Processes::start(commands) {
+    let mut processes = match Processes::start(ranked(server, "interrupted-diloco", &flags, 3)) {
         Ok(p) => p,
         Err(e) => return failures.push(e),
     };
