@@ -174,7 +174,7 @@ async function leaveAndJoin(run, { algorithm, steps, leaveBefore, bound = BOUND_
 
 test('a Node rank that calls world.leave() is out of the next sync point at once, not after the failure bound', async () => {
   // A bound of 30 s: without the leaving frame the survivors would wait that long.
-  const [steps, leaveBefore, bound] = [1600, 100, 30];
+  const [steps, leaveBefore, bound] = [600, 100, 30];
   const ranks = [0, 1, 2].map((r) =>
     startRank('faults-leave', r, 'diloco', steps, { bound, ...(r === 2 ? { leaveBefore, saying: 1 } : {}) }),
   );
