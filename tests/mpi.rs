@@ -699,6 +699,32 @@ fn command_line(failures: &mut Vec<String>) {
             }
         }
     }
+    match mpirun_distopt(
+        2,
+        &["train", "--algorithm", "sync", "--finish-on-stdin"],
+        FAILURE_DEADLINE,
+    ) {
+        Err(e) => failures.push(e),
+        Ok(job) => {
+            let said = (0..2)
+                .filter(|r| {
+                    job.output.contains(&format!(
+                        "distopt rank {r} of 2: ValueError: --finish-on-stdin reads each process's own standard input, which mpirun gives to rank 0 alone"
+                    ))
+                })
+                .count();
+            if job.status == Some(0) || job.timed_out || said != 2 {
+                failures.push(format!(
+                    "--finish-on-stdin under mpirun must fail on every rank ({said} did):\n{}",
+                    job.output
+                ));
+            } else {
+                println!(
+                    "mpirun -np 2 distopt train --finish-on-stdin failed on both ranks, named"
+                );
+            }
+        }
+    }
     // The README's example: values after hierarchical averaging are the group means.
     let example = std::env::current_exe()
         .ok()

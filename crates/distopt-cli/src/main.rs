@@ -139,6 +139,11 @@ fn mpi_main(cli: Cli) -> ExitCode {
     };
     install_panic_hook(&world);
     let result = check_budget_variable().and_then(|()| match cli.command {
+        // mpirun gives its standard input to rank 0 alone: the others would read its end at
+        // once, stop, and leave rank 0 waiting in a collective for good.
+        Command::Train(args) if args.finish_on_stdin => Err(Error::value(
+            "--finish-on-stdin reads each process's own standard input, which mpirun gives to rank 0 alone: end a run under mpirun with --steps",
+        )),
         Command::Train(args) => train::run_in(*args, Some(world.clone())),
         Command::Bench(args) => match args.which {
             Bench::Comm(args) => {
