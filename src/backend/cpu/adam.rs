@@ -8,7 +8,9 @@
 use super::parts::{
     PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
 };
-use super::storage::{OnStorage, Storage, add_scaled, rows, rows_mut, signed, with_storage};
+use super::storage::{
+    OnStorage, Storage, add_scaled, rows, rows_mut, signed, used_or_empty, with_storage,
+};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
     AdamArenas, AdamScalars, AdamSlices, Chunking, ParamStarts, adam_rank, adam_rank_slices,
@@ -225,11 +227,7 @@ impl PartWork for AdamPart<'_> {
         let [p, m, v] = self.arrays;
         for seg in &self.segments {
             let s = &self.scalars[seg.entry];
-            let mut empty: [u32; 0] = [];
-            let x: &mut [u32] = match (&mut self.x, s.amsgrad) {
-                (Some(x), true) => x,
-                _ => &mut empty,
-            };
+            let x = used_or_empty(&mut self.x, s.amsgrad);
             let segment = AdamSegment {
                 s,
                 seg,

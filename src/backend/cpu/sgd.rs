@@ -8,7 +8,9 @@
 use super::parts::{
     PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
 };
-use super::storage::{OnStorage, Storage, add_scaled, rows, rows_mut, signed, with_storage};
+use super::storage::{
+    OnStorage, Storage, add_scaled, rows, rows_mut, signed, used_or_empty, with_storage,
+};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
     Chunking, ParamStarts, SgdArgs, SgdScalars, SgdSlices, check_sgd_arenas, host_words,
@@ -197,11 +199,7 @@ impl PartWork for SgdPart<'_> {
     fn run(mut self) {
         for seg in &self.segments {
             let s = &self.scalars[seg.entry];
-            let mut empty: [u32; 0] = [];
-            let b: &mut [u32] = match (&mut self.b, s.momentum != 0.0) {
-                (Some(b), true) => b,
-                _ => &mut empty,
-            };
+            let b = used_or_empty(&mut self.b, s.momentum != 0.0);
             let segment = SgdSegment {
                 s,
                 seg,

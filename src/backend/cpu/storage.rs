@@ -123,6 +123,17 @@ impl<H: HalfFormat + Copy> Storage for Opmath<H> {
     }
 }
 
+/// A part's words of an optional arena (AMSGrad's maxima, SGD's momentum buffers) where the
+/// segment's `used` flag says the kernel touches them, else no words (read by [`rows_mut`] as
+/// an absent arena).
+#[inline(always)]
+pub(super) fn used_or_empty<'a>(words: &'a mut Option<&mut [u32]>, used: bool) -> &'a mut [u32] {
+    match words {
+        Some(words) if used => words,
+        _ => &mut [],
+    }
+}
+
 /// A segment's elements of a part's words, as the format's elements (empty for an absent
 /// arena).
 #[inline(always)]

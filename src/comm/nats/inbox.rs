@@ -21,8 +21,8 @@ use crate::error::{Error, Result};
 pub(super) const KIND_HEARTBEAT: u8 = 9;
 
 /// The kind of frame a process publishes once as it leaves the run (its world dropped, its
-/// command interrupted): sealed like a heartbeat, so that only the rank's own process can say
-/// it, and numbered past every heartbeat.
+/// command interrupted): sealed like a heartbeat, so that only the process that holds the
+/// rank's key can say it (a process that takes the rank later has a key of its own).
 pub(super) const KIND_LEAVING: u8 = 10;
 
 /// How long after its leaving frame a rank counts as gone: its last frames may come on other
