@@ -589,6 +589,31 @@ fn run_job(mut command: Command, deadline: Duration) -> Result<Job, String> {
 }
 
 /// `distopt train` and `distopt bench comm` under mpirun.
+/// `mpirun -np size distopt ARGS` must fail on every rank, each saying `error` (after its
+/// `distopt rank R of SIZE: `).
+fn fails_on_every_rank(size: usize, args: &[&str], error: &str, failures: &mut Vec<String>) {
+    let what = format!("mpirun -np {size} distopt {}", args.join(" "));
+    match mpirun_distopt(size, args, FAILURE_DEADLINE) {
+        Err(e) => failures.push(e),
+        Ok(job) => {
+            let said = (0..size)
+                .filter(|r| {
+                    job.output
+                        .contains(&format!("distopt rank {r} of {size}: {error}"))
+                })
+                .count();
+            if job.status == Some(0) || job.timed_out || said != size {
+                failures.push(format!(
+                    "{what} must fail on every rank ({said} did): {error}\n{}",
+                    job.output
+                ));
+            } else {
+                println!("{what} failed on all {size} ranks with the same error");
+            }
+        }
+    }
+}
+
 fn command_line(failures: &mut Vec<String>) {
     let flags = [
         "train",
@@ -673,58 +698,19 @@ fn command_line(failures: &mut Vec<String>) {
         },
         (Err(e), _) | (_, Err(e)) => failures.push(format!("distopt train --compress bf16: {e}")),
     }
-    match mpirun_distopt(
+    fails_on_every_rank(
         4,
         &["train", "--steps", "5", "--ranks", "8"],
-        FAILURE_DEADLINE,
-    ) {
-        Err(e) => failures.push(e),
-        Ok(job) => {
-            let said = (0..4)
-                .filter(|r| {
-                    job.output.contains(&format!(
-                        "distopt rank {r} of 4: ValueError: --ranks 8 contradicts the world of 4 processes"
-                    ))
-                })
-                .count();
-            if job.status == Some(0) || job.timed_out || said != 4 {
-                failures.push(format!(
-                    "--ranks 8 under mpirun -np 4 must fail on every rank ({said} did):\n{}",
-                    job.output
-                ));
-            } else {
-                println!(
-                    "mpirun -np 4 distopt train --ranks 8 failed on all 4 ranks with the same error"
-                );
-            }
-        }
-    }
-    match mpirun_distopt(
+        "ValueError: --ranks 8 contradicts the world of 4 processes",
+        failures,
+    );
+    // mpirun gives stdin to rank 0 alone.
+    fails_on_every_rank(
         2,
         &["train", "--algorithm", "sync", "--finish-on-stdin"],
-        FAILURE_DEADLINE,
-    ) {
-        Err(e) => failures.push(e),
-        Ok(job) => {
-            let said = (0..2)
-                .filter(|r| {
-                    job.output.contains(&format!(
-                        "distopt rank {r} of 2: ValueError: --finish-on-stdin reads each process's own standard input, which mpirun gives to rank 0 alone"
-                    ))
-                })
-                .count();
-            if job.status == Some(0) || job.timed_out || said != 2 {
-                failures.push(format!(
-                    "--finish-on-stdin under mpirun must fail on every rank ({said} did):\n{}",
-                    job.output
-                ));
-            } else {
-                println!(
-                    "mpirun -np 2 distopt train --finish-on-stdin failed on both ranks, named"
-                );
-            }
-        }
-    }
+        "ValueError: --finish-on-stdin reads each process's own standard input, which mpirun gives to rank 0 alone",
+        failures,
+    );
     // The README's example: values after hierarchical averaging are the group means.
     let example = std::env::current_exe()
         .ok()
