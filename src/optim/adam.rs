@@ -4,6 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::adam_options::{AdamOptions, AdamWOptions};
+use super::bias_correction::bias_corrections;
 use super::kind::OptimizerKind;
 use super::options::OptionMap;
 use super::shell::{Optimizer, OptimizerMath, Shell, all_params, parse_state_tensor};
@@ -121,10 +122,9 @@ impl OptimizerMath for AdamMath {
         if !has_grad {
             return AdamScalars::default();
         }
-        let step = (count + 1) as f64;
         let (beta1, beta2) = o.betas;
-        let bias_correction1 = 1.0 - beta1.powf(step);
-        let bias_correction2 = 1.0 - beta2.powf(step);
+        let (bias_correction1, bias_correction2_sqrt) =
+            bias_corrections(o.betas, count + 1, o.fused);
         let decoupled = o.decoupled_weight_decay;
         AdamScalars {
             active: true,
@@ -137,7 +137,7 @@ impl OptimizerMath for AdamMath {
             beta2,
             one_minus_beta2: 1.0 - beta2,
             step_size: o.lr / bias_correction1,
-            bias_correction2_sqrt: bias_correction2.powf(0.5),
+            bias_correction2_sqrt,
             eps: o.eps,
             fused: o.fused,
         }

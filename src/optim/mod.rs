@@ -11,6 +11,7 @@
 
 mod adam;
 mod adam_options;
+mod bias_correction;
 mod defaults;
 mod factory;
 mod kind;
