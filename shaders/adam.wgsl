@@ -5,12 +5,12 @@
 // torch.optim.Adam / AdamW's single-tensor step over every rank and parameter of an arena
 // chunk. The host precomputes each (rank, parameter)'s bias corrections from its own step
 // count. Every tensor operation's result is rounded to the storage format (FORMAT); with the
-// FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored, and the three
-// multiply-adds PyTorch's fused kernel single-rounds (the L2 term, the lerp, the second
-// moment's `(1 - beta2) * g * g` term) are single-rounded here too (`exact_fma`; see
-// `adam_rank` in src/backend/kernels/adam.rs).
+// FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored. The three
+// multiply-adds PyTorch single-rounds (the L2 term, the lerp, the second moment's
+// `(1 - beta2) * g * g` term) are single-rounded here too (`exact_fma`; see `adam_rank` in
+// src/backend/kernels/adam.rs).
 
-// From optim_math: `fused`, `one`, `r`, `add_scaled`, `add_scaled_or_fma`, `exact_fma`. `struct
+// From optim_math: `fused`, `one`, `r`, `add_scaled`, `exact_fma`. `struct
 // AdamScalars` and the flag bits (ACTIVE, MAXIMIZE, AMSGRAD, DECOUPLED, FUSED) are declared in
 // front of this file from the Rust side (`ADAM` in src/backend/gpu/contract.rs).
 
@@ -59,37 +59,26 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
     if ((s.flags & DECOUPLED) != 0u) {
         p = r(p * s.decay_factor);
     } else if (s.weight_decay != 0.0) {
-        g = add_scaled_or_fma(g, s.weight_decay, p);
+        g = add_scaled(g, s.weight_decay, p);
     }
-    // exp_avg.lerp_(grad, 1 - beta1), PyTorch's two-sided formula.
+    // exp_avg.lerp_(grad, 1 - beta1), PyTorch's two-sided formula, one fused multiply-add.
     let w = s.one_minus_beta1;
     let diff = g - m_old;
     var m: vec4<f32>;
-    if (fused) {
-        if (w < 0.5) {
-            m = exact_fma(vec4<f32>(w), diff, m_old);
-        } else {
-            m = exact_fma(vec4<f32>(w - 1.0), diff, g);
-        }
-    } else if (w < 0.5) {
-        m = r(m_old + w * diff);
+    if (w < 0.5) {
+        m = r(exact_fma(vec4<f32>(w), diff, m_old));
     } else {
-        m = r(g - diff * (1.0 - w));
+        m = r(exact_fma(vec4<f32>(w - 1.0), diff, g));
     }
     let v_scaled = r(v_old * s.beta2);
-    var v: vec4<f32>;
-    if (fused) {
-        v = exact_fma(s.one_minus_beta2 * g, g, v_scaled);
-    } else {
-        v = r(v_scaled + (s.one_minus_beta2 * g) * g);
-    }
+    let v = r(exact_fma(s.one_minus_beta2 * g, g, v_scaled));
     var second = v;
     if ((s.flags & AMSGRAD) != 0u) {
         second = nan_max4(v, max_old);
     }
     let root = r(sqrt(second));
     // `(sqrt / bc2).add_(eps)`: eps becomes a tensor of the parameter's dtype first.
-    let denom = add_scaled(r(root / s.bias_correction2_sqrt), 1.0, vec4<f32>(s.eps));
+    let denom = r(r(root / s.bias_correction2_sqrt) + r(vec4<f32>(s.eps)));
     // `param.addcdiv_(exp_avg, denom, value=-step_size)`: `p + value * m / d`, left to right.
     return array<vec4<f32>, 4>(r(p + s.neg_step_size * m / denom), m, v, second);
 }

@@ -85,18 +85,13 @@ fn r(x: vec4<f32>) -> vec4<f32> {
     return round4(FORMAT, x);
 }
 
-// `x.add(y, alpha=alpha)` as PyTorch's CPU kernel computes it in the tensor's own type: for
-// float16/bfloat16, alpha and the product are rounded to the format before the sum (see
-// `add_scaled` in src/backend/kernels/mod.rs). For float32 `r` is the identity.
+// `x.add(y, alpha=alpha)` as PyTorch's CPU kernel computes it: one fused multiply-add
+// (`exact_fma`) for float32 and under `fused` (`alpha` unrounded); for float16/bfloat16's
+// single-tensor arithmetic, alpha and the product rounded to the format before the sum (see
+// `add_scaled` in src/backend/kernels/arith.rs).
 fn add_scaled(x: vec4<f32>, alpha: f32, y: vec4<f32>) -> vec4<f32> {
-    return r(x + r(r(vec4<f32>(alpha)) * y));
-}
-
-// `x.add(y, alpha=alpha)` in the update's arithmetic: `add_scaled`, or under `fused` one
-// fused multiply-add (`exact_fma`, `alpha` unrounded), as PyTorch's fused kernels compute it.
-fn add_scaled_or_fma(x: vec4<f32>, alpha: f32, y: vec4<f32>) -> vec4<f32> {
-    if (fused) {
+    if (FORMAT == FORMAT_F32 || fused) {
         return exact_fma(y, vec4<f32>(alpha), x);
     }
-    return add_scaled(x, alpha, y);
+    return r(x + r(r(vec4<f32>(alpha)) * y));
 }

@@ -4,12 +4,13 @@
 //
 // torch.optim.SGD's single-tensor step over every rank and parameter of an arena chunk.
 // Every tensor operation's result is rounded to the storage format (FORMAT); the arithmetic
-// is float32. With the FUSED flag (PyTorch's `fused=True`) a value is rounded only when stored,
-// and the multiply-adds PyTorch's fused kernel single-rounds are single-rounded here too
-// (`exact_fma`; see `sgd_rank` in src/backend/kernels/sgd.rs).
+// is float32, and PyTorch's `add(alpha=)` is one fused multiply-add but for the 16-bit
+// formats' single-tensor arithmetic (`add_scaled`). With the FUSED flag (PyTorch's
+// `fused=True`) a value is rounded only when stored (see `sgd_rank` in
+// src/backend/kernels/sgd.rs).
 // A parameter without a gradient on a rank (flags bit 0 clear) is skipped.
 
-// From optim_math: `r`, `add_scaled_or_fma`. `struct SgdScalars` and the flag bits (ACTIVE,
+// From optim_math: `r`, `add_scaled`. `struct SgdScalars` and the flag bits (ACTIVE,
 // FIRST_STEP, NESTEROV, MAXIMIZE, FUSED) are declared in front of this file from the Rust side
 // (`SGD` in src/backend/gpu/contract.rs).
 
@@ -26,29 +27,29 @@ override FORMAT: u32 = 0u;
 
 
 // One half (four elements) of the update; `b_old` is ignored on the first step. Under `fused`
-// (PyTorch's `fused=True`): float32 throughout, its multiply-adds fused.
+// (PyTorch's `fused=True`): float32 throughout.
 fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> array<vec4<f32>, 2> {
     var g = g_in;
     if ((s.flags & MAXIMIZE) != 0u) {
         g = -g;
     }
     if (s.weight_decay != 0.0) {
-        g = add_scaled_or_fma(g, s.weight_decay, p);
+        g = add_scaled(g, s.weight_decay, p);
     }
     var b = b_old;
     if (s.momentum != 0.0) {
         if ((s.flags & FIRST_STEP) != 0u) {
             b = g;
         } else {
-            b = add_scaled_or_fma(r(b_old * s.momentum), s.one_minus_dampening, g);
+            b = add_scaled(r(b_old * s.momentum), s.one_minus_dampening, g);
         }
         if ((s.flags & NESTEROV) != 0u) {
-            g = add_scaled_or_fma(g, s.momentum, b);
+            g = add_scaled(g, s.momentum, b);
         } else {
             g = b;
         }
     }
-    return array<vec4<f32>, 2>(add_scaled_or_fma(p, -s.lr, g), b);
+    return array<vec4<f32>, 2>(add_scaled(p, -s.lr, g), b);
 }
 
 // One invocation: lane `rank`, eight elements at `octet`, parameter `j` (param_table's `main`).

@@ -6,15 +6,15 @@
 //! `backend/kernels/adam.rs`; its GPU twins are `backend/gpu/adam.rs` and `shaders/adam.wgsl`.
 
 use super::parts::{
-    PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
+    Closure, PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
 };
 use super::storage::{
     OnStorage, Storage, add_scaled, rows, rows_mut, signed, used_or_empty, with_storage,
 };
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
-    AdamArenas, AdamScalars, AdamSlices, Chunking, ParamStarts, adam_rank, adam_rank_slices,
-    check_adam_arenas, host_words, host_words_mut, maximum,
+    AdamArenas, AdamScalars, Chunking, ParamStarts, adam_rank, adam_rank_slices, check_adam_arenas,
+    fma_f32, host_words, host_words_mut, maximum,
 };
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -24,7 +24,6 @@ use crate::error::Result;
 struct Adam {
     flip: u32,
     w: f32,
-    one_minus_w: f32,
     w_minus_one: f32,
     wd: f32,
     decay: f32,
@@ -43,7 +42,6 @@ impl Adam {
         Adam {
             flip: if s.maximize { 0x8000_0000 } else { 0 },
             w,
-            one_minus_w: 1.0 - w,
             w_minus_one: w - 1.0,
             wd: rnd.r(s.weight_decay as f32),
             decay: s.decay_factor as f32,
@@ -75,27 +73,18 @@ fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, S: Storag
         if DECAY == 2 {
             param = r(param * c.decay);
         } else if DECAY == 1 {
-            grad = if S::FUSED {
-                param.mul_add(c.wd, grad)
-            } else {
-                add_scaled(st, grad, c.wd, param)
-            };
+            grad = add_scaled(st, grad, c.wd, param);
         }
         let m_old = st.load(m[i]);
         let diff = grad - m_old;
-        let m_new = match (UPPER, S::FUSED) {
-            (true, false) => r(grad - diff * c.one_minus_w),
-            (false, false) => r(m_old + c.w * diff),
-            (true, true) => c.w_minus_one.mul_add(diff, grad),
-            (false, true) => c.w.mul_add(diff, m_old),
+        let m_new = if UPPER {
+            r(fma_f32(c.w_minus_one, diff, grad))
+        } else {
+            r(fma_f32(c.w, diff, m_old))
         };
         m[i] = st.store(m_new);
         let v_scaled = r(st.load(v[i]) * c.beta2);
-        let v_new = if S::FUSED {
-            (c.one_minus_beta2 * grad).mul_add(grad, v_scaled)
-        } else {
-            r(v_scaled + (c.one_minus_beta2 * grad) * grad)
-        };
+        let v_new = r(fma_f32(c.one_minus_beta2 * grad, grad, v_scaled));
         v[i] = st.store(v_new);
         let second = if AMSGRAD {
             let new = maximum(v_new, st.load(vmax[i]));
@@ -265,9 +254,9 @@ impl OnStorage for AdamSegment<'_> {
 }
 
 /// The reference's arithmetic (`adam_rank` in `backend/kernels/adam.rs`) over every rank, whole
-/// ranks on scoped threads when the arena is large enough, float32 without amsgrad or `fused`
-/// on its vectorizing twin [`adam_rank_f32`]: what float64 arenas and layouts that are not
-/// slot-aligned run (the same results as the reference).
+/// ranks on scoped threads when the arena is large enough, each compiled for the host's best
+/// vector extension ([`run_best`]): what float64 arenas and layouts that are not slot-aligned
+/// run.
 fn adam_by_rank(
     arenas: AdamArenas<'_>,
     starts: &ParamStarts,
@@ -276,71 +265,15 @@ fn adam_by_rank(
     let (format, len) = (arenas.params.format(), arenas.params.rank_len());
     let ranks = adam_rank_slices(arenas, starts, scalars)?;
     for_each_rank(ranks, len, |_, (slices, table)| {
-        if format == StorageFormat::F64 {
-            adam_rank::<f64>(format, slices, starts, table, len);
-        } else if format == StorageFormat::F32 && !table.iter().any(|s| s.amsgrad || s.fused) {
-            adam_rank_f32(slices, starts, table, len);
-        } else {
-            adam_rank::<f32>(format, slices, starts, table, len);
-        }
+        run_best(Closure(|| {
+            if format == StorageFormat::F64 {
+                adam_rank::<f64>(format, slices, starts, table, len);
+            } else {
+                adam_rank::<f32>(format, slices, starts, table, len);
+            }
+        }))
     });
     Ok(())
-}
-
-/// `adam_rank` (`backend/kernels/adam.rs`) for float32 storage without amsgrad or `fused`, on `f32`
-/// slices so that it vectorizes.
-fn adam_rank_f32(slices: AdamSlices<'_>, starts: &ParamStarts, table: &[AdamScalars], len: usize) {
-    let AdamSlices { p, g, m, v, .. } = slices;
-    let p: &mut [f32] = bytemuck::cast_slice_mut(p);
-    let g: &[f32] = bytemuck::cast_slice(g);
-    let m: &mut [f32] = bytemuck::cast_slice_mut(m);
-    let v: &mut [f32] = bytemuck::cast_slice_mut(v);
-    let entries = table.iter().zip(starts.ranges(len));
-    for (s, range) in entries.filter(|(s, _)| s.active) {
-        let w = s.one_minus_beta1 as f32;
-        let (wd, decay) = (
-            if s.decoupled {
-                0.0
-            } else {
-                s.weight_decay as f32
-            },
-            s.decay_factor as f32,
-        );
-        let (beta2, one_minus_beta2) = (s.beta2 as f32, s.one_minus_beta2 as f32);
-        let (neg_step, bc2, eps) = (
-            -s.step_size as f32,
-            s.bias_correction2_sqrt as f32,
-            s.eps as f32,
-        );
-        let sign = if s.maximize { -1.0f32 } else { 1.0 };
-        let (decoupled, upper) = (s.decoupled, w >= 0.5);
-        let one_minus_w = 1.0 - w;
-        let rows = p[range.clone()]
-            .iter_mut()
-            .zip(&g[range.clone()])
-            .zip(m[range.clone()].iter_mut())
-            .zip(v[range].iter_mut());
-        for (((p, &g), m), v) in rows {
-            let mut param = *p;
-            let mut grad = sign * g;
-            if decoupled {
-                param *= decay;
-            } else if wd != 0.0 {
-                grad += wd * param;
-            }
-            let diff = grad - *m;
-            let m_new = if upper {
-                grad - diff * one_minus_w
-            } else {
-                *m + w * diff
-            };
-            *m = m_new;
-            let v_new = *v * beta2 + (one_minus_beta2 * grad) * grad;
-            *v = v_new;
-            let denom = v_new.sqrt() / bc2 + eps;
-            *p = param + neg_step * m_new / denom;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -156,11 +156,24 @@ pub(super) trait PartWork {
     fn run(self);
 }
 
+/// A closure as [`PartWork`] (the reference kernels' rank-by-rank path). LLVM may keep the
+/// closure's body out of line, compiled for the baseline target: its results are the same,
+/// only slower.
+pub(super) struct Closure<F>(pub(super) F);
+
+impl<F: FnOnce()> PartWork for Closure<F> {
+    #[inline(always)]
+    fn run(self) {
+        (self.0)()
+    }
+}
+
 /// Runs `work` compiled for AVX-512 (with its byte/word and 256-bit forms) or AVX2 when the
 /// host has it (the same IEEE operations, wider vectors), otherwise for the baseline target.
-/// Both come with FMA, so that the `fused=True` kernels' `mul_add`s are single instructions
-/// (Rust never contracts a product and a sum by itself: the other kernels' results do not
-/// depend on it); a host with AVX2 but no FMA takes the baseline.
+/// Both come with FMA, so that the optimizer kernels' `mul_add`s (PyTorch's single-rounded
+/// multiply-adds) are single instructions; a host with AVX2 but no FMA takes the baseline,
+/// where `mul_add` is the C library's `fma`, as exact and slower. (Rust never contracts a
+/// product and a sum by itself: no other result depends on the extension.)
 pub(super) fn run_best<W: PartWork>(work: W) {
     #[cfg(target_arch = "x86_64")]
     {

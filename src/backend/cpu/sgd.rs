@@ -6,15 +6,15 @@
 //! `backend/kernels/sgd.rs`; its GPU twins are `backend/gpu/sgd.rs` and `shaders/sgd.wgsl`.
 
 use super::parts::{
-    PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
+    Closure, PartWork, Segment, plan, run_best, split_optional, split_words, split_words_ref,
 };
 use super::storage::{
     OnStorage, Storage, add_scaled, rows, rows_mut, signed, used_or_empty, with_storage,
 };
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
-    Chunking, ParamStarts, SgdArgs, SgdScalars, SgdSlices, check_sgd_arenas, host_words,
-    host_words_mut, sgd_rank, sgd_rank_slices,
+    Chunking, SgdArgs, SgdScalars, check_sgd_arenas, host_words, host_words_mut, sgd_rank,
+    sgd_rank_slices,
 };
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -47,8 +47,8 @@ impl Sgd {
 
 /// The SGD update of `sgd_rank` in `backend/kernels/`, element by element. `MOM`: 0 no
 /// momentum buffer, 1 first step (the buffer starts as the gradient), 2 a running buffer.
-/// Under `fused=True` ([`Storage::FUSED`]) it is `sgd_rank` with `fused` (float32 throughout,
-/// its multiply-adds fused, one rounding per store).
+/// Under `fused=True` (the [`Storage`] `with_storage` picks) it is `sgd_rank` with `fused`
+/// (float32 throughout, one rounding per store).
 #[inline(always)]
 fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
     c: Sgd,
@@ -58,15 +58,8 @@ fn sgd_block<const WD: bool, const MOM: u8, const NESTEROV: bool, S: Storage>(
     b: &mut [S::Elem],
 ) {
     let r = |x| st.r(x);
-    // `x.add(y, alpha=alpha)` (see [`add_scaled`]), or one fused multiply-add under `fused`
-    // (where `r` is the identity).
-    let add = |x: f32, alpha: f32, y: f32| {
-        if S::FUSED {
-            y.mul_add(alpha, x)
-        } else {
-            add_scaled(st, x, alpha, y)
-        }
-    };
+    // `x.add(y, alpha=alpha)` (see [`add_scaled`]).
+    let add = |x: f32, alpha: f32, y: f32| add_scaled(st, x, alpha, y);
     let n = p.len().min(g.len());
     let (p, g) = (&mut p[..n], &g[..n]);
     if MOM == 0 {
@@ -235,78 +228,23 @@ impl OnStorage for SgdSegment<'_> {
 }
 
 /// The reference's arithmetic (`sgd_rank` in `backend/kernels/sgd.rs`) over every rank, whole
-/// ranks on scoped threads when the arena is large enough, float32 without `fused` on its
-/// vectorizing twin [`sgd_rank_f32`]: what float64 arenas and layouts that are not slot-aligned
-/// run (the same results as the reference).
+/// ranks on scoped threads when the arena is large enough, each compiled for the host's best
+/// vector extension ([`run_best`]): what float64 arenas and layouts that are not slot-aligned
+/// run.
 fn sgd_by_rank(args: SgdArgs<'_>) -> Result<()> {
     let (format, len) = (args.params.format(), args.params.rank_len());
     let starts = args.starts;
     let ranks = sgd_rank_slices(args)?;
     for_each_rank(ranks, len, |_, (slices, table)| {
-        if format == StorageFormat::F64 {
-            sgd_rank::<f64>(format, slices, starts, table, len);
-        } else if format == StorageFormat::F32 && !table.iter().any(|s| s.fused) {
-            sgd_rank_f32(slices, starts, table, len);
-        } else {
-            sgd_rank::<f32>(format, slices, starts, table, len);
-        }
+        run_best(Closure(|| {
+            if format == StorageFormat::F64 {
+                sgd_rank::<f64>(format, slices, starts, table, len);
+            } else {
+                sgd_rank::<f32>(format, slices, starts, table, len);
+            }
+        }))
     });
     Ok(())
-}
-
-/// `sgd_rank` (`backend/kernels/sgd.rs`) for float32 storage without `fused`: the same operations
-/// on `f32` slices, with the per-parameter choices taken outside the element loops so that they
-/// vectorize.
-fn sgd_rank_f32(slices: SgdSlices<'_>, starts: &ParamStarts, table: &[SgdScalars], len: usize) {
-    let (p, g, mut buf) = slices;
-    let p: &mut [f32] = bytemuck::cast_slice_mut(p);
-    let g: &[f32] = bytemuck::cast_slice(g);
-    let entries = table.iter().zip(starts.ranges(len));
-    for (s, range) in entries.filter(|(s, _)| s.active) {
-        let (p, g) = (&mut p[range.clone()], &g[range.clone()]);
-        let (lr, wd, mom, damp) = (
-            -s.lr as f32,
-            s.weight_decay as f32,
-            s.momentum as f32,
-            s.one_minus_dampening as f32,
-        );
-        let sign = if s.maximize { -1.0f32 } else { 1.0 };
-        let momentum = match buf.as_deref_mut() {
-            Some(b) if s.momentum != 0.0 => {
-                Some(&mut bytemuck::cast_slice_mut::<u32, f32>(b)[range.clone()])
-            }
-            _ => None,
-        };
-        match momentum {
-            None if s.weight_decay == 0.0 => {
-                for (p, &g) in p.iter_mut().zip(g) {
-                    *p += lr * (sign * g);
-                }
-            }
-            None => {
-                for (p, &g) in p.iter_mut().zip(g) {
-                    let grad = sign * g + wd * *p;
-                    *p += lr * grad;
-                }
-            }
-            Some(b) => {
-                for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
-                    let mut grad = sign * g;
-                    if s.weight_decay != 0.0 {
-                        grad += wd * *p;
-                    }
-                    let new = if s.first_step {
-                        grad
-                    } else {
-                        *b * mom + damp * grad
-                    };
-                    *b = new;
-                    grad = if s.nesterov { grad + mom * new } else { new };
-                    *p += lr * grad;
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 
 use super::half::{BFloat16, Binary16, HalfFormat};
 use super::parts::Segment;
+use crate::backend::kernels::fma_f32;
 use crate::dtype::StorageFormat;
 
 // The packed 16-bit arenas are read as `u16` slices: element `2k` is the low half of word `k`.
@@ -27,9 +28,9 @@ const _: () = assert!(
 pub(super) trait Storage: Copy {
     /// One element as the arena stores it.
     type Elem: bytemuck::Pod;
-    /// PyTorch's `fused=True` arithmetic: the multiply-adds its fused kernels single-round
-    /// are fused multiply-adds here (see `sgd_rank` and `adam_rank` in `backend/kernels/`).
-    const FUSED: bool = false;
+    /// `add(alpha=)` in the format's own arithmetic (c10's `Half`/`BFloat16`: the 16-bit
+    /// formats' single-tensor path), not one fused multiply-add (see [`add_scaled`]).
+    const HALF_ADD: bool = false;
     /// A tensor operation's float32 result rounded to the format.
     fn r(self, x: f32) -> f32;
     /// An element, widened to float32 (exact).
@@ -51,8 +52,7 @@ pub(super) trait OnStorage {
 pub(super) fn with_storage(format: StorageFormat, fused: bool, f: impl OnStorage) {
     use std::marker::PhantomData as M;
     match (format, fused) {
-        (StorageFormat::F32, false) => f.run(Exact::<false>),
-        (StorageFormat::F32, true) => f.run(Exact::<true>),
+        (StorageFormat::F32, _) => f.run(Exact),
         (StorageFormat::F16, false) => f.run(To::<Binary16>(M)),
         (StorageFormat::BF16, false) => f.run(To::<BFloat16>(M)),
         (StorageFormat::F16, true) => f.run(Opmath::<Binary16>(M)),
@@ -61,13 +61,12 @@ pub(super) fn with_storage(format: StorageFormat, fused: bool, f: impl OnStorage
     }
 }
 
-/// float32 storage: the result is already rounded; `FUSED` is PyTorch's `fused=True`, whose
-/// multiply-adds are fused ([`Storage::FUSED`]).
+/// float32 storage: every result is already rounded, so PyTorch's single-tensor and
+/// `fused=True` arithmetic are the same.
 #[derive(Clone, Copy)]
-pub(super) struct Exact<const FUSED: bool>;
-impl<const FUSED: bool> Storage for Exact<FUSED> {
+pub(super) struct Exact;
+impl Storage for Exact {
     type Elem = f32;
-    const FUSED: bool = FUSED;
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
         x
@@ -88,6 +87,7 @@ impl<const FUSED: bool> Storage for Exact<FUSED> {
 pub(super) struct To<H>(pub(super) std::marker::PhantomData<H>);
 impl<H: HalfFormat + Copy> Storage for To<H> {
     type Elem = u16;
+    const HALF_ADD: bool = true;
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
         H::round(x)
@@ -108,7 +108,6 @@ impl<H: HalfFormat + Copy> Storage for To<H> {
 pub(super) struct Opmath<H>(pub(super) std::marker::PhantomData<H>);
 impl<H: HalfFormat + Copy> Storage for Opmath<H> {
     type Elem = u16;
-    const FUSED: bool = true;
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
         x
@@ -157,10 +156,15 @@ pub(super) fn signed(g: f32, flip: u32) -> f32 {
     f32::from_bits(g.to_bits() ^ flip)
 }
 
-/// PyTorch's `x.add(y, alpha=alpha)` on one element, `alpha` already rounded to the format:
-/// the product and the sum each rounded to the storage format (the reference's
-/// `kernels::add_scaled`; one product and one sum for float32).
+/// PyTorch's `x.add(y, alpha=alpha)` on one element, `alpha` already rounded to the format
+/// (the reference's `kernels::add_scaled`): one fused multiply-add, or for the 16-bit formats'
+/// single-tensor arithmetic ([`Storage::HALF_ADD`]) the product and the sum each rounded to
+/// the format.
 #[inline(always)]
 pub(super) fn add_scaled<S: Storage>(rnd: S, x: f32, alpha: f32, y: f32) -> f32 {
-    rnd.r(x + rnd.r(alpha * y))
+    if S::HALF_ADD {
+        rnd.r(x + rnd.r(alpha * y))
+    } else {
+        fma_f32(alpha, y, x)
+    }
 }

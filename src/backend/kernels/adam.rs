@@ -137,35 +137,30 @@ pub(in crate::backend) fn adam_rank<T: Real>(
             if s.maximize {
                 grad = -grad;
             }
-            // With `fused`, PyTorch's fused kernel (FusedAdamKernel.cpp) single-rounds three
-            // multiply-adds: the L2 term, the lerp (`vec::fmadd`) and the second moment's
-            // `(1 - beta2) * g * g` term (contracted by the compiler, in the vector body and
-            // the scalar tail alike).
+            // PyTorch's three multiply-adds are rounded once, fused or not (the single-tensor
+            // kernels' `add(alpha=)`, `lerp_` and `addcmul_` are `vec::fmadd`s, their scalar
+            // remainders contracted alike): the L2 term (see [`add_scaled`]), the lerp and the
+            // second moment's `(1 - beta2) * g * g` term. Each result is then rounded to the
+            // storage format (`r`; the identity under `fused`).
             if s.decoupled {
                 param = r(param * decay);
             } else if s.weight_decay != 0.0 {
-                grad = if s.fused {
-                    param.mul_add(wd, grad)
-                } else {
-                    add_scaled(rounding, grad, wd, param)
-                };
+                grad = add_scaled(rounding, grad, wd, param);
             }
-            // exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two-sided lerp formula.
+            // exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two-sided lerp: `fmadd(coeff,
+            // grad - exp_avg, base)`, `coeff = w` and `base = exp_avg` when `w < 0.5`, else
+            // `coeff = w - 1` and `base = grad`.
             let m_old = T::load(format, m, i);
             let diff = grad - m_old;
-            let m_new = match (w < T::HALF, s.fused) {
-                (true, false) => r(m_old + w * diff),
-                (false, false) => r(grad - diff * (T::ONE - w)),
-                (true, true) => w.mul_add(diff, m_old),
-                (false, true) => (w - T::ONE).mul_add(diff, grad),
+            let m_new = if w < T::HALF {
+                r(w.mul_add(diff, m_old))
+            } else {
+                r((w - T::ONE).mul_add(diff, grad))
             };
             T::store(format, m, i, m_new);
+            // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2).
             let v_scaled = r(T::load(format, v, i) * beta2);
-            let v_new = if s.fused {
-                (one_minus_beta2 * grad).mul_add(grad, v_scaled)
-            } else {
-                r(v_scaled + (one_minus_beta2 * grad) * grad)
-            };
+            let v_new = r((one_minus_beta2 * grad).mul_add(grad, v_scaled));
             T::store(format, v, i, v_new);
             let second = match vmax.as_deref_mut() {
                 Some(vmax) if s.amsgrad => {

@@ -12,8 +12,13 @@
 //! parameters (PyTorch's "opmath"), float64 for float64 — and the result of every PyTorch tensor
 //! operation is rounded to the parameter's storage format. The reference computes each
 //! primitive in `f64` and rounds it; for one IEEE operation that equals computing it in the
-//! narrower format directly. PyTorch's `add(alpha=)` on float16/bfloat16 also rounds its
-//! scalar and its product to the format (see `add_scaled`).
+//! narrower format directly. The multiply-adds PyTorch rounds once are fused multiply-adds
+//! (`Real::mul_add`, `fma_f32` in `arith.rs`): `add(alpha=)` (`vec::fmadd` in ATen's
+//! vectorized loop, contracted alike in its scalar remainder), `lerp_` and `addcmul_`
+//! (measured against torch 2.15, float32 and float64, body and tail; `addcdiv_` rounds its
+//! product and its quotient).
+//! PyTorch's single-tensor `add(alpha=)` on float16/bfloat16 instead rounds its scalar and
+//! its product to the format (its scalar remainder's `Half` arithmetic; see `add_scaled`).
 //!
 //! With PyTorch's `fused=True` (`SgdScalars::fused`, `AdamScalars::fused`) the kernels follow
 //! PyTorch's fused CPU kernels (aten/src/ATen/native/cpu/FusedSGDKernel.cpp and
@@ -25,18 +30,16 @@
 //!   is stored (the `convert_from_float(...).store(...)` and `ptr[d] = scalar_t(...)` lines);
 //!   the scalars are taken in the compute precision (`opmath_t(weight_decay)`, not rounded to
 //!   the format);
-//! * the multiply-adds PyTorch's kernels round once are fused multiply-adds here
-//!   ([`f32::mul_add`], [`f64::mul_add`]): Adam's lerp
-//!   (`vec::fmadd(coeff, grad - exp_avg, base)`, with `coeff = w` and `base = exp_avg` when
-//!   `|w| < 0.5`, else `coeff = w - 1` and `base = grad`, `w = 1 - beta1`), Adam's L2 term
-//!   `grad + param * weight_decay`, the second moment's `exp_avg_sq * beta2 + (1 - beta2) * g * g`
-//!   as `fma((1 - beta2) * g, g, exp_avg_sq * beta2)`, and SGD's weight decay, momentum
-//!   (`fma(grad, 1 - dampening, buf * momentum)`), Nesterov term and `param - lr * grad`.
-//!   Some are explicit `vec::fmadd`s; the others are contracted by the compiler PyTorch's
-//!   wheels are built with (GCC contracts `a * b + c` by default), in the vector body and the
-//!   scalar tail alike. Measured against torch 2.x on an AVX-512 host (float16, bfloat16,
-//!   float32; sizes 31 to 4099, beta1 0.3 to 0.9): bit for bit, where the unfused formulas
-//!   differ in a last bit of `exp_avg` at a few elements in a thousand.
+//! * the multiply-adds are fused multiply-adds, as in the single-tensor arithmetic: Adam's
+//!   lerp (`vec::fmadd(coeff, grad - exp_avg, base)`, with `coeff = w` and `base = exp_avg`
+//!   when `|w| < 0.5`, else `coeff = w - 1` and `base = grad`, `w = 1 - beta1`), Adam's L2 term
+//!   `grad + param * weight_decay`, the second moment's `exp_avg_sq * beta2 + (1 - beta2) * g *
+//!   g` as `fma((1 - beta2) * g, g, exp_avg_sq * beta2)`, and SGD's weight decay, momentum
+//!   (`fma(grad, 1 - dampening, buf * momentum)`), Nesterov term and `param - lr * grad`. Some
+//!   are explicit `vec::fmadd`s; the others are contracted by the compiler PyTorch's wheels are
+//!   built with (GCC contracts `a * b + c` by default), in the vector body and the scalar tail
+//!   alike. Measured against torch 2.x on an AVX-512 host (float16, bfloat16, float32; sizes 31
+//!   to 4099, beta1 0.3 to 0.9): bit for bit.
 //!
 //! One quirk of PyTorch's build is not reproduced: in the last `numel % 16` elements of each
 //! tensor (the scalar remainder of the loop the compiler vectorized out of the kernel's own
@@ -47,9 +50,10 @@
 //! tests/torch-cases/ are tighter than one unit in the last place, and none of those cases
 //! meets it.
 //!
-//! The fused and the single-tensor arithmetic agree for float64 up to the fused
-//! multiply-adds; they differ for float32 in last bits, and for float16 and bfloat16 in the
-//! rounding of every intermediate.
+//! So the fused and the single-tensor arithmetic are the same for float32 and float64, and
+//! differ for float16 and bfloat16 in the rounding of every intermediate. (PyTorch's own fused
+//! SGD rounds `param + grad * -lr` twice in its vector body, a last-bit difference on
+//! float32/float64 that distopt does not model.)
 
 mod adam;
 mod arith;
@@ -63,8 +67,8 @@ mod tables;
 
 pub(crate) use adam::check_adam_arenas;
 pub use adam::{AdamArenas, adam_reference};
-pub(in crate::backend) use adam::{AdamSlices, adam_rank, adam_rank_slices};
-pub(crate) use arith::{Real, maximum};
+pub(in crate::backend) use adam::{adam_rank, adam_rank_slices};
+pub(crate) use arith::{Real, fma_f32, maximum};
 use arith::{add_scaled, rounding_format};
 pub(crate) use average::check_average_args;
 pub use average::{AverageArgs, average_reference};
@@ -79,7 +83,7 @@ pub(crate) use scaled_sum::check_scaled_sum;
 pub use scaled_sum::{ScaledSumArgs, scaled_sum_reference};
 pub(crate) use sgd::check_sgd_arenas;
 pub use sgd::{SgdArgs, sgd_reference};
-pub(in crate::backend) use sgd::{SgdSlices, sgd_rank, sgd_rank_slices};
+pub(in crate::backend) use sgd::{sgd_rank, sgd_rank_slices};
 use slices::{optional_rank_slices, rank_slices, rank_slices_mut};
 pub(crate) use tables::Chunking;
 pub use tables::{AdamScalars, ParamStarts, SgdScalars};

@@ -97,18 +97,12 @@ pub(in crate::backend) fn sgd_rank<T: Real>(
     for (s, range) in entries.filter(|(s, _)| s.active) {
         let rounding = rounding_format(format, s.fused);
         let r = |x: T| T::round(rounding, x);
-        // `x.add(y, alpha=a)` (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
+        // `x.add(y, alpha=a)` (see [`add_scaled`]: one fused multiply-add, but for the 16-bit
+        // formats' single-tensor arithmetic); `mul_(momentum)` takes its scalar unrounded.
         // With `fused`, PyTorch's fused kernel (FusedSGDKernel.cpp): the compute precision
-        // throughout (`r` is the identity), its multiply-adds single-rounded (`vec::fmadd`, and
-        // the scalar tail's expressions contracted alike), each tensor rounded once, when
-        // stored.
-        let add = |x: T, alpha: T, y: T| {
-            if s.fused {
-                y.mul_add(alpha, x)
-            } else {
-                add_scaled(rounding, x, alpha, y)
-            }
-        };
+        // throughout (`r` is the identity, `add_scaled` a fused multiply-add), each tensor
+        // rounded once, when stored.
+        let add = |x: T, alpha: T, y: T| add_scaled(rounding, x, alpha, y);
         let (lr, wd, mom, damp) = (
             T::scalar(-s.lr),
             T::scalar(s.weight_decay),
