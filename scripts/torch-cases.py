@@ -9,9 +9,17 @@ formats, with its multiply-adds rounded once and one rounding per stored tensor;
 tests/golden/README.md) so that the golden runner checks them on both backends, with
 tolerances tight enough that the single-tensor arithmetic fails them.
 
+`--single-tensor` writes only the single-tensor cases (`foreach=False`, the golden cases'
+path): float32 and float64 SGD with zero tolerance, which pin down that PyTorch rounds each
+`add(alpha=)` once (a fused multiply-add) in the vector body and the tail alike, and an Adam
+trajectory found by scripts/torch-fuzz.py whose update cancels almost all of the parameter
+(`betas[1] = 0`), where computing the lerp with two roundings leaves the golden tolerance.
+The fused cases depend on the host PyTorch ran on (the vector widths), so a run that is only
+adding these leaves them as they are.
+
 Run it with the PyTorch peer's interpreter (never in CI):
 
-    /work/torchenv/bin/python scripts/torch-cases.py
+    /work/torchenv/bin/python scripts/torch-cases.py [--single-tensor]
 """
 
 import json
@@ -94,6 +102,12 @@ def case(name, description, optimizer, options, dtype, missing=False, seed=0, sh
             else:
                 step.append(torch.randn(s, generator=gen).to(dt))
         grads.append(step)
+    return trajectory(name, description, optimizer, options, initial, grads, tolerance)
+
+
+def trajectory(name, description, optimizer, options, initial, grads, tolerance):
+    """The case of one trajectory: PyTorch's optimizer from `initial`, one step per `grads`."""
+    steps = len(grads)
     params = [torch.nn.Parameter(p.clone()) for p in initial]
     kwargs = dict(options)
     if "betas" in kwargs:
@@ -135,7 +149,51 @@ def error_case(name, description, optimizer, options):
     )
 
 
-def main():
+EXACT = {dtype: {"rtol": 0.0, "atol": 0.0} for dtype in TOLERANCE}
+GOLDEN_TOLERANCE = {
+    "float32": {"rtol": 1e-05, "atol": 1e-06},
+    "float16": {"rtol": 0.005, "atol": 0.005},
+    "bfloat16": {"rtol": 0.02, "atol": 0.02},
+    "float64": {"rtol": 1e-12, "atol": 1e-12},
+}
+
+
+def single_tensor_cases():
+    cases = []
+    for dtype in ["float32", "float64"]:
+        cases += [
+            case(f"local_optimizer_sgd_{dtype}_exact_nesterov_wd",
+                 f"SGD(foreach=False) on {dtype}: Nesterov, weight decay; every add(alpha=) one "
+                 "fused multiply-add, bit for bit",
+                 "SGD", {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01, "nesterov": True,
+                         "foreach": False}, dtype, seed=31, shapes=TAIL_SHAPES, steps=6,
+                 tolerance=EXACT),
+            case(f"local_optimizer_sgd_{dtype}_exact_dampening_maximize",
+                 f"SGD(foreach=False) on {dtype}: momentum, dampening, weight decay, maximize, "
+                 "missing gradients, bit for bit",
+                 "SGD", {"lr": 0.1, "momentum": 0.8, "dampening": 0.3, "weight_decay": 0.1,
+                         "maximize": True, "foreach": False}, dtype, missing=True, seed=32,
+                 shapes=TAIL_SHAPES, steps=6, tolerance=EXACT),
+        ]
+    # The element of the trajectory torch-fuzz.py found (--seed 2, case 808, element 54 of its
+    # second parameter): at the fourth step the update
+    # cancels the parameter to 0.0112, so a last-bit difference in the first moment is a
+    # relative error of 3e-4 there.
+    initial = [torch.tensor([-26.646961212158203])]
+    grads = [[None if g is None else torch.tensor([g])]
+             for g in [None, -1.8432592153549194, -41.7262077331543, -0.0054354555904865265,
+                       0.011008678004145622, None]]
+    cases.append(trajectory(
+        "local_optimizer_adam_float32_cancellation",
+        "Adam(foreach=False), betas (0.95, 0.0), decoupled weight decay 0: an update that "
+        "cancels the parameter (found by scripts/torch-fuzz.py)",
+        "Adam", {"lr": 0.01, "betas": [0.95, 0.0], "weight_decay": 0.0, "amsgrad": False,
+                 "decoupled_weight_decay": True, "foreach": False},
+        initial, grads, GOLDEN_TOLERANCE))
+    return cases
+
+
+def fused_cases():
     cases = []
     for dtype in ["bfloat16", "float16", "float32"]:
         cases += [
@@ -205,6 +263,14 @@ def main():
         error_case("local_optimizer_error_fused_adamw_foreach", "error: AdamW fused with foreach",
                    "AdamW", {"foreach": True, "fused": True}),
     ]
+    return cases
+
+
+def main():
+    import sys
+    cases = single_tensor_cases()
+    if "--single-tensor" not in sys.argv[1:]:
+        cases = fused_cases() + cases
     OUT.mkdir(parents=True, exist_ok=True)
     for c in cases:
         (OUT / f"{c['name']}.json").write_text(json.dumps(c) + "\n")

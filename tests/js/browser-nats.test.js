@@ -28,6 +28,8 @@ import {
   GOLDEN,
   HERE,
   PACKAGE,
+  EXTRA_CASES,
+  TORCH_CASES,
   TORCHFT_CASES,
   bitDigests,
   buildDistoptCli,
@@ -57,7 +59,9 @@ before(async () => {
     mounts: [
       ['/pkg/', PACKAGE],
       ['/golden/', GOLDEN],
+      ['/torch-cases/', TORCH_CASES],
       ['/torchft-cases/', TORCHFT_CASES],
+      ...(EXTRA_CASES ? [['/extra-cases/', EXTRA_CASES]] : []),
       ['/tests/', HERE],
     ].sort((a, b) => b[0].length - a[0].length),
   }));

@@ -9,7 +9,7 @@ import path from 'node:path';
 
 import { serve } from '../../scripts/serve.mjs';
 import { CHROMIUM_FLAGS, NO_WEBGPU_FLAGS, launch } from './chromium.js';
-import { GOLDEN, HERE, PACKAGE, ROOT, TORCHFT_CASES, checkGoldenCounts, goldenFiles, splitPending } from './helpers.js';
+import { GOLDEN, HERE, PACKAGE, ROOT, EXTRA_CASES, TORCH_CASES, TORCHFT_CASES, checkGoldenCounts, goldenFiles, splitPending } from './helpers.js';
 
 const SCREENSHOTS = path.join(ROOT, 'target/screenshots');
 const files = goldenFiles();
@@ -36,8 +36,11 @@ before(async () => {
     mounts: [
       ['/pkg/', PACKAGE],
       ['/golden/', GOLDEN],
-      // Fetched as /golden/../torchft-cases/<name>.json (see goldenFiles).
+      // Fetched as /golden/../torch-cases/<name>.json and /golden/../torchft-cases/<name>.json
+      // (see goldenFiles).
+      ['/torch-cases/', TORCH_CASES],
       ['/torchft-cases/', TORCHFT_CASES],
+      ...(EXTRA_CASES ? [['/extra-cases/', EXTRA_CASES]] : []),
       ['/tests/', HERE],
       ['/', path.join(ROOT, 'www')],
     ].sort((a, b) => b[0].length - a[0].length),

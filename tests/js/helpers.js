@@ -16,6 +16,13 @@ export const PACKAGE = process.env.DISTOPT_PACKAGE_DIR || path.join(ROOT, 'targe
 export const GOLDEN = path.join(ROOT, 'tests/golden');
 /** The torchft-made cases (scripts/torchft-cases.py), read beside the golden ones. */
 export const TORCHFT_CASES = path.join(ROOT, 'tests/torchft-cases');
+/** The project's own PyTorch-made cases (scripts/torch-cases.py), read beside the golden ones. */
+export const TORCH_CASES = path.join(ROOT, 'tests/torch-cases');
+/**
+ * More cases, when set, read beside the golden ones as the Rust runner reads them (for
+ * example scripts/torch-fuzz.py's; the browser page fetches them under /extra-cases/).
+ */
+export const EXTRA_CASES = process.env.DISTOPT_GOLDEN_DIR || null;
 
 /** Imports the built package (scripts/build-npm.sh). */
 export async function importPackage() {
@@ -33,8 +40,9 @@ export async function importPort() {
 
 /**
  * Every golden case file, as {file, kind, case}, sorted: tests/golden/ (`file` its name), then
- * tests/torchft-cases/ (`file` is `../torchft-cases/<name>`, relative to the golden folder, as
- * the browser page fetches it). Nothing is left out: a file that is not a case, or whose `name`
+ * tests/torch-cases/ and tests/torchft-cases/ (`file` is `../torch-cases/<name>` or
+ * `../torchft-cases/<name>`, relative to the golden folder, as the browser page fetches it),
+ * and `$DISTOPT_GOLDEN_DIR`'s when set (`../extra-cases/<name>`). Nothing is left out: a file that is not a case, or whose `name`
  * is not its file name, fails here.
  */
 export function goldenFiles() {
@@ -52,9 +60,12 @@ export function goldenFiles() {
       });
   const golden = read(GOLDEN, '');
   assert.ok(golden.length > 0, `no golden files in ${GOLDEN}`);
+  const torch = read(TORCH_CASES, '../torch-cases/');
+  assert.ok(torch.length > 0, `no PyTorch-made cases in ${TORCH_CASES}`);
   const torchft = read(TORCHFT_CASES, '../torchft-cases/');
   assert.ok(torchft.length > 0, `no torchft cases in ${TORCHFT_CASES}`);
-  return [...golden, ...torchft];
+  const extra = EXTRA_CASES ? read(EXTRA_CASES, '../extra-cases/') : [];
+  return [...golden, ...torch, ...torchft, ...extra];
 }
 
 /** The files the JS runner runs (every kind but the pending ones without a runner), and the pending ones. */
