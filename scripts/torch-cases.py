@@ -29,7 +29,7 @@ import pathlib
 import torch
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "torch-cases"
-SOURCE = f"torch {torch.__version__}, CPU, single process, fused=True"
+SOURCE = f"torch {torch.__version__}, CPU, single process"
 # Below one unit in the last place of each 16-bit format, so a single rounding that differs
 # from PyTorch's fails the case.
 TOLERANCE = {
@@ -68,14 +68,15 @@ def state_json(value):
 
 
 def envelope(name, description, optimizer, options, initial, grads, expected,
-             tolerance=TOLERANCE):
+             tolerance=TOLERANCE, source=None):
     """One case in the golden format (tests/golden/README.md, kind `local_optimizer`)."""
+    path = "fused=True" if options.get("fused") else "foreach=False"
     return {
         "format": 1,
         "kind": "local_optimizer",
         "name": name,
         "description": description,
-        "source": SOURCE,
+        "source": source or f"{SOURCE}, {path}",
         "input": {
             "optimizer": {"name": optimizer, "options": options},
             "initial_params": [tensor_json(p) for p in initial],
@@ -105,8 +106,9 @@ def case(name, description, optimizer, options, dtype, missing=False, seed=0, sh
     return trajectory(name, description, optimizer, options, initial, grads, tolerance)
 
 
-def trajectory(name, description, optimizer, options, initial, grads, tolerance):
-    """The case of one trajectory: PyTorch's optimizer from `initial`, one step per `grads`."""
+def trajectory(name, description, optimizer, options, initial, grads, tolerance, source=None):
+    """The case of one trajectory: PyTorch's optimizer from `initial`, one step per `grads`
+    (`source`: the case's source text, by default this script's)."""
     steps = len(grads)
     params = [torch.nn.Parameter(p.clone()) for p in initial]
     kwargs = dict(options)
@@ -131,7 +133,7 @@ def trajectory(name, description, optimizer, options, initial, grads, tolerance)
     return envelope(
         name, description, optimizer, options, initial, grads,
         {"params_after_step": after, "state_dict": {"state": state, "param_groups": groups}},
-        tolerance,
+        tolerance, source,
     )
 
 

@@ -23,12 +23,20 @@ in tests/torch-cases/.
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import pathlib
 import random
 
 import torch
+
+# The trajectory and tensor encoding of scripts/torch-cases.py (a file name Python cannot import).
+_spec = importlib.util.spec_from_file_location(
+    "torch_cases", pathlib.Path(__file__).with_name("torch-cases.py"))
+torch_cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_cases)
+tensor_json = torch_cases.tensor_json
 
 SOURCE = f"torch {torch.__version__}, CPU, single process (scripts/torch-fuzz.py)"
 DTYPES = {
@@ -49,17 +57,6 @@ TOL_STEP = {
     "bfloat16": {"rtol": 0.008, "atol": 1e-40},
     "float64": {"rtol": 1e-05, "atol": 1e-06},
 }
-
-
-def tensor_json(t):
-    data = [float(x) for x in t.detach().to(torch.float64).flatten().tolist()]
-    data = [x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
-            for x in data]
-    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": data}
-
-
-def state_json(value):
-    return tensor_json(value) if torch.is_tensor(value) else value
 
 
 def shape(rng):
@@ -141,42 +138,27 @@ def local_optimizer_case(rng, seed, k):
     initial = [values(rng, gen, s, d) for s, d in zip(shapes, dtypes)]
     grads = [[None if rng.random() < 0.2 else values(rng, gen, s, d, special=rng.random() < 0.1)
               for s, d in zip(shapes, dtypes)] for _ in range(steps)]
-    base = {
-        "format": 1, "kind": "local_optimizer", "name": f"local_optimizer_fuzz_{seed}_{k}",
-        "description": f"random {name} configuration", "source": SOURCE,
-        "input": {
-            "optimizer": {"name": name, "options": options},
-            "initial_params": [tensor_json(p) for p in initial],
-            "grads": [[None if g is None else tensor_json(g) for g in step] for step in grads],
-        },
-        "tolerance": TOL_OPTIM,
-    }
-    params = [torch.nn.Parameter(p.clone()) for p in initial]
+    name_k = f"local_optimizer_fuzz_{seed}_{k}"
+    description = f"random {name} configuration"
     kwargs = dict(options)
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
     try:
-        opt = getattr(torch.optim, name)(params, **kwargs)
+        getattr(torch.optim, name)([torch.nn.Parameter(p.clone()) for p in initial], **kwargs)
     except (ValueError, TypeError, RuntimeError) as e:
-        base["expected"] = {"error": {"type": type(e).__name__, "message_contains": str(e)}}
-        return base
-    after = []
-    for t in range(steps):
-        opt.zero_grad(set_to_none=True)
-        for p, g in zip(params, grads[t]):
-            p.grad = None if g is None else g.clone()
-        opt.step()
-        after.append([tensor_json(p) for p in params])
-    sd = opt.state_dict()
-    state = {str(j): {key: state_json(v) for key, v in entry.items()}
-             for j, entry in sd["state"].items()}
-    groups = [dict(g) for g in sd["param_groups"]]
-    for g in groups:
-        if "betas" in g:
-            g["betas"] = list(g["betas"])
-    base["expected"] = {"params_after_step": after,
-                        "state_dict": {"state": state, "param_groups": groups}}
-    return base
+        return {
+            "format": 1, "kind": "local_optimizer", "name": name_k, "description": description,
+            "source": SOURCE,
+            "input": {
+                "optimizer": {"name": name, "options": options},
+                "initial_params": [tensor_json(p) for p in initial],
+                "grads": [[None if g is None else tensor_json(g) for g in step] for step in grads],
+            },
+            "expected": {"error": {"type": type(e).__name__, "message_contains": str(e)}},
+            "tolerance": TOL_OPTIM,
+        }
+    return torch_cases.trajectory(name_k, description, name, options, initial, grads, TOL_OPTIM,
+                                  SOURCE)
 
 
 # ---------------------------------------------------------------------------------------------
