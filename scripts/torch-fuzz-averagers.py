@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Random averager cases made by real PyTorch over gloo, in the golden format.
+
+The multi-process twin of scripts/torch-fuzz.py: for each world size it starts W processes
+on one gloo process group (127.0.0.1) and runs N random `periodic_averager` and
+`hierarchical_averager` configurations in it, as tests/golden/README.md sections 5 and 6 say
+the kinds were made: random periods, warm-ups, hierarchies (sorted or not, a last key of 1),
+parameters without gradients, mixed dtypes, special values, and now and then a constructor
+error or an error at a step.
+
+    /work/torchenv/bin/python scripts/torch-fuzz-averagers.py --out /tmp/fuzz-avg --cases 60
+    DISTOPT_GOLDEN_DIR=/tmp/fuzz-avg cargo test --release --test golden
+
+Never in CI (it needs torch).
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import random
+import socket
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.model_averaging import averagers, utils
+from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import (
+    HierarchicalModelAverager,
+)
+
+_spec = importlib.util.spec_from_file_location(
+    "torch_cases", pathlib.Path(__file__).with_name("torch-cases.py"))
+torch_cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_cases)
+tensor_json = torch_cases.tensor_json
+
+TOLERANCE = {
+    "float32": {"rtol": 1e-05, "atol": 1e-06},
+    "float16": {"rtol": 0.005, "atol": 0.005},
+    "bfloat16": {"rtol": 0.02, "atol": 0.02},
+    "float64": {"rtol": 1e-12, "atol": 1e-12},
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+def config(rng, kind, W):
+    n = rng.randint(1, 4)
+    shapes = [rng.choice([[], [1], [3], [2, 3], [0], [17]]) for _ in range(n)]
+    same = rng.random() < 0.5
+    dtypes = [rng.choice(DTYPES)] * n if same else [rng.choice(DTYPES) for _ in range(n)]
+    has_grad = [rng.random() < 0.85 for _ in range(n)]
+    if rng.random() < 0.05:
+        has_grad = [False] * n
+    c = {"shapes": shapes, "dtypes": dtypes, "has_grad": has_grad,
+         "steps": rng.randint(1, 9), "warmup": rng.choice([0, 0, 1, 2, 3, 5])}
+    if kind == "periodic_averager":
+        c["period"] = rng.choice([1, 2, 2, 3, 4])
+        if rng.random() < 0.05:
+            c["period"] = rng.choice([0, -1])
+        if rng.random() < 0.03:
+            c["warmup"] = -1
+    else:
+        sizes = [g for g in range(1, W + 1) if W % g == 0]
+        k = rng.randint(1, 3)
+        entries = [[rng.choice([1, 2, 3, 4, 6]), rng.choice(sizes)] for _ in range(k - 1)]
+        entries.append([rng.choice([1, 2, 3, 4, 6, 8]), W])
+        if rng.random() < 0.5:
+            entries.sort()
+        # Duplicate periods: the dict keeps the last value for a key.
+        d = {}
+        for p, g in entries:
+            d[p] = g
+        entries = [[p, g] for p, g in d.items()]
+        if rng.random() < 0.08:
+            entries[rng.randrange(len(entries))][1] = rng.choice([0, 3, 2 * W])
+        if rng.random() < 0.04:
+            entries[0][0] = rng.choice([0, -2])
+        c["dict"] = entries
+        if rng.random() < 0.03:
+            c["warmup"] = -1
+    return c
+
+
+def run_case(rank, W, kind, c, seed):
+    gen = torch.Generator().manual_seed(seed * 7919 + rank)
+    scale = lambda: torch.randn([], generator=gen).abs().item() * 3 + 0.1
+    initial = [(torch.randn(s, generator=gen, dtype=torch.float64) * scale()).to(d)
+               for s, d in zip(c["shapes"], c["dtypes"])]
+    updates = []
+    for _ in range(c["steps"]):
+        step = []
+        for s, d in zip(c["shapes"], c["dtypes"]):
+            u = torch.randn(s, generator=gen, dtype=torch.float64) * 0.1
+            if u.numel() and torch.rand([], generator=gen).item() < 0.03:
+                u.view(-1)[0] = float("inf")
+            step.append(u.to(d))
+        updates.append(step)
+    caught, averaged, sizes = [], [], []
+    real_average = utils.average_parameters_or_parameter_groups
+
+    def recording(params, process_group):
+        averaged.append(len(sizes) - 1)
+        sizes[-1] = dist.get_world_size(process_group)
+        return real_average(params, process_group)
+
+    out = {"rank": rank, "initial": [tensor_json(p) for p in initial],
+           "updates": [[tensor_json(u) for u in step] for step in updates]}
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        try:
+            if kind == "periodic_averager":
+                avg = averagers.PeriodicModelAverager(period=c["period"], warmup_steps=c["warmup"])
+            else:
+                from collections import OrderedDict
+                avg = HierarchicalModelAverager(
+                    period_group_size_dict=OrderedDict((p, g) for p, g in c["dict"]),
+                    warmup_steps=c["warmup"])
+        except (ValueError, RuntimeError, ZeroDivisionError) as e:
+            out["error"] = {"type": type(e).__name__, "message_contains": str(e)}
+            out["constructor"] = True
+            return out
+        params = [torch.nn.Parameter(p.clone()) for p in initial]
+        for p, g in zip(params, c["has_grad"]):
+            if g:
+                p.grad = torch.zeros_like(p)
+        after = []
+        utils.average_parameters_or_parameter_groups = recording
+        import torch.distributed.algorithms.model_averaging.averagers as am
+        import torch.distributed.algorithms.model_averaging.hierarchical_model_averager as hm
+        am.utils.average_parameters_or_parameter_groups = recording
+        hm.utils.average_parameters_or_parameter_groups = recording
+        try:
+            for t in range(c["steps"]):
+                with torch.no_grad():
+                    for p, u in zip(params, updates[t]):
+                        p.add_(u)
+                sizes.append(None)
+                try:
+                    avg.average_parameters(params)
+                except (ValueError, RuntimeError, ZeroDivisionError) as e:
+                    out["error"] = {"type": type(e).__name__, "message_contains": str(e)}
+                    out["error_at_step"] = t
+                    return out
+                after.append([tensor_json(p.detach()) for p in params])
+        finally:
+            utils.average_parameters_or_parameter_groups = real_average
+            am.utils.average_parameters_or_parameter_groups = real_average
+            hm.utils.average_parameters_or_parameter_groups = real_average
+        seen = []
+        for x in w:
+            text = str(x.message)
+            if text not in seen:
+                seen.append(text)
+        out.update(after=after, averaged=averaged, sizes=sizes, counter=avg.step, warnings=seen)
+    return out
+
+
+def worker(rank, W, port, args):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=W)
+    out_dir = pathlib.Path(args.out)
+    for kind in ["periodic_averager", "hierarchical_averager"]:
+        if kind == "periodic_averager" and W not in (2, 4):
+            continue
+        if kind == "hierarchical_averager" and W not in (4, 8):
+            continue
+        rng = random.Random(f"{kind}-{W}-{args.seed}")
+        for k in range(args.cases):
+            c = config(rng, kind, W)
+            res = run_case(rank, W, kind, c, args.seed * 1000 + k)
+            gathered = [None] * W
+            dist.all_gather_object(gathered, res)
+            if rank != 0:
+                continue
+            name = f"{kind}_fuzz_w{W}_{args.seed}_{k}"
+            inp = {"world_size": W}
+            if kind == "periodic_averager":
+                inp["period"] = c["period"]
+            else:
+                inp["period_group_size_dict"] = c["dict"]
+            inp["warmup_steps"] = c["warmup"]
+            case = {"format": 1, "kind": kind, "name": name, "description": "random configuration",
+                    "source": f"torch {torch.__version__}, CPU, gloo, {W} processes "
+                              "(scripts/torch-fuzz-averagers.py)",
+                    "tolerance": TOLERANCE}
+            r0 = gathered[0]
+            if "error" in r0:
+                if not r0.get("constructor"):
+                    inp.update(param_has_grad=c["has_grad"],
+                               initial_params=[g["initial"] for g in gathered],
+                               updates=[[g["updates"][t] for g in gathered]
+                                        for t in range(c["steps"])])
+                case["input"] = inp
+                case["expected"] = {"error": r0["error"]}
+                if "error_at_step" in r0:
+                    case["expected"]["error_at_step"] = r0["error_at_step"]
+            else:
+                inp.update(param_has_grad=c["has_grad"],
+                           initial_params=[g["initial"] for g in gathered],
+                           updates=[[g["updates"][t] for g in gathered] for t in range(c["steps"])])
+                case["input"] = inp
+                exp = {"params_after_step": [[g["after"][t] for g in gathered]
+                                             for t in range(c["steps"])],
+                       "averaged_at_steps": r0["averaged"]}
+                if kind == "hierarchical_averager":
+                    exp["group_size_used_at_step"] = r0["sizes"]
+                exp["final_step_counter"] = r0["counter"]
+                exp["warnings"] = r0["warnings"]
+                case["expected"] = exp
+            (out_dir / f"{name}.json").write_text(json.dumps(case))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", type=int, default=40, help="cases per kind and world size")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--worlds", default="2,4,8")
+    args = ap.parse_args()
+    pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+    for W in [int(w) for w in args.worlds.split(",")]:
+        mp.spawn(worker, args=(W, free_port(), args), nprocs=W, join=True)
+        print(f"W = {W}: done")
+
+
+if __name__ == "__main__":
+    main()
