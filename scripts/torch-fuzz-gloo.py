@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Random averager cases made by real PyTorch over gloo, in the golden format.
+"""Random multi-process cases made by real PyTorch over gloo, in the golden format.
 
 The multi-process twin of scripts/torch-fuzz.py: for each world size it starts W processes
-on one gloo process group (127.0.0.1) and runs N random `periodic_averager` and
-`hierarchical_averager` configurations in it, as tests/golden/README.md sections 5 and 6 say
-the kinds were made: random periods, warm-ups, hierarchies (sorted or not, a last key of 1),
-parameters without gradients, mixed dtypes, special values, and now and then a constructor
-error or an error at a step.
+on one gloo process group (127.0.0.1) and runs N random configurations of each kind in it, as
+tests/golden/README.md says the kinds were made:
+* `periodic_averager` (W = 2, 4) and `hierarchical_averager` (W = 4, 8), sections 5 and 6:
+  random periods, warm-ups, hierarchies (sorted or not, a last key of 1), parameters without
+  gradients, mixed dtypes, special values, and now and then a constructor error or an error
+  at a step;
+* `zero_partition` (every W), section 9: random parameter groups of random shapes (0-d,
+  empty, ties), and now and then a group added with `add_param_group`.
 
-    /work/torchenv/bin/python scripts/torch-fuzz-averagers.py --out /tmp/fuzz-avg --cases 60
-    DISTOPT_GOLDEN_DIR=/tmp/fuzz-avg cargo test --release --test golden
+    /work/torchenv/bin/python scripts/torch-fuzz-gloo.py --out /tmp/fuzz-gloo --cases 60
+    DISTOPT_GOLDEN_DIR=/tmp/fuzz-gloo cargo test --release --test golden
 
 Never in CI (it needs torch).
 """
@@ -158,11 +161,68 @@ def run_case(rank, W, kind, c, seed):
     return out
 
 
+def zero_partition_case(rank, W, rng_state):
+    """One random ZeroRedundancyOptimizer partition: its input and expected value (rank 0)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    rng = random.Random(rng_state)
+    shape = lambda: rng.choice([[], [0], [1], [rng.randint(1, 9)], [2, rng.randint(1, 4)],
+                                [rng.choice([3, 4, 6])], [rng.randint(10, 60)], [2, 0]])
+    groups = [{"shapes": [shape() for _ in range(rng.randint(1, 5))],
+               "options": rng.choice([{}, {}, {"lr": 0.3}, {"momentum": 0.9}])}
+              for _ in range(rng.randint(1, 3))]
+    added = ({"shapes": [shape() for _ in range(rng.randint(1, 4))], "options": {}}
+             if rng.random() < 0.35 else None)
+    tensors = [[torch.zeros(s) for s in g["shapes"]] for g in groups]
+    zero = ZeroRedundancyOptimizer(
+        [{"params": ts, **g["options"]} for ts, g in zip(tensors, groups)],
+        optimizer_class=torch.optim.SGD, lr=0.01)
+    everything = [t for ts in tensors for t in ts]
+
+    def partition():
+        index = {id(t): i for i, t in enumerate(everything)}
+        per_group = [[[index[id(p)] for p in g["params"]] for g in rank_groups]
+                     for rank_groups in zero._partition_parameters()]
+        return {
+            "rank_of_param": [zero._param_to_rank[t] for t in everything],
+            "params_per_rank": [[i for g in r for i in g] for r in per_group],
+            "params_per_rank_per_group": per_group,
+            "numel_per_rank": [sum(everything[i].numel() for g in r for i in g)
+                               for r in per_group],
+        }, [[index[id(p)] for p in g["params"]] for g in zero.optim.param_groups]
+
+    before, _ = partition()
+    if added is not None:
+        new = [torch.zeros(s) for s in added["shapes"]]
+        zero.add_param_group({"params": new, **added["options"]})
+        everything += new
+    after, local = partition()
+    inp = {"world_size": W, "param_groups": groups}
+    if added is not None:
+        inp["add_param_group"] = added
+    return inp, after, local, (before if added is not None else None)
+
+
 def worker(rank, W, port, args):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=W)
     out_dir = pathlib.Path(args.out)
+    for k in range(args.cases):
+        inp, after, local, before = zero_partition_case(rank, W, f"zp-{W}-{args.seed}-{k}")
+        locals_ = [None] * W
+        dist.all_gather_object(locals_, local)
+        if rank == 0:
+            expected = dict(after, local_optimizer_param_groups=locals_)
+            if before is not None:
+                expected["before_add"] = before
+            name = f"zero_partition_fuzz_w{W}_{args.seed}_{k}"
+            case = {"format": 1, "kind": "zero_partition", "name": name,
+                    "description": "random parameter groups",
+                    "source": f"torch {torch.__version__}, CPU, gloo, {W} processes "
+                              "(scripts/torch-fuzz-gloo.py)",
+                    "input": inp, "expected": expected,
+                    "tolerance": {d: {"rtol": 0.0, "atol": 0.0} for d in TOLERANCE}}
+            (out_dir / f"{name}.json").write_text(json.dumps(case))
     for kind in ["periodic_averager", "hierarchical_averager"]:
         if kind == "periodic_averager" and W not in (2, 4):
             continue
@@ -185,7 +245,7 @@ def worker(rank, W, port, args):
             inp["warmup_steps"] = c["warmup"]
             case = {"format": 1, "kind": kind, "name": name, "description": "random configuration",
                     "source": f"torch {torch.__version__}, CPU, gloo, {W} processes "
-                              "(scripts/torch-fuzz-averagers.py)",
+                              "(scripts/torch-fuzz-gloo.py)",
                     "tolerance": TOLERANCE}
             r0 = gathered[0]
             if "error" in r0:
@@ -227,7 +287,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", type=int, default=40, help="cases per kind and world size")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--worlds", default="2,4,8")
+    ap.add_argument("--worlds", default="1,2,3,4,8")
     args = ap.parse_args()
     pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
     for W in [int(w) for w in args.worlds.split(",")]:
