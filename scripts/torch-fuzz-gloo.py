@@ -9,7 +9,10 @@ tests/golden/README.md says the kinds were made:
   gradients, mixed dtypes, special values, and now and then a constructor error or an error
   at a step;
 * `zero_partition` (every W), section 9: random parameter groups of random shapes (0-d,
-  empty, ties), and now and then a group added with `add_param_group`.
+  empty, ties), and now and then a group added with `add_param_group`;
+* `zero_trajectory` (W = 2, 3, 4), section 10: SGD or Adam with random options over random
+  groups, float32 or bfloat16, with or without the bucket view, per-rank gradients with
+  `null`s (the owner's too), and now and then a group added at a step (no reload).
 
     /work/torchenv/bin/python scripts/torch-fuzz-gloo.py --out /tmp/fuzz-gloo --cases 60
     DISTOPT_GOLDEN_DIR=/tmp/fuzz-gloo cargo test --release --test golden
@@ -202,6 +205,111 @@ def zero_partition_case(rank, W, rng_state):
     return inp, after, local, (before if added is not None else None)
 
 
+ZERO_TOLERANCE = {
+    "float32": {"rtol": 1e-05, "atol": 1e-06},
+    "float16": {"rtol": 0.005, "atol": 0.001},
+    "bfloat16": {"rtol": 0.02, "atol": 0.002},
+    "float64": {"rtol": 1e-12, "atol": 1e-12},
+}
+
+
+def zero_trajectory_case(rank, W, rng_state):
+    """One random ZeRO trajectory: (input, expected) on rank 0, None on the others."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    rng = random.Random(rng_state)
+    name = rng.choice(["SGD", "Adam"])
+    if name == "SGD":
+        options = rng.choice([{"lr": 0.1}, {"lr": 0.05, "momentum": 0.9},
+                              {"lr": 0.1, "momentum": 0.8, "nesterov": True, "weight_decay": 0.01},
+                              {"lr": 0.2, "momentum": 0.5, "dampening": 0.3, "maximize": True}])
+    else:
+        options = rng.choice([{"lr": 0.01}, {"lr": 0.02, "amsgrad": True},
+                              {"lr": 0.01, "betas": [0.8, 0.9], "weight_decay": 0.1},
+                              {"lr": 0.05, "eps": 1e-6, "maximize": True}])
+    dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16])
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    shape = lambda: rng.choice([[], [1], [5], [2, 3], [rng.randint(1, 20)], [4, 2]])
+    n = rng.randint(1, 6)
+    cut = sorted(rng.sample(range(1, n), rng.randint(0, min(2, n - 1)))) if n > 1 else []
+    bounds = [0] + cut + [n]
+    groups = [{"param_indices": list(range(a, b)),
+               "options": rng.choice([{}, {}, {"lr": 0.03}])} for a, b in zip(bounds, bounds[1:])]
+    initial = [torch.randn(shape(), generator=gen).to(dtype) for _ in range(n)]
+    steps = rng.randint(1, 5)
+    add = None
+    if rng.random() < 0.3:
+        add = {"step": rng.randint(0, steps - 1),
+               "initial_params": [torch.randn(shape(), generator=gen).to(dtype)
+                                  for _ in range(rng.randint(1, 2))],
+               "options": rng.choice([{}, {"lr": 0.07}])}
+    same = rng.random() < 0.4
+    grads = []
+    for t in range(steps):
+        count = n + (len(add["initial_params"]) if add and t >= add["step"] else 0)
+        shapes = [p.shape for p in initial] + ([p.shape for p in add["initial_params"]]
+                                               if add and t >= add["step"] else [])
+        one = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+        per_rank = []
+        for r in range(W):
+            g = one if same else [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+            per_rank.append([None if rng.random() < 0.15 else x for x in g][:count])
+        grads.append(per_rank)
+    bucket = rng.random() < 0.3
+    params = [p.clone().requires_grad_(True) for p in initial]
+    kwargs = dict(options)
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    zero = ZeroRedundancyOptimizer(
+        [{"params": [params[j] for j in g["param_indices"]], **g["options"]} for g in groups],
+        optimizer_class=getattr(torch.optim, name), parameters_as_bucket_view=bucket, **kwargs)
+    before = None
+    after = []
+    for t in range(steps):
+        if add and t == add["step"]:
+            before = [zero._param_to_rank[p] for p in params]
+            new = [x.clone().requires_grad_(True) for x in add["initial_params"]]
+            zero.add_param_group({"params": new, **add["options"]})
+            params += new
+        for i, p in enumerate(params):
+            g = grads[t][rank][i]
+            p.grad = None if g is None else g.clone()
+        zero.step()
+        after.append([tensor_json(p.detach()) for p in params])
+    zero.consolidate_state_dict(to=0)
+    sizes = [None] * W
+    dist.all_gather_object(sizes, sum(1 for v in zero.optim.state.values() if v))
+    everyone = [None] * W
+    dist.all_gather_object(everyone, after)
+    if rank != 0:
+        return None
+    sd = zero.state_dict()
+    state = {str(k): {key: (tensor_json(v) if torch.is_tensor(v) else v)
+                      for key, v in entry.items()} for k, entry in sd["state"].items()}
+    param_groups = [dict(g) for g in sd["param_groups"]]
+    for g in param_groups:
+        if "betas" in g:
+            g["betas"] = list(g["betas"])
+    ranks = [zero._param_to_rank[p] for p in params]
+    index = {id(p): i for i, p in enumerate(params)}
+    inp = {"world_size": W, "optimizer": {"name": name, "options": options},
+           "parameters_as_bucket_view": bucket, "param_groups": groups,
+           "initial_params": [tensor_json(p) for p in initial],
+           "grads": [[[None if g is None else tensor_json(g) for g in rank_grads]
+                      for rank_grads in step] for step in grads]}
+    if add:
+        inp["add_param_group_at_step"] = {
+            "step": add["step"], "initial_params": [tensor_json(p) for p in add["initial_params"]],
+            "options": add["options"]}
+    expected = {"params_after_step": [[everyone[r][t] for r in range(W)] for t in range(steps)],
+                "consolidated_state_dict": {"state": state, "param_groups": param_groups},
+                "local_state_sizes": sizes, "rank_of_param": ranks,
+                "params_per_rank": [[index[id(p)] for g in rank_groups for p in g["params"]]
+                                    for rank_groups in zero._partition_parameters()]}
+    if before is not None:
+        expected["rank_of_param_before_add"] = before
+    return inp, expected
+
+
 def worker(rank, W, port, args):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -222,6 +330,17 @@ def worker(rank, W, port, args):
                               "(scripts/torch-fuzz-gloo.py)",
                     "input": inp, "expected": expected,
                     "tolerance": {d: {"rtol": 0.0, "atol": 0.0} for d in TOLERANCE}}
+            (out_dir / f"{name}.json").write_text(json.dumps(case))
+    for k in range(args.cases if W in (2, 3, 4) else 0):
+        made = zero_trajectory_case(rank, W, f"zt-{W}-{args.seed}-{k}")
+        if made is not None:
+            inp, expected = made
+            name = f"zero_trajectory_fuzz_w{W}_{args.seed}_{k}"
+            case = {"format": 1, "kind": "zero_trajectory", "name": name,
+                    "description": "random ZeRO trajectory",
+                    "source": f"torch {torch.__version__}, CPU, gloo, {W} processes "
+                              "(scripts/torch-fuzz-gloo.py)",
+                    "input": inp, "expected": expected, "tolerance": ZERO_TOLERANCE}
             (out_dir / f"{name}.json").write_text(json.dumps(case))
     for kind in ["periodic_averager", "hierarchical_averager"]:
         if kind == "periodic_averager" and W not in (2, 4):
