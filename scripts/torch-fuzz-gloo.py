@@ -10,6 +10,8 @@ tests/golden/README.md says the kinds were made:
   at a step;
 * `zero_partition` (every W), section 9: random parameter groups of random shapes (0-d,
   empty, ties), and now and then a group added with `add_param_group`;
+* `diloco` (W = 2, 3, 4), section 13b: random inner and outer optimizers (SGD, Adam, AdamW),
+  `sync_every`, mixed dtypes and missing gradients;
 * `zero_trajectory` (W = 2, 3, 4), section 10: SGD or Adam with random options over random
   groups, float32 or bfloat16, with or without the bucket view, per-rank gradients with
   `null`s (the owner's too), and now and then a group added at a step (no reload).
@@ -310,6 +312,93 @@ def zero_trajectory_case(rank, W, rng_state):
     return inp, expected
 
 
+def optimizer_spec(rng, outer):
+    name = rng.choice(["SGD", "SGD", "Adam", "AdamW"])
+    if name == "SGD":
+        options = rng.choice(
+            [{"lr": 0.7, "momentum": 0.9, "nesterov": True}, {"lr": 1.0}, {"lr": 0.5, "momentum": 0.5}]
+            if outer else
+            [{"lr": 0.05}, {"lr": 0.05, "momentum": 0.9}, {"lr": 0.1, "weight_decay": 0.01,
+                                                          "momentum": 0.8, "dampening": 0.2}])
+    else:
+        options = rng.choice([{"lr": 0.1, "betas": [0.9, 0.99], "eps": 1e-08}, {"lr": 0.01},
+                              {"lr": 0.02, "amsgrad": True, "weight_decay": 0.05}])
+    return {"name": name, "options": options}
+
+
+def state_dict_json(opt):
+    sd = opt.state_dict()
+    groups = [dict(g) for g in sd["param_groups"]]
+    for g in groups:
+        if "betas" in g:
+            g["betas"] = list(g["betas"])
+    return {"state": {str(k): {key: (tensor_json(v) if torch.is_tensor(v) else v)
+                               for key, v in entry.items()} for k, entry in sd["state"].items()},
+            "param_groups": groups}
+
+
+def diloco_case(rank, W, rng_state):
+    """One random DiLoCo run (section 13b's code): (input, expected) on rank 0, else None."""
+    rng = random.Random(rng_state)
+    inner_spec, outer_spec = optimizer_spec(rng, False), optimizer_spec(rng, True)
+    sync_every = rng.choice([1, 2, 2, 3, 4])
+    steps = rng.randint(1, 9)
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    shapes = [rng.choice([[], [3], [2, 4], [7], [1]]) for _ in range(rng.randint(1, 3))]
+    dtypes = [rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float64])
+              for _ in shapes]
+    initial = [torch.randn(s, generator=gen).to(d) for s, d in zip(shapes, dtypes)]
+    grads = [[[None if rng.random() < 0.15 else torch.randn(s, generator=gen).to(d)
+               for s, d in zip(shapes, dtypes)] for _ in range(W)] for _ in range(steps)]
+
+    def build(spec, params):
+        kwargs = dict(spec["options"], foreach=False)
+        if "betas" in kwargs:
+            kwargs["betas"] = tuple(kwargs["betas"])
+        return getattr(torch.optim, spec["name"])(params, **kwargs)
+
+    params = [torch.nn.Parameter(p.clone()) for p in initial]
+    inner, outer = build(inner_spec, params), build(outer_spec, params)
+    original = [p.detach().clone() for p in params]
+    local_step, synced, after = 0, [], []
+    for t in range(steps):
+        inner.zero_grad(set_to_none=True)
+        for p, g in zip(params, grads[t][rank]):
+            p.grad = None if g is None else g.clone()
+        inner.step()
+        local_step += 1
+        if local_step >= sync_every:
+            with torch.no_grad():
+                for p, o in zip(params, original):
+                    p.grad = o - p
+                for p in params:
+                    dist.all_reduce(p.grad, dist.ReduceOp.SUM)
+                    p.grad.div_(W)
+                for p, o in zip(params, original):
+                    p.copy_(o)
+            outer.step()
+            with torch.no_grad():
+                for p, o in zip(params, original):
+                    o.copy_(p)
+            outer.zero_grad(set_to_none=True)
+            local_step = 0
+            synced.append(t)
+        after.append([tensor_json(p.detach()) for p in params])
+    everyone, inners = [None] * W, [None] * W
+    dist.all_gather_object(everyone, after)
+    dist.all_gather_object(inners, state_dict_json(inner))
+    if rank != 0:
+        return None
+    inp = {"world_size": W, "sync_every": sync_every, "inner_optimizer": inner_spec,
+           "outer_optimizer": outer_spec, "initial_params": [tensor_json(p) for p in initial],
+           "grads": [[[None if g is None else tensor_json(g) for g in r] for r in step]
+                     for step in grads]}
+    expected = {"params_after_step": [[everyone[r][t] for r in range(W)] for t in range(steps)],
+                "synced_at_steps": synced, "outer_state_dict": state_dict_json(outer),
+                "inner_state_dicts": inners}
+    return inp, expected
+
+
 def worker(rank, W, port, args):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -330,6 +419,17 @@ def worker(rank, W, port, args):
                               "(scripts/torch-fuzz-gloo.py)",
                     "input": inp, "expected": expected,
                     "tolerance": {d: {"rtol": 0.0, "atol": 0.0} for d in TOLERANCE}}
+            (out_dir / f"{name}.json").write_text(json.dumps(case))
+    for k in range(args.cases if W in (2, 3, 4) else 0):
+        made = diloco_case(rank, W, f"dl-{W}-{args.seed}-{k}")
+        if made is not None:
+            inp, expected = made
+            name = f"diloco_fuzz_w{W}_{args.seed}_{k}"
+            case = {"format": 1, "kind": "diloco", "name": name,
+                    "description": "random DiLoCo run",
+                    "source": f"torch {torch.__version__}, CPU, {W} gloo processes, torch.optim "
+                              "inner/outer (foreach=False) (scripts/torch-fuzz-gloo.py)",
+                    "input": inp, "expected": expected, "tolerance": TOLERANCE}
             (out_dir / f"{name}.json").write_text(json.dumps(case))
     for k in range(args.cases if W in (2, 3, 4) else 0):
         made = zero_trajectory_case(rank, W, f"zt-{W}-{args.seed}-{k}")
