@@ -404,6 +404,14 @@ def worker(rank, W, port, args):
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=W)
     out_dir = pathlib.Path(args.out)
+    def write(kind, k, description, inp, expected, tolerance):
+        name = f"{kind}_fuzz_w{W}_{args.seed}_{k}"
+        case = {"format": 1, "kind": kind, "name": name, "description": description,
+                "source": f"torch {torch.__version__}, CPU, gloo, {W} processes "
+                          "(scripts/torch-fuzz-gloo.py)",
+                "input": inp, "expected": expected, "tolerance": tolerance}
+        (out_dir / f"{name}.json").write_text(json.dumps(case))
+
     for k in range(args.cases):
         inp, after, local, before = zero_partition_case(rank, W, f"zp-{W}-{args.seed}-{k}")
         locals_ = [None] * W
@@ -412,36 +420,16 @@ def worker(rank, W, port, args):
             expected = dict(after, local_optimizer_param_groups=locals_)
             if before is not None:
                 expected["before_add"] = before
-            name = f"zero_partition_fuzz_w{W}_{args.seed}_{k}"
-            case = {"format": 1, "kind": "zero_partition", "name": name,
-                    "description": "random parameter groups",
-                    "source": f"torch {torch.__version__}, CPU, gloo, {W} processes "
-                              "(scripts/torch-fuzz-gloo.py)",
-                    "input": inp, "expected": expected,
-                    "tolerance": {d: {"rtol": 0.0, "atol": 0.0} for d in TOLERANCE}}
-            (out_dir / f"{name}.json").write_text(json.dumps(case))
-    for k in range(args.cases if W in (2, 3, 4) else 0):
-        made = diloco_case(rank, W, f"dl-{W}-{args.seed}-{k}")
-        if made is not None:
-            inp, expected = made
-            name = f"diloco_fuzz_w{W}_{args.seed}_{k}"
-            case = {"format": 1, "kind": "diloco", "name": name,
-                    "description": "random DiLoCo run",
-                    "source": f"torch {torch.__version__}, CPU, {W} gloo processes, torch.optim "
-                              "inner/outer (foreach=False) (scripts/torch-fuzz-gloo.py)",
-                    "input": inp, "expected": expected, "tolerance": TOLERANCE}
-            (out_dir / f"{name}.json").write_text(json.dumps(case))
-    for k in range(args.cases if W in (2, 3, 4) else 0):
-        made = zero_trajectory_case(rank, W, f"zt-{W}-{args.seed}-{k}")
-        if made is not None:
-            inp, expected = made
-            name = f"zero_trajectory_fuzz_w{W}_{args.seed}_{k}"
-            case = {"format": 1, "kind": "zero_trajectory", "name": name,
-                    "description": "random ZeRO trajectory",
-                    "source": f"torch {torch.__version__}, CPU, gloo, {W} processes "
-                              "(scripts/torch-fuzz-gloo.py)",
-                    "input": inp, "expected": expected, "tolerance": ZERO_TOLERANCE}
-            (out_dir / f"{name}.json").write_text(json.dumps(case))
+            write("zero_partition", k, "random parameter groups", inp, expected,
+                  {d: {"rtol": 0.0, "atol": 0.0} for d in TOLERANCE})
+    for kind, tag, make, description, tolerance in [
+        ("diloco", "dl", diloco_case, "random DiLoCo run (foreach=False)", TOLERANCE),
+        ("zero_trajectory", "zt", zero_trajectory_case, "random ZeRO trajectory", ZERO_TOLERANCE),
+    ]:
+        for k in range(args.cases if W in (2, 3, 4) else 0):
+            made = make(rank, W, f"{tag}-{W}-{args.seed}-{k}")
+            if made is not None:
+                write(kind, k, description, *made, tolerance)
     for kind in ["periodic_averager", "hierarchical_averager"]:
         if kind == "periodic_averager" and W not in (2, 4):
             continue
@@ -455,42 +443,30 @@ def worker(rank, W, port, args):
             dist.all_gather_object(gathered, res)
             if rank != 0:
                 continue
-            name = f"{kind}_fuzz_w{W}_{args.seed}_{k}"
             inp = {"world_size": W}
             if kind == "periodic_averager":
                 inp["period"] = c["period"]
             else:
                 inp["period_group_size_dict"] = c["dict"]
             inp["warmup_steps"] = c["warmup"]
-            case = {"format": 1, "kind": kind, "name": name, "description": "random configuration",
-                    "source": f"torch {torch.__version__}, CPU, gloo, {W} processes "
-                              "(scripts/torch-fuzz-gloo.py)",
-                    "tolerance": TOLERANCE}
             r0 = gathered[0]
+            if "error" in r0 and r0.get("constructor"):
+                write(kind, k, "random configuration", inp, {"error": r0["error"]}, TOLERANCE)
+                continue
+            inp.update(param_has_grad=c["has_grad"],
+                       initial_params=[g["initial"] for g in gathered],
+                       updates=[[g["updates"][t] for g in gathered] for t in range(c["steps"])])
             if "error" in r0:
-                if not r0.get("constructor"):
-                    inp.update(param_has_grad=c["has_grad"],
-                               initial_params=[g["initial"] for g in gathered],
-                               updates=[[g["updates"][t] for g in gathered]
-                                        for t in range(c["steps"])])
-                case["input"] = inp
-                case["expected"] = {"error": r0["error"]}
-                if "error_at_step" in r0:
-                    case["expected"]["error_at_step"] = r0["error_at_step"]
+                expected = {"error": r0["error"], "error_at_step": r0["error_at_step"]}
             else:
-                inp.update(param_has_grad=c["has_grad"],
-                           initial_params=[g["initial"] for g in gathered],
-                           updates=[[g["updates"][t] for g in gathered] for t in range(c["steps"])])
-                case["input"] = inp
-                exp = {"params_after_step": [[g["after"][t] for g in gathered]
-                                             for t in range(c["steps"])],
-                       "averaged_at_steps": r0["averaged"]}
+                expected = {"params_after_step": [[g["after"][t] for g in gathered]
+                                                  for t in range(c["steps"])],
+                            "averaged_at_steps": r0["averaged"]}
                 if kind == "hierarchical_averager":
-                    exp["group_size_used_at_step"] = r0["sizes"]
-                exp["final_step_counter"] = r0["counter"]
-                exp["warnings"] = r0["warnings"]
-                case["expected"] = exp
-            (out_dir / f"{name}.json").write_text(json.dumps(case))
+                    expected["group_size_used_at_step"] = r0["sizes"]
+                expected["final_step_counter"] = r0["counter"]
+                expected["warnings"] = r0["warnings"]
+            write(kind, k, "random configuration", inp, expected, TOLERANCE)
     dist.barrier()
     dist.destroy_process_group()
 
