@@ -12,6 +12,9 @@ tests/golden/README.md says the kinds were made:
   empty, ties), and now and then a group added with `add_param_group`;
 * `diloco` (W = 2, 3, 4), section 13b: random inner and outer optimizers (SGD, Adam, AdamW),
   `sync_every`, mixed dtypes and missing gradients;
+* `post_local_sgd` (W = 4), section 8, its `explicit_grads` variant: SGD or Adam under a
+  periodic or hierarchical averager, missing gradients (the same on every rank), and now and
+  then a save and load of the state dict, with or without its `"step"`;
 * `zero_trajectory` (W = 2, 3, 4), section 10: SGD or Adam with random options over random
   groups, float32 or bfloat16, with or without the bucket view, per-rank gradients with
   `null`s (the owner's too), and now and then a group added at a step (no reload).
@@ -399,6 +402,125 @@ def diloco_case(rank, W, rng_state):
     return inp, expected
 
 
+def post_local_sgd_case(rank, W, rng_state):
+    """One random PostLocalSGDOptimizer run (explicit gradients): (input, expected) on rank 0."""
+    import copy
+    from collections import OrderedDict
+    from torch.distributed.optim import PostLocalSGDOptimizer
+    rng = random.Random(rng_state)
+    name = rng.choice(["SGD", "Adam"])
+    options = dict(rng.choice([{"lr": 0.1}, {"lr": 0.1, "momentum": 0.9},
+                               {"lr": 0.05, "momentum": 0.8, "nesterov": True}])
+                   if name == "SGD" else
+                   rng.choice([{"lr": 0.01}, {"lr": 0.02, "amsgrad": True},
+                               {"lr": 0.01, "betas": [0.8, 0.9], "weight_decay": 0.1}]),
+                   foreach=False)
+    warmup = rng.choice([0, 1, 2, 3])
+    if rng.random() < 0.5:
+        averager = {"type": "periodic", "period": rng.choice([1, 2, 3]), "warmup_steps": warmup}
+    else:
+        averager = {"type": "hierarchical",
+                    "period_group_size_dict": rng.choice([[[2, 2], [4, 4]], [[1, 2], [3, 4]],
+                                                          [[4, 4]], [[3, 2], [2, 4]]]),
+                    "warmup_steps": warmup}
+    steps = rng.randint(1, 8)
+    load = ({"after_step": rng.randint(1, steps), "remove_step_key": rng.random() < 0.5}
+            if rng.random() < 0.4 else None)
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    shapes = [rng.choice([[], [3], [2, 2], [5]]) for _ in range(rng.randint(1, 3))]
+    dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16])
+    initial = [[torch.randn(s, generator=gen).to(dtype) for s in shapes] for _ in range(W)]
+    # At least one gradient per step: with none, an averaging step is torch.cat's ValueError.
+    missing = [[rng.random() < 0.15 for _ in shapes] for _ in range(steps)]
+    for row in missing:
+        row[rng.randrange(len(row))] = False
+    grads = [[[None if missing[t][j] else torch.randn(s, generator=gen).to(dtype)
+               for j, s in enumerate(shapes)] for _ in range(W)] for t in range(steps)]
+    params = [torch.nn.Parameter(p.clone()) for p in initial[rank]]
+    kwargs = dict(options)
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    local = getattr(torch.optim, name)(params, **kwargs)
+    caught = []
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        if averager["type"] == "periodic":
+            avg = averagers.PeriodicModelAverager(period=averager["period"], warmup_steps=warmup)
+        else:
+            avg = HierarchicalModelAverager(
+                period_group_size_dict=OrderedDict(
+                    (p, g) for p, g in averager["period_group_size_dict"]),
+                warmup_steps=warmup)
+        opt = PostLocalSGDOptimizer(optim=local, averager=avg)
+        sizes, before_each, after, extra = [], [], [], {}
+        real_average = utils.average_parameters_or_parameter_groups
+
+        def recording(p, process_group):
+            sizes[-1] = dist.get_world_size(process_group)
+            return real_average(p, process_group)
+
+        utils.average_parameters_or_parameter_groups = recording
+        try:
+            for t in range(steps):
+                opt.zero_grad()
+                for p, g in zip(params, grads[t][rank]):
+                    p.grad = None if g is None else g.clone()
+                before_each.append(avg.step)
+                sizes.append(None)
+                opt.step()
+                after.append([tensor_json(p.detach()) for p in params])
+                if load and t == load["after_step"] - 1:
+                    sd = copy.deepcopy(opt.state_dict())
+                    extra["saved_state_dict"] = post_local_state_json(sd)
+                    extra["averager_step_before_load"] = avg.step
+                    if load["remove_step_key"]:
+                        del sd["step"]
+                    opt.load_state_dict(sd)
+                    extra["averager_step_after_load"] = avg.step
+        finally:
+            utils.average_parameters_or_parameter_groups = real_average
+        for x in w:
+            if str(x.message) not in caught:
+                caught.append(str(x.message))
+    mine = {"after": after, "sd": post_local_state_json(opt.state_dict()), "warnings": caught}
+    everyone = [None] * W
+    dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        return None
+    union = []
+    for r in everyone:
+        for text in r["warnings"]:
+            if text not in union:
+                union.append(text)
+    inp = {"world_size": W, "optimizer": {"name": name, "options": options},
+           "averager": averager, "variant": "explicit_grads", "hook": None,
+           "initial_params": [[tensor_json(p) for p in r] for r in initial],
+           "grads": [[[None if g is None else tensor_json(g) for g in r] for r in step]
+                     for step in grads],
+           "load_state_dict": load}
+    expected = {"params_after_step": [[everyone[r]["after"][t] for r in range(W)]
+                                      for t in range(steps)],
+                "averaged_at_steps": [t for t, g in enumerate(sizes) if g is not None],
+                "averaging_group_size_at_step": sizes,
+                "averager_step_before_each_step": before_each,
+                "final_averager_step": avg.step, **extra,
+                "state_dict_rank0": everyone[0]["sd"],
+                "state_dict_per_rank": [r["sd"] for r in everyone],
+                "warnings": union}
+    return inp, expected
+
+
+def post_local_state_json(sd):
+    """PostLocalSGDOptimizer's state dict: the local optimizer's plus the averager's `step`."""
+    out = {"state": {str(k): {key: (tensor_json(v) if torch.is_tensor(v) else v)
+                              for key, v in entry.items()} for k, entry in sd["state"].items()},
+           "param_groups": [dict(g, **({"betas": list(g["betas"])} if "betas" in g else {}))
+                            for g in sd["param_groups"]]}
+    if "step" in sd:
+        out["step"] = sd["step"]
+    return out
+
+
 def worker(rank, W, port, args):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -425,7 +547,11 @@ def worker(rank, W, port, args):
     for kind, tag, make, description, tolerance in [
         ("diloco", "dl", diloco_case, "random DiLoCo run (foreach=False)", TOLERANCE),
         ("zero_trajectory", "zt", zero_trajectory_case, "random ZeRO trajectory", ZERO_TOLERANCE),
+        ("post_local_sgd", "pl", post_local_sgd_case, "random PostLocalSGDOptimizer run",
+         TOLERANCE),
     ]:
+        if kind == "post_local_sgd" and W != 4:
+            continue
         for k in range(args.cases if W in (2, 3, 4) else 0):
             made = make(rank, W, f"{tag}-{W}-{args.seed}-{k}")
             if made is not None:
