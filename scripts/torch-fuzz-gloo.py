@@ -109,7 +109,7 @@ def run_case(rank, W, kind, c, seed):
                 u.view(-1)[0] = float("inf")
             step.append(u.to(d))
         updates.append(step)
-    caught, averaged, sizes = [], [], []
+    averaged, sizes = [], []
     real_average = utils.average_parameters_or_parameter_groups
 
     def recording(params, process_group):
@@ -138,11 +138,8 @@ def run_case(rank, W, kind, c, seed):
             if g:
                 p.grad = torch.zeros_like(p)
         after = []
+        # Both averagers call it through the utils module: one patch records either.
         utils.average_parameters_or_parameter_groups = recording
-        import torch.distributed.algorithms.model_averaging.averagers as am
-        import torch.distributed.algorithms.model_averaging.hierarchical_model_averager as hm
-        am.utils.average_parameters_or_parameter_groups = recording
-        hm.utils.average_parameters_or_parameter_groups = recording
         try:
             for t in range(c["steps"]):
                 with torch.no_grad():
@@ -158,8 +155,6 @@ def run_case(rank, W, kind, c, seed):
                 after.append([tensor_json(p.detach()) for p in params])
         finally:
             utils.average_parameters_or_parameter_groups = real_average
-            am.utils.average_parameters_or_parameter_groups = real_average
-            hm.utils.average_parameters_or_parameter_groups = real_average
         seen = []
         for x in w:
             text = str(x.message)

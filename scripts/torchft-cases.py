@@ -29,7 +29,6 @@ Run it with the torchft peer's interpreter (never in CI):
 
 import json
 import math
-import os
 import pathlib
 import socket
 import sys
