@@ -15,6 +15,9 @@ tests/golden/README.md says the kinds were made:
 * `post_local_sgd` (W = 4), section 8, its `explicit_grads` variant: SGD or Adam under a
   periodic or hierarchical averager, missing gradients (the same on every rank), and now and
   then a save and load of the state dict, with or without its `"step"`;
+* `zero_join` (W = 2, 3, 4), section 12: DDP and ZeRO inside `Join` with uneven steps per
+  rank, SGD or Adam, either `zero_grad` placement, `divide_by_initial_world_size` either way,
+  with or without the bucket view;
 * `zero_trajectory` (W = 2, 3, 4), section 10: SGD or Adam with random options over random
   groups, float32 or bfloat16, with or without the bucket view, per-rank gradients with
   `null`s (the owner's too), and now and then a group added at a step (no reload).
@@ -505,6 +508,79 @@ def post_local_sgd_case(rank, W, rng_state):
     return inp, expected
 
 
+def zero_join_case(rank, W, rng_state):
+    """One random Join([ddp, zero]) run with uneven inputs: (input, expected) on rank 0."""
+    from torch.distributed.algorithms.join import Join
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+    rng = random.Random(rng_state)
+    name = rng.choice(["SGD", "Adam"])
+    options = (rng.choice([{"lr": 0.1}, {"lr": 0.05, "momentum": 0.9}])
+               if name == "SGD" else rng.choice([{"lr": 0.02}, {"lr": 0.01, "amsgrad": True}]))
+    bucket = rng.random() < 0.5
+    steps = [rng.randint(0 if r else 1, 4) for r in range(W)]
+    rng.shuffle(steps)
+    if max(steps) == 0:
+        steps[0] = 1
+    zero_grad = rng.choice(["before_forward", "after_step"])
+    divide = rng.random() < 0.5
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    shapes = [rng.choice([[4, 3], [4], [2, 3], [2], [3, 3], [5]]) for _ in range(rng.randint(1, 6))]
+    initial = [torch.randn(s, generator=gen) for s in shapes]
+    T = max(steps)
+    grads = [[[torch.randn(s, generator=gen) for s in shapes] if t < steps[r] else None
+              for r in range(W)] for t in range(T)]
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ps = torch.nn.ParameterList([torch.nn.Parameter(p.clone()) for p in initial])
+
+        def forward(self, *g):
+            return sum((p * x).sum() for p, x in zip(self.ps, g))
+
+    model = Model()
+    ddp = DistributedDataParallel(model)
+    kwargs = dict(options)
+    zero = ZeroRedundancyOptimizer(list(model.ps), optimizer_class=getattr(torch.optim, name),
+                                   parameters_as_bucket_view=bucket, **kwargs)
+    seen, after = [], []
+    with Join([ddp, zero], divide_by_initial_world_size=divide):
+        for t in range(steps[rank]):
+            if zero_grad == "before_forward":
+                zero.zero_grad(set_to_none=True)
+            ddp(*grads[t][rank]).backward()
+            seen.append([tensor_json(p.grad) for p in model.ps])
+            zero.step()
+            if zero_grad == "after_step":
+                zero.zero_grad(set_to_none=True)
+            after.append([tensor_json(p.detach()) for p in model.ps])
+    mine = {"seen": seen, "after": after,
+            "params_after_join": [tensor_json(p.detach()) for p in model.ps],
+            "grads_after_join": [None if p.grad is None else tensor_json(p.grad) for p in model.ps],
+            "state": sum(1 for v in zero.optim.state.values() if v)}
+    everyone = [None] * W
+    dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        return None
+    pick = lambda key, t: [everyone[r][key][t] if t < steps[r] else None for r in range(W)]
+    inp = {"world_size": W, "optimizer": {"name": name, "options": options},
+           "parameters_as_bucket_view": bucket, "steps_per_rank": steps, "zero_grad": zero_grad,
+           "divide_by_initial_world_size": divide,
+           "initial_params": [tensor_json(p) for p in initial],
+           "grads": [[None if g is None else [tensor_json(x) for x in g] for g in step]
+                     for step in grads],
+           "ddp": {"module": "loss = sum_i (p_i * G_i).sum()", "find_unused_parameters": False,
+                   "gradient_as_bucket_view": False, "broadcast_buffers": True}}
+    expected = {"rank_of_param": [zero._param_to_rank[p] for p in model.ps],
+                "grads_after_backward": [pick("seen", t) for t in range(T)],
+                "params_after_step": [pick("after", t) for t in range(T)],
+                "params_after_join": [r["params_after_join"] for r in everyone],
+                "grads_after_join": [r["grads_after_join"] for r in everyone],
+                "local_state_sizes": [r["state"] for r in everyone]}
+    return inp, expected
+
+
 def post_local_state_json(sd):
     """PostLocalSGDOptimizer's state dict: the local optimizer's plus the averager's `step`."""
     out = {"state": {str(k): {key: (tensor_json(v) if torch.is_tensor(v) else v)
@@ -544,6 +620,8 @@ def worker(rank, W, port, args):
         ("zero_trajectory", "zt", zero_trajectory_case, "random ZeRO trajectory", ZERO_TOLERANCE),
         ("post_local_sgd", "pl", post_local_sgd_case, "random PostLocalSGDOptimizer run",
          TOLERANCE),
+        ("zero_join", "zj", zero_join_case, "random uneven inputs under Join([ddp, zero])",
+         ZERO_TOLERANCE),
     ]:
         if kind == "post_local_sgd" and W != 4:
             continue
