@@ -306,7 +306,7 @@ impl ZeroRedundancyOptimizer {
                 warnings::emit(Warning::logged(OVERLAP_BUCKET_WARNING));
             }
         } else {
-            zero.build_shards(replicas, Vec::new())?;
+            zero.build_shards(replicas, Vec::new(), 0)?;
         }
         Ok(zero)
     }
@@ -317,8 +317,15 @@ impl ZeroRedundancyOptimizer {
 
     /// Partitions the parameters and creates every local rank's shard and local optimizer.
     /// Shards that already exist keep their state (parameters keep their ranks when groups are
-    /// added). `saved[i]` is local rank i's optimizer state dict to carry over.
-    fn build_shards(&mut self, replicas: &Replicas, saved: Vec<Option<Value>>) -> Result<()> {
+    /// added). `saved[i]` is local rank i's optimizer state dict to carry over. The groups from
+    /// index `new_groups` on are new: only their duplicate parameters warn (PyTorch's
+    /// `add_param_group` hands its local optimizer the new group alone).
+    fn build_shards(
+        &mut self,
+        replicas: &Replicas,
+        saved: Vec<Option<Value>>,
+        new_groups: usize,
+    ) -> Result<()> {
         let numels: Vec<Vec<usize>> = self
             .groups
             .iter()
@@ -331,7 +338,7 @@ impl ZeroRedundancyOptimizer {
         for (rank, per_group) in partition.params_per_rank_per_group.iter().enumerate() {
             let mut global: Vec<usize> = Vec::new();
             let mut local_groups: Vec<Vec<usize>> = Vec::new();
-            for group in per_group {
+            for (g, group) in per_group.iter().enumerate() {
                 let mut local = Vec::new();
                 for &i in group {
                     // A parameter passed twice is one tensor: one slot in the shard, and the
@@ -349,7 +356,7 @@ impl ZeroRedundancyOptimizer {
                     if local.contains(&k) {
                         // Rank `rank`'s local optimizer warns (as its own
                         // `add_param_group` does), in the process that holds it.
-                        if local_index(self.world.as_ref(), rank).is_some() {
+                        if g >= new_groups && local_index(self.world.as_ref(), rank).is_some() {
                             warnings::emit(Warning::user(args::DUPLICATE_WARNING).on_ranks([rank]));
                         }
                     } else {
@@ -439,13 +446,15 @@ impl ZeroRedundancyOptimizer {
         self.partition.as_ref()
     }
 
-    /// The owner of each replica parameter that ZeRO optimizes (`None` for the others): the
-    /// last assignment wins for a parameter passed twice, as PyTorch's `_param_to_rank`.
+    /// The owner of each replica parameter that ZeRO optimizes (`None` for the others). A
+    /// parameter passed more than once goes to the highest rank holding a copy: PyTorch's
+    /// `_param_to_rank` is filled rank by rank from the partition, the last write winning.
     pub fn rank_of_replica_param(&self, replicas: &Replicas) -> Vec<Option<usize>> {
-        let mut out = vec![None; replicas.len()];
+        let mut out: Vec<Option<usize>> = vec![None; replicas.len()];
         if let Some(p) = &self.partition {
             for (i, &rank) in p.rank_of_param.iter().enumerate() {
-                out[self.global[i]] = Some(rank);
+                let owner = &mut out[self.global[i]];
+                *owner = Some(owner.map_or(rank, |r| r.max(rank)));
             }
         }
         out
@@ -657,7 +666,7 @@ impl ZeroRedundancyOptimizer {
         self.groups.push((params, merged));
         // `build_shards` replaces the shards only once every one is built: a failure (an
         // unknown option, the memory budget) leaves the optimizer as it was.
-        if let Err(e) = self.build_shards(replicas, saved) {
+        if let Err(e) = self.build_shards(replicas, saved, old_groups) {
             self.global.truncate(old_global);
             self.groups.truncate(old_groups);
             return Err(e);
