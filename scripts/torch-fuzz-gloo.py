@@ -18,6 +18,15 @@ tests/golden/README.md says the kinds were made:
 * `zero_join` (W = 2, 3, 4), section 12: DDP and ZeRO inside `Join` with uneven steps per
   rank, SGD or Adam, either `zero_grad` placement, `divide_by_initial_world_size` either way,
   with or without the bucket view;
+* `zero_errors` (W = 2, 3; only with `--zero-errors`), section 11: random parameter lists and
+  groups (dtypes, meta, sparse and non-leaf tensors, repeated tensors, groups without
+  `params`, the other `params` forms), valid and invalid local options, then random calls
+  (gradients, `step`, `consolidate_state_dict(to=k)` for k from -1 to W, `state_dict`,
+  `add_param_group`), with every rank's outcome, message and warning (`warnings` and
+  `logging`) per stage. Some misuses leave PyTorch's ranks in different collectives, and the
+  run hangs (seed 7 at W = 2, case 38): give it a `timeout`. `params_after_per_rank` and
+  `rank_of_param` cover the constructor's tensors only (the golden README leaves open whether
+  a group added later counts);
 * `zero_trajectory` (W = 2, 3, 4), section 10: SGD or Adam with random options over random
   groups, float32 or bfloat16, with or without the bucket view, per-rank gradients with
   `null`s (the owner's too), and now and then a group added at a step (no reload).
@@ -31,6 +40,7 @@ Never in CI (it needs torch).
 import argparse
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import random
@@ -581,6 +591,232 @@ def zero_join_case(rank, W, rng_state):
     return inp, expected
 
 
+def zero_errors_case(rank, W, rng_state):
+    """One random misuse of ZeroRedundancyOptimizer: (input, expected) on rank 0, else None."""
+    import logging
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    rng = random.Random(rng_state)
+    names = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+             "bfloat16": torch.bfloat16}
+    main = rng.choice(["float32", "float32", "float64", "bfloat16", "float16"])
+    created = []
+    odd = rng.random() < 0.3
+
+    def description():
+        if created and rng.random() < 0.07:
+            return {"ref": rng.randrange(len(created))}
+        d = {"dtype": rng.choice(list(names)) if odd and rng.random() < 0.3 else main,
+             "shape": rng.choice([[3], [2], [4], [2, 2]])}
+        if odd and rng.random() < 0.1:
+            d["device"] = "meta"
+        elif odd and rng.random() < 0.1:
+            d["layout"] = "sparse_coo"
+            d["dtype"] = "float32"
+        elif odd and rng.random() < 0.1:
+            d["leaf"] = False
+        created.append(d)
+        return d
+
+    form = rng.choices(["tensor_list", "param_groups", "empty_list", "python_floats",
+                        "single_tensor", "python_int", "mixed_tensor_and_group"],
+                       [10, 6, 1, 1, 1, 1, 1])[0]
+    if form == "tensor_list":
+        params = {"form": form, "tensors": [description() for _ in range(rng.randint(1, 4))]}
+    elif form == "param_groups":
+        groups = []
+        for _ in range(rng.randint(1, 3)):
+            g = {"params": [description() for _ in range(rng.randint(1, 3))],
+                 "options": rng.choice([{}, {}, {"lr": 0.5}])}
+            if rng.random() < 0.05:
+                del g["params"]
+            groups.append(g)
+        params = {"form": form, "groups": groups}
+    elif form == "empty_list":
+        params = {"form": form}
+    elif form == "python_floats":
+        params = {"form": form, "values": [1.0, 2.5]}
+    elif form == "single_tensor":
+        params = {"form": form, "tensor": description()}
+    elif form == "python_int":
+        params = {"form": form, "value": 3}
+    else:
+        params = {"form": form, "tensor": description(), "group_params": [description()]}
+    name = rng.choice(["SGD", "Adam"])
+    options = dict(rng.choice([{"lr": 0.1}, {"lr": 0.01}]) if name == "SGD" or True else {})
+    if name == "SGD" and rng.random() < 0.4:
+        options["momentum"] = 0.9
+    if rng.random() < 0.1:
+        key, bad = rng.choice([("lr", -1.0), ("lr", -0.5)] + (
+            [("momentum", -0.5), ("weight_decay", -0.1)] if name == "SGD" else
+            [("eps", -1e-3), ("betas", [1.0, 0.9]), ("weight_decay", -0.2)]))
+        options[key] = bad
+    bucket = rng.random() < 0.5
+
+    tensors = []
+
+    def make(d):
+        if "ref" in d:
+            return tensors[d["ref"]]
+        dt = names[d["dtype"]]
+        if d.get("layout") == "sparse_coo":
+            t = torch.sparse_coo_tensor([[0]], [1.0], (d["shape"][0],)).requires_grad_()
+        elif d.get("device") == "meta":
+            t = torch.zeros(d["shape"], dtype=dt, device="meta", requires_grad=True)
+        elif d.get("leaf") is False:
+            t = torch.zeros(d["shape"], dtype=dt, requires_grad=True) * 2
+        else:
+            t = torch.zeros(d["shape"], dtype=dt, requires_grad=True)
+        tensors.append(t)
+        return t
+
+    def build_params():
+        f = params["form"]
+        if f == "tensor_list":
+            return [make(d) for d in params["tensors"]]
+        if f == "param_groups":
+            out = []
+            for g in params["groups"]:
+                group = dict(g["options"])
+                if "params" in g:
+                    group["params"] = [make(d) for d in g["params"]]
+                out.append(group)
+            return out
+        if f == "empty_list":
+            return []
+        if f == "python_floats":
+            return list(params["values"])
+        if f == "single_tensor":
+            return make(params["tensor"])
+        if f == "python_int":
+            return params["value"]
+        return [make(params["tensor"]), {"params": [make(d) for d in params["group_params"]]}]
+
+    calls = []
+    plain = all("device" not in d and "layout" not in d and d.get("leaf", True) for d in created)
+    for _ in range(rng.randint(0, 4)):
+        kind = rng.choice(["step", "consolidate", "state_dict", "state_dict", "add"]
+                          + (["grads"] * 2 if plain else []))
+        if kind == "grads":
+            calls.append({"method": "set_grads", "grads": [
+                {"dtype": d["dtype"], "shape": d["shape"],
+                 "data": [round(rng.uniform(-1, 1), 3) for _ in range(math.prod(d["shape"]))]}
+                for d in created]})
+        elif kind == "step":
+            calls.append({"method": "step"})
+        elif kind == "consolidate":
+            calls.append({"method": "consolidate_state_dict", "to": rng.randint(-1, W)})
+        elif kind == "state_dict":
+            calls.append({"method": "state_dict"})
+        else:
+            calls.append({"method": "add_param_group", "params": [
+                {"dtype": rng.choice([main, main, "float64"]), "shape": [2]}]})
+
+    events = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                events.append(("logging", "WARNING", record.getMessage()))
+
+    handler = Catch()
+    logging.getLogger().addHandler(handler)
+    stages, failed = [], False
+
+    def stage(label, fn):
+        events.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = lambda message, category, *a, **k: events.append(
+                ("warnings", category.__name__, str(message)))
+            try:
+                fn()
+                outcome = None
+            except Exception as e:  # noqa: BLE001 - the error is the recorded outcome
+                outcome = (type(e).__name__, str(e))
+        stages.append((label, outcome, list(events)))
+        return outcome
+
+    zero = None
+    # The tensors exist before the constructor runs (a sparse tensor's own warning is not the
+    # constructor's).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = build_params()
+    made_by_constructor = list(tensors)
+    try:
+        def construct():
+            nonlocal zero
+            kwargs = dict(options)
+            if "betas" in kwargs:
+                kwargs["betas"] = tuple(kwargs["betas"])
+            zero = ZeroRedundancyOptimizer(built, optimizer_class=getattr(torch.optim, name),
+                                           parameters_as_bucket_view=bucket, **kwargs)
+        failed = stage("constructor", construct) is not None
+        if not failed:
+            for k, call in enumerate(calls):
+                m = call["method"]
+                if m == "set_grads":
+                    for t, g in zip(made_by_constructor, call["grads"]):
+                        t.grad = torch.tensor(g["data"], dtype=names[g["dtype"]]).reshape(g["shape"])
+                    continue
+                if m == "step":
+                    stage(f"calls[{k}]", zero.step)
+                elif m == "consolidate_state_dict":
+                    stage(f"calls[{k}]", lambda: zero.consolidate_state_dict(to=call["to"]))
+                elif m == "state_dict":
+                    stage(f"calls[{k}]", zero.state_dict)
+                else:
+                    new = [torch.zeros(d["shape"], dtype=names[d["dtype"]], requires_grad=True)
+                           for d in call["params"]]
+
+                    stage(f"calls[{k}]", lambda new=new: zero.add_param_group({"params": new}))
+    finally:
+        logging.getLogger().removeHandler(handler)
+    # The constructor's tensors, in creation order (a group added later is not recorded).
+    mine = {"stages": stages, "failed": failed,
+            "params": None if failed else [
+                None if (t.is_sparse or t.device.type == "meta") else tensor_json(t.detach())
+                for t in made_by_constructor],
+            "ranks": None if failed else [zero._param_to_rank.get(t)
+                                          for t in made_by_constructor]}
+    everyone = [None] * W
+    dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        return None
+    inp = {"world_size": W, "constructor": {
+        "params": params, "optimizer": {"name": name, "options": options},
+        "parameters_as_bucket_view": bucket, "overlap_with_ddp": False}, "calls": calls}
+    expected, stage_list, texts, details = {}, [], [], []
+    for i, (label, _, _) in enumerate(everyone[0]["stages"]):
+        per = [r["stages"][i] for r in everyone]
+        entry = {"stage": label,
+                 "outcome_per_rank": ["ok" if o is None else "error" for _, o, _ in per]}
+        raised = [r for r, (_, o, _) in enumerate(per) if o is not None]
+        if raised:
+            entry["error_type"] = per[raised[0]][1][0]
+            entry["messages_per_rank"] = [None if o is None else o[1] for _, o, _ in per]
+            if "error" not in expected:
+                messages = [per[r][1][1] for r in raised]
+                common = os.path.commonprefix(messages)
+                expected["error"] = {"type": per[raised[0]][1][0], "message_contains": common}
+                expected["error_at"] = label
+                expected["raised_on_ranks"] = raised
+        entry["warnings_per_rank"] = [[m for _, _, m in ev] for _, _, ev in per]
+        for _, _, ev in per:
+            for channel, category, message in ev:
+                if message not in texts:
+                    texts.append(message)
+                    details.append({"channel": channel, "category": category, "message": message})
+        stage_list.append(entry)
+    expected["warnings"] = texts
+    expected["warning_details"] = details
+    expected["stages"] = stage_list
+    if not everyone[0]["failed"]:
+        expected["params_after_per_rank"] = [r["params"] for r in everyone]
+        expected["rank_of_param"] = everyone[0]["ranks"]
+    return inp, expected
+
+
 def post_local_state_json(sd):
     """PostLocalSGDOptimizer's state dict: the local optimizer's plus the averager's `step`."""
     out = {"state": {str(k): {key: (tensor_json(v) if torch.is_tensor(v) else v)
@@ -622,8 +858,12 @@ def worker(rank, W, port, args):
          TOLERANCE),
         ("zero_join", "zj", zero_join_case, "random uneven inputs under Join([ddp, zero])",
          ZERO_TOLERANCE),
+        ("zero_errors", "ze", zero_errors_case, "random misuse of ZeroRedundancyOptimizer",
+         ZERO_TOLERANCE),
     ]:
-        if kind == "post_local_sgd" and W != 4:
+        if (kind == "post_local_sgd" and W != 4) or (kind == "zero_errors" and W == 4):
+            continue
+        if kind == "zero_errors" and not args.zero_errors:
             continue
         for k in range(args.cases if W in (2, 3, 4) else 0):
             made = make(rank, W, f"{tag}-{W}-{args.seed}-{k}")
@@ -682,6 +922,8 @@ def main():
     ap.add_argument("--cases", type=int, default=40, help="cases per kind and world size")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worlds", default="1,2,3,4,8")
+    ap.add_argument("--zero-errors", action="store_true",
+                    help="also zero_errors (may hang: see the module's documentation)")
     args = ap.parse_args()
     pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
     for W in [int(w) for w in args.worlds.split(",")]:
