@@ -642,7 +642,7 @@ def zero_errors_case(rank, W, rng_state):
     else:
         params = {"form": form, "tensor": description(), "group_params": [description()]}
     name = rng.choice(["SGD", "Adam"])
-    options = dict(rng.choice([{"lr": 0.1}, {"lr": 0.01}]) if name == "SGD" or True else {})
+    options = dict(rng.choice([{"lr": 0.1}, {"lr": 0.01}]))
     if name == "SGD" and rng.random() < 0.4:
         options["momentum"] = 0.9
     if rng.random() < 0.1:
