@@ -41,6 +41,25 @@ impl TensorArg {
     }
 }
 
+/// PyTorch's `_verify_same_dense_param_type` error for dense parameters of two dtypes.
+pub(crate) fn mixed_dense_types(first: DType, other: DType) -> Error {
+    let name = |dtype| {
+        TensorArg {
+            id: 0,
+            dtype,
+            meta: false,
+            sparse: false,
+            leaf: true,
+        }
+        .typename()
+    };
+    Error::value(format!(
+        "ZeroRedundancyOptimizer only supports using the same dense type for all parameters but got both {} and {}",
+        name(first),
+        name(other)
+    ))
+}
+
 /// One item of a `params` list.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ParamItem {

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 
 pub use partition::{Partition, partition};
 
-use crate::backend::{Backend, layout_params};
+use crate::backend::Backend;
 use crate::comm::{BroadcastRegion, Communicator, local_index};
 use crate::error::{Error, ErrorKind, RankErrors, Result};
 use crate::join::{JoinConfig, notify_join_context};
@@ -94,13 +94,12 @@ struct Shard {
     optim: Box<dyn LocalOptimizer>,
 }
 
-/// What one rank owns: its parameters (global indices, distinct, in `params_per_rank` order)
-/// and where each sits in its shard. Known for every rank of the world, so that a process can
-/// take part in the broadcast of a shard it does not hold.
+/// What one rank owns: its parameters (global indices, distinct, in `params_per_rank` order;
+/// the `k`-th is parameter `k` of its shard). Known for every rank of the world, so that a
+/// process can take part in the broadcast of a shard it does not hold.
 #[derive(Debug, Clone)]
 struct Ownership {
     global: Vec<usize>,
-    shard_offsets: Vec<usize>,
 }
 
 /// `torch.distributed.optim.ZeroRedundancyOptimizer` over a world of ranks: the shards of the
@@ -249,21 +248,7 @@ impl ZeroRedundancyOptimizer {
         );
         for &j in groups.iter().flat_map(|(g, _)| g) {
             if replicas.dtype(j) != dtype {
-                let name = |d: crate::DType| {
-                    crate::zero::args::TensorArg {
-                        id: 0,
-                        dtype: d,
-                        meta: false,
-                        sparse: false,
-                        leaf: true,
-                    }
-                    .typename()
-                };
-                return Err(Error::value(format!(
-                    "ZeroRedundancyOptimizer only supports using the same dense type for all parameters but got both {} and {}",
-                    name(dtype),
-                    name(replicas.dtype(j))
-                )));
+                return Err(args::mixed_dense_types(dtype, replicas.dtype(j)));
             }
         }
         let functional = optimizer.starts_with("_Functional");
@@ -365,13 +350,8 @@ impl ZeroRedundancyOptimizer {
                 }
                 local_groups.push(local);
             }
-            let numels: Vec<usize> = global
-                .iter()
-                .map(|&i| replicas.numel(self.global[i]))
-                .collect();
             ownership.push(Ownership {
                 global: global.clone(),
-                shard_offsets: layout_params(&numels).0,
             });
             let Some(index) = local_index(self.world.as_ref(), rank) else {
                 continue;
@@ -576,47 +556,51 @@ impl ZeroRedundancyOptimizer {
     fn sync_params(&self, replicas: &mut Replicas) -> Result<()> {
         let backend = replicas.backend().clone();
         for (rank, owner) in self.ownership.iter().enumerate() {
+            let shard = local_index(self.world.as_ref(), rank).map(|i| (i, &self.shards[i]));
             let owned: Vec<(usize, usize)> = owner
                 .global
                 .iter()
                 .enumerate()
                 .map(|(k, &i)| (k, self.global[i]))
                 .collect();
-            // Every parameter ZeRO optimizes has one dtype: they share one format bucket.
-            let Some(bucket) = owned.first().map(|&(_, j)| replicas.place(j).bucket) else {
-                continue;
-            };
-            let shard = local_index(self.world.as_ref(), rank).map(|i| (i, &self.shards[i]));
             if let Some((index, shard)) = shard {
                 // The owner's own parameters are the ones its optimizer updated: no transfer.
                 shard
                     .params
                     .copy_to(Values::Params, 0, replicas, index, &owned)?;
             }
-            let src = shard.and_then(|(_, shard)| {
-                shard
-                    .params
-                    .buckets()
-                    .first()
-                    .map(|b| b.arena(Values::Params))
-            });
             let sent: Vec<(usize, usize)> = owned
                 .into_iter()
                 .filter(|&(_, j)| {
                     !self.options.parameters_as_bucket_view || self.bucket_trainable[j]
                 })
                 .collect();
-            let transfers: Vec<Vec<(usize, usize)>> = if self.options.parameters_as_bucket_view {
-                vec![sent]
-            } else {
-                sent.into_iter().map(|e| vec![e]).collect()
-            };
-            for transfer in transfers.into_iter().filter(|t| !t.is_empty()) {
+            // One transfer per parameter, or with the bucket view one per storage format (a
+            // single one: the bucket view holds one dtype). A group added later may bring
+            // another dtype; each parameter travels in its own format's arenas.
+            let mut transfers: Vec<Vec<(usize, usize)>> = Vec::new();
+            for (k, j) in sent {
+                let format = replicas.place(j).bucket;
+                match transfers.iter_mut().find(|t| {
+                    self.options.parameters_as_bucket_view
+                        && replicas.place(t[0].1).bucket == format
+                }) {
+                    Some(transfer) => transfer.push((k, j)),
+                    None => transfers.push(vec![(k, j)]),
+                }
+            }
+            for transfer in transfers {
+                let bucket = replicas.place(transfer[0].1).bucket;
+                // The sender's shard holds the same formats in its own layout.
+                let src = shard.map(|(_, shard)| {
+                    let k = transfer[0].0;
+                    shard.params.buckets()[shard.params.place(k).bucket].arena(Values::Params)
+                });
                 let regions: Vec<BroadcastRegion> = transfer
                     .iter()
                     .map(|&(k, j)| BroadcastRegion {
                         src_rank: 0,
-                        src_offset: owner.shard_offsets[k],
+                        src_offset: shard.map_or(0, |(_, shard)| shard.params.place(k).offset),
                         dst_offset: replicas.place(j).offset,
                         len: replicas.numel(j),
                     })
@@ -652,6 +636,13 @@ impl ZeroRedundancyOptimizer {
                     "some parameters appear in more than one parameter group",
                 ));
             }
+            // PyTorch checks dtypes only in its constructor; its bucket view then silently
+            // casts each rank's parameters to the dtype of the last one. distopt keeps every
+            // parameter's dtype, so a bucket (one flat tensor) cannot take another dtype.
+            let dtype = replicas.dtype(self.global[0]);
+            if self.options.parameters_as_bucket_view && replicas.dtype(j) != dtype {
+                return Err(args::mixed_dense_types(dtype, replicas.dtype(j)));
+            }
         }
         let mut merged = self.defaults.clone();
         for (k, v) in options {
@@ -681,7 +672,9 @@ impl ZeroRedundancyOptimizer {
     ///
     /// # Errors
     /// A `RuntimeError` with `overlap_with_ddp` (one group only); an `IndexError` for an index
-    /// outside the replicas; a `ValueError` for a parameter already in a group; a `RuntimeError`
+    /// outside the replicas; a `ValueError` for a parameter already in a group, or with
+    /// `parameters_as_bucket_view` for one of another dtype than the others (PyTorch's
+    /// constructor text; PyTorch itself would cast the rank's bucket); a `RuntimeError`
     /// when a local optimizer's state cannot be read back. Then, with the group already recorded
     /// (it is kept), the errors of rebuilding the shards: a `TypeError` for an unknown keyword or
     /// an option of the wrong type, a `RuntimeError` for an arena over the memory budget or a

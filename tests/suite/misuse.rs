@@ -645,6 +645,75 @@ fn zero_add_param_group_that_fails_leaves_the_optimizer_as_it_was() {
     }
 }
 
+#[test]
+fn zero_bucket_view_refuses_a_group_of_another_dtype() {
+    // Two float32 parameters and a float64 one. PyTorch checks dtypes only in its constructor,
+    // and its bucket view then casts a rank's parameters to the dtype of its last one; distopt
+    // keeps every dtype, so the bucket view refuses the group and the plain layout takes it.
+    let params = [
+        Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap(),
+        Tensor::from_f32(&[3], vec![3.0, 4.0, 5.0]).unwrap(),
+        Tensor::from_f64(distopt::DType::Float64, &[2], &[0.1, 0.2]).unwrap(),
+    ];
+    for bucket in [true, false] {
+        let world = Arc::new(SimulatedWorld::new(2).unwrap());
+        let mut replicas = Replicas::replicate(Arc::new(CpuBackend::new()), 2, &params).unwrap();
+        let mut zero = ZeroRedundancyOptimizer::new(
+            world,
+            &replicas,
+            vec![(vec![0, 1], Default::default())],
+            "SGD",
+            &options(json!({"lr": 0.5})),
+            ZeroOptions::default().with_parameters_as_bucket_view(bucket),
+        )
+        .unwrap();
+        let added = zero
+            .add_param_group(&replicas, vec![2], &Default::default())
+            .block_on()
+            .map_err(distopt::Error::from);
+        if bucket {
+            assert_error(
+                added,
+                ErrorKind::ValueError,
+                "ZeroRedundancyOptimizer only supports using the same dense type for all parameters but got both torch.FloatTensor and torch.DoubleTensor",
+            );
+            assert_eq!(zero.param_groups(), vec![vec![0, 1]]);
+        } else {
+            added.unwrap();
+        }
+        for rank in 0..2 {
+            let g = |n: usize, dtype| Some(Tensor::from_f64(dtype, &[n], &vec![1.0; n]).unwrap());
+            let f32 = distopt::DType::Float32;
+            let grads = [g(2, f32), g(3, f32), g(2, distopt::DType::Float64)];
+            replicas.set_grads(rank, &grads).unwrap();
+        }
+        zero.step(&mut replicas).unwrap();
+        // Every rank holds every update: the float32 ones, and the float64 one when added.
+        let moved = if bucket {
+            vec![0.1, 0.2]
+        } else {
+            vec![-0.4, -0.3]
+        };
+        for rank in 0..2 {
+            let p = |j| {
+                replicas
+                    .param(rank, j)
+                    .block_on()
+                    .unwrap()
+                    .values_f64()
+                    .unwrap()
+            };
+            assert_eq!(p(0), vec![0.5, 1.5], "bucket view {bucket}, rank {rank}");
+            assert_eq!(
+                p(1),
+                vec![2.5, 3.5, 4.5],
+                "bucket view {bucket}, rank {rank}"
+            );
+            assert_eq!(p(2), moved, "bucket view {bucket}, rank {rank}");
+        }
+    }
+}
+
 /// A real [`SimulatedWorld`] whose collectives fail on demand (a lost peer, a broken transport):
 /// the arithmetic stays real, only the failure path is provoked. `fail` makes every following
 /// rank-axis collective fail before it touches the arena.

@@ -491,8 +491,9 @@ impl ZeroRedundancyOptimizerJs {
     }
 
     /// Adds a parameter group (replica indices not yet optimized); the partition is
-    /// recomputed, earlier parameters keep their ranks and state. The promise is rejected with
-    /// every rank's error (`rankErrors`).
+    /// recomputed, earlier parameters keep their ranks and state. A group may bring another
+    /// dtype, except with `parametersAsBucketView` (a `ValueError`: one flat bucket holds one
+    /// dtype). The promise is rejected with every rank's error (`rankErrors`).
     #[wasm_bindgen(js_name = addParamGroup, unchecked_return_type = "Promise<void>")]
     pub fn add_param_group(&self, group: ZeroAddedGroupArg) -> JsResult<Promise> {
         let (params, options) =
