@@ -29,8 +29,9 @@ tests/golden/README.md says the kinds were made:
   a group added later counts);
 * `zero_trajectory` (W = 2, 3, 4), section 10: SGD or Adam with random options over random
   groups, float32 or bfloat16, with or without the bucket view, per-rank gradients with
-  `null`s (the owner's too), and now and then a group added at a step (no reload), sometimes
-  of another dtype (then without the bucket view).
+  `null`s (the owner's too), and now and then a group added at a step, sometimes of another
+  dtype (then without the bucket view); at W = 4 also cases with a `reload`: the run on a
+  subgroup of 2 to 4 ranks, the reload on another.
 
     /work/torchenv/bin/python scripts/torch-fuzz-gloo.py --out /tmp/fuzz-gloo --cases 60
     DISTOPT_GOLDEN_DIR=/tmp/fuzz-gloo cargo test --release --test golden
@@ -227,10 +228,17 @@ ZERO_TOLERANCE = {
 }
 
 
-def zero_trajectory_case(rank, W, rng_state):
-    """One random ZeRO trajectory: (input, expected) on rank 0, None on the others."""
+def zero_trajectory_case(rank, W, rng_state, subgroups=None):
+    """One random ZeRO trajectory: (input, expected) on rank 0, None on the others.
+
+    With `subgroups` ({size: process group of ranks 0..size-1}, in a world of 4), the run takes
+    a random subgroup of 2 to 4 ranks, and a `reload` follows: fresh parameters and a fresh
+    optimizer on another random subgroup load the consolidated state dict and step on.
+    """
     from torch.distributed.optim import ZeroRedundancyOptimizer
     rng = random.Random(rng_state)
+    W1, W2 = (rng.choice([2, 3, 4]), rng.choice([2, 3, 4])) if subgroups else (W, None)
+    pg1 = subgroups[W1] if subgroups else None
     name = rng.choice(["SGD", "Adam"])
     if name == "SGD":
         options = rng.choice([{"lr": 0.1}, {"lr": 0.05, "momentum": 0.9},
@@ -254,62 +262,102 @@ def zero_trajectory_case(rank, W, rng_state):
     if rng.random() < 0.3:
         # Now and then the group has another dtype: PyTorch checks dtypes only in the
         # constructor. Such a case goes without the bucket view, where PyTorch would cast the
-        # rank's parameters to the dtype of its last one (distopt refuses that group).
-        add_dtype = dtype if rng.random() < 0.6 else rng.choice(
+        # rank's parameters to the dtype of its last one (distopt refuses that group), and
+        # without a reload (whose constructor takes every group at once).
+        add_dtype = dtype if subgroups or rng.random() < 0.6 else rng.choice(
             [torch.float64, torch.bfloat16 if dtype == torch.float32 else torch.float32])
         add = {"step": rng.randint(0, steps - 1),
                "initial_params": [torch.randn(shape(), generator=gen).to(add_dtype)
                                   for _ in range(rng.randint(1, 2))],
                "options": rng.choice([{}, {"lr": 0.07}])}
+    mixed = add is not None and add["initial_params"][0].dtype != dtype
+
+    def random_grads(count, like, ranks, same):
+        one = [torch.randn(p.shape, generator=gen).to(p.dtype) for p in like]
+        per_rank = []
+        for r in range(ranks):
+            g = one if same else [torch.randn(p.shape, generator=gen).to(p.dtype) for p in like]
+            per_rank.append([None if rng.random() < 0.15 else x for x in g][:count])
+        return per_rank
+
     same = rng.random() < 0.4
     grads = []
     for t in range(steps):
         count = n + (len(add["initial_params"]) if add and t >= add["step"] else 0)
         like = initial + (add["initial_params"] if add and t >= add["step"] else [])
-        one = [torch.randn(p.shape, generator=gen).to(p.dtype) for p in like]
-        per_rank = []
-        for r in range(W):
-            g = one if same else [torch.randn(p.shape, generator=gen).to(p.dtype) for p in like]
-            per_rank.append([None if rng.random() < 0.15 else x for x in g][:count])
-        grads.append(per_rank)
-    bucket = rng.random() < 0.3 and not (add and add["initial_params"][0].dtype != dtype)
-    params = [p.clone().requires_grad_(True) for p in initial]
+        grads.append(random_grads(count, like, W1, same))
+    bucket = rng.random() < 0.3 and not mixed
+    reload = None
+    if subgroups:
+        everything = initial + (add["initial_params"] if add else [])
+        reload = {"world_size": W2, "parameters_as_bucket_view": rng.random() < 0.3 and not mixed,
+                  "grads": [[one[0]] * W2 for one in (
+                      [random_grads(len(everything), everything, 1, True)
+                       for _ in range(rng.randint(1, 3))])]}
     kwargs = dict(options)
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
-    zero = ZeroRedundancyOptimizer(
-        [{"params": [params[j] for j in g["param_indices"]], **g["options"]} for g in groups],
-        optimizer_class=getattr(torch.optim, name), parameters_as_bucket_view=bucket, **kwargs)
-    before = None
-    after = []
-    for t in range(steps):
-        if add and t == add["step"]:
-            before = [zero._param_to_rank[p] for p in params]
-            new = [x.clone().requires_grad_(True) for x in add["initial_params"]]
-            zero.add_param_group({"params": new, **add["options"]})
-            params += new
-        for i, p in enumerate(params):
-            g = grads[t][rank][i]
-            p.grad = None if g is None else g.clone()
-        zero.step()
-        after.append([tensor_json(p.detach()) for p in params])
-    zero.consolidate_state_dict(to=0)
-    sizes = [None] * W
-    dist.all_gather_object(sizes, sum(1 for v in zero.optim.state.values() if v))
-    everyone = [None] * W
-    dist.all_gather_object(everyone, after)
+
+    def run(ranks, pg, param_groups, values, grads, bucket, state_dict=None):
+        """Steps a fresh ZeRO on `pg`; the records of every rank on rank 0, else None."""
+        params = [p.clone().requires_grad_(True) for p in values]
+        zero = ZeroRedundancyOptimizer(
+            [{"params": [params[j] for j in g["param_indices"]], **g["options"]}
+             for g in param_groups],
+            optimizer_class=getattr(torch.optim, name), parameters_as_bucket_view=bucket,
+            process_group=pg, **kwargs)
+        out = {}
+        if state_dict is not None:
+            zero.load_state_dict(state_dict)
+            out["local_state_sizes_after_load"] = gathered(
+                sum(1 for v in zero.optim.state.values() if v), pg, ranks)
+        after = []
+        for t in range(len(grads)):
+            if add and state_dict is None and t == add["step"]:
+                out["rank_of_param_before_add"] = [zero._param_to_rank[p] for p in params]
+                new = [x.clone().requires_grad_(True) for x in add["initial_params"]]
+                zero.add_param_group({"params": new, **add["options"]})
+                params += new
+            for i, p in enumerate(params):
+                g = grads[t][rank][i]
+                p.grad = None if g is None else g.clone()
+            zero.step()
+            after.append([tensor_json(p.detach()) for p in params])
+        zero.consolidate_state_dict(to=0)
+        sizes = gathered(sum(1 for v in zero.optim.state.values() if v), pg, ranks)
+        everyone = gathered(after, pg, ranks)
+        if rank != 0:
+            return None
+        sd = zero.state_dict()
+        state = {str(k): {key: (tensor_json(v) if torch.is_tensor(v) else v)
+                          for key, v in entry.items()} for k, entry in sd["state"].items()}
+        param_groups = [dict(g) for g in sd["param_groups"]]
+        for g in param_groups:
+            if "betas" in g:
+                g["betas"] = list(g["betas"])
+        index = {id(p): i for i, p in enumerate(params)}
+        out.update({
+            "params_after_step": [[everyone[r][t] for r in range(ranks)]
+                                  for t in range(len(grads))],
+            "consolidated_state_dict": {"state": state, "param_groups": param_groups},
+            "local_state_sizes": sizes, "rank_of_param": [zero._param_to_rank[p] for p in params],
+            "params_per_rank": [[index[id(p)] for g in rank_groups for p in g["params"]]
+                                for rank_groups in zero._partition_parameters()]})
+        return out, sd, [p.detach().clone() for p in params]
+
+    first = run(W1, pg1, groups, initial, grads, bucket) if rank < W1 else None
+    if reload:
+        # Rank 0 hands every rank the state dict and its final parameters.
+        shared = [first[1:] if rank == 0 else None]
+        dist.broadcast_object_list(shared, src=0)
+        sd, values = shared[0]
+        all_groups = groups + ([{"param_indices": list(range(n, len(values))),
+                                 "options": add["options"]}] if add else [])
+        second = (run(W2, subgroups[W2], all_groups, values, reload["grads"],
+                      reload["parameters_as_bucket_view"], sd) if rank < W2 else None)
     if rank != 0:
         return None
-    sd = zero.state_dict()
-    state = {str(k): {key: (tensor_json(v) if torch.is_tensor(v) else v)
-                      for key, v in entry.items()} for k, entry in sd["state"].items()}
-    param_groups = [dict(g) for g in sd["param_groups"]]
-    for g in param_groups:
-        if "betas" in g:
-            g["betas"] = list(g["betas"])
-    ranks = [zero._param_to_rank[p] for p in params]
-    index = {id(p): i for i, p in enumerate(params)}
-    inp = {"world_size": W, "optimizer": {"name": name, "options": options},
+    inp = {"world_size": W1, "optimizer": {"name": name, "options": options},
            "parameters_as_bucket_view": bucket, "param_groups": groups,
            "initial_params": [tensor_json(p) for p in initial],
            "grads": [[[None if g is None else tensor_json(g) for g in rank_grads]
@@ -318,14 +366,20 @@ def zero_trajectory_case(rank, W, rng_state):
         inp["add_param_group_at_step"] = {
             "step": add["step"], "initial_params": [tensor_json(p) for p in add["initial_params"]],
             "options": add["options"]}
-    expected = {"params_after_step": [[everyone[r][t] for r in range(W)] for t in range(steps)],
-                "consolidated_state_dict": {"state": state, "param_groups": param_groups},
-                "local_state_sizes": sizes, "rank_of_param": ranks,
-                "params_per_rank": [[index[id(p)] for g in rank_groups for p in g["params"]]
-                                    for rank_groups in zero._partition_parameters()]}
-    if before is not None:
-        expected["rank_of_param_before_add"] = before
+    expected = first[0]
+    if reload:
+        inp["reload"] = dict(reload, grads=[[[None if g is None else tensor_json(g) for g in r]
+                                             for r in step] for step in reload["grads"]])
+        expected["reload"] = {k: v for k, v in second[0].items()
+                              if k != "params_per_rank"}
     return inp, expected
+
+
+def gathered(value, pg, ranks):
+    """`value` of every rank of `pg` (a list of `ranks` entries, on every member)."""
+    out = [None] * ranks
+    dist.all_gather_object(out, value, group=pg)
+    return out
 
 
 def optimizer_spec(rng, outer):
@@ -875,6 +929,14 @@ def worker(rank, W, port, args):
             made = make(rank, W, f"{tag}-{W}-{args.seed}-{k}")
             if made is not None:
                 write(kind, k, description, *made, tolerance)
+    if W == 4 and wanted("zero_trajectory"):
+        # Reloads into another world size: runs on subgroups of this world's ranks.
+        subgroups = {2: dist.new_group([0, 1]), 3: dist.new_group([0, 1, 2]), 4: None}
+        for k in range(args.cases):
+            made = zero_trajectory_case(rank, W, f"zr-{W}-{args.seed}-{k}", subgroups)
+            if made is not None:
+                write("zero_trajectory", f"reload{k}", "random ZeRO trajectory and reload",
+                      *made, ZERO_TOLERANCE)
     for kind in ["periodic_averager", "hierarchical_averager"]:
         if kind == "periodic_averager" and W not in (2, 4):
             continue
