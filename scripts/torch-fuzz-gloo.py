@@ -12,9 +12,10 @@ tests/golden/README.md says the kinds were made:
   empty, ties), and now and then a group added with `add_param_group`;
 * `diloco` (W = 2, 3, 4), section 13b: random inner and outer optimizers (SGD, Adam, AdamW),
   `sync_every`, mixed dtypes and missing gradients;
-* `post_local_sgd` (W = 4), section 8, its `explicit_grads` variant: SGD or Adam under a
-  periodic or hierarchical averager, missing gradients (the same on every rank), and now and
-  then a save and load of the state dict, with or without its `"step"`;
+* `post_local_sgd` (W = 4), section 8: SGD or Adam under a periodic or hierarchical averager,
+  either variant (`explicit_grads` with missing gradients, the same on every rank; `ddp_hook`:
+  DDP with PyTorch's `post_localSGD_hook`), and now and then a save and load of the state
+  dict, with or without its `"step"`;
 * `zero_join` (W = 2, 3, 4), section 12: DDP and ZeRO inside `Join` with uneven steps per
   rank, SGD or Adam, either `zero_grad` placement, `divide_by_initial_world_size` either way,
   with or without the bucket view;
@@ -470,11 +471,14 @@ def diloco_case(rank, W, rng_state):
 
 
 def post_local_sgd_case(rank, W, rng_state):
-    """One random PostLocalSGDOptimizer run (explicit gradients): (input, expected) on rank 0."""
+    """One random PostLocalSGDOptimizer run, either variant: (input, expected) on rank 0."""
     import copy
     from collections import OrderedDict
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+        PostLocalSGDState, post_localSGD_hook)
     from torch.distributed.optim import PostLocalSGDOptimizer
     rng = random.Random(rng_state)
+    variant = rng.choice(["explicit_grads", "explicit_grads", "ddp_hook"])
     name = rng.choice(["SGD", "Adam"])
     options = dict(rng.choice([{"lr": 0.1}, {"lr": 0.1, "momentum": 0.9},
                                {"lr": 0.05, "momentum": 0.8, "nesterov": True}])
@@ -498,12 +502,40 @@ def post_local_sgd_case(rank, W, rng_state):
     dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16])
     initial = [[torch.randn(s, generator=gen).to(dtype) for s in shapes] for _ in range(W)]
     # At least one gradient per step: with none, an averaging step is torch.cat's ValueError.
-    missing = [[rng.random() < 0.15 for _ in shapes] for _ in range(steps)]
+    # DDP's backward gives every parameter a gradient.
+    missing = [[variant == "explicit_grads" and rng.random() < 0.15 for _ in shapes]
+               for _ in range(steps)]
     for row in missing:
         row[rng.randrange(len(row))] = False
     grads = [[[None if missing[t][j] else torch.randn(s, generator=gen).to(dtype)
                for j, s in enumerate(shapes)] for _ in range(W)] for t in range(steps)]
-    params = [torch.nn.Parameter(p.clone()) for p in initial[rank]]
+    hook, ddp, seen, extra = None, None, {}, {}
+    if variant == "ddp_hook":
+        # The averager's warm-up equals the hook's start_localSGD_iter, as PyTorch's
+        # documentation asks.
+        hook = {"start_localSGD_iter": warmup, "subgroup_size": 2,
+                "post_local_gradient_allreduce": True, "process_group": None}
+
+        class Model(torch.nn.Module):
+            def __init__(self, values):
+                super().__init__()
+                self.ps = torch.nn.ParameterList([torch.nn.Parameter(v.clone()) for v in values])
+
+            def forward(self, gs):
+                return sum((p * g).sum() for p, g in zip(self.ps, gs))
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ddp = torch.nn.parallel.DistributedDataParallel(Model(initial[rank]))
+        subgroup, _ = dist.new_subgroups(group_size=2)
+        ddp.register_comm_hook(PostLocalSGDState(process_group=None, subgroup=subgroup,
+                                                 start_localSGD_iter=warmup),
+                               post_localSGD_hook)
+        params = list(ddp.module.parameters())
+        seen["params_after_ddp_init"] = [tensor_json(p.detach()) for p in params]
+        seen["grads_seen"] = []
+    else:
+        params = [torch.nn.Parameter(p.clone()) for p in initial[rank]]
     kwargs = dict(options)
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
@@ -519,7 +551,7 @@ def post_local_sgd_case(rank, W, rng_state):
                     (p, g) for p, g in averager["period_group_size_dict"]),
                 warmup_steps=warmup)
         opt = PostLocalSGDOptimizer(optim=local, averager=avg)
-        sizes, before_each, after, extra = [], [], [], {}
+        sizes, before_each, after = [], [], []
         real_average = utils.average_parameters_or_parameter_groups
 
         def recording(p, process_group):
@@ -530,8 +562,12 @@ def post_local_sgd_case(rank, W, rng_state):
         try:
             for t in range(steps):
                 opt.zero_grad()
-                for p, g in zip(params, grads[t][rank]):
-                    p.grad = None if g is None else g.clone()
+                if ddp is None:
+                    for p, g in zip(params, grads[t][rank]):
+                        p.grad = None if g is None else g.clone()
+                else:
+                    ddp([g.clone() for g in grads[t][rank]]).backward()
+                    seen["grads_seen"].append([tensor_json(p.grad) for p in params])
                 before_each.append(avg.step)
                 sizes.append(None)
                 opt.step()
@@ -549,7 +585,8 @@ def post_local_sgd_case(rank, W, rng_state):
         for x in w:
             if str(x.message) not in caught:
                 caught.append(str(x.message))
-    mine = {"after": after, "sd": post_local_state_json(opt.state_dict()), "warnings": caught}
+    mine = {"after": after, "sd": post_local_state_json(opt.state_dict()), "warnings": caught,
+            "seen": seen}
     everyone = [None] * W
     dist.all_gather_object(everyone, mine)
     if rank != 0:
@@ -560,20 +597,26 @@ def post_local_sgd_case(rank, W, rng_state):
             if text not in union:
                 union.append(text)
     inp = {"world_size": W, "optimizer": {"name": name, "options": options},
-           "averager": averager, "variant": "explicit_grads", "hook": None,
+           "averager": averager, "variant": variant, "hook": hook,
            "initial_params": [[tensor_json(p) for p in r] for r in initial],
            "grads": [[[None if g is None else tensor_json(g) for g in r] for r in step]
                      for step in grads],
            "load_state_dict": load}
-    expected = {"params_after_step": [[everyone[r]["after"][t] for r in range(W)]
-                                      for t in range(steps)],
-                "averaged_at_steps": [t for t, g in enumerate(sizes) if g is not None],
-                "averaging_group_size_at_step": sizes,
-                "averager_step_before_each_step": before_each,
-                "final_averager_step": avg.step, **extra,
-                "state_dict_rank0": everyone[0]["sd"],
-                "state_dict_per_rank": [r["sd"] for r in everyone],
-                "warnings": union}
+    expected = {}
+    if variant == "ddp_hook":
+        expected["params_after_ddp_init"] = [r["seen"]["params_after_ddp_init"]
+                                             for r in everyone]
+        expected["grads_seen"] = [[r["seen"]["grads_seen"][t] for r in everyone]
+                                  for t in range(steps)]
+    expected.update({"params_after_step": [[everyone[r]["after"][t] for r in range(W)]
+                                           for t in range(steps)],
+                     "averaged_at_steps": [t for t, g in enumerate(sizes) if g is not None],
+                     "averaging_group_size_at_step": sizes,
+                     "averager_step_before_each_step": before_each,
+                     "final_averager_step": avg.step, **extra,
+                     "state_dict_rank0": everyone[0]["sd"],
+                     "state_dict_per_rank": [r["sd"] for r in everyone],
+                     "warnings": union})
     return inp, expected
 
 
