@@ -94,6 +94,14 @@ struct Shard {
     optim: Box<dyn LocalOptimizer>,
 }
 
+/// Rank `rank`'s local optimizer's warning for each group in `groups` that holds a tensor
+/// twice (PyTorch's `add_param_group` warns once per group).
+fn warn_duplicates(rank: usize, groups: &[usize]) {
+    for _ in groups {
+        warnings::emit(Warning::user(args::DUPLICATE_WARNING).on_ranks([rank]));
+    }
+}
+
 /// What one rank owns: its parameters (global indices, distinct, in `params_per_rank` order;
 /// the `k`-th is parameter `k` of its shard). Known for every rank of the world, so that a
 /// process can take part in the broadcast of a shard it does not hold.
@@ -323,6 +331,10 @@ impl ZeroRedundancyOptimizer {
         for (rank, per_group) in partition.params_per_rank_per_group.iter().enumerate() {
             let mut global: Vec<usize> = Vec::new();
             let mut local_groups: Vec<Vec<usize>> = Vec::new();
+            // The new groups with a tensor twice on this rank: its local optimizer warns once
+            // for each, after checking its options (PyTorch's constructor checks them before
+            // `add_param_group`).
+            let mut duplicates_in: Vec<usize> = Vec::new();
             for (g, group) in per_group.iter().enumerate() {
                 let mut local = Vec::new();
                 for &i in group {
@@ -339,10 +351,8 @@ impl ZeroRedundancyOptimizer {
                         }
                     };
                     if local.contains(&k) {
-                        // Rank `rank`'s local optimizer warns (as its own
-                        // `add_param_group` does), in the process that holds it.
-                        if g >= new_groups && local_index(self.world.as_ref(), rank).is_some() {
-                            warnings::emit(Warning::user(args::DUPLICATE_WARNING).on_ranks([rank]));
+                        if g >= new_groups && !duplicates_in.contains(&g) {
+                            duplicates_in.push(g);
                         }
                     } else {
                         local.push(k);
@@ -396,6 +406,7 @@ impl ZeroRedundancyOptimizer {
                     for (g, (_, o)) in local_groups.iter().zip(&self.groups).skip(old_groups) {
                         optim.add_param_group(g.clone(), o)?;
                     }
+                    warn_duplicates(rank, &duplicates_in);
                     shards.push(Shard {
                         params: params_mut,
                         optim,
@@ -413,6 +424,7 @@ impl ZeroRedundancyOptimizer {
                     &self.defaults,
                 )?,
             };
+            warn_duplicates(rank, &duplicates_in);
             shards.push(Shard { params, optim });
         }
         self.shards = shards;
