@@ -94,6 +94,28 @@ struct Shard {
     optim: Box<dyn LocalOptimizer>,
 }
 
+/// The local optimizer's class (a functional optimizer computes as its class does), after
+/// PyTorch's checks of a functional optimizer against `overlap_with_ddp`.
+fn local_class(optimizer: &str, options: ZeroOptions) -> Result<OptimizerKind> {
+    let functional = optimizer.starts_with("_Functional");
+    if !options.overlap_with_ddp && functional {
+        return Err(Error::value(format!(
+            "Passing in a functional optimizer {} when `overlap_with_ddp=False`",
+            class_repr(optimizer)
+        )));
+    }
+    if options.overlap_with_ddp && !functional && optimizer.parse::<OptimizerKind>().is_err() {
+        return Err(Error::value(format!(
+            "Using `ddp_with_overlap=True` requires using a functional optimizer, but there is no supported functional optimizer equivalent for {}",
+            class_repr(optimizer)
+        )));
+    }
+    optimizer
+        .strip_prefix("_Functional")
+        .unwrap_or(optimizer)
+        .parse()
+}
+
 /// Rank `rank`'s local optimizer's warning for each group in `groups` that holds a tensor
 /// twice (PyTorch's `add_param_group` warns once per group).
 fn warn_duplicates(rank: usize, groups: &[usize]) {
@@ -208,20 +230,24 @@ impl ZeroRedundancyOptimizer {
         warnings::with_ranks(local.clone(), || {
             let groups = args::validate(params)?
                 .into_iter()
-                .map(|(tensors, options)| {
+                .map(|(tensors, group_options)| {
                     let indices = tensors
                         .iter()
                         .map(|t| {
                             resolve(t).ok_or_else(|| {
-                                Error::value(format!(
-                                    "tensor {} ({}) is not a parameter of the replicas: it has no data to optimize",
-                                    t.id,
-                                    t.typename()
-                                ))
+                                // PyTorch takes a meta tensor; distopt has no data to give
+                                // it, and says so once PyTorch's own checks have passed.
+                                Self::check_local_optimizer(replicas, optimizer, defaults, options)
+                                    .err()
+                                    .unwrap_or_else(|| Error::value(format!(
+                                        "tensor {} ({}) is not a parameter of the replicas: it has no data to optimize",
+                                        t.id,
+                                        t.typename()
+                                    )))
                             })
                         })
                         .collect::<Result<Vec<usize>>>()?;
-                    Ok((indices, options))
+                    Ok((indices, group_options))
                 })
                 .collect::<Result<Vec<_>>>()?;
             Self::construct(world, replicas, groups, optimizer, defaults, options)
@@ -259,24 +285,7 @@ impl ZeroRedundancyOptimizer {
                 return Err(args::mixed_dense_types(dtype, replicas.dtype(j)));
             }
         }
-        let functional = optimizer.starts_with("_Functional");
-        if !options.overlap_with_ddp && functional {
-            return Err(Error::value(format!(
-                "Passing in a functional optimizer {} when `overlap_with_ddp=False`",
-                class_repr(optimizer)
-            )));
-        }
-        if options.overlap_with_ddp && !functional && optimizer.parse::<OptimizerKind>().is_err() {
-            return Err(Error::value(format!(
-                "Using `ddp_with_overlap=True` requires using a functional optimizer, but there is no supported functional optimizer equivalent for {}",
-                class_repr(optimizer)
-            )));
-        }
-        // The local optimizer's class (a functional optimizer computes as its class does).
-        let kind: OptimizerKind = optimizer
-            .strip_prefix("_Functional")
-            .unwrap_or(optimizer)
-            .parse()?;
+        let kind = local_class(optimizer, options)?;
         let global: Vec<usize> = groups.iter().flat_map(|(g, _)| g.iter().copied()).collect();
         let mut zero = ZeroRedundancyOptimizer {
             world,
@@ -302,6 +311,26 @@ impl ZeroRedundancyOptimizer {
             zero.build_shards(replicas, Vec::new(), 0)?;
         }
         Ok(zero)
+    }
+
+    /// What PyTorch's constructor raises after its parameter checks: [`local_class`]'s errors,
+    /// then (without `overlap_with_ddp`) the local optimizer's own checks of `defaults`.
+    fn check_local_optimizer(
+        replicas: &Replicas,
+        optimizer: &str,
+        defaults: &OptionMap,
+        options: ZeroOptions,
+    ) -> Result<()> {
+        let kind = local_class(optimizer, options)?;
+        if !options.overlap_with_ddp {
+            optim::build(
+                kind,
+                replicas,
+                vec![(Vec::new(), OptionMap::new())],
+                defaults,
+            )?;
+        }
+        Ok(())
     }
 
     fn initialized(&self) -> Result<&Partition> {
@@ -674,7 +703,8 @@ impl ZeroRedundancyOptimizer {
             self.groups.truncate(old_groups);
             return Err(e);
         }
-        self.consolidated = None;
+        // The consolidated state is kept, as PyTorch keeps `_all_state_dicts`: it no longer
+        // matches the groups, which `state_dict` says.
         Ok(())
     }
 
@@ -812,15 +842,24 @@ impl ZeroRedundancyOptimizer {
     /// of a plain optimizer, on the rank it was consolidated to; a `RuntimeError` elsewhere.
     ///
     /// # Errors
-    /// A `RuntimeError` unless the state was consolidated to `rank` (by the last
-    /// [`ZeroRedundancyOptimizer::consolidate_state_dict`], with no group added since), or when the
-    /// optimizer is not initialized (`overlap_with_ddp`).
+    /// A `RuntimeError` unless the state was consolidated to `rank` by the last
+    /// [`ZeroRedundancyOptimizer::consolidate_state_dict`]; one saying the groups do not match
+    /// when a group was added since (PyTorch's assertion); one when the optimizer is not
+    /// initialized (`overlap_with_ddp`).
     pub fn state_dict(&self, rank: usize) -> Result<Value> {
         if self.options.overlap_with_ddp {
             return Err(not_initialized());
         }
         match &self.consolidated {
-            Some((to, state)) if *to == rank => Ok(state.clone()),
+            Some((to, state)) if *to == rank => {
+                let groups = state["param_groups"].as_array().map_or(0, Vec::len);
+                if groups != self.groups.len() {
+                    return Err(Error::runtime(
+                        "Mismatch between number of local and global parameter groups",
+                    ));
+                }
+                Ok(state.clone())
+            }
             _ => Err(not_consolidated(rank)),
         }
     }
