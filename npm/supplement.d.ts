@@ -136,7 +136,7 @@ export function tensor<D extends DType>(
 // ---------------------------------------------------------------------------------------------
 
 /** The Python exception classes distopt's errors mirror. */
-export type ErrorName = 'ValueError' | 'TypeError' | 'RuntimeError' | 'IndexError' | 'ZeroDivisionError';
+export type ErrorName = 'ValueError' | 'TypeError' | 'RuntimeError' | 'IndexError' | 'ZeroDivisionError' | 'AssertionError';
 
 /** What distopt throws: `name` is the Python class, `message` PyTorch's text. */
 export interface DistoptError extends Error {

@@ -729,10 +729,13 @@ def zero_errors_case(rank, W, rng_state):
     elif form == "param_groups":
         groups = []
         for _ in range(rng.randint(1, 3)):
+            before = len(created)
             g = {"params": [description() for _ in range(rng.randint(1, 3))],
                  "options": rng.choice([{}, {}, {"lr": 0.5}])}
             if rng.random() < 0.05:
+                # A group without `params` creates no tensors: a later `ref` cannot name them.
                 del g["params"]
+                del created[before:]
             groups.append(g)
         params = {"form": form, "groups": groups}
     elif form == "empty_list":
@@ -745,16 +748,23 @@ def zero_errors_case(rank, W, rng_state):
         params = {"form": form, "value": 3}
     else:
         params = {"form": form, "tensor": description(), "group_params": [description()]}
-    name = rng.choice(["SGD", "Adam"])
+    # Now and then a functional optimizer, or one without a functional equivalent (NAdam,
+    # with overlap_with_ddp only: distopt has no NAdam to run).
+    name = rng.choices(["SGD", "Adam", "_FunctionalSGD", "_FunctionalAdam", "NAdam"],
+                       [10, 6, 1, 1, 1])[0]
+    sgd_like = name in ("SGD", "_FunctionalSGD")
     options = dict(rng.choice([{"lr": 0.1}, {"lr": 0.01}]))
-    if name == "SGD" and rng.random() < 0.4:
+    if sgd_like and rng.random() < 0.4:
         options["momentum"] = 0.9
+    if name == "Adam" and rng.random() < 0.2:
+        options["amsgrad"] = True
     if rng.random() < 0.1:
         key, bad = rng.choice([("lr", -1.0), ("lr", -0.5)] + (
-            [("momentum", -0.5), ("weight_decay", -0.1)] if name == "SGD" else
+            [("momentum", -0.5), ("weight_decay", -0.1)] if sgd_like else
             [("eps", -1e-3), ("betas", [1.0, 0.9]), ("weight_decay", -0.2)]))
         options[key] = bad
     bucket = rng.random() < 0.5
+    overlap = name == "NAdam" or rng.random() < 0.15
 
     tensors = []
 
@@ -796,10 +806,17 @@ def zero_errors_case(rank, W, rng_state):
         return [make(params["tensor"]), {"params": [make(d) for d in params["group_params"]]}]
 
     calls = []
+    # The constructor's dtype (where it succeeds, every tensor has it).
+    ctor_dtype = next((d["dtype"] for d in created if "dtype" in d), main)
     plain = all("device" not in d and "layout" not in d and d.get("leaf", True) for d in created)
+    # A state dict to load is made as the call runs (from the optimizer's groups then): only
+    # where every tensor is distinct, so that global indices are positions.
+    loadable = plain and not any("ref" in d for d in created)
     for _ in range(rng.randint(0, 4)):
         kind = rng.choice(["step", "consolidate", "state_dict", "state_dict", "add"]
-                          + (["grads"] * 2 if plain else []))
+                          + (["grads"] * 2 if plain else [])
+                          + (["requires"] if plain and created else [])
+                          + (["load"] * 2 if loadable else []))
         if kind == "grads":
             calls.append({"method": "set_grads", "grads": [
                 {"dtype": d["dtype"], "shape": d["shape"],
@@ -811,11 +828,17 @@ def zero_errors_case(rank, W, rng_state):
             calls.append({"method": "consolidate_state_dict", "to": rng.randint(-1, W)})
         elif kind == "state_dict":
             calls.append({"method": "state_dict"})
+        elif kind == "requires":
+            calls.append({"method": "set_requires_grad", "param": rng.randrange(len(created)),
+                          "value": rng.random() < 0.3})
+        elif kind == "load":
+            calls.append({"method": "load_state_dict", "variant": rng.choice(
+                ["valid", "valid", "valid", "group_count", "index_out_of_range"])})
         else:
             # Another dtype only without the bucket view: with it PyTorch casts the rank's
             # parameters to the dtype of its last one, and distopt refuses the group.
             calls.append({"method": "add_param_group", "params": [
-                {"dtype": main if bucket else rng.choice([main, main, "float64"]),
+                {"dtype": ctor_dtype if bucket else rng.choice([main, main, "float64"]),
                  "shape": [2]}]})
 
     events = []
@@ -826,7 +849,10 @@ def zero_errors_case(rank, W, rng_state):
                 events.append(("logging", "WARNING", record.getMessage()))
 
     handler = Catch()
-    logging.getLogger().addHandler(handler)
+    # ZeroRedundancyOptimizer logs through its own logger, which does not propagate.
+    loggers = [logging.getLogger(), logging.getLogger(ZeroRedundancyOptimizer.__module__)]
+    for logger in loggers:
+        logger.addHandler(handler)
     stages, failed = [], False
 
     def stage(label, fn):
@@ -856,8 +882,15 @@ def zero_errors_case(rank, W, rng_state):
             kwargs = dict(options)
             if "betas" in kwargs:
                 kwargs["betas"] = tuple(kwargs["betas"])
-            zero = ZeroRedundancyOptimizer(built, optimizer_class=getattr(torch.optim, name),
-                                           parameters_as_bucket_view=bucket, **kwargs)
+            if name.startswith("_Functional"):
+                from torch.distributed.optim.functional_adam import _FunctionalAdam
+                from torch.distributed.optim.functional_sgd import _FunctionalSGD
+                cls = {"_FunctionalSGD": _FunctionalSGD, "_FunctionalAdam": _FunctionalAdam}[name]
+            else:
+                cls = getattr(torch.optim, name)
+            zero = ZeroRedundancyOptimizer(built, optimizer_class=cls,
+                                           parameters_as_bucket_view=bucket,
+                                           overlap_with_ddp=overlap, **kwargs)
         failed = stage("constructor", construct) is not None
         if not failed:
             for k, call in enumerate(calls):
@@ -872,13 +905,21 @@ def zero_errors_case(rank, W, rng_state):
                     stage(f"calls[{k}]", lambda: zero.consolidate_state_dict(to=call["to"]))
                 elif m == "state_dict":
                     stage(f"calls[{k}]", zero.state_dict)
+                elif m == "set_requires_grad":
+                    tensors[call["param"]].requires_grad_(call["value"])
+                elif m == "load_state_dict":
+                    sd = state_dict_to_load(zero, call.pop("variant"),
+                                            random.Random(f"{rng_state}-{k}"))
+                    call["state_dict"] = sd
+                    stage(f"calls[{k}]", lambda sd=sd: zero.load_state_dict(torch_state(sd)))
                 else:
                     new = [torch.zeros(d["shape"], dtype=names[d["dtype"]], requires_grad=True)
                            for d in call["params"]]
 
                     stage(f"calls[{k}]", lambda new=new: zero.add_param_group({"params": new}))
     finally:
-        logging.getLogger().removeHandler(handler)
+        for logger in loggers:
+            logger.removeHandler(handler)
     # The constructor's tensors, in creation order (a group added later is not recorded).
     mine = {"stages": stages, "failed": failed,
             "params": None if failed else [
@@ -890,9 +931,13 @@ def zero_errors_case(rank, W, rng_state):
     dist.all_gather_object(everyone, mine)
     if rank != 0:
         return None
+    for call in calls:
+        if call.pop("variant", None) is not None:
+            # Never made: the constructor failed first.
+            call["state_dict"] = {"state": {}, "param_groups": []}
     inp = {"world_size": W, "constructor": {
         "params": params, "optimizer": {"name": name, "options": options},
-        "parameters_as_bucket_view": bucket, "overlap_with_ddp": False}, "calls": calls}
+        "parameters_as_bucket_view": bucket, "overlap_with_ddp": overlap}, "calls": calls}
     expected, stage_list, texts, details = {}, [], [], []
     for i, (label, _, _) in enumerate(everyone[0]["stages"]):
         per = [r["stages"][i] for r in everyone]
@@ -901,6 +946,10 @@ def zero_errors_case(rank, W, rng_state):
         raised = [r for r, (_, o, _) in enumerate(per) if o is not None]
         if raised:
             entry["error_type"] = per[raised[0]][1][0]
+            types = [None if o is None else o[0] for _, o, _ in per]
+            if len({t for t in types if t is not None}) > 1:
+                # Not in the golden format, which has one class per stage: the runners read it.
+                entry["error_types_per_rank"] = types
             entry["messages_per_rank"] = [None if o is None else o[1] for _, o, _ in per]
             if "error" not in expected:
                 messages = [per[r][1][1] for r in raised]
@@ -920,8 +969,59 @@ def zero_errors_case(rank, W, rng_state):
     expected["stages"] = stage_list
     if not everyone[0]["failed"]:
         expected["params_after_per_rank"] = [r["params"] for r in everyone]
-        expected["rank_of_param"] = everyone[0]["ranks"]
+        if not overlap:
+            # With overlap_with_ddp the assignment follows DDP's buckets, which never exist here.
+            expected["rank_of_param"] = everyone[0]["ranks"]
     return inp, expected
+
+
+def state_dict_to_load(zero, variant, rng):
+    """A state dict for `zero.load_state_dict`, in the golden JSON form: `valid` (every group
+    as the optimizer has it, with another lr, and random state for some parameters),
+    `group_count` (no groups) or `index_out_of_range` (state for an index past the last)."""
+    groups = zero.param_groups
+    params = [p for g in groups for p in g["params"]]
+    if variant == "group_count":
+        return {"state": {}, "param_groups": []}
+    json_groups, start = [], 0
+    for g in groups:
+        entry = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+        entry["params"] = list(range(start, start + len(g["params"])))
+        if variant == "valid" and rng.random() < 0.7:
+            entry["lr"] = rng.choice([0.5, 0.05, 0.2])
+        start += len(g["params"])
+        json_groups.append(entry)
+    if variant == "index_out_of_range":
+        return {"state": {str(len(params) + 2): {"momentum_buffer": tensor_json(torch.zeros(1))}},
+                "param_groups": json_groups}
+    state = {}
+    for i, p in enumerate(params):
+        if p.is_sparse or p.device.type == "meta" or rng.random() < 0.4:
+            continue
+        like = lambda low=-1.0: torch.tensor(
+            [round(rng.uniform(low, 1.0), 3) for _ in range(p.numel())]).reshape(p.shape).to(p.dtype)
+        g = next(g for g in groups if any(q is p for q in g["params"]))
+        if "betas" in g:
+            entry = {"step": tensor_json(torch.tensor(float(rng.randint(1, 5)))),
+                     "exp_avg": tensor_json(like()), "exp_avg_sq": tensor_json(like(0.0))}
+            if g.get("amsgrad"):
+                entry["max_exp_avg_sq"] = tensor_json(like(0.0))
+        elif g.get("momentum", 0) != 0:
+            entry = {"momentum_buffer": tensor_json(like())}
+        else:
+            continue
+        state[str(i)] = entry
+    return {"state": state, "param_groups": json_groups}
+
+
+def torch_state(sd):
+    """The golden JSON state dict as PyTorch's (integer keys, tensors; a fresh copy, since
+    ZeroRedundancyOptimizer.load_state_dict writes into the dict it is given)."""
+    tensor = lambda t: torch.tensor(t["data"], dtype=getattr(torch, t["dtype"])).reshape(t["shape"])
+    return {"state": {int(k): {n: tensor(v) for n, v in entry.items()}
+                      for k, entry in sd["state"].items()},
+            "param_groups": [dict(g, **({"betas": tuple(g["betas"])} if "betas" in g else {}))
+                             for g in sd["param_groups"]]}
 
 
 def post_local_state_json(sd):

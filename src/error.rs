@@ -17,6 +17,9 @@ pub enum ErrorKind {
     IndexError,
     /// Python's `ZeroDivisionError`.
     ZeroDivisionError,
+    /// Python's `AssertionError`: a consistency check PyTorch asserts, mirrored where PyTorch
+    /// users meet it (ZeRO's `state_dict` after a group was added).
+    AssertionError,
 }
 
 impl ErrorKind {
@@ -28,6 +31,7 @@ impl ErrorKind {
             ErrorKind::RuntimeError => "RuntimeError",
             ErrorKind::IndexError => "IndexError",
             ErrorKind::ZeroDivisionError => "ZeroDivisionError",
+            ErrorKind::AssertionError => "AssertionError",
         }
     }
 
@@ -39,6 +43,7 @@ impl ErrorKind {
             "RuntimeError" => ErrorKind::RuntimeError,
             "IndexError" => ErrorKind::IndexError,
             "ZeroDivisionError" => ErrorKind::ZeroDivisionError,
+            "AssertionError" => ErrorKind::AssertionError,
             _ => return None,
         })
     }

@@ -843,9 +843,9 @@ impl ZeroRedundancyOptimizer {
     ///
     /// # Errors
     /// A `RuntimeError` unless the state was consolidated to `rank` by the last
-    /// [`ZeroRedundancyOptimizer::consolidate_state_dict`]; one saying the groups do not match
-    /// when a group was added since (PyTorch's assertion); one when the optimizer is not
-    /// initialized (`overlap_with_ddp`).
+    /// [`ZeroRedundancyOptimizer::consolidate_state_dict`], or when the optimizer is not
+    /// initialized (`overlap_with_ddp`); PyTorch's `AssertionError` that the groups do not
+    /// match when a group was added since the consolidation.
     pub fn state_dict(&self, rank: usize) -> Result<Value> {
         if self.options.overlap_with_ddp {
             return Err(not_initialized());
@@ -854,7 +854,8 @@ impl ZeroRedundancyOptimizer {
             Some((to, state)) if *to == rank => {
                 let groups = state["param_groups"].as_array().map_or(0, Vec::len);
                 if groups != self.groups.len() {
-                    return Err(Error::runtime(
+                    return Err(Error::new(
+                        ErrorKind::AssertionError,
                         "Mismatch between number of local and global parameter groups",
                     ));
                 }

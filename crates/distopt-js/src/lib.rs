@@ -5,8 +5,8 @@
 //! wrong that Rust's types rule out (integers, indices, array shapes), calls the library, and
 //! converts back. No algorithm lives here. Every failure becomes a thrown JS `Error` whose
 //! `name` is the Python exception class (`ValueError`, `TypeError`, `RuntimeError`,
-//! `IndexError`, `ZeroDivisionError`) and whose `message` is the library's message; nothing
-//! traps.
+//! `IndexError`, `ZeroDivisionError`, `AssertionError`) and whose `message` is the library's
+//! message; nothing traps.
 //!
 //! Objects that JS may use while an asynchronous read of them is in flight (replicas,
 //! optimizers) live in `Rc<RefCell<…>>`: a call that would need an object that a pending read
