@@ -25,6 +25,11 @@ does not support it.
 Run it with the torchft peer's interpreter (never in CI):
 
     /work/torchenv/bin/python scripts/torchft-cases.py [NAME_SUBSTRING ...]
+
+`--random N --seed S --out DIR` writes N random cases into DIR instead (for the golden runners'
+`DISTOPT_GOLDEN_DIR`): 2 to 4 ranks, 1 to 4 fragments over 4 parameters (any grouping), random
+`sync_every`, `fragment_sync_delay` and `fragment_update_alpha`, inner and outer optimizers,
+float32 and bfloat16 parameters, missing gradients.
 """
 
 import json
@@ -378,7 +383,53 @@ CASES = [
 ]
 
 
+def random_spec(rng, k, seed):
+    """Case `k` of `--random`: make_case's arguments."""
+    world = rng.randint(2, 4)
+    order = list(range(4))
+    rng.shuffle(order)
+    count = rng.randint(1, 4)
+    cuts = sorted(rng.sample(range(1, 4), count - 1))
+    fragments = [sorted(order[a:b]) for a, b in zip([0] + cuts, cuts + [4])]
+    per_fragment = rng.randint(1, 3)
+    sync_every = per_fragment * count
+    inner = rng.choice([SGD_INNER, ADAM_INNER, ADAMW_INNER,
+                        {"name": "SGD", "options": {"lr": 0.03, "momentum": 0.8, "nesterov": True}}])
+    outer = rng.choice([NESTEROV, PLAIN, {"name": "SGD", "options": {"lr": 0.5}},
+                        {"name": "SGD", "options": {"lr": 0.7, "momentum": 0.5}}])
+    dtypes = tuple(rng.choice(["float32", "float32", "bfloat16"]) for _ in range(4))
+    periods = rng.randint(2, 3)
+    missing = {(t, r, j) for t in range(periods * sync_every) for r in range(world)
+               for j in range(4) if rng.random() < 0.08}
+    delay = rng.randint(0, per_fragment - 1)
+    alpha = rng.choice([0.0, 0.0, 0.3, 0.5, 0.9, 1.0])
+    return dict(
+        name=f"streaming_diloco_fuzz_{seed}_{k}",
+        description=f"random: {world} ranks, fragments {fragments}, sync_every {sync_every}, "
+                    f"delay {delay}, alpha {alpha}",
+        world=world, sync_every=sync_every, fragments=fragments, delay=delay, alpha=alpha,
+        inner=inner, outer=outer, dtypes=dtypes, periods=periods, missing=missing,
+        seed=rng.randrange(1 << 30))
+
+
 def main():
+    if sys.argv[1:2] == ["--random"]:
+        import argparse
+        import random
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--random", type=int, required=True)
+        ap.add_argument("--seed", type=int, default=0)
+        ap.add_argument("--out", required=True)
+        args = ap.parse_args()
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        rng = random.Random(args.seed)
+        for k in range(args.random):
+            case = make_case(**random_spec(rng, k, args.seed))
+            (out / f"{case['name']}.json").write_text(json.dumps(case) + "\n")
+            print(f"wrote {case['name']}: synced at {case['expected']['synced_at_steps']}",
+                  flush=True)
+        return
     OUT.mkdir(exist_ok=True)
     wanted = sys.argv[1:]
     for spec in CASES:
