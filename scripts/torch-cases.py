@@ -25,6 +25,7 @@ Run it with the PyTorch peer's interpreter (never in CI):
 import json
 import math
 import pathlib
+import socket
 
 import torch
 
@@ -53,6 +54,13 @@ SHAPES = [[37], [3, 33], []]
 # float64 elements at a time on AVX-512, then finish element by element) and a 3-d tensor.
 TAIL_SHAPES = [[37], [67], [131], [2, 3, 35]]
 STEPS = 5
+
+
+def free_port():
+    """A free TCP port on 127.0.0.1 (the random-case scripts' process groups and RPC)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def tensor_json(t):

@@ -49,7 +49,6 @@ import math
 import os
 import pathlib
 import random
-import socket
 import warnings
 
 import torch
@@ -65,6 +64,7 @@ _spec = importlib.util.spec_from_file_location(
 torch_cases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(torch_cases)
 tensor_json = torch_cases.tensor_json
+free_port = torch_cases.free_port
 
 TOLERANCE = {
     "float32": {"rtol": 1e-05, "atol": 1e-06},
@@ -1170,12 +1170,6 @@ def zero_errors(W, args, hang_seconds=20):
                 break
         else:
             first = args.cases
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

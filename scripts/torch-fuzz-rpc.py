@@ -22,7 +22,6 @@ import logging
 import os
 import pathlib
 import random
-import socket
 import warnings
 
 import torch
@@ -36,6 +35,7 @@ _spec = importlib.util.spec_from_file_location(
 torch_cases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(torch_cases)
 tensor_json = torch_cases.tensor_json
+free_port = torch_cases.free_port
 
 TOLERANCE = {
     "float32": {"rtol": 1e-05, "atol": 1e-06},
@@ -183,12 +183,6 @@ def process(rank, workers, port, args):
                     "expected": expected, "tolerance": TOLERANCE}
             (out / f"{case_name}.json").write_text(json.dumps(case))
     rpc.shutdown()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
