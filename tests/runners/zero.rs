@@ -618,7 +618,15 @@ fn compare_stages(case: &Case, local: &Range<usize>, stages: &[Stage]) -> Result
         (Some(stage), None) => Err(format!("unexpected error at {}", stage.name)),
         (Some(stage), Some(_)) => {
             let error = stage.errors.iter().flatten().next().ok_or("no error")?;
-            compare_error(case, error)?;
+            // With a class per rank, `error` is the lowest raising rank's, which this process
+            // may not hold; the stage's comparison has checked every rank's class and text.
+            let per_rank_types = want
+                .iter()
+                .find(|w| w["stage"] == stage.name.as_str())
+                .is_some_and(|w| w.get("error_types_per_rank").is_some());
+            if !per_rank_types {
+                compare_error(case, error)?;
+            }
             if expected["error_at"] != stage.name.as_str() {
                 return Err(format!(
                     "error at {}, expected at {}",
