@@ -166,6 +166,9 @@ GOLDEN_TOLERANCE = {
     "bfloat16": {"rtol": 0.02, "atol": 0.02},
     "float64": {"rtol": 1e-12, "atol": 1e-12},
 }
+# The shared cases' tolerance for ZeRO and DistributedOptimizer (tighter 16-bit atol).
+ZERO_TOLERANCE = dict(GOLDEN_TOLERANCE, float16={"rtol": 0.005, "atol": 0.001},
+                      bfloat16={"rtol": 0.02, "atol": 0.002})
 
 
 def single_tensor_cases():

@@ -66,12 +66,7 @@ _spec.loader.exec_module(torch_cases)
 tensor_json = torch_cases.tensor_json
 free_port = torch_cases.free_port
 
-TOLERANCE = {
-    "float32": {"rtol": 1e-05, "atol": 1e-06},
-    "float16": {"rtol": 0.005, "atol": 0.005},
-    "bfloat16": {"rtol": 0.02, "atol": 0.02},
-    "float64": {"rtol": 1e-12, "atol": 1e-12},
-}
+TOLERANCE = torch_cases.GOLDEN_TOLERANCE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
@@ -223,12 +218,7 @@ def zero_partition_case(rank, W, rng_state):
     return inp, after, local, (before if added is not None else None)
 
 
-ZERO_TOLERANCE = {
-    "float32": {"rtol": 1e-05, "atol": 1e-06},
-    "float16": {"rtol": 0.005, "atol": 0.001},
-    "bfloat16": {"rtol": 0.02, "atol": 0.002},
-    "float64": {"rtol": 1e-12, "atol": 1e-12},
-}
+ZERO_TOLERANCE = torch_cases.ZERO_TOLERANCE
 
 
 def zero_trajectory_case(rank, W, rng_state, subgroups=None):

@@ -37,12 +37,7 @@ _spec.loader.exec_module(torch_cases)
 tensor_json = torch_cases.tensor_json
 free_port = torch_cases.free_port
 
-TOLERANCE = {
-    "float32": {"rtol": 1e-05, "atol": 1e-06},
-    "float16": {"rtol": 0.005, "atol": 0.001},
-    "bfloat16": {"rtol": 0.02, "atol": 0.002},
-    "float64": {"rtol": 1e-12, "atol": 1e-12},
-}
+TOLERANCE = torch_cases.ZERO_TOLERANCE
 
 
 # Run on the owners, through RPC.
