@@ -17,9 +17,12 @@ trajectory found by scripts/torch-fuzz.py whose update cancels almost all of the
 The fused cases depend on the host PyTorch ran on (the vector widths), so a run that is only
 adding these leaves them as they are.
 
+`--fused-nan` writes only the fused AMSGrad cases with NaN gradients (`fused_nan_cases`),
+whose sizes give the same answer on AVX2, Arm and AVX-512 hosts.
+
 Run it with the PyTorch peer's interpreter (never in CI):
 
-    /work/torchenv/bin/python scripts/torch-cases.py [--single-tensor]
+    /work/torchenv/bin/python scripts/torch-cases.py [--single-tensor | --fused-nan]
 """
 
 import json
@@ -279,11 +282,50 @@ def fused_cases():
     return cases
 
 
+def fused_nan_cases():
+    """Adam(fused=True, amsgrad=True) with NaN gradients in the vector body and the scalar
+    remainder of PyTorch's fused CPU kernel: `maximum` keeps the NaN in the body, `std::max`
+    keeps the old maximum in the remainder (the last `numel % V` elements, V = 8 float32, 4
+    float64, 16 float16/bfloat16 on AVX2 and Arm, twice that on AVX-512). The sizes leave the
+    same remainder on both (`numel % 2V < V`), and one size is all remainder on both."""
+    sizes = {"float32": [21, 5], "float64": [11, 3], "float16": [39, 13], "bfloat16": [39, 13]}
+    gen = torch.Generator().manual_seed(41)
+    cases = []
+    for dtype, shape_sizes in sizes.items():
+        dt = DTYPES[dtype]
+        initial = [torch.randn(n, generator=gen, dtype=torch.float64).to(dt) for n in shape_sizes]
+
+        def grads(nan):
+            out = []
+            for n in shape_sizes:
+                g = torch.randn(n, generator=gen, dtype=torch.float64)
+                if nan:
+                    body = n - n % (32 // torch.empty(0, dtype=dt).element_size())
+                    for i in {1, body - 1, body + 1, n - 1}:
+                        if 0 <= i < n:
+                            g[i] = float("nan")
+                out.append(g.to(dt))
+            return out
+        steps = [grads(False), grads(False), grads(True), grads(False)]
+        cases.append(trajectory(
+            f"local_optimizer_fused_adam_{dtype}_amsgrad_nan_remainder",
+            f"Adam(fused=True, amsgrad=True) on {dtype}: NaN gradients in the fused kernel's "
+            "vector body (the maximum becomes NaN) and its scalar remainder (it keeps the old "
+            "maximum)",
+            "Adam", {"lr": 0.01, "betas": [0.9, 0.99], "amsgrad": True, "fused": True},
+            initial, steps, GOLDEN_TOLERANCE))
+    return cases
+
+
 def main():
     import sys
-    cases = single_tensor_cases()
-    if "--single-tensor" not in sys.argv[1:]:
-        cases = fused_cases() + cases
+    args = sys.argv[1:]
+    if "--fused-nan" in args:
+        cases = fused_nan_cases()
+    else:
+        cases = single_tensor_cases()
+    if not {"--single-tensor", "--fused-nan"} & set(args):
+        cases = fused_cases() + fused_nan_cases() + cases
     OUT.mkdir(parents=True, exist_ok=True)
     for c in cases:
         (OUT / f"{c['name']}.json").write_text(json.dumps(c) + "\n")

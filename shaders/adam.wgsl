@@ -43,14 +43,29 @@ fn nan_max(a: f32, b: f32) -> f32 {
     return max(a, b);
 }
 
-fn nan_max4(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(nan_max(a.x, b.x), nan_max(a.y, b.y), nan_max(a.z, b.z), nan_max(a.w, b.w));
+// The running maximum of four elements, the first `first` of its parameter: torch.maximum,
+// but C++'s `std::max(old, v)` from `s.remainder_from` on (PyTorch's fused kernel's scalar
+// remainder, where a NaN `v` keeps `old`; see `AdamScalars::remainder_from` in
+// src/backend/kernels/tables.rs).
+fn running_max4(v: vec4<f32>, old: vec4<f32>, first: u32, remainder_from: u32) -> vec4<f32> {
+    var out = vec4<f32>(nan_max(v.x, old.x), nan_max(v.y, old.y), nan_max(v.z, old.z), nan_max(v.w, old.w));
+    for (var l = 0u; l < 4u; l = l + 1u) {
+        if (first + l >= remainder_from) {
+            if (is_nan(old[l]) || is_nan(v[l])) {
+                out[l] = old[l];
+            } else {
+                out[l] = select(old[l], v[l], old[l] < v[l]);
+            }
+        }
+    }
+    return out;
 }
 
 
 // One half (four elements) of the update: the new parameter, first and second moments, and
 // the running maximum (amsgrad).
-fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, max_old: vec4<f32>, s: AdamScalars) -> array<vec4<f32>, 4> {
+// `first`: the index of the first of the four elements in its parameter.
+fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, max_old: vec4<f32>, s: AdamScalars, first: u32) -> array<vec4<f32>, 4> {
     var p = p_in;
     var g = g_in;
     if ((s.flags & MAXIMIZE) != 0u) {
@@ -74,7 +89,7 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
     let v = r(exact_fma(s.one_minus_beta2 * g, g, v_scaled));
     var second = v;
     if ((s.flags & AMSGRAD) != 0u) {
-        second = nan_max4(v, max_old);
+        second = running_max4(v, max_old, first, s.remainder_from);
     }
     let root = r(sqrt(second));
     // `(sqrt / bc2).add_(eps)`: eps becomes a tensor of the parameter's dtype first.
@@ -100,8 +115,9 @@ fn run(rank: u32, octet: u32, j: u32) {
     if (amsgrad) {
         old_max = load_max_exp_avg_sq(base, octet);
     }
-    let lo = update(p.lo, g.lo, m.lo, v.lo, old_max.lo, s);
-    let hi = update(p.hi, g.hi, m.hi, v.hi, old_max.hi, s);
+    let first = 8u * (geometry.first_octet + octet) - starts[j];
+    let lo = update(p.lo, g.lo, m.lo, v.lo, old_max.lo, s, first);
+    let hi = update(p.hi, g.hi, m.hi, v.hi, old_max.hi, s, first + 4u);
     store_exp_avg(base, octet, Eight(lo[1], hi[1]));
     store_exp_avg_sq(base, octet, Eight(lo[2], hi[2]));
     if (amsgrad) {

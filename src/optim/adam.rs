@@ -9,7 +9,8 @@ use super::kind::OptimizerKind;
 use super::options::OptionMap;
 use super::shell::{Optimizer, OptimizerMath, Shell, all_params, parse_state_tensor};
 use crate::backend::BoxFuture;
-use crate::backend::kernels::{AdamArenas, AdamScalars};
+use crate::backend::kernels::{AdamArenas, AdamScalars, remainder_from};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
 use crate::pyfmt::float_repr;
@@ -118,7 +119,7 @@ impl OptimizerMath for AdamMath {
         ]
     }
 
-    fn scalars(o: &AdamOptions, count: u64, has_grad: bool) -> AdamScalars {
+    fn scalars(o: &AdamOptions, count: u64, has_grad: bool, param: (usize, DType)) -> AdamScalars {
         if !has_grad {
             return AdamScalars::default();
         }
@@ -140,6 +141,11 @@ impl OptimizerMath for AdamMath {
             bias_correction2_sqrt,
             eps: o.eps,
             fused: o.fused,
+            remainder_from: if o.fused {
+                remainder_from(param.0, param.1.size_bytes())
+            } else {
+                usize::MAX
+            },
         }
     }
 

@@ -9,6 +9,7 @@ use super::sgd_options::SgdOptions;
 use super::shell::{Optimizer, OptimizerMath, Shell, all_params, parse_state_tensor};
 use crate::backend::BoxFuture;
 use crate::backend::kernels::{SgdArgs, SgdScalars};
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::json::tensor_to_json;
 use crate::replicas::{Replicas, StateArenas};
@@ -77,7 +78,7 @@ impl OptimizerMath for SgdMath {
         vec![&mut self.momentum]
     }
 
-    fn scalars(o: &SgdOptions, count: u64, has_grad: bool) -> SgdScalars {
+    fn scalars(o: &SgdOptions, count: u64, has_grad: bool, _param: (usize, DType)) -> SgdScalars {
         SgdScalars {
             active: has_grad,
             first_step: count == 0,

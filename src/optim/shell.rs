@@ -11,6 +11,7 @@ use super::kind::OptimizerKind;
 use super::local::LocalOptimizer;
 use super::options::{self, GroupOptions, OptionMap};
 use crate::backend::{BoxFuture, MaybeSendSync};
+use crate::dtype::DType;
 use crate::error::{Error, ErrorKind, Result};
 use crate::replicas::{Replicas, StateArenas, check_param_index};
 
@@ -301,8 +302,14 @@ pub trait OptimizerMath:
     fn state_arenas_mut(&mut self) -> Vec<&mut StateArenas>;
 
     /// The table entry of a parameter under `options` whose counter is `count` (steps taken,
-    /// as the shell keeps it), with a gradient on this rank or not.
-    fn scalars(options: &Self::Options, count: u64, has_grad: bool) -> Self::Scalars;
+    /// as the shell keeps it), with a gradient on this rank or not; `(numel, dtype)` is the
+    /// parameter's.
+    fn scalars(
+        options: &Self::Options,
+        count: u64,
+        has_grad: bool,
+        param: (usize, DType),
+    ) -> Self::Scalars;
 
     /// Whether the kernel updates the parameter of `entry`.
     fn active(entry: &Self::Scalars) -> bool;
@@ -474,6 +481,7 @@ impl<A: OptimizerMath> LocalOptimizer for Optimizer<A> {
                                 options,
                                 self.shell.count(rank, j),
                                 replicas.has_grad(rank, j),
+                                (replicas.numel(j), replicas.dtype(j)),
                             );
                         }
                     }

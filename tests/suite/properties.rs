@@ -1073,6 +1073,7 @@ mod optimizer_kernels {
                     bias_correction2_sqrt: (1.0 - beta2.powf(step)).sqrt(),
                     eps: rng.pick(&[1e-8, 1e-6]),
                     fused,
+                    remainder_from: rng.range(0, 130) as usize,
                 }
             })
             .collect();

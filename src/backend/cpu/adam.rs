@@ -14,7 +14,7 @@ use super::storage::{
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
     AdamArenas, AdamScalars, Chunking, ParamStarts, adam_rank, adam_rank_slices, check_adam_arenas,
-    fma_f32, host_words, host_words_mut, maximum,
+    fma_f32, host_words, host_words_mut, maximum, std_max,
 };
 use crate::dtype::StorageFormat;
 use crate::error::Result;
@@ -63,6 +63,7 @@ fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, S: Storag
     st: S,
     a: AdamRows<'_, S::Elem>,
 ) {
+    let remainder = a.remainder;
     let r = |x| st.r(x);
     let n = a.p.len();
     let (g, m, v) = (&a.g[..n], &mut a.m[..n], &mut a.v[..n]);
@@ -87,7 +88,14 @@ fn adam_block<const DECAY: u8, const UPPER: bool, const AMSGRAD: bool, S: Storag
         let v_new = r(fma_f32(c.one_minus_beta2 * grad, grad, v_scaled));
         v[i] = st.store(v_new);
         let second = if AMSGRAD {
-            let new = maximum(v_new, st.load(vmax[i]));
+            let old = st.load(vmax[i]);
+            // PyTorch's fused kernel's scalar remainder (`AdamScalars::remainder_from`): the
+            // rows' last ones at most, a separate call from `AdamSegment::run`.
+            let new = if remainder {
+                std_max(old, v_new)
+            } else {
+                maximum(v_new, old)
+            };
             vmax[i] = st.store(new);
             new
         } else {
@@ -107,6 +115,8 @@ struct AdamRows<'a, E> {
     m: &'a mut [E],
     v: &'a mut [E],
     vmax: &'a mut [E],
+    /// The rows are in PyTorch's fused scalar remainder (`AdamScalars::remainder_from`).
+    remainder: bool,
 }
 
 #[inline(always)]
@@ -241,15 +251,48 @@ impl OnStorage for AdamSegment<'_> {
     #[inline(always)]
     fn run<S: Storage>(self, st: S) {
         let [p, m, v, x] = self.arrays;
-        let seg = self.seg;
-        let rows = AdamRows {
-            p: rows_mut(p, seg),
-            g: rows(self.g, seg),
-            m: rows_mut(m, seg),
-            v: rows_mut(v, seg),
-            vmax: rows_mut(x, seg),
+        let (s, seg) = (self.s, self.seg);
+        let (p, g, m, v) = (
+            rows_mut(p, seg),
+            rows(self.g, seg),
+            rows_mut(m, seg),
+            rows_mut(v, seg),
+        );
+        let vmax = rows_mut(x, seg);
+        // The rows from `remainder_from` on (fused AMSGrad only) take their own call.
+        let split = if s.fused && s.amsgrad {
+            s.remainder_from.saturating_sub(seg.in_param).min(seg.len)
+        } else {
+            seg.len
         };
-        adam_dispatch(self.s, st, rows);
+        let (p, p_rest) = p.split_at_mut(split);
+        let (g, g_rest) = g.split_at(split);
+        let (m, m_rest) = m.split_at_mut(split);
+        let (v, v_rest) = v.split_at_mut(split);
+        let (vmax, vmax_rest) = vmax.split_at_mut(split.min(vmax.len()));
+        adam_dispatch(
+            s,
+            st,
+            AdamRows {
+                p,
+                g,
+                m,
+                v,
+                vmax,
+                remainder: false,
+            },
+        );
+        if split < seg.len {
+            let rows = AdamRows {
+                p: p_rest,
+                g: g_rest,
+                m: m_rest,
+                v: v_rest,
+                vmax: vmax_rest,
+                remainder: true,
+            };
+            adam_dispatch(s, st, rows);
+        }
     }
 }
 
@@ -312,6 +355,8 @@ mod tests {
                             bias_correction2_sqrt: (1.0f64 - 0.999 * 0.999).sqrt(),
                             eps: 1e-8,
                             fused: variant & 8 == 8,
+                            // Anywhere from the first element to past the last.
+                            remainder_from: (e * 37) % 160,
                         }
                     })
                     .collect();

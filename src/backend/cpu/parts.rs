@@ -21,6 +21,8 @@ pub(super) struct Segment {
     pub(super) first: usize,
     /// Elements.
     pub(super) len: usize,
+    /// The index of its first element in its parameter.
+    pub(super) in_param: usize,
 }
 
 /// The work of one step split into parts: part `k` covers flat elements
@@ -69,6 +71,7 @@ pub(super) fn plan(
     let mut out: Vec<Vec<Segment>> = vec![Vec::new()];
     let mut filled = 0;
     for (entry, mut first, mut len) in runs {
+        let run_start = first;
         while len > 0 {
             let room = target.saturating_sub(filled);
             // Close the part when it is full and another part may still start.
@@ -92,6 +95,7 @@ pub(super) fn plan(
                     entry,
                     first: first - base,
                     len: take,
+                    in_param: first - run_start,
                 });
             }
             filled += take;

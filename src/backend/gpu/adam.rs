@@ -48,7 +48,12 @@ impl GpuBackend {
                 neg_step_size: (-s.step_size) as f32,
                 bias_correction2_sqrt: s.bias_correction2_sqrt as f32,
                 eps: s.eps as f32,
-                _pad: [0; 3],
+                remainder_from: if s.fused {
+                    u32::try_from(s.remainder_from).unwrap_or(u32::MAX)
+                } else {
+                    u32::MAX
+                },
+                _pad: [0; 2],
             })
             .collect();
         let table_buffer = self.storage_buffer("distopt adam scalars", &table);

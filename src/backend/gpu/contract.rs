@@ -149,8 +149,11 @@ shader_struct! {
         neg_step_size: f32,
         bias_correction2_sqrt: f32,
         eps: f32,
+        /// Fused AMSGrad: the parameter's first element in PyTorch's scalar remainder
+        /// (`kernels::AdamScalars::remainder_from`); `u32::MAX` for none.
+        remainder_from: u32,
     }
-    padding: [u32; 3]
+    padding: [u32; 2]
 }
 
 shader_struct! {

@@ -5,7 +5,7 @@
 
 use super::{
     AdamScalars, Arena, Chunking, ParamStarts, Real, add_scaled, check_same_layout, check_table,
-    maximum, optional_rank_slices, rank_slices, rank_slices_mut, rounding_format,
+    maximum, optional_rank_slices, rank_slices, rank_slices_mut, rounding_format, std_max,
 };
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -131,6 +131,7 @@ pub(in crate::backend) fn adam_rank<T: Real>(
             T::scalar(s.bias_correction2_sqrt),
             T::scalar(s.eps),
         );
+        let start = range.start;
         for i in range {
             let mut param = T::load(format, p, i);
             let mut grad = T::load(format, g, i);
@@ -164,7 +165,12 @@ pub(in crate::backend) fn adam_rank<T: Real>(
             T::store(format, v, i, v_new);
             let second = match vmax.as_deref_mut() {
                 Some(vmax) if s.amsgrad => {
-                    let new = maximum(v_new, T::load(format, vmax, i));
+                    let old = T::load(format, vmax, i);
+                    let new = if s.fused && i - start >= s.remainder_from {
+                        std_max(old, v_new)
+                    } else {
+                        maximum(v_new, old)
+                    };
                     T::store(format, vmax, i, new);
                     new
                 }

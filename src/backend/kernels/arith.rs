@@ -176,6 +176,14 @@ pub(super) fn add_scaled<T: Real>(format: StorageFormat, x: T, alpha: T, y: T) -
     }
 }
 
+/// C++'s `std::max(old, new)`: `new` only when `old < new`, so a NaN `new` keeps `old` (the
+/// running maximum of PyTorch's fused Adam in its scalar remainder; see
+/// [`AdamScalars::remainder_from`](super::AdamScalars::remainder_from)).
+#[inline(always)]
+pub(crate) fn std_max<T: Real>(old: T, new: T) -> T {
+    if old < new { new } else { old }
+}
+
 /// `torch.maximum` of two elements: the larger, or a NaN where either is one (`a`'s first).
 #[inline(always)]
 pub(crate) fn maximum<T: Real>(a: T, b: T) -> T {

@@ -50,6 +50,13 @@
 //! tests/torch-cases/ are tighter than one unit in the last place, and none of those cases
 //! meets it.
 //!
+//! AMSGrad's running maximum under `fused=True` follows the kernel's two loops: its vector body
+//! takes `maximum` (a NaN second moment makes the maximum NaN, as `torch.maximum` does on the
+//! other paths), its scalar remainder `std::max(max_exp_avg_sq, exp_avg_sq)`, which keeps the
+//! old maximum where the new second moment is NaN. The remainder is the last `numel % V`
+//! elements of each parameter, `V` one 256-bit vector's elements (AVX2 and Arm hosts; an
+//! AVX-512 host's remainder, `numel % 2V`, ends with it): `AdamScalars::remainder_from`.
+//!
 //! So the fused and the single-tensor arithmetic are the same for float32 and float64, and
 //! differ for float16 and bfloat16 in the rounding of every intermediate. (PyTorch's own fused
 //! SGD rounds `param + grad * -lr` twice in its vector body, a last-bit difference on
@@ -68,7 +75,7 @@ mod tables;
 pub(crate) use adam::check_adam_arenas;
 pub use adam::{AdamArenas, adam_reference};
 pub(in crate::backend) use adam::{adam_rank, adam_rank_slices};
-pub(crate) use arith::{Real, fma_f32, maximum};
+pub(crate) use arith::{Real, fma_f32, maximum, std_max};
 use arith::{add_scaled, rounding_format};
 pub(crate) use average::check_average_args;
 pub use average::{AverageArgs, average_reference};
@@ -86,7 +93,7 @@ pub use sgd::{SgdArgs, sgd_reference};
 pub(in crate::backend) use sgd::{sgd_rank, sgd_rank_slices};
 use slices::{optional_rank_slices, rank_slices, rank_slices_mut};
 pub(crate) use tables::Chunking;
-pub use tables::{AdamScalars, ParamStarts, SgdScalars};
+pub use tables::{AdamScalars, ParamStarts, SgdScalars, remainder_from};
 use tables::{check_flags, check_same_layout, check_table};
 // Host access to an arena's words, for the reference kernels (and the CPU backend).
 use crate::backend::Arena;

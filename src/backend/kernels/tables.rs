@@ -101,6 +101,24 @@ pub struct AdamScalars {
     /// PyTorch's `fused=True`: rounded to the storage format only when stored (see
     /// [`SgdScalars::fused`]).
     pub fused: bool,
+    /// With `fused` and `amsgrad`: the element of the parameter from which the running maximum
+    /// is that of PyTorch's fused CPU kernel's scalar remainder, `std::max(max_exp_avg_sq,
+    /// exp_avg_sq)`, which keeps the old maximum where the new second moment is NaN, instead of
+    /// its vector body's `maximum`, where NaN wins ([`remainder_from`]). The element count or
+    /// more: no element (the single-tensor arithmetic's `torch.maximum` throughout).
+    pub remainder_from: usize,
+}
+
+/// Where PyTorch's fused CPU Adam kernel (`adam_math` in
+/// aten/src/ATen/native/cpu/FusedAdamKernel.cpp) leaves its vector loop for its scalar
+/// remainder in a parameter of `numel` elements stored `element_bytes` wide: the last `numel %
+/// V` elements, `V` the elements of one 256-bit ATen vector (8 float32, 4 float64, 16 float16
+/// or bfloat16). 256 bits is ATen's vector on AVX2 and Arm hosts (measured on AVX2 with torch
+/// 2.15: every thread count, sizes 1 to 400,003); an AVX-512 host's remainder is `numel %
+/// 2V`, which ends with this one.
+pub fn remainder_from(numel: usize, element_bytes: usize) -> usize {
+    let lanes = 32 / element_bytes.max(1);
+    numel - numel % lanes
 }
 
 /// Whether the arenas of one kernel call must also be chunked alike: the GPU backend binds
