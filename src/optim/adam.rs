@@ -141,7 +141,7 @@ impl OptimizerMath for AdamMath {
             bias_correction2_sqrt,
             eps: o.eps,
             fused: o.fused,
-            remainder_from: if o.fused {
+            remainder_from: if o.fused && o.amsgrad {
                 remainder_from(param.0, param.1.size_bytes())
             } else {
                 usize::MAX

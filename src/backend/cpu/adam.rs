@@ -119,6 +119,34 @@ struct AdamRows<'a, E> {
     remainder: bool,
 }
 
+impl<E> AdamRows<'_, E> {
+    /// The rows before `k`, and those from `k` on marked as the remainder.
+    fn split_remainder(self, k: usize) -> (Self, Self) {
+        let (p, p_rest) = self.p.split_at_mut(k);
+        let (g, g_rest) = self.g.split_at(k);
+        let (m, m_rest) = self.m.split_at_mut(k);
+        let (v, v_rest) = self.v.split_at_mut(k);
+        let (vmax, vmax_rest) = self.vmax.split_at_mut(k.min(self.vmax.len()));
+        let rest = AdamRows {
+            p: p_rest,
+            g: g_rest,
+            m: m_rest,
+            v: v_rest,
+            vmax: vmax_rest,
+            remainder: true,
+        };
+        let body = AdamRows {
+            p,
+            g,
+            m,
+            v,
+            vmax,
+            remainder: self.remainder,
+        };
+        (body, rest)
+    }
+}
+
 #[inline(always)]
 fn adam_dispatch<S: Storage>(s: &AdamScalars, rnd: S, rows: AdamRows<'_, S::Elem>) {
     let c = Adam::of(s, rnd);
@@ -252,46 +280,21 @@ impl OnStorage for AdamSegment<'_> {
     fn run<S: Storage>(self, st: S) {
         let [p, m, v, x] = self.arrays;
         let (s, seg) = (self.s, self.seg);
-        let (p, g, m, v) = (
-            rows_mut(p, seg),
-            rows(self.g, seg),
-            rows_mut(m, seg),
-            rows_mut(v, seg),
-        );
-        let vmax = rows_mut(x, seg);
-        // The rows from `remainder_from` on (fused AMSGrad only) take their own call.
-        let split = if s.fused && s.amsgrad {
-            s.remainder_from.saturating_sub(seg.in_param).min(seg.len)
-        } else {
-            seg.len
+        let rows = AdamRows {
+            p: rows_mut(p, seg),
+            g: rows(self.g, seg),
+            m: rows_mut(m, seg),
+            v: rows_mut(v, seg),
+            vmax: rows_mut(x, seg),
+            remainder: false,
         };
-        let (p, p_rest) = p.split_at_mut(split);
-        let (g, g_rest) = g.split_at(split);
-        let (m, m_rest) = m.split_at_mut(split);
-        let (v, v_rest) = v.split_at_mut(split);
-        let (vmax, vmax_rest) = vmax.split_at_mut(split.min(vmax.len()));
-        adam_dispatch(
-            s,
-            st,
-            AdamRows {
-                p,
-                g,
-                m,
-                v,
-                vmax,
-                remainder: false,
-            },
-        );
+        // The rows from `remainder_from` on take their own call, so the body's loop is the
+        // same as without them.
+        let split = s.remainder_from.saturating_sub(seg.in_param).min(seg.len);
+        let (body, rest) = rows.split_remainder(split);
+        adam_dispatch(s, st, body);
         if split < seg.len {
-            let rows = AdamRows {
-                p: p_rest,
-                g: g_rest,
-                m: m_rest,
-                v: v_rest,
-                vmax: vmax_rest,
-                remainder: true,
-            };
-            adam_dispatch(s, st, rows);
+            adam_dispatch(s, st, rest);
         }
     }
 }

@@ -48,11 +48,7 @@ impl GpuBackend {
                 neg_step_size: (-s.step_size) as f32,
                 bias_correction2_sqrt: s.bias_correction2_sqrt as f32,
                 eps: s.eps as f32,
-                remainder_from: if s.fused {
-                    u32::try_from(s.remainder_from).unwrap_or(u32::MAX)
-                } else {
-                    u32::MAX
-                },
+                remainder_from: u32::try_from(s.remainder_from).unwrap_or(u32::MAX),
                 _pad: [0; 2],
             })
             .collect();

@@ -166,7 +166,7 @@ pub(in crate::backend) fn adam_rank<T: Real>(
             let second = match vmax.as_deref_mut() {
                 Some(vmax) if s.amsgrad => {
                     let old = T::load(format, vmax, i);
-                    let new = if s.fused && i - start >= s.remainder_from {
+                    let new = if i - start >= s.remainder_from {
                         std_max(old, v_new)
                     } else {
                         maximum(v_new, old)

@@ -101,11 +101,11 @@ pub struct AdamScalars {
     /// PyTorch's `fused=True`: rounded to the storage format only when stored (see
     /// [`SgdScalars::fused`]).
     pub fused: bool,
-    /// With `fused` and `amsgrad`: the element of the parameter from which the running maximum
-    /// is that of PyTorch's fused CPU kernel's scalar remainder, `std::max(max_exp_avg_sq,
-    /// exp_avg_sq)`, which keeps the old maximum where the new second moment is NaN, instead of
-    /// its vector body's `maximum`, where NaN wins ([`remainder_from`]). The element count or
-    /// more: no element (the single-tensor arithmetic's `torch.maximum` throughout).
+    /// The element of the parameter from which AMSGrad's running maximum is that of PyTorch's
+    /// fused CPU kernel's scalar remainder, `std::max(max_exp_avg_sq, exp_avg_sq)`, which keeps
+    /// the old maximum where the new second moment is NaN, instead of its vector body's
+    /// `maximum`, where NaN wins ([`remainder_from`]; set under `fused` and `amsgrad` only).
+    /// The element count or more: no element (`torch.maximum` throughout, as every other path).
     pub remainder_from: usize,
 }
 
