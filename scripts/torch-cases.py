@@ -18,11 +18,12 @@ The fused cases depend on the host PyTorch ran on (the vector widths), so a run 
 adding these leaves them as they are.
 
 `--fused-nan` writes only the fused AMSGrad cases with NaN gradients (`fused_nan_cases`),
-whose sizes give the same answer on AVX2, Arm and AVX-512 hosts.
+whose sizes give the same answer on AVX2, Arm and AVX-512 hosts. `--foreach` writes only the
+cases of SGD's `foreach=True` momentum on the 16-bit formats (`foreach_cases`).
 
 Run it with the PyTorch peer's interpreter (never in CI):
 
-    /work/torchenv/bin/python scripts/torch-cases.py [--single-tensor | --fused-nan]
+    /work/torchenv/bin/python scripts/torch-cases.py [--single-tensor | --fused-nan | --foreach]
 """
 
 import json
@@ -81,7 +82,7 @@ def state_json(value):
 def envelope(name, description, optimizer, options, initial, grads, expected,
              tolerance=TOLERANCE, source=None):
     """One case in the golden format (tests/golden/README.md, kind `local_optimizer`)."""
-    path = "fused=True" if options.get("fused") else "foreach=False"
+    path = next((f"{k}=True" for k in ["fused", "foreach"] if options.get(k)), "foreach=False")
     return {
         "format": 1,
         "kind": "local_optimizer",
@@ -317,15 +318,48 @@ def fused_nan_cases():
     return cases
 
 
+def foreach_cases():
+    """SGD(foreach=True) with momentum on the 16-bit formats: `_multi_tensor_sgd` scales the
+    buffers with `_foreach_mul_`, which rounds the momentum to the format (bfloat16's 0.9 is
+    0.8984375), but only at a step where every parameter with a gradient has a buffer; at the
+    step where the last one gets its first gradient, each buffer takes its own `mul_` (the
+    momentum unrounded). Every size is below one vector (16 elements), so the arithmetic is
+    the scalar remainder's on every host, and the tolerance is below one unit in the last
+    place."""
+    shapes = [[15], [3, 4], []]
+    gen = torch.Generator().manual_seed(43)
+    cases = []
+    for dtype in ["float16", "bfloat16"]:
+        dt = DTYPES[dtype]
+        for label, options in [
+            ("dampening", {"lr": 0.05, "momentum": 0.9, "dampening": 0.1}),
+            ("nesterov_wd", {"lr": 0.05, "momentum": 0.7, "nesterov": True,
+                             "weight_decay": 0.01}),
+        ]:
+            initial = [torch.randn(s, generator=gen).to(dt) for s in shapes]
+            # The last parameter's first gradient comes at the third step.
+            grads = [[None if (t < 2 and j == 2) else torch.randn(s, generator=gen).to(dt)
+                      for j, s in enumerate(shapes)] for t in range(8)]
+            cases.append(trajectory(
+                f"local_optimizer_foreach_sgd_{dtype}_{label}",
+                f"SGD(foreach=True, {label}) on {dtype}: `_foreach_mul_` rounds the momentum "
+                "to the format once every parameter has a buffer; the step that creates the "
+                "last buffer scales each with `mul_`",
+                "SGD", dict(options, foreach=True), initial, grads, TOLERANCE))
+    return cases
+
+
 def main():
     import sys
     args = sys.argv[1:]
     if "--fused-nan" in args:
         cases = fused_nan_cases()
+    elif "--foreach" in args:
+        cases = foreach_cases()
     else:
         cases = single_tensor_cases()
-    if not {"--single-tensor", "--fused-nan"} & set(args):
-        cases = fused_cases() + fused_nan_cases() + cases
+    if not {"--single-tensor", "--fused-nan", "--foreach"} & set(args):
+        cases = fused_cases() + fused_nan_cases() + foreach_cases() + cases
     OUT.mkdir(parents=True, exist_ok=True)
     for c in cases:
         (OUT / f"{c['name']}.json").write_text(json.dumps(c) + "\n")

@@ -11,7 +11,7 @@
 // A parameter without a gradient on a rank (flags bit 0 clear) is skipped.
 
 // From optim_math: `r`, `add_scaled`. `struct SgdScalars` and the flag bits (ACTIVE,
-// FIRST_STEP, NESTEROV, MAXIMIZE, FUSED) are declared in front of this file from the Rust side
+// FIRST_STEP, NESTEROV, MAXIMIZE, FUSED, FOREACH_MOMENTUM) are declared in front of this file from the Rust side
 // (`SGD` in src/backend/gpu/contract.rs).
 
 override FORMAT: u32 = 0u;
@@ -38,10 +38,16 @@ fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> arr
     }
     var b = b_old;
     if (s.momentum != 0.0) {
+        // The scalar of the buffer's `mul_`; `_foreach_mul_` (FOREACH_MOMENTUM) rounds it to
+        // the format first.
+        var decay = vec4<f32>(s.momentum);
+        if ((s.flags & FOREACH_MOMENTUM) != 0u) {
+            decay = r(decay);
+        }
         if ((s.flags & FIRST_STEP) != 0u) {
             b = g;
         } else {
-            b = add_scaled(r(b_old * s.momentum), s.one_minus_dampening, g);
+            b = add_scaled(r(b_old * decay), s.one_minus_dampening, g);
         }
         if ((s.flags & NESTEROV) != 0u) {
             g = add_scaled(g, s.momentum, b);

@@ -89,6 +89,25 @@ impl OptimizerMath for SgdMath {
             one_minus_dampening: 1.0 - o.dampening,
             weight_decay: o.weight_decay,
             fused: o.fused,
+            foreach_momentum: o.foreach && o.momentum != 0.0,
+        }
+    }
+
+    /// `_multi_tensor_sgd` scales the buffers of a group and dtype with one `_foreach_mul_`
+    /// only when every parameter with a gradient has one already; otherwise each takes its own
+    /// `mul_`.
+    fn settle(entries: &mut [SgdScalars], groups: &[Option<usize>]) {
+        let mut without_buffer = Vec::new();
+        for (s, &g) in entries.iter().zip(groups) {
+            if let (Some(g), true) = (g, s.foreach_momentum && s.active && s.first_step) {
+                without_buffer.resize(without_buffer.len().max(g + 1), false);
+                without_buffer[g] = true;
+            }
+        }
+        for (s, &g) in entries.iter_mut().zip(groups) {
+            if g.is_some_and(|g| without_buffer.get(g) == Some(&true)) {
+                s.foreach_momentum = false;
+            }
         }
     }
 

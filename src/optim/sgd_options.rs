@@ -30,6 +30,12 @@ pub struct SgdOptions {
     /// parameter's format once per stored tensor instead of after every tensor operation
     /// (see `distopt::backend::kernels`).
     pub fused: bool,
+    /// PyTorch's `foreach=True` (default false, printed as PyTorch's `None`, which on CPU
+    /// tensors is the single-tensor path). Its one difference in value: the momentum buffers
+    /// of a group's float16 and bfloat16 parameters are scaled with `_foreach_mul_`, which
+    /// rounds the momentum to the format first (see
+    /// [`SgdScalars::foreach_momentum`](crate::backend::kernels::SgdScalars::foreach_momentum)).
+    pub foreach: bool,
 }
 
 impl Default for SgdOptions {
@@ -42,6 +48,7 @@ impl Default for SgdOptions {
             nesterov: false,
             maximize: false,
             fused: false,
+            foreach: false,
         }
     }
 }
@@ -89,6 +96,12 @@ impl SgdOptions {
         self
     }
 
+    /// With or without PyTorch's multi-tensor update (`foreach=True`).
+    pub fn with_foreach(mut self, foreach: bool) -> Self {
+        self.foreach = foreach;
+        self
+    }
+
     /// The options by PyTorch's keyword names.
     pub fn to_map(&self) -> OptionMap {
         let mut map = options::map(&[
@@ -99,9 +112,11 @@ impl SgdOptions {
             ("nesterov", json!(self.nesterov)),
             ("maximize", json!(self.maximize)),
         ]);
-        if self.fused {
-            // Only when set: PyTorch prints the default as `None`.
-            map.insert("fused".into(), json!(true));
+        // Only when set: PyTorch prints the defaults as `None`.
+        for (key, set) in [("fused", self.fused), ("foreach", self.foreach)] {
+            if set {
+                map.insert(key.into(), json!(true));
+            }
         }
         map
     }
@@ -125,6 +140,7 @@ impl GroupOptions for SgdOptions {
             nesterov: options::flag(map, "nesterov")?,
             maximize: options::flag(map, "maximize")?,
             fused: options::flag(map, "fused")?,
+            foreach: options::flag(map, "foreach")?,
         })
     }
 

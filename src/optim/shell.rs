@@ -139,11 +139,12 @@ impl<O: GroupOptions> Shell<O> {
 
     /// The options of replica parameter `j` (`None` when no group holds it).
     pub fn options_of(&self, j: usize) -> Option<&O> {
-        self.group_of
-            .get(j)
-            .copied()
-            .flatten()
-            .map(|g| &self.groups[g].options)
+        self.group_index(j).map(|g| &self.groups[g].options)
+    }
+
+    /// The index of the param group holding replica parameter `j` (`None` when none does).
+    pub fn group_index(&self, j: usize) -> Option<usize> {
+        self.group_of.get(j).copied().flatten()
     }
 
     /// The number of ranks.
@@ -311,6 +312,11 @@ pub trait OptimizerMath:
         param: (usize, DType),
     ) -> Self::Scalars;
 
+    /// Settles one rank's entries of a format bucket's table once all are built, `groups[k]`
+    /// being the param group of entry `k` (for what depends on the other parameters of a group
+    /// and dtype, as PyTorch's multi-tensor paths do). Default: nothing to settle.
+    fn settle(_entries: &mut [Self::Scalars], _groups: &[Option<usize>]) {}
+
     /// Whether the kernel updates the parameter of `entry`.
     fn active(entry: &Self::Scalars) -> bool;
 
@@ -473,11 +479,13 @@ impl<A: OptimizerMath> LocalOptimizer for Optimizer<A> {
             .iter()
             .map(|bucket| {
                 let members = bucket.members();
+                let groups: Vec<Option<usize>> =
+                    members.iter().map(|&j| self.shell.group_index(j)).collect();
                 let mut table = vec![A::Scalars::default(); ranks * members.len()];
-                for rank in 0..ranks {
+                for (rank, entries) in table.chunks_mut(members.len().max(1)).enumerate() {
                     for (k, &j) in members.iter().enumerate() {
                         if let Some(options) = self.shell.options_of(j) {
-                            table[rank * members.len() + k] = A::scalars(
+                            entries[k] = A::scalars(
                                 options,
                                 self.shell.count(rank, j),
                                 replicas.has_grad(rank, j),
@@ -485,6 +493,7 @@ impl<A: OptimizerMath> LocalOptimizer for Optimizer<A> {
                             );
                         }
                     }
+                    A::settle(entries, &groups);
                 }
                 table
             })

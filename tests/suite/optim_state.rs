@@ -332,6 +332,12 @@ fn zero_replays_pytorchs_optimizers_and_reloads_their_state() {
             }
             let name = case.input()["optimizer"]["name"].as_str().unwrap();
             let options = option_map(&case.input()["optimizer"]["options"]).unwrap();
+            if options.get("foreach") == Some(&Value::Bool(true)) {
+                // The multi-tensor path depends on which parameters share a local optimizer
+                // (SGD's `_foreach_mul_` waits for every buffer of its shard), so a ZeRO shard
+                // is not the single optimizer; the zero_trajectory cases pin ZeRO's own.
+                continue;
+            }
             let group = || vec![((0..initial.len()).collect::<Vec<_>>(), Default::default())];
             let (total, half) = (steps(&case), steps(&case) / 2);
             for bucket in [true, false] {

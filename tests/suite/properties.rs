@@ -1140,6 +1140,7 @@ mod optimizer_kernels {
                 one_minus_dampening: rng.pick(&[1.0, 0.9, 0.5]),
                 weight_decay: rng.pick(&[0.0, 0.01, 0.1]),
                 fused,
+                foreach_momentum: !fused && rng.chance(0.5),
             })
             .collect();
         let mut make = || arenas(backend, &mut rng, format, ranks, rank_len, false);

@@ -120,7 +120,11 @@ export interface SGDOptions {
   nesterov?: boolean;
   /** Maximize the objective (default false). */
   maximize?: boolean;
-  /** Accepted and recorded in the state dict, as PyTorch does. */
+  /**
+   * PyTorch's multi-tensor update (default null, which on CPU is false): recorded in the state
+   * dict, and with momentum on a float16/bfloat16 parameter the buffer is scaled by the
+   * momentum rounded to its dtype, as PyTorch's `_foreach_mul_` does.
+   */
   foreach?: boolean | null;
   differentiable?: boolean;
   /**

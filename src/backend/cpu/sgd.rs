@@ -32,13 +32,18 @@ struct Sgd {
 
 impl Sgd {
     /// The constants as the kernel uses them: the scalars of `add(alpha=)` rounded to the
-    /// storage format (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded.
+    /// storage format (see [`add_scaled`]); `mul_(momentum)` takes its scalar unrounded, but
+    /// for `_foreach_mul_` ([`SgdScalars::foreach_momentum`]).
     fn of<S: Storage>(s: &SgdScalars, rnd: S) -> Sgd {
         Sgd {
             flip: if s.maximize { 0x8000_0000 } else { 0 },
             neg_lr: rnd.r(-s.lr as f32),
             wd: rnd.r(s.weight_decay as f32),
-            momentum: s.momentum as f32,
+            momentum: if s.foreach_momentum {
+                rnd.r(s.momentum as f32)
+            } else {
+                s.momentum as f32
+            },
             momentum_alpha: rnd.r(s.momentum as f32),
             damp: rnd.r(s.one_minus_dampening as f32),
         }
@@ -261,9 +266,9 @@ mod tests {
         let ranks = 3;
         let mut v = Values(7);
         for format in FORMATS {
-            for variant in 0..32u32 {
-                if variant & 16 == 16 && format == StorageFormat::F64 {
-                    continue; // float64 runs the reference, fused or not
+            for variant in 0..64u32 {
+                if variant & 16 == 16 && format == StorageFormat::F64 || variant & 48 == 48 {
+                    continue; // float64 runs the reference, fused or not; fused excludes foreach
                 }
                 let scalars: Vec<SgdScalars> = (0..ranks * SIZES.len())
                     .map(|e| SgdScalars {
@@ -280,6 +285,7 @@ mod tests {
                             0.0
                         },
                         fused: variant & 16 == 16,
+                        foreach_momentum: variant & 48 == 32,
                     })
                     .collect();
                 let (p, g, b) = (

@@ -173,6 +173,7 @@ pub(crate) mod sgd_flags {
         NESTEROV = 4,
         MAXIMIZE = 8,
         FUSED = 16,
+        FOREACH_MOMENTUM = 32,
     }
 }
 

@@ -29,7 +29,8 @@ impl GpuBackend {
                     | flag(s.first_step, sgd_flags::FIRST_STEP)
                     | flag(s.nesterov, sgd_flags::NESTEROV)
                     | flag(s.maximize, sgd_flags::MAXIMIZE)
-                    | flag(s.fused, sgd_flags::FUSED),
+                    | flag(s.fused, sgd_flags::FUSED)
+                    | flag(s.foreach_momentum, sgd_flags::FOREACH_MOMENTUM),
                 lr: s.lr as f32,
                 momentum: s.momentum as f32,
                 one_minus_dampening: s.one_minus_dampening as f32,

@@ -109,6 +109,8 @@ pub(in crate::backend) fn sgd_rank<T: Real>(
             T::scalar(s.momentum),
             T::scalar(s.one_minus_dampening),
         );
+        // The scalar of the buffer's `mul_`: `_foreach_mul_` rounds it to the format.
+        let decay = if s.foreach_momentum { r(mom) } else { mom };
         for i in range {
             let param = T::load(format, p, i);
             let mut grad = T::load(format, g, i);
@@ -123,7 +125,7 @@ pub(in crate::backend) fn sgd_rank<T: Real>(
                     let b = if s.first_step {
                         grad
                     } else {
-                        add(r(T::load(format, buf, i) * mom), damp, grad)
+                        add(r(T::load(format, buf, i) * decay), damp, grad)
                     };
                     T::store(format, buf, i, b);
                     grad = if s.nesterov { add(grad, mom, b) } else { b };

@@ -68,6 +68,12 @@ pub struct SgdScalars {
     /// the storage format only when a tensor is stored, instead of after every tensor
     /// operation (see the module's arithmetic model).
     pub fused: bool,
+    /// PyTorch's `foreach=True` multiplies the momentum buffers with `_foreach_mul_`, which
+    /// rounds its scalar to the storage format first (through float32; bfloat16's 0.9 is
+    /// 0.8984375), where the single-tensor `mul_` keeps it in float32. The host sets it when
+    /// `_multi_tensor_sgd` takes that path: `foreach=True`, with every parameter of the group
+    /// and dtype that has a gradient already holding a buffer.
+    pub foreach_momentum: bool,
 }
 
 /// One Adam/AdamW update's settings for one (rank, parameter); the host precomputes the bias
