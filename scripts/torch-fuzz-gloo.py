@@ -30,8 +30,8 @@ tests/golden/README.md says the kinds were made:
   processes (`zero_errors`). `params_after_per_rank` and
   `rank_of_param` cover the constructor's tensors only (the golden README leaves open whether
   a group added later counts);
-* `zero_trajectory` (W = 2, 3, 4), section 10: SGD or Adam with random options over random
-  groups, float32 or bfloat16, with or without the bucket view, per-rank gradients with
+* `zero_trajectory` (W = 2, 3, 4), section 10: SGD or Adam with random options (PyTorch's
+  `foreach=True` or Adam's `fused=True` now and then) over random groups, float32 or bfloat16, with or without the bucket view, per-rank gradients with
   `null`s (the owner's too), and now and then a group added at a step, sometimes of another
   dtype (then without the bucket view); at W = 4 also cases with a `reload`: the run on a
   subgroup of 2 to 4 ranks, the reload on another.
@@ -241,6 +241,10 @@ def zero_trajectory_case(rank, W, rng_state, subgroups=None):
         options = rng.choice([{"lr": 0.01}, {"lr": 0.02, "amsgrad": True},
                               {"lr": 0.01, "betas": [0.8, 0.9], "weight_decay": 0.1},
                               {"lr": 0.05, "eps": 1e-6, "maximize": True}])
+    # PyTorch's three paths: foreach in a third of cases, Adam's fused now and then (fused
+    # SGD fails when a buffer starts after the others, see torch-fuzz.py).
+    options = dict(options, **rng.choice(
+        [{}, {"foreach": True}, {}] + ([{"fused": True}] if name == "Adam" else [])))
     dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16])
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
     shape = lambda: rng.choice([[], [1], [5], [2, 3], [rng.randint(1, 20)], [4, 2]])
