@@ -319,33 +319,43 @@ def fused_nan_cases():
 
 
 def foreach_cases():
-    """SGD(foreach=True) with momentum on the 16-bit formats: `_multi_tensor_sgd` scales the
-    buffers with `_foreach_mul_`, which rounds the momentum to the format (bfloat16's 0.9 is
-    0.8984375), but only at a step where every parameter with a gradient has a buffer; at the
-    step where the last one gets its first gradient, each buffer takes its own `mul_` (the
-    momentum unrounded). Every size is below one vector (16 elements), so the arithmetic is
-    the scalar remainder's on every host, and the tolerance is below one unit in the last
-    place."""
+    """`foreach=True` on the 16-bit formats, where `_foreach_mul_` rounds its scalar to the
+    format (bfloat16's 0.9 is 0.8984375) and the single-tensor `mul_` does not; PyTorch's other
+    foreach operations compute as the single-tensor ones. SGD scales its momentum buffers so,
+    but only at a step where every parameter with a gradient has a buffer: at the step where
+    the last one gets its first gradient, each buffer takes its own `mul_`. Adam scales the
+    second moment by `beta2`, AdamW the parameters by `1 - lr * weight_decay`. Every size is
+    below one vector (16 elements), so the arithmetic is the scalar remainder's on every host,
+    and the tolerance is below one unit in the last place."""
     shapes = [[15], [3, 4], []]
-    gen = torch.Generator().manual_seed(43)
+    # One generator per family, so that adding cases of one leaves the other's unchanged.
+    gens = {"SGD": torch.Generator().manual_seed(43), "Adam": torch.Generator().manual_seed(44)}
     cases = []
     for dtype in ["float16", "bfloat16"]:
         dt = DTYPES[dtype]
-        for label, options in [
-            ("dampening", {"lr": 0.05, "momentum": 0.9, "dampening": 0.1}),
-            ("nesterov_wd", {"lr": 0.05, "momentum": 0.7, "nesterov": True,
-                             "weight_decay": 0.01}),
+        for optimizer, label, options in [
+            ("SGD", "dampening", {"lr": 0.05, "momentum": 0.9, "dampening": 0.1}),
+            ("SGD", "nesterov_wd", {"lr": 0.05, "momentum": 0.7, "nesterov": True,
+                                    "weight_decay": 0.01}),
+            ("Adam", "beta2_099", {"lr": 0.05, "betas": [0.9, 0.99], "weight_decay": 0.01}),
+            ("AdamW", "decay", {"lr": 0.1, "betas": [0.8, 0.95], "weight_decay": 0.1,
+                                "amsgrad": True}),
         ]:
+            gen = gens[optimizer.removesuffix("W")]
             initial = [torch.randn(s, generator=gen).to(dt) for s in shapes]
             # The last parameter's first gradient comes at the third step.
             grads = [[None if (t < 2 and j == 2) else torch.randn(s, generator=gen).to(dt)
                       for j, s in enumerate(shapes)] for t in range(8)]
+            what = {
+                "SGD": "the momentum to the format once every parameter has a buffer; the step "
+                       "that creates the last buffer scales each with `mul_`",
+                "Adam": "beta2 to the format",
+                "AdamW": "beta2 and `1 - lr * weight_decay` to the format",
+            }[optimizer]
             cases.append(trajectory(
-                f"local_optimizer_foreach_sgd_{dtype}_{label}",
-                f"SGD(foreach=True, {label}) on {dtype}: `_foreach_mul_` rounds the momentum "
-                "to the format once every parameter has a buffer; the step that creates the "
-                "last buffer scales each with `mul_`",
-                "SGD", dict(options, foreach=True), initial, grads, TOLERANCE))
+                f"local_optimizer_foreach_{optimizer.lower()}_{dtype}_{label}",
+                f"{optimizer}(foreach=True, {label}) on {dtype}: `_foreach_mul_` rounds {what}",
+                optimizer, dict(options, foreach=True), initial, grads, TOLERANCE))
     return cases
 
 

@@ -272,6 +272,16 @@ impl DType {
         }
     }
 
+    /// A scalar as PyTorch's `_foreach_mul_` multiplies a tensor of this dtype by it: rounded
+    /// to float16 or bfloat16 (through float32), unchanged for float32 and float64 (whose
+    /// single-tensor `mul_` takes it as it is too).
+    pub fn foreach_scalar(self, value: f64) -> f64 {
+        match self {
+            DType::Float16 | DType::BFloat16 => f64::from(self.storage().round(value as f32)),
+            DType::Float32 | DType::Float64 => value,
+        }
+    }
+
     /// The arena storage format of this dtype.
     pub fn storage(self) -> StorageFormat {
         match self {

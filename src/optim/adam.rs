@@ -127,15 +127,23 @@ impl OptimizerMath for AdamMath {
         let (bias_correction1, bias_correction2_sqrt) =
             bias_corrections(o.betas, count + 1, o.fused);
         let decoupled = o.decoupled_weight_decay;
+        // The scalars of the two `mul_`s: `_foreach_mul_` rounds them to a 16-bit format.
+        let mul_scalar = |x: f64| {
+            if o.foreach {
+                param.1.foreach_scalar(x)
+            } else {
+                x
+            }
+        };
         AdamScalars {
             active: true,
             maximize: o.maximize,
             amsgrad: o.amsgrad,
             decoupled: decoupled && o.weight_decay != 0.0,
             weight_decay: if decoupled { 0.0 } else { o.weight_decay },
-            decay_factor: 1.0 - o.lr * o.weight_decay,
+            decay_factor: mul_scalar(1.0 - o.lr * o.weight_decay),
             one_minus_beta1: 1.0 - beta1,
-            beta2,
+            beta2: mul_scalar(beta2),
             one_minus_beta2: 1.0 - beta2,
             step_size: o.lr / bias_correction1,
             bias_correction2_sqrt,

@@ -34,6 +34,11 @@ pub struct AdamOptions {
     /// parameter's format once per stored tensor instead of after every tensor operation
     /// (see `distopt::backend::kernels`).
     pub fused: bool,
+    /// PyTorch's `foreach=True` (default false, printed as PyTorch's `None`, which on CPU
+    /// tensors is the single-tensor path). Its one difference in value: on float16 and
+    /// bfloat16 parameters `_foreach_mul_` scales the second moment by `beta2`, and AdamW's
+    /// parameters by `1 - lr * weight_decay`, rounded to the parameter's format first.
+    pub foreach: bool,
 }
 
 impl Default for AdamOptions {
@@ -47,6 +52,7 @@ impl Default for AdamOptions {
             maximize: false,
             decoupled_weight_decay: false,
             fused: false,
+            foreach: false,
         }
     }
 }
@@ -74,6 +80,11 @@ pub struct AdamWOptions {
     /// parameter's format once per stored tensor instead of after every tensor operation
     /// (see `distopt::backend::kernels`).
     pub fused: bool,
+    /// PyTorch's `foreach=True` (default false, printed as PyTorch's `None`, which on CPU
+    /// tensors is the single-tensor path). Its one difference in value: on float16 and
+    /// bfloat16 parameters `_foreach_mul_` scales the second moment by `beta2`, and AdamW's
+    /// parameters by `1 - lr * weight_decay`, rounded to the parameter's format first.
+    pub foreach: bool,
 }
 
 impl Default for AdamWOptions {
@@ -86,6 +97,7 @@ impl Default for AdamWOptions {
             amsgrad: false,
             maximize: false,
             fused: false,
+            foreach: false,
         }
     }
 }
@@ -134,6 +146,12 @@ macro_rules! adam_builders {
                 self.fused = fused;
                 self
             }
+
+            /// With or without PyTorch's multi-tensor update (`foreach=True`).
+            pub fn with_foreach(mut self, foreach: bool) -> Self {
+                self.foreach = foreach;
+                self
+            }
         }
     };
 }
@@ -165,9 +183,11 @@ impl AdamOptions {
             ("maximize", json!(self.maximize)),
             ("decoupled_weight_decay", json!(self.decoupled_weight_decay)),
         ]);
-        if self.fused {
-            // Only when set: PyTorch prints the default as `None`.
-            map.insert("fused".into(), json!(true));
+        // Only when set: PyTorch prints the defaults as `None`.
+        for (key, set) in [("fused", self.fused), ("foreach", self.foreach)] {
+            if set {
+                map.insert(key.into(), json!(true));
+            }
         }
         map
     }
@@ -194,6 +214,7 @@ impl From<AdamWOptions> for AdamOptions {
             maximize: o.maximize,
             decoupled_weight_decay: true,
             fused: o.fused,
+            foreach: o.foreach,
         }
     }
 }
@@ -226,6 +247,7 @@ impl GroupOptions for AdamOptions {
             maximize: options::flag(map, "maximize")?,
             decoupled_weight_decay: options::flag(map, "decoupled_weight_decay")?,
             fused: options::flag(map, "fused")?,
+            foreach: options::flag(map, "foreach")?,
         })
     }
 

@@ -149,6 +149,12 @@ export interface AdamOptions {
   amsgrad?: boolean;
   /** Maximize the objective (default false). */
   maximize?: boolean;
+  /**
+   * PyTorch's multi-tensor update (default null, which on CPU is false): recorded in the state
+   * dict, and on a float16/bfloat16 parameter the second moment is scaled by `beta2`, and
+   * AdamW's parameter by `1 - lr * weight_decay`, rounded to its dtype, as PyTorch's
+   * `_foreach_mul_` does.
+   */
   foreach?: boolean | null;
   capturable?: boolean;
   differentiable?: boolean;
