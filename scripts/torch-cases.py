@@ -19,11 +19,13 @@ adding these leaves them as they are.
 
 `--fused-nan` writes only the fused AMSGrad cases with NaN gradients (`fused_nan_cases`),
 whose sizes give the same answer on AVX2, Arm and AVX-512 hosts. `--foreach` writes only the
-cases of SGD's `foreach=True` momentum on the 16-bit formats (`foreach_cases`).
+cases of `foreach=True` on the 16-bit formats (`foreach_cases`), `--vector-body` only the
+16-bit single-tensor cases whose sizes have a vector body and a tail (`vector_body_cases`).
 
 Run it with the PyTorch peer's interpreter (never in CI):
 
-    /work/torchenv/bin/python scripts/torch-cases.py [--single-tensor | --fused-nan | --foreach]
+    /work/torchenv/bin/python scripts/torch-cases.py \
+        [--single-tensor | --fused-nan | --foreach | --vector-body]
 """
 
 import json
@@ -359,17 +361,46 @@ def foreach_cases():
     return cases
 
 
+def vector_body_cases():
+    """The single-tensor path on the 16-bit formats over sizes with a vector body and a scalar
+    tail: PyTorch's `add(alpha=)` rounds once in the body of its loop (alpha rounded to the
+    format, then one float32 multiply-add) and twice in its tail (the product, then the sum).
+    The sizes are 64k + m with m < 16, whose tail is the last m elements on AVX2 (32 elements
+    per iteration), AVX-512 (64) and Arm (16) alike; the tolerance is below one unit in the
+    last place."""
+    shapes = [[69], [2, 33], [131]]
+    gen = torch.Generator().manual_seed(45)
+    cases = []
+    for dtype in ["float16", "bfloat16"]:
+        dt = DTYPES[dtype]
+        for optimizer, label, options in [
+            ("SGD", "momentum_wd", {"lr": 0.1, "momentum": 0.9, "dampening": 0.2,
+                                    "weight_decay": 0.05}),
+            ("SGD", "nesterov", {"lr": 0.07, "momentum": 0.8, "nesterov": True}),
+            ("Adam", "l2", {"lr": 0.02, "weight_decay": 0.1}),
+        ]:
+            initial = [torch.randn(s, generator=gen).to(dt) for s in shapes]
+            grads = [[torch.randn(s, generator=gen).to(dt) for s in shapes] for _ in range(6)]
+            cases.append(trajectory(
+                f"local_optimizer_{optimizer.lower()}_{dtype}_{label}_vector_body",
+                f"{optimizer}({label}) on {dtype} over sizes with a vector body and a tail: "
+                "`add(alpha=)` rounds once in the body, twice in the tail",
+                optimizer, options, initial, grads, TOLERANCE))
+    return cases
+
+
 def main():
     import sys
     args = sys.argv[1:]
-    if "--fused-nan" in args:
-        cases = fused_nan_cases()
-    elif "--foreach" in args:
-        cases = foreach_cases()
+    only = {"--fused-nan": fused_nan_cases, "--foreach": foreach_cases,
+            "--vector-body": vector_body_cases}
+    chosen = [make for flag, make in only.items() if flag in args]
+    if chosen:
+        cases = [c for make in chosen for c in make()]
     else:
         cases = single_tensor_cases()
-    if not {"--single-tensor", "--fused-nan", "--foreach"} & set(args):
-        cases = fused_cases() + fused_nan_cases() + foreach_cases() + cases
+    if not (set(only) | {"--single-tensor"}) & set(args):
+        cases = fused_cases() + fused_nan_cases() + foreach_cases() + vector_body_cases() + cases
     OUT.mkdir(parents=True, exist_ok=True)
     for c in cases:
         (OUT / f"{c['name']}.json").write_text(json.dumps(c) + "\n")

@@ -74,7 +74,7 @@ fn update(p_in: vec4<f32>, g_in: vec4<f32>, m_old: vec4<f32>, v_old: vec4<f32>, 
     if ((s.flags & DECOUPLED) != 0u) {
         p = r(p * s.decay_factor);
     } else if (s.weight_decay != 0.0) {
-        g = add_scaled(g, s.weight_decay, p);
+        g = add_scaled(g, s.weight_decay, p, first, s.half_tail_from);
     }
     // exp_avg.lerp_(grad, 1 - beta1), PyTorch's two-sided formula, one fused multiply-add.
     let w = s.one_minus_beta1;

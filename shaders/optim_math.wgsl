@@ -85,13 +85,19 @@ fn r(x: vec4<f32>) -> vec4<f32> {
     return round4(FORMAT, x);
 }
 
-// `x.add(y, alpha=alpha)` as PyTorch's CPU kernel computes it: one fused multiply-add
-// (`exact_fma`) for float32 and under `fused` (`alpha` unrounded); for float16/bfloat16's
-// single-tensor arithmetic, alpha and the product rounded to the format before the sum (see
-// `add_scaled` in src/backend/kernels/arith.rs).
-fn add_scaled(x: vec4<f32>, alpha: f32, y: vec4<f32>) -> vec4<f32> {
+// `x.add(y, alpha=alpha)` as PyTorch's CPU kernel computes it on four elements of a parameter,
+// the first its element `first`: one fused multiply-add (`exact_fma`) for float32 and under
+// `fused` (`alpha` unrounded); for float16/bfloat16's single-tensor arithmetic, alpha rounded
+// to the format, then in PyTorch's vector body (the elements before `tail_from`) one fused
+// multiply-add rounded once, in its scalar tail the product rounded before the sum (see
+// `add_scaled_at` in src/backend/kernels/arith.rs).
+fn add_scaled(x: vec4<f32>, alpha: f32, y: vec4<f32>, first: u32, tail_from: u32) -> vec4<f32> {
     if (FORMAT == FORMAT_F32 || fused) {
         return exact_fma(y, vec4<f32>(alpha), x);
     }
-    return r(x + r(r(vec4<f32>(alpha)) * y));
+    let a = r(vec4<f32>(alpha));
+    let body = r(exact_fma(y, a, x));
+    let tail = r(x + r(a * y));
+    let lanes = vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u);
+    return select(tail, body, lanes < vec4<u32>(tail_from));
 }

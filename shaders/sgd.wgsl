@@ -28,13 +28,15 @@ override FORMAT: u32 = 0u;
 
 // One half (four elements) of the update; `b_old` is ignored on the first step. Under `fused`
 // (PyTorch's `fused=True`): float32 throughout.
-fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> array<vec4<f32>, 2> {
+// `first`: the index of the first of the four elements in its parameter.
+fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars, first: u32) -> array<vec4<f32>, 2> {
+    let t = s.half_tail_from;
     var g = g_in;
     if ((s.flags & MAXIMIZE) != 0u) {
         g = -g;
     }
     if (s.weight_decay != 0.0) {
-        g = add_scaled(g, s.weight_decay, p);
+        g = add_scaled(g, s.weight_decay, p, first, t);
     }
     var b = b_old;
     if (s.momentum != 0.0) {
@@ -47,15 +49,15 @@ fn update(p: vec4<f32>, g_in: vec4<f32>, b_old: vec4<f32>, s: SgdScalars) -> arr
         if ((s.flags & FIRST_STEP) != 0u) {
             b = g;
         } else {
-            b = add_scaled(r(b_old * decay), s.one_minus_dampening, g);
+            b = add_scaled(r(b_old * decay), s.one_minus_dampening, g, first, t);
         }
         if ((s.flags & NESTEROV) != 0u) {
-            g = add_scaled(g, s.momentum, b);
+            g = add_scaled(g, s.momentum, b, first, t);
         } else {
             g = b;
         }
     }
-    return array<vec4<f32>, 2>(add_scaled(p, -s.lr, g), b);
+    return array<vec4<f32>, 2>(add_scaled(p, -s.lr, g, first, t), b);
 }
 
 // One invocation: lane `rank`, eight elements at `octet`, parameter `j` (param_table's `main`).
@@ -72,8 +74,9 @@ fn run(rank: u32, octet: u32, j: u32) {
     if (s.momentum != 0.0 && (s.flags & FIRST_STEP) == 0u) {
         b = load_momentum(base, octet);
     }
-    let lo = update(p.lo, g.lo, b.lo, s);
-    let hi = update(p.hi, g.hi, b.hi, s);
+    let first = 8u * (geometry.first_octet + octet) - starts[j];
+    let lo = update(p.lo, g.lo, b.lo, s, first);
+    let hi = update(p.hi, g.hi, b.hi, s, first + 4u);
     if (s.momentum != 0.0) {
         store_momentum(base, octet, Eight(lo[1], hi[1]));
     }

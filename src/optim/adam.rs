@@ -9,7 +9,7 @@ use super::kind::OptimizerKind;
 use super::options::OptionMap;
 use super::shell::{Optimizer, OptimizerMath, Shell, all_params, parse_state_tensor};
 use crate::backend::BoxFuture;
-use crate::backend::kernels::{AdamArenas, AdamScalars, remainder_from};
+use crate::backend::kernels::{AdamArenas, AdamScalars, remainder_from, vector_tail_from};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
@@ -154,6 +154,7 @@ impl OptimizerMath for AdamMath {
             } else {
                 usize::MAX
             },
+            half_tail_from: vector_tail_from(param.0),
         }
     }
 

@@ -8,7 +8,7 @@ use super::options::OptionMap;
 use super::sgd_options::SgdOptions;
 use super::shell::{Optimizer, OptimizerMath, Shell, all_params, parse_state_tensor};
 use crate::backend::BoxFuture;
-use crate::backend::kernels::{SgdArgs, SgdScalars};
+use crate::backend::kernels::{SgdArgs, SgdScalars, vector_tail_from};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::json::tensor_to_json;
@@ -78,7 +78,7 @@ impl OptimizerMath for SgdMath {
         vec![&mut self.momentum]
     }
 
-    fn scalars(o: &SgdOptions, count: u64, has_grad: bool, _param: (usize, DType)) -> SgdScalars {
+    fn scalars(o: &SgdOptions, count: u64, has_grad: bool, param: (usize, DType)) -> SgdScalars {
         SgdScalars {
             active: has_grad,
             first_step: count == 0,
@@ -90,6 +90,7 @@ impl OptimizerMath for SgdMath {
             weight_decay: o.weight_decay,
             fused: o.fused,
             foreach_momentum: o.foreach && o.momentum != 0.0,
+            half_tail_from: vector_tail_from(param.0),
         }
     }
 

@@ -1074,6 +1074,7 @@ mod optimizer_kernels {
                     eps: rng.pick(&[1e-8, 1e-6]),
                     fused,
                     remainder_from: rng.range(0, 130) as usize,
+                    half_tail_from: rng.range(0, 600) as usize,
                 }
             })
             .collect();
@@ -1141,6 +1142,7 @@ mod optimizer_kernels {
                 weight_decay: rng.pick(&[0.0, 0.01, 0.1]),
                 fused,
                 foreach_momentum: !fused && rng.chance(0.5),
+                half_tail_from: rng.range(0, 600) as usize,
             })
             .collect();
         let mut make = || arenas(backend, &mut rng, format, ranks, rank_len, false);

@@ -120,8 +120,9 @@ struct AdamRows<'a, E> {
 }
 
 impl<E> AdamRows<'_, E> {
-    /// The rows before `k`, and those from `k` on marked as the remainder.
-    fn split_remainder(self, k: usize) -> (Self, Self) {
+    /// The rows before `k` (at most all), and those from `k` on.
+    fn split_at(self, k: usize) -> (Self, Self) {
+        let k = k.min(self.p.len());
         let (p, p_rest) = self.p.split_at_mut(k);
         let (g, g_rest) = self.g.split_at(k);
         let (m, m_rest) = self.m.split_at_mut(k);
@@ -133,7 +134,7 @@ impl<E> AdamRows<'_, E> {
             m: m_rest,
             v: v_rest,
             vmax: vmax_rest,
-            remainder: true,
+            remainder: self.remainder,
         };
         let body = AdamRows {
             p,
@@ -288,13 +289,24 @@ impl OnStorage for AdamSegment<'_> {
             vmax: rows_mut(x, seg),
             remainder: false,
         };
-        // The rows from `remainder_from` on take their own call, so the body's loop is the
-        // same as without them.
-        let split = s.remainder_from.saturating_sub(seg.in_param).min(seg.len);
-        let (body, rest) = rows.split_remainder(split);
-        adam_dispatch(s, st, body);
-        if split < seg.len {
-            adam_dispatch(s, st, rest);
+        // The rows before `half_tail_from` are PyTorch's vector body of the 16-bit single-tensor
+        // arithmetic, the others its scalar tail; under `fused`, those from `remainder_from`
+        // on its fused kernel's scalar remainder. Each stretch takes its own call, so each
+        // loop is as simple as without them.
+        let (first, len) = (seg.in_param, seg.len);
+        let body = s.half_tail_from.saturating_sub(first).min(len);
+        let remainder = s.remainder_from.saturating_sub(first).min(len);
+        let (in_body, in_tail) = rows.split_at(body);
+        for (rows, from, vector) in [(in_body, 0, true), (in_tail, body, false)] {
+            let (before, mut after) = rows.split_at(remainder.saturating_sub(from));
+            after.remainder = true;
+            for rows in [before, after] {
+                match (rows.p.is_empty(), vector) {
+                    (true, _) => {}
+                    (false, true) => adam_dispatch(s, st.vector(), rows),
+                    (false, false) => adam_dispatch(s, st, rows),
+                }
+            }
         }
     }
 }
@@ -328,7 +340,7 @@ mod tests {
     use crate::backend::cpu::test_arenas::{
         FORMATS, SIZES, Values, arena, copy, same, sizes_table,
     };
-    use crate::backend::kernels::adam_reference;
+    use crate::backend::kernels::{adam_reference, vector_tail_from};
     use crate::backend::{Arena, ArenaStorage};
 
     #[test]
@@ -360,6 +372,12 @@ mod tests {
                             fused: variant & 8 == 8,
                             // Anywhere from the first element to past the last.
                             remainder_from: (e * 37) % 160,
+                            // PyTorch's, or anywhere.
+                            half_tail_from: if e % 2 == 0 {
+                                vector_tail_from(SIZES[e % SIZES.len()])
+                            } else {
+                                (e * 53) % 200
+                            },
                         }
                     })
                     .collect();

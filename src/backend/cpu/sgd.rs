@@ -221,14 +221,20 @@ impl OnStorage for SgdSegment<'_> {
     #[inline(always)]
     fn run<S: Storage>(self, st: S) {
         let [p, b] = self.arrays;
-        let seg = self.seg;
-        sgd_dispatch(
-            self.s,
-            st,
-            rows_mut(p, seg),
-            rows(self.g, seg),
-            rows_mut(b, seg),
-        );
+        let (s, seg) = (self.s, self.seg);
+        let (p, g, b) = (rows_mut(p, seg), rows(self.g, seg), rows_mut(b, seg));
+        // The rows before `half_tail_from` are PyTorch's vector body, the others its scalar
+        // tail: each takes its own call, so each loop is as simple as before.
+        let k = s.half_tail_from.saturating_sub(seg.in_param).min(seg.len);
+        let (p, p_tail) = p.split_at_mut(k);
+        let (g, g_tail) = g.split_at(k);
+        let (b, b_tail) = b.split_at_mut(k.min(b.len()));
+        if k > 0 {
+            sgd_dispatch(s, st.vector(), p, g, b);
+        }
+        if k < seg.len {
+            sgd_dispatch(s, st, p_tail, g_tail, b_tail);
+        }
     }
 }
 
@@ -258,7 +264,7 @@ mod tests {
     use crate::backend::cpu::test_arenas::{
         FORMATS, SIZES, Values, arena, copy, same, sizes_table,
     };
-    use crate::backend::kernels::sgd_reference;
+    use crate::backend::kernels::{sgd_reference, vector_tail_from};
 
     #[test]
     fn sgd_matches_the_reference_bit_for_bit() {
@@ -286,6 +292,12 @@ mod tests {
                         },
                         fused: variant & 16 == 16,
                         foreach_momentum: variant & 48 == 32,
+                        // PyTorch's, or anywhere.
+                        half_tail_from: if e % 2 == 0 {
+                            vector_tail_from(SIZES[e % SIZES.len()])
+                        } else {
+                            (e * 41) % 120
+                        },
                     })
                     .collect();
                 let (p, g, b) = (

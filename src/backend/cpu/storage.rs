@@ -31,6 +31,11 @@ pub(super) trait Storage: Copy {
     /// `add(alpha=)` in the format's own arithmetic (c10's `Half`/`BFloat16`: the 16-bit
     /// formats' single-tensor path), not one fused multiply-add (see [`add_scaled`]).
     const HALF_ADD: bool = false;
+    /// The arithmetic of PyTorch's vector body, where it differs from its scalar tail's (the
+    /// 16-bit single-tensor `add(alpha=)`: [`add_scaled`]); the same arithmetic otherwise.
+    type Vector: Storage<Elem = Self::Elem>;
+    /// This storage's [`Vector`](Self::Vector) arithmetic.
+    fn vector(self) -> Self::Vector;
     /// A tensor operation's float32 result rounded to the format.
     fn r(self, x: f32) -> f32;
     /// An element, widened to float32 (exact).
@@ -67,6 +72,11 @@ pub(super) fn with_storage(format: StorageFormat, fused: bool, f: impl OnStorage
 pub(super) struct Exact;
 impl Storage for Exact {
     type Elem = f32;
+    type Vector = Exact;
+    #[inline(always)]
+    fn vector(self) -> Exact {
+        self
+    }
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
         x
@@ -82,12 +92,19 @@ impl Storage for Exact {
 }
 
 /// A 16-bit storage format, read and written in place: decoded on load, rounded after every
-/// tensor operation, encoded on store.
+/// tensor operation, encoded on store. `add(alpha=)` as PyTorch's scalar tail computes it
+/// (`TAIL`: the product rounded before the sum), or as its vector body (one multiply-add,
+/// rounded once).
 #[derive(Clone, Copy)]
-pub(super) struct To<H>(pub(super) std::marker::PhantomData<H>);
-impl<H: HalfFormat + Copy> Storage for To<H> {
+pub(super) struct To<H, const TAIL: bool = true>(pub(super) std::marker::PhantomData<H>);
+impl<H: HalfFormat + Copy, const TAIL: bool> Storage for To<H, TAIL> {
     type Elem = u16;
-    const HALF_ADD: bool = true;
+    const HALF_ADD: bool = TAIL;
+    type Vector = To<H, false>;
+    #[inline(always)]
+    fn vector(self) -> To<H, false> {
+        To(std::marker::PhantomData)
+    }
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
         H::round(x)
@@ -108,6 +125,11 @@ impl<H: HalfFormat + Copy> Storage for To<H> {
 pub(super) struct Opmath<H>(pub(super) std::marker::PhantomData<H>);
 impl<H: HalfFormat + Copy> Storage for Opmath<H> {
     type Elem = u16;
+    type Vector = Self;
+    #[inline(always)]
+    fn vector(self) -> Self {
+        self
+    }
     #[inline(always)]
     fn r(self, x: f32) -> f32 {
         x
@@ -157,14 +179,14 @@ pub(super) fn signed(g: f32, flip: u32) -> f32 {
 }
 
 /// PyTorch's `x.add(y, alpha=alpha)` on one element, `alpha` already rounded to the format
-/// (the reference's `kernels::add_scaled`): one fused multiply-add, or for the 16-bit formats'
-/// single-tensor arithmetic ([`Storage::HALF_ADD`]) the product and the sum each rounded to
-/// the format.
+/// (the reference's `kernels::add_scaled_at`): one fused multiply-add, rounded once, or in
+/// the scalar tail of the 16-bit formats' single-tensor arithmetic ([`Storage::HALF_ADD`])
+/// the product and the sum each rounded to the format.
 #[inline(always)]
 pub(super) fn add_scaled<S: Storage>(rnd: S, x: f32, alpha: f32, y: f32) -> f32 {
     if S::HALF_ADD {
         rnd.r(x + rnd.r(alpha * y))
     } else {
-        fma_f32(alpha, y, x)
+        rnd.r(fma_f32(alpha, y, x))
     }
 }

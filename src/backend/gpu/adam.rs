@@ -49,7 +49,8 @@ impl GpuBackend {
                 bias_correction2_sqrt: s.bias_correction2_sqrt as f32,
                 eps: s.eps as f32,
                 remainder_from: u32::try_from(s.remainder_from).unwrap_or(u32::MAX),
-                _pad: [0; 2],
+                half_tail_from: u32::try_from(s.half_tail_from).unwrap_or(u32::MAX),
+                _pad: [0; 1],
             })
             .collect();
         let table_buffer = self.storage_buffer("distopt adam scalars", &table);

@@ -132,8 +132,11 @@ shader_struct! {
         momentum: f32,
         one_minus_dampening: f32,
         weight_decay: f32,
+        /// The parameter's first element in PyTorch's scalar tail
+        /// (`kernels::SgdScalars::half_tail_from`).
+        half_tail_from: u32,
     }
-    padding: [u32; 3]
+    padding: [u32; 2]
 }
 
 shader_struct! {
@@ -152,8 +155,11 @@ shader_struct! {
         /// Fused AMSGrad: the parameter's first element in PyTorch's scalar remainder
         /// (`kernels::AdamScalars::remainder_from`); `u32::MAX` for none.
         remainder_from: u32,
+        /// The parameter's first element in PyTorch's scalar tail
+        /// (`kernels::AdamScalars::half_tail_from`).
+        half_tail_from: u32,
     }
-    padding: [u32; 2]
+    padding: [u32; 1]
 }
 
 shader_struct! {
@@ -499,7 +505,7 @@ mod tests {
             text.contains("struct SgdScalars {\n    flags: u32,\n    lr: f32,\n"),
             "{text}"
         );
-        assert!(text.contains("    _pad2: u32,\n}\n"), "{text}");
+        assert!(text.contains("    _pad1: u32,\n}\n"), "{text}");
         assert_eq!(AVERAGE.declares.wgsl("average"), "");
     }
 }

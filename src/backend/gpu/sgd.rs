@@ -35,7 +35,8 @@ impl GpuBackend {
                 momentum: s.momentum as f32,
                 one_minus_dampening: s.one_minus_dampening as f32,
                 weight_decay: s.weight_decay as f32,
-                _pad: [0; 3],
+                half_tail_from: u32::try_from(s.half_tail_from).unwrap_or(u32::MAX),
+                _pad: [0; 2],
             })
             .collect();
         let table_buffer = self.storage_buffer("distopt sgd scalars", &table);

@@ -4,8 +4,9 @@
 //! `backend/gpu/adam.rs` and the shader `shaders/adam.wgsl`.
 
 use super::{
-    AdamScalars, Arena, Chunking, ParamStarts, Real, add_scaled, check_same_layout, check_table,
-    maximum, optional_rank_slices, rank_slices, rank_slices_mut, rounding_format, std_max,
+    AdamScalars, Arena, Chunking, ParamStarts, Real, add_scaled, add_scaled_at, check_same_layout,
+    check_table, maximum, optional_rank_slices, rank_slices, rank_slices_mut, rounding_format,
+    std_max,
 };
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
@@ -146,7 +147,7 @@ pub(in crate::backend) fn adam_rank<T: Real>(
             if s.decoupled {
                 param = r(param * decay);
             } else if s.weight_decay != 0.0 {
-                grad = add_scaled(rounding, grad, wd, param);
+                grad = add_scaled_at(rounding, i - start < s.half_tail_from, grad, wd, param);
             }
             // exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two-sided lerp: `fmadd(coeff,
             // grad - exp_avg, base)`, `coeff = w` and `base = exp_avg` when `w < 0.5`, else

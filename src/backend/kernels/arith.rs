@@ -163,8 +163,8 @@ fn fma_f32_rounded_to_odd(p: f64, c: f64, s: f64) -> f32 {
 /// * float16 and bfloat16 (the single-tensor path): c10's `Half`/`BFloat16` arithmetic, as the
 ///   scalar remainder of ATen's loop computes it: `alpha` is rounded to the format (through
 ///   float32, as `Scalar::to` converts), the product is rounded to the format, then the sum.
-///   (The vectorized body of the same loop computes in float32 with one fused multiply-add; the
-///   split depends on the host's vector width, and the cases' 16-bit tolerance covers it.)
+///   (The vectorized body of the same loop computes in float32 with one fused multiply-add:
+///   [`add_scaled_at`].)
 #[inline(always)]
 pub(super) fn add_scaled<T: Real>(format: StorageFormat, x: T, alpha: T, y: T) -> T {
     match format {
@@ -173,6 +173,20 @@ pub(super) fn add_scaled<T: Real>(format: StorageFormat, x: T, alpha: T, y: T) -
             let r = |v: T| T::round(format, v);
             r(x + r(r(alpha) * y))
         }
+    }
+}
+
+/// [`add_scaled`] on an element of PyTorch's vector body (`body`) or of its scalar tail: in
+/// the body, float16 and bfloat16 round `alpha` to the format and then compute one fused
+/// multiply-add in float32, rounded to the format once (measured against torch 2.15 on AVX2);
+/// float32, float64 and the fused path compute alike in both.
+#[inline(always)]
+pub(super) fn add_scaled_at<T: Real>(format: StorageFormat, body: bool, x: T, alpha: T, y: T) -> T {
+    match format {
+        StorageFormat::F16 | StorageFormat::BF16 if body => {
+            T::round(format, T::round(format, alpha).mul_add(y, x))
+        }
+        _ => add_scaled(format, x, alpha, y),
     }
 }
 

@@ -17,8 +17,10 @@
 //! vectorized loop, contracted alike in its scalar remainder), `lerp_` and `addcmul_`
 //! (measured against torch 2.15, float32 and float64, body and tail; `addcdiv_` rounds its
 //! product and its quotient).
-//! PyTorch's single-tensor `add(alpha=)` on float16/bfloat16 instead rounds its scalar and
-//! its product to the format (its scalar remainder's `Half` arithmetic; see `add_scaled`).
+//! PyTorch's single-tensor `add(alpha=)` on float16/bfloat16 rounds its scalar to the format
+//! and is one fused multiply-add rounded once in its vector body, but rounds its product to
+//! the format before the sum in its scalar tail (`Half` arithmetic): `add_scaled_at`, the tail
+//! from `SgdScalars::half_tail_from` on.
 //!
 //! With PyTorch's `fused=True` (`SgdScalars::fused`, `AdamScalars::fused`) the kernels follow
 //! PyTorch's fused CPU kernels (aten/src/ATen/native/cpu/FusedSGDKernel.cpp and
@@ -76,7 +78,7 @@ pub(crate) use adam::check_adam_arenas;
 pub use adam::{AdamArenas, adam_reference};
 pub(in crate::backend) use adam::{adam_rank, adam_rank_slices};
 pub(crate) use arith::{Real, fma_f32, maximum, std_max};
-use arith::{add_scaled, rounding_format};
+use arith::{add_scaled, add_scaled_at, rounding_format};
 pub(crate) use average::check_average_args;
 pub use average::{AverageArgs, average_reference};
 pub(in crate::backend) use average::{Groups, average_group, group_slices};
@@ -93,7 +95,7 @@ pub use sgd::{SgdArgs, sgd_reference};
 pub(in crate::backend) use sgd::{sgd_rank, sgd_rank_slices};
 use slices::{optional_rank_slices, rank_slices, rank_slices_mut};
 pub(crate) use tables::Chunking;
-pub use tables::{AdamScalars, ParamStarts, SgdScalars, remainder_from};
+pub use tables::{AdamScalars, ParamStarts, SgdScalars, remainder_from, vector_tail_from};
 use tables::{check_flags, check_same_layout, check_table};
 // Host access to an arena's words, for the reference kernels (and the CPU backend).
 use crate::backend::Arena;

@@ -4,7 +4,7 @@
 //! `backend/gpu/sgd.rs` and the shader `shaders/sgd.wgsl`.
 
 use super::{
-    Arena, Chunking, ParamStarts, Real, SgdScalars, add_scaled, check_same_layout, check_table,
+    Arena, Chunking, ParamStarts, Real, SgdScalars, add_scaled_at, check_same_layout, check_table,
     optional_rank_slices, rank_slices, rank_slices_mut, rounding_format,
 };
 use crate::dtype::StorageFormat;
@@ -97,12 +97,15 @@ pub(in crate::backend) fn sgd_rank<T: Real>(
     for (s, range) in entries.filter(|(s, _)| s.active) {
         let rounding = rounding_format(format, s.fused);
         let r = |x: T| T::round(rounding, x);
-        // `x.add(y, alpha=a)` (see [`add_scaled`]: one fused multiply-add, but for the 16-bit
-        // formats' single-tensor arithmetic); `mul_(momentum)` takes its scalar unrounded.
-        // With `fused`, PyTorch's fused kernel (FusedSGDKernel.cpp): the compute precision
-        // throughout (`r` is the identity, `add_scaled` a fused multiply-add), each tensor
-        // rounded once, when stored.
-        let add = |x: T, alpha: T, y: T| add_scaled(rounding, x, alpha, y);
+        // `x.add(y, alpha=a)` of element `i` (see [`add_scaled_at`]: one fused multiply-add, but
+        // for the 16-bit formats' single-tensor arithmetic in PyTorch's scalar tail);
+        // `mul_(momentum)` takes its scalar unrounded. With `fused`, PyTorch's fused kernel
+        // (FusedSGDKernel.cpp): the compute precision throughout (`r` is the identity, `add` a
+        // fused multiply-add), each tensor rounded once, when stored.
+        let start = range.start;
+        let add = |i: usize, x: T, alpha: T, y: T| {
+            add_scaled_at(rounding, i - start < s.half_tail_from, x, alpha, y)
+        };
         let (lr, wd, mom, damp) = (
             T::scalar(-s.lr),
             T::scalar(s.weight_decay),
@@ -118,20 +121,20 @@ pub(in crate::backend) fn sgd_rank<T: Real>(
                 grad = -grad;
             }
             if s.weight_decay != 0.0 {
-                grad = add(grad, wd, param);
+                grad = add(i, grad, wd, param);
             }
             if s.momentum != 0.0 {
                 if let Some(buf) = buf.as_deref_mut() {
                     let b = if s.first_step {
                         grad
                     } else {
-                        add(r(T::load(format, buf, i) * decay), damp, grad)
+                        add(i, r(T::load(format, buf, i) * decay), damp, grad)
                     };
                     T::store(format, buf, i, b);
-                    grad = if s.nesterov { add(grad, mom, b) } else { b };
+                    grad = if s.nesterov { add(i, grad, mom, b) } else { b };
                 }
             }
-            T::store(format, p, i, add(param, lr, grad));
+            T::store(format, p, i, add(i, param, lr, grad));
         }
     }
 }

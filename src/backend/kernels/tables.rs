@@ -74,6 +74,12 @@ pub struct SgdScalars {
     /// `_multi_tensor_sgd` takes that path: `foreach=True`, with every parameter of the group
     /// and dtype that has a gradient already holding a buffer.
     pub foreach_momentum: bool,
+    /// The element of the parameter from which PyTorch's single-tensor `add(alpha=)` on
+    /// float16 and bfloat16 is its loop's scalar tail's (alpha and the product rounded to the
+    /// format before the sum) instead of its vector body's (alpha rounded, then one float32
+    /// fused multiply-add rounded once): [`vector_tail_from`]. 0 (the default): every element
+    /// the tail's. Read by the 16-bit single-tensor arithmetic only.
+    pub half_tail_from: usize,
 }
 
 /// One Adam/AdamW update's settings for one (rank, parameter); the host precomputes the bias
@@ -113,6 +119,12 @@ pub struct AdamScalars {
     /// `maximum`, where NaN wins ([`remainder_from`]; set under `fused` and `amsgrad` only).
     /// The element count or more: no element (`torch.maximum` throughout, as every other path).
     pub remainder_from: usize,
+    /// The element of the parameter from which PyTorch's single-tensor `add(alpha=)` on
+    /// float16 and bfloat16 is its loop's scalar tail's (alpha and the product rounded to the
+    /// format before the sum) instead of its vector body's (alpha rounded, then one float32
+    /// fused multiply-add rounded once): [`vector_tail_from`]. 0 (the default): every element
+    /// the tail's. Read by the 16-bit single-tensor arithmetic only.
+    pub half_tail_from: usize,
 }
 
 /// Where PyTorch's fused CPU Adam kernel (`adam_math` in
@@ -125,6 +137,16 @@ pub struct AdamScalars {
 pub fn remainder_from(numel: usize, element_bytes: usize) -> usize {
     let lanes = 32 / element_bytes.max(1);
     numel - numel % lanes
+}
+
+/// Where the loop of PyTorch's element-wise CPU kernels (ATen's `vectorized_loop`, two vectors
+/// per iteration) leaves its vector body for its scalar tail in a contiguous float16 or
+/// bfloat16 tensor of `numel` elements: the last `numel % 32` elements (two 256-bit vectors
+/// of 16; measured on AVX2 with torch 2.15, sizes 1 to 130). An AVX-512 host steps 64 and an
+/// Arm host 16 elements at a time, and a tensor of more than 32,768 elements split across
+/// threads has a tail at the end of each thread's range, which this does not model.
+pub fn vector_tail_from(numel: usize) -> usize {
+    numel - numel % 32
 }
 
 /// Whether the arenas of one kernel call must also be chunked alike: the GPU backend binds
