@@ -183,12 +183,7 @@ impl AdamOptions {
             ("maximize", json!(self.maximize)),
             ("decoupled_weight_decay", json!(self.decoupled_weight_decay)),
         ]);
-        // Only when set: PyTorch prints the defaults as `None`.
-        for (key, set) in [("fused", self.fused), ("foreach", self.foreach)] {
-            if set {
-                map.insert(key.into(), json!(true));
-            }
-        }
+        options::insert_paths(&mut map, self.fused, self.foreach);
         map
     }
 }

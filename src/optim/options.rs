@@ -149,6 +149,16 @@ pub(crate) fn pair(options: &OptionMap, key: &str) -> Result<(f64, f64)> {
     Ok((get(&items[0])?, get(&items[1])?))
 }
 
+/// Adds PyTorch's `fused` and `foreach` to `map` where set (PyTorch prints their defaults as
+/// `None`).
+pub(crate) fn insert_paths(map: &mut OptionMap, fused: bool, foreach: bool) {
+    for (key, set) in [("fused", fused), ("foreach", foreach)] {
+        if set {
+            map.insert(key.into(), Value::Bool(true));
+        }
+    }
+}
+
 /// Builds a map from `(key, value)` pairs.
 pub(crate) fn map(entries: &[(&str, Value)]) -> OptionMap {
     entries

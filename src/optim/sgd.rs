@@ -97,16 +97,16 @@ impl OptimizerMath for SgdMath {
     /// `_multi_tensor_sgd` scales the buffers of a group and dtype with one `_foreach_mul_`
     /// only when every parameter with a gradient has one already; otherwise each takes its own
     /// `mul_`.
-    fn settle(entries: &mut [SgdScalars], groups: &[Option<usize>]) {
+    fn settle(entries: &mut [SgdScalars], group: impl Fn(usize) -> Option<usize>) {
         let mut without_buffer = Vec::new();
-        for (s, &g) in entries.iter().zip(groups) {
-            if let (Some(g), true) = (g, s.foreach_momentum && s.active && s.first_step) {
+        for (k, s) in entries.iter().enumerate() {
+            if let (Some(g), true) = (group(k), s.foreach_momentum && s.active && s.first_step) {
                 without_buffer.resize(without_buffer.len().max(g + 1), false);
                 without_buffer[g] = true;
             }
         }
-        for (s, &g) in entries.iter_mut().zip(groups) {
-            if g.is_some_and(|g| without_buffer.get(g) == Some(&true)) {
+        for (k, s) in entries.iter_mut().enumerate() {
+            if group(k).is_some_and(|g| without_buffer.get(g) == Some(&true)) {
                 s.foreach_momentum = false;
             }
         }

@@ -112,12 +112,7 @@ impl SgdOptions {
             ("nesterov", json!(self.nesterov)),
             ("maximize", json!(self.maximize)),
         ]);
-        // Only when set: PyTorch prints the defaults as `None`.
-        for (key, set) in [("fused", self.fused), ("foreach", self.foreach)] {
-            if set {
-                map.insert(key.into(), json!(true));
-            }
-        }
+        options::insert_paths(&mut map, self.fused, self.foreach);
         map
     }
 }

@@ -312,10 +312,10 @@ pub trait OptimizerMath:
         param: (usize, DType),
     ) -> Self::Scalars;
 
-    /// Settles one rank's entries of a format bucket's table once all are built, `groups[k]`
+    /// Settles one rank's entries of a format bucket's table once all are built, `group(k)`
     /// being the param group of entry `k` (for what depends on the other parameters of a group
     /// and dtype, as PyTorch's multi-tensor paths do). Default: nothing to settle.
-    fn settle(_entries: &mut [Self::Scalars], _groups: &[Option<usize>]) {}
+    fn settle(_entries: &mut [Self::Scalars], _group: impl Fn(usize) -> Option<usize>) {}
 
     /// Whether the kernel updates the parameter of `entry`.
     fn active(entry: &Self::Scalars) -> bool;
@@ -479,8 +479,6 @@ impl<A: OptimizerMath> LocalOptimizer for Optimizer<A> {
             .iter()
             .map(|bucket| {
                 let members = bucket.members();
-                let groups: Vec<Option<usize>> =
-                    members.iter().map(|&j| self.shell.group_index(j)).collect();
                 let mut table = vec![A::Scalars::default(); ranks * members.len()];
                 for (rank, entries) in table.chunks_mut(members.len().max(1)).enumerate() {
                     for (k, &j) in members.iter().enumerate() {
@@ -493,7 +491,7 @@ impl<A: OptimizerMath> LocalOptimizer for Optimizer<A> {
                             );
                         }
                     }
-                    A::settle(entries, &groups);
+                    A::settle(entries, |k| self.shell.group_index(members[k]));
                 }
                 table
             })

@@ -293,20 +293,23 @@ impl OnStorage for AdamSegment<'_> {
         // arithmetic, the others its scalar tail; under `fused`, those from `remainder_from`
         // on its fused kernel's scalar remainder. Each stretch takes its own call, so each
         // loop is as simple as without them.
-        let (first, len) = (seg.in_param, seg.len);
-        let body = s.half_tail_from.saturating_sub(first).min(len);
-        let remainder = s.remainder_from.saturating_sub(first).min(len);
+        let body = s.half_tail_from.saturating_sub(seg.in_param);
+        let remainder = s.remainder_from.saturating_sub(seg.in_param);
         let (in_body, in_tail) = rows.split_at(body);
-        for (rows, from, vector) in [(in_body, 0, true), (in_tail, body, false)] {
-            let (before, mut after) = rows.split_at(remainder.saturating_sub(from));
-            after.remainder = true;
-            for rows in [before, after] {
-                match (rows.p.is_empty(), vector) {
-                    (true, _) => {}
-                    (false, true) => adam_dispatch(s, st.vector(), rows),
-                    (false, false) => adam_dispatch(s, st, rows),
-                }
-            }
+        adam_stretch(s, st.vector(), in_body, remainder);
+        adam_stretch(s, st, in_tail, remainder.saturating_sub(body));
+    }
+}
+
+/// Adam over `rows` with the arithmetic `st`, those from `remainder` on as the fused
+/// kernel's scalar remainder; an empty stretch makes no call.
+#[inline(always)]
+fn adam_stretch<S: Storage>(s: &AdamScalars, st: S, rows: AdamRows<'_, S::Elem>, remainder: usize) {
+    let (before, mut after) = rows.split_at(remainder);
+    after.remainder = true;
+    for rows in [before, after] {
+        if !rows.p.is_empty() {
+            adam_dispatch(s, st, rows);
         }
     }
 }
