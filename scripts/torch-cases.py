@@ -177,6 +177,30 @@ ZERO_TOLERANCE = dict(GOLDEN_TOLERANCE, float16={"rtol": 0.005, "atol": 0.001},
                       bfloat16={"rtol": 0.02, "atol": 0.002})
 
 
+def random_optimizer(rng, outer=False):
+    """A random `{"name", "options"}` spec for the random-case scripts (torch-fuzz-gloo.py,
+    torchft-cases.py): SGD, Adam or AdamW with any of their options, on either of PyTorch's
+    per-tensor paths (`foreach=True` now and then); an outer optimizer's SGD learning rate is
+    DiLoCo's order (0.5 to 1)."""
+    name = rng.choice(["SGD", "SGD", "Adam", "AdamW"])
+    if name == "SGD":
+        momentum = rng.choice([0.0, 0.5, 0.9])
+        nesterov = momentum > 0 and rng.random() < 0.5
+        options = {"lr": rng.choice([0.5, 0.7, 1.0] if outer else [0.01, 0.03, 0.05, 0.1]),
+                   "momentum": momentum, "nesterov": nesterov,
+                   "dampening": 0.0 if nesterov or momentum == 0 else rng.choice([0.1, 0.2, 0.5])}
+    else:
+        options = {"lr": rng.choice([0.1, 0.5] if outer else [0.01, 0.02, 0.05]),
+                   "betas": rng.choice([[0.9, 0.999], [0.9, 0.99], [0.8, 0.95], [0.5, 0.9]]),
+                   "eps": rng.choice([1e-8, 1e-6, 1e-3]), "amsgrad": rng.random() < 0.3}
+    options["weight_decay"] = rng.choice([0.0, 0.0, 0.01, 0.1])
+    if rng.random() < 0.2:
+        options["maximize"] = True
+    if rng.random() < 0.35:
+        options["foreach"] = True
+    return {"name": name, "options": options}
+
+
 def single_tensor_cases():
     cases = []
     for dtype in ["float32", "float64"]:

@@ -10,9 +10,11 @@ tests/golden/README.md says the kinds were made:
   at a step;
 * `zero_partition` (every W), section 9: random parameter groups of random shapes (0-d,
   empty, ties), and now and then a group added with `add_param_group`;
-* `diloco` (W = 2, 3, 4), section 13b: random inner and outer optimizers (SGD, Adam, AdamW),
-  `sync_every`, mixed dtypes and missing gradients;
-* `post_local_sgd` (W = 4), section 8: SGD or Adam under a periodic or hierarchical averager,
+* `diloco` (W = 2, 3, 4), section 13b: random inner and outer optimizers (SGD, Adam, AdamW
+  with any of their options, `foreach=True` now and then), `sync_every`, mixed dtypes (all
+  four) and missing gradients;
+* `post_local_sgd` (W = 4), section 8: SGD, Adam or AdamW (any of their options) under a
+  periodic or hierarchical averager,
   either variant (`explicit_grads` with missing gradients, the same on every rank; `ddp_hook`:
   DDP with PyTorch's `post_localSGD_hook`), and now and then a save and load of the state
   dict, with or without its `"step"`;
@@ -379,20 +381,6 @@ def gathered(value, pg, ranks):
     return out
 
 
-def optimizer_spec(rng, outer):
-    name = rng.choice(["SGD", "SGD", "Adam", "AdamW"])
-    if name == "SGD":
-        options = rng.choice(
-            [{"lr": 0.7, "momentum": 0.9, "nesterov": True}, {"lr": 1.0}, {"lr": 0.5, "momentum": 0.5}]
-            if outer else
-            [{"lr": 0.05}, {"lr": 0.05, "momentum": 0.9}, {"lr": 0.1, "weight_decay": 0.01,
-                                                          "momentum": 0.8, "dampening": 0.2}])
-    else:
-        options = rng.choice([{"lr": 0.1, "betas": [0.9, 0.99], "eps": 1e-08}, {"lr": 0.01},
-                              {"lr": 0.02, "amsgrad": True, "weight_decay": 0.05}])
-    return {"name": name, "options": options}
-
-
 def state_dict_json(opt):
     sd = opt.state_dict()
     groups = [dict(g) for g in sd["param_groups"]]
@@ -407,19 +395,20 @@ def state_dict_json(opt):
 def diloco_case(rank, W, rng_state):
     """One random DiLoCo run (section 13b's code): (input, expected) on rank 0, else None."""
     rng = random.Random(rng_state)
-    inner_spec, outer_spec = optimizer_spec(rng, False), optimizer_spec(rng, True)
+    inner_spec = torch_cases.random_optimizer(rng)
+    outer_spec = torch_cases.random_optimizer(rng, outer=True)
     sync_every = rng.choice([1, 2, 2, 3, 4])
     steps = rng.randint(1, 9)
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
     shapes = [rng.choice([[], [3], [2, 4], [7], [1]]) for _ in range(rng.randint(1, 3))]
-    dtypes = [rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float64])
-              for _ in shapes]
+    dtypes = [rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16,
+                          torch.float64]) for _ in shapes]
     initial = [torch.randn(s, generator=gen).to(d) for s, d in zip(shapes, dtypes)]
     grads = [[[None if rng.random() < 0.15 else torch.randn(s, generator=gen).to(d)
                for s, d in zip(shapes, dtypes)] for _ in range(W)] for _ in range(steps)]
 
     def build(spec, params):
-        kwargs = dict(spec["options"], foreach=False)
+        kwargs = dict({"foreach": False}, **spec["options"])
         if "betas" in kwargs:
             kwargs["betas"] = tuple(kwargs["betas"])
         return getattr(torch.optim, spec["name"])(params, **kwargs)
@@ -475,13 +464,8 @@ def post_local_sgd_case(rank, W, rng_state):
     from torch.distributed.optim import PostLocalSGDOptimizer
     rng = random.Random(rng_state)
     variant = rng.choice(["explicit_grads", "explicit_grads", "ddp_hook"])
-    name = rng.choice(["SGD", "Adam"])
-    options = dict(rng.choice([{"lr": 0.1}, {"lr": 0.1, "momentum": 0.9},
-                               {"lr": 0.05, "momentum": 0.8, "nesterov": True}])
-                   if name == "SGD" else
-                   rng.choice([{"lr": 0.01}, {"lr": 0.02, "amsgrad": True},
-                               {"lr": 0.01, "betas": [0.8, 0.9], "weight_decay": 0.1}]),
-                   foreach=False)
+    spec = torch_cases.random_optimizer(rng)
+    name, options = spec["name"], dict({"foreach": False}, **spec["options"])
     warmup = rng.choice([0, 1, 2, 3])
     if rng.random() < 0.5:
         averager = {"type": "periodic", "period": rng.choice([1, 2, 3]), "warmup_steps": warmup}
@@ -495,7 +479,7 @@ def post_local_sgd_case(rank, W, rng_state):
             if rng.random() < 0.4 else None)
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
     shapes = [rng.choice([[], [3], [2, 2], [5]]) for _ in range(rng.randint(1, 3))]
-    dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16])
+    dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16])
     initial = [[torch.randn(s, generator=gen).to(dtype) for s in shapes] for _ in range(W)]
     # At least one gradient per step: with none, an averaging step is torch.cat's ValueError.
     # DDP's backward gives every parameter a gradient.
@@ -1058,7 +1042,7 @@ def worker(rank, W, port, args):
             write("zero_partition", k, "random parameter groups", inp, expected,
                   {d: {"rtol": 0.0, "atol": 0.0} for d in TOLERANCE})
     for kind, tag, make, description, tolerance in [
-        ("diloco", "dl", diloco_case, "random DiLoCo run (foreach=False)", TOLERANCE),
+        ("diloco", "dl", diloco_case, "random DiLoCo run", TOLERANCE),
         ("zero_trajectory", "zt", zero_trajectory_case, "random ZeRO trajectory", ZERO_TOLERANCE),
         ("post_local_sgd", "pl", post_local_sgd_case, "random PostLocalSGDOptimizer run",
          TOLERANCE),

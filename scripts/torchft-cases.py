@@ -27,11 +27,13 @@ Run it with the torchft peer's interpreter (never in CI):
     /work/torchenv/bin/python scripts/torchft-cases.py [NAME_SUBSTRING ...]
 
 `--random N --seed S --out DIR` writes N random cases into DIR instead (for the golden runners'
-`DISTOPT_GOLDEN_DIR`): 2 to 4 ranks, 1 to 4 fragments over 4 parameters (any grouping), random
-`sync_every`, `fragment_sync_delay` and `fragment_update_alpha`, inner and outer optimizers,
-float32 and bfloat16 parameters, missing gradients.
+`DISTOPT_GOLDEN_DIR`): 2 to 4 ranks, 1 to 4 fragments over 1 to 6 parameters (any grouping,
+shapes of up to 3 dimensions), random `sync_every`, `fragment_sync_delay` and
+`fragment_update_alpha`, inner and outer optimizers (SGD, Adam, AdamW with any of their options,
+`foreach` or not), float32, float64, float16 and bfloat16 parameters, missing gradients.
 """
 
+import importlib.util
 import json
 import math
 import pathlib
@@ -42,6 +44,12 @@ from datetime import timedelta
 
 import torch
 import torch.multiprocessing as mp
+
+# The random optimizers of scripts/torch-cases.py (a file name Python cannot import).
+_spec = importlib.util.spec_from_file_location(
+    "torch_cases", pathlib.Path(__file__).with_name("torch-cases.py"))
+torch_cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_cases)
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "torchft-cases"
 KIND = "streaming_diloco"
@@ -301,8 +309,8 @@ def make_case(
         "source": (
             f"torch {torch.__version__}, torchft {torchft_version()}, CPU, {world} processes, "
             "torchft.local_sgd.DiLoCo with a Manager per replica over ProcessGroupGloo "
-            "(LighthouseServer on 127.0.0.1), torch.optim inner/outer (foreach=False), one outer "
-            "optimizer per fragment"
+            "(LighthouseServer on 127.0.0.1), torch.optim inner/outer (foreach=False unless their "
+            "options say), one outer optimizer per fragment"
         ),
         "input": spec,
         "expected": expected,
@@ -386,21 +394,23 @@ CASES = [
 def random_spec(rng, k, seed):
     """Case `k` of `--random`: make_case's arguments."""
     world = rng.randint(2, 4)
-    order = list(range(4))
+    count_params = rng.randint(1, 6)
+    order = list(range(count_params))
     rng.shuffle(order)
-    count = rng.randint(1, 4)
-    cuts = sorted(rng.sample(range(1, 4), count - 1))
-    fragments = [sorted(order[a:b]) for a, b in zip([0] + cuts, cuts + [4])]
+    count = rng.randint(1, min(4, count_params))
+    cuts = sorted(rng.sample(range(1, count_params), count - 1))
+    fragments = [sorted(order[a:b]) for a, b in zip([0] + cuts, cuts + [count_params])]
     per_fragment = rng.randint(1, 3)
     sync_every = per_fragment * count
-    inner = rng.choice([SGD_INNER, ADAM_INNER, ADAMW_INNER,
-                        {"name": "SGD", "options": {"lr": 0.03, "momentum": 0.8, "nesterov": True}}])
-    outer = rng.choice([NESTEROV, PLAIN, {"name": "SGD", "options": {"lr": 0.5}},
-                        {"name": "SGD", "options": {"lr": 0.7, "momentum": 0.5}}])
-    dtypes = tuple(rng.choice(["float32", "float32", "bfloat16"]) for _ in range(4))
+    inner = torch_cases.random_optimizer(rng)
+    outer = torch_cases.random_optimizer(rng, outer=True)
+    dtypes = tuple(rng.choice(["float32", "float32", "float32", "bfloat16", "float16", "float64"])
+                   for _ in range(count_params))
+    shapes = tuple(rng.choice([[1], [3], [5], [2, 3], [4, 1], [7], [2, 2, 2]])
+                   for _ in range(count_params))
     periods = rng.randint(2, 3)
     missing = {(t, r, j) for t in range(periods * sync_every) for r in range(world)
-               for j in range(4) if rng.random() < 0.08}
+               for j in range(count_params) if rng.random() < 0.08}
     delay = rng.randint(0, per_fragment - 1)
     alpha = rng.choice([0.0, 0.0, 0.3, 0.5, 0.9, 1.0])
     return dict(
@@ -408,7 +418,7 @@ def random_spec(rng, k, seed):
         description=f"random: {world} ranks, fragments {fragments}, sync_every {sync_every}, "
                     f"delay {delay}, alpha {alpha}",
         world=world, sync_every=sync_every, fragments=fragments, delay=delay, alpha=alpha,
-        inner=inner, outer=outer, dtypes=dtypes, periods=periods, missing=missing,
+        inner=inner, outer=outer, dtypes=dtypes, shapes=shapes, periods=periods, missing=missing,
         seed=rng.randrange(1 << 30))
 
 
