@@ -61,6 +61,10 @@ TOLERANCE = {
     "bfloat16": {"rtol": 2e-2, "atol": 2e-2},
     "float64": {"rtol": 1e-12, "atol": 1e-12},
 }
+# Below one unit in the last place of each 16-bit format (scripts/torch-cases.py's): for cases
+# whose every operation PyTorch and distopt round alike (two ranks: gloo's sum of two terms
+# has one order).
+EXACT_TOLERANCE = torch_cases.TOLERANCE
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -258,6 +262,7 @@ def make_case(
     periods=3,
     missing=(),
     seed=0,
+    tolerance=TOLERANCE,
 ):
     gen = torch.Generator().manual_seed(seed)
     initial = [torch.randn(s, generator=gen).to(DTYPES[d]) for s, d in zip(shapes, dtypes)]
@@ -314,7 +319,7 @@ def make_case(
         ),
         "input": spec,
         "expected": expected,
-        "tolerance": TOLERANCE,
+        "tolerance": tolerance,
     }
 
 
@@ -387,6 +392,26 @@ CASES = [
         world=4, sync_every=4, fragments=[[1, 3], [0, 2]], delay=1, alpha=0.0,
         inner={"name": "SGD", "options": {"lr": 0.03, "momentum": 0.8, "nesterov": True}},
         outer={"name": "SGD", "options": {"lr": 0.5}}, seed=9,
+    ),
+    # torch's lerp_ on 16-bit parameters computes `end - self` in float32: a merge that rounded
+    # the difference to the parameter's dtype first is a unit off where the outer step moved a
+    # parameter far from its local value. Both of lerp's branches, sizes with a vector body and
+    # a scalar tail, two ranks (one summation order), a tolerance below one unit in the last place.
+    dict(
+        name="streaming_diloco_w2_f2_delay1_alpha03_16bit_lerp",
+        description="16-bit parameters, alpha 0.3 (lerp's small-weight branch), Adam inner steps",
+        world=2, sync_every=4, fragments=[[0, 2], [1, 3]], delay=1, alpha=0.3,
+        inner={"name": "Adam", "options": {"lr": 0.05, "betas": [0.9, 0.99], "eps": 1e-8}},
+        dtypes=("bfloat16", "float16", "float16", "bfloat16"),
+        shapes=([37], [3, 33], [5], [2, 9]), seed=10, tolerance=EXACT_TOLERANCE,
+    ),
+    dict(
+        name="streaming_diloco_w2_f2_delay0_alpha07_16bit_lerp",
+        description="16-bit parameters, alpha 0.7 (lerp's other branch), SGD inner steps",
+        world=2, sync_every=4, fragments=[[1, 2], [0, 3]], delay=0, alpha=0.7,
+        inner={"name": "SGD", "options": {"lr": 0.1, "momentum": 0.9}},
+        dtypes=("float16", "bfloat16", "bfloat16", "float16"),
+        shapes=([37], [3, 33], [5], [2, 9]), seed=11, tolerance=EXACT_TOLERANCE,
     ),
 ]
 

@@ -53,7 +53,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::backend::kernels::{ConvertArgs, PseudoGradientArgs, SgdArgs, SgdScalars};
+use crate::backend::kernels::{ConvertArgs, LerpArgs, SgdArgs, SgdScalars};
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
 use crate::comm::{AllReduceMeanArgs, Communicator, InFlightMean, InFlightMembership, Subgroups};
 use crate::dtype::StorageFormat;
@@ -884,17 +884,15 @@ impl DiLoCo {
     }
 
     /// SGD settings (every rank, every member of a bucket) that make `Backend::sgd` compute
-    /// `p - lr·g` for the `active` members: with `lr = 1`, `backup - params` rounded once
-    /// to the format, as the pseudo-gradient is; `fused` for a 16-bit lerp (the mix computed in
-    /// float32 and rounded once, as torch's `lerp_` does).
-    fn sgd_scalars(ranks: usize, active: &[bool], lr: f64, fused: bool) -> Vec<SgdScalars> {
+    /// `p - g` for the `active` members: `backup - params` rounded once to the format, as the
+    /// pseudo-gradient is.
+    fn sgd_scalars(ranks: usize, active: &[bool]) -> Vec<SgdScalars> {
         (0..ranks)
             .flat_map(|_| active.iter())
             .map(|&active| SgdScalars {
                 active,
-                lr,
+                lr: 1.0,
                 one_minus_dampening: 1.0,
-                fused,
                 ..SgdScalars::default()
             })
             .collect()
@@ -982,7 +980,7 @@ impl DiLoCo {
             if !regions.is_empty() {
                 backend.copy_regions(backup, out, regions)?;
             }
-            let scalars = Self::sgd_scalars(ranks, active, 1.0, false);
+            let scalars = Self::sgd_scalars(ranks, active);
             backend.sgd(SgdArgs {
                 params: out,
                 grads: params,
@@ -1178,60 +1176,27 @@ impl DiLoCo {
     }
 
     /// torch's `global.lerp_(local, α)` over the fragment (`plans`' active members), the
-    /// global values in the parameters and the local ones in the scratch arenas, through the
-    /// gradient arenas: for `α < 0.5` (lerp's small-weight branch) `global - α·(global -
-    /// local)`, else `local - (1 - α)·(local - global)`, the weight in the compute precision
-    /// (float32 for 16-bit formats, which are mixed in float32 and rounded once).
+    /// global values in the parameters and the local ones in the scratch arenas
+    /// ([`Backend::lerp`](crate::backend::Backend::lerp): one fused multiply-add in the
+    /// compute precision, rounded once to the format).
     fn merge(
         &mut self,
         replicas: &mut Replicas,
         plans: &[(Vec<bool>, Vec<CopyRegion>)],
     ) -> Result<()> {
         let backend = replicas.backend().clone();
-        let ranks = self.ranks;
         for (b, (bucket, (active, _))) in replicas.buckets_mut().iter_mut().zip(plans).enumerate() {
             if !active.contains(&true) {
                 continue;
             }
-            let format = bucket.format();
-            let (params, grads, starts) = bucket.arenas_mut();
-            let local = self
-                .scratch
-                .get_mut(b)
-                .expect("saved before the outer step");
-            let small = self.alpha < 0.5;
-            let weight = if small { self.alpha } else { 1.0 - self.alpha };
-            let (lr, fused) = match format {
-                StorageFormat::F64 => (weight, false),
-                StorageFormat::F32 => (weight_f32(self.alpha, small), false),
-                _ => (weight_f32(self.alpha, small), true),
-            };
-            if small {
-                // grads = global - local (local := global), params = global - α·grads.
-                backend.pseudo_gradient(PseudoGradientArgs {
-                    params: local,
-                    backup: params,
-                    grads,
-                    starts,
-                    active,
-                })?;
-            } else {
-                // grads = local - global (params := local), params = local - (1-α)·grads.
-                backend.pseudo_gradient(PseudoGradientArgs {
-                    params,
-                    backup: local,
-                    grads,
-                    starts,
-                    active,
-                })?;
-            }
-            let scalars = Self::sgd_scalars(ranks, active, lr, fused);
-            backend.sgd(SgdArgs {
+            let (params, _, starts) = bucket.arenas_mut();
+            let local = self.scratch.get(b).expect("saved before the outer step");
+            backend.lerp(LerpArgs {
                 params,
-                grads,
-                momentum: None,
+                end: local,
                 starts,
-                scalars: &scalars,
+                active,
+                weight: self.alpha,
             })?;
         }
         Ok(())
@@ -1483,13 +1448,6 @@ fn loaded_words(
     }
     let format = replicas.buckets()[replicas.place(j).bucket].format();
     transfer::encode(&tensor, format, "a loaded state tensor")
-}
-
-/// A lerp weight in float32, torch's opmath for float32 and 16-bit tensors: `α` (the
-/// small-weight branch) or `1 - α` computed in float32.
-fn weight_f32(alpha: f64, small: bool) -> f64 {
-    let a = alpha as f32;
-    f64::from(if small { a } else { 1.0f32 - a })
 }
 
 /// A `ValueError` unless `fragments` is a partition of `0..params` into non-empty fragments,

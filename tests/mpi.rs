@@ -36,8 +36,8 @@ use common::{Case, load_cases};
 use distopt::BlockOn;
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
 use distopt::backend::kernels::{
-    AdamArenas, AdamScalars, AverageArgs, ConvertArgs, ParamStarts, PseudoGradientArgs,
-    ScaledSumArgs, SgdArgs,
+    AdamArenas, AdamScalars, AverageArgs, ConvertArgs, LerpArgs, ParamStarts, ScaledSumArgs,
+    SgdArgs,
 };
 use distopt::backend::{BoxFuture, CopyRegion};
 use distopt::comm::Communicator;
@@ -325,8 +325,8 @@ impl Backend for Recording {
     fn scaled_sum(&self, args: ScaledSumArgs<'_>) -> distopt::Result<()> {
         self.inner.scaled_sum(args)
     }
-    fn pseudo_gradient(&self, args: PseudoGradientArgs<'_>) -> distopt::Result<()> {
-        self.inner.pseudo_gradient(args)
+    fn lerp(&self, args: LerpArgs<'_>) -> distopt::Result<()> {
+        self.inner.lerp(args)
     }
     fn convert(&self, args: ConvertArgs<'_>) -> distopt::Result<()> {
         self.inner.convert(args)

@@ -5,8 +5,8 @@ use std::fmt;
 use super::arena::{Arena, CopyRegion};
 use super::info::BackendInfo;
 use super::kernels::{
-    AdamArenas, AdamScalars, AverageArgs, ConvertArgs, ParamStarts, PseudoGradientArgs,
-    ScaledSumArgs, SgdArgs,
+    AdamArenas, AdamScalars, AverageArgs, ConvertArgs, LerpArgs, ParamStarts, ScaledSumArgs,
+    SgdArgs,
 };
 use super::platform::{BoxFuture, MaybeSendSync};
 use crate::dtype::StorageFormat;
@@ -186,21 +186,21 @@ pub trait Backend: MaybeSendSync + fmt::Debug {
     /// reports an error or is lost.
     fn scaled_sum(&self, args: ScaledSumArgs<'_>) -> Result<()>;
 
-    /// DiLoCo's pseudo-gradient over three arenas of one layout (see
-    /// [`super::kernels::pseudo_gradient_reference`]): for every rank and every element of the
-    /// parameters flagged in `active`, `grads = round(backup - params)` in the parameters'
-    /// precision, then `params = backup`, one dispatch per chunk.
+    /// torch's `params.lerp_(end, weight)` over two arenas of one layout (see
+    /// [`super::kernels::lerp_reference`]): for every rank and every element of the parameters
+    /// flagged in `active`, the two-sided lerp as one fused multiply-add in the parameters'
+    /// compute precision, rounded once to their format, one dispatch per chunk.
     ///
     /// An empty `starts` (arenas with no parameters) has nothing to compute: the call checks its
     /// arguments and changes nothing, on every backend.
     ///
     /// # Errors
-    /// A `ValueError` when `backup` or `grads` differ from `params` in ranks, length or format (on
-    /// the GPU backend also in chunking), `active` does not hold one flag per parameter, or
-    /// `starts` does not fit the arenas (see [`Backend::average`]); a `RuntimeError` for an arena
-    /// this backend cannot use (another backend's: see the trait's documentation), or when the
-    /// GPU device reports an error or is lost.
-    fn pseudo_gradient(&self, args: PseudoGradientArgs<'_>) -> Result<()>;
+    /// A `ValueError` when `end` differs from `params` in ranks, length or format (on the GPU
+    /// backend also in chunking), `active` does not hold one flag per parameter, `starts` does
+    /// not fit the arenas (see [`Backend::average`]) or the weight is not finite; a
+    /// `RuntimeError` for an arena this backend cannot use (another backend's: see the trait's
+    /// documentation), or when the GPU device reports an error or is lost.
+    fn lerp(&self, args: LerpArgs<'_>) -> Result<()>;
 
     /// Converts the parameters flagged in `active` of every rank of `src` into `dst`, an arena
     /// of the same ranks, layout and chunking in another storage format (see

@@ -135,8 +135,8 @@ fn outcome(result: distopt::Result<()>, arenas: &[&distopt::backend::Arena]) -> 
 #[test]
 fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
     use distopt::backend::kernels::{
-        AdamArenas, AdamScalars, AverageArgs, ConvertArgs, ParamStarts, PseudoGradientArgs,
-        ScaledSumArgs, SgdArgs, SgdScalars,
+        AdamArenas, AdamScalars, AverageArgs, ConvertArgs, LerpArgs, ParamStarts, ScaledSumArgs,
+        SgdArgs, SgdScalars,
     };
     type Case = (&'static str, Outcome);
     let run = |backend: &dyn Backend| -> Vec<Case> {
@@ -165,15 +165,15 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
             active: &[],
         });
         cases.push(("average, empty table", outcome(r, &[&a])));
-        let (mut p, b, mut g) = (filled(2, 64), filled(2, 64), filled(2, 64));
-        let r = backend.pseudo_gradient(PseudoGradientArgs {
+        let (mut p, e) = (filled(2, 64), filled(2, 64));
+        let r = backend.lerp(LerpArgs {
             params: &mut p,
-            backup: &b,
-            grads: &mut g,
+            end: &e,
             starts: &none,
             active: &[],
+            weight: 0.5,
         });
-        cases.push(("pseudo_gradient, empty table", outcome(r, &[&p, &g])));
+        cases.push(("lerp, empty table", outcome(r, &[&p])));
         let (src, mut dst) = (filled(2, 64), filled(2, 64));
         let r = backend.convert(ConvertArgs {
             src: &src,
@@ -205,27 +205,24 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
             "average, empty table, group of 3 in 2 ranks",
             outcome(r, &[&a]),
         ));
-        let (mut p, b, mut g) = (filled(2, 64), filled(1, 64), filled(2, 64));
-        let r = backend.pseudo_gradient(PseudoGradientArgs {
+        let (mut p, e) = (filled(2, 64), filled(1, 64));
+        let r = backend.lerp(LerpArgs {
             params: &mut p,
-            backup: &b,
-            grads: &mut g,
+            end: &e,
             starts: &none,
             active: &[],
+            weight: 0.5,
         });
-        cases.push((
-            "pseudo_gradient, empty table, backup of 1 rank",
-            outcome(r, &[&p]),
-        ));
-        let (mut p, b, mut g) = (filled(2, 64), filled(2, 64), filled(2, 64));
-        let r = backend.pseudo_gradient(PseudoGradientArgs {
+        cases.push(("lerp, empty table, end of 1 rank", outcome(r, &[&p])));
+        let (mut p, e) = (filled(2, 64), filled(2, 64));
+        let r = backend.lerp(LerpArgs {
             params: &mut p,
-            backup: &b,
-            grads: &mut g,
+            end: &e,
             starts: &none,
             active: &[true],
+            weight: 0.5,
         });
-        cases.push(("pseudo_gradient, empty table, one flag", outcome(r, &[&p])));
+        cases.push(("lerp, empty table, one flag", outcome(r, &[&p])));
         // No active parameter: nothing changes.
         let mut a = filled(2, 64);
         let r = backend.average(AverageArgs {
@@ -236,15 +233,24 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
             active: &[false],
         });
         cases.push(("average, nothing active", outcome(r, &[&a])));
-        let (mut p, b, mut g) = (filled(2, 64), filled(2, 64), filled(2, 64));
-        let r = backend.pseudo_gradient(PseudoGradientArgs {
+        let (mut p, e) = (filled(2, 64), filled(2, 64));
+        let r = backend.lerp(LerpArgs {
             params: &mut p,
-            backup: &b,
-            grads: &mut g,
+            end: &e,
             starts: &one,
             active: &[false],
+            weight: 0.5,
         });
-        cases.push(("pseudo_gradient, nothing active", outcome(r, &[&p, &g])));
+        cases.push(("lerp, nothing active", outcome(r, &[&p])));
+        let (mut p, e) = (filled(2, 64), filled(2, 64));
+        let r = backend.lerp(LerpArgs {
+            params: &mut p,
+            end: &e,
+            starts: &one,
+            active: &[true],
+            weight: f64::NAN,
+        });
+        cases.push(("lerp, a NaN weight", outcome(r, &[&p])));
         // A table that does not fit its arena: past the rank's elements, not starting at 0,
         // descending, or not on a 64-element slot.
         for (name, table) in [
@@ -264,18 +270,15 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
                 active: &vec![true; n],
             });
             cases.push((leak(format!("average, table {name}")), outcome(r, &[&a])));
-            let (mut p, b, mut g) = (filled(2, 128), filled(2, 128), filled(2, 128));
-            let r = backend.pseudo_gradient(PseudoGradientArgs {
+            let (mut p, e) = (filled(2, 128), filled(2, 128));
+            let r = backend.lerp(LerpArgs {
                 params: &mut p,
-                backup: &b,
-                grads: &mut g,
+                end: &e,
                 starts: &starts,
                 active: &vec![true; n],
+                weight: 0.5,
             });
-            cases.push((
-                leak(format!("pseudo_gradient, table {name}")),
-                outcome(r, &[&p]),
-            ));
+            cases.push((leak(format!("lerp, table {name}")), outcome(r, &[&p])));
             let (mut p, g) = (filled(2, 128), filled(2, 128));
             let sgd = vec![
                 SgdScalars {
@@ -322,15 +325,15 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
             active: &[true],
         });
         cases.push(("average, no ranks", outcome(r, &[&a])));
-        let (mut p, b, mut g) = (filled(0, 64), filled(0, 64), filled(0, 64));
-        let r = backend.pseudo_gradient(PseudoGradientArgs {
+        let (mut p, e) = (filled(0, 64), filled(0, 64));
+        let r = backend.lerp(LerpArgs {
             params: &mut p,
-            backup: &b,
-            grads: &mut g,
+            end: &e,
             starts: &one,
             active: &[true],
+            weight: 0.5,
         });
-        cases.push(("pseudo_gradient, no ranks", outcome(r, &[&p, &g])));
+        cases.push(("lerp, no ranks", outcome(r, &[&p])));
         let (src, mut dst) = (filled(0, 64), filled(0, 64));
         let r = backend.convert(ConvertArgs {
             src: &src,
@@ -415,7 +418,12 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
             "group of 3",
         ]
         .iter()
-        .chain(&["backup of 1 rank", "one flag", "dp_sgd_step, no ranks"])
+        .chain(&[
+            "end of 1 rank",
+            "one flag",
+            "dp_sgd_step, no ranks",
+            "NaN weight",
+        ])
         .any(|bad| name.contains(bad));
         if refused {
             assert_eq!(got, &Outcome::Refused(ErrorKind::ValueError), "{name}");

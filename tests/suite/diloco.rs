@@ -13,7 +13,7 @@ use crate::common;
 use std::sync::Arc;
 
 use distopt::BlockOn;
-use distopt::backend::kernels::{ParamStarts, PseudoGradientArgs};
+use distopt::backend::kernels::{LerpArgs, ParamStarts};
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::diloco::{Compression, DiLoCo, DiLoCoOptions};
 use distopt::replicas::Replicas;
@@ -31,8 +31,10 @@ impl Rng {
     fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
     }
-    /// A value for the pseudo-gradient kernel: mostly ordinary values over many binades, and
-    /// NaN, ±inf, ±0, subnormal-sized and huge values.
+    /// A value for the lerp kernel: mostly ordinary values over many binades, and NaN, ±inf,
+    /// ±0, tiny (a float16 subnormal) and huge values. The products stay in the range where
+    /// the device's fused multiply-add is exact (`exact_fma` in `shaders/optim_math.wgsl`:
+    /// below 2^100 and, unless zero, from 2^-60).
     fn value(&mut self) -> f64 {
         match self.next_u64() % 16 {
             0 => f64::NAN,
@@ -40,9 +42,9 @@ impl Rng {
             2 => f64::NEG_INFINITY,
             3 => 0.0,
             4 => -0.0,
-            5 => self.unit() * 1e-40,
+            5 => self.unit() * 1e-12,
             6 => self.unit() * 6e-6,
-            7 => self.unit() * 3e38,
+            7 => self.unit() * 1e29,
             _ => self.unit() * 2f64.powi((self.next_u64() % 40) as i32 - 20),
         }
     }
@@ -95,8 +97,24 @@ fn same_bits(a: f64, b: f64) -> bool {
     (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
 }
 
+/// torch's `s.lerp_(e, w)` for one element, as ATen's `lerp_vec` computes it: in float32 for
+/// the 32- and 16-bit formats (the weight, the difference and one fused multiply-add), in
+/// float64 for float64, then rounded to the dtype.
+fn torch_lerp(dtype: DType, s: f64, e: f64, w: f64) -> f64 {
+    let small = w.abs() < 0.5;
+    let exact = if dtype == DType::Float64 {
+        let (c, base) = if small { (w, s) } else { (w - 1.0, e) };
+        c.mul_add(e - s, base)
+    } else {
+        let (s, e, w) = (s as f32, e as f32, w as f32);
+        let (c, base) = if small { (w, s) } else { (w - 1.0, e) };
+        f64::from(c.mul_add(e - s, base))
+    };
+    rounded(dtype, &[exact])[0]
+}
+
 #[test]
-fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
+fn lerp_kernel_matches_torch_lerp_bit_for_bit() {
     let mut rng = Rng(distopt::rng::SplitMix64::from_state(7));
     let formats = [
         StorageFormat::F32,
@@ -107,18 +125,22 @@ fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
     for (label, backend) in backends() {
         for format in formats {
             let dtype = dtype_of(format);
-            for (ranks, rank_len) in [(1usize, 64usize), (3, 192), (2, 1024), (4, 704)] {
+            for (ranks, rank_len, weight) in [
+                (1usize, 64usize, 0.5),
+                (3, 192, 0.3),
+                (2, 1024, 0.9),
+                (4, 704, 1.0),
+                (2, 128, 0.0),
+                (1, 256, 0.499),
+            ] {
                 let chunk_len = backend.chunk_len(rank_len, ranks);
                 let mut params = backend
                     .create_arena(format, ranks, rank_len, chunk_len)
                     .unwrap();
-                let mut backup = backend
+                let mut end = backend
                     .create_arena(format, ranks, rank_len, chunk_len)
                     .unwrap();
-                let mut grads = backend
-                    .create_arena(format, ranks, rank_len, chunk_len)
-                    .unwrap();
-                // Parameters of 1 to 4 slots of 64 elements; some of them not synced.
+                // Parameters of 1 to 4 slots of 64 elements; some of them not merged.
                 let mut starts = Vec::new();
                 let mut next = 0;
                 while next < rank_len {
@@ -132,16 +154,16 @@ fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
                 active[0] = true;
                 let param_of = |i: usize| starts.iter().rposition(|&s| s as usize <= i).unwrap();
                 let starts = ParamStarts(starts.clone());
-                let mut p_values = Vec::new();
-                let mut o_values = Vec::new();
-                let mut g_values = Vec::new();
+                let mut s_values = Vec::new();
+                let mut e_values = Vec::new();
                 for rank in 0..ranks {
-                    let p = rounded(
+                    let s = rounded(
                         dtype,
                         &(0..rank_len).map(|_| rng.value()).collect::<Vec<_>>(),
                     );
-                    // Backups near the parameters (small differences, cancellation) or anywhere.
-                    let o: Vec<f64> = p
+                    // Ends near the parameters (small differences, cancellation) or anywhere
+                    // (differences the format cannot hold).
+                    let e: Vec<f64> = s
                         .iter()
                         .map(|&x| {
                             if rng.next_u64().is_multiple_of(2) {
@@ -151,74 +173,43 @@ fn pseudo_gradient_kernel_matches_the_scalar_reference_bit_for_bit() {
                             }
                         })
                         .collect();
-                    let o = rounded(dtype, &o);
-                    params.write(rank, 0, &encode(format, &p)).unwrap();
-                    backup.write(rank, 0, &encode(format, &o)).unwrap();
-                    // Stale gradient values that the kernel must overwrite where active.
-                    let g = rounded(
-                        dtype,
-                        &(0..rank_len).map(|_| rng.value()).collect::<Vec<_>>(),
-                    );
-                    grads.write(rank, 0, &encode(format, &g)).unwrap();
-                    p_values.push(p);
-                    o_values.push(o);
-                    g_values.push(g);
+                    let e = rounded(dtype, &e);
+                    params.write(rank, 0, &encode(format, &s)).unwrap();
+                    end.write(rank, 0, &encode(format, &e)).unwrap();
+                    s_values.push(s);
+                    e_values.push(e);
                 }
                 backend
-                    .pseudo_gradient(PseudoGradientArgs {
+                    .lerp(LerpArgs {
                         params: &mut params,
-                        backup: &backup,
-                        grads: &mut grads,
+                        end: &end,
                         starts: &starts,
                         active: &active,
+                        weight,
                     })
                     .unwrap();
-                let what = format!("{label} {format:?} {ranks}x{rank_len} (chunk {chunk_len})");
+                let what = format!(
+                    "{label} {format:?} {ranks}x{rank_len} (chunk {chunk_len}), weight {weight}"
+                );
                 let p_words = pollster::block_on(params.read_all()).unwrap();
-                let g_words = pollster::block_on(grads.read_all()).unwrap();
+                let e_words = pollster::block_on(end.read_all()).unwrap();
                 let rank_words = format.words_for(rank_len);
                 for rank in 0..ranks {
-                    let got_p = decode(
-                        format,
-                        &p_words[rank * rank_words..(rank + 1) * rank_words],
-                        rank_len,
-                    );
-                    let got_g = decode(
-                        format,
-                        &g_words[rank * rank_words..(rank + 1) * rank_words],
-                        rank_len,
-                    );
-                    // The reference: one correctly rounded subtraction in the dtype (f64
-                    // difference, rounded once).
-                    let diff: Vec<f64> = o_values[rank]
-                        .iter()
-                        .zip(&p_values[rank])
-                        .map(|(o, p)| o - p)
-                        .collect();
-                    let want_g = rounded(dtype, &diff);
+                    let words = rank * rank_words..(rank + 1) * rank_words;
+                    let got = decode(format, &p_words[words.clone()], rank_len);
+                    let got_e = decode(format, &e_words[words], rank_len);
                     for i in 0..rank_len {
-                        if !active[param_of(i)] {
-                            // Not synced: all three arenas untouched.
-                            assert!(
-                                same_bits(got_g[i], g_values[rank][i])
-                                    && same_bits(got_p[i], p_values[rank][i]),
-                                "{what}: element {i} of rank {rank}, an inactive parameter, changed"
-                            );
-                            continue;
-                        }
+                        let (s, e) = (s_values[rank][i], e_values[rank][i]);
+                        assert!(same_bits(got_e[i], e), "{what}: end[{rank}][{i}] changed");
+                        let want = if active[param_of(i)] {
+                            torch_lerp(dtype, s, e, weight)
+                        } else {
+                            s
+                        };
                         assert!(
-                            same_bits(got_g[i], want_g[i]),
-                            "{what}: grad[{rank}][{i}] = {} - {} gave {}, expected {}",
-                            o_values[rank][i],
-                            p_values[rank][i],
-                            got_g[i],
-                            want_g[i]
-                        );
-                        assert!(
-                            same_bits(got_p[i], o_values[rank][i]),
-                            "{what}: param[{rank}][{i}] = {}, expected the backup {}",
-                            got_p[i],
-                            o_values[rank][i]
+                            same_bits(got[i], want),
+                            "{what}: params[{rank}][{i}] = lerp({s}, {e}) gave {}, expected {want}",
+                            got[i]
                         );
                     }
                 }

@@ -37,8 +37,8 @@ mod threads;
 use self::host_words::HostWords;
 use self::threads::{PARALLEL_THRESHOLD, part_bounds, run_parts, split_ranks};
 use super::kernels::{
-    self, AdamArenas, AdamScalars, AverageArgs, ConvertArgs, ParamStarts, PseudoGradientArgs,
-    ScaledSumArgs, SgdArgs,
+    self, AdamArenas, AdamScalars, AverageArgs, ConvertArgs, LerpArgs, ParamStarts, ScaledSumArgs,
+    SgdArgs,
 };
 use super::{
     Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, CopyRegion,
@@ -230,9 +230,9 @@ impl Backend for CpuBackend {
         kernels::scaled_sum_reference(args)
     }
 
-    fn pseudo_gradient(&self, args: PseudoGradientArgs<'_>) -> Result<()> {
-        check_param_table("pseudo_gradient", args.params, args.starts)?;
-        kernels::pseudo_gradient_reference(args)
+    fn lerp(&self, args: LerpArgs<'_>) -> Result<()> {
+        check_param_table("lerp", args.params, args.starts)?;
+        kernels::lerp_reference(args)
     }
 
     fn convert(&self, args: ConvertArgs<'_>) -> Result<()> {

@@ -352,10 +352,10 @@ pub(crate) const COPY: KernelSpec = KernelSpec {
     },
 };
 
-/// DiLoCo's pseudo-gradient.
-pub(crate) const PSEUDO_GRADIENT: KernelSpec = KernelSpec {
-    name: "pseudo_gradient",
-    wgsl: shaders::PSEUDO_GRADIENT,
+/// torch's `lerp_` (Streaming DiLoCo's merge).
+pub(crate) const LERP: KernelSpec = KernelSpec {
+    name: "lerp",
+    wgsl: shaders::LERP,
     declares: Declarations::NONE,
 };
 
@@ -375,7 +375,7 @@ pub(crate) const ALL: &[&KernelSpec] = &[
     &ADAM,
     &AVERAGE,
     &SCALED_SUM,
-    &PSEUDO_GRADIENT,
+    &LERP,
     &CONVERT,
 ];
 

@@ -2,7 +2,7 @@
 //! once per (kernel, storage formats) and cached, arenas resident in device buffers. Each
 //! per-parameter kernel is dispatched from the file of its name beside the shader's
 //! (`sgd.rs` for `shaders/sgd.wgsl`, `adam.rs`, `average.rs`, `scaled_sum.rs`,
-//! `pseudo_gradient.rs`, `convert.rs`; what they share in `per_param.rs`); the data-parallel
+//! `lerp.rs`, `convert.rs`; what they share in `per_param.rs`); the data-parallel
 //! step (`shaders/dp_sgd_step.wgsl`) and the copies are dispatched from this file.
 
 mod adam;
@@ -13,8 +13,8 @@ mod bindings;
 mod contract;
 mod convert;
 mod kernel;
+mod lerp;
 mod per_param;
-mod pseudo_gradient;
 mod scaled_sum;
 mod sgd;
 mod shader_error;
@@ -31,8 +31,8 @@ pub(crate) use shared::GpuShared;
 pub use shared::{DEFAULT_MAX_BINDING_BYTES, device_lost_error};
 
 use super::kernels::{
-    AdamArenas, AdamScalars, AverageArgs, ConvertArgs, ParamStarts, PseudoGradientArgs,
-    ScaledSumArgs, SgdArgs,
+    AdamArenas, AdamScalars, AverageArgs, ConvertArgs, LerpArgs, ParamStarts, ScaledSumArgs,
+    SgdArgs,
 };
 use super::{Arena, ArenaStorage, Backend, BackendInfo, BackendKind, BoxFuture, oneshot};
 use super::{check_same_format, check_step_arenas};
@@ -94,7 +94,7 @@ struct Kernels {
     average: Kernel,
     scaled_sum: Kernel,
     copy: Kernel,
-    pseudo_gradient: Kernel,
+    lerp: Kernel,
     convert: Kernel,
 }
 
@@ -202,7 +202,7 @@ impl GpuBackend {
             average: Kernel::new(&device, &contract::AVERAGE)?,
             scaled_sum: Kernel::new(&device, &contract::SCALED_SUM)?,
             copy: Kernel::new(&device, &contract::COPY)?,
-            pseudo_gradient: Kernel::new(&device, &contract::PSEUDO_GRADIENT)?,
+            lerp: Kernel::new(&device, &contract::LERP)?,
             convert: Kernel::new(&device, &contract::CONVERT)?,
         };
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
@@ -358,7 +358,7 @@ impl GpuBackend {
             + k.adam.cached()
             + k.average.cached()
             + k.scaled_sum.cached()
-            + k.pseudo_gradient.cached()
+            + k.lerp.cached()
             + k.convert.cached()
     }
 }
@@ -535,11 +535,11 @@ impl Backend for GpuBackend {
         self.scaled_sum_on_device(args)
     }
 
-    fn pseudo_gradient(&self, args: PseudoGradientArgs<'_>) -> Result<()> {
+    fn lerp(&self, args: LerpArgs<'_>) -> Result<()> {
         if is_host(args.params) {
-            return self.host.pseudo_gradient(args);
+            return self.host.lerp(args);
         }
-        self.pseudo_gradient_on_device(args)
+        self.lerp_on_device(args)
     }
 
     fn convert(&self, args: ConvertArgs<'_>) -> Result<()> {

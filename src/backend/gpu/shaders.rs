@@ -28,8 +28,8 @@ pub const AVERAGE: &str = include_str!("../../../shaders/average.wgsl");
 /// DDP's gradient all-reduce with joined ranks (`shaders/scaled_sum.wgsl`).
 pub const SCALED_SUM: &str = include_str!("../../../shaders/scaled_sum.wgsl");
 
-/// DiLoCo's pseudo-gradient (`shaders/pseudo_gradient.wgsl`).
-pub const PSEUDO_GRADIENT: &str = include_str!("../../../shaders/pseudo_gradient.wgsl");
+/// torch's `lerp_`, Streaming DiLoCo's merge (`shaders/lerp.wgsl`).
+pub const LERP: &str = include_str!("../../../shaders/lerp.wgsl");
 
 /// Storage-format conversion (`shaders/convert.wgsl`).
 pub const CONVERT: &str = include_str!("../../../shaders/convert.wgsl");

@@ -1,6 +1,6 @@
 //! The per-parameter tables the optimizer and averaging kernels read, shared by both backends,
 //! and the plain-Rust reference implementations of those kernels, one file per kernel: `sgd`,
-//! `adam`, `average`, `scaled_sum`, `pseudo_gradient`, `convert`. Each has its twins under the
+//! `adam`, `average`, `scaled_sum`, `lerp`, `convert`. Each has its twins under the
 //! same name in the other trees: the CPU backend's fast version in `backend/cpu/<kernel>.rs`
 //! (SGD, Adam and averaging; the others run the reference), the GPU dispatch in
 //! `backend/gpu/<kernel>.rs` and its shader in `shaders/<kernel>.wgsl`. This file holds what
@@ -68,7 +68,7 @@ mod adam;
 mod arith;
 mod average;
 mod convert;
-mod pseudo_gradient;
+mod lerp;
 mod scaled_sum;
 mod sgd;
 mod slices;
@@ -84,8 +84,8 @@ pub use average::{AverageArgs, average_reference};
 pub(in crate::backend) use average::{Groups, average_group, group_slices};
 pub(crate) use convert::check_convert;
 pub use convert::{ConvertArgs, convert_reference};
-pub(crate) use pseudo_gradient::check_pseudo_gradient;
-pub use pseudo_gradient::{PseudoGradientArgs, pseudo_gradient_reference};
+pub use lerp::{LerpArgs, lerp_reference};
+pub(crate) use lerp::{check_lerp, lerp_coefficient};
 // The communicators' all-reduce check.
 #[cfg(any(all(feature = "mpi", not(target_arch = "wasm32")), feature = "nats"))]
 pub(crate) use scaled_sum::check_scaled_sum;
