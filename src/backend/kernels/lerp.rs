@@ -55,10 +55,11 @@ pub(crate) fn check_lerp(args: &LerpArgs<'_>, chunking: Chunking) -> Result<()> 
 }
 
 /// torch's `params.lerp_(end, weight)` over two arenas of one layout, every rank at once, for
-/// the parameters flagged in `active`: `fma(c, end - params, base)` (see
-/// [`lerp_coefficient`]; ATen's `lerp_vec`, whose scalar remainder the compiler contracts
-/// alike), computed in the format's precision (float32 for the 32- and 16-bit formats, the
-/// difference included) and rounded once to the format. Other parameters are left alone.
+/// the parameters flagged in `active`: ATen's two-sided `lerp_vec` (whose scalar remainder the
+/// compiler contracts alike), `fma(w, end - params, params)` for `|w| < 0.5`, else `fma(w - 1,
+/// end - params, end)`, computed in the format's precision (float32 for the 32- and 16-bit
+/// formats, the weight and the difference included) and rounded once to the format. Other
+/// parameters are left alone.
 ///
 /// # Errors
 /// A `ValueError` when `end` differs from `params` in ranks, length or format, `active` does
