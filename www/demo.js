@@ -13,6 +13,7 @@
 import qrcode from './vendor/qrcode/qrcode.mjs';
 import uPlot from './vendor/uplot/uPlot.esm.js';
 import { formatBytes } from './format.js';
+import { lastWord } from './leave.js';
 
 const $ = (id) => document.getElementById(id);
 const SMOOTHING = 0.12;
@@ -59,6 +60,8 @@ const worker = new Worker(new URL(networked ? './worker.js?threads=0' : './worke
 });
 demo.worker = worker;
 let run = null;
+/** The page's own connection that says this rank leaves (a networked run, once joined). */
+let farewell = null;
 let runCounter = 0;
 let ghosts = [];
 let running = false;
@@ -443,6 +446,11 @@ function newRun() {
 function onRun(message) {
   if (!run || message.id !== run.id) return;
   demo.rank = message.rank;
+  if (networked && message.leaving) {
+    // What this rank says as the page goes (leave.js), on a connection of the page's own.
+    farewell?.close();
+    farewell = lastWord({ ws: networked.ws, run: networked.run, secret: networked.secret, leaving: message.leaving });
+  }
   if (networked) {
     $('network-status').textContent = `This tab is rank ${message.rank} of ${message.ranks} in run ${networked.run}.`;
     // Every rank trains from here: the others are waiting for this one.
@@ -787,6 +795,20 @@ worker.onmessage = (event) => {
   }
 };
 worker.onerror = (event) => showError({ name: 'Error', message: event.message || 'the training worker failed to start' });
+
+// A rank's tab that closes, reloads or is navigated away tells its run that it leaves: the
+// other ranks count it gone half a second later instead of after the 5 s failure bound, and go
+// on without it at their next sync point. The page says it itself (leave.js: its worker may be
+// blocked in a step), and the worker stops. A tab the browser restores from its back-forward
+// cache has left, so it loads again (and joins as a late rank, healed from a live one).
+addEventListener('pagehide', () => {
+  if (!networked) return;
+  farewell?.send();
+  worker.postMessage({ type: 'leave' });
+});
+addEventListener('pageshow', (event) => {
+  if (networked && event.persisted) location.reload();
+});
 
 function restart(wasRunning = running) {
   running = false;

@@ -8,10 +8,10 @@
 //   {type: 'join', id, ws, run, secret, settings, task}: this tab as a rank of run `run` over
 //   the NATS server's WebSocket listener `ws`, as the run's user when it has a `secret` (the
 //   other ranks are other tabs or devices) ·
-//   {type: 'start' | 'pause', id}
+//   {type: 'start' | 'pause', id} · {type: 'leave'}: the page is going, this tab leaves its run
 // Worker → page: {type: 'ready', info, version} · {type: 'backend', info} · {type: 'hierarchy',
-//   period, ranks, levels} · {type: 'joining', id, late} · {type: 'run', id, rank, …what the
-//   trainer is} · {type: 'steps', id, reports, evaluation} · {type: 'membership', id, step,
+//   period, ranks, levels} · {type: 'joining', id, late} · {type: 'run', id, rank, leaving, …what
+//   the trainer is} · {type: 'steps', id, reports, evaluation} · {type: 'membership', id, step,
 //   left, joined, live}: ranks that left or joined the run at a sync point ·
 //   {type: 'stopped', id, done} · {type: 'error', id, name, message}
 
@@ -101,6 +101,8 @@ async function newRun({ id, settings, task }) {
     classCounts: Array.from({ length: ranks }, (_, r) => Array.from(trainer.classCounts(r))),
     stateBytes: trainer.optimizerStateBytesPerRank(),
     evaluation: evaluation(await trainer.evaluate()),
+    // What this rank says as its page goes (the page sends it: this thread may be blocked).
+    leaving: world ? world.leavingMessage() : null,
   });
 }
 
@@ -235,9 +237,22 @@ function plain(value) {
   return JSON.parse(JSON.stringify(value));
 }
 
+/** This tab leaves its run (the page is going): the world says so to the other ranks. */
+function leave() {
+  running = false;
+  runId = null;
+  try {
+    world?.leave();
+  } catch {
+    // The page is going: nothing is left to tell.
+  }
+}
+
 self.onmessage = async (event) => {
-  // Pause takes effect at once (the loop checks `running` between steps).
+  // Pause takes effect at once (the loop checks `running` between steps); so does leaving,
+  // which cannot wait for the queue: the page is going.
   if (event.data.type === 'pause') running = false;
+  if (event.data.type === 'leave') return leave();
   queue.push(event.data);
   if (busy) return;
   busy = true;

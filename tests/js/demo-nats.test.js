@@ -6,7 +6,8 @@
 // becomes the other rank; both train, and each plots both ranks. Then the second tab closes:
 // the first goes on and says "rank 1 left at step N"; a third tab opens the link late, takes
 // the free rank, is healed and trains, and the first says it joined (screenshots of the first
-// and third tabs in target/screenshots/demo-nats-tab{0,1}.png).
+// and third tabs in target/screenshots/demo-nats-tab{0,1}.png). Each closing tab says it
+// leaves (www/leave.js), so the first notices well within the failure bound.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -131,12 +132,18 @@ test('a tab invites another, which leaves; a late tab takes its place, healed; t
     assert.match(s.status, new RegExp(`rank ${s.rank} of 2 in run demo-`));
     assert.match(s.subtitle, /across tabs/);
   }
-  // The second tab closes: under DiLoCo the first goes on without it, and says so.
+  // The second tab closes: under DiLoCo the first goes on without it, and says so. The closing
+  // tab says it leaves (pagehide), so the first counts it gone half a second later, well before
+  // the 5 s failure bound it would take for a tab that went silent (at least 4.5 s after its
+  // last heartbeat, sent every 0.5 s).
   const gone = await second.evaluate(() => window.demo.rank);
-  await second.close();
+  const closing = Date.now();
+  await second.close({ runBeforeUnload: true });
   await first.waitForFunction((r) => (window.demo.membership ?? []).some((l) => l.startsWith(`rank ${r} left at step `)), gone, {
     timeout: 60_000,
   });
+  const noticed = (Date.now() - closing) / 1000;
+  assert.ok(noticed < 4, `the closing tab must say it leaves: the first tab noticed after ${noticed.toFixed(2)} s (a silent tab takes the 5 s bound)`);
   const stepAtLeave = await first.evaluate(() => window.demo.history.length);
   await first.waitForFunction((n) => window.demo.history.length >= n + 20, stepAtLeave, { timeout: 60_000 });
   // A tab opening the link late takes the free rank, healed at the next sync point.
@@ -154,6 +161,16 @@ test('a tab invites another, which leaves; a late tab takes its place, healed; t
   for (const [i, page] of [first, third].entries()) {
     await page.screenshot({ path: path.join(shots, `demo-nats-tab${i}.png`) });
   }
-  console.log(`two tabs in two browsers trained one DiLoCo run as ranks ${seen.map((s) => s.rank).join(' and ')}; the first tab's log after the second closed and a third opened the link: ${JSON.stringify(log)}`);
-  await third.close();
+  // The late tab leaves too, saying so with the key it was taken in with.
+  const leftBefore = log.filter((l) => l.startsWith(`rank ${gone} left at step `)).length;
+  const closingLate = Date.now();
+  await third.close({ runBeforeUnload: true });
+  await first.waitForFunction(
+    ([r, n]) => (window.demo.membership ?? []).filter((l) => l.startsWith(`rank ${r} left at step `)).length > n,
+    [gone, leftBefore],
+    { timeout: 60_000 },
+  );
+  const noticedLate = (Date.now() - closingLate) / 1000;
+  assert.ok(noticedLate < 4, `the late tab must say it leaves: the first tab noticed after ${noticedLate.toFixed(2)} s`);
+  console.log(`two tabs in two browsers trained one DiLoCo run as ranks ${seen.map((s) => s.rank).join(' and ')}; the first tab noticed the second leave ${noticed.toFixed(2)} s after it closed, and the late third ${noticedLate.toFixed(2)} s after it closed; its log: ${JSON.stringify(await first.evaluate(() => window.demo.membership))}`);
 });

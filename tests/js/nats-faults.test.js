@@ -16,7 +16,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 
-import { HERE, simulatedReplay as replay } from './helpers.js';
+import { HERE, importPackage, importPort, simulatedReplay as replay } from './helpers.js';
 import { startServer } from './nats-server.js';
 
 const BOUND_S = 5;
@@ -195,6 +195,49 @@ test('a Node rank that calls world.leave() is out of the next sync point at once
   }
   console.log(
     `a DiLoCo Node rank left saying so before step ${leaveBefore}: out from sync point ${changes[0].syncPoint}; the survivors finished ${steps} steps ${after.toFixed(1)} s after it (failure bound ${bound} s), equal to the replay`,
+  );
+});
+
+test("a rank's leaving message, published from another connection after it died, takes it out as leave() does", async () => {
+  // As a browser tab's page says its worker's last word: the rank hands over its
+  // `leavingMessage()` when it has joined and later dies without a word (SIGKILL); the test
+  // publishes the message from a connection of its own. A bound of 30 s: without it the
+  // survivors would wait that long.
+  const api = await importPackage();
+  await api.default({ backend: 'cpu' });
+  assert.equal(new api.World(2).leavingMessage(), null, 'a simulated world has nothing to say');
+  const [steps, leaveBefore, bound] = [600, 100, 30];
+  const ranks = [0, 1, 2].map((r) =>
+    startRank('faults-leave-elsewhere', r, 'diloco', steps, { bound, ...(r === 2 ? { leaveBefore, saying: 'elsewhere' } : {}) }),
+  );
+  const gone = await ranks[2].exited;
+  assert.equal(gone.code, 'SIGKILL', `rank 2 died without a word: ${gone.out}\n${gone.err}`);
+  const said = JSON.parse(/^leaving (.*)$/m.exec(gone.err)?.[1] ?? 'null');
+  assert.ok(said, `rank 2 handed over its leaving message: ${gone.err}`);
+  assert.equal(said.subject, 'distopt.faults-leave-elsewhere.all', "the run's common subject");
+  assert.ok(said.frames.length >= 1);
+  const { openPort } = await importPort();
+  const port = await openPort({ servers: server.url, name: 'the test, saying rank 2 left' });
+  for (const frame of said.frames) port.publish(said.subject, Buffer.from(frame, 'base64'));
+  port.flush();
+  const saidAt = Date.now();
+  const [a, b] = await Promise.all(ranks.slice(0, 2).map((r) => r.exited));
+  port.close();
+  for (const s of [a, b]) {
+    assert.equal(s.code, 0, `a survivor finishes: ${s.out}\n${s.err}`);
+    assert.equal(s.report.steps, steps);
+    assert.deepEqual(s.report.live, [true, true, false]);
+  }
+  const after = (Math.max(a.exitAt, b.exitAt) - saidAt) / 1000;
+  assert.ok(after < bound / 2, `the survivors finished ${after.toFixed(1)} s after rank 2's leaving message: they waited for the ${bound} s bound`);
+  const changes = a.report.membershipChanges;
+  assert.deepEqual(b.report.membershipChanges, changes, 'both survivors report one membership');
+  const simulated = await replay({ algorithm: 'diloco', steps }, changes);
+  for (const s of [a, b]) {
+    assert.deepEqual(s.report.lossPerRank.slice(0, 2), simulated.replica_loss_per_rank.slice(0, 2), `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
+  }
+  console.log(
+    `a DiLoCo Node rank killed before step ${leaveBefore}, its leaving message published by the test: out from sync point ${changes[0].syncPoint}; the survivors finished ${steps} steps ${after.toFixed(1)} s after the message (failure bound ${bound} s), equal to the replay`,
   );
 });
 

@@ -6,7 +6,10 @@
 // DISTOPT_FRAGMENTS --fragment-sync-delay DISTOPT_FRAGMENT_SYNC_DELAY`) over that world, and
 // makes the calls its train loop makes (an evaluation, DISTOPT_STEPS steps, an evaluation). With
 // DISTOPT_LEAVE_BEFORE=T it dies without a word (SIGKILL, as a closed tab) before step T (with
-// DISTOPT_LEAVE_SAYING=1 too, it calls world.leave() and exits 0 instead). With
+// DISTOPT_LEAVE_SAYING=1 too, it calls world.leave() and exits 0 instead; with
+// DISTOPT_LEAVE_SAYING=elsewhere, it writes its `world.leavingMessage()` to stderr when it has
+// joined, as a tab hands it to its page, and dies without a word, leaving the saying to whoever
+// read it). With
 // DISTOPT_STEPS=told it trains until a line "finish N" on its stdin, then stops after step N, and
 // writes "progress S" (its steps so far) to stderr every 50 steps. Prints one JSON line {rank,
 // steps, meanModelLoss, lossPerRank, live, membershipChanges} and exits 0; a failure prints
@@ -25,6 +28,11 @@ const trainer = new api.Trainer({
 });
 const leaveBefore = process.env.DISTOPT_LEAVE_BEFORE === undefined ? Infinity : Number(process.env.DISTOPT_LEAVE_BEFORE);
 const started = Date.now();
+if (process.env.DISTOPT_LEAVE_SAYING === 'elsewhere') {
+  const { subject, frames } = world.leavingMessage();
+  const encoded = frames.map((f) => Buffer.from(f).toString('base64'));
+  process.stderr.write(`leaving ${JSON.stringify({ subject, frames: encoded })}\n`);
+}
 try {
   if (process.env.DISTOPT_JOIN === '1') await trainer.admit();
   await trainer.evaluate();
@@ -47,6 +55,8 @@ try {
       // With DISTOPT_LEAVE_SAYING=1 it tells the run first, and exits 0 without a report.
       if (process.env.DISTOPT_LEAVE_SAYING === '1') {
         world.leave();
+        // Said once: there is nothing left to say.
+        if (world.leavingMessage() !== null) throw new Error('leavingMessage() after leave() must be null');
         process.exit(0);
       }
       process.kill(process.pid, 'SIGKILL');

@@ -9,7 +9,7 @@ use tsify::Tsify;
 use wasm_bindgen::prelude::*;
 
 use super::boundary::{JsResult, js};
-use super::convert::{count_arg, optional_integer_arg, or_undefined, rank_arg};
+use super::convert::{count_arg, optional_integer_arg, or_undefined, rank_arg, set};
 use super::handles;
 use super::typings::{IntegerArg, to_js};
 use distopt::comm::{
@@ -240,6 +240,35 @@ impl WorldJs {
         if let Some(world) = &self.inner.networked {
             world.leave();
         }
+    }
+
+    /// What `leave()` publishes, for a page that must say it as it closes: the run's subject
+    /// and the frames, sealed with this process's key (`null` in a simulated world, for a
+    /// joining process not yet taken in, and once it left). A worker blocked in a step cannot
+    /// leave while its page closes, so the page keeps these and publishes them itself
+    /// (`PUB subject` over a NATS WebSocket of its own, as the demo does on `pagehide`): the
+    /// others count this rank gone half a second later instead of after the failure bound.
+    #[wasm_bindgen(
+        js_name = leavingMessage,
+        unchecked_return_type = "{ subject: string; frames: Uint8Array[] } | null"
+    )]
+    pub fn leaving_message(&self) -> JsValue {
+        let Some((subject, frames)) = self
+            .inner
+            .networked
+            .as_ref()
+            .and_then(|w| w.leaving_message())
+        else {
+            return JsValue::NULL;
+        };
+        let message = js_sys::Object::new();
+        set(&message, "subject", subject);
+        let list: js_sys::Array = frames
+            .iter()
+            .map(|f| JsValue::from(js_sys::Uint8Array::from(&f[..])))
+            .collect();
+        set(&message, "frames", list);
+        message.into()
     }
 
     /// Hands the world to the call it is passed to (internal: `handles::resolve`).

@@ -376,18 +376,15 @@ impl NatsWorld {
     /// and it waits at most 2 s for a server that is gone. Only once: a second call, or one
     /// from a joining process not yet taken in (its key is not the rank's yet), says nothing.
     pub fn leave(&self) {
+        let Some((_, frames)) = self.leaving_message() else {
+            return;
+        };
         if !self
             .beating
             .swap(false, std::sync::atomic::Ordering::AcqRel)
         {
             return;
         }
-        let id = self.id(u64::MAX, KIND_LEAVING);
-        let Ok(frames) =
-            wire::frames_sealed(&id, &[], self.max_frame, Vec::new, |d| self.signer.seal(d))
-        else {
-            return;
-        };
         self.runtime
             .block_on_at_most(Duration::from_secs(2), async {
                 for frame in frames {
@@ -395,6 +392,24 @@ impl NatsWorld {
                 }
                 let _ = self.link.flush().await;
             });
+    }
+
+    /// What [`leave`](Self::leave) publishes, for a caller that must say it from elsewhere:
+    /// the subject (the run's common one) and the frames, sealed with this process's key. A
+    /// browser page that is closing cannot wait for the thread this world blocks, so it keeps
+    /// them and sends them over a connection of its own as it goes. `None` while this process
+    /// may not speak for its rank (a joining process not yet taken in) or once it left. The
+    /// frames hold no time or sequence: they say the same whenever they are sent, and only
+    /// that this process leaves.
+    pub fn leaving_message(&self) -> Option<(String, Vec<Vec<u8>>)> {
+        if !self.beating.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let id = self.id(u64::MAX, KIND_LEAVING);
+        let frames =
+            wire::frames_sealed(&id, &[], self.max_frame, Vec::new, |d| self.signer.seal(d))
+                .ok()?;
+        Some((self.common.clone(), frames))
     }
 
     /// Publishes a heartbeat every [`HEARTBEAT`]: sealed, and numbered (its sequence number
