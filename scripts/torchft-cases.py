@@ -413,6 +413,20 @@ CASES = [
         dtypes=("float16", "bfloat16", "bfloat16", "float16"),
         shapes=([37], [3, 33], [5], [2, 9]), seed=11, tolerance=EXACT_TOLERANCE,
     ),
+    # torchft's Manager.allreduce sums the pseudo-gradients, then divides the sum (`SUM`, then
+    # `tensor /= num_participants`). Dividing each value first, as PyTorch's model averagers
+    # do, differs for three ranks; with 16-bit parameters a few units in the last place apart
+    # after the inner steps, a sum that cancels to 0 becomes a tiny mean, and a float16 AdamW
+    # with a small eps (its second moment underflowing to 0) moves that element by a tenth of
+    # lr where torchft leaves it. Found by `--random 30 --seed 1212` (case 11).
+    dict(
+        name="streaming_diloco_w3_f2_delay0_alpha0_16bit_sum_then_divide",
+        description="3 ranks, 16-bit parameters a few units in the last place apart after the inner steps, outer AdamW(eps=1e-6): the mean is the sum divided by 3, not the sum of thirds",
+        world=3, sync_every=4, fragments=[[0, 1], [2, 3]], delay=0, alpha=0.0,
+        inner={"name": "SGD", "options": {"lr": 0.003}},
+        outer={"name": "AdamW", "options": {"lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.1}},
+        dtypes=("float16", "float32", "float16", "bfloat16"), shapes=([64], [5], [3, 16], [32]), seed=12,
+    ),
 ]
 
 

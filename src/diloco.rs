@@ -55,7 +55,9 @@ use serde_json::{Value, json};
 
 use crate::backend::kernels::{ConvertArgs, LerpArgs, SgdArgs, SgdScalars};
 use crate::backend::{Arena, Backend, CopyRegion, CpuBackend};
-use crate::comm::{AllReduceMeanArgs, Communicator, InFlightMean, InFlightMembership, Subgroups};
+use crate::comm::{
+    AllReduceMeanArgs, Communicator, InFlightMean, InFlightMembership, MeanOrder, Subgroups,
+};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::json::{tensor_from_json, tensor_to_json};
@@ -67,10 +69,10 @@ use crate::transfer;
 ///
 /// With a 16-bit wire format, each rank's pseudo-gradient (computed in the parameter's dtype)
 /// is rounded to the wire format (round to nearest even, as c10 does), the mean over the world
-/// is computed *in the wire format* as gloo's all-reduce of a 16-bit tensor does: each value
-/// divided by the world size and rounded, then summed with every addition rounded to the wire
-/// format (in rank order when one process holds the world, in the transport's order over MPI,
-/// whose 16-bit all-reduce rounds every addition the same way), and the mean is converted back
+/// is computed *in the wire format* as torchft's all-reduce of a 16-bit tensor over gloo does:
+/// summed with every addition rounded to the wire format (in rank order when one process holds
+/// the world, in the transport's order over MPI, whose 16-bit all-reduce rounds every addition
+/// the same way), then divided by the world size and rounded, and the mean is converted back
 /// to the parameter's dtype before the outer step (exactly for float32/float64 parameters;
 /// between bfloat16 and float16 it rounds once, to nearest even). `CommStats` counts the all-reduce
 /// at the wire format's element size. Parameters already in the wire format are unchanged by
@@ -1014,6 +1016,7 @@ impl DiLoCo {
                     starts,
                     active,
                     bytes_per_rank: *bytes,
+                    order: MeanOrder::SumThenDivide,
                 };
                 let world = self.world.as_ref();
                 if let Some(mean) =
@@ -1042,6 +1045,8 @@ impl DiLoCo {
                 starts,
                 active,
                 bytes_per_rank: *bytes,
+                // torchft's `Manager.allreduce`: SUM, then `tensor /= num_participants`.
+                order: MeanOrder::SumThenDivide,
             };
             let world = self.world.as_ref();
             if let Some(mean) = mean_of(world, backend.as_ref(), out, &membership, target, mean)? {

@@ -3,7 +3,7 @@
 //! [`super::Communicator::all_reduce_scaled_sum`].
 
 use super::subgroups::Subgroups;
-use crate::backend::kernels::ParamStarts;
+use crate::backend::kernels::{MeanOrder, ParamStarts};
 use crate::dtype::StorageFormat;
 
 /// An all-reduce-mean within every group of `groups`, over the parameters flagged `active`;
@@ -20,6 +20,9 @@ pub struct AllReduceMeanArgs<'a> {
     pub active: &'a [bool],
     /// The bytes of one rank's averaged values, as [`super::CommStats`] counts them.
     pub bytes_per_rank: u64,
+    /// Whether each value is divided before the sum (PyTorch's averagers) or the sum after it
+    /// (DiLoCo's pseudo-gradients, as torchft averages them).
+    pub order: MeanOrder,
 }
 
 impl AllReduceMeanArgs<'_> {

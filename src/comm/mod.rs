@@ -31,6 +31,7 @@ use std::ops::Range;
 use crate::backend::{Arena, Backend};
 use crate::error::{Error, Result};
 
+pub use crate::backend::kernels::MeanOrder;
 pub use collectives::{AllReduceMeanArgs, AllReduceScaledSumArgs};
 pub use in_flight::{InFlightMean, InFlightMembership};
 pub use membership::{Membership, MembershipSchedule};
@@ -77,8 +78,8 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     }
 
     /// All-reduce-mean within every group of `mean.groups`, over the parameters flagged `active`:
-    /// each value divided by the group size, then summed (in the `arith` precision). `arena`
-    /// holds the local ranks.
+    /// each value divided by the group size, then summed, or summed, then the sum divided, as
+    /// `mean.order` says (in the `arith` precision). `arena` holds the local ranks.
     ///
     /// # Errors
     /// A `ValueError` when `arena` does not hold this process's ranks, `groups` partitions another
@@ -105,10 +106,11 @@ pub trait Communicator: crate::backend::MaybeSendSync + std::fmt::Debug {
     }
 
     /// [`Communicator::all_reduce_mean`] over the `live` ranks only (one flag per world rank,
-    /// as [`Membership::live`]): within every group of `mean.groups`, each live rank's value divided
-    /// by the number of the group's live ranks, summed in rank order, written to the live
-    /// ranks, exactly as a world of only those ranks computes it; the other ranks keep their
-    /// data. With every rank live it is `all_reduce_mean`.
+    /// as [`Membership::live`]): within every group of `mean.groups`, the mean of the live
+    /// ranks' values (each divided by the number of the group's live ranks and summed in rank
+    /// order, or summed and divided, as `mean.order` says), written to the live ranks, exactly
+    /// as a world of only those ranks computes it; the other ranks keep their data. With every
+    /// rank live it is `all_reduce_mean`.
     ///
     /// # Errors
     /// Those of `all_reduce_mean`; a `ValueError` when `live` does not hold one flag per world

@@ -35,7 +35,7 @@ use super::param_runs::merged_runs;
 use super::regions::Words;
 use super::scratch::scratch_of;
 use super::{
-    AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
+    AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator, MeanOrder,
     StatsCounter, one_rank, regions,
 };
 use crate::backend::gpu::GpuArena;
@@ -293,11 +293,18 @@ unsafe extern "C" {
 }
 
 /// The float32 mean over `comm` of `values`, in place: each value divided by `divisor`, then
-/// summed over the group with `MPI_IN_PLACE`, so that neither distopt nor MPI copies the data
-/// into a second buffer first (MPI copies a separate send buffer into the receive buffer before
-/// it reduces).
-fn all_reduce_mean_in_place_f32(comm: &SimpleCommunicator, values: &mut [f32], divisor: f32) {
-    divide_in_place(values, divisor);
+/// summed over the group with `MPI_IN_PLACE` (or, [`MeanOrder::SumThenDivide`], summed, then
+/// divided), so that neither distopt nor MPI copies the data into a second buffer first (MPI
+/// copies a separate send buffer into the receive buffer before it reduces).
+fn all_reduce_mean_in_place_f32(
+    comm: &SimpleCommunicator,
+    values: &mut [f32],
+    divisor: f32,
+    order: MeanOrder,
+) {
+    if order == MeanOrder::DivideThenSum {
+        divide_in_place(values, divisor);
+    }
     // Every rank holds the same length, so every rank cuts the same pieces.
     for piece in values.chunks_mut(Count::MAX as usize) {
         // SAFETY: `piece` is valid for reads and writes of `piece.len()` (at most `Count::MAX`)
@@ -316,6 +323,9 @@ fn all_reduce_mean_in_place_f32(comm: &SimpleCommunicator, values: &mut [f32], d
         // MPI's default error handler aborts the job on a failure before this returns.
         debug_assert_eq!(code, 0, "MPI_Allreduce failed");
     }
+    if order == MeanOrder::SumThenDivide {
+        divide_in_place(values, divisor);
+    }
 }
 
 /// The float32 mean over `comm` of elements `run` of a mapped device arena's one rank (lavapipe,
@@ -328,10 +338,11 @@ fn all_reduce_mean_mapped_f32(
     comm: &SimpleCommunicator,
     run: &Range<usize>,
     divisor: f32,
+    order: MeanOrder,
 ) -> Option<()> {
     gpu.update_in_place(0, run.start, run.len(), |words| {
         let values: &mut [f32] = bytemuck::cast_slice_mut(words);
-        all_reduce_mean_in_place_f32(comm, values, divisor);
+        all_reduce_mean_in_place_f32(comm, values, divisor, order);
     })
 }
 
@@ -435,13 +446,14 @@ impl<E: Iterator<Item = usize> + Clone> Reduction<'_, E> {
     }
 
     /// The float64 or float32 (`T`) sum (`MPI_SUM`) of each element's `addend` of its value
-    /// (zero where it does not `contribute`), stored back in `format` where this rank
-    /// `receives`.
+    /// (zero where it does not `contribute`), made the `result` and stored back in `format`
+    /// where this rank `receives`.
     fn sum<T>(
         self,
         format: StorageFormat,
         contributes: impl Fn(usize) -> bool,
         addend: impl Fn(T) -> T,
+        result: impl Fn(T) -> T,
         receives: bool,
     ) where
         T: Real + bytemuck::Pod + mpi::datatype::Equivalence,
@@ -452,19 +464,20 @@ impl<E: Iterator<Item = usize> + Clone> Reduction<'_, E> {
                 true => addend(T::load(format, words, k)),
                 false => zero,
             },
-            receives.then_some(|words: &mut [u32], k, v| T::store(format, words, k, v)),
+            receives.then_some(|words: &mut [u32], k, v| T::store(format, words, k, result(v))),
             SystemOperation::sum(),
         );
     }
 
     /// The sum in float16 or bfloat16 arithmetic (`half`, the arena's format): each element's
     /// `addend` of its value (zero where it does not `contribute`) and every addition rounded
-    /// to it, stored back where this rank `receives`.
+    /// to it, made the `result` (in float32) and stored back where this rank `receives`.
     fn sum_half(
         self,
         half: StorageFormat,
         contributes: impl Fn(usize) -> bool,
         addend: impl Fn(f32) -> f32,
+        result: impl Fn(f32) -> f32,
         receives: bool,
     ) {
         let add = half_sum(half);
@@ -473,8 +486,9 @@ impl<E: Iterator<Item = usize> + Clone> Reduction<'_, E> {
                 true => f32_to_half(half, addend(half.load(words, k))),
                 false => 0,
             },
-            receives
-                .then_some(|words: &mut [u32], k, v| half.store(words, k, half_to_f32(half, v))),
+            receives.then_some(|words: &mut [u32], k, v| {
+                half.store(words, k, result(half_to_f32(half, v)))
+            }),
             &add,
         );
     }
@@ -530,7 +544,7 @@ impl Communicator for MpiWorld {
                 (&arena.storage, format, mean.arith, &runs.runs[..])
             {
                 // A mapped device arena: reduced in place, as a host arena is.
-                if let Some(()) = all_reduce_mean_mapped_f32(gpu, comm, run, g as f32) {
+                if let Some(()) = all_reduce_mean_mapped_f32(gpu, comm, run, g as f32, mean.order) {
                     return Ok(());
                 }
             }
@@ -543,17 +557,25 @@ impl Communicator for MpiWorld {
                         let divisor = g as f32;
                         if let [run] = &runs.runs[..] {
                             // One run: reduced where it is.
-                            all_reduce_mean_in_place_f32(comm, &mut values[at(run)], divisor);
+                            let run = &mut values[at(run)];
+                            all_reduce_mean_in_place_f32(comm, run, divisor, mean.order);
                         } else {
                             // Several runs: gathered into one message, summed, scattered back.
                             let send: &mut [f32] = scratch_of(send, runs.total);
                             let mut k = 0;
+                            let each = match mean.order {
+                                MeanOrder::DivideThenSum => divisor,
+                                MeanOrder::SumThenDivide => 1.0,
+                            };
                             for run in &runs.runs {
-                                divide_into(&mut send[k..k + run.len()], &values[at(run)], divisor);
+                                divide_into(&mut send[k..k + run.len()], &values[at(run)], each);
                                 k += run.len();
                             }
                             let recv: &mut [f32] = scratch_of(recv, runs.total);
                             comm.all_reduce_into(&send[..], recv, SystemOperation::sum());
+                            if mean.order == MeanOrder::SumThenDivide {
+                                divide_in_place(recv, divisor);
+                            }
                             let mut k = 0;
                             for run in &runs.runs {
                                 values[at(run)].copy_from_slice(&recv[k..k + run.len()]);
@@ -564,12 +586,26 @@ impl Communicator for MpiWorld {
                     (_, StorageFormat::F64) => {
                         let divisor = g as f64;
                         let reduction = runs.reduction(comm, (send, recv), words, base);
-                        reduction.sum(format, every, |x: f64| x / divisor, true);
+                        match mean.order {
+                            MeanOrder::DivideThenSum => {
+                                reduction.sum(format, every, |x: f64| x / divisor, |s| s, true)
+                            }
+                            MeanOrder::SumThenDivide => {
+                                reduction.sum(format, every, |x: f64| x, |s| s / divisor, true)
+                            }
+                        }
                     }
                     (_, StorageFormat::F32) => {
                         let divisor = g as f32;
                         let reduction = runs.reduction(comm, (send, recv), words, base);
-                        reduction.sum(format, every, |x: f32| x / divisor, true);
+                        match mean.order {
+                            MeanOrder::DivideThenSum => {
+                                reduction.sum(format, every, |x: f32| x / divisor, |s| s, true)
+                            }
+                            MeanOrder::SumThenDivide => {
+                                reduction.sum(format, every, |x: f32| x, |s| s / divisor, true)
+                            }
+                        }
                     }
                     (_, half) => {
                         // float16 / bfloat16 arithmetic: only parameters of that one format
@@ -581,7 +617,14 @@ impl Communicator for MpiWorld {
                         }
                         let divisor = g as f32;
                         let reduction = runs.reduction(comm, (send, recv), words, base);
-                        reduction.sum_half(half, every, |x| x / divisor, true);
+                        match mean.order {
+                            MeanOrder::DivideThenSum => {
+                                reduction.sum_half(half, every, |x| x / divisor, |s| s, true)
+                            }
+                            MeanOrder::SumThenDivide => {
+                                reduction.sum_half(half, every, |x| x, |s| s / divisor, true)
+                            }
+                        }
                     }
                 }
                 Ok(())
@@ -614,11 +657,11 @@ impl Communicator for MpiWorld {
                 let reduction = runs.reduction(&mpi.world, scratch, words, base);
                 match sum.arith {
                     StorageFormat::F64 => {
-                        reduction.sum(format, contributes, |x: f64| x * s, receives)
+                        reduction.sum(format, contributes, |x: f64| x * s, |x| x, receives)
                     }
                     StorageFormat::F32 => {
                         let s = s as f32;
-                        reduction.sum(format, contributes, |x: f32| x * s, receives);
+                        reduction.sum(format, contributes, |x: f32| x * s, |x| x, receives);
                     }
                     half => {
                         // float16 / bfloat16 arithmetic: every product and addition rounds to it.
@@ -628,7 +671,7 @@ impl Communicator for MpiWorld {
                             )));
                         }
                         let s = s as f32;
-                        reduction.sum_half(half, contributes, |x| x * s, receives);
+                        reduction.sum_half(half, contributes, |x| x * s, |x| x, receives);
                     }
                 }
                 Ok(())

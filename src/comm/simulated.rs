@@ -154,6 +154,7 @@ impl Communicator for SimulatedWorld {
                 arith: mean.arith,
                 starts: mean.starts,
                 active: mean.active,
+                order: mean.order,
             });
         }
         for (n, ranks) in by_count {
@@ -185,6 +186,7 @@ impl Communicator for SimulatedWorld {
                 arith: mean.arith,
                 starts: mean.starts,
                 active: mean.active,
+                order: mean.order,
             })?;
             let back: Vec<CopyRegion> = there
                 .iter()
@@ -213,6 +215,7 @@ impl Communicator for SimulatedWorld {
             arith: mean.arith,
             starts: mean.starts,
             active: mean.active,
+            order: mean.order,
         })?;
         self.record(|s| s.add_all_reduce(mean.groups.group_size(), mean.bytes_per_rank));
         Ok(())

@@ -4,7 +4,7 @@
 
 use super::{Replicas, Values};
 use crate::backend::CopyRegion;
-use crate::comm::{AllReduceMeanArgs, Communicator, Subgroups};
+use crate::comm::{AllReduceMeanArgs, Communicator, MeanOrder, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
@@ -81,6 +81,8 @@ impl Replicas {
                     starts,
                     active: &active,
                     bytes_per_rank: (elements * arith.element_bytes()) as u64,
+                    // PyTorch's averagers: `flat /= group size`, then the all-reduce.
+                    order: MeanOrder::DivideThenSum,
                 },
             )?;
         }

@@ -135,8 +135,8 @@ fn outcome(result: distopt::Result<()>, arenas: &[&distopt::backend::Arena]) -> 
 #[test]
 fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
     use distopt::backend::kernels::{
-        AdamArenas, AdamScalars, AverageArgs, ConvertArgs, LerpArgs, ParamStarts, ScaledSumArgs,
-        SgdArgs, SgdScalars,
+        AdamArenas, AdamScalars, AverageArgs, ConvertArgs, LerpArgs, MeanOrder, ParamStarts,
+        ScaledSumArgs, SgdArgs, SgdScalars,
     };
     type Case = (&'static str, Outcome);
     let run = |backend: &dyn Backend| -> Vec<Case> {
@@ -163,6 +163,7 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
             arith: f,
             starts: &none,
             active: &[],
+            order: MeanOrder::DivideThenSum,
         });
         cases.push(("average, empty table", outcome(r, &[&a])));
         let (mut p, e) = (filled(2, 64), filled(2, 64));
@@ -200,6 +201,7 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
             arith: f,
             starts: &none,
             active: &[],
+            order: MeanOrder::DivideThenSum,
         });
         cases.push((
             "average, empty table, group of 3 in 2 ranks",
@@ -231,6 +233,7 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
             arith: f,
             starts: &one,
             active: &[false],
+            order: MeanOrder::DivideThenSum,
         });
         cases.push(("average, nothing active", outcome(r, &[&a])));
         let (mut p, e) = (filled(2, 64), filled(2, 64));
@@ -268,6 +271,7 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
                 arith: f,
                 starts: &starts,
                 active: &vec![true; n],
+                order: MeanOrder::DivideThenSum,
             });
             cases.push((leak(format!("average, table {name}")), outcome(r, &[&a])));
             let (mut p, e) = (filled(2, 128), filled(2, 128));
@@ -323,6 +327,7 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
             arith: f,
             starts: &one,
             active: &[true],
+            order: MeanOrder::DivideThenSum,
         });
         cases.push(("average, no ranks", outcome(r, &[&a])));
         let (mut p, e) = (filled(0, 64), filled(0, 64));
@@ -395,6 +400,7 @@ fn degenerate_kernel_inputs_do_the_same_on_both_backends() {
                 arith: f,
                 starts: &none,
                 active: &[],
+                order: MeanOrder::DivideThenSum,
             });
             cases.push(("average, rows of no elements", outcome(r, &[&p])));
         }

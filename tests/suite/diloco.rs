@@ -13,7 +13,7 @@ use crate::common;
 use std::sync::Arc;
 
 use distopt::BlockOn;
-use distopt::backend::kernels::{LerpArgs, ParamStarts};
+use distopt::backend::kernels::{AverageArgs, LerpArgs, MeanOrder, ParamStarts, average_reference};
 use distopt::comm::{Communicator, SimulatedWorld};
 use distopt::diloco::{Compression, DiLoCo, DiLoCoOptions};
 use distopt::replicas::Replicas;
@@ -211,6 +211,96 @@ fn lerp_kernel_matches_torch_lerp_bit_for_bit() {
                             "{what}: params[{rank}][{i}] = lerp({s}, {e}) gave {}, expected {want}",
                             got[i]
                         );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The group average in both of its orders, on every backend (chunked GPU arenas included),
+/// bit for bit the plain-Rust reference on a host arena: each value divided then summed
+/// (PyTorch's averagers), or summed then divided (DiLoCo's all-reduce, torchft's), in the
+/// format's own precision (DiLoCo's) or float32 (the averagers' promotion of 16-bit values).
+/// For three ranks the two orders give different means: the order is honoured, not ignored.
+#[test]
+fn average_kernel_divides_each_value_or_the_sum_bit_for_bit_the_reference() {
+    let mut rng = Rng(distopt::rng::SplitMix64::from_state(12));
+    let host = CpuBackend::new();
+    for (label, backend) in backends() {
+        for format in [
+            StorageFormat::F32,
+            StorageFormat::F16,
+            StorageFormat::BF16,
+            StorageFormat::F64,
+        ] {
+            let dtype = dtype_of(format);
+            let ariths = match format {
+                StorageFormat::F16 | StorageFormat::BF16 => vec![format, StorageFormat::F32],
+                _ => vec![format],
+            };
+            for arith in ariths {
+                for (ranks, group_size, rank_len) in
+                    [(3, 3, 320), (6, 3, 192), (4, 2, 704), (2, 1, 192)]
+                {
+                    let starts = ParamStarts(vec![0, 64, 128]);
+                    let active = [true, false, true];
+                    let values: Vec<Vec<f64>> = (0..ranks)
+                        .map(|_| {
+                            // Values a few units apart (sums that cancel) and any values.
+                            let v: Vec<f64> = (0..rank_len)
+                                .map(|i| {
+                                    if i % 2 == 0 {
+                                        1.0 + (rng.next_u64() % 9) as f64 * 2f64.powi(-10)
+                                    } else {
+                                        rng.value()
+                                    }
+                                })
+                                .collect();
+                            rounded(dtype, &v)
+                        })
+                        .collect();
+                    let mut means = Vec::new();
+                    for order in [MeanOrder::DivideThenSum, MeanOrder::SumThenDivide] {
+                        let run = |backend: &dyn Backend, reference: bool| {
+                            let chunk_len = backend.chunk_len(rank_len, ranks);
+                            let mut arena = backend
+                                .create_arena(format, ranks, rank_len, chunk_len)
+                                .unwrap();
+                            for (rank, v) in values.iter().enumerate() {
+                                arena.write(rank, 0, &encode(format, v)).unwrap();
+                            }
+                            let args = AverageArgs {
+                                arena: &mut arena,
+                                group_size,
+                                arith,
+                                starts: &starts,
+                                active: &active,
+                                order,
+                            };
+                            if reference {
+                                average_reference(args).unwrap();
+                            } else {
+                                backend.average(args).unwrap();
+                            }
+                            let words = pollster::block_on(arena.read_all()).unwrap();
+                            decode(format, &words, ranks * rank_len)
+                        };
+                        let want = run(&host, true);
+                        let got = run(backend.as_ref(), false);
+                        let what = format!(
+                            "{label} {format:?} in {arith:?}, {ranks} ranks in groups of {group_size}, {order:?}"
+                        );
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                same_bits(*g, *w),
+                                "{what}: element {i}: {g}, the reference {w}"
+                            );
+                        }
+                        means.push(want);
+                    }
+                    if group_size == 3 && arith == format && format != StorageFormat::F64 {
+                        assert_ne!(means[0], means[1], "{label} {format:?}: the orders agree");
                     }
                 }
             }
@@ -891,14 +981,15 @@ fn round_to(format: StorageFormat, value: f64) -> f64 {
 }
 
 /// The world's mean of `values` (one per rank) as the compressed all-reduce is documented
-/// to compute it, written out on the host: each value divided by the world size and rounded
-/// to the wire format, then summed in rank order, every addition rounded to the wire format.
+/// to compute it (torchft's all-reduce: the sum, then the division), written out on the host:
+/// summed in rank order with every addition rounded to the wire format, then divided by the
+/// world size and rounded to it.
 fn wire_mean(wire: StorageFormat, values: &[f64]) -> f64 {
-    let w = values.len() as f64;
-    let quotient = |v: f64| round_to(wire, ((v as f32) / (w as f32)) as f64);
-    values[1..].iter().fold(quotient(values[0]), |acc, &v| {
-        round_to(wire, (acc as f32 + quotient(v) as f32) as f64)
-    })
+    let w = values.len() as f32;
+    let sum = values[1..].iter().fold(values[0], |acc, &v| {
+        round_to(wire, (acc as f32 + v as f32) as f64)
+    });
+    round_to(wire, ((sum as f32) / w) as f64)
 }
 
 /// The initial parameters, `before[rank][j]` (the parameters before the sync), `after[j]`

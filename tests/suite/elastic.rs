@@ -18,7 +18,7 @@ use distopt::BlockOn;
 use distopt::averaging::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
 use distopt::backend::kernels::ParamStarts;
 use distopt::comm::{
-    AllReduceMeanArgs, Communicator, MembershipSchedule, SimulatedWorld, Subgroups,
+    AllReduceMeanArgs, Communicator, MeanOrder, MembershipSchedule, SimulatedWorld, Subgroups,
 };
 use distopt::diloco::{Compression, DiLoCo, DiLoCoOptions};
 use distopt::post_local_sgd::PostLocalSgdOptimizer;
@@ -482,6 +482,7 @@ fn a_live_mask_that_does_not_fit_is_a_value_error() {
                     starts: &starts,
                     active: &[true],
                     bytes_per_rank: 16,
+                    order: MeanOrder::DivideThenSum,
                 },
             )
             .unwrap_err();

@@ -13,7 +13,7 @@ use distopt::Error;
 use distopt::backend::PARAM_ALIGN_ELEMENTS;
 use distopt::backend::kernels::ParamStarts;
 use distopt::backend::{Arena, select_backend};
-use distopt::comm::{AllReduceMeanArgs, Communicator, Subgroups, all_gather_f64};
+use distopt::comm::{AllReduceMeanArgs, Communicator, MeanOrder, Subgroups, all_gather_f64};
 use distopt::dtype::StorageFormat;
 use serde_json::json;
 
@@ -116,6 +116,7 @@ pub fn run(
                 starts: &starts,
                 active: &[true],
                 bytes_per_rank: bytes,
+                order: MeanOrder::DivideThenSum,
             },
         )
     };

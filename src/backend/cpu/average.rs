@@ -7,7 +7,7 @@
 use super::parts::{PartWork, Segment, plan, run_best};
 use super::threads::{for_each_rank, run_parts};
 use crate::backend::kernels::{
-    AverageArgs, Groups, average_group, check_average_args, group_slices, host_words_mut,
+    AverageArgs, Groups, MeanOrder, average_group, check_average_args, group_slices, host_words_mut,
 };
 use crate::backend::quotient::{ByDivision, ByScale, Divide, Quotient};
 use crate::dtype::StorageFormat;
@@ -50,18 +50,21 @@ pub(crate) fn average(threads: usize, args: AverageArgs<'_>) -> Result<()> {
     }
     let work: Vec<_> = plan.parts.into_iter().zip(per_part).collect();
     let quotient = Quotient::by(group_size as f32);
+    let sum_first = args.order == MeanOrder::SumThenDivide;
     run_parts(work, |(segments, rows)| match quotient {
         Quotient::Divide(d) => run_best(AveragePart {
             segments,
             rows,
             group_size,
             quotient: ByDivision(d),
+            sum_first,
         }),
         Quotient::Scale(s) => run_best(AveragePart {
             segments,
             rows,
             group_size,
             quotient: ByScale(s),
+            sum_first,
         }),
     });
     Ok(())
@@ -77,6 +80,8 @@ struct AveragePart<'a, Q> {
     group_size: usize,
     /// Division by the group size (a product when that is exact).
     quotient: Q,
+    /// [`MeanOrder::SumThenDivide`]: the sum is divided, not each value.
+    sum_first: bool,
 }
 
 impl<Q: Divide> PartWork for AveragePart<'_, Q> {
@@ -90,12 +95,24 @@ impl<Q: Divide> PartWork for AveragePart<'_, Q> {
                 let n = AVERAGE_BLOCK.min(end - first);
                 for group in self.rows.chunks_mut(self.group_size) {
                     let acc = &mut acc[..n];
-                    for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
-                        *a = self.quotient.of(x);
-                    }
-                    for row in &group[1..] {
-                        for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
-                            *a += self.quotient.of(x);
+                    if self.sum_first {
+                        acc.copy_from_slice(&group[0][first..first + n]);
+                        for row in &group[1..] {
+                            for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
+                                *a += x;
+                            }
+                        }
+                        for a in acc.iter_mut() {
+                            *a = self.quotient.of(*a);
+                        }
+                    } else {
+                        for (a, &x) in acc.iter_mut().zip(&group[0][first..first + n]) {
+                            *a = self.quotient.of(x);
+                        }
+                        for row in &group[1..] {
+                            for (a, &x) in acc.iter_mut().zip(&row[first..first + n]) {
+                                *a += self.quotient.of(x);
+                            }
                         }
                     }
                     for row in group.iter_mut() {
@@ -135,6 +152,11 @@ fn average_group_f32(groups: &Groups<'_>, group: &mut [u32]) {
     } = *groups;
     const BLOCK: usize = 1024;
     let divisor = group_size as f32;
+    // Each value divided (PyTorch's averagers), or only the sum (DiLoCo's all-reduce).
+    let (each, sum) = match groups.order {
+        MeanOrder::DivideThenSum => (divisor, 1.0),
+        MeanOrder::SumThenDivide => (1.0, divisor),
+    };
     let values: &mut [f32] = bytemuck::cast_slice_mut(group);
     let mut acc = [0f32; BLOCK];
     for range in groups.averaged() {
@@ -143,12 +165,17 @@ fn average_group_f32(groups: &Groups<'_>, group: &mut [u32]) {
             let n = BLOCK.min(range.end - first);
             let acc = &mut acc[..n];
             for (a, &x) in acc.iter_mut().zip(&values[first..first + n]) {
-                *a = x / divisor;
+                *a = x / each;
             }
             for rank in 1..group_size {
                 let row = &values[rank * rank_words + first..rank * rank_words + first + n];
                 for (a, &x) in acc.iter_mut().zip(row) {
-                    *a += x / divisor;
+                    *a += x / each;
+                }
+            }
+            if sum != 1.0 {
+                for a in acc.iter_mut() {
+                    *a /= sum;
                 }
             }
             for rank in 0..group_size {
@@ -170,7 +197,10 @@ mod tests {
     fn average_matches_the_reference_bit_for_bit() {
         let (starts, rank_len) = sizes_table();
         let mut v = Values(3);
-        for (ranks, group) in [(4, 2), (6, 3), (8, 8), (3, 1)] {
+        let cases = [(4, 2), (6, 3), (8, 8), (3, 1)].into_iter().flat_map(|rg| {
+            [MeanOrder::DivideThenSum, MeanOrder::SumThenDivide].map(|order| (rg, order))
+        });
+        for ((ranks, group), order) in cases {
             let a = arena(StorageFormat::F32, ranks, rank_len, &mut v);
             let active: Vec<bool> = (0..SIZES.len()).map(|j| j % 3 != 2).collect();
             let run = |threads: Option<usize>, by_group: bool| {
@@ -181,6 +211,7 @@ mod tests {
                     arith: StorageFormat::F32,
                     starts: &starts,
                     active: &active,
+                    order,
                 };
                 match threads {
                     None if by_group => average_by_group(args).unwrap(),
@@ -192,7 +223,7 @@ mod tests {
             let want = run(None, false);
             // The by-group fallback (other formats, layouts off the slots) computes the same.
             for threads in [Some(1), Some(2), Some(5), None] {
-                let what = format!("average R={ranks} g={group} threads {threads:?}");
+                let what = format!("average R={ranks} g={group} {order:?} threads {threads:?}");
                 same(&run(threads, true), &want, &what);
             }
         }

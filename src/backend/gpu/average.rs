@@ -5,7 +5,7 @@
 use super::GpuBackend;
 use super::per_param::{PerParam, device_arith, nothing_to_dispatch};
 use crate::backend::check_param_table;
-use crate::backend::kernels::{AverageArgs, check_average_args};
+use crate::backend::kernels::{AverageArgs, MeanOrder, check_average_args};
 use crate::error::Result;
 
 impl GpuBackend {
@@ -25,6 +25,10 @@ impl GpuBackend {
                 overrides: &[
                     ("FORMAT", args.arena.format().shader_code()),
                     ("ARITH", device_arith(args.arith).shader_code()),
+                    (
+                        "SUM_FIRST",
+                        u32::from(args.order == MeanOrder::SumThenDivide),
+                    ),
                 ],
                 lanes: args.arena.ranks() / args.group_size,
                 group_size: args.group_size,

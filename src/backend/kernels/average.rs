@@ -9,6 +9,21 @@ use super::{Arena, ParamStarts, Real, host_words_mut};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 
+/// Where a mean divides by the number of values: the two references disagree, and in 16 bits
+/// or for a group of three the results differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MeanOrder {
+    /// Each value divided, then the quotients summed: PyTorch's model averagers
+    /// (`average_parameters`: `flat /= group size`, then `all_reduce(SUM)`) and the post-local
+    /// SGD gradient hook.
+    #[default]
+    DivideThenSum,
+    /// The values summed, then the sum divided once: `all_reduce(SUM)`, then `div_(W)`, as
+    /// torchft's `Manager.allreduce` averages DiLoCo's pseudo-gradients (and the golden
+    /// `diloco` reference does).
+    SumThenDivide,
+}
+
 /// The arguments of a group average ([`Backend::average`](crate::backend::Backend::average),
 /// [`average_reference`]).
 pub struct AverageArgs<'a> {
@@ -22,6 +37,8 @@ pub struct AverageArgs<'a> {
     pub starts: &'a ParamStarts,
     /// One flag per parameter: averaged or left alone.
     pub active: &'a [bool],
+    /// Whether each value or their sum is divided.
+    pub order: MeanOrder,
 }
 
 /// The argument checks of an average that do not depend on the arena's storage, the same on
@@ -43,9 +60,11 @@ pub(crate) fn check_average_args(args: &AverageArgs<'_>) -> Result<()> {
 
 /// Averages every group of `group_size` consecutive ranks, element by element, over the
 /// parameters whose `active` flag is set: each value is divided by the group size, then the
-/// quotients are summed in rank order, all in the `arith` precision (PyTorch's promoted dtype
-/// of the flattened parameters), and the sum is rounded back to the arena's format and written
-/// to every rank of the group.
+/// quotients are summed in rank order ([`MeanOrder::DivideThenSum`]; with
+/// [`MeanOrder::SumThenDivide`] the values are summed in rank order and the sum divided), all
+/// in the `arith` precision (PyTorch's promoted dtype of the flattened parameters), every
+/// quotient and partial sum rounded to it, and the mean is rounded back to the arena's format
+/// and written to every rank of the group.
 ///
 /// # Errors
 /// A `ValueError` when `group_size` is 0 or does not divide the arena's ranks, or `active`
@@ -71,6 +90,7 @@ pub(in crate::backend) struct Groups<'a> {
     pub(in crate::backend) active: &'a [bool],
     /// Elements of one rank.
     pub(in crate::backend) len: usize,
+    pub(in crate::backend) order: MeanOrder,
 }
 
 impl Groups<'_> {
@@ -97,6 +117,7 @@ pub(in crate::backend) fn group_slices(
         starts: args.starts,
         active: args.active,
         len,
+        order: args.order,
     };
     let words = host_words_mut(args.arena)?
         .chunks_mut(groups.rank_words * groups.group_size)
@@ -115,6 +136,22 @@ pub(in crate::backend) fn average_group(groups: &Groups<'_>, group: &mut [u32]) 
 }
 
 fn average_group_in<T: Real>(groups: &Groups<'_>, group: &mut [u32]) {
+    let divisor = T::scalar(groups.group_size as f64);
+    let round = |x: T| T::round(groups.arith, x);
+    match groups.order {
+        MeanOrder::DivideThenSum => mean_of_group(groups, group, |x| round(x / divisor), |s| s),
+        MeanOrder::SumThenDivide => mean_of_group(groups, group, round, |s| round(s / divisor)),
+    }
+}
+
+/// [`average_group_in`]'s loop: the sum in rank order of each value's `addend`, every partial
+/// sum rounded to `arith`, made the `mean` and written to every rank.
+fn mean_of_group<T: Real>(
+    groups: &Groups<'_>,
+    group: &mut [u32],
+    addend: impl Fn(T) -> T,
+    mean: impl Fn(T) -> T,
+) {
     let Groups {
         format,
         arith,
@@ -122,15 +159,14 @@ fn average_group_in<T: Real>(groups: &Groups<'_>, group: &mut [u32]) {
         group_size,
         ..
     } = *groups;
-    let divisor = T::scalar(group_size as f64);
-    let round = |x: T| T::round(arith, x);
     for range in groups.averaged() {
         for i in range {
-            let mut acc = round(T::load(format, &group[..rank_words], i) / divisor);
+            let mut acc = addend(T::load(format, &group[..rank_words], i));
             for rank in 1..group_size {
-                let quotient = round(T::load(format, &group[rank * rank_words..], i) / divisor);
-                acc = round(acc + quotient);
+                let value = addend(T::load(format, &group[rank * rank_words..], i));
+                acc = T::round(arith, acc + value);
             }
+            let acc = mean(acc);
             for rank in 0..group_size {
                 T::store(format, &mut group[rank * rank_words..], i, acc);
             }

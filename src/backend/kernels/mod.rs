@@ -80,7 +80,7 @@ pub(in crate::backend) use adam::{adam_rank, adam_rank_slices};
 pub(crate) use arith::{Real, fma_f32, maximum, std_max};
 use arith::{add_scaled, add_scaled_at, rounding_format};
 pub(crate) use average::check_average_args;
-pub use average::{AverageArgs, average_reference};
+pub use average::{AverageArgs, MeanOrder, average_reference};
 pub(in crate::backend) use average::{Groups, average_group, group_slices};
 pub(crate) use convert::check_convert;
 pub use convert::{ConvertArgs, convert_reference};

@@ -19,7 +19,7 @@ use super::overlap::store_values;
 use super::{KIND_VOTE, NatsWorld, Sum, param_runs};
 use crate::backend::Arena;
 use crate::comm::wire::{Assembler, MessageId};
-use crate::comm::{AllReduceMeanArgs, Subgroups};
+use crate::comm::{AllReduceMeanArgs, MeanOrder, Subgroups};
 use crate::dtype::StorageFormat;
 use crate::error::Result;
 
@@ -43,14 +43,15 @@ impl NatsWorld {
         }
         let runs = param_runs(mean.starts, mean.active, arena.rank_len());
         let members = if elastic {
-            self.mean_committed(arena, mean.groups, live, mean.arith, &runs)?
+            self.mean_committed(arena, mean.groups, live, (mean.arith, mean.order), &runs)?
         } else {
             let members: Vec<usize> = mean
                 .groups
                 .group_of(self.rank)
                 .filter(|&r| live[r])
                 .collect();
-            self.mean_in(arena, mean.arith, &members, &runs, Sum::Stored)?;
+            let how = (mean.arith, mean.order);
+            self.mean_in(arena, how, &members, &runs, Sum::Stored)?;
             members
         };
         self.record(|s| s.add_all_reduce(members.len(), mean.bytes_per_rank));
@@ -64,7 +65,7 @@ impl NatsWorld {
         arena: &mut Arena,
         groups: Subgroups,
         live: &[bool],
-        arith: StorageFormat,
+        how: (StorageFormat, MeanOrder),
         runs: &[(Range<usize>, usize)],
     ) -> Result<Vec<usize>> {
         // Ranks a vote already left out at an earlier sync of this point stay out.
@@ -77,10 +78,10 @@ impl NatsWorld {
         let mut live: Vec<bool> = live.iter().zip(&known).map(|(&a, &b)| a && b).collect();
         loop {
             let members: Vec<usize> = groups.group_of(self.rank).filter(|&r| live[r]).collect();
-            let reduced = self.mean_in(arena, arith, &members, runs, Sum::Held);
+            let reduced = self.mean_in(arena, how, &members, runs, Sum::Held);
             let voters: Vec<usize> = (0..self.size).filter(|&r| live[r]).collect();
             if self.vote(&voters, reduced.is_ok())? {
-                self.store_in(arena, arith, runs)?;
+                self.store_in(arena, how.0, runs)?;
                 return Ok(members);
             }
             self.check_vote_failure(reduced, &voters)?;
@@ -106,18 +107,20 @@ impl NatsWorld {
         Ok(())
     }
 
+    /// The mean over `members` in `how`'s precision and order (see [`NatsWorld::mean_arena`]).
     pub(super) fn mean_in(
         &self,
         arena: &mut Arena,
-        arith: StorageFormat,
+        how: (StorageFormat, MeanOrder),
         members: &[usize],
         runs: &[(Range<usize>, usize)],
         sum: Sum,
     ) -> Result<()> {
+        let (arith, order) = how;
         if arith == StorageFormat::F64 {
-            self.mean_arena::<f64>(arena, arith, members, runs, sum)
+            self.mean_arena::<f64>(arena, arith, order, members, runs, sum)
         } else {
-            self.mean_arena::<f32>(arena, arith, members, runs, sum)
+            self.mean_arena::<f32>(arena, arith, order, members, runs, sum)
         }
     }
 

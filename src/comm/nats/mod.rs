@@ -71,7 +71,7 @@ use super::scratch::scratch_of;
 use super::wire::{self, Assembler, MessageId};
 use super::{
     AllReduceMeanArgs, AllReduceScaledSumArgs, BroadcastRegion, CommStats, Communicator,
-    InFlightMean, InFlightMembership, Membership, StatsCounter, one_rank, regions,
+    InFlightMean, InFlightMembership, MeanOrder, Membership, StatsCounter, one_rank, regions,
 };
 use crate::backend::kernels::Real;
 use crate::backend::{Arena, Backend};
@@ -719,8 +719,10 @@ impl NatsWorld {
     /// member. Each member owns a shard: it turns every member's value into its addend
     /// (`addend`: the mean's division, say — made by the owner, so the values travel as they
     /// are stored), adds them up in member order with every addition rounded to `arith`
-    /// (`from_zero`: the sum starts at 0, else at the first member's addend) and sends the
-    /// shard's sums to the others.
+    /// (`from_zero`: the sum starts at 0, else at the first member's addend), makes each sum
+    /// its `result` (the division of a mean that divides the sum) and sends the shard's
+    /// results to the others.
+    #[allow(clippy::too_many_arguments)]
     fn reduce<T: Real + bytemuck::Pod>(
         &self,
         arith: StorageFormat,
@@ -728,10 +730,20 @@ impl NatsWorld {
         data: &mut [T],
         from_zero: bool,
         addend: impl Fn(T) -> T,
+        result: impl Fn(T) -> T,
     ) -> Result<()> {
         let seq = self.begin();
         let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        self.reduce_at(seq, &mut received, arith, members, data, from_zero, addend)
+        self.reduce_at(
+            seq,
+            &mut received,
+            arith,
+            members,
+            data,
+            from_zero,
+            addend,
+            result,
+        )
     }
 
     /// [`NatsWorld::reduce`] as collective `seq`, assembling the contributions in `received`.
@@ -745,6 +757,7 @@ impl NatsWorld {
         data: &mut [T],
         from_zero: bool,
         addend: impl Fn(T) -> T,
+        result: impl Fn(T) -> T,
     ) -> Result<()> {
         /// Elements summed at a time: this rank's own values of a block are copied aside
         /// (they are overwritten by the sums), small enough to stay in the L1 cache.
@@ -803,6 +816,9 @@ impl NatsWorld {
                     }
                 }
             }
+            for s in sum.iter_mut() {
+                *s = result(*s);
+            }
         }
         for (_, &rank) in others() {
             let sums: &[u8] = bytemuck::cast_slice(&data[own.clone()]);
@@ -832,12 +848,13 @@ impl NatsWorld {
         runs: &[(Range<usize>, usize)],
         contribution: Option<impl Fn(T, usize) -> T>,
         addend: impl Fn(T) -> T,
+        result: impl Fn(T) -> T,
         sum: Sum,
     ) -> Result<()> {
         let format = arena.format();
         let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
             // Nothing to reduce here, but the ranks still take part in the collective.
-            return self.reduce::<T>(arith, members, &mut [], false, addend);
+            return self.reduce::<T>(arith, members, &mut [], false, addend, result);
         };
         let span = first.0.start..last.0.end;
         let total: usize = runs.iter().map(|r| r.0.len()).sum();
@@ -853,7 +870,7 @@ impl NatsWorld {
             if let ([(run, _)], None, Sum::Stored, true) = (runs, &contribution, sum, natural)
                 && let Ok(data) = bytemuck::try_cast_slice_mut::<u32, T>(&mut words[place(run)])
             {
-                return self.reduce::<T>(arith, members, data, false, &addend);
+                return self.reduce::<T>(arith, members, data, false, &addend, &result);
             }
             let data: &mut [T] = scratch_of(&mut scratch, total);
             let mut k = 0;
@@ -879,7 +896,7 @@ impl NatsWorld {
                     }
                 }
             }
-            self.reduce::<T>(arith, members, data, false, &addend)?;
+            self.reduce::<T>(arith, members, data, false, &addend, &result)?;
             if sum == Sum::Stored {
                 store_runs(format, words, base, runs, data);
             }
@@ -904,11 +921,14 @@ impl NatsWorld {
     }
 
     /// [`NatsWorld::reduce_arena`] of the mean over `members`: each value divided by their
-    /// number and rounded to `arith`, the sum stored.
+    /// number and rounded to `arith`, the sum stored (`order`: or the values summed and the sum
+    /// divided, as [`MeanOrder::SumThenDivide`] says).
+    #[allow(clippy::too_many_arguments)]
     fn mean_arena<T: Real + bytemuck::Pod>(
         &self,
         arena: &mut Arena,
         arith: StorageFormat,
+        order: MeanOrder,
         members: &[usize],
         runs: &[(Range<usize>, usize)],
         sum: Sum,
@@ -916,19 +936,22 @@ impl NatsWorld {
         let divisor = T::scalar(members.len() as f64);
         // No contribution: the values travel as stored and each owner divides them.
         let none = None::<fn(T, usize) -> T>;
-        if rounds_to_itself::<T>(arith) {
+        let round = |x: T| T::round(arith, x);
+        match (order, rounds_to_itself::<T>(arith)) {
             // The same quotients, in a loop free of the rounding's branch.
-            return self.reduce_arena::<T>(arena, arith, members, runs, none, |x| x / divisor, sum);
+            (MeanOrder::DivideThenSum, true) => {
+                let each = |x| x / divisor;
+                self.reduce_arena::<T>(arena, arith, members, runs, none, each, |s| s, sum)
+            }
+            (MeanOrder::DivideThenSum, false) => {
+                let each = |x| round(x / divisor);
+                self.reduce_arena::<T>(arena, arith, members, runs, none, each, |s| s, sum)
+            }
+            (MeanOrder::SumThenDivide, _) => {
+                let mean = |s| round(s / divisor);
+                self.reduce_arena::<T>(arena, arith, members, runs, none, round, mean, sum)
+            }
         }
-        self.reduce_arena::<T>(
-            arena,
-            arith,
-            members,
-            runs,
-            none,
-            |x| T::round(arith, x / divisor),
-            sum,
-        )
     }
 
     /// [`NatsWorld::reduce_arena`] of DDP's scaled sum over the world: this rank's values of
@@ -954,6 +977,7 @@ impl NatsWorld {
                 _ => zero,
             }),
             |x| x,
+            |s| s,
             if scale.is_some() {
                 Sum::Stored
             } else {
@@ -1187,7 +1211,7 @@ impl Communicator for NatsWorld {
         let mine = self.only(per_local_rank)?;
         let members: Vec<usize> = (0..self.size).collect();
         let mut sum = mine.clone();
-        self.reduce::<f32>(StorageFormat::F32, &members, &mut sum, true, |x| x)?;
+        self.reduce::<f32>(StorageFormat::F32, &members, &mut sum, true, |x| x, |s| s)?;
         let bytes = (mine.len() * 4) as u64;
         self.record(|s| s.add_all_reduce(self.size, bytes));
         Ok(sum)

@@ -26,7 +26,9 @@ use super::inbox::Inbox;
 use super::{Job, NatsWorld, param_runs, rounds_to_itself, scratch_of, store_runs};
 use crate::backend::Arena;
 use crate::backend::kernels::Real;
-use crate::comm::{AllReduceMeanArgs, InFlightMean, InFlightMembership, Membership, Subgroups};
+use crate::comm::{
+    AllReduceMeanArgs, InFlightMean, InFlightMembership, MeanOrder, Membership, Subgroups,
+};
 use crate::dtype::StorageFormat;
 use crate::error::{Error, Result};
 use crate::transfer;
@@ -114,6 +116,7 @@ struct Travelling {
     seqs: [u64; 2],
     groups: Subgroups,
     arith: StorageFormat,
+    order: MeanOrder,
     runs: Vec<(Range<usize>, usize)>,
     bytes_per_rank: u64,
     /// In wasm, the exchange itself, run when the mean is finished.
@@ -238,10 +241,10 @@ impl NatsWorld {
         }
         let seqs = [self.begin_open(), self.begin_open()];
         let (sender, outcome) = mpsc::channel();
-        let (groups, arith) = (mean.groups, mean.arith);
+        let (groups, how) = (mean.groups, (mean.arith, mean.order));
         let job = move || {
             let outcome = match agreement.wait() {
-                Ok(agreed) => this.exchange(seqs, &agreed.live, groups, arith, buffers, total),
+                Ok(agreed) => this.exchange(seqs, &agreed.live, groups, how, buffers, total),
                 Err(e) => Outcome {
                     over: None,
                     reduced: Err(e.clone()),
@@ -258,6 +261,7 @@ impl NatsWorld {
             seqs,
             groups: mean.groups,
             arith: mean.arith,
+            order: mean.order,
             runs,
             bytes_per_rank: mean.bytes_per_rank,
             exchange: None,
@@ -322,7 +326,7 @@ impl NatsWorld {
             // the arena still holds, over each other (the live ranks of the new membership).
             let again = self.agree(true)?.live;
             let again: Vec<bool> = again.iter().zip(&live).map(|(&a, &b)| a && b).collect();
-            self.mean_committed(arena, t.groups, &again, t.arith, &t.runs)?
+            self.mean_committed(arena, t.groups, &again, (t.arith, t.order), &t.runs)?
         };
         self.record(|s| s.add_all_reduce(members.len(), t.bytes_per_rank));
         Ok(())
@@ -364,7 +368,7 @@ impl NatsWorld {
         seqs: [u64; 2],
         live: &[bool],
         groups: Subgroups,
-        arith: StorageFormat,
+        how: (StorageFormat, MeanOrder),
         mut buffers: [Vec<u64>; 2],
         total: usize,
     ) -> Outcome {
@@ -379,10 +383,10 @@ impl NatsWorld {
         let members: Vec<usize> = groups.group_of(self.rank).filter(|&r| live[r]).collect();
         let voters: Vec<usize> = (0..self.size).filter(|&r| live[r]).collect();
         let [values, received] = &mut buffers;
-        let reduced = if arith == StorageFormat::F64 {
-            self.mean_at::<f64>(seqs[0], received, arith, &members, values, total)
+        let reduced = if how.0 == StorageFormat::F64 {
+            self.mean_at::<f64>(seqs[0], received, how, &members, values, total)
         } else {
-            self.mean_at::<f32>(seqs[0], received, arith, &members, values, total)
+            self.mean_at::<f32>(seqs[0], received, how, &members, values, total)
         };
         let committed = self.vote_at(seqs[1], &voters, reduced.is_ok());
         Outcome {
@@ -393,24 +397,34 @@ impl NatsWorld {
         }
     }
 
-    /// The mean over `members` of the `total` values in `values`, as collective `seq`.
+    /// The mean over `members` of the `total` values in `values`, as collective `seq`, in
+    /// `how`'s precision and order (see [`NatsWorld::mean_arena`]).
     fn mean_at<T: Real + bytemuck::Pod>(
         &self,
         seq: u64,
         received: &mut Vec<u64>,
-        arith: StorageFormat,
+        how: (StorageFormat, MeanOrder),
         members: &[usize],
         values: &mut Vec<u64>,
         total: usize,
     ) -> Result<()> {
+        let (arith, order) = how;
         let divisor = T::scalar(members.len() as f64);
         let data: &mut [T] = scratch_of(values, total);
-        if rounds_to_itself::<T>(arith) {
-            self.reduce_at(seq, received, arith, members, data, false, |x| x / divisor)
-        } else {
-            self.reduce_at(seq, received, arith, members, data, false, |x| {
-                T::round(arith, x / divisor)
-            })
+        let round = |x: T| T::round(arith, x);
+        match (order, rounds_to_itself::<T>(arith)) {
+            (MeanOrder::DivideThenSum, true) => {
+                let each = |x| x / divisor;
+                self.reduce_at(seq, received, arith, members, data, false, each, |s| s)
+            }
+            (MeanOrder::DivideThenSum, false) => {
+                let each = |x| round(x / divisor);
+                self.reduce_at(seq, received, arith, members, data, false, each, |s| s)
+            }
+            (MeanOrder::SumThenDivide, _) => {
+                let mean = |s| round(s / divisor);
+                self.reduce_at(seq, received, arith, members, data, false, round, mean)
+            }
         }
     }
 
