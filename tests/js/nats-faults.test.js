@@ -172,6 +172,30 @@ async function leaveAndJoin(run, { algorithm, steps, leaveBefore, bound = BOUND_
   return { left, back, replicas: c.report.lossPerRank };
 }
 
+/**
+ * The two survivors of a DiLoCo run of three whose rank 2 said it left at `since` (ms; `left`
+ * names how in messages): both finished `steps` steps without it, well within the failure
+ * `bound` (the survivors did not wait for its silence), on one membership, their replicas the
+ * simulated replay's bit for bit. Resolves the seconds they took after `since` and the
+ * membership changes.
+ */
+async function survivedRank2([a, b], { steps, bound, since, left }) {
+  for (const s of [a, b]) {
+    assert.equal(s.code, 0, `a survivor finishes: ${s.out}\n${s.err}`);
+    assert.equal(s.report.steps, steps);
+    assert.deepEqual(s.report.live, [true, true, false]);
+  }
+  const after = (Math.max(a.exitAt, b.exitAt) - since) / 1000;
+  assert.ok(after < bound / 2, `the survivors finished ${after.toFixed(1)} s after ${left}: they waited for the ${bound} s bound`);
+  const changes = a.report.membershipChanges;
+  assert.deepEqual(b.report.membershipChanges, changes, 'both survivors report one membership');
+  const simulated = await replay({ algorithm: 'diloco', steps }, changes);
+  for (const s of [a, b]) {
+    assert.deepEqual(s.report.lossPerRank.slice(0, 2), simulated.replica_loss_per_rank.slice(0, 2), `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
+  }
+  return { after, changes };
+}
+
 test('a Node rank that calls world.leave() is out of the next sync point at once, not after the failure bound', async () => {
   // A bound of 30 s: without the leaving frame the survivors would wait that long.
   const [steps, leaveBefore, bound] = [600, 100, 30];
@@ -180,19 +204,7 @@ test('a Node rank that calls world.leave() is out of the next sync point at once
   );
   const [a, b, gone] = await Promise.all(ranks.map((r) => r.exited));
   assert.equal(gone.code, 0, `rank 2 left saying so: ${gone.out}\n${gone.err}`);
-  for (const s of [a, b]) {
-    assert.equal(s.code, 0, `a survivor finishes: ${s.out}\n${s.err}`);
-    assert.equal(s.report.steps, steps);
-    assert.deepEqual(s.report.live, [true, true, false]);
-  }
-  const after = (Math.max(a.exitAt, b.exitAt) - gone.exitAt) / 1000;
-  assert.ok(after < bound / 2, `the survivors finished ${after.toFixed(1)} s after rank 2 left: they waited for the ${bound} s bound`);
-  const changes = a.report.membershipChanges;
-  assert.deepEqual(b.report.membershipChanges, changes, 'both survivors report one membership');
-  const simulated = await replay({ algorithm: 'diloco', steps }, changes);
-  for (const s of [a, b]) {
-    assert.deepEqual(s.report.lossPerRank.slice(0, 2), simulated.replica_loss_per_rank.slice(0, 2), `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
-  }
+  const { after, changes } = await survivedRank2([a, b], { steps, bound, since: gone.exitAt, left: 'rank 2 left' });
   console.log(
     `a DiLoCo Node rank left saying so before step ${leaveBefore}: out from sync point ${changes[0].syncPoint}; the survivors finished ${steps} steps ${after.toFixed(1)} s after it (failure bound ${bound} s), equal to the replay`,
   );
@@ -221,21 +233,9 @@ test("a rank's leaving message, published from another connection after it died,
   for (const frame of said.frames) port.publish(said.subject, Buffer.from(frame, 'base64'));
   port.flush();
   const saidAt = Date.now();
-  const [a, b] = await Promise.all(ranks.slice(0, 2).map((r) => r.exited));
+  const survivors = await Promise.all(ranks.slice(0, 2).map((r) => r.exited));
   port.close();
-  for (const s of [a, b]) {
-    assert.equal(s.code, 0, `a survivor finishes: ${s.out}\n${s.err}`);
-    assert.equal(s.report.steps, steps);
-    assert.deepEqual(s.report.live, [true, true, false]);
-  }
-  const after = (Math.max(a.exitAt, b.exitAt) - saidAt) / 1000;
-  assert.ok(after < bound / 2, `the survivors finished ${after.toFixed(1)} s after rank 2's leaving message: they waited for the ${bound} s bound`);
-  const changes = a.report.membershipChanges;
-  assert.deepEqual(b.report.membershipChanges, changes, 'both survivors report one membership');
-  const simulated = await replay({ algorithm: 'diloco', steps }, changes);
-  for (const s of [a, b]) {
-    assert.deepEqual(s.report.lossPerRank.slice(0, 2), simulated.replica_loss_per_rank.slice(0, 2), `rank ${s.report.rank}: the simulated replay's replicas, bit for bit`);
-  }
+  const { after, changes } = await survivedRank2(survivors, { steps, bound, since: saidAt, left: "rank 2's leaving message" });
   console.log(
     `a DiLoCo Node rank killed before step ${leaveBefore}, its leaving message published by the test: out from sync point ${changes[0].syncPoint}; the survivors finished ${steps} steps ${after.toFixed(1)} s after the message (failure bound ${bound} s), equal to the replay`,
   );
