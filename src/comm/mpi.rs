@@ -563,10 +563,7 @@ impl Communicator for MpiWorld {
                             // Several runs: gathered into one message, summed, scattered back.
                             let send: &mut [f32] = scratch_of(send, runs.total);
                             let mut k = 0;
-                            let each = match mean.order {
-                                MeanOrder::DivideThenSum => divisor,
-                                MeanOrder::SumThenDivide => 1.0,
-                            };
+                            let each = mean.order.divisors(g as f64).0 as f32;
                             for run in &runs.runs {
                                 divide_into(&mut send[k..k + run.len()], &values[at(run)], each);
                                 k += run.len();
@@ -584,28 +581,15 @@ impl Communicator for MpiWorld {
                         }
                     }
                     (_, StorageFormat::F64) => {
-                        let divisor = g as f64;
+                        let (each, after) = mean.order.divisors(g as f64);
                         let reduction = runs.reduction(comm, (send, recv), words, base);
-                        match mean.order {
-                            MeanOrder::DivideThenSum => {
-                                reduction.sum(format, every, |x: f64| x / divisor, |s| s, true)
-                            }
-                            MeanOrder::SumThenDivide => {
-                                reduction.sum(format, every, |x: f64| x, |s| s / divisor, true)
-                            }
-                        }
+                        reduction.sum(format, every, |x: f64| x / each, |s| s / after, true);
                     }
                     (_, StorageFormat::F32) => {
-                        let divisor = g as f32;
+                        let (each, after) = mean.order.divisors(g as f64);
+                        let (each, after) = (each as f32, after as f32);
                         let reduction = runs.reduction(comm, (send, recv), words, base);
-                        match mean.order {
-                            MeanOrder::DivideThenSum => {
-                                reduction.sum(format, every, |x: f32| x / divisor, |s| s, true)
-                            }
-                            MeanOrder::SumThenDivide => {
-                                reduction.sum(format, every, |x: f32| x, |s| s / divisor, true)
-                            }
-                        }
+                        reduction.sum(format, every, |x: f32| x / each, |s| s / after, true);
                     }
                     (_, half) => {
                         // float16 / bfloat16 arithmetic: only parameters of that one format
@@ -615,16 +599,10 @@ impl Communicator for MpiWorld {
                                 "cannot average {format:?} parameters in {half:?}"
                             )));
                         }
-                        let divisor = g as f32;
+                        let (each, after) = mean.order.divisors(g as f64);
+                        let (each, after) = (each as f32, after as f32);
                         let reduction = runs.reduction(comm, (send, recv), words, base);
-                        match mean.order {
-                            MeanOrder::DivideThenSum => {
-                                reduction.sum_half(half, every, |x| x / divisor, |s| s, true)
-                            }
-                            MeanOrder::SumThenDivide => {
-                                reduction.sum_half(half, every, |x| x, |s| s / divisor, true)
-                            }
-                        }
+                        reduction.sum_half(half, every, |x| x / each, |s| s / after, true);
                     }
                 }
                 Ok(())

@@ -151,12 +151,9 @@ fn average_group_f32(groups: &Groups<'_>, group: &mut [u32]) {
         ..
     } = *groups;
     const BLOCK: usize = 1024;
-    let divisor = group_size as f32;
     // Each value divided (PyTorch's averagers), or only the sum (DiLoCo's all-reduce).
-    let (each, sum) = match groups.order {
-        MeanOrder::DivideThenSum => (divisor, 1.0),
-        MeanOrder::SumThenDivide => (1.0, divisor),
-    };
+    let (each, sum) = groups.order.divisors(group_size as f64);
+    let (each, sum) = (each as f32, sum as f32);
     let values: &mut [f32] = bytemuck::cast_slice_mut(group);
     let mut acc = [0f32; BLOCK];
     for range in groups.averaged() {

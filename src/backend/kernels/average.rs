@@ -24,6 +24,18 @@ pub enum MeanOrder {
     SumThenDivide,
 }
 
+impl MeanOrder {
+    /// The divisors of each value and of their sum for a mean of `n` values: `(n, 1)` or
+    /// `(1, n)`. A division by 1 is exact (NaN, infinities and subnormals included), so a loop
+    /// may divide at both places whatever the order.
+    pub fn divisors(self, n: f64) -> (f64, f64) {
+        match self {
+            MeanOrder::DivideThenSum => (n, 1.0),
+            MeanOrder::SumThenDivide => (1.0, n),
+        }
+    }
+}
+
 /// The arguments of a group average ([`Backend::average`](crate::backend::Backend::average),
 /// [`average_reference`]).
 pub struct AverageArgs<'a> {
