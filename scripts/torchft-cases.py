@@ -427,6 +427,19 @@ CASES = [
         outer={"name": "AdamW", "options": {"lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.1}},
         dtypes=("float16", "float32", "float16", "bfloat16"), shapes=([64], [5], [3, 16], [32]), seed=12,
     ),
+    # torchft mixes with `global.lerp_(local, α)` at every sync, at α = 0 too, where lerp keeps
+    # the outer step's result but turns a value that is not finite into NaN (0 * inf). Tiny
+    # float16 pseudo-gradients square to 0 in Adam's second moment, and eps = 1e-8 is 0 in
+    # float16, so the outer step overflows to ±inf, which torchft's mix makes NaN. Found by
+    # `--random 30 --seed 1216` (case 10).
+    dict(
+        name="streaming_diloco_w2_f2_delay0_alpha0_float16_overflow",
+        description="float16 parameters whose outer Adam step overflows (the second moment underflows to 0 and eps 1e-8 is 0 in float16): torchft's lerp at alpha 0 makes the infinities NaN",
+        world=2, sync_every=4, fragments=F2, delay=0, alpha=0.0,
+        inner={"name": "SGD", "options": {"lr": 1e-4}},
+        outer={"name": "Adam", "options": {"lr": 0.1, "betas": [0.9, 0.99], "eps": 1e-8}},
+        dtypes=("float16", "float32", "float16", "float32"), seed=13,
+    ),
 ]
 
 

@@ -186,8 +186,11 @@ pub struct DiLoCoOptions {
     /// its outer step (0: both at the sync point).
     pub fragment_sync_delay: i64,
     /// torchft's `fragment_update_alpha`: the weight of the local parameters when the outer
-    /// step's result is mixed with them (0: the outer step's result only).
-    pub fragment_update_alpha: f64,
+    /// step's result is mixed with them, `global.lerp_(local, α)`. `None` (the default): no
+    /// mix, the outer step's result as it is (the paper's DiLoCo; the `diloco` golden kind).
+    /// `Some(α)`: torchft's mix, which it makes even at `α = 0`, where it keeps the outer
+    /// step's result but turns every value that is not finite in either into NaN.
+    pub fragment_update_alpha: Option<f64>,
 }
 
 impl DiLoCoOptions {
@@ -251,10 +254,10 @@ impl DiLoCoOptions {
             })?,
         };
         let fragment_update_alpha = match map.get("fragmentUpdateAlpha") {
-            None | Some(Value::Null) => 0.0,
-            Some(value) => value.as_f64().ok_or_else(|| {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(value.as_f64().ok_or_else(|| {
                 Error::type_error(format!("fragmentUpdateAlpha must be a number, got {value}"))
-            })?,
+            })?),
         };
         Ok(DiLoCoOptions {
             compression,
@@ -312,7 +315,12 @@ fn fragments_of(value: &Value) -> Result<Vec<Vec<usize>>> {
 }
 
 /// torchft's checks of `fragment_sync_delay` and `fragment_update_alpha`.
-fn check_streaming(sync_every: u64, fragments: usize, delay: i64, alpha: f64) -> Result<()> {
+fn check_streaming(
+    sync_every: u64,
+    fragments: usize,
+    delay: i64,
+    alpha: Option<f64>,
+) -> Result<()> {
     if delay < 0 {
         return Err(Error::value(format!(
             "fragment_sync_delay must be a non-negative integer, got {delay}"
@@ -326,7 +334,7 @@ fn check_streaming(sync_every: u64, fragments: usize, delay: i64, alpha: f64) ->
              = {window})"
         )));
     }
-    if !(0.0..=1.0).contains(&alpha) {
+    if let Some(alpha) = alpha.filter(|alpha| !(0.0..=1.0).contains(alpha)) {
         return Err(Error::value(format!(
             "fragment_update_alpha must be between 0 and 1, got {}",
             crate::pyfmt::float_repr(alpha)
@@ -428,8 +436,8 @@ pub struct DiLoCo {
     wire: Vec<Option<Arena>>,
     /// torchft's `fragment_sync_delay`.
     delay: u64,
-    /// torchft's `fragment_update_alpha`.
-    alpha: f64,
+    /// torchft's `fragment_update_alpha` (`None`: no mix).
+    alpha: Option<f64>,
     /// Laid out like the parameters, created on first use: the in-flight fragment's
     /// all-reduced pseudo-gradient during its delay window, then (α > 0) the fragment's local
     /// parameters while the outer step runs.
@@ -603,8 +611,8 @@ impl DiLoCo {
     }
 
     /// torchft's `fragment_update_alpha`: the local parameters' weight in the mix after an
-    /// outer step.
-    pub fn fragment_update_alpha(&self) -> f64 {
+    /// outer step (`None`: no mix, see [`DiLoCoOptions::fragment_update_alpha`]).
+    pub fn fragment_update_alpha(&self) -> Option<f64> {
         self.alpha
     }
 
@@ -1128,7 +1136,7 @@ impl DiLoCo {
         if held {
             self.settle(replicas)?;
         }
-        let mix = self.alpha > 0.0;
+        let mix = self.alpha.is_some();
         let backend = replicas.backend().clone();
         let plans: Vec<(Vec<bool>, Vec<CopyRegion>)> = (0..replicas.buckets().len())
             .map(|b| {
@@ -1201,7 +1209,7 @@ impl DiLoCo {
                 end: local,
                 starts,
                 active,
-                weight: self.alpha,
+                weight: self.alpha.unwrap_or(0.0),
             })?;
         }
         Ok(())

@@ -116,8 +116,9 @@ pub struct AlgorithmSettings {
     pub compress: Compression,
     /// DiLoCo's `fragment_sync_delay` (torchft's; default 0).
     pub fragment_sync_delay: u64,
-    /// DiLoCo's `fragment_update_alpha` (torchft's; default 0).
-    pub fragment_update_alpha: f64,
+    /// DiLoCo's `fragment_update_alpha` (torchft's; default `None`: no mix, see
+    /// [`DiLoCoOptions::fragment_update_alpha`](crate::diloco::DiLoCoOptions::fragment_update_alpha)).
+    pub fragment_update_alpha: Option<f64>,
     /// Hierarchical averaging's `(period, group size)` levels (default:
     /// [`Algorithm::default_hierarchy`]).
     pub levels: Option<Vec<(u64, usize)>>,
@@ -137,7 +138,7 @@ impl Default for AlgorithmSettings {
             fragments: 1,
             compress: Compression::None,
             fragment_sync_delay: 0,
-            fragment_update_alpha: 0.0,
+            fragment_update_alpha: None,
             levels: None,
             subgroup_size: None,
         }

@@ -70,20 +70,15 @@ pub enum Algorithm {
         #[serde(default, skip_serializing_if = "is_zero_u64")]
         fragment_sync_delay: u64,
         /// torchft's `fragment_update_alpha`: the local parameters' weight in the mix after an
-        /// outer step (absent from the settings when 0).
-        #[serde(default, skip_serializing_if = "is_zero_f64")]
-        fragment_update_alpha: f64,
+        /// outer step (absent from the settings when not given: no mix).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fragment_update_alpha: Option<f64>,
     },
 }
 
 /// Serde's "leave out the default" test for a delay.
 fn is_zero_u64(value: &u64) -> bool {
     *value == 0
-}
-
-/// Serde's "leave out the default" test for an alpha.
-fn is_zero_f64(value: &f64) -> bool {
-    *value == 0.0
 }
 
 /// The outer optimizer of the DiLoCo paper, `(lr, momentum)`: SGD with Nesterov momentum.
@@ -124,10 +119,10 @@ impl Algorithm {
                 if *fragment_sync_delay > 0 {
                     wire.push_str(&format!("; fragment_sync_delay {fragment_sync_delay}"));
                 }
-                if *fragment_update_alpha > 0.0 {
+                if let Some(alpha) = fragment_update_alpha {
                     wire.push_str(&format!(
                         "; fragment_update_alpha {}",
-                        crate::pyfmt::float_repr(*fragment_update_alpha)
+                        crate::pyfmt::float_repr(*alpha)
                     ));
                 }
                 let streaming = if *fragments > 1 {

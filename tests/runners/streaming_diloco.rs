@@ -48,9 +48,12 @@ pub fn run(backend: &Arc<dyn Backend>, case: &Case, worlds: WorldFactory) -> Out
         fragment_sync_delay: input["fragment_sync_delay"]
             .as_i64()
             .ok_or("fragment_sync_delay")?,
-        fragment_update_alpha: input["fragment_update_alpha"]
-            .as_f64()
-            .ok_or("fragment_update_alpha")?,
+        // torchft mixes at every sync, at α = 0 too.
+        fragment_update_alpha: Some(
+            input["fragment_update_alpha"]
+                .as_f64()
+                .ok_or("fragment_update_alpha")?,
+        ),
         ..DiLoCoOptions::default()
     };
     let mut diloco =

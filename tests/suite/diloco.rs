@@ -818,7 +818,7 @@ fn the_trainer_runs_diloco_meeting_only_at_syncs() {
                 fragments: 1,
                 compress: Default::default(),
                 fragment_sync_delay: 0,
-                fragment_update_alpha: 0.0,
+                fragment_update_alpha: None,
             },
             ..TrainConfig::default()
         };
@@ -1243,7 +1243,7 @@ fn the_trainer_converges_with_compressed_pseudo_gradients() {
                     fragments: 1,
                     compress,
                     fragment_sync_delay: 0,
-                    fragment_update_alpha: 0.0,
+                    fragment_update_alpha: None,
                 },
                 ..TrainConfig::default()
             };
@@ -1608,7 +1608,7 @@ fn fresh_streaming(
     let options = DiLoCoOptions {
         fragments: Some(vec![vec![0, 3], vec![1, 2, 4]]),
         fragment_sync_delay: delay,
-        fragment_update_alpha: alpha,
+        fragment_update_alpha: Some(alpha),
         ..DiLoCoOptions::default()
     };
     let diloco = DiLoCo::with_options(&replicas, inner, outer, 4, world, options).unwrap();
@@ -1825,7 +1825,7 @@ fn streaming_options_and_pending_state_are_checked_with_torchfts_messages() {
         assert_eq!(err.message(), text, "{options}");
     }
     let nan = DiLoCoOptions {
-        fragment_update_alpha: f64::NAN,
+        fragment_update_alpha: Some(f64::NAN),
         ..DiLoCoOptions::default()
     };
     assert!(nan.check(5, 4).unwrap_err().message().contains("got nan"));
@@ -1874,7 +1874,7 @@ fn streaming_options_and_pending_state_are_checked_with_torchfts_messages() {
     assert_eq!(parsed.fragments, Some(vec![vec![1], vec![0]]));
     assert_eq!(
         (parsed.fragment_sync_delay, parsed.fragment_update_alpha),
-        (1, 0.5)
+        (1, Some(0.5))
     );
     assert_eq!(
         DiLoCoOptions::from_options(&Value::Null).unwrap(),
@@ -1942,7 +1942,7 @@ fn sync_mid_delay_applies_the_fragment_in_flight_once_and_every_other_fragment()
         let options = DiLoCoOptions {
             fragments: Some(vec![vec![0, 3], vec![1, 2, 4]]),
             fragment_sync_delay: 1,
-            fragment_update_alpha: 0.0,
+            fragment_update_alpha: None,
             ..DiLoCoOptions::default()
         };
         let mut replicas = replicas;

@@ -107,7 +107,7 @@ fn diloco(replicas: &Replicas, world: Arc<dyn Communicator>, variant: Variant) -
         Variant::Streaming => DiLoCoOptions {
             fragments: Some(vec![vec![0, 3], vec![1, 2]]),
             fragment_sync_delay: 1,
-            fragment_update_alpha: 0.5,
+            fragment_update_alpha: Some(0.5),
             ..DiLoCoOptions::default()
         },
         Variant::Compressed => DiLoCoOptions {

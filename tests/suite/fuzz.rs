@@ -439,7 +439,7 @@ fn post_local_sgd_and_diloco_state_dicts() {
         let options = DiLoCoOptions {
             fragments: Some(vec![vec![0], vec![1]]),
             fragment_sync_delay: 1,
-            fragment_update_alpha: 0.25,
+            fragment_update_alpha: Some(0.25),
             ..DiLoCoOptions::default()
         };
         let mut diloco =

@@ -480,14 +480,14 @@ fn every_algorithm_learns_the_digits() {
         fragments: 1,
         compress: Compression::None,
         fragment_sync_delay: 0,
-        fragment_update_alpha: 0.0,
+        fragment_update_alpha: None,
     });
     all.push(Algorithm::DiLoCo {
         sync_every: 8,
         fragments: 2,
         compress: Compression::BFloat16,
         fragment_sync_delay: 0,
-        fragment_update_alpha: 0.0,
+        fragment_update_alpha: None,
     });
     let mut failures = Vec::new();
     for algorithm in all {

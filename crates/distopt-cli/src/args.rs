@@ -419,7 +419,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "D")]
     pub fragment_sync_delay: Option<u64>,
     /// DiLoCo's fragment_update_alpha A in [0, 1] (torchft's): after an outer step the
-    /// fragment's parameters become lerp(global, local, A) (--algorithm diloco only).
+    /// fragment's parameters become lerp(global, local, A), as torchft mixes them, at 0 too
+    /// (default: no mix) (--algorithm diloco only).
     #[arg(long, value_name = "A")]
     pub fragment_update_alpha: Option<f64>,
     /// Replay ranks leaving and joining in the simulated world: the live ranks of each sync

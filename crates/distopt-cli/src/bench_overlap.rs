@@ -34,7 +34,7 @@ pub fn run(args: BenchOverlapArgs, world: Arc<dyn Communicator>) -> Result<(), E
                 fragments: args.fragments,
                 compress: distopt::diloco::Compression::None,
                 fragment_sync_delay: delay,
-                fragment_update_alpha: 0.0,
+                fragment_update_alpha: None,
             },
             ..TrainConfig::default()
         };

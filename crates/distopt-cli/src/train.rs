@@ -277,7 +277,7 @@ impl Options {
         settings.fragments = fragments;
         settings.compress = compress;
         settings.fragment_sync_delay = args.fragment_sync_delay.unwrap_or(0);
-        settings.fragment_update_alpha = args.fragment_update_alpha.unwrap_or(0.0);
+        settings.fragment_update_alpha = args.fragment_update_alpha;
         let names = match algorithm.as_str() {
             "all" => AlgorithmName::ALL.to_vec(),
             name => vec![

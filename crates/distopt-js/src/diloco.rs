@@ -58,7 +58,9 @@ export interface DiLoCoOptions {
   /**
    * torchft's `fragment_update_alpha` in `[0, 1]`: after an outer step the fragment's parameters
    * become `global.lerp(local, alpha)` (0: the outer step's result; 1: the local parameters, the
-   * outer step only moving the saved copy). Default 0. torchft's `should_quantize` is not
+   * outer step only moving the saved copy). Default: no mix, the outer step's result as it is.
+   * Given, the mix is torchft's even at 0: a value not finite in the outer step's result or
+   * the local parameters becomes NaN, as in torchft. torchft's `should_quantize` is not
    * supported (a ValueError): `compress` is distopt's own 16-bit wire format.
    */
   fragmentUpdateAlpha?: number;
@@ -261,10 +263,12 @@ impl DiLoCoJs {
         Ok(js(self.diloco())?.fragment_sync_delay() as f64)
     }
 
-    /// torchft's `fragment_update_alpha`.
-    #[wasm_bindgen(getter, js_name = fragmentUpdateAlpha)]
-    pub fn fragment_update_alpha(&self) -> JsResult<f64> {
-        Ok(js(self.diloco())?.fragment_update_alpha())
+    /// torchft's `fragment_update_alpha`, or `null` when none was given (no mix).
+    #[wasm_bindgen(getter, js_name = fragmentUpdateAlpha, unchecked_return_type = "number | null")]
+    pub fn fragment_update_alpha(&self) -> JsResult<JsValue> {
+        Ok(js(self.diloco())?
+            .fragment_update_alpha()
+            .map_or(JsValue::NULL, JsValue::from))
     }
 
     /// The fragment whose all-reduce has started and whose outer step waits (inside its

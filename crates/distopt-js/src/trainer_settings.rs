@@ -51,7 +51,8 @@ pub struct TrainerSettings {
     #[tsify(optional)]
     fragment_sync_delay: Option<u64>,
     /// `diloco`: torchft's `fragment_update_alpha`, the weight of the local parameters mixed
-    /// with the outer step's result (default 0, in [0, 1]). Another algorithm: ValueError.
+    /// with the outer step's result, in [0, 1], mixed as torchft does, at 0 too (default: no
+    /// mix). Another algorithm: ValueError.
     #[tsify(optional)]
     fragment_update_alpha: Option<f64>,
     /// `diloco`: the pseudo-gradients' wire format (default `'none'`: each parameter's own
@@ -302,7 +303,7 @@ pub(crate) fn read_settings(settings: &JsValue) -> Result<TrainerPlan> {
     algorithm.warmup = s.warmup.unwrap_or(d.warmup);
     algorithm.fragments = s.fragments.unwrap_or(d.fragments);
     algorithm.fragment_sync_delay = s.fragment_sync_delay.unwrap_or(d.fragment_sync_delay);
-    algorithm.fragment_update_alpha = s.fragment_update_alpha.unwrap_or(d.fragment_update_alpha);
+    algorithm.fragment_update_alpha = s.fragment_update_alpha.or(d.fragment_update_alpha);
     algorithm.compress = s.compress.map_or(d.compress, |c| c.0);
     algorithm.levels = s.levels.map(|l| l.0);
     algorithm.subgroup_size = s.subgroup_size;
