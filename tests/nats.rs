@@ -42,7 +42,10 @@
 //!   run finishes on the bits of the simulated replay, with bounded memory;
 //! - `distopt bench recovery` runs and reports its figures.
 //!
-//! `DISTOPT_NATS_ONLY=PART[,PART…]` (golden, command_line, killed_rank, elastic_command_line,
+//! - a suspended rank: a DiLoCo process stopped (SIGSTOP) past the failure bound while the
+//!   others go on fails, once resumed, naming why, and never goes on alone;
+//!
+//! `DISTOPT_NATS_ONLY=PART[,PART…]` (golden, command_line, killed_rank, interrupted, suspended, elastic_command_line,
 //! join_command_line, churn, recovery_bench, elastic, hostile_peers, impersonation, forged_membership, cluster,
 //! tls, isolation) runs those parts alone.
 
@@ -721,6 +724,18 @@ impl Processes {
         }
     }
 
+    /// Sends process `index` signal `name` (`kill -NAME`: STOP suspends it, CONT resumes it).
+    fn signal(&mut self, index: usize, name: &str) -> Result<(), String> {
+        let pid = self.children[index].child.id().to_string();
+        match Command::new("kill")
+            .args([&format!("-{name}"), &pid])
+            .status()
+        {
+            Ok(s) if s.success() => Ok(()),
+            other => Err(format!("kill -{name} {pid}: {other:?}")),
+        }
+    }
+
     /// Starts one more process; returns its index.
     fn add(&mut self, command: Command) -> Result<usize, String> {
         let more = Processes::start(vec![command])?;
@@ -1170,6 +1185,87 @@ fn interrupted(server: &Server, failures: &mut Vec<String>) {
             SOON.as_secs_f64(),
             outputs(&exits)
         )),
+    }
+}
+
+/// A DiLoCo rank suspended (SIGSTOP, as a phone suspends a tab) for longer than the failure
+/// bound while the others go on many sync points: resumed, it fails at once naming why ("went
+/// on without this rank") instead of waiting for peers long past it or, finding them silent
+/// only because it has not read them yet, going on alone; the survivors finish.
+fn suspended(server: &Server, failures: &mut Vec<String>) {
+    const SOON: Duration = Duration::from_secs(5);
+    let mut flags = cli_flags("diloco", "1000000000").to_vec();
+    flags.push("--finish-on-stdin");
+    let mut processes = match Processes::start(ranked(server, "suspended", &flags, 3)) {
+        Ok(p) => p,
+        Err(e) => return failures.push(e),
+    };
+    let progressed = |processes: &Processes, ranks: &[usize], past: u64| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ranks
+            .iter()
+            .any(|&r| processes.progress(r).is_none_or(|p| p < past))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        ranks
+            .iter()
+            .filter_map(|&r| processes.progress(r))
+            .max()
+            .unwrap_or(0)
+    };
+    let before = progressed(&processes, &[0, 1, 2], 100);
+    if let Err(e) = processes.signal(2, "STOP") {
+        return failures.push(e);
+    }
+    // The others count it gone after the bound, then go on for many sync points (keys two
+    // points old are deleted).
+    let past = progressed(&processes, &[0, 1], before + 400);
+    let started = processes.children[2].started;
+    let resumed = Instant::now();
+    if let Err(e) = processes.signal(2, "CONT") {
+        return failures.push(e);
+    }
+    // Rank 2 must be done long before the survivors are told to finish.
+    let deadline = Instant::now() + SOON + MARGIN;
+    while processes.children[2]
+        .child
+        .try_wait()
+        .ok()
+        .flatten()
+        .is_none()
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let finish = progressed(&processes, &[0, 1], past + 100) + 100;
+    for rank in [0, 1] {
+        if let Err(e) = processes.tell(rank, &format!("finish {finish}")) {
+            return failures.push(e);
+        }
+    }
+    let exits = processes.wait(Duration::from_secs(120));
+    let after = (started + exits[2].elapsed).saturating_duration_since(resumed);
+    let named = exits[2].status == Some(1)
+        && exits[2]
+            .stderr
+            .contains("went on without this rank (it arrived after the others had given up on it)");
+    let finished = exits[..2].iter().all(|e| e.status == Some(0))
+        && exits[0].stdout.contains("\"ranks_finished\":[0,1]");
+    if named && finished && after < SOON {
+        println!(
+            "a DiLoCo rank suspended (SIGSTOP) while the others went on {} steps: resumed, it failed naming why {:.2} s later; the survivors finished",
+            past - before,
+            after.as_secs_f64()
+        );
+    } else {
+        failures.push(format!(
+            "a suspended DiLoCo rank, resumed after the run went on without it, must fail naming why within {} s (it took {:.1} s), and the survivors finish: {}",
+            SOON.as_secs(),
+            after.as_secs_f64(),
+            outputs(&exits)
+        ));
     }
 }
 
@@ -2468,11 +2564,12 @@ fn launcher() -> ExitCode {
     let only: Option<Vec<String>> = std::env::var("DISTOPT_NATS_ONLY")
         .ok()
         .map(|o| o.split(',').map(str::to_string).collect());
-    let parts: [(&str, Part); 15] = [
+    let parts: [(&str, Part); 16] = [
         ("golden", golden),
         ("command_line", command_line),
         ("killed_rank", killed_rank),
         ("interrupted", interrupted),
+        ("suspended", suspended),
         ("elastic_command_line", elastic_command_line),
         ("join_command_line", join_command_line),
         ("churn", churn),

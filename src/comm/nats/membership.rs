@@ -303,6 +303,41 @@ impl Point<'_> {
         Ok(value)
     }
 
+    /// The error of a process that arrived at sync point `k` after the run went on without it.
+    fn left_behind(&self, k: u64) -> Error {
+        Error::runtime(format!(
+            "run '{}' rank {}: sync point {k} went on without this rank (it arrived after the others had given up on it)",
+            self.run, self.rank
+        ))
+    }
+
+    /// Whether the run agreed a later sync point than `k` without this rank: a process that was
+    /// suspended (a sleeping tab, a stopped process) arrives at a point whose keys may be
+    /// deleted already, and would otherwise wait for ranks that are long past it. The later
+    /// point is believed only under a seal of one of the run's ranks (`sync.latest` itself is
+    /// anyone's word).
+    async fn went_past(&self, k: u64, ranks: usize, keys: &Keys) -> Result<bool> {
+        let failed =
+            |e: &dyn std::fmt::Display| self.failed(k, "cannot read the run's sync points", e);
+        let last = self.bucket.get(LATEST_KEY).await.map_err(|e| failed(&e))?;
+        let last = last.and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok());
+        let Some(last) = last.filter(|&last| last > k) else {
+            return Ok(false);
+        };
+        let bytes = self
+            .bucket
+            .get(&live_key(last))
+            .await
+            .map_err(|e| failed(&e))?;
+        let Some(agreed) = bytes.and_then(|bytes| decode(&bytes, ranks)) else {
+            return Ok(false);
+        };
+        let statement = live_statement(self.run, last, &agreed.list, &agreed.joining_list);
+        Ok(!agreed.live[self.rank]
+            && !agreed.joining.contains(&self.rank)
+            && keys.sealed_statement(agreed.proposer, &statement, &agreed.seal))
+    }
+
     fn failed(&self, k: u64, what: &str, e: &dyn std::fmt::Display) -> Error {
         Error::runtime(format!(
             "run '{}' rank {}: sync point {k}: {what}: {e}",
@@ -390,6 +425,9 @@ impl Point<'_> {
                 }
                 break (agreed.live, agreed.joining);
             }
+            if !fresh && self.went_past(k, ranks, &keys).await? {
+                return Err(self.left_behind(k));
+            }
             // Another client may have overwritten this rank's arrival: say it again.
             let own = self
                 .read(&mut seen, arrived_key(k, self.rank))
@@ -426,7 +464,12 @@ impl Point<'_> {
             if !open {
                 // Every rank of the last membership arrived or is gone: propose, with the
                 // ranks that asked to join. Of several proposals the server keeps the first;
-                // the others read it above.
+                // the others read it above. A process that was suspended may find its peers
+                // silent only because it has not yet read what they said meanwhile: if the
+                // run is past this point, its keys may be gone, and it must not propose alone.
+                if self.went_past(k, ranks, &keys).await? {
+                    return Err(self.left_behind(k));
+                }
                 let joining = self.join_requests(previous, &arrived).await?;
                 let statement =
                     live_statement(self.run, k, &ranks_text(&arrived), &joining_text(&joining));
@@ -451,10 +494,7 @@ impl Point<'_> {
         };
         let (live, joining) = live;
         if !live[self.rank] {
-            return Err(Error::runtime(format!(
-                "run '{}' rank {}: sync point {k} went on without this rank (it arrived after the others had given up on it)",
-                self.run, self.rank
-            )));
+            return Err(self.left_behind(k));
         }
         if k >= 2 {
             self.bucket.discard(&arrived_key(k - 2, self.rank)).await;
