@@ -54,6 +54,8 @@ const CLASS_COLORS = ['#7aa2ff', '#5ee6c8', '#f5b454', '#ff7eb6', '#b18cff', '#9
 
 /** The run this tab is a rank of, from its link (`?run=NAME&s=SETTINGS`); null when simulated. */
 const networked = invitation(new URLSearchParams(location.search));
+/** Steps a run trains: the page's `?steps=N` (a networked run: its invitation's), else 1500. */
+const runSteps = networked ? networked.steps : stepsOf(new URLSearchParams(location.search).get('steps'));
 // A networked rank blocks its worker's thread on the port: the one-thread build.
 const worker = new Worker(new URL(networked ? './worker.js?threads=0' : './worker.js', import.meta.url), {
   type: 'module',
@@ -355,11 +357,19 @@ function invitation(params) {
   const secret = params.get('k') ?? undefined;
   if (secret !== undefined && !/^[A-Za-z0-9._~-]{8,128}$/.test(secret)) return null;
   try {
-    const { settings, task } = JSON.parse(atob(params.get('s') || ''));
-    return Number.isInteger(settings?.ranks) ? { run: name, secret, settings, task: task === 'digits' ? 'digits' : 'synthetic' } : null;
+    const { settings, task, steps } = JSON.parse(atob(params.get('s') || ''));
+    return Number.isInteger(settings?.ranks)
+      ? { run: name, secret, settings, task: task === 'digits' ? 'digits' : 'synthetic', steps: stepsOf(steps) }
+      : null;
   } catch {
     return null;
   }
+}
+
+/** `value` as a run's step count: a whole number from 1 to 10^6, else the default 1500. */
+function stepsOf(value) {
+  const steps = Number(value ?? NaN);
+  return Number.isInteger(steps) && steps >= 1 && steps <= 1_000_000 ? steps : 1500;
 }
 
 /**
@@ -377,7 +387,7 @@ async function inviteLink(server) {
   } else {
     params = { run: `demo-${Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16).padStart(2, '0')).join('')}` };
   }
-  params.s = btoa(JSON.stringify({ settings: settings(), task: ui.task.value }));
+  params.s = btoa(JSON.stringify({ settings: settings(), task: ui.task.value, steps: runSteps }));
   const url = new URL(location.pathname, location.href);
   url.search = new URLSearchParams(params).toString();
   return url.href;
@@ -436,9 +446,9 @@ function newRun() {
   demo.evaluations = run.evaluations;
   updateHelp();
   if (networked) {
-    worker.postMessage({ type: 'join', id, ws: networked.ws, run: networked.run, secret: networked.secret, settings: s, task });
+    worker.postMessage({ type: 'join', id, ws: networked.ws, run: networked.run, secret: networked.secret, settings: s, task, steps: runSteps });
   } else {
-    worker.postMessage({ type: 'new', id, settings: s, task });
+    worker.postMessage({ type: 'new', id, settings: s, task, steps: runSteps });
   }
 }
 
@@ -479,6 +489,18 @@ function onRun(message) {
   if (running) worker.postMessage({ type: 'start', id: run.id });
 }
 
+/**
+ * The run went on without this tab (it slept past the failure bound: a phone that suspended
+ * it, a laptop closed): its worker joins again as a late rank. Said in the status line and the
+ * run's log.
+ */
+function onRejoining(message) {
+  if (!run || message.id !== run.id || !networked) return;
+  $('network-status').textContent = `This tab was asleep and run ${networked.run} went on without it: joining again as the next rank that leaves, healed from a live rank at the next sync point.`;
+  demo.rejoins = (demo.rejoins ?? 0) + 1;
+  logMembership([`this tab was asleep and the run went on without it: joining again (${message.message})`]);
+}
+
 /** Ranks left or joined the run at a sync point: said in the run's log, newest first. */
 function onMembership(message) {
   if (!run || message.id !== run.id) return;
@@ -486,6 +508,11 @@ function onMembership(message) {
     ...message.left.map((r) => `rank ${r} left at step ${message.step}`),
     ...message.joined.map((r) => `rank ${r} joined at step ${message.step} (healed from a live rank)`),
   ];
+  logMembership(lines);
+}
+
+/** `lines` added to the run's log, newest first. */
+function logMembership(lines) {
   demo.membership = [...(demo.membership ?? []), ...lines];
   const log = $('membership-log');
   for (const line of lines) {
@@ -769,6 +796,9 @@ worker.onmessage = (event) => {
           ? `Run ${networked.run} is under way with all its ${networked.settings.ranks} ranks: this tab joins as the next rank that leaves, and is healed from a live rank at the next sync point.`
           : `${$('network-status').textContent} Connected to the server; joining…`;
       }
+      break;
+    case 'rejoining':
+      onRejoining(message);
       break;
     case 'membership':
       onMembership(message);

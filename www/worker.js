@@ -4,8 +4,9 @@
 // a step takes.
 //
 // Page → worker: {type: 'init', backend} · {type: 'backend', choice} · {type: 'hierarchy',
-//   period, ranks} · {type: 'new', id, settings, task: 'synthetic' | 'digits'} ·
-//   {type: 'join', id, ws, run, secret, settings, task}: this tab as a rank of run `run` over
+//   period, ranks} · {type: 'new', id, settings, task: 'synthetic' | 'digits', steps} (the run
+//   stops after `steps` steps) ·
+//   {type: 'join', id, ws, run, secret, settings, task, steps}: this tab as a rank of run `run` over
 //   the NATS server's WebSocket listener `ws`, as the run's user when it has a `secret` (the
 //   other ranks are other tabs or devices) ·
 //   {type: 'start' | 'pause', id} · {type: 'leave'}: the page is going, this tab leaves its run
@@ -13,7 +14,9 @@
 //   period, ranks, levels} · {type: 'joining', id, late} · {type: 'run', id, rank, leaving, …what
 //   the trainer is} · {type: 'steps', id, reports, evaluation} · {type: 'membership', id, step,
 //   left, joined, live}: ranks that left or joined the run at a sync point ·
-//   {type: 'stopped', id, done} · {type: 'error', id, name, message}
+//   {type: 'rejoining', id, message}: the run went on without this tab (it slept past the failure
+//   bound), which joins again as a late rank · {type: 'stopped', id, done} ·
+//   {type: 'error', id, name, message}
 
 import { loadDistopt } from './load-distopt.js';
 
@@ -23,7 +26,8 @@ const loaded = loadDistopt(new URL('./pkg/', import.meta.url)).then((distopt) =>
   ({ default: init, Trainer, selectBackend, version, World } = distopt);
 });
 
-const MAX_STEPS = 1500;
+/** Steps the run trains before it stops (the page's `steps`). */
+let maxSteps = 1500;
 const BATCH_MS = 30;
 const EVALUATE_EVERY = 25;
 
@@ -33,6 +37,8 @@ let world = null;
 let port = null;
 /** Whether this tab joined a run already under way (taken in at its next sync point). */
 let late = false;
+/** The run this tab joined: joinRun's message (a networked run only). */
+let joined = null;
 /** The live ranks last seen (a networked run only). */
 let live = null;
 let runId = null;
@@ -70,9 +76,10 @@ function evaluation(e) {
   };
 }
 
-async function newRun({ id, settings, task }) {
+async function newRun({ id, settings, task, steps }) {
   running = false;
   runId = id;
+  maxSteps = steps ?? maxSteps;
   await looping;
   if (trainer) trainer.free();
   trainer = null;
@@ -111,12 +118,13 @@ async function newRun({ id, settings, task }) {
  * (waiting until every rank has joined: other tabs opening the invitation), then the trainer
  * over that world.
  */
-async function joinRun({ id, ws, run, secret, settings, task }) {
+async function joinRun({ id, ws, run, secret, settings, task, steps }) {
   running = false;
   runId = id;
   await looping;
   const { openPort } = await import(new URL('./pkg/nats/port.js', import.meta.url).href);
   post({ type: 'joining', id, late: false });
+  joined = { id, run, settings, task, steps };
   const user = secret ? { run, secret } : {};
   port = await openPort({ servers: ws, name: `distopt demo tab (run ${run})`, ...user });
   try {
@@ -128,7 +136,29 @@ async function joinRun({ id, ws, run, secret, settings, task }) {
     late = true;
     world = World.joinNats(port, { run, ranks: settings.ranks, join: true, joinTimeout: 600 });
   }
-  await newRun({ id, settings, task });
+  await newRun({ id, settings, task, steps });
+}
+
+/** Whether `error` says the run went on without this rank: it was suspended (a phone that
+ * put the tab to sleep, a laptop closed) past the failure bound, and its peers are past it. */
+function leftBehind(error) {
+  return world !== null && /went on without this rank/.test(String(error?.message));
+}
+
+/**
+ * The run went on without this tab: it joins again as a late rank (the rank it had, now free,
+ * or another that left), taken in at the run's next sync point and healed there from a live
+ * rank — as a tab opening the invitation late does.
+ */
+async function rejoin({ id }) {
+  if (id !== runId || !joined) return;
+  // Freeing the world says this process leaves (the others counted it gone already).
+  trainer.free();
+  trainer = null;
+  world.free();
+  late = true;
+  world = World.joinNats(port, { run: joined.run, ranks: joined.settings.ranks, join: true, joinTimeout: 600 });
+  await newRun({ id, settings: joined.settings, task: joined.task, steps: joined.steps });
 }
 
 /** Tells the page which ranks left or joined at the last sync point, when that changed. */
@@ -159,14 +189,14 @@ async function loop(id) {
           averaged: r.averaged,
           optimizerStateBytesPerRank: r.optimizerStateBytesPerRank,
         });
-        if (r.step % EVALUATE_EVERY === 0 || r.step >= MAX_STEPS) {
+        if (r.step % EVALUATE_EVERY === 0 || r.step >= maxSteps) {
           evaluated = evaluation(await trainer.evaluate());
           break;
         }
       } while (running && runId === id && performance.now() - start < BATCH_MS);
       if (runId !== id) return;
       post({ type: 'steps', id, reports, evaluation: evaluated });
-      if (trainer.steps >= MAX_STEPS) {
+      if (trainer.steps >= maxSteps) {
         running = false;
         post({ type: 'stopped', id, done: true });
         return;
@@ -175,6 +205,11 @@ async function loop(id) {
       await new Promise((resolve) => setTimeout(resolve, 0));
     }
   } catch (error) {
+    if (runId === id && leftBehind(error)) {
+      post({ type: 'rejoining', id, message: error.message });
+      enqueue({ type: 'rejoin', id });
+      return;
+    }
     fail(id, error);
   }
 }
@@ -218,6 +253,13 @@ async function handle(message) {
         fail(message.id, error);
       }
       break;
+    case 'rejoin':
+      try {
+        await rejoin(message);
+      } catch (error) {
+        fail(message.id, error);
+      }
+      break;
     case 'start':
       if (message.id === runId && trainer && !running) {
         running = true;
@@ -248,12 +290,9 @@ function leave() {
   }
 }
 
-self.onmessage = async (event) => {
-  // Pause takes effect at once (the loop checks `running` between steps); so does leaving,
-  // which cannot wait for the queue: the page is going.
-  if (event.data.type === 'pause') running = false;
-  if (event.data.type === 'leave') return leave();
-  queue.push(event.data);
+/** Handles `message` after those before it. */
+async function enqueue(message) {
+  queue.push(message);
   if (busy) return;
   busy = true;
   while (queue.length) {
@@ -264,4 +303,12 @@ self.onmessage = async (event) => {
     }
   }
   busy = false;
+}
+
+self.onmessage = (event) => {
+  // Pause takes effect at once (the loop checks `running` between steps); so does leaving,
+  // which cannot wait for the queue: the page is going.
+  if (event.data.type === 'pause') running = false;
+  if (event.data.type === 'leave') return leave();
+  enqueue(event.data);
 };

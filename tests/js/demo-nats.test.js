@@ -7,7 +7,9 @@
 // the first goes on and says "rank 1 left at step N"; a third tab opens the link late, takes
 // the free rank, is healed and trains, and the first says it joined (screenshots of the first
 // and third tabs in target/screenshots/demo-nats-tab{0,1}.png). Each closing tab says it
-// leaves (www/leave.js), so the first notices well within the failure bound.
+// leaves (www/leave.js), so the first notices well within the failure bound. A tab that sleeps
+// past the failure bound (its workers blocked, as a phone suspends a tab) finds on waking that
+// the run went on without it, and joins it again, healed.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -81,15 +83,16 @@ test("the demo's server admits a run's ranks by its secret only", async () => {
   }
 });
 
-test('a tab invites another, which leaves; a late tab takes its place, healed; the run goes on', async () => {
-  const errors = [];
-  const open = async (which, url) => {
-    const page = await browsers[which].newPage();
-    page.on('pageerror', (e) => errors.push(`${which}: ${e.message}`));
-    await page.goto(url);
-    return page;
-  };
-  const first = await open(0, new URL('/?backend=cpu', baseUrl).href);
+/** A page of browser `which` at `url`, its uncaught errors pushed to `errors`. */
+async function openPage(which, url, errors) {
+  const page = await browsers[which].newPage();
+  page.on('pageerror', (e) => errors.push(`${which}: ${e.message}`));
+  await page.goto(url);
+  return page;
+}
+
+/** `first` (a demo page) invites other tabs into a DiLoCo run of 2: the invitation's link. */
+async function invite(first) {
   await first.waitForFunction(() => window.demo?.ready === true, null, { timeout: 60_000 });
   // The invitation appears where the page's server runs a NATS server.
   await first.waitForSelector('#invite', { state: 'visible' });
@@ -102,7 +105,19 @@ test('a tab invites another, which leaves; a late tab takes its place, healed; t
   });
   await Promise.all([first.waitForURL(/[?&]run=demo-[0-9a-f]{16}/), first.click('#invite')]);
   await first.waitForSelector('#invite-link', { state: 'visible' });
-  const link = await first.$eval('#invite-link', (a) => a.href);
+  return first.$eval('#invite-link', (a) => a.href);
+}
+
+/** Whether the run's log of `page` has a line starting `start`. */
+function logged(page, start) {
+  return page.waitForFunction((s) => (window.demo.membership ?? []).some((l) => l.startsWith(s)), start, { timeout: 60_000 });
+}
+
+test('a tab invites another, which leaves; a late tab takes its place, healed; the run goes on', async () => {
+  const errors = [];
+  const open = (which, url) => openPage(which, url, errors);
+  const first = await open(0, new URL('/?backend=cpu', baseUrl).href);
+  const link = await invite(first);
   // The run the demo's server made, and its secret.
   assert.match(link, /[?&]run=demo-[0-9a-f]{16}&k=[0-9a-f]{32}&s=/);
   assert.match(await first.textContent('#network-status'), /Waiting for all 2 ranks/);
@@ -173,4 +188,53 @@ test('a tab invites another, which leaves; a late tab takes its place, healed; t
   const noticedLate = (Date.now() - closingLate) / 1000;
   assert.ok(noticedLate < 4, `the late tab must say it leaves: the first tab noticed after ${noticedLate.toFixed(2)} s`);
   console.log(`two tabs in two browsers trained one DiLoCo run as ranks ${seen.map((s) => s.rank).join(' and ')}; the first tab noticed the second leave ${noticed.toFixed(2)} s after it closed, and the late third ${noticedLate.toFixed(2)} s after it closed; its log: ${JSON.stringify(await first.evaluate(() => window.demo.membership))}`);
+  await first.close({ runBeforeUnload: true });
+});
+
+test('a tab asleep past the failure bound finds the run went on without it, and joins it again, healed', async () => {
+  const errors = [];
+  // A run long enough that the first tab, alone, is still training when the other wakes.
+  const first = await openPage(0, new URL('/?backend=cpu&steps=200000', baseUrl).href, errors);
+  const link = await invite(first);
+  assert.match(link, /[?&]s=/);
+  const second = await openPage(1, link, errors);
+  for (const page of [first, second]) {
+    await page.waitForFunction(() => window.demo?.rank !== undefined && window.demo.history.length >= 40, null, {
+      timeout: 180_000,
+    });
+  }
+  const rank = await second.evaluate(() => window.demo.rank);
+  // The tab sleeps: both its workers (the training loop, and the port's worker that sends its
+  // heartbeats) blocked for 8 s, as a phone suspends a tab. (Freezing the page through CDP does
+  // not pause its workers in headless Chromium.)
+  const workers = second.workers();
+  assert.equal(workers.length, 2, `the tab's workers: ${workers.map((w) => w.url())}`);
+  const asleep = Date.now();
+  const sleeping = Promise.all(workers.map((w) => w.evaluate((ms) => {
+    const end = Date.now() + ms;
+    while (Date.now() < end);
+  }, 8_000)));
+  // The first tab counts it gone after the failure bound and goes on alone, many sync points.
+  await logged(first, `rank ${rank} left at step `);
+  const noticed = (Date.now() - asleep) / 1000;
+  await sleeping;
+  // Awake, the tab finds the run went on without it (before: it waited for ranks long past
+  // it, for good), says so, and joins again as a late rank, healed at the next sync point.
+  await second.waitForFunction(() => (window.demo.rejoins ?? 0) >= 1, null, { timeout: 30_000 });
+  const woke = Date.now();
+  await logged(first, `rank ${rank} joined at step `);
+  const rejoined = (Date.now() - woke) / 1000;
+  const runStep = await first.evaluate(() => window.demo.history.at(-1).step);
+  await second.waitForFunction((n) => window.demo.history.at(-1)?.step > n, runStep, { timeout: 60_000 });
+  const [status, log, rankAfter] = await second.evaluate(() => [
+    document.getElementById('network-status').textContent,
+    window.demo.membership,
+    window.demo.rank,
+  ]);
+  assert.equal(rankAfter, rank, 'it takes its own rank again, the one free');
+  assert.match(status, new RegExp(`rank ${rank} of 2 in run demo-`));
+  assert.match(log[0], /^this tab was asleep and the run went on without it: joining again \(run 'demo-[0-9a-f]+' rank \d: sync point \d+ went on without this rank/);
+  assert.deepEqual(errors, []);
+  console.log(`a tab asleep for 8 s: the first counted it gone ${noticed.toFixed(2)} s after it fell asleep; awake, it joined again and was taken in ${rejoined.toFixed(2)} s later, healed to the run's step ${runStep} and training on; its log: ${JSON.stringify(log)}`);
+  for (const page of [second, first]) await page.close({ runBeforeUnload: true });
 });
