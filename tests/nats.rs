@@ -761,6 +761,24 @@ impl Processes {
             .find_map(|l| l.strip_prefix("progress ")?.trim().parse().ok())
     }
 
+    /// Waits (at most a minute) until every process of `ranks` reported a step of at least
+    /// `past`; returns the furthest step any of them reported.
+    fn progressed(&self, ranks: &[usize], past: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ranks
+            .iter()
+            .any(|&r| self.progress(r).is_none_or(|p| p < past))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        ranks
+            .iter()
+            .filter_map(|&r| self.progress(r))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Writes `line` to process `index`'s stdin.
     fn tell(&mut self, index: usize, line: &str) -> Result<(), String> {
         use std::io::Write;
@@ -1134,27 +1152,12 @@ fn interrupted(server: &Server, failures: &mut Vec<String>) {
         Ok(p) => p,
         Err(e) => return failures.push(e),
     };
-    let progressed = |processes: &Processes, ranks: &[usize], past: u64| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while ranks
-            .iter()
-            .any(|&r| processes.progress(r).is_none_or(|p| p < past))
-            && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        ranks
-            .iter()
-            .filter_map(|&r| processes.progress(r))
-            .max()
-            .unwrap_or(0)
-    };
-    let before = progressed(&processes, &[0, 1, 2], 100);
+    let before = processes.progressed(&[0, 1, 2], 100);
     let sent = match processes.interrupt(2) {
         Ok(sent) => sent,
         Err(e) => return failures.push(e),
     };
-    let finish = progressed(&processes, &[0, 1], before + 200) + 200;
+    let finish = processes.progressed(&[0, 1], before + 200) + 200;
     for rank in [0, 1] {
         if let Err(e) = processes.tell(rank, &format!("finish {finish}")) {
             return failures.push(e);
@@ -1200,34 +1203,18 @@ fn suspended(server: &Server, failures: &mut Vec<String>) {
         Ok(p) => p,
         Err(e) => return failures.push(e),
     };
-    let progressed = |processes: &Processes, ranks: &[usize], past: u64| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while ranks
-            .iter()
-            .any(|&r| processes.progress(r).is_none_or(|p| p < past))
-            && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        ranks
-            .iter()
-            .filter_map(|&r| processes.progress(r))
-            .max()
-            .unwrap_or(0)
-    };
-    let before = progressed(&processes, &[0, 1, 2], 100);
+    let before = processes.progressed(&[0, 1, 2], 100);
     if let Err(e) = processes.signal(2, "STOP") {
         return failures.push(e);
     }
     // The others count it gone after the bound, then go on for many sync points (keys two
     // points old are deleted).
-    let past = progressed(&processes, &[0, 1], before + 400);
-    let started = processes.children[2].started;
+    let past = processes.progressed(&[0, 1], before + 400);
     let resumed = Instant::now();
     if let Err(e) = processes.signal(2, "CONT") {
         return failures.push(e);
     }
-    // Rank 2 must be done long before the survivors are told to finish.
+    // Rank 2 must be done long before the survivors are told to finish: when it exited.
     let deadline = Instant::now() + SOON + MARGIN;
     while processes.children[2]
         .child
@@ -1237,16 +1224,16 @@ fn suspended(server: &Server, failures: &mut Vec<String>) {
         .is_none()
         && Instant::now() < deadline
     {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let finish = progressed(&processes, &[0, 1], past + 100) + 100;
+    let after = resumed.elapsed();
+    let finish = processes.progressed(&[0, 1], past + 100) + 100;
     for rank in [0, 1] {
         if let Err(e) = processes.tell(rank, &format!("finish {finish}")) {
             return failures.push(e);
         }
     }
     let exits = processes.wait(Duration::from_secs(120));
-    let after = (started + exits[2].elapsed).saturating_duration_since(resumed);
     let named = exits[2].status == Some(1)
         && exits[2]
             .stderr

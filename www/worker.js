@@ -113,6 +113,12 @@ async function newRun({ id, settings, task, steps }) {
   });
 }
 
+/** distopt/nats's `openPort` (a networked run only). */
+async function openPort(options) {
+  const nats = await import(new URL('./pkg/nats/port.js', import.meta.url).href);
+  return nats.openPort(options);
+}
+
 /**
  * This tab joins run `run` as one of its ranks: a port to the server (distopt/nats), the rank
  * (waiting until every rank has joined: other tabs opening the invitation), then the trainer
@@ -122,11 +128,10 @@ async function joinRun({ id, ws, run, secret, settings, task, steps }) {
   running = false;
   runId = id;
   await looping;
-  const { openPort } = await import(new URL('./pkg/nats/port.js', import.meta.url).href);
   post({ type: 'joining', id, late: false });
-  joined = { id, run, settings, task, steps };
   const user = secret ? { run, secret } : {};
-  port = await openPort({ servers: ws, name: `distopt demo tab (run ${run})`, ...user });
+  joined = { run, settings, task, steps, connect: { servers: ws, name: `distopt demo tab (run ${run})`, ...user } };
+  port = await openPort(joined.connect);
   try {
     world = World.joinNats(port, { run, ranks: settings.ranks, joinTimeout: 600 });
   } catch (error) {
@@ -152,10 +157,14 @@ function leftBehind(error) {
  */
 async function rejoin({ id }) {
   if (id !== runId || !joined) return;
-  // Freeing the world says this process leaves (the others counted it gone already).
+  // Freeing the world says this process leaves (the others counted it gone already). A fresh
+  // connection: the server may have dropped the old one while the tab slept.
   trainer.free();
   trainer = null;
   world.free();
+  world = null;
+  port.close();
+  port = await openPort(joined.connect);
   late = true;
   world = World.joinNats(port, { run: joined.run, ranks: joined.settings.ranks, join: true, joinTimeout: 600 });
   await newRun({ id, settings: joined.settings, task: joined.task, steps: joined.steps });
@@ -240,22 +249,10 @@ async function handle(message) {
       post({ ...message, levels: Trainer.defaultHierarchy(message.period, message.ranks) });
       break;
     case 'new':
-      try {
-        await newRun(message);
-      } catch (error) {
-        fail(message.id, error);
-      }
-      break;
     case 'join':
-      try {
-        await joinRun(message);
-      } catch (error) {
-        fail(message.id, error);
-      }
-      break;
     case 'rejoin':
       try {
-        await rejoin(message);
+        await { new: newRun, join: joinRun, rejoin }[message.type](message);
       } catch (error) {
         fail(message.id, error);
       }
