@@ -37,6 +37,8 @@
 //!   optimizer steps them ("global"), the global values become the new backup, and the
 //!   parameters become `lerp(global, local, α)` (torch's `global.lerp_(local, α)`: α = 0 keeps
 //!   the outer step's result and drops the local progress, α = 1 keeps the local parameters).
+//!   A given α mixes at every sync, at 0 too, as torchft does (there lerp turns a value that is
+//!   not finite into NaN); without one there is no mix, as in the golden `diloco` kind.
 //!
 //! torchft's `should_quantize` (an fp8 all-reduce that needs CUDA and Triton) is not
 //! supported; [`Compression`] is distopt's own, different 16-bit wire format.
@@ -439,8 +441,8 @@ pub struct DiLoCo {
     /// torchft's `fragment_update_alpha` (`None`: no mix).
     alpha: Option<f64>,
     /// Laid out like the parameters, created on first use: the in-flight fragment's
-    /// all-reduced pseudo-gradient during its delay window, then (α > 0) the fragment's local
-    /// parameters while the outer step runs.
+    /// all-reduced pseudo-gradient during its delay window, then (an α given) the fragment's
+    /// local parameters while the outer step runs.
     scratch: StateArenas,
     /// The fragment whose all-reduce has started and whose outer step is not applied yet.
     pending: Option<usize>,
@@ -1125,7 +1127,7 @@ impl DiLoCo {
 
     /// The end of fragment `f`'s sync (torchft's `perform_sync`), its all-reduced
     /// pseudo-gradient in the gradients (no delay) or held in the scratch arenas (`f` pending):
-    /// the fragment's parameters are saved as the local ones (α > 0), go back to the backup,
+    /// the fragment's parameters are saved as the local ones (an α given), go back to the backup,
     /// the outer optimizer steps them with the pseudo-gradient as their gradient (the other
     /// parameters have none, so it skips them), the result becomes their new backup, the
     /// parameters become `lerp(global, local, α)`, and every gradient is cleared

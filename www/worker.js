@@ -37,8 +37,8 @@ let world = null;
 let port = null;
 /** Whether this tab joined a run already under way (taken in at its next sync point). */
 let late = false;
-/** The run this tab joined: joinRun's message (a networked run only). */
-let joined = null;
+/** The run this tab joined and how it connected, for a rejoin (a networked run only). */
+let joinedRun = null;
 /** The live ranks last seen (a networked run only). */
 let live = null;
 let runId = null;
@@ -130,8 +130,8 @@ async function joinRun({ id, ws, run, secret, settings, task, steps }) {
   await looping;
   post({ type: 'joining', id, late: false });
   const user = secret ? { run, secret } : {};
-  joined = { run, settings, task, steps, connect: { servers: ws, name: `distopt demo tab (run ${run})`, ...user } };
-  port = await openPort(joined.connect);
+  joinedRun = { run, settings, task, steps, connect: { servers: ws, name: `distopt demo tab (run ${run})`, ...user } };
+  port = await openPort(joinedRun.connect);
   try {
     world = World.joinNats(port, { run, ranks: settings.ranks, joinTimeout: 600 });
   } catch (error) {
@@ -156,7 +156,7 @@ function leftBehind(error) {
  * rank — as a tab opening the invitation late does.
  */
 async function rejoin({ id }) {
-  if (id !== runId || !joined) return;
+  if (id !== runId || !joinedRun) return;
   // Freeing the world says this process leaves (the others counted it gone already). A fresh
   // connection: the server may have dropped the old one while the tab slept.
   trainer.free();
@@ -164,10 +164,10 @@ async function rejoin({ id }) {
   world.free();
   world = null;
   port.close();
-  port = await openPort(joined.connect);
+  port = await openPort(joinedRun.connect);
   late = true;
-  world = World.joinNats(port, { run: joined.run, ranks: joined.settings.ranks, join: true, joinTimeout: 600 });
-  await newRun({ id, settings: joined.settings, task: joined.task, steps: joined.steps });
+  world = World.joinNats(port, { run: joinedRun.run, ranks: joinedRun.settings.ranks, join: true, joinTimeout: 600 });
+  await newRun({ id, settings: joinedRun.settings, task: joinedRun.task, steps: joinedRun.steps });
 }
 
 /** Tells the page which ranks left or joined at the last sync point, when that changed. */

@@ -466,8 +466,10 @@ impl Point<'_> {
                 // ranks that asked to join. Of several proposals the server keeps the first;
                 // the others read it above. A process that was suspended may find its peers
                 // silent only because it has not yet read what they said meanwhile: if the
-                // run is past this point, its keys may be gone, and it must not propose alone.
-                if self.went_past(k, ranks, &keys).await? {
+                // run is past this point, its keys may be gone, and it must not propose
+                // without them (a point every rank arrived at needs no such check).
+                let leaves_out = (0..ranks).any(|r| previous[r] && !arrived[r]);
+                if leaves_out && self.went_past(k, ranks, &keys).await? {
                     return Err(self.left_behind(k));
                 }
                 let joining = self.join_requests(previous, &arrived).await?;
