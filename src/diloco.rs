@@ -1138,7 +1138,7 @@ impl DiLoCo {
         if held {
             self.settle(replicas)?;
         }
-        let mix = self.alpha.is_some();
+        let mix = self.alpha;
         let backend = replicas.backend().clone();
         let plans: Vec<(Vec<bool>, Vec<CopyRegion>)> = (0..replicas.buckets().len())
             .map(|b| {
@@ -1148,7 +1148,7 @@ impl DiLoCo {
                 )
             })
             .collect();
-        if mix {
+        if mix.is_some() {
             for (b, (active, _)) in plans.iter().enumerate() {
                 if active.contains(&true) {
                     self.scratch.ensure(replicas, b)?;
@@ -1166,7 +1166,7 @@ impl DiLoCo {
                 let scratch = self.scratch.get(b).expect("held in flight");
                 backend.copy_regions(scratch, grads, regions)?;
             }
-            if mix {
+            if mix.is_some() {
                 let scratch = self.scratch.get_mut(b).expect("ensured above");
                 backend.copy_regions(params, scratch, regions)?;
             }
@@ -1180,8 +1180,8 @@ impl DiLoCo {
         }
         self.outer.step(replicas)?;
         self.backups.copy_params(replicas, &self.fragments[f])?;
-        if mix {
-            self.merge(replicas, &plans)?;
+        if let Some(alpha) = mix {
+            self.merge(replicas, &plans, alpha)?;
         }
         self.outer.zero_grad(replicas);
         if held {
@@ -1198,6 +1198,7 @@ impl DiLoCo {
         &mut self,
         replicas: &mut Replicas,
         plans: &[(Vec<bool>, Vec<CopyRegion>)],
+        alpha: f64,
     ) -> Result<()> {
         let backend = replicas.backend().clone();
         for (b, (bucket, (active, _))) in replicas.buckets_mut().iter_mut().zip(plans).enumerate() {
@@ -1211,7 +1212,7 @@ impl DiLoCo {
                 end: local,
                 starts,
                 active,
-                weight: self.alpha.unwrap_or(0.0),
+                weight: alpha,
             })?;
         }
         Ok(())

@@ -168,14 +168,20 @@ pub(super) async fn latest(
             "run '{run}': cannot read the run's sync points: {e}"
         ))
     };
-    let last = bucket.get(LATEST_KEY).await.map_err(|e| failed(&e))?;
-    let Some(k) = last.and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok()) else {
+    let Some(k) = latest_point(bucket).await.map_err(|e| failed(&e))? else {
         return Ok(None);
     };
     let bytes = bucket.get(&live_key(k)).await.map_err(|e| failed(&e))?;
     Ok(bytes
         .and_then(|bytes| decode(&bytes, ranks))
         .map(|agreed| (k, agreed)))
+}
+
+/// The index of the last sync point agreed in `bucket` (`sync.latest`, anyone's word), `None`
+/// before the first or when the key holds no index.
+async fn latest_point(bucket: &dyn Bucket) -> std::result::Result<Option<u64>, LinkError> {
+    let last = bucket.get(LATEST_KEY).await?;
+    Ok(last.and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok()))
 }
 
 /// Waits until a sync point after `after` admits rank `rank` (lists it as joining): that
@@ -319,8 +325,7 @@ impl Point<'_> {
     async fn went_past(&self, k: u64, ranks: usize, keys: &Keys) -> Result<bool> {
         let failed =
             |e: &dyn std::fmt::Display| self.failed(k, "cannot read the run's sync points", e);
-        let last = self.bucket.get(LATEST_KEY).await.map_err(|e| failed(&e))?;
-        let last = last.and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok());
+        let last = latest_point(self.bucket).await.map_err(|e| failed(&e))?;
         let Some(last) = last.filter(|&last| last > k) else {
             return Ok(false);
         };
